@@ -1,0 +1,49 @@
+"""Run blocking SQLite work where it cannot stall a gevent hub.
+
+Under gevent monkey-patching, sqlite3 calls would block the whole hub, and a busy
+wait on a database lock would deadlock it. When ``threading`` is patched, work is
+handed to the hub's threadpool (real OS threads) and guarded by an unpatched lock;
+otherwise it runs inline under an ordinary lock.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["BlockingRunner", "gevent_active"]
+
+T = TypeVar("T")
+
+
+def gevent_active() -> bool:
+    """True when gevent has monkey-patched ``threading`` in this process."""
+    monkey = sys.modules.get("gevent.monkey")
+    return bool(monkey and monkey.is_module_patched("threading"))
+
+
+class BlockingRunner:
+    """Serialises calls to one resource and keeps them off the gevent hub."""
+
+    def __init__(self) -> None:
+        self._gevent = gevent_active()
+        if self._gevent:
+            from gevent import monkey
+
+            self._lock: Any = monkey.get_original("threading", "RLock")()
+        else:
+            self._lock = threading.RLock()
+
+    def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` under the lock; on a real thread when gevent is active."""
+        if self._gevent:
+            import gevent
+
+            return gevent.get_hub().threadpool.apply(self._locked, (fn, *args))  # type: ignore[no-any-return]
+        return self._locked(fn, *args)
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            return fn(*args)

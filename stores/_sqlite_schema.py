@@ -1,0 +1,120 @@
+"""Schema and migrations of the SQLite receipt store.
+
+Table ``receipts`` (one row per org and receipt key; times are epoch seconds, REAL):
+
+=====================  =======  ==================================================
+column                 type     meaning
+=====================  =======  ==================================================
+org_id                 TEXT     the org (part of the primary key)
+key                    TEXT     receipt key, sha256 hex (part of the primary key)
+scope                  TEXT     the play's name
+tool_id                TEXT     the tool
+status                 TEXT     pending, queued, running, completed, failed, skipped
+input_hash             TEXT     sha256 hex of the canonical input
+output                 TEXT     JSON output (completed receipts only)
+error                  TEXT     error text (failed receipts)
+failure_kind           TEXT     timeout, rate_limited, transient, permanent, invalid_input
+lease_id               TEXT     current (or, once finished, last) lease id
+lease_owner_run_id     TEXT     run holding (or that last held) the lease
+lease_owner_attempt    INTEGER  that run's attempt
+lease_expires_at       REAL     NULL unless a lease is held
+attempts               INTEGER  times the receipt was claimed for execution
+created_at             REAL     first claim
+updated_at             REAL     last change
+completed_at           REAL     last completion
+=====================  =======  ==================================================
+
+The schema version is SQLite's ``PRAGMA user_version``. Migrations run inside
+``BEGIN IMMEDIATE``, so two processes opening a new file at once serialise: the
+first creates the schema, the second finds it made.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import sqlite_utils
+
+from .errors import SchemaVersionError
+
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "migrate"]
+
+SCHEMA_VERSION = 1
+
+COLUMNS = (
+    "key",
+    "org_id",
+    "scope",
+    "tool_id",
+    "status",
+    "input_hash",
+    "output",
+    "error",
+    "failure_kind",
+    "lease_id",
+    "lease_owner_run_id",
+    "lease_owner_attempt",
+    "lease_expires_at",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "completed_at",
+)
+"""Column order, which is also :class:`stores.types.Receipt`'s field order."""
+
+
+def _create_v1(db: sqlite_utils.Database) -> None:
+    db["receipts"].create(  # type: ignore[union-attr]
+        {
+            "key": str,
+            "org_id": str,
+            "scope": str,
+            "tool_id": str,
+            "status": str,
+            "input_hash": str,
+            "output": str,
+            "error": str,
+            "failure_kind": str,
+            "lease_id": str,
+            "lease_owner_run_id": str,
+            "lease_owner_attempt": int,
+            "lease_expires_at": float,
+            "attempts": int,
+            "created_at": float,
+            "updated_at": float,
+            "completed_at": float,
+        },
+        pk=("org_id", "key"),
+        not_null={"key", "org_id", "scope", "tool_id", "status", "input_hash", "attempts"},
+        defaults={"attempts": 0},
+        column_order=list(COLUMNS),
+    )
+    db["receipts"].create_index(["status", "updated_at"], index_name="receipts_status_updated")
+
+
+_MIGRATIONS = {1: _create_v1}
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Bring the schema to :data:`SCHEMA_VERSION` inside one write transaction.
+
+    Raises:
+        SchemaVersionError: the file's schema is newer than this code.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{path}: receipt schema version {version} is newer than this tooldispatch "
+                f"understands ({SCHEMA_VERSION}); upgrade tooldispatch to open it"
+            )
+        db = sqlite_utils.Database(conn)
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            _MIGRATIONS[target](db)
+        if version < SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,185 @@
+"""The receipt store contract.
+
+A receipt store keeps one durable :class:`~stores.types.Receipt` per (org, receipt
+key). It is the result cache, the idempotency record and the lease. Every method is
+a bulk operation: one transaction and O(1) store round trips whatever the number of
+keys, with results in request order.
+
+The clock rule: lease expiry is judged by **one clock, the store's**. A store reads
+"now" from its ``clock`` (epoch seconds) inside the transaction that decides, never
+from the caller. For SQLite every process shares one host clock. A store shared
+between hosts (Postgres) must read the database server's clock (``now()``), so
+clock skew between worker hosts can never make one worker think another's lease has
+expired; the only skew that matters is the lease TTL itself against real time, which
+is why heartbeats renew at a fraction of the TTL.
+
+Fencing: ``mark_running_many``, ``renew_leases``, ``complete_many``, ``fail_many``
+and ``release`` change a receipt only when its lease id, owner run id and owner
+attempt all match the caller's; otherwise nothing changes for that key and the
+:class:`~stores.types.FenceReport` says why.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from .types import (
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+)
+
+__all__ = ["MAX_OUTPUT_BYTES", "Clock", "ReceiptStore", "decide_disposition"]
+
+Clock = Callable[[], float]
+"""A function returning the store's "now" in epoch seconds."""
+
+MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+"""Largest serialised output one receipt may hold (32 MiB, SEMANTICS.md Completion)."""
+
+_IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+
+def decide_disposition(
+    receipt: Receipt | None, mode: ClaimMode, now: float, stale_after_s: float | None
+) -> ClaimDisposition:
+    """Decide a claim, exactly as the table in SEMANTICS.md (Claims).
+
+    Args:
+        receipt: the stored receipt, or None when there is none.
+        mode: the claim mode.
+        now: the store's clock, epoch seconds.
+        stale_after_s: completed receipts older than this many seconds are re-run.
+
+    Returns:
+        The disposition; ``CLAIMED`` means the caller takes a new lease.
+
+    Any live lease counts as running, even one held by the same owner: a run never
+    runs one key twice at once.
+    """
+    if receipt is None:
+        return ClaimDisposition.CLAIMED
+    status = receipt.status
+    if status is ReceiptStatus.COMPLETED:
+        completed_at = receipt.completed_at or receipt.updated_at
+        if mode is ClaimMode.FORCE_REFRESH:
+            return ClaimDisposition.CLAIMED
+        if stale_after_s is not None and now - completed_at > stale_after_s:
+            return ClaimDisposition.CLAIMED
+        return ClaimDisposition.REUSED
+    if status in _IN_FLIGHT:
+        if receipt.lease_live(now):
+            if mode is ClaimMode.FORCE_REFRESH:
+                return ClaimDisposition.BLOCKED_ACTIVE_LEASE
+            return ClaimDisposition.RUNNING
+        return ClaimDisposition.CLAIMED
+    if status is ReceiptStatus.FAILED:
+        return ClaimDisposition.FAILED if mode is ClaimMode.NORMAL else ClaimDisposition.CLAIMED
+    return ClaimDisposition.CLAIMED  # pending, skipped
+
+
+class ReceiptStore(abc.ABC):
+    """Abstract receipt store. Backends: :class:`stores.sqlite.SqliteReceiptStore`.
+
+    Implementations are safe to call from several threads (and greenlets) at once,
+    and never block a gevent hub.
+    """
+
+    clock: Clock = time.time
+
+    @abc.abstractmethod
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> list[Claim]:
+        """Claim receipts in one transaction.
+
+        Args:
+            org_id: the org; receipts of other orgs are never read or written.
+            requests: one per key; duplicate keys are claimed once and answered alike.
+            owner: the claiming run.
+            lease_ttl_s: lease lifetime in seconds from the store's now.
+            mode: normal, retry_failed or force_refresh.
+            stale_after_s: completed receipts older than this are claimed again.
+
+        Returns:
+            list of Claim, same order as ``requests``. A ``CLAIMED`` receipt is
+            ``queued`` under a new lease id owned by ``owner``; reclaiming an expired
+            lease is a compare-and-set, so of two racing claimers exactly one wins.
+        """
+
+    @abc.abstractmethod
+    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        """Move queued (or already running) receipts to ``running``, fenced."""
+
+    @abc.abstractmethod
+    def renew_leases(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
+    ) -> FenceReport:
+        """Extend held leases to now + ``lease_ttl_s`` seconds, fenced."""
+
+    @abc.abstractmethod
+    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
+        """Store outputs and mark receipts completed, fenced.
+
+        A key already completed by another owner is refused with
+        ``COMPLETED_BY_OTHER`` and the stored receipt; an output larger than
+        :data:`MAX_OUTPUT_BYTES` once serialised is refused for that key alone.
+        """
+
+    @abc.abstractmethod
+    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        """Record failures (error text and kind) and drop the leases, fenced."""
+
+    @abc.abstractmethod
+    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        """Give receipts back (status ``pending``, no lease), fenced."""
+
+    @abc.abstractmethod
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        """Read receipts: list of Receipt or None, same order as ``keys``."""
+
+    @abc.abstractmethod
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        """Delete receipts (with their outputs) last updated more than ``older_than_s`` ago.
+
+        Args:
+            older_than_s: minimum age in seconds since ``updated_at``.
+            statuses: which statuses to delete; default completed, failed, pending
+                and skipped. Receipts under a live lease are never deleted.
+            org_id: limit to one org (default every org).
+
+        Returns:
+            The number of receipts deleted.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Further calls raise :class:`~stores.errors.StoreError`."""
+
+    def __enter__(self) -> ReceiptStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,139 @@
+"""Receipt keys: a deterministic sha256 over the canonical call.
+
+The canonical input is the RFC 8785 JSON Canonicalization Scheme (JCS) form of the
+call's input, produced by the ``rfc8785`` package:
+
+* object keys sorted (by UTF-16 code units, RFC 8785 section 3.2.3) at every depth,
+  list order kept, no insignificant whitespace;
+* numbers are IEEE 754 doubles printed as ECMAScript does (RFC 8785 section 3.2.2.3),
+  so ``1`` and ``1.0`` are the same number and give the same key; integers beyond
+  +/-(2**53 - 1) cannot be represented exactly and are refused (pass them as strings);
+* strings are kept exactly as given: **no Unicode normalisation**. "é" written as one
+  code point (NFC) and as "e" + combining accent (NFD) are different inputs to a
+  provider, so they get different keys. Lone surrogates are refused.
+
+Anything that is not plain JSON (NaN, Infinity, bytes, sets, datetimes, non-string
+object keys, arbitrary objects) raises :class:`~stores.errors.InvalidInputError`; a key
+is never computed from a lossy form.
+
+The key hashes, in a versioned envelope: org id, scope, tool id, provider action
+version, credential-scope digest, staleness setting and the sha256 of the canonical
+input. Two orgs never share a key, and every store operation is also filtered by
+org id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import attrs
+import orjson
+import rfc8785
+
+from .errors import InvalidInputError
+
+__all__ = ["KEY_FORMAT", "KeyExplanation", "canonical_json", "explain_key", "receipt_key"]
+
+KEY_FORMAT = "tooldispatch.receipt.v1"
+"""Envelope tag hashed into every key; bump it to invalidate every key at once."""
+
+
+def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
+    """Return the RFC 8785 canonical JSON text of ``value``.
+
+    Args:
+        value: a JSON value (dict with str keys, list, str, int, float, bool, None).
+        ignore_fields: top-level object keys the tool declares non-semantic; they are
+            removed before canonicalisation (only when ``value`` is an object).
+
+    Raises:
+        InvalidInputError: ``value`` is not representable as JSON without loss.
+    """
+    if ignore_fields and isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in ignore_fields}
+    try:
+        return rfc8785.dumps(value).decode("utf-8")
+    except (rfc8785.CanonicalizationError, UnicodeError, RecursionError) as exc:
+        raise InvalidInputError(f"input is not canonical JSON: {exc}") from None
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@attrs.frozen
+class KeyExplanation:
+    """Every part a receipt key was built from (see :func:`explain_key`)."""
+
+    key: str
+    """The receipt key: sha256 hex of the envelope."""
+    org_id: str
+    scope: str
+    tool_id: str
+    version: str
+    credential_scope_digest: str
+    stale_after_s: float | None
+    canonical_input: str
+    """The RFC 8785 text that was hashed."""
+    input_hash: str
+    """sha256 hex of ``canonical_input``."""
+    envelope: str
+    """The JSON envelope whose sha256 is ``key``."""
+
+
+def explain_key(
+    *,
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    input: Any,
+    credential_scope_digest: str = "",
+    version: str = "",
+    stale_after_s: float | None = None,
+    ignore_fields: Collection[str] = (),
+) -> KeyExplanation:
+    """Build a receipt key and return it with every part it hashed.
+
+    Args:
+        org_id: the org the call runs for (keys never cross orgs).
+        scope: the play's name.
+        tool_id: the tool.
+        input: the call's JSON input.
+        credential_scope_digest: hash naming the credentials the call runs under.
+        version: the provider action version.
+        stale_after_s: the staleness setting in seconds, or None.
+        ignore_fields: top-level input fields the tool declares non-semantic.
+
+    Raises:
+        InvalidInputError: the input is not plain JSON, or a part is not a string.
+    """
+    for name, part in (("org_id", org_id), ("scope", scope), ("tool_id", tool_id)):
+        if not isinstance(part, str) or not part:
+            raise InvalidInputError(f"{name} must be a non-empty string, got {part!r}")
+    if not isinstance(version, str) or not isinstance(credential_scope_digest, str):
+        raise InvalidInputError("version and credential_scope_digest must be strings")
+    canonical = canonical_json(input, ignore_fields=ignore_fields)
+    input_hash = _sha256(canonical)
+    stale = None if stale_after_s is None else canonical_json(float(stale_after_s))
+    envelope = orjson.dumps(
+        [KEY_FORMAT, org_id, scope, tool_id, version, credential_scope_digest, stale, input_hash]
+    ).decode("utf-8")
+    return KeyExplanation(
+        key=_sha256(envelope),
+        org_id=org_id,
+        scope=scope,
+        tool_id=tool_id,
+        version=version,
+        credential_scope_digest=credential_scope_digest,
+        stale_after_s=stale_after_s,
+        canonical_input=canonical,
+        input_hash=input_hash,
+        envelope=envelope,
+    )
+
+
+def receipt_key(**parts: Any) -> str:
+    """Return only the key of :func:`explain_key` (same arguments, same errors)."""
+    return explain_key(**parts).key

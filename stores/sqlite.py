@@ -1,0 +1,387 @@
+"""SQLite receipt store (the embedded default), built on sqlite-utils.
+
+One file, WAL mode, a busy timeout, ``BEGIN IMMEDIATE`` for every write. Each bulk
+operation is one transaction whose statements carry all keys at once through
+``json_each(?)`` (never ``executemany`` with RETURNING, which differs across Python
+3.10-3.13). Under gevent the work runs on the hub's threadpool. Inspect a file with
+the sqlite-utils CLI, for instance ``sqlite-utils rows receipts.db receipts --limit 5``
+or ``sqlite-utils query receipts.db "select status, count(*) from receipts group by 1"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from ._codec import decode_json, encode_json
+from ._offload import BlockingRunner
+from ._sqlite_schema import COLUMNS, migrate
+from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
+from .errors import StoreCorruptError, StoreError, StoreUnavailableError
+from .types import (
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FailureKind,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    Refusal,
+    RefusalReason,
+)
+
+__all__ = ["SqliteReceiptStore"]
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
+_BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
+_UPSERT_CLAIMS = f"""
+INSERT INTO receipts ({", ".join(COLUMNS)})
+SELECT value->>0, ?, value->>1, value->>2, 'queued', value->>3, NULL, NULL, NULL,
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL
+FROM json_each(?) WHERE true
+ON CONFLICT (org_id, key) DO UPDATE SET
+  status = 'queued', output = NULL, error = NULL, failure_kind = NULL,
+  lease_id = excluded.lease_id, lease_owner_run_id = excluded.lease_owner_run_id,
+  lease_owner_attempt = excluded.lease_owner_attempt,
+  lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
+  updated_at = excluded.updated_at, completed_at = NULL
+"""
+_FENCE = """
+UPDATE receipts SET {set} FROM (
+  SELECT value->>0 AS k, value->>1 AS l, value->>2 AS a, value->>3 AS b FROM json_each(?)
+) AS j
+WHERE receipts.org_id = ? AND receipts.key = j.k AND receipts.lease_id = j.l
+  AND receipts.lease_owner_run_id = ? AND receipts.lease_owner_attempt = ?
+  AND receipts.status IN ('queued', 'running')
+RETURNING receipts.key
+"""
+_SET_RUNNING = "status = 'running', updated_at = ?"
+_SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
+_SET_COMPLETE = (
+    "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
+)
+_SET_FAIL = "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = ?"
+_SET_RELEASE = (
+    "status = 'pending', lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
+    "lease_expires_at = NULL, updated_at = ?"
+)
+_DEFAULT_PURGE = (
+    ReceiptStatus.COMPLETED,
+    ReceiptStatus.FAILED,
+    ReceiptStatus.PENDING,
+    ReceiptStatus.SKIPPED,
+)
+
+
+def _receipt(row: Sequence[Any]) -> Receipt:
+    values = list(row)
+    values[4] = ReceiptStatus(values[4])
+    values[6] = decode_json(values[6])
+    if values[8] is not None:
+        values[8] = FailureKind(values[8])
+    return Receipt(*values)
+
+
+class SqliteReceiptStore(ReceiptStore):
+    """Receipt store in one SQLite file (or ``":memory:"``).
+
+    Args:
+        path: the database file; created owner-read/write only (0600) if missing.
+        clock: the store's clock, epoch seconds (injectable for tests).
+        busy_timeout_s: how long a write waits for another process's lock, seconds.
+
+    Raises:
+        StoreUnavailableError: the directory is missing or not writable.
+        StoreCorruptError: the file is not a SQLite database.
+        SchemaVersionError: the file was written by a newer tooldispatch.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, clock: Clock = time.time, busy_timeout_s: float = 30.0
+    ) -> None:
+        self.path = os.fspath(path)
+        self.clock = clock
+        self._run = BlockingRunner()
+        self._conn: sqlite3.Connection | None = None
+        self._run(self._open, busy_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"SqliteReceiptStore({self.path!r})"
+
+    # -- connection -------------------------------------------------------------------
+
+    def _open(self, busy_timeout_s: float) -> None:
+        memory = self.path == ":memory:"
+        if not memory:
+            self._create_private(self.path)
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"{self.path}: cannot open the receipt store: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            if not memory:
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            migrate(conn, self.path)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise StoreCorruptError(
+                    f"{self.path}: not a tooldispatch receipt database ({exc}); "
+                    "move it aside or point --db at another path"
+                ) from exc
+            raise StoreUnavailableError(
+                f"{self.path}: cannot open the receipt store: {exc}; "
+                "check the directory exists and is writable"
+            ) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    @staticmethod
+    def _create_private(path: str) -> None:
+        """Create the file 0600 so SQLite's -wal/-shm inherit owner-only permissions."""
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"{path}: cannot create the receipt store ({exc.strerror}); "
+                "check the directory exists and is writable"
+            ) from exc
+        os.close(fd)
+
+    def close(self) -> None:
+        """Close the connection; later calls raise StoreError."""
+        if self._conn is not None:
+            self._run(self._conn.close)
+            self._conn = None
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self.path}: the receipt store is closed")
+        return self._conn
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return self._run(fn, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+
+    # -- reads ------------------------------------------------------------------------
+
+    def _rows(self, conn: sqlite3.Connection, org_id: str, keys: Iterable[str]) -> dict[str, Receipt]:
+        cursor = conn.execute(_BY_KEYS, (org_id, orjson.dumps(list(keys)).decode()))
+        return {row[0]: _receipt(row) for row in cursor}
+
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        found = self._call(lambda: self._rows(self._connection(), org_id, keys))
+        return [found.get(key) for key in keys]
+
+    # -- claims -----------------------------------------------------------------------
+
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> list[Claim]:
+        unique = {request.key: request for request in reversed(requests)}
+        decided: dict[str, Claim] = self._call(
+            self._claim, org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s
+        )
+        return [decided[request.key] for request in requests]
+
+    def _claim(
+        self,
+        org_id: str,
+        requests: list[ClaimRequest],
+        owner: Owner,
+        lease_ttl_s: float,
+        mode: ClaimMode,
+        stale_after_s: float | None,
+    ) -> dict[str, Claim]:
+        with self._write() as conn:
+            now = self.clock()
+            expires = now + lease_ttl_s
+            existing = self._rows(conn, org_id, (r.key for r in requests))
+            decided: dict[str, Claim] = {}
+            writes = []
+            for request in requests:
+                old = existing.get(request.key)
+                disposition = decide_disposition(old, mode, now, stale_after_s)
+                if disposition is not ClaimDisposition.CLAIMED:
+                    decided[request.key] = Claim(disposition, old)  # type: ignore[arg-type]
+                    continue
+                lease_id = uuid.uuid4().hex
+                attempts = (old.attempts if old else 0) + 1
+                created = old.created_at if old else now
+                writes.append(
+                    (request.key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created)
+                )
+                receipt = Receipt(
+                    request.key, org_id, request.scope, request.tool_id, ReceiptStatus.QUEUED,
+                    request.input_hash, None, None, None, lease_id, owner.run_id, owner.run_attempt,
+                    expires, attempts, created, now, None,
+                )  # fmt: skip
+                decided[request.key] = Claim(ClaimDisposition.CLAIMED, receipt)
+            if writes:
+                conn.execute(
+                    _UPSERT_CLAIMS,
+                    (org_id, owner.run_id, owner.run_attempt, expires, now, orjson.dumps(writes).decode()),
+                )
+        return decided
+
+    # -- fenced writes ----------------------------------------------------------------
+
+    def _fenced(
+        self,
+        org_id: str,
+        owner: Owner,
+        set_sql: str,
+        set_params: tuple[Any, ...],
+        items: list[tuple[Any, ...]],
+        refused: dict[str, Refusal],
+        idempotent_status: ReceiptStatus | None = None,
+    ) -> FenceReport:
+        keys = [item[0] for item in items]
+
+        def work() -> FenceReport:
+            with self._write() as conn:
+                applied: set[str] = set()
+                if items:
+                    sql = _FENCE.format(set=set_sql)
+                    payload = orjson.dumps(items).decode()
+                    params = (*set_params, payload, org_id, owner.run_id, owner.run_attempt)
+                    applied = {row[0] for row in conn.execute(sql, params)}
+                missed = [item for item in items if item[0] not in applied]
+                if missed:
+                    stored = self._rows(conn, org_id, (item[0] for item in missed))
+                    for item in missed:
+                        why = self._refusal(stored.get(item[0]), item[1], owner, idempotent_status)
+                        if why is None:
+                            applied.add(item[0])
+                        else:
+                            refused[item[0]] = why
+            return FenceReport(tuple(k for k in keys if k in applied), refused)
+
+        return self._call(work)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _refusal(
+        receipt: Receipt | None, lease_id: str, owner: Owner, idempotent_status: ReceiptStatus | None
+    ) -> Refusal | None:
+        if receipt is None:
+            return Refusal(RefusalReason.MISSING, "no such receipt in this org")
+        ours = receipt.lease_id == lease_id and receipt.owner == owner
+        if ours and receipt.status is idempotent_status:
+            return None  # a retried write that already landed
+        if receipt.status is ReceiptStatus.COMPLETED:
+            return Refusal(RefusalReason.COMPLETED_BY_OTHER, "already completed", receipt)
+        return Refusal(
+            RefusalReason.LEASE_LOST,
+            f"lease {lease_id} is not held by {owner.run_id}/{owner.run_attempt} "
+            f"(status {receipt.status.value}, lease {receipt.lease_id})",
+            receipt,
+        )
+
+    @staticmethod
+    def _lease_items(leases: Sequence[LeaseRef]) -> list[tuple[Any, ...]]:
+        return [(lease.key, lease.lease_id) for lease in leases]
+
+    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        now = self.clock()
+        return self._fenced(org_id, owner, _SET_RUNNING, (now,), self._lease_items(leases), {})
+
+    def renew_leases(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
+    ) -> FenceReport:
+        now = self.clock()
+        params = (now, lease_ttl_s, now)
+        return self._fenced(org_id, owner, _SET_RENEW, params, self._lease_items(leases), {})
+
+    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
+        items: list[tuple[Any, ...]] = []
+        refused: dict[str, Refusal] = {}
+        for completion in completions:
+            try:
+                text = encode_json(completion.output)
+            except TypeError as exc:
+                refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
+                continue
+            if len(text) > MAX_OUTPUT_BYTES // 4 and len(text.encode()) > MAX_OUTPUT_BYTES:
+                refused[completion.key] = Refusal(
+                    RefusalReason.OUTPUT_TOO_LARGE,
+                    f"output is {len(text.encode())} bytes; the cap is {MAX_OUTPUT_BYTES} bytes",
+                )
+                continue
+            items.append((completion.key, completion.lease_id, text))
+        now = self.clock()
+        report = self._fenced(
+            org_id, owner, _SET_COMPLETE, (now, now), items, refused, ReceiptStatus.COMPLETED
+        )
+        order = [c.key for c in completions if c.key in set(report.applied)]
+        return FenceReport(tuple(order), report.refused)
+
+    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        items = [(f.key, f.lease_id, f.error, FailureKind(f.failure_kind).value) for f in failures]
+        now = self.clock()
+        return self._fenced(org_id, owner, _SET_FAIL, (now,), items, {}, ReceiptStatus.FAILED)
+
+    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        now = self.clock()
+        return self._fenced(org_id, owner, _SET_RELEASE, (now,), self._lease_items(leases), {})
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+
+        def work() -> int:
+            with self._write() as conn:
+                now = self.clock()
+                cursor = conn.execute(
+                    "DELETE FROM receipts WHERE updated_at <= ? "
+                    "AND status IN (SELECT value FROM json_each(?)) "
+                    "AND NOT coalesce(lease_expires_at > ?, 0) AND (? IS NULL OR org_id = ?)",
+                    (now - older_than_s, orjson.dumps(wanted).decode(), now, org_id, org_id),
+                )
+                return cursor.rowcount
+
+        return self._call(work)  # type: ignore[no-any-return]

@@ -1,0 +1,231 @@
+"""Value types of the receipt store: receipts, claims, leases and fenced results.
+
+All are frozen attrs classes. Times are float seconds since the Unix epoch, read
+from the store's clock (see :mod:`stores.base`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "Claim",
+    "ClaimDisposition",
+    "ClaimMode",
+    "ClaimRequest",
+    "Completion",
+    "FailureKind",
+    "FenceReport",
+    "Failure",
+    "LeaseRef",
+    "Owner",
+    "Receipt",
+    "ReceiptStatus",
+    "Refusal",
+    "RefusalReason",
+]
+
+
+class ReceiptStatus(str, enum.Enum):
+    """Where a receipt is in its life."""
+
+    PENDING = "pending"
+    """Known but not owned: released by a suspension, free to claim."""
+    QUEUED = "queued"
+    """Claimed under a lease, not yet admitted to the provider."""
+    RUNNING = "running"
+    """Marked running by its lease holder: a provider call may be in flight."""
+    COMPLETED = "completed"
+    """Has an output: the cache entry."""
+    FAILED = "failed"
+    """The call failed; ``error`` and ``failure_kind`` say why."""
+    SKIPPED = "skipped"
+    """Deliberately not run (treated like pending by claims)."""
+
+
+class ClaimMode(str, enum.Enum):
+    """How a claim treats completed and failed receipts (SEMANTICS.md, Claims)."""
+
+    NORMAL = "normal"
+    RETRY_FAILED = "retry_failed"
+    FORCE_REFRESH = "force_refresh"
+
+
+class ClaimDisposition(str, enum.Enum):
+    """What a claim found, and so what the caller must do next."""
+
+    CLAIMED = "claimed"
+    """The caller holds a lease (status queued) and must mark it running."""
+    REUSED = "reused"
+    """A fresh completed receipt: its output is the result."""
+    RUNNING = "running"
+    """Another live lease holds it: wait for its output."""
+    BLOCKED_ACTIVE_LEASE = "blocked_active_lease"
+    """Force refresh met a live lease: wait, then claim again with force."""
+    FAILED = "failed"
+    """A failed receipt in normal mode: the recorded error is the answer."""
+
+
+class FailureKind(str, enum.Enum):
+    """Why a call failed; decides whether a later claim may run it again."""
+
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    INVALID_INPUT = "invalid_input"
+
+    @property
+    def retryable(self) -> bool:
+        """True for timeouts, rate limiting and transient provider errors."""
+        return self in (FailureKind.TIMEOUT, FailureKind.RATE_LIMITED, FailureKind.TRANSIENT)
+
+
+@attrs.frozen
+class Owner:
+    """The run that holds a lease: fencing compares both fields."""
+
+    run_id: str
+    """The run's id."""
+    run_attempt: int = 1
+    """Which retry of the run (1 for the first)."""
+
+
+@attrs.frozen
+class ClaimRequest:
+    """One receipt to claim: the key plus what a new receipt row records."""
+
+    key: str
+    """The receipt key (sha256 hex, see :func:`stores.keys.receipt_key`)."""
+    scope: str
+    """The play's name that namespaces the receipt."""
+    tool_id: str
+    """The tool the call runs."""
+    input_hash: str
+    """sha256 hex of the canonical input, to detect a mismatch under one key."""
+
+
+@attrs.frozen
+class LeaseRef:
+    """A lease on one receipt, as fenced operations name it."""
+
+    key: str
+    """The receipt key."""
+    lease_id: str
+    """The lease id the claim returned."""
+
+
+@attrs.frozen
+class Completion:
+    """One output to store under a held lease."""
+
+    key: str
+    """The receipt key."""
+    lease_id: str
+    """The lease the completer holds."""
+    output: Any
+    """The tool's output: any JSON value (stored through the cattrs/orjson converter)."""
+
+
+@attrs.frozen
+class Failure:
+    """One failure to record under a held lease."""
+
+    key: str
+    """The receipt key."""
+    lease_id: str
+    """The lease the caller holds."""
+    error: str
+    """Human-readable error text."""
+    failure_kind: FailureKind
+    """Why it failed (decides retries)."""
+
+
+@attrs.frozen
+class Receipt:
+    """The durable record of one call (one row of table ``receipts``)."""
+
+    key: str
+    org_id: str
+    scope: str
+    tool_id: str
+    status: ReceiptStatus
+    input_hash: str
+    output: Any = None
+    """Decoded JSON output (completed receipts only)."""
+    error: str | None = None
+    failure_kind: FailureKind | None = None
+    lease_id: str | None = None
+    lease_owner_run_id: str | None = None
+    lease_owner_attempt: int | None = None
+    lease_expires_at: float | None = None
+    """Epoch seconds on the store's clock; None when no lease is held."""
+    attempts: int = 0
+    """How many times the receipt has been claimed for execution."""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    completed_at: float | None = None
+
+    @property
+    def owner(self) -> Owner | None:
+        """The lease holder, or None."""
+        if self.lease_owner_run_id is None:
+            return None
+        return Owner(self.lease_owner_run_id, self.lease_owner_attempt or 0)
+
+    def lease_live(self, now: float) -> bool:
+        """True while a lease is held and has not expired at ``now``."""
+        return self.lease_expires_at is not None and self.lease_expires_at > now
+
+
+@attrs.frozen
+class Claim:
+    """The answer to one claim: a disposition and the receipt as it now stands."""
+
+    disposition: ClaimDisposition
+    receipt: Receipt
+
+
+class RefusalReason(str, enum.Enum):
+    """Why a fenced operation changed nothing for a key."""
+
+    LEASE_LOST = "lease_lost"
+    """The lease id or owner does not match: another holder, or released."""
+    COMPLETED_BY_OTHER = "completed_by_other"
+    """Already completed; the refusal carries the stored receipt."""
+    MISSING = "missing"
+    """No receipt with that key in this org."""
+    OUTPUT_TOO_LARGE = "output_too_large"
+    """The serialised output exceeds the store's per-output cap."""
+    INVALID_OUTPUT = "invalid_output"
+    """The output cannot be serialised as JSON."""
+
+
+@attrs.frozen
+class Refusal:
+    """Why one key of a fenced operation was left unchanged."""
+
+    reason: RefusalReason
+    message: str
+    receipt: Receipt | None = None
+    """The receipt as stored, when there is one."""
+
+
+@attrs.frozen
+class FenceReport:
+    """Result of a fenced bulk operation.
+
+    ``applied`` lists the keys changed (request order); ``refused`` maps every other
+    key to why nothing changed for it.
+    """
+
+    applied: tuple[str, ...] = ()
+    refused: dict[str, Refusal] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every key was applied."""
+        return not self.refused
