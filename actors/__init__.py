@@ -1,3 +1,63 @@
-"""The dispatch actor system (pykka). Built in issue [2 of 3]."""
+"""The dispatch actor system (pykka): the host-facing front door of tooldispatch.
 
-__all__: list[str] = []
+.. code-block:: python
+
+    from actors import DispatchSystem, Tool, RunInfo
+    from stores import SqliteReceiptStore
+"""
+
+from stores.errors import InvalidInputError, StoreError, ToolDispatchError
+from stores.types import FailureKind
+
+from .errors import (
+    AuthScopeChangedError,
+    BudgetExceededError,
+    CallCancelledError,
+    DispatchError,
+    LeaseLostError,
+    PersistenceCircuitOpenError,
+    ProviderError,
+    RateLimitedError,
+    ReceiptPersistenceError,
+    ReceiptWaitTimeoutError,
+    RecordedFailureError,
+    SuspendedError,
+    ToolTimeoutError,
+    UnknownToolError,
+)
+from .results import ToolContext, ToolResult
+from .salvage import SalvageEntry, SalvageLog
+from .system import DispatchProxy, DispatchSystem
+from .tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
+
+__all__ = [
+    "AuthScopeChangedError",
+    "BatchStrategy",
+    "BudgetExceededError",
+    "CallCancelledError",
+    "DispatchError",
+    "DispatchProxy",
+    "DispatchSystem",
+    "FailureKind",
+    "InvalidInputError",
+    "LeaseLostError",
+    "Pacing",
+    "PersistenceCircuitOpenError",
+    "Policy",
+    "ProviderError",
+    "RateLimitedError",
+    "ReceiptPersistenceError",
+    "ReceiptWaitTimeoutError",
+    "RecordedFailureError",
+    "RunInfo",
+    "SalvageEntry",
+    "SalvageLog",
+    "StoreError",
+    "SuspendedError",
+    "Tool",
+    "ToolContext",
+    "ToolDispatchError",
+    "ToolResult",
+    "ToolTimeoutError",
+    "UnknownToolError",
+]

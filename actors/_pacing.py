@@ -1,0 +1,181 @@
+"""Pacing pieces the governor is built from: token bucket, AIMD rate, Retry-After.
+
+Plain classes, time passed in as a value (seconds), so they are tested with a fake
+clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import email.utils
+import math
+from datetime import datetime, timezone
+
+import attrs
+
+__all__ = [
+    "AIMD_DECREASE",
+    "AIMD_INCREASE_FRACTION",
+    "AIMD_MIN_RPS",
+    "ProviderBucket",
+    "parse_retry_after",
+]
+
+AIMD_DECREASE = 0.75
+"""Multiplicative decrease: a 429 cuts the rate to 75% of what it was."""
+AIMD_INCREASE_FRACTION = 0.02
+"""Additive increase: the rate grows by 2% of its reference (the pacing rps, or the
+rate measured at the last cut) per second of successful calls."""
+AIMD_MIN_RPS = 0.1
+"""The rate is never cut below this (requests per second)."""
+OBSERVE_WINDOW_S = 2.0
+"""Window over which admissions are counted to measure a provider's achieved rate."""
+
+
+def parse_retry_after(
+    value: str | float | None,
+    now: float,
+    *,
+    default_s: float,
+    max_s: float,
+    min_s: float,
+) -> float:
+    """Seconds to pause for a ``Retry-After`` value (RFC 9110 section 10.2.3).
+
+    Args:
+        value: delay-seconds (``"120"``; a non-negative decimal such as ``"1.5"`` is
+            accepted too) or an HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``), or None.
+        now: current time, epoch seconds (for HTTP-dates).
+        default_s: pause for a missing or unparseable value (garbage, negative numbers).
+        max_s: the cap for any value.
+        min_s: the pause for a date already in the past (or a zero delay).
+
+    Returns:
+        The pause in seconds, within [min_s, max_s].
+    """
+    if value is None:
+        return min(default_s, max_s)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = _http_date_delta(text, now)
+            if seconds is None:
+                return min(default_s, max_s)
+            return min(max(seconds, min_s), max_s)
+    if not math.isfinite(seconds) or seconds < 0:
+        return min(default_s, max_s)
+    return min(max(seconds, min_s), max_s)
+
+
+def _http_date_delta(text: str, now: float) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp() - datetime.fromtimestamp(now, timezone.utc).timestamp()
+
+
+@attrs.define
+class ProviderBucket:
+    """Pacing state of one (org, provider): token bucket, concurrency, gate, AIMD.
+
+    Attributes:
+        ceiling_rps: the configured rate, or None when unknown.
+        burst: token bucket size (default: 50 ms worth of the rate, at least 1).
+        max_concurrency: provider calls in flight at once, or None.
+    """
+
+    ceiling_rps: float | None
+    burst: float | None
+    max_concurrency: int | None
+    rate: float | None = None
+    reference_rps: float | None = None
+    tokens: float = 0.0
+    refilled_at: float = 0.0
+    in_flight: int = 0
+    gate_until: float = 0.0
+    backpressure_events: int = 0
+    _grants: collections.deque[float] = attrs.field(factory=collections.deque)
+
+    def __attrs_post_init__(self) -> None:
+        self.rate = self.ceiling_rps
+        self.reference_rps = self.ceiling_rps
+        self.tokens = self._burst()
+
+    def _burst(self) -> float:
+        if self.rate is None:
+            return math.inf
+        if self.burst is not None:
+            return self.burst
+        return max(1.0, self.rate / 20.0)
+
+    def refill(self, now: float) -> None:
+        """Add tokens for the time since the last refill."""
+        if self.rate is None:
+            self.tokens = math.inf
+        elif now > self.refilled_at:
+            self.tokens = min(self._burst(), self.tokens + (now - self.refilled_at) * self.rate)
+        self.refilled_at = max(self.refilled_at, now)
+
+    def available(self, now: float) -> int:
+        """How many slots this bucket could grant at ``now`` (before the global ceiling)."""
+        if now < self.gate_until:
+            return 0
+        self.refill(now)
+        free = math.inf if self.max_concurrency is None else self.max_concurrency - self.in_flight
+        n = min(free, math.floor(self.tokens) if self.rate is not None else math.inf)
+        return int(n) if n != math.inf else 1 << 30
+
+    def take(self, n: int, now: float) -> None:
+        """Record ``n`` grants at ``now``."""
+        if self.rate is not None:
+            self.tokens -= n
+        self.in_flight += n
+        self._grants.extend([now] * n)
+        while self._grants and self._grants[0] < now - OBSERVE_WINDOW_S:
+            self._grants.popleft()
+
+    def ready_at(self, now: float) -> float | None:
+        """When a waiter could next be granted, or None if only a release can help."""
+        if now < self.gate_until:
+            return self.gate_until
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            return None
+        if self.rate is not None and self.tokens < 1:
+            return now + (1 - self.tokens) / self.rate
+        return now
+
+    def observed_rps(self, now: float) -> float:
+        """Admissions per second over the last :data:`OBSERVE_WINDOW_S`."""
+        while self._grants and self._grants[0] < now - OBSERVE_WINDOW_S:
+            self._grants.popleft()
+        return len(self._grants) / OBSERVE_WINDOW_S
+
+    def on_success(self, now: float) -> None:
+        """Additive increase, never past the ceiling."""
+        if self.rate is None or self.reference_rps is None:
+            return
+        step = AIMD_INCREASE_FRACTION * self.reference_rps / max(self.rate, AIMD_MIN_RPS)
+        new = self.rate + step
+        self.rate = min(new, self.ceiling_rps) if self.ceiling_rps is not None else new
+
+    def on_backpressure(self, pause_s: float, jitter_s: float, now: float) -> None:
+        """Close the gate for ``pause_s`` (+ jitter) and cut the rate multiplicatively."""
+        self.backpressure_events += 1
+        self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
+        if self.rate is None:
+            measured = self.observed_rps(now)
+            self.reference_rps = max(measured, AIMD_MIN_RPS * 10)
+            self.rate = max(AIMD_MIN_RPS, self.reference_rps * AIMD_DECREASE)
+        else:
+            self.rate = max(AIMD_MIN_RPS, self.rate * AIMD_DECREASE)
+        self.tokens = 0.0
+        self.refilled_at = self.gate_until

@@ -1,0 +1,311 @@
+"""The completion flusher: bulk receipt completion, retry ladder, latch, recovery, salvage.
+
+Completions from every drain are buffered and written in bulk: store requests of at
+most ``completion_max_members`` members and ``completion_max_bytes`` of serialised
+output (SEMANTICS.md, Completion). A write that raises is retried on the ladder
+(default 1 s, 3 s, 9 s), giving up early when the run's deadline leaves less than the
+back-off plus the headroom, or when the latch is already tripped. Giving up trips the
+latch, reads every member back (``recovery_max_reads`` at a time) and salvages what
+is not safely stored. Retries are timer messages: the actor never sleeps.
+
+Threads: every method runs on the flusher actor's thread. It waits on the receipt
+store actor's futures, which is safe because that actor never waits on anyone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import pykka
+
+from stores._codec import encode_json
+from stores.types import Completion, Owner, ReceiptStatus, RefusalReason
+
+from ._runtime import Timers
+from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite
+from .salvage import SalvageLog, salvage_entry
+from .tool import Policy
+
+__all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff"]
+
+OutcomeKind = Literal["persisted", "completed_by_other", "lease_lost", "salvaged", "refused"]
+
+
+@attrs.frozen
+class FlushOutcome:
+    """What happened to one member's completion.
+
+    ``persisted``: stored. ``completed_by_other``: someone else's output is stored
+    (``output`` holds it). ``lease_lost``: our lease was taken; output salvaged.
+    ``salvaged``: could not be stored; kept in the salvage file. ``refused``: the store
+    refused this member alone (``error`` says why: too large, not JSON).
+    """
+
+    kind: OutcomeKind
+    output: Any = None
+    error: str = ""
+
+
+class Latch:
+    """The persistence circuit breaker of one dispatcher (thread-safe).
+
+    Once tripped it stays tripped; every call refused because of it is counted.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tripped = False
+        self.reason = ""
+        self.refused = 0
+
+    def trip(self, reason: str) -> None:
+        """Open the circuit (idempotent; the first reason is kept)."""
+        with self._lock:
+            if not self.tripped:
+                self.tripped, self.reason = True, reason
+
+    def refuse(self, calls: int) -> None:
+        """Count calls refused because the latch is tripped."""
+        with self._lock:
+            self.refused += calls
+
+
+def ladder_backoff(
+    failures: int, ladder: Sequence[float], now: float, deadline: float | None, headroom_s: float, tripped: bool
+) -> float | None:
+    """Seconds to wait before the next write attempt, or None to give up.
+
+    Args:
+        failures: failed attempts so far (>= 1).
+        ladder: the back-offs, seconds.
+        now / deadline: monotonic seconds; deadline None means no run deadline.
+        headroom_s: give up when the deadline leaves less than back-off + this.
+        tripped: the latch is already tripped (give up at once).
+    """
+    if tripped or failures > len(ladder):
+        return None
+    backoff = ladder[failures - 1]
+    if deadline is not None and deadline - now < backoff + headroom_s:
+        return None
+    return backoff
+
+
+@attrs.define
+class _Request:
+    reply: Any
+    remaining: set[str]
+    outcomes: dict[str, FlushOutcome] = attrs.field(factory=dict)
+
+
+@attrs.define
+class _Member:
+    completion: Completion
+    input_hash: str
+    tool_id: str
+    request: _Request
+
+
+@attrs.define
+class _Chunk:
+    org_id: str
+    owner: Owner
+    members: list[_Member]
+    failures: int = 0
+    first_error_at: float | None = None
+    error: str = ""
+
+
+class CompletionFlusherActor(pykka.ThreadingActor):
+    """Buffers completions and writes them in bulk (see the module doc)."""
+
+    def __init__(
+        self,
+        store: Any,
+        policy: Policy,
+        latch: Latch,
+        salvage: SalvageLog,
+        timers: Timers,
+        scope: str,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.policy = policy
+        self.latch = latch
+        self.salvage = salvage
+        self.timers = timers
+        self.scope = scope
+        self.deadline = deadline
+        self.clock = clock
+        self._buffer: list[FlushCompletions] = []
+        self._due = False
+        self._retrying: dict[int, _Chunk] = {}
+        self._ids = itertools.count()
+        self.persisted = 0
+        self.salvaged = 0
+        self.observers: list[Any] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, FlushCompletions):
+            self._buffer.append(message)
+            if not self._due:
+                self._due = True
+                self.actor_ref.tell(FlushDue())
+        elif isinstance(message, FlushDue):
+            self._due = False
+            buffered, self._buffer = self._buffer, []
+            for chunk in self._chunks(buffered):
+                self._write(chunk)
+        elif isinstance(message, RetryWrite):
+            chunk = self._retrying.pop(message.chunk_id, None)
+            if chunk is not None:
+                self._write(chunk)
+        return None
+
+    def pending(self) -> int:
+        """Members buffered or waiting for a retry (0 once everything is settled)."""
+        return sum(len(m.entries) for m in self._buffer) + sum(len(c.members) for c in self._retrying.values())
+
+    def give_up_now(self) -> None:
+        """Stop retrying: give up every write waiting on the ladder (used at stop)."""
+        for chunk_id in list(self._retrying):
+            chunk = self._retrying.pop(chunk_id)
+            self._give_up(chunk)
+
+    # -- chunking and writing ---------------------------------------------------------
+
+    def _chunks(self, buffered: list[FlushCompletions]) -> list[_Chunk]:
+        chunks: list[_Chunk] = []
+        open_chunks: dict[tuple[str, Owner], tuple[_Chunk, int]] = {}
+        for message in buffered:
+            request = _Request(message.reply, {c.key for c in message.entries})
+            hashes = message.input_hashes
+            for completion in message.entries:
+                size = len(encode_json(completion.output)) if self.policy.completion_max_bytes else 0
+                group = (message.org_id, message.owner)
+                current = open_chunks.get(group)
+                if (
+                    current is None
+                    or len(current[0].members) >= self.policy.completion_max_members
+                    or (current[1] + size > self.policy.completion_max_bytes and current[0].members)
+                ):
+                    current = (_Chunk(message.org_id, message.owner, []), 0)
+                    chunks.append(current[0])
+                member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
+                current[0].members.append(member)
+                open_chunks[group] = (current[0], current[1] + size)
+        return chunks
+
+    def _write(self, chunk: _Chunk) -> None:
+        completions = [m.completion for m in chunk.members]
+        try:
+            report = self.store.complete_many(chunk.org_id, completions, chunk.owner).get()
+        except Exception as exc:
+            chunk.failures += 1
+            chunk.error = f"{type(exc).__name__}: {exc}"
+            if chunk.first_error_at is None:
+                chunk.first_error_at = time.time()
+            backoff = ladder_backoff(
+                chunk.failures,
+                self.policy.completion_ladder_s,
+                self.clock(),
+                self.deadline,
+                self.policy.completion_deadline_headroom_s,
+                self.latch.tripped,
+            )
+            if backoff is None:
+                self._give_up(chunk)
+            else:
+                chunk_id = next(self._ids)
+                self._retrying[chunk_id] = chunk
+                ref = self.actor_ref
+                self.timers.call_later(backoff, lambda: ref.tell(RetryWrite(chunk_id=chunk_id)))
+            return
+        salvage = []
+        for member in chunk.members:
+            key = member.completion.key
+            refusal = report.refused.get(key)
+            if refusal is None:
+                self._settle(member, FlushOutcome("persisted"))
+            elif refusal.reason is RefusalReason.COMPLETED_BY_OTHER and refusal.receipt is not None:
+                self._settle(member, FlushOutcome("completed_by_other", refusal.receipt.output))
+            elif refusal.reason in (RefusalReason.LEASE_LOST, RefusalReason.MISSING):
+                salvage.append(self._entry(chunk, member, refusal.message))
+                self._settle(member, FlushOutcome("lease_lost", error=refusal.message))
+            else:
+                self._settle(member, FlushOutcome("refused", error=refusal.message))
+        self.salvage.append(salvage)
+        self.salvaged += len(salvage)
+        self._notify(len(chunk.members) - len(salvage), len(salvage))
+
+    def _give_up(self, chunk: _Chunk) -> None:
+        """Trip the latch, recover what can be recovered by reading back, salvage the rest."""
+        self.latch.trip(f"receipt completion failed after {chunk.failures} attempts: {chunk.error}")
+        step = max(1, self.policy.recovery_max_reads)
+        salvage = []
+        for start in range(0, len(chunk.members), step):
+            members = chunk.members[start : start + step]
+            for member, outcome in zip(members, self._recover(chunk, members), strict=True):
+                if outcome is None:
+                    salvage.append(self._entry(chunk, member, chunk.error))
+                    outcome = FlushOutcome("salvaged", error=chunk.error)
+                self._settle(member, outcome)
+        self.salvage.append(salvage)
+        self.salvaged += len(salvage)
+        self._notify(len(chunk.members) - len(salvage), len(salvage))
+
+    def _recover(self, chunk: _Chunk, members: list[_Member]) -> list[FlushOutcome | None]:
+        try:
+            stored = self.store.get_many(chunk.org_id, [m.completion.key for m in members]).get()
+        except Exception:
+            return [None] * len(members)
+        out: list[FlushOutcome | None] = []
+        for member, receipt in zip(members, stored, strict=True):
+            ours = receipt is not None and receipt.lease_id == member.completion.lease_id
+            if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
+                out.append(FlushOutcome("persisted") if ours else FlushOutcome("completed_by_other", receipt.output))
+            elif receipt is not None and ours and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING):
+                try:
+                    alone = self.store.complete_many(chunk.org_id, [member.completion], chunk.owner).get()
+                    out.append(FlushOutcome("persisted") if alone.ok else None)
+                except Exception:
+                    out.append(None)
+            else:
+                out.append(None)
+        return out
+
+    # -- settling ---------------------------------------------------------------------
+
+    def _entry(self, chunk: _Chunk, member: _Member, error: str) -> Any:
+        return salvage_entry(
+            key=member.completion.key,
+            org_id=chunk.org_id,
+            scope=self.scope,
+            tool_id=member.tool_id,
+            input_hash=member.input_hash,
+            output=member.completion.output,
+            attempts=chunk.failures + 1,
+            first_error_at=chunk.first_error_at,
+            error=error,
+        )
+
+    def _settle(self, member: _Member, outcome: FlushOutcome) -> None:
+        key = member.completion.key
+        request = member.request
+        request.outcomes[key] = outcome
+        request.remaining.discard(key)
+        if outcome.kind == "persisted":
+            self.persisted += 1
+        if not request.remaining:
+            request.reply.set(request.outcomes)
+
+    def _notify(self, persisted: int, salvaged: int) -> None:
+        fact = CompletionsFlushed(persisted=persisted, salvaged=salvaged)
+        for observer in self.observers:
+            observer(fact)

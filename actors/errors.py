@@ -1,0 +1,115 @@
+"""Errors of the dispatcher. All derive from :class:`stores.ToolDispatchError`."""
+
+from __future__ import annotations
+
+from stores.errors import InvalidInputError, StoreError, ToolDispatchError
+from stores.types import FailureKind
+
+__all__ = [
+    "AuthScopeChangedError",
+    "BudgetExceededError",
+    "CallCancelledError",
+    "DispatchError",
+    "InvalidInputError",
+    "LeaseLostError",
+    "PersistenceCircuitOpenError",
+    "ProviderError",
+    "RateLimitedError",
+    "ReceiptPersistenceError",
+    "ReceiptWaitTimeoutError",
+    "RecordedFailureError",
+    "StoreError",
+    "SuspendedError",
+    "ToolDispatchError",
+    "ToolTimeoutError",
+    "UnknownToolError",
+]
+
+
+class DispatchError(ToolDispatchError):
+    """Base of errors raised by the dispatch system (not by the store)."""
+
+
+class UnknownToolError(DispatchError, LookupError):
+    """``execute`` named a tool the system was not started with."""
+
+
+class BudgetExceededError(DispatchError):
+    """A budget (provider calls, retries, receipt operations) is spent; the call was refused."""
+
+
+class PersistenceCircuitOpenError(DispatchError):
+    """The latch is tripped: receipts cannot be persisted, so no provider call starts."""
+
+
+class LeaseLostError(DispatchError):
+    """Our lease on the receipt was taken (expired and reclaimed); the result is not ours to store."""
+
+
+class ReceiptWaitTimeoutError(DispatchError):
+    """Waited for another owner's live lease past the bounded attempts; never stolen."""
+
+
+class CallCancelledError(DispatchError):
+    """The dispatcher stopped (or the run was aborted) before the call started."""
+
+
+class ReceiptPersistenceError(DispatchError):
+    """Recording a result or failure failed; carries the tool's own error as ``cause`` when any."""
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message if cause is None else f"{message}; the call had failed with: {cause!r}")
+        self.cause = cause
+
+
+class RecordedFailureError(DispatchError):
+    """The receipt holds a non-retryable failure from an earlier run (normal mode reuses it)."""
+
+    def __init__(self, message: str, *, failure_kind: FailureKind | None) -> None:
+        super().__init__(message)
+        self.failure_kind = failure_kind
+
+
+class ProviderError(DispatchError):
+    """Raised by tools for a provider failure of a known kind.
+
+    Args:
+        message: what happened.
+        failure_kind: how to record it (decides whether a later claim re-runs it).
+    """
+
+    failure_kind: FailureKind = FailureKind.PERMANENT
+
+    def __init__(self, message: str = "", *, failure_kind: FailureKind | None = None) -> None:
+        super().__init__(message)
+        if failure_kind is not None:
+            self.failure_kind = failure_kind
+
+
+class RateLimitedError(ProviderError):
+    """The provider answered 429 (or 503 with Retry-After): backpressure.
+
+    Args:
+        message: what happened.
+        retry_after: the raw ``Retry-After`` header value (RFC 9110 section 10.2.3), or None.
+    """
+
+    failure_kind = FailureKind.RATE_LIMITED
+
+    def __init__(self, message: str = "rate limited", *, retry_after: str | float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ToolTimeoutError(ProviderError):
+    """The tool did not return within its timeout."""
+
+    failure_kind = FailureKind.TIMEOUT
+
+
+class SuspendedError(DispatchError):
+    """Raised by a tool when the host pauses the run: receipts are released, not failed."""
+
+
+class AuthScopeChangedError(DispatchError):
+    """Raised by a tool when its credentials changed mid-run: keys are recomputed, re-queued once."""

@@ -1,0 +1,248 @@
+"""The governor: budgets, the global concurrency ceiling, per-provider pacing, backpressure.
+
+:class:`Governor` is the plain state machine (messages in, decisions out, time passed
+in); :class:`GovernorActor` feeds it messages and performs the decisions (resolving
+reply futures, arming the wake-up timer).
+
+Rules (SEMANTICS.md, Admission): one provider call (a batch included) takes one slot;
+waiting for pacing holds no global slot and never blocks another provider's waiters;
+a 429 closes that (org, provider) gate for the Retry-After (plus jitter, so waiters are
+not all released at once) and cuts its rate (AIMD, see :mod:`actors._pacing`).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pykka
+
+from ._pacing import ProviderBucket, parse_retry_after
+from ._runtime import Timers, fail
+from .errors import BudgetExceededError, CallCancelledError
+from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
+from .tool import Pacing, Policy
+
+__all__ = ["BUDGET_KINDS", "Decisions", "Governor", "GovernorActor", "suggested_parallelism"]
+
+BUDGET_KINDS = ("provider_calls", "retries", "receipt_ops")
+BucketKey = tuple[str, str]
+
+
+def suggested_parallelism(pacing: Pacing, ceiling: int) -> int:
+    """How wide a tool's calls are launched: from its pacing, floored at 1, capped by ``ceiling``.
+
+    max_concurrency when known, else one second's worth of its rate, else the ceiling.
+    """
+    if pacing.max_concurrency is not None:
+        width = pacing.max_concurrency
+    elif pacing.rps is not None:
+        width = math.ceil(pacing.rps)
+    else:
+        width = ceiling
+    return max(1, min(width, ceiling))
+
+
+@attrs.define
+class _Waiter:
+    want: int
+    reply: Any
+
+
+@attrs.define
+class Decisions:
+    """What the actor must do: resolve grants and refusals, arm a timer."""
+
+    grants: list[tuple[Any, int]] = attrs.field(factory=list)
+    refusals: list[tuple[Any, BaseException]] = attrs.field(factory=list)
+    wake_at: float | None = None
+
+
+class Governor:
+    """Admission control state machine.
+
+    Args:
+        policy: budgets (``max_provider_calls``, ``max_retries``, ``max_receipt_ops``),
+            the global ceiling (``max_concurrency``) and Retry-After bounds.
+        pacings: provider name -> Pacing.
+        rng: ``rng() -> float in [0, 1)`` for jitter (injectable for tests).
+    """
+
+    def __init__(
+        self, policy: Policy, pacings: dict[str, Pacing], rng: Callable[[], float] = random.random
+    ) -> None:
+        self.policy = policy
+        self.pacings = pacings
+        self.rng = rng
+        self.ceiling = policy.max_concurrency
+        self.in_flight = 0
+        self.limits = {
+            "provider_calls": policy.max_provider_calls,
+            "retries": policy.max_retries,
+            "receipt_ops": policy.max_receipt_ops,
+        }
+        self.spent: collections.Counter[str] = collections.Counter()
+        self.buckets: dict[BucketKey, ProviderBucket] = {}
+        self.waiters: dict[BucketKey, collections.deque[_Waiter]] = {}
+        self.stopped = False
+
+    def bucket(self, org_id: str, provider: str) -> ProviderBucket:
+        """The pacing state of (org, provider), created from its Pacing on first use."""
+        key = (org_id, provider)
+        found = self.buckets.get(key)
+        if found is None:
+            pacing = self.pacings.get(provider, Pacing())
+            found = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency)
+            self.buckets[key] = found
+        return found
+
+    def charge(self, kind: str, amount: int) -> None:
+        """Charge a budget.
+
+        Raises:
+            BudgetExceededError: the budget would be exceeded (nothing is charged).
+        """
+        limit = self.limits[kind]
+        if limit is not None and self.spent[kind] + amount > limit:
+            raise BudgetExceededError(f"{kind} budget of {limit} is spent")
+        self.spent[kind] += amount
+
+    def acquire(self, org_id: str, provider: str, want: int, reply: Any, now: float) -> Decisions:
+        """Queue a request for up to ``want`` slots and grant what can be granted."""
+        if self.stopped:
+            return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
+        self.bucket(org_id, provider)
+        self.waiters.setdefault((org_id, provider), collections.deque()).append(_Waiter(max(1, want), reply))
+        return self.wake(now)
+
+    def release(self, org_id: str, provider: str, count: int, successes: int, now: float) -> Decisions:
+        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase."""
+        bucket = self.bucket(org_id, provider)
+        bucket.in_flight = max(0, bucket.in_flight - count)
+        self.in_flight = max(0, self.in_flight - count)
+        for _ in range(successes):
+            bucket.on_success(now)
+        return self.wake(now)
+
+    def backpressure(self, org_id: str, provider: str, retry_after: Any, now: float, wall: float) -> Decisions:
+        """Pause (org, provider) for the parsed Retry-After and cut its rate."""
+        pause = parse_retry_after(
+            retry_after,
+            wall,
+            default_s=self.policy.retry_after_default_s,
+            max_s=self.policy.retry_after_max_s,
+            min_s=self.policy.retry_after_min_s,
+        )
+        jitter = self.rng() * min(1.0, 0.1 * pause)
+        self.bucket(org_id, provider).on_backpressure(pause, jitter, now)
+        return self.wake(now)
+
+    def wake(self, now: float) -> Decisions:
+        """Grant every waiter that can be granted at ``now``; say when to look again."""
+        out = Decisions()
+        wake_at: float | None = None
+        for key, queue in self.waiters.items():
+            bucket = self.buckets[key]
+            while queue and self.in_flight < self.ceiling:
+                n = min(queue[0].want, bucket.available(now), self.ceiling - self.in_flight)
+                if n < 1:
+                    break
+                waiter = queue.popleft()
+                try:
+                    n = self._charge_calls(n)
+                except BudgetExceededError as exc:
+                    out.refusals.append((waiter.reply, exc))
+                    continue
+                bucket.take(n, now)
+                self.in_flight += n
+                out.grants.append((waiter.reply, n))
+            if queue:
+                ready = bucket.ready_at(now)
+                if ready is not None and ready > now:
+                    wake_at = ready if wake_at is None else min(wake_at, ready)
+        out.wake_at = wake_at
+        return out
+
+    def _charge_calls(self, n: int) -> int:
+        limit = self.limits["provider_calls"]
+        if limit is not None:
+            n = min(n, limit - self.spent["provider_calls"])
+            if n < 1:
+                raise BudgetExceededError(f"provider_calls budget of {limit} is spent")
+        self.spent["provider_calls"] += n
+        return n
+
+    def stop(self) -> Decisions:
+        """Refuse every waiter with CallCancelledError; later requests are refused too."""
+        self.stopped = True
+        out = Decisions()
+        for queue in self.waiters.values():
+            while queue:
+                out.refusals.append((queue.popleft().reply, CallCancelledError("the dispatcher is stopping")))
+        return out
+
+
+class GovernorActor(pykka.ThreadingActor):
+    """Runs the :class:`Governor`; all its methods run on this actor's thread."""
+
+    def __init__(
+        self, policy: Policy, pacings: dict[str, Pacing], timers: Timers, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.governor = Governor(policy, pacings)
+        self.timers = timers
+        self.clock = clock
+        self._armed: float | None = None
+
+    def on_receive(self, message: Any) -> Any:
+        now = self.clock()
+        if isinstance(message, AcquireSlots):
+            self._perform(self.governor.acquire(message.org_id, message.provider, message.want, message.reply, now))
+        elif isinstance(message, ReleaseSlots):
+            gov = self.governor
+            self._perform(gov.release(message.org_id, message.provider, message.count, message.successes, now))
+        elif isinstance(message, BackpressureReported):
+            gov = self.governor
+            self._perform(gov.backpressure(message.org_id, message.provider, message.retry_after, now, time.time()))
+        elif isinstance(message, GovernorWake):
+            self._armed = None
+            self._perform(self.governor.wake(now))
+        elif isinstance(message, ChargeBudget):
+            try:
+                self.governor.charge(message.kind, message.amount)
+                message.reply.set(True)
+            except BudgetExceededError as exc:
+                fail(message.reply, exc)
+        return None
+
+    def _perform(self, decisions: Decisions) -> None:
+        for reply, n in decisions.grants:
+            reply.set(n)
+        for reply, exc in decisions.refusals:
+            fail(reply, exc)
+        if decisions.wake_at is not None and (self._armed is None or decisions.wake_at < self._armed):
+            self._armed = decisions.wake_at
+            ref = self.actor_ref
+            self.timers.call_later(decisions.wake_at - self.clock(), lambda: ref.tell(GovernorWake()))
+
+    def stop_waiters(self) -> None:
+        """Refuse all waiters (called through the proxy at system stop)."""
+        self._perform(self.governor.stop())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""
+        gov = self.governor
+        return {
+            "in_flight": gov.in_flight,
+            "spent": dict(gov.spent),
+            "backpressure": sum(b.backpressure_events for b in gov.buckets.values()),
+            "buckets": {
+                f"{org}/{provider}": {"rate": b.rate, "in_flight": b.in_flight, "gate_until": b.gate_until}
+                for (org, provider), b in gov.buckets.items()
+            },
+        }

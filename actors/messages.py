@@ -1,0 +1,206 @@
+"""Typed messages exchanged by the actors.
+
+Commands are imperative, facts past tense. A reply, when there is one, travels as a
+pykka future inside the message (never a ``.get()`` inside ``on_receive`` on an actor
+that may wait on the sender).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pykka
+
+from stores.types import LeaseRef, Owner
+
+__all__ = [
+    "AcquireSlots",
+    "BackpressureReported",
+    "ChargeBudget",
+    "CompletionsFlushed",
+    "DrainDue",
+    "FlushCompletions",
+    "FlushDue",
+    "GovernorWake",
+    "GroupsSettled",
+    "HeartbeatTick",
+    "LeasesLost",
+    "RegisterLeases",
+    "ReleaseSlots",
+    "RetryWrite",
+    "StopQueue",
+    "SubmitCall",
+    "UnregisterLeases",
+]
+
+
+@attrs.frozen(kw_only=True)
+class SubmitCall:
+    """Queue one call on its tool's queue."""
+
+    call: Any
+    """The :class:`actors._calls.Call` (input, key, mode, reply future)."""
+
+
+@attrs.frozen(kw_only=True)
+class DrainDue:
+    """The batch grace window ended (or a drain is wanted now)."""
+
+    generation: int
+    """Which window this timer belongs to; stale timers are ignored."""
+
+
+@attrs.frozen(kw_only=True)
+class GroupsSettled:
+    """A drain finished some groups: resolve their owners and followers."""
+
+    outcomes: list[tuple[str, Any]]
+    """(receipt key, ToolResult-producing outcome or exception) per group."""
+
+
+@attrs.frozen(kw_only=True)
+class StopQueue:
+    """Reject everything still queued with a cancellation error."""
+
+    reply: pykka.Future[Any]
+    """Resolved with the number of calls rejected."""
+
+
+@attrs.frozen(kw_only=True)
+class AcquireSlots:
+    """Ask the governor for up to ``want`` slots of one (org, provider)."""
+
+    org_id: str
+    """The org whose bucket is charged."""
+    provider: str
+    """The provider whose pacing applies."""
+    want: int
+    """Most slots wanted; at least one is granted before the reply."""
+    reply: pykka.Future[int]
+    """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
+
+
+@attrs.frozen(kw_only=True)
+class ReleaseSlots:
+    """Give slots back after provider calls ended."""
+
+    org_id: str
+    """The org."""
+    provider: str
+    """The provider."""
+    count: int
+    """How many slots."""
+    successes: int = 0
+    """How many of those calls succeeded (AIMD additive increase)."""
+
+
+@attrs.frozen(kw_only=True)
+class BackpressureReported:
+    """A provider answered 429 / Retry-After."""
+
+    org_id: str
+    """The org."""
+    provider: str
+    """The provider."""
+    retry_after: Any
+    """The raw Retry-After value (delta-seconds, HTTP-date, garbage or None)."""
+
+
+@attrs.frozen(kw_only=True)
+class ChargeBudget:
+    """Charge a budget (``retries`` or ``receipt_ops``)."""
+
+    kind: str
+    """Which budget."""
+    amount: int
+    """How much."""
+    reply: pykka.Future[bool]
+    """Resolved True, or with BudgetExceededError."""
+
+
+@attrs.frozen(kw_only=True)
+class GovernorWake:
+    """A pacing timer fired: grant what can be granted now."""
+
+
+@attrs.frozen(kw_only=True)
+class RegisterLeases:
+    """Renew these leases every heartbeat until unregistered or past ``deadline``."""
+
+    token: int
+    """Registration handle, for unregistering."""
+    org_id: str
+    """The org."""
+    owner: Owner
+    """The lease holder."""
+    leases: tuple[LeaseRef, ...]
+    """The leases to renew."""
+    lease_ttl_s: float
+    """TTL applied at each renewal, seconds."""
+    deadline: float
+    """Monotonic time after which renewals stop (the call's hard deadline)."""
+    lost: Any
+    """A threading.Event set when any of these leases is found lost."""
+
+
+@attrs.frozen(kw_only=True)
+class UnregisterLeases:
+    """Stop renewing a registration."""
+
+    token: int
+    """The handle given at registration."""
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatTick:
+    """Time to renew leases."""
+
+
+@attrs.frozen(kw_only=True)
+class LeasesLost:
+    """A renewal found these leases gone (expired and taken)."""
+
+    keys: tuple[str, ...]
+    """Receipt keys whose lease is lost."""
+
+
+@attrs.frozen(kw_only=True)
+class FlushCompletions:
+    """Persist these outputs (bulk, with retries, recovery and salvage)."""
+
+    org_id: str
+    """The org."""
+    owner: Owner
+    """The lease holder."""
+    entries: tuple[Any, ...]
+    """stores.Completion per member."""
+    tool_id: str
+    """The tool (for salvage entries)."""
+    input_hashes: dict[str, str]
+    """Receipt key -> input hash (for salvage entries)."""
+    reply: pykka.Future[Any]
+    """Resolved with dict key -> FlushOutcome."""
+
+
+@attrs.frozen(kw_only=True)
+class FlushDue:
+    """Write what is buffered (or retry a write whose back-off elapsed)."""
+
+
+@attrs.frozen(kw_only=True)
+class CompletionsFlushed:
+    """Fact: a flush ended (for observers and tests)."""
+
+    persisted: int
+    """Members whose receipts are completed."""
+    salvaged: int
+    """Members kept in salvage."""
+
+
+@attrs.frozen(kw_only=True)
+class RetryWrite:
+    """A completion write's back-off elapsed: try it again."""
+
+    chunk_id: int
+    """Which pending write."""

@@ -1,0 +1,113 @@
+"""The receipt store actor: the only owner of the store inside a dispatch system.
+
+It serialises every store operation on its own thread (a greenlet under gevent; the
+SQLite store then runs the work on gevent's threadpool, so the hub never blocks).
+Callers use its typed proxy: each method returns a pykka future. It never waits on
+another actor, so any actor may wait on its futures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from stores.base import ReceiptStore
+from stores.types import (
+    Claim,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+)
+
+__all__ = ["ReceiptStoreActor", "ReceiptStoreProxy"]
+
+
+class ReceiptStoreActor(pykka.ThreadingActor):
+    """Wraps a :class:`~stores.ReceiptStore`; same methods, same errors.
+
+    Counts every operation (``ops``) so the governor's receipt budget and the stats
+    can see them.
+    """
+
+    def __init__(self, store: ReceiptStore) -> None:
+        super().__init__()
+        self.store = store
+        self.ops = 0
+
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> list[Claim]:
+        self.ops += 1
+        return self.store.claim_many(
+            org_id, requests, owner, lease_ttl_s=lease_ttl_s, mode=mode, stale_after_s=stale_after_s
+        )
+
+    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        self.ops += 1
+        return self.store.mark_running_many(org_id, leases, owner)
+
+    def renew_leases(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
+    ) -> FenceReport:
+        self.ops += 1
+        return self.store.renew_leases(org_id, leases, owner, lease_ttl_s=lease_ttl_s)
+
+    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
+        self.ops += 1
+        return self.store.complete_many(org_id, completions, owner)
+
+    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        self.ops += 1
+        return self.store.fail_many(org_id, failures, owner)
+
+    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        self.ops += 1
+        return self.store.release(org_id, leases, owner)
+
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        self.ops += 1
+        return self.store.get_many(org_id, keys)
+
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        self.ops += 1
+        return self.store.purge(older_than_s=older_than_s, statuses=statuses, org_id=org_id)
+
+
+if TYPE_CHECKING:
+    from pykka.typing import ActorMemberMixin, proxy_field, proxy_method
+
+    class ReceiptStoreProxy(ActorMemberMixin, pykka.ActorProxy[ReceiptStoreActor]):
+        """Typed proxy of :class:`ReceiptStoreActor`: each method returns a future."""
+
+        ops = proxy_field(ReceiptStoreActor.ops)
+        claim_many = proxy_method(ReceiptStoreActor.claim_many)
+        mark_running_many = proxy_method(ReceiptStoreActor.mark_running_many)
+        renew_leases = proxy_method(ReceiptStoreActor.renew_leases)
+        complete_many = proxy_method(ReceiptStoreActor.complete_many)
+        fail_many = proxy_method(ReceiptStoreActor.fail_many)
+        release = proxy_method(ReceiptStoreActor.release)
+        get_many = proxy_method(ReceiptStoreActor.get_many)
+        purge = proxy_method(ReceiptStoreActor.purge)
+else:
+    ReceiptStoreProxy = Any

@@ -1,0 +1,79 @@
+"""What a call resolves to (:class:`ToolResult`) and what a tool receives (:class:`ToolContext`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "Execution",
+    "ToolContext",
+    "ToolResult",
+    "batch_idempotency_key",
+    "provider_idempotency_key",
+]
+
+Execution = Literal["live", "cached", "in_flight"]
+
+
+@attrs.frozen(kw_only=True)
+class ToolResult:
+    """The result of one call.
+
+    Attributes:
+        value: the tool's output (any JSON value), None when ``status`` is ``no_result``.
+        execution: ``live`` (this call ran it), ``cached`` (a completed receipt),
+            ``in_flight`` (attached to another owner's running call).
+        receipt_key: the receipt key (sha256 hex).
+        tool_id: the tool.
+        status: ``ok``, or ``no_result`` when the tool (or a batch split) gave nothing.
+    """
+
+    value: Any
+    execution: Execution
+    receipt_key: str
+    tool_id: str
+    status: Literal["ok", "no_result"] = "ok"
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    """Passed to a tool as its second argument.
+
+    Attributes:
+        tool_id: the tool.
+        idempotency_key: provider idempotency key: stable for one lease (a retry under
+            the same lease sends the same key), new for a forced refresh, aggregated
+            over the members for a batch. Send it as ``Idempotency-Key``.
+        receipt_keys: the receipt keys this provider call serves (one unless batched).
+        credential_scope_digest: the credentials the call runs under.
+        deadline: ``time.monotonic()`` value after which the call is timed out.
+        timeout_s: the call's timeout, seconds (the smallest of a batch's members).
+        attempt: 1 for the first in-call attempt, then 2, 3 for retries.
+    """
+
+    tool_id: str
+    idempotency_key: str
+    receipt_keys: tuple[str, ...]
+    credential_scope_digest: str
+    deadline: float
+    timeout_s: float
+    attempt: int = 1
+
+    @property
+    def receipt_key(self) -> str:
+        """The first (for unbatched calls, the only) receipt key."""
+        return self.receipt_keys[0]
+
+
+def provider_idempotency_key(receipt_key: str, lease_id: str | None) -> str:
+    """sha256 hex of the receipt key and lease id: same lease, same key; new lease, new key."""
+    return hashlib.sha256(f"{receipt_key}:{lease_id or ''}".encode()).hexdigest()
+
+
+def batch_idempotency_key(member_keys: Iterable[str]) -> str:
+    """sha256 hex over the sorted members' provider idempotency keys."""
+    return hashlib.sha256(":".join(sorted(member_keys)).encode()).hexdigest()

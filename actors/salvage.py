@@ -1,0 +1,166 @@
+"""Salvage: results produced (money spent) that could not be persisted.
+
+An append-only JSONL file, created owner-read/write only (0600), each append flushed
+and fsynced. Entries are written through the one persistence converter
+(:mod:`stores._codec`). :func:`replay` puts them into a receipt store later.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import orjson
+
+from stores._codec import converter, encode_json
+from stores.base import ReceiptStore
+from stores.types import ClaimDisposition, ClaimMode, ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus
+
+__all__ = ["REPLAY_OWNER", "ReplayReport", "SalvageEntry", "SalvageLog"]
+
+REPLAY_OWNER = Owner("salvage-replay", 1)
+"""The lease owner used when replaying salvage into a store."""
+
+
+@attrs.frozen(kw_only=True)
+class SalvageEntry:
+    """One salvaged output.
+
+    Attributes:
+        receipt_key: the receipt key.
+        org_id / scope / tool_id / input_hash: enough to recreate the receipt.
+        output: the tool's output (JSON).
+        completion_attempts: how many times persisting it was tried.
+        first_error_at: epoch seconds of the first failed attempt.
+        error: the last error text.
+    """
+
+    receipt_key: str
+    org_id: str
+    scope: str
+    tool_id: str
+    input_hash: str
+    output: Any
+    completion_attempts: int
+    first_error_at: float
+    error: str
+
+
+@attrs.frozen
+class ReplayReport:
+    """What :meth:`SalvageLog.replay` did: counts of entries."""
+
+    completed: int
+    already_completed: int
+    kept: int
+
+
+class SalvageLog:
+    """Append-only JSONL salvage file at ``path`` (thread-safe)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+
+    def append(self, entries: Iterable[SalvageEntry]) -> int:
+        """Append entries, flushed and fsynced; returns how many were written."""
+        lines = [encode_json(entry) + "\n" for entry in entries]
+        if not lines:
+            return 0
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, "".join(lines).encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return len(lines)
+
+    def entries(self) -> list[SalvageEntry]:
+        """Every entry in the file (an empty list when there is no file)."""
+        try:
+            with open(self.path, "rb") as fh:
+                raw = [orjson.loads(line) for line in fh if line.strip()]
+        except FileNotFoundError:
+            return []
+        return [converter.structure(item, SalvageEntry) for item in raw]
+
+    def _rewrite(self, entries: list[SalvageEntry]) -> None:
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, "".join(encode_json(e) + "\n" for e in entries).encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+    def replay(self, store: ReceiptStore, *, lease_ttl_s: float = 60.0) -> ReplayReport:
+        """Complete salvaged receipts in ``store``; keep only what could not be replayed.
+
+        A receipt already completed (by anyone) just drops its entry; one under another
+        owner's live lease is kept for a later replay.
+
+        Raises:
+            StoreError: the store failed (the file is left unchanged).
+        """
+        with self._lock:
+            entries = self.entries()
+            kept: list[SalvageEntry] = []
+            completed = already = 0
+            by_org: dict[str, dict[str, SalvageEntry]] = {}
+            for entry in entries:
+                by_org.setdefault(entry.org_id, {})[entry.receipt_key] = entry
+            for org_id, members in by_org.items():
+                keys = list(members)
+                stored = store.get_many(org_id, keys)
+                todo = []
+                for key, receipt in zip(keys, stored, strict=True):
+                    if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
+                        already += 1
+                    else:
+                        todo.append(members[key])
+                if not todo:
+                    continue
+                claims = store.claim_many(
+                    org_id,
+                    [ClaimRequest(e.receipt_key, e.scope, e.tool_id, e.input_hash) for e in todo],
+                    REPLAY_OWNER,
+                    lease_ttl_s=lease_ttl_s,
+                    mode=ClaimMode.RETRY_FAILED,
+                )
+                held = {c.receipt.key: c.receipt.lease_id for c in claims if c.disposition is ClaimDisposition.CLAIMED}
+                kept.extend(e for e in todo if e.receipt_key not in held)
+                leases = [LeaseRef(key, lease) for key, lease in held.items() if lease]
+                store.mark_running_many(org_id, leases, REPLAY_OWNER)
+                done = store.complete_many(
+                    org_id,
+                    [Completion(lease.key, lease.lease_id, members[lease.key].output) for lease in leases],
+                    REPLAY_OWNER,
+                )
+                completed += len(done.applied)
+                kept.extend(members[key] for key in done.refused)
+            self._rewrite(kept)
+            return ReplayReport(completed=completed, already_completed=already, kept=len(kept))
+
+
+def salvage_entry(
+    *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
+    first_error_at: float | None, error: str,
+) -> SalvageEntry:  # fmt: skip
+    """Build an entry (first_error_at defaults to now)."""
+    return SalvageEntry(
+        receipt_key=key,
+        org_id=org_id,
+        scope=scope,
+        tool_id=tool_id,
+        input_hash=input_hash,
+        output=output,
+        completion_attempts=attempts,
+        first_error_at=first_error_at if first_error_at is not None else time.time(),
+        error=error,
+    )

@@ -1,0 +1,89 @@
+"""Counters and per-phase timings of a dispatch system (thread-safe)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["PHASES", "Stats"]
+
+PHASES = (
+    "admission",
+    "provider",
+    "receipt_prepare",
+    "receipt_complete",
+    "group",
+    "drain",
+    "batch_compile",
+    "recovery",
+)
+"""Phases timed (SEMANTICS.md, Observability)."""
+
+_KEEP = 50_000
+"""Timings kept per phase for percentiles (the newest)."""
+
+
+class Stats:
+    """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
+    ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
+    ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``)
+    and phase timings in milliseconds.
+
+    Args:
+        perf_hook: ``hook(phase, ms, extra)``, called on the thread that timed the
+            phase (a drain worker or an actor).
+    """
+
+    COUNTERS = (
+        "calls", "live", "cached", "in_flight", "deduped", "provider_calls", "batches",
+        "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
+        "requeued", "cancelled", "errors",
+    )  # fmt: skip
+
+    def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(self.COUNTERS, 0))
+        self.timings: dict[str, collections.deque[float]] = {p: collections.deque(maxlen=_KEEP) for p in PHASES}
+        self.perf_hook = perf_hook
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to a counter."""
+        with self._lock:
+            self.counters[name] += n
+
+    def record(self, phase: str, ms: float, **extra: Any) -> None:
+        """Record one timing of ``phase`` in milliseconds and call the perf hook."""
+        self.timings.setdefault(phase, collections.deque(maxlen=_KEEP)).append(ms)
+        if self.perf_hook is not None:
+            self.perf_hook(phase, ms, extra)
+
+    @contextmanager
+    def timed(self, phase: str, **extra: Any) -> Iterator[None]:
+        """Time the block as ``phase``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(phase, (time.perf_counter() - start) * 1000.0, **extra)
+
+    def percentiles(self) -> dict[str, dict[str, float]]:
+        """Per phase: count, p50 and p95 in milliseconds (phases with timings only)."""
+        out = {}
+        for phase, values in self.timings.items():
+            data = sorted(values)
+            if data:
+                out[phase] = {
+                    "count": float(len(data)),
+                    "p50_ms": data[len(data) // 2],
+                    "p95_ms": data[min(len(data) - 1, int(len(data) * 0.95))],
+                }
+        return out
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._lock:
+            return dict(self.counters)

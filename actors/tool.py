@@ -1,0 +1,186 @@
+"""Host-facing configuration: tools, batch strategies, pacing, policy, run identity."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+__all__ = ["BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
+
+
+def _split_list(result: Any, n: int) -> list[Any]:
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"batch result must be a list of {n} results, got {type(result).__name__}")
+    return list(result)
+
+
+@attrs.frozen(kw_only=True)
+class Pacing:
+    """A provider's limits. None means unknown (AIMD then learns from 429s).
+
+    Attributes:
+        rps: requests per second (token bucket refill rate).
+        burst: token bucket size; default max(1, rps).
+        max_concurrency: provider calls in flight at once.
+    """
+
+    rps: float | None = None
+    burst: float | None = None
+    max_concurrency: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.rps is not None and self.rps <= 0:
+            raise ValueError("Pacing.rps must be > 0")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("Pacing.max_concurrency must be >= 1")
+
+
+@attrs.frozen(kw_only=True)
+class BatchStrategy:
+    """How single calls of a tool become one provider batch call.
+
+    Attributes:
+        batch_fn: the provider's batch operation, ``batch_fn(payload, ctx) -> result``;
+            runs on the execution pool (a worker thread, or a greenlet under gevent).
+        max_batch_size: most unique calls in one batch.
+        build: ``build(inputs) -> payload``; default the list of inputs.
+        split: ``split(result, n) -> list of n results`` in member order; default
+            expects the result to be that list. A member result that is an Exception
+            fails that member alone; None gives status ``no_result``.
+        batch_operation: the provider's name for the batch operation (for logs).
+        input_id / result_id: optional ``input_id(input)`` and ``result_id(item)``;
+            when both are given, split results are matched to members by id instead
+            of by position (for providers that answer in another order); a member
+            with no matching item gets ``no_result``.
+    """
+
+    batch_fn: Callable[[Any, Any], Any]
+    max_batch_size: int
+    build: Callable[[list[Any]], Any] = list
+    split: Callable[[Any, int], Sequence[Any]] = _split_list
+    batch_operation: str = ""
+    input_id: Callable[[Any], Any] | None = None
+    result_id: Callable[[Any], Any] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("BatchStrategy.max_batch_size must be >= 1")
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A named operation on an external provider.
+
+    Attributes:
+        tool_id: the tool's name, as ``execute`` gives it.
+        fn: ``fn(input, ctx) -> JSON value``, the single call (the batch's source
+            operation). Runs on the execution pool.
+        provider: whose limits it shares (default ``tool_id``).
+        version: the provider action version (part of the receipt key).
+        pacing: the provider's limits.
+        batch: batch strategy, or None.
+        durable: False skips receipts (no cache, no idempotency).
+        retry_safe: transient failures are retried in-call (charging the retry budget).
+        timeout_s: per-call timeout, seconds (None: the policy's default).
+        lease_ttl_s: receipt lease TTL, seconds (None: the policy's default).
+        non_semantic_fields: top-level input fields left out of the receipt key.
+        credentials: ``credentials() -> str`` giving the credential-scope digest;
+            cached, and asked again after an :class:`AuthScopeChangedError`.
+    """
+
+    tool_id: str
+    fn: Callable[[Any, Any], Any]
+    provider: str = ""
+    version: str = "1"
+    pacing: Pacing = Pacing()
+    batch: BatchStrategy | None = None
+    durable: bool = True
+    retry_safe: bool = False
+    timeout_s: float | None = None
+    lease_ttl_s: float | None = None
+    non_semantic_fields: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    credentials: Callable[[], str] | None = None
+
+    @property
+    def provider_name(self) -> str:
+        """The provider whose pacing this tool shares."""
+        return self.provider or self.tool_id
+
+
+@attrs.frozen(kw_only=True)
+class RunInfo:
+    """One execution of a play.
+
+    Attributes:
+        run_id: the run's id (lease owner).
+        org_id: the org; receipts never cross orgs.
+        scope: the play's name; namespaces receipts.
+        run_attempt: retries of the same run (lease owner attempt).
+        deadline_s: seconds from start after which completion retries give up early.
+    """
+
+    run_id: str
+    org_id: str
+    scope: str
+    run_attempt: int = 1
+    deadline_s: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """Dispatcher settings; defaults from SEMANTICS.md (Defaults). Times in seconds.
+
+    Attributes:
+        batch_grace_s: how long a batchable tool's queue waits for more calls.
+        lease_ttl_s: receipt lease lifetime.
+        heartbeat_interval_s: lease renewal period (None: a third of the lease TTL).
+        timeout_s: default per-call timeout.
+        max_concurrency: global ceiling of provider calls in flight.
+        max_provider_calls / max_retries / max_receipt_ops: budgets (None: unlimited).
+        retry_attempts: in-call attempts of retry-safe tools on transient errors.
+        retry_backoff_s: first back-off between those attempts (doubles, jittered).
+        receipt_poll_initial_s / receipt_poll_max_s / receipt_wait_max_attempts:
+            how a call waits for another owner's receipt (bounded, backing off).
+        completion_ladder_s: back-offs between completion write attempts.
+        completion_deadline_headroom_s: give up early when the run deadline leaves
+            less than the back-off plus this.
+        completion_max_members / completion_max_bytes: caps of one bulk write.
+        recovery_max_reads: receipts read back at once after a failed bulk write.
+        retry_after_default_s / retry_after_max_s / retry_after_min_s: backpressure
+            pause for an unparseable, an excessive, and a past Retry-After.
+        salvage_path: JSONL file for salvaged outputs (None: next to the store, or
+            ``tooldispatch-salvage.jsonl`` in the working directory).
+        drain_workers: drains running at once.
+        perf_hook: ``hook(phase, ms, extra)``; called on the worker that measured.
+    """
+
+    batch_grace_s: float = 0.25
+    lease_ttl_s: float = 60.0
+    heartbeat_interval_s: float | None = None
+    timeout_s: float = 120.0
+    max_concurrency: int = 64
+    max_provider_calls: int | None = None
+    max_retries: int | None = None
+    max_receipt_ops: int | None = None
+    retry_attempts: int = 3
+    retry_backoff_s: float = 0.5
+    receipt_poll_initial_s: float = 0.01
+    receipt_poll_max_s: float = 1.0
+    receipt_wait_max_attempts: int = 200
+    completion_ladder_s: tuple[float, ...] = (1.0, 3.0, 9.0)
+    completion_deadline_headroom_s: float = 10.0
+    completion_max_members: int = 500
+    completion_max_bytes: int = 32 * 1024 * 1024
+    recovery_max_reads: int = 25
+    retry_after_default_s: float = 5.0
+    retry_after_max_s: float = 300.0
+    retry_after_min_s: float = 0.05
+    salvage_path: str | None = None
+    drain_workers: int = 32
+    perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None
+
+    def heartbeat_for(self, lease_ttl_s: float) -> float:
+        """Seconds between lease renewals for a lease of ``lease_ttl_s``."""
+        return self.heartbeat_interval_s or lease_ttl_s / 3.0
