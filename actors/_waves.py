@@ -159,7 +159,8 @@ class Waves:
         runnable = [u for u in wave if u.groups]
         token, lost_event = next(ctx.tokens), threading.Event()
         longest = max((u.timeout_s for u in runnable), default=0.0)
-        if tool.durable and runnable:
+        beating = tool.durable and bool(runnable) and ctx.policy.heartbeats
+        if beating:
             ctx.heartbeat.tell(
                 RegisterLeases(
                     token=token, org_id=ctx.run.org_id, owner=ctx.owner,
@@ -181,7 +182,7 @@ class Waves:
             except BaseException as exc:
                 outcomes.append((unit, None, exc))
         ctx.stats.record("provider", (time.perf_counter() - start) * 1000.0, units=len(runnable))
-        if tool.durable and runnable:
+        if beating:
             ctx.heartbeat.tell(UnregisterLeases(token=token))
         ok = sum(1 for _, _, err in outcomes if err is None)
         ctx.governor.tell(

@@ -136,6 +136,8 @@ class Policy:
         batch_grace_s: how long a batchable tool's queue waits for more calls.
         lease_ttl_s: receipt lease lifetime.
         heartbeat_interval_s: lease renewal period (None: a third of the lease TTL).
+        heartbeats: False turns lease renewal off (leases then expire after their TTL
+            even while a call runs; for tests and for stores that cannot renew).
         timeout_s: default per-call timeout.
         max_concurrency: global ceiling of provider calls in flight.
         max_provider_calls / max_retries / max_receipt_ops: budgets (None: unlimited).
@@ -159,6 +161,7 @@ class Policy:
     batch_grace_s: float = 0.25
     lease_ttl_s: float = 60.0
     heartbeat_interval_s: float | None = None
+    heartbeats: bool = True
     timeout_s: float = 120.0
     max_concurrency: int = 64
     max_provider_calls: int | None = None

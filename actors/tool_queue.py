@@ -26,7 +26,6 @@ from ._calls import Call, Group
 from ._runtime import Timers, fail
 from .errors import CallCancelledError
 from .messages import DrainDue, GroupsSettled, StopQueue, SubmitCall
-from .results import ToolResult
 from .stats import Stats
 from .tool import Tool
 
@@ -223,4 +222,3 @@ def requeue_outcome(error: BaseException) -> Any:
     return _Requeue(error)
 
 
-_ = ToolResult  # re-exported type of settled outcomes

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,15 +54,19 @@ SELECT value->>0, ?, value->>1, value->>2, 'queued', value->>3, NULL, NULL, NULL
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
   status = 'queued', output = NULL, error = NULL, failure_kind = NULL,
+  scope = excluded.scope, tool_id = excluded.tool_id, input_hash = excluded.input_hash,
   lease_id = excluded.lease_id, lease_owner_run_id = excluded.lease_owner_run_id,
   lease_owner_attempt = excluded.lease_owner_attempt,
   lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
   updated_at = excluded.updated_at, completed_at = NULL
 """
+# The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
+# up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
 _FENCE = """
-UPDATE receipts SET {set} FROM (
-  SELECT value->>0 AS k, value->>1 AS l, value->>2 AS a, value->>3 AS b FROM json_each(?)
-) AS j
+WITH j(k, l, a, b) AS MATERIALIZED (
+  SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each(?)
+)
+UPDATE receipts SET {set} FROM j
 WHERE receipts.org_id = ? AND receipts.key = j.k AND receipts.lease_id = j.l
   AND receipts.lease_owner_run_id = ? AND receipts.lease_owner_attempt = ?
   AND receipts.status IN ('queued', 'running')
@@ -83,6 +88,32 @@ _DEFAULT_PURGE = (
     ReceiptStatus.PENDING,
     ReceiptStatus.SKIPPED,
 )
+
+
+def _error_text(error: str) -> str:
+    """Error text as stored: NUL (where SQLite's JSON functions cut a string short) and
+    lone surrogates (no UTF-8 form) are written as backslash escapes."""
+    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Switch to WAL, retrying while another process opens the same new file.
+
+    SQLite does not call the busy handler for this switch, so two processes opening a
+    new file at once could see "database is locked". This runs on a real OS thread
+    (see BlockingRunner), so the unpatched sleep never blocks a gevent hub.
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    pause = monkey.get_original("time", "sleep") if monkey else time.sleep
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        pause(0.005)
 
 
 def _receipt(row: Sequence[Any]) -> Receipt:
@@ -133,7 +164,7 @@ class SqliteReceiptStore(ReceiptStore):
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             if not memory:
-                conn.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous = NORMAL")
             migrate(conn, self.path)
         except sqlite3.DatabaseError as exc:
@@ -282,7 +313,7 @@ class SqliteReceiptStore(ReceiptStore):
                 if items:
                     sql = _FENCE.format(set=set_sql)
                     payload = orjson.dumps(items).decode()
-                    params = (*set_params, payload, org_id, owner.run_id, owner.run_attempt)
+                    params = (payload, *set_params, org_id, owner.run_id, owner.run_attempt)
                     applied = {row[0] for row in conn.execute(sql, params)}
                 missed = [item for item in items if item[0] not in applied]
                 if missed:
@@ -354,7 +385,9 @@ class SqliteReceiptStore(ReceiptStore):
         return FenceReport(tuple(order), report.refused)
 
     def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        items = [(f.key, f.lease_id, f.error, FailureKind(f.failure_kind).value) for f in failures]
+        items = [
+            (f.key, f.lease_id, _error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
+        ]
         now = self.clock()
         return self._fenced(org_id, owner, _SET_FAIL, (now,), items, {}, ReceiptStatus.FAILED)
 
