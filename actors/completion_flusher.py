@@ -133,8 +133,10 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         scope: str,
         deadline: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stats: Any = None,
     ) -> None:
         super().__init__()
+        self.stats = stats
         self.store = store
         self.policy = policy
         self.latch = latch
@@ -248,6 +250,7 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         """Trip the latch, recover what can be recovered by reading back, salvage the rest."""
         self.latch.trip(f"receipt completion failed after {chunk.failures} attempts: {chunk.error}")
         step = max(1, self.policy.recovery_max_reads)
+        started = time.perf_counter()
         salvage = []
         for start in range(0, len(chunk.members), step):
             members = chunk.members[start : start + step]
@@ -258,6 +261,10 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 self._settle(member, outcome)
         self.salvage.append(salvage)
         self.salvaged += len(salvage)
+        if self.stats is not None:
+            recovered = len(chunk.members) - len(salvage)
+            ms = (time.perf_counter() - started) * 1000.0
+            self.stats.record("recovery", ms, recovered=recovered, failed=len(salvage))
         self._notify(len(chunk.members) - len(salvage), len(salvage))
 
     def _recover(self, chunk: _Chunk, members: list[_Member]) -> list[FlushOutcome | None]:

@@ -118,7 +118,7 @@ class DispatchSystem:
         self._governor = GovernorActor.start(policy, pacings, self.timers)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
-            self.store_proxy, policy, self.latch, self.salvage, self.timers, run.scope, deadline
+            self.store_proxy, policy, self.latch, self.salvage, self.timers, run.scope, deadline, stats=self.stats_
         )
         self._drain_pool = new_pool(policy.drain_workers, "tooldispatch-drain")
         self._tool_pool = new_pool(policy.max_concurrency, "tooldispatch-tool")

@@ -182,12 +182,15 @@ class ToolQueueActor(pykka.ThreadingActor):
             )
 
     def _drain(self, generation: int) -> None:
+        start = time.perf_counter()
         if generation == -1:
             self._drain_pending = False
             groups = self.queue.drain()
         else:
             groups = self.queue.drain(generation)
         if groups:
+            calls = sum(len(g.followers) + 1 for g in groups)
+            self.stats.record("group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls)
             self.run_drain(self.actor_ref, self.queue.tool, groups)
 
     def _resolve(self, group: Group, outcome: Any) -> None:

@@ -53,10 +53,48 @@ def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
     """
     if ignore_fields and isinstance(value, Mapping):
         value = {k: v for k, v in value.items() if k not in ignore_fields}
+    if _orjson_is_jcs(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+        except orjson.JSONEncodeError:
+            pass  # e.g. a lone surrogate: rfc8785 below gives the precise error
     try:
         return rfc8785.dumps(value).decode("utf-8")
     except (rfc8785.CanonicalizationError, UnicodeError, RecursionError) as exc:
         raise InvalidInputError(f"input is not canonical JSON: {exc}") from None
+
+
+_MAX_SAFE_INT = 2**53 - 1
+
+
+def _orjson_is_jcs(value: Any) -> bool:
+    """True when orjson's sorted output is byte-identical to RFC 8785 for ``value``.
+
+    That holds for exact dict/list/str/int/bool/None trees with ASCII object keys
+    (code point order equals UTF-16 order) and integers within +/-(2**53 - 1) (no
+    floats: ECMAScript number formatting is rfc8785's job). Both escape strings the
+    same way (checked by tests/stores/test_keys_fastpath.py). Anything else, including
+    every invalid input, takes the rfc8785 path.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                return False
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str or not key.isascii():
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        else:
+            return False
+    return True
 
 
 def _sha256(text: str) -> str:
