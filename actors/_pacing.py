@@ -30,6 +30,10 @@ AIMD_MIN_RPS = 0.1
 """The rate is never cut below this (requests per second)."""
 OBSERVE_WINDOW_S = 2.0
 """Window over which admissions are counted to measure a provider's achieved rate."""
+TOKEN_EPSILON = 1e-9
+"""Float slack when counting whole tokens (a refill may land at 0.99999999999994)."""
+MIN_WAKE_S = 1e-3
+"""Shortest wait :meth:`ProviderBucket.ready_at` announces, so a wake-up is never lost."""
 
 
 def parse_retry_after(
@@ -131,7 +135,7 @@ class ProviderBucket:
             return 0
         self.refill(now)
         free = math.inf if self.max_concurrency is None else self.max_concurrency - self.in_flight
-        n = min(free, math.floor(self.tokens) if self.rate is not None else math.inf)
+        n = min(free, math.floor(self.tokens + TOKEN_EPSILON) if self.rate is not None else math.inf)
         return int(n) if n != math.inf else 1 << 30
 
     def take(self, n: int, now: float) -> None:
@@ -149,8 +153,9 @@ class ProviderBucket:
             return self.gate_until
         if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             return None
-        if self.rate is not None and self.tokens < 1:
-            return now + (1 - self.tokens) / self.rate
+        if self.rate is not None and self.tokens + TOKEN_EPSILON < 1:
+            # at least MIN_WAKE_S ahead: a wait that rounds to ``now`` would never wake
+            return now + max((1 - self.tokens) / self.rate, MIN_WAKE_S)
         return now
 
     def observed_rps(self, now: float) -> float:

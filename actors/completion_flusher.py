@@ -230,19 +230,24 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 self.timers.call_later(backoff, lambda: ref.tell(RetryWrite(chunk_id=chunk_id)))
             return
         salvage = []
+        settled: list[tuple[_Member, FlushOutcome]] = []
         for member in chunk.members:
             key = member.completion.key
             refusal = report.refused.get(key)
             if refusal is None:
-                self._settle(member, FlushOutcome("persisted"))
+                settled.append((member, FlushOutcome("persisted")))
             elif refusal.reason is RefusalReason.COMPLETED_BY_OTHER and refusal.receipt is not None:
-                self._settle(member, FlushOutcome("completed_by_other", refusal.receipt.output))
+                settled.append((member, FlushOutcome("completed_by_other", refusal.receipt.output)))
             elif refusal.reason in (RefusalReason.LEASE_LOST, RefusalReason.MISSING):
                 salvage.append(self._entry(chunk, member, refusal.message))
-                self._settle(member, FlushOutcome("lease_lost", error=refusal.message))
+                settled.append((member, FlushOutcome("lease_lost", error=refusal.message)))
             else:
-                self._settle(member, FlushOutcome("refused", error=refusal.message))
-        self.salvage.append(salvage)
+                settled.append((member, FlushOutcome("refused", error=refusal.message)))
+        try:
+            self.salvage.append(salvage)  # on disk before any caller hears back
+        finally:
+            for member, outcome in settled:
+                self._settle(member, outcome)
         self.salvaged += len(salvage)
         self._notify(len(chunk.members) - len(salvage), len(salvage))
 
@@ -252,14 +257,19 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         step = max(1, self.policy.recovery_max_reads)
         started = time.perf_counter()
         salvage = []
+        settled: list[tuple[_Member, FlushOutcome]] = []
         for start in range(0, len(chunk.members), step):
             members = chunk.members[start : start + step]
             for member, outcome in zip(members, self._recover(chunk, members), strict=True):
                 if outcome is None:
                     salvage.append(self._entry(chunk, member, chunk.error))
                     outcome = FlushOutcome("salvaged", error=chunk.error)
+                settled.append((member, outcome))
+        try:
+            self.salvage.append(salvage)  # on disk before any caller hears back
+        finally:
+            for member, outcome in settled:
                 self._settle(member, outcome)
-        self.salvage.append(salvage)
         self.salvaged += len(salvage)
         if self.stats is not None:
             recovered = len(chunk.members) - len(salvage)
@@ -300,6 +310,7 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             attempts=chunk.failures + 1,
             first_error_at=chunk.first_error_at,
             error=error,
+            lease_id=member.completion.lease_id,
         )
 
     def _settle(self, member: _Member, outcome: FlushOutcome) -> None:

@@ -11,14 +11,23 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 import orjson
 
 from stores._codec import converter, encode_json
 from stores.base import ReceiptStore
-from stores.types import ClaimDisposition, ClaimMode, ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus
+from stores.types import (
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+)
 
 __all__ = ["REPLAY_OWNER", "ReplayReport", "SalvageEntry", "SalvageLog"]
 
@@ -37,6 +46,8 @@ class SalvageEntry:
         completion_attempts: how many times persisting it was tried.
         first_error_at: epoch seconds of the first failed attempt.
         error: the last error text.
+        lease_id: the lease the output was produced under (None in older files);
+            replay completes the receipt under it while the receipt still holds it.
     """
 
     receipt_key: str
@@ -48,6 +59,7 @@ class SalvageEntry:
     completion_attempts: int
     first_error_at: float
     error: str
+    lease_id: str | None = None
 
 
 @attrs.frozen
@@ -102,8 +114,10 @@ class SalvageLog:
     def replay(self, store: ReceiptStore, *, lease_ttl_s: float = 60.0) -> ReplayReport:
         """Complete salvaged receipts in ``store``; keep only what could not be replayed.
 
-        A receipt already completed (by anyone) just drops its entry; one under another
-        owner's live lease is kept for a later replay.
+        A receipt already completed (by anyone) just drops its entry; one still held
+        under the lease its output was produced (and salvaged) under is completed
+        under that lease, since the store gave up before that owner could; one under
+        another owner's live lease is kept for a later replay.
 
         Raises:
             StoreError: the store failed (the file is left unchanged).
@@ -119,11 +133,19 @@ class SalvageLog:
                 keys = list(members)
                 stored = store.get_many(org_id, keys)
                 todo = []
+                held_by: dict[Owner, list[SalvageEntry]] = {}
                 for key, receipt in zip(keys, stored, strict=True):
                     if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
                         already += 1
+                    elif _still_held(receipt, members[key]):
+                        held_by.setdefault(receipt.owner or REPLAY_OWNER, []).append(members[key])
                     else:
                         todo.append(members[key])
+                for lease_owner, own in held_by.items():
+                    late_completions = [Completion(e.receipt_key, e.lease_id or "", e.output) for e in own]
+                    late = store.complete_many(org_id, late_completions, lease_owner)
+                    completed += len(late.applied)
+                    todo.extend(e for e in own if e.receipt_key in late.refused)
                 if not todo:
                     continue
                 claims = store.claim_many(
@@ -148,9 +170,20 @@ class SalvageLog:
             return ReplayReport(completed=completed, already_completed=already, kept=len(kept))
 
 
+def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:
+    """The receipt is still queued/running under the lease the entry was salvaged from."""
+    return (
+        receipt is not None
+        and receipt.owner is not None
+        and entry.lease_id is not None
+        and receipt.lease_id == entry.lease_id
+        and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+    )
+
+
 def salvage_entry(
     *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
-    first_error_at: float | None, error: str,
+    first_error_at: float | None, error: str, lease_id: str | None = None,
 ) -> SalvageEntry:  # fmt: skip
     """Build an entry (first_error_at defaults to now)."""
     return SalvageEntry(
@@ -163,4 +196,5 @@ def salvage_entry(
         completion_attempts=attempts,
         first_error_at=first_error_at if first_error_at is not None else time.time(),
         error=error,
+        lease_id=lease_id,
     )

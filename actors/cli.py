@@ -1,0 +1,281 @@
+"""The ``tooldispatch`` command line (click).
+
+``tooldispatch run PLAY --input FILE`` runs a play over rows; ``receipts`` and
+``salvage`` inspect and maintain the receipt store. Exit codes of ``run``: 0 every row
+succeeded; 1 some rows failed (they are in the output and the report); 2 usage or
+configuration errors (one line, no traceback); 130 interrupted by Ctrl-C (rerun the
+same command to resume: completed calls are cached).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import uuid
+from typing import Any, NoReturn
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_DB = os.path.join(".tooldispatch", "receipts.db")
+
+
+class ConfigError(click.ClickException):
+    """A usage or configuration error: one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tooldispatch: error: {self.format_message()}", err=True)
+
+
+@click.group()
+@click.version_option(package_name="tooldispatch")
+def main() -> None:
+    """tooldispatch: durable, batched, rate-aware dispatch of paid tool calls."""
+
+
+def _reexec_under_gevent() -> NoReturn:
+    os.environ["TOOLDISPATCH_REEXEC"] = "1"
+    os.execv(sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.cli", *sys.argv[1:]])
+
+
+def _count_rows(path: str) -> int | None:
+    try:
+        with open(path, "rb") as fh:
+            lines = sum(1 for line in fh if line.strip())
+    except OSError:
+        return None
+    return lines - 1 if path.lower().endswith(".csv") else lines
+
+
+@main.command()
+@click.argument("play_spec", metavar="PLAY")
+@click.option("--input", "input_path", required=True, help="Rows: .csv, .jsonl, or one value per line.")
+@click.option("--output", "output_path", default=None, help="JSONL results in input order (default: none).")
+@click.option("--db", default=DEFAULT_DB, show_default=True, help="SQLite receipt store.")
+@click.option("--run-id", default=None, help="This run's id (default: a new one).")
+@click.option("--org", default="default", show_default=True, help="Org id that scopes receipts.")
+@click.option("--force-refresh", is_flag=True, help="Re-run calls even when a receipt is completed.")
+@click.option("--retry-failed", is_flag=True, help="Re-run calls whose receipt failed.")
+@click.option("--runtime", type=click.Choice(["threads", "gevent"]), default="threads", show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 100_000), default=None, help="Rows at once (default 256; 1000 under gevent).")
+def run(
+    play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
+    force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
+) -> None:  # fmt: skip
+    """Run PLAY (a .py file, a module, or module:attr) over every row of --input."""
+    from ._runtime import runtime_name
+
+    if runtime == "gevent" and runtime_name() != "gevent":
+        if os.environ.get("TOOLDISPATCH_REEXEC"):
+            raise ConfigError("--runtime gevent: gevent could not monkey-patch this process")
+        _reexec_under_gevent()
+    if force_refresh and retry_failed:
+        raise ConfigError("--force-refresh and --retry-failed exclude each other")
+    if not os.path.isfile(input_path):
+        raise ConfigError(f"input file not found: {input_path}")
+    sys.exit(_run(play_spec, input_path, output_path, db, run_id, org, force_refresh, retry_failed, concurrency))
+
+
+def _run(
+    play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
+    force_refresh: bool, retry_failed: bool, concurrency: int | None,
+) -> int:  # fmt: skip
+    from stores import SqliteReceiptStore, StoreError
+
+    from . import DispatchSystem, RunInfo
+    from ._runtime import runtime_name
+    from .play import PlayContext, PlayLoadError, load_play, read_rows
+    from .report import ProgressDisplay, report_table
+    from .runner import run_rows
+
+    try:
+        play = load_play(play_spec)
+    except PlayLoadError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+        store = SqliteReceiptStore(db)
+    except (OSError, StoreError) as exc:
+        raise ConfigError(str(exc)) from None
+    width = concurrency or (1000 if runtime_name() == "gevent" else 256)
+    console = Console(stderr=True)
+    run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=play.name)
+    stop = threading.Event()
+    interrupts = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            os._exit(130)
+        stop.set()
+        console.print("interrupted: finishing in-flight rows (Ctrl-C again to abort)", highlight=False)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    out = open(output_path, "wb") if output_path else None  # noqa: SIM115 - closed below
+    try:
+        with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
+            ctx = PlayContext(system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed)
+            progress = ProgressDisplay(console, _count_rows(input_path), system.stats).start()
+            try:
+                summary = run_rows(
+                    play, read_rows(input_path), ctx, concurrency=width, out=out, stop=stop,
+                    on_row=lambda _: progress.advance(),
+                )  # fmt: skip
+            finally:
+                progress.close()
+            stats = system.stats()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if out is not None:
+            out.close()
+        store.close()
+    if summary.config_error:
+        raise ConfigError(summary.config_error)
+    console.print(report_table(stats, summary))
+    if summary.interrupted:
+        return 130
+    return 1 if summary.failed else 0
+
+
+# -- receipts -----------------------------------------------------------------------
+
+
+def _db_option(fn: Any) -> Any:
+    return click.option("--db", default=DEFAULT_DB, show_default=True, help="SQLite receipt store.")(fn)
+
+
+def _open(db: str) -> Any:
+    from stores import SqliteReceiptStore, StoreError
+
+    if not os.path.exists(db):
+        raise ConfigError(f"no receipt store at {db}")
+    try:
+        return SqliteReceiptStore(db)
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@main.group()
+def receipts() -> None:
+    """Inspect and maintain the receipt store."""
+
+
+@receipts.command("stats")
+@_db_option
+def receipts_stats(db: str) -> None:
+    """Receipts per tool and status."""
+    import sqlite_utils
+
+    _open(db).close()
+    rows = sqlite_utils.Database(db).query(
+        "select tool_id, status, count(*) as n from receipts group by tool_id, status order by tool_id, status"
+    )
+    table = Table("tool", "status", "receipts")
+    for row in rows:
+        table.add_row(row["tool_id"], row["status"], str(row["n"]))
+    Console().print(table)
+
+
+@receipts.command("ls")
+@_db_option
+@click.option("--status", default=None, help="Only this status.")
+@click.option("--limit", default=20, show_default=True)
+def receipts_ls(db: str, status: str | None, limit: int) -> None:
+    """The most recently updated receipts."""
+    import sqlite_utils
+
+    _open(db).close()
+    where, params = ("where status = ?", [status]) if status else ("", [])
+    rows = sqlite_utils.Database(db).query(
+        f"select key, org_id, tool_id, status, attempts, updated_at from receipts {where} "
+        "order by updated_at desc limit ?",
+        [*params, limit],
+    )
+    table = Table("key", "org", "tool", "status", "attempts")
+    for row in rows:
+        table.add_row(row["key"][:16], row["org_id"], row["tool_id"], row["status"], str(row["attempts"]))
+    Console().print(table)
+
+
+@receipts.command("show")
+@click.argument("key")
+@_db_option
+def receipts_show(key: str, db: str) -> None:
+    """One receipt (KEY may be a unique prefix), as JSON."""
+    import sqlite_utils
+
+    _open(db).close()
+    rows = list(sqlite_utils.Database(db).query("select * from receipts where key like ? limit 2", [f"{key}%"]))
+    if len(rows) != 1:
+        raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
+    row = dict(rows[0])
+    row["output"] = orjson.loads(row["output"]) if row["output"] else None
+    click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
+
+
+@receipts.command("purge")
+@_db_option
+@click.option("--older-than-days", type=float, default=0.0, show_default=True)
+@click.option("--status", "statuses", multiple=True, help="Statuses to purge (default completed, failed, pending, skipped).")
+def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...]) -> None:
+    """Delete receipts (and their outputs); never those under a live lease."""
+    from stores import ReceiptStatus
+
+    store = _open(db)
+    try:
+        chosen = [ReceiptStatus(s) for s in statuses] or None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    removed = store.purge(older_than_s=older_than_days * 86400.0, statuses=chosen)
+    store.close()
+    click.echo(f"purged {removed} receipts")
+
+
+# -- salvage ------------------------------------------------------------------------
+
+
+@main.group()
+def salvage() -> None:
+    """Outputs that were paid for but could not be stored."""
+
+
+def _salvage_option(fn: Any) -> Any:
+    return click.option("--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl).")(fn)
+
+
+@salvage.command("ls")
+@_db_option
+@_salvage_option
+def salvage_ls(db: str, salvage_path: str | None) -> None:
+    """List salvaged outputs."""
+    from .salvage import SalvageLog
+
+    entries = SalvageLog(salvage_path or f"{db}.salvage.jsonl").entries()
+    table = Table("key", "org", "tool", "attempts", "error")
+    for e in entries:
+        table.add_row(e.receipt_key[:16], e.org_id, e.tool_id, str(e.completion_attempts), e.error[:60])
+    Console().print(table)
+    click.echo(f"{len(entries)} salvaged")
+
+
+@salvage.command("replay")
+@_db_option
+@_salvage_option
+def salvage_replay(db: str, salvage_path: str | None) -> None:
+    """Write salvaged outputs into the receipt store; keep what cannot be replayed yet."""
+    from .salvage import SalvageLog
+
+    store = _open(db)
+    report = SalvageLog(salvage_path or f"{db}.salvage.jsonl").replay(store)
+    store.close()
+    click.echo(f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}")
+
+
+if __name__ == "__main__":
+    main()

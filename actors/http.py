@@ -1,0 +1,162 @@
+"""HTTP tools: the common case of a tool that calls a provider's HTTP API.
+
+Built on httpx's synchronous client, which runs on plain threads and, under gevent
+monkey-patching, on cooperative sockets. Every request carries the provider
+idempotency key as an ``Idempotency-Key`` header (the IETF draft
+"The Idempotency-Key HTTP Header Field"). Responses map to tooldispatch errors:
+
+* 429, and 503 with ``Retry-After`` → :class:`~actors.errors.RateLimitedError` carrying
+  the raw Retry-After (RFC 9110 section 10.2.3): backpressure for the governor;
+* other 5xx and transport errors → ProviderError with kind ``transient``;
+* timeouts → :class:`~actors.errors.ToolTimeoutError` (kind ``timeout``);
+* other 4xx → ProviderError with kind ``permanent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from stores.types import FailureKind
+
+from .errors import ProviderError, RateLimitedError, ToolTimeoutError
+from .results import ToolContext
+from .tool import BatchStrategy, Pacing, Tool
+
+__all__ = ["HttpEndpoint", "http_tool"]
+
+
+def _items(body: Any, n: int) -> list[Any]:
+    if isinstance(body, Mapping) and isinstance(body.get("results"), list):
+        return list(body["results"])
+    if isinstance(body, list):
+        return body
+    raise ProviderError(f"batch response has no 'results' list: {str(body)[:200]}", failure_kind=FailureKind.TRANSIENT)
+
+
+def _item_error(item: Any) -> str | None:
+    if isinstance(item, Mapping) and item.get("error"):
+        return str(item["error"])
+    return None
+
+
+class HttpEndpoint:
+    """Calls one JSON HTTP endpoint and maps its answers to tool results or errors.
+
+    Args:
+        url: the endpoint (POSTed a JSON body).
+        client: an ``httpx.Client`` to share (default: a new one per endpoint).
+        headers: extra headers (for instance ``{"Authorization": "Bearer ..."}``).
+        method: the HTTP method.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: httpx.Client | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "POST",
+    ) -> None:
+        self.url = url
+        self.method = method
+        self.headers = dict(headers or {})
+        self.client = client or httpx.Client()
+
+    def __call__(self, body: Any, ctx: ToolContext) -> Any:
+        """Send ``body`` as JSON; return the decoded JSON answer.
+
+        Raises:
+            RateLimitedError: 429, or 503 with Retry-After.
+            ToolTimeoutError: no answer within ``ctx.timeout_s`` seconds.
+            ProviderError: other failures (transient for 5xx/transport, else permanent).
+        """
+        headers = {**self.headers, "Idempotency-Key": ctx.idempotency_key}
+        try:
+            response = self.client.request(self.method, self.url, json=body, headers=headers, timeout=ctx.timeout_s)
+        except httpx.TimeoutException as exc:
+            raise ToolTimeoutError(f"{self.url} timed out after {ctx.timeout_s} s: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ProviderError(f"{self.url}: {exc}", failure_kind=FailureKind.TRANSIENT) from exc
+        status = response.status_code
+        retry_after = response.headers.get("Retry-After")
+        if status == 429 or (status == 503 and retry_after is not None):
+            raise RateLimitedError(f"{self.url} answered {status}", retry_after=retry_after)
+        if status >= 500:
+            raise ProviderError(f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.TRANSIENT)
+        if status >= 400:
+            raise ProviderError(f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.PERMANENT)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ProviderError(f"{self.url} answered non-JSON: {exc}", failure_kind=FailureKind.TRANSIENT) from exc
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.client.close()
+
+
+def http_tool(
+    tool_id: str,
+    url: str,
+    *,
+    batch_url: str | None = None,
+    max_batch_size: int = 50,
+    provider: str = "",
+    version: str = "1",
+    pacing: Pacing | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+    client: httpx.Client | None = None,
+    build_batch: Callable[[list[Any]], Any] = lambda inputs: {"items": inputs},
+    split_batch: Callable[[Any, int], list[Any]] = _items,
+    durable: bool = True,
+) -> Tool:
+    """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
+
+    Args:
+        tool_id: the tool's name.
+        url: the single-call endpoint.
+        batch_url: the provider's batch endpoint, if any: it receives
+            ``build_batch(inputs)`` (default ``{"items": [...]}``) and answers a list or
+            ``{"results": [...]}`` in member order; an item ``{"error": "..."}`` fails
+            that member alone (kind permanent).
+        max_batch_size: most members per batch request.
+        provider: whose limits it shares (default the URL's host).
+        version: the provider action version (part of the receipt key).
+        pacing: the provider's limits, when known.
+        headers: extra headers (authentication).
+        timeout_s: per-request timeout, seconds.
+        client: an httpx.Client to share between tools.
+        build_batch / split_batch: batch body builder and answer splitter.
+        durable: False skips receipts.
+    """
+    shared = client or httpx.Client()
+    single = HttpEndpoint(url, client=shared, headers=headers)
+    batch = None
+    if batch_url is not None:
+        endpoint = HttpEndpoint(batch_url, client=shared, headers=headers)
+
+        def split(body: Any, n: int) -> list[Any]:
+            out: list[Any] = []
+            for item in split_batch(body, n):
+                error = _item_error(item)
+                out.append(ProviderError(error, failure_kind=FailureKind.PERMANENT) if error else item)
+            return out
+
+        batch = BatchStrategy(
+            batch_fn=endpoint, max_batch_size=max_batch_size, build=build_batch, split=split, batch_operation=batch_url
+        )
+    return Tool(
+        tool_id=tool_id,
+        fn=single,
+        provider=provider or httpx.URL(url).host,
+        version=version,
+        pacing=pacing or Pacing(),
+        batch=batch,
+        durable=durable,
+        retry_safe=True,
+        timeout_s=timeout_s,
+    )

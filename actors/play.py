@@ -1,0 +1,136 @@
+"""Plays: a workflow over rows. Loading a play, reading its rows, the row context.
+
+A play is a Python file (``plays/enrich.py``), a module (``pkg.enrich``) or an object
+(``pkg.enrich:PLAY``) with two attributes:
+
+* ``tools``: a list of :class:`~actors.tool.Tool` (or a function returning one);
+* ``play(row, ctx)``: runs one row; ``ctx.tool(tool_id, input)`` returns the tool's
+  value (raising its error) and blocks only that row. Its return value (any JSON) is
+  the row's result.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import orjson
+
+from .errors import DispatchError
+
+__all__ = ["Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
+
+
+class PlayLoadError(DispatchError):
+    """The PLAY could not be imported or lacks ``tools``/``play``."""
+
+
+class RowError(DispatchError):
+    """One input row could not be read (it fails alone)."""
+
+
+@attrs.frozen
+class Play:
+    """A loaded play: its name (the receipt scope), tools and row function."""
+
+    name: str
+    tools: list[Any]
+    run: Callable[[Any, Any], Any]
+
+
+def load_play(spec: str) -> Play:
+    """Load ``spec``: a ``.py`` path, a module name, or ``module:attr``.
+
+    Raises:
+        PlayLoadError: it does not import, or has no ``tools`` / ``play``.
+    """
+    target: Any
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            path = os.path.abspath(spec)
+            if not os.path.isfile(path):
+                raise PlayLoadError(f"play file not found: {spec}")
+            name = os.path.splitext(os.path.basename(path))[0]
+            module_spec = importlib.util.spec_from_file_location(f"tooldispatch_play_{name}", path)
+            if module_spec is None or module_spec.loader is None:
+                raise PlayLoadError(f"cannot load {spec} as Python")
+            target = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = target
+            module_spec.loader.exec_module(target)
+        else:
+            module_name, _, attr = spec.partition(":")
+            name = attr or module_name.rsplit(".", 1)[-1]
+            target = importlib.import_module(module_name)
+            if attr:
+                target = getattr(target, attr)
+    except PlayLoadError:
+        raise
+    except Exception as exc:
+        raise PlayLoadError(f"cannot import play {spec!r}: {type(exc).__name__}: {exc}") from exc
+    tools = getattr(target, "tools", None)
+    run = getattr(target, "play", None)
+    if callable(tools):
+        tools = tools()
+    if not isinstance(tools, (list, tuple)) or not tools or not callable(run):
+        raise PlayLoadError(f"play {spec!r} must define `tools` (a non-empty list of Tool) and `play(row, ctx)`")
+    return Play(name=name, tools=list(tools), run=run)
+
+
+def read_rows(path: str) -> Iterator[Any]:
+    """Yield the rows of ``path``: CSV (a dict per row), JSONL, or one value per line.
+
+    The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
+    is one value per line, blank lines skipped). A row that cannot be read is yielded
+    as a :class:`RowError` so it fails alone and the rest go on.
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    ext = os.path.splitext(path)[1].lower()
+    with open(path, encoding="utf-8", newline="") as fh:
+        if ext == ".csv":
+            reader = csv.DictReader(fh)
+            for row in reader:
+                if None in row or any(v is None for v in row.values()):
+                    yield RowError(f"line {reader.line_num}: expected {len(reader.fieldnames or [])} fields")
+                else:
+                    yield row
+        elif ext in (".jsonl", ".ndjson"):
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        yield orjson.loads(line)
+                    except orjson.JSONDecodeError as exc:
+                        yield RowError(f"line {number}: not JSON ({exc})")
+        else:
+            for line in fh:
+                if line.strip():
+                    yield line.strip()
+
+
+class PlayContext:
+    """What ``play(row, ctx)`` receives: ``ctx.tool`` and the run's identity.
+
+    Args:
+        proxy: the dispatch system's proxy.
+        force_refresh / retry_failed: applied to every call.
+        timeout_s: how long one row waits for one call, seconds.
+    """
+
+    def __init__(self, proxy: Any, *, force_refresh: bool = False, retry_failed: bool = False, timeout_s: float = 3600.0) -> None:
+        self.proxy = proxy
+        self.force_refresh = force_refresh
+        self.retry_failed = retry_failed
+        self.timeout_s = timeout_s
+
+    def tool(self, tool_id: str, input: Any, **options: Any) -> Any:
+        """Run a tool and return its value; raises the call's error. Blocks this row only."""
+        options.setdefault("force_refresh", self.force_refresh)
+        options.setdefault("retry_failed", self.retry_failed)
+        return self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s).value
