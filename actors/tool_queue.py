@@ -14,6 +14,7 @@ one execution: same drain → followers; while the key is in flight → attached
 
 from __future__ import annotations
 
+import collections
 import enum
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any
 
 import attrs
 import pykka
+
+from stores.types import ClaimMode
 
 from ._calls import Call, Group
 from ._runtime import Timers, fail
@@ -45,6 +48,8 @@ class Submitted(enum.Enum):
     """Same key as a queued call: shares its execution."""
     ATTACHED = "attached"
     """Same key as an in-flight group: takes its result."""
+    MEMO = "memo"
+    """This system completed the key already: resolve at once from memory."""
 
 
 class ToolQueue:
@@ -55,9 +60,11 @@ class ToolQueue:
         batch_grace_s: the grace window, seconds.
     """
 
-    def __init__(self, tool: Tool, batch_grace_s: float) -> None:
+    def __init__(self, tool: Tool, batch_grace_s: float, memo_size: int = 50_000) -> None:
         self.tool = tool
         self.batch_grace_s = batch_grace_s
+        self.memo_size = memo_size if tool.durable else 0
+        self.memo: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()
         self.queued: dict[str, Group] = {}
         self.inflight: dict[str, Group] = {}
         self.window_opened_at: float | None = None
@@ -66,6 +73,8 @@ class ToolQueue:
     def submit(self, call: Call) -> Submitted:
         """Queue ``call``; the decision says what the actor must do."""
         key = call.key
+        if self.memo_size and call.mode is not ClaimMode.FORCE_REFRESH and self.recall(call) is not None:
+            return Submitted.MEMO
         running = self.inflight.get(key)
         if running is not None:
             running.attached.append(call)
@@ -83,6 +92,30 @@ class ToolQueue:
             self.generation += 1
             return Submitted.ARM
         return Submitted.QUEUED
+
+    def recall(self, call: Call) -> Any:
+        """The remembered result of ``call``'s key (execution ``cached``), or None.
+
+        Completed receipts are immutable until refreshed, so a key this system saw
+        completed can be answered from memory; a memo older than the call's
+        ``stale_after_s`` is not used.
+        """
+        found = self.memo.get(call.key)
+        if found is None:
+            return None
+        at, result = found
+        if call.stale_after_s is not None and call.submitted_at - at > call.stale_after_s:
+            return None
+        return result
+
+    def remember(self, key: str, result: Any, now: float) -> None:
+        """Remember a completed key's result (most recent ``memo_size`` keys)."""
+        if not self.memo_size:
+            return
+        self.memo[key] = (now, result if result.execution == "cached" else attrs.evolve(result, execution="cached"))
+        self.memo.move_to_end(key)
+        while len(self.memo) > self.memo_size:
+            self.memo.popitem(last=False)
 
     def grace_deadline(self) -> float:
         """When the open window ends (monotonic seconds)."""
@@ -169,7 +202,10 @@ class ToolQueueActor(pykka.ThreadingActor):
 
     def _submit(self, call: Call) -> None:
         decision = self.queue.submit(call)
-        if decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
+        if decision is Submitted.MEMO:
+            call.future.set(self.queue.recall(call))
+            self.stats.add("cached")
+        elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.stats.add("deduped")
         elif decision is Submitted.DRAIN_NOW:
             if not self._drain_pending:
@@ -203,6 +239,7 @@ class ToolQueueActor(pykka.ThreadingActor):
                 fail(call.future, outcome)
             self.stats.add("errors", len(group.calls) + len(group.attached))
             return
+        self.queue.remember(group.key, outcome, self.clock())
         for call in group.calls:
             call.future.set(outcome)
         self.stats.add(outcome.execution, len(group.calls))
