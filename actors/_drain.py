@@ -14,7 +14,7 @@ from stores.types import ClaimDisposition, ClaimMode, ClaimRequest, Receipt
 
 from ._calls import Group
 from ._context import Context
-from ._waves import Waves, settle
+from ._waves import Waves
 from .errors import CallCancelledError, ReceiptWaitTimeoutError, RecordedFailureError, StoreError
 from .results import ToolResult
 from .tool import Tool
@@ -76,19 +76,19 @@ class Drain:
         Returns:
             (claimed groups, groups to wait for).
         """
-        by_mode: dict[ClaimMode, list[Group]] = {}
+        by_mode: dict[tuple[ClaimMode, float | None], list[Group]] = {}
         for group in groups:
-            by_mode.setdefault(ClaimMode.FORCE_REFRESH if force else group.mode, []).append(group)
+            mode = ClaimMode.FORCE_REFRESH if force else group.mode
+            by_mode.setdefault((mode, group.owner.stale_after_s), []).append(group)
         claimed: list[Group] = []
         waiting: list[Group] = []
         retry_force: list[Group] = []
         settled: list[tuple[str, Any]] = []
         start = time.perf_counter()
-        for mode, members in by_mode.items():
+        for (mode, stale), members in by_mode.items():
             requests = [
                 ClaimRequest(g.key, self.ctx.run.scope, self.tool.tool_id, g.owner.input_hash) for g in members
             ]
-            stale = members[0].owner.stale_after_s
             claims = self.ctx.store.claim_many(
                 self.ctx.run.org_id, requests, self.ctx.owner, lease_ttl_s=self.lease_ttl_s, mode=mode,
                 stale_after_s=stale,
@@ -108,7 +108,7 @@ class Drain:
                 else:  # running, blocked_active_lease
                     waiting.append(group)
         self.ctx.stats.record("receipt_prepare", (time.perf_counter() - start) * 1000.0, groups=len(groups))
-        settle(self.queue, settled)
+        self.waves.settle(settled)
         if retry_force:
             more, wait_more = self.claim(retry_force, force=True, reused=reused)
             claimed += more
@@ -140,7 +140,7 @@ class Drain:
         claimed: list[Group] = []
         for _ in range(policy.receipt_wait_max_attempts):
             if ctx.stopping.wait(delay):
-                settle(self.queue, [(g.key, CallCancelledError("the dispatcher stopped")) for g in waiting])
+                self.waves.settle([(g.key, CallCancelledError("the dispatcher stopped")) for g in waiting])
                 return claimed
             delay = min(delay * 2, policy.receipt_poll_max_s)
             more, waiting = self.claim(waiting, reused="in_flight")
@@ -151,5 +151,5 @@ class Drain:
             (g.key, ReceiptWaitTimeoutError(f"receipt {g.key} is still held by another owner's live lease"))
             for g in waiting
         ]
-        settle(self.queue, timeout)
+        self.waves.settle(timeout)
         return claimed

