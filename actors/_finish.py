@@ -117,6 +117,7 @@ def _complete(waves: Waves, values: list[tuple[Group, Any]]) -> list[tuple[str, 
     flushed = reply.get()
     ctx.stats.record("receipt_complete", (time.perf_counter() - start) * 1000.0, members=len(entries))
     out: list[tuple[str, Any]] = []
+    refused: list[tuple[Group, BaseException]] = []
     for group, value in values:
         outcome = flushed[group.key]
         if outcome.kind in ("persisted", "salvaged"):
@@ -133,9 +134,10 @@ def _complete(waves: Waves, values: list[tuple[Group, Any]]) -> list[tuple[str, 
             ctx.stats.add("lease_lost")
             ctx.stats.add("salvaged")
             out.append((group.key, LeaseLostError(f"lease on {group.key} was lost; output salvaged")))
-        else:
-            out.append((group.key, ReceiptPersistenceError(f"receipt {group.key} refused the output: {outcome.error}")))
-    return out
+        else:  # refused (too large, no JSON form): record the failure so the receipt is not left held
+            error = ReceiptPersistenceError(f"receipt {group.key} refused the output: {outcome.error}")
+            refused.append((group, error))
+    return out + _record_errors(waves, refused)
 
 
 def _record_errors(waves: Waves, errors: list[tuple[Group, BaseException]]) -> list[tuple[str, Any]]:

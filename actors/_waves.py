@@ -215,7 +215,8 @@ class Waves:
                 return (batch.batch_fn if batch else tool.fn)(payload, base)
             for try_ in tenacity.Retrying(
                 stop=tenacity.stop_after_attempt(ctx.policy.retry_attempts),
-                wait=tenacity.wait_exponential_jitter(initial=ctx.policy.retry_backoff_s),
+                wait=tenacity.wait_exponential(multiplier=ctx.policy.retry_backoff_s)
+                + tenacity.wait_random(0, ctx.policy.retry_backoff_s),
                 retry=tenacity.retry_if_exception(self._transient),
                 before_sleep=self._charge_retry,
                 reraise=True,

@@ -189,7 +189,12 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             request = _Request(message.reply, {c.key for c in message.entries})
             hashes = message.input_hashes
             for completion in message.entries:
-                size = len(encode_json(completion.output)) if self.policy.completion_max_bytes else 0
+                try:
+                    size = len(encode_json(completion.output)) if self.policy.completion_max_bytes else 0
+                except (TypeError, ValueError) as exc:  # no JSON form: refuse this member alone
+                    member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
+                    self._settle(member, FlushOutcome("refused", error=f"output has no JSON form: {exc}"))
+                    continue
                 group = (message.org_id, message.owner)
                 current = open_chunks.get(group)
                 if (

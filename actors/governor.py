@@ -13,6 +13,7 @@ not all released at once) and cuts its rate (AIMD, see :mod:`actors._pacing`).
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import random
 import time
@@ -52,6 +53,8 @@ def suggested_parallelism(pacing: Pacing, ceiling: int) -> int:
 class _Waiter:
     want: int
     reply: Any
+    seq: int = 0
+    """Arrival order, across every provider."""
 
 
 @attrs.define
@@ -90,6 +93,7 @@ class Governor:
         self.buckets: dict[BucketKey, ProviderBucket] = {}
         self.waiters: dict[BucketKey, collections.deque[_Waiter]] = {}
         self.stopped = False
+        self._arrivals = itertools.count()
 
     def bucket(self, org_id: str, provider: str) -> ProviderBucket:
         """The pacing state of (org, provider), created from its Pacing on first use."""
@@ -117,7 +121,8 @@ class Governor:
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
         self.bucket(org_id, provider)
-        self.waiters.setdefault((org_id, provider), collections.deque()).append(_Waiter(max(1, want), reply))
+        waiter = _Waiter(max(1, want), reply, next(self._arrivals))
+        self.waiters.setdefault((org_id, provider), collections.deque()).append(waiter)
         return self.wake(now)
 
     def release(self, org_id: str, provider: str, count: int, successes: int, now: float) -> Decisions:
@@ -143,26 +148,37 @@ class Governor:
         return self.wake(now)
 
     def wake(self, now: float) -> Decisions:
-        """Grant every waiter that can be granted at ``now``; say when to look again."""
+        """Grant every waiter that can be granted at ``now``; say when to look again.
+
+        Waiters are granted oldest first across providers, skipping a provider whose
+        bucket cannot grant yet, so a busy provider's stream of waiters never starves
+        another provider's waiters at the global ceiling.
+        """
         out = Decisions()
+        blocked: set[BucketKey] = set()
+        while self.in_flight < self.ceiling:
+            heads = [(q[0].seq, key) for key, q in self.waiters.items() if q and key not in blocked]
+            if not heads:
+                break
+            key = min(heads)[1]
+            queue, bucket = self.waiters[key], self.buckets[key]
+            n = min(queue[0].want, bucket.available(now), self.ceiling - self.in_flight)
+            if n < 1:
+                blocked.add(key)
+                continue
+            waiter = queue.popleft()
+            try:
+                n = self._charge_calls(n)
+            except BudgetExceededError as exc:
+                out.refusals.append((waiter.reply, exc))
+                continue
+            bucket.take(n, now)
+            self.in_flight += n
+            out.grants.append((waiter.reply, n))
         wake_at: float | None = None
         for key, queue in self.waiters.items():
-            bucket = self.buckets[key]
-            while queue and self.in_flight < self.ceiling:
-                n = min(queue[0].want, bucket.available(now), self.ceiling - self.in_flight)
-                if n < 1:
-                    break
-                waiter = queue.popleft()
-                try:
-                    n = self._charge_calls(n)
-                except BudgetExceededError as exc:
-                    out.refusals.append((waiter.reply, exc))
-                    continue
-                bucket.take(n, now)
-                self.in_flight += n
-                out.grants.append((waiter.reply, n))
             if queue:
-                ready = bucket.ready_at(now)
+                ready = self.buckets[key].ready_at(now)
                 if ready is not None and ready > now:
                     wake_at = ready if wake_at is None else min(wake_at, ready)
         out.wake_at = wake_at

@@ -76,7 +76,7 @@ class SalvageLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._lock = threading.Lock()
+        self._lock = _lock_for(self.path)
 
     def append(self, entries: Iterable[SalvageEntry]) -> int:
         """Append entries, flushed and fsynced; returns how many were written."""
@@ -94,18 +94,32 @@ class SalvageLog:
 
     def entries(self) -> list[SalvageEntry]:
         """Every entry in the file (an empty list when there is no file)."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[list[SalvageEntry], int]:
+        """The entries and the byte size they were read from."""
         try:
             with open(self.path, "rb") as fh:
-                raw = [orjson.loads(line) for line in fh if line.strip()]
+                data = fh.read()
         except FileNotFoundError:
-            return []
-        return [converter.structure(item, SalvageEntry) for item in raw]
+            return [], 0
+        raw = [orjson.loads(line) for line in data.splitlines() if line.strip()]
+        return [converter.structure(item, SalvageEntry) for item in raw], len(data)
 
-    def _rewrite(self, entries: list[SalvageEntry]) -> None:
+    def _rewrite(self, entries: list[SalvageEntry], carry_from: int) -> None:
+        """Replace the file with ``entries`` plus whatever was appended past ``carry_from``
+        since it was read (another process's flusher appends without this lock)."""
         tmp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, "".join(encode_json(e) + "\n" for e in entries).encode("utf-8"))
+            body = "".join(encode_json(e) + "\n" for e in entries).encode("utf-8")
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(carry_from)
+                    body += fh.read()
+            except FileNotFoundError:
+                pass
+            os.write(fd, body)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -123,7 +137,7 @@ class SalvageLog:
             StoreError: the store failed (the file is left unchanged).
         """
         with self._lock:
-            entries = self.entries()
+            entries, size = self._read()
             kept: list[SalvageEntry] = []
             completed = already = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
@@ -166,8 +180,19 @@ class SalvageLog:
                 )
                 completed += len(done.applied)
                 kept.extend(members[key] for key in done.refused)
-            self._rewrite(kept)
+            self._rewrite(kept, carry_from=size)
             return ReplayReport(completed=completed, already_completed=already, kept=len(kept))
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(path: str) -> threading.Lock:
+    """One lock per salvage file in this process, shared by every SalvageLog on it
+    (two DispatchSystems on one store share the default salvage file)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(os.path.realpath(path), threading.Lock())
 
 
 def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:

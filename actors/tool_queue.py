@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -112,7 +113,10 @@ class ToolQueue:
         """Remember a completed key's result (most recent ``memo_size`` keys)."""
         if not self.memo_size:
             return
-        self.memo[key] = (now, result if result.execution == "cached" else attrs.evolve(result, execution="cached"))
+        # a reused receipt may have completed long before ``now``: its age is unknown, so
+        # a call bounded by ``stale_after_s`` never takes it from memory
+        at = -math.inf if result.execution == "cached" else now
+        self.memo[key] = (at, result if result.execution == "cached" else attrs.evolve(result, execution="cached"))
         self.memo.move_to_end(key)
         while len(self.memo) > self.memo_size:
             self.memo.popitem(last=False)
@@ -122,14 +126,26 @@ class ToolQueue:
         assert self.window_opened_at is not None
         return self.window_opened_at + self.batch_grace_s
 
-    def drain(self, generation: int | None = None) -> list[Group]:
-        """Take everything queued (nothing if ``generation`` names an older window).
+    def drain(self, generation: int | None = None, *, whole_batches: bool = False) -> list[Group]:
+        """Take what is queued (nothing if ``generation`` names an older window).
 
-        The groups move to in flight until :meth:`settle`.
+        With ``whole_batches`` (a batchable tool that reached ``max_batch_size``), only
+        whole batches are taken, so N calls over U keys make exactly ceil(U/M) batch
+        calls; the rest stay queued in the open window, whose timer drains them. The
+        groups taken move to in flight until :meth:`settle`.
         """
         if generation is not None and generation != self.generation:
             return []
         groups = list(self.queued.values())
+        batch = self.tool.batch
+        if whole_batches and batch is not None:
+            cut = len(groups) // batch.max_batch_size * batch.max_batch_size
+            groups, left = groups[:cut], groups[cut:]
+            if left:
+                self.queued = {g.key: g for g in left}
+                for group in groups:
+                    self.inflight[group.key] = group
+                return groups
         self.queued.clear()
         self.window_opened_at = None
         self.generation += 1
@@ -221,7 +237,7 @@ class ToolQueueActor(pykka.ThreadingActor):
         start = time.perf_counter()
         if generation == -1:
             self._drain_pending = False
-            groups = self.queue.drain()
+            groups = self.queue.drain(whole_batches=True)
         else:
             groups = self.queue.drain(generation)
         if groups:

@@ -6,6 +6,7 @@ like into JSON, and orjson writes it. Output text is what the ``output`` column 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -22,7 +23,25 @@ def encode_json(value: Any) -> str:
     Raises:
         TypeError: the value has no JSON form (orjson.JSONEncodeError is a TypeError).
     """
-    return orjson.dumps(converter.unstructure(value)).decode("utf-8")
+    plain = converter.unstructure(value)
+    text = orjson.dumps(plain).decode("utf-8")
+    if "null" in text and _has_non_finite(plain):  # orjson writes NaN/Infinity as null
+        raise TypeError("NaN and Infinity have no JSON form (RFC 8259 section 6)")
+    return text
+
+
+def _has_non_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
 
 
 def decode_json(text: str | bytes | None) -> Any:

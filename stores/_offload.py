@@ -32,7 +32,9 @@ class BlockingRunner:
         if self._gevent:
             from gevent import monkey
 
-            self._lock: Any = monkey.get_original("threading", "RLock")()
+            # Not threading.RLock: patched, it builds a Python RLock on a gevent lock,
+            # which deadlocks threadpool threads waiting on each other.
+            self._lock: Any = monkey.get_original("_thread", "RLock")()
         else:
             self._lock = threading.RLock()
 

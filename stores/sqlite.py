@@ -15,7 +15,6 @@ import os
 import sqlite3
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -96,6 +95,30 @@ def _error_text(error: str) -> str:
     return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# orjson refuses (TypeError) dataclasses, dates and times, and subclasses of str, int,
+# dict and list under these options, so the fast path below only succeeds for trees of
+# exact JSON types (plus enums and UUIDs), which the converter leaves as they are.
+_PLAIN_JSON = (
+    orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def _output_text(output: Any) -> str:
+    """``encode_json(output)``, byte for byte, without the converter's walk for plain JSON.
+
+    Anything orjson refuses here, and any text holding ``null`` (orjson writes NaN and
+    Infinity as null, which ``encode_json`` refuses), takes the converter's path.
+
+    Raises:
+        TypeError: the output has no JSON form (from ``encode_json``).
+    """
+    try:
+        text = orjson.dumps(output, option=_PLAIN_JSON).decode("utf-8")
+    except TypeError:
+        return encode_json(output)
+    return encode_json(output) if "null" in text else text
+
+
 def _enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
     """Switch to WAL, retrying while another process opens the same new file.
 
@@ -116,9 +139,13 @@ def _enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
         pause(0.005)
 
 
+_STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
+
+
 def _receipt(row: Sequence[Any]) -> Receipt:
     values = list(row)
-    values[4] = ReceiptStatus(values[4])
+    status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
+    values[4] = status if status is not None else ReceiptStatus(values[4])
     values[6] = decode_json(values[6])
     if values[8] is not None:
         values[8] = FailureKind(values[8])
@@ -268,24 +295,31 @@ class SqliteReceiptStore(ReceiptStore):
             existing = self._rows(conn, org_id, (r.key for r in requests))
             decided: dict[str, Claim] = {}
             writes = []
-            for request in requests:
-                old = existing.get(request.key)
+            claimed, queued = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED
+            run_id, run_attempt = owner.run_id, owner.run_attempt
+            # One read of the OS's random source for every lease id this call may need:
+            # 16 random bytes (32 hex digits) per request, as unique as uuid4().hex.
+            random_hex = os.urandom(16 * len(requests)).hex()
+            for i, request in enumerate(requests):
+                key = request.key
+                old = existing.get(key)
                 disposition = decide_disposition(old, mode, now, stale_after_s)
-                if disposition is not ClaimDisposition.CLAIMED:
-                    decided[request.key] = Claim(disposition, old)  # type: ignore[arg-type]
+                if disposition is not claimed:
+                    decided[key] = Claim(disposition, old)  # type: ignore[arg-type]
                     continue
-                lease_id = uuid.uuid4().hex
-                attempts = (old.attempts if old else 0) + 1
-                created = old.created_at if old else now
+                lease_id = random_hex[32 * i : 32 * i + 32]
+                if old is None:
+                    attempts, created = 1, now
+                else:
+                    attempts, created = old.attempts + 1, old.created_at
                 writes.append(
-                    (request.key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created)
+                    (key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created)
                 )
                 receipt = Receipt(
-                    request.key, org_id, request.scope, request.tool_id, ReceiptStatus.QUEUED,
-                    request.input_hash, None, None, None, lease_id, owner.run_id, owner.run_attempt,
-                    expires, attempts, created, now, None,
+                    key, org_id, request.scope, request.tool_id, queued, request.input_hash, None, None,
+                    None, lease_id, run_id, run_attempt, expires, attempts, created, now, None,
                 )  # fmt: skip
-                decided[request.key] = Claim(ClaimDisposition.CLAIMED, receipt)
+                decided[key] = Claim(claimed, receipt)
             if writes:
                 conn.execute(
                     _UPSERT_CLAIMS,
@@ -366,7 +400,7 @@ class SqliteReceiptStore(ReceiptStore):
         refused: dict[str, Refusal] = {}
         for completion in completions:
             try:
-                text = encode_json(completion.output)
+                text = _output_text(completion.output)
             except TypeError as exc:
                 refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
                 continue
@@ -381,7 +415,8 @@ class SqliteReceiptStore(ReceiptStore):
         report = self._fenced(
             org_id, owner, _SET_COMPLETE, (now, now), items, refused, ReceiptStatus.COMPLETED
         )
-        order = [c.key for c in completions if c.key in set(report.applied)]
+        applied = set(report.applied)
+        order = [c.key for c in completions if c.key in applied]
         return FenceReport(tuple(order), report.refused)
 
     def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:

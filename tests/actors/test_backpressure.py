@@ -1,0 +1,139 @@
+"""System tests of admission: backpressure gates, pacing isolation, cache hits, width.
+
+Real dispatch systems on a SQLite file, both runtimes. Durations are measured with
+``time.monotonic`` around futures that are awaited with a timeout; nothing sleeps to
+wait for a result. Behaviour reference: SEMANTICS.md (Admission) and issue 3.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from actors import CallCancelledError, Pacing, Policy, RateLimitedError, Tool
+
+WAIT_S = 10.0
+"""Longest a test waits for a future or an event (far above any expected time)."""
+
+RETRY_AFTER_S = 1.0
+"""The Retry-After of the 429 test (seconds)."""
+
+
+def echo(recorder: Any, name: str) -> Any:
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record(name, input, ctx)
+        return {name: input}
+
+    return fn
+
+
+def test_backpressure_429_pauses_every_tool_of_that_provider(make_system: Any, recorder: Any) -> None:
+    limited_at: list[float] = []
+
+    def search(input: Any, ctx: Any) -> Any:
+        recorder.record("search", input, ctx)
+        if not limited_at:
+            limited_at.append(time.monotonic())
+            raise RateLimitedError("429 too many requests", retry_after=str(int(RETRY_AFTER_S)))
+        return {"hits": input["q"]}
+
+    reported = threading.Event()
+
+    def perf_hook(phase: str, ms: float, extra: dict[str, Any]) -> None:
+        if phase == "provider":  # recorded after the 429 was reported to the governor
+            reported.set()
+
+    tools = [
+        Tool(tool_id="search", fn=search, provider="acme-api"),
+        Tool(tool_id="lookup", fn=echo(recorder, "lookup"), provider="acme-api"),
+        Tool(tool_id="weather", fn=echo(recorder, "weather"), provider="other-api"),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.05, perf_hook=perf_hook))
+    limited = system.proxy().execute("search", {"q": "rust"})
+    assert reported.wait(WAIT_S), "the 429 never reached the governor"
+
+    submitted = time.monotonic()
+    same_provider = system.proxy().execute("lookup", {"id": 1})
+    other_provider = system.proxy().execute("weather", {"city": "Oslo"})
+    other = other_provider.get(timeout=WAIT_S)
+    other_done = time.monotonic()
+    same = same_provider.get(timeout=WAIT_S)
+    same_done = time.monotonic()
+
+    assert other.execution == "live"
+    assert other_done - submitted < 0.5 * RETRY_AFTER_S, "another provider's tool waited for the gate"
+    assert same.execution == "live"
+    assert same_done - limited_at[0] >= 0.9 * RETRY_AFTER_S, (
+        "a tool of the paused provider ran during the pause"
+    )
+    (lookup_call,) = recorder.of("lookup")
+    assert lookup_call.at - limited_at[0] >= 0.9 * RETRY_AFTER_S
+
+    result = limited.get(timeout=WAIT_S)
+    assert (result.execution, result.value) == ("live", {"hits": "rust"})
+    searches = recorder.of("search")
+    assert len(searches) == 2 and searches[1].at - searches[0].at >= 0.9 * RETRY_AFTER_S
+    stats = system.stats()
+    assert stats["retries"] >= 1 and stats["backpressure"] >= 1
+
+
+def test_pacing_slow_provider_does_not_delay_another_provider(make_system: Any, recorder: Any) -> None:
+    tools = [
+        Tool(tool_id="paced", fn=echo(recorder, "paced"), pacing=Pacing(rps=2, burst=1)),
+        Tool(tool_id="free", fn=echo(recorder, "free")),
+    ]
+    system = make_system(tools)
+    start = time.monotonic()
+    paced = [system.proxy().execute("paced", {"n": n}) for n in range(4)]  # ~1.5 s at 2 rps, burst 1
+    free = system.proxy().execute("free", {"n": 0}).get(timeout=WAIT_S)
+    free_done = time.monotonic()
+    results = [f.get(timeout=WAIT_S) for f in paced]
+    paced_done = time.monotonic()
+
+    assert free.execution == "live" and all(r.execution == "live" for r in results)
+    assert free_done - start < 0.4, "the free provider's call waited behind the paced provider"
+    assert paced_done - start >= 1.3, "the paced provider was not paced (test would prove nothing)"
+    starts = sorted(c.at for c in recorder.of("paced"))
+    assert starts[-1] - starts[0] >= 1.3
+
+
+def test_pacing_cached_call_never_waits(make_system: Any, recorder: Any) -> None:
+    first = make_system([Tool(tool_id="geo", fn=echo(recorder, "geo"), provider="maps")], run_id="r1")
+    assert first.proxy().execute("geo", {"addr": "1 Main St"}).get(timeout=WAIT_S).execution == "live"
+    first.stop()
+
+    slow = Tool(tool_id="geo", fn=echo(recorder, "geo"), provider="maps", pacing=Pacing(rps=0.01, burst=1))
+    second = make_system([slow], run_id="r2")
+    drain = second.proxy().execute("geo", {"addr": "2 Main St"}).get(timeout=WAIT_S)  # takes the only token
+    assert drain.execution == "live"
+    starved = second.proxy().execute("geo", {"addr": "3 Main St"})  # next token in ~100 s
+
+    start = time.monotonic()
+    cached = second.proxy().execute("geo", {"addr": "1 Main St"}).get(timeout=WAIT_S)
+    elapsed = time.monotonic() - start
+
+    assert (cached.execution, cached.value) == ("cached", {"geo": {"addr": "1 Main St"}})
+    assert elapsed < 0.5
+    assert recorder.count("geo") == 2
+    second.stop()  # ends the starved call's wait for pacing
+    with pytest.raises(CallCancelledError):
+        starved.get(timeout=WAIT_S)
+    assert recorder.count("geo") == 2
+
+
+def test_parallelism_unbatched_calls_launch_at_most_max_concurrency(make_system: Any, recorder: Any) -> None:
+    def fn(input: Any, ctx: Any) -> Any:
+        with recorder.running("crawl", input, ctx):
+            threading.Event().wait(0.03)  # simulated provider latency, so calls overlap
+        return {"page": input["n"]}
+
+    system = make_system([Tool(tool_id="crawl", fn=fn, pacing=Pacing(max_concurrency=3))])
+    futures = [system.proxy().execute("crawl", {"n": n}) for n in range(12)]
+    results = [f.get(timeout=WAIT_S) for f in futures]
+
+    assert [r.value for r in results] == [{"page": n} for n in range(12)]
+    assert recorder.count("crawl") == 12
+    assert recorder.max_running == 3

@@ -1,0 +1,341 @@
+"""State-machine tests of the governor: budgets, ceiling, pacing, backpressure, stop.
+
+The plain :class:`Governor` is driven with time passed in as values; reply tokens are
+plain objects, since :class:`Decisions` only carries them back.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors._pacing import AIMD_DECREASE
+from actors.errors import BudgetExceededError, CallCancelledError
+from actors.governor import Decisions, Governor, suggested_parallelism
+from actors.tool import Pacing, Policy
+
+ORG = "acme"
+
+
+def _granted(decisions: Decisions) -> dict[object, int]:
+    return dict(decisions.grants)
+
+
+def _refused(decisions: Decisions) -> dict[object, BaseException]:
+    return dict(decisions.refusals)
+
+
+def _gov(policy: Policy | None = None, rng: object = lambda: 0.0, **pacings: Pacing) -> Governor:
+    return Governor(policy or Policy(), dict(pacings), rng=rng)  # type: ignore[arg-type]
+
+
+# -- ceiling and pacing ---------------------------------------------------------------
+
+
+def test_governor_grants_up_to_want_within_the_ceiling() -> None:
+    gov = _gov(Policy(max_concurrency=4))
+    a, b = object(), object()
+    first = gov.acquire(ORG, "p", 3, a, now=0.0)
+    assert _granted(first) == {a: 3}
+    second = gov.acquire(ORG, "p", 3, b, now=0.0)
+    assert _granted(second) == {b: 1}  # only one slot left under the ceiling
+    assert gov.in_flight == 4
+    assert not second.refusals
+
+
+def test_governor_waiter_at_the_ceiling_is_granted_on_release() -> None:
+    gov = _gov(Policy(max_concurrency=1))
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, a, now=0.0)) == {a: 1}
+    waiting = gov.acquire(ORG, "p", 1, b, now=0.0)
+    assert waiting.grants == [] and waiting.refusals == []
+    released = gov.release(ORG, "p", count=1, successes=1, now=1.0)
+    assert _granted(released) == {b: 1}
+    assert gov.in_flight == 1
+
+
+def test_governor_waiting_for_pacing_holds_no_global_slot() -> None:
+    gov = _gov(Policy(max_concurrency=2), slow=Pacing(rps=1.0, burst=1.0))
+    a, b, c = object(), object(), object()
+    assert _granted(gov.acquire(ORG, "slow", 1, a, now=0.0)) == {a: 1}
+    paced = gov.acquire(ORG, "slow", 1, b, now=0.0)
+    assert paced.grants == []
+    assert gov.in_flight == 1  # the paced waiter holds nothing
+    other = gov.acquire(ORG, "fast", 1, c, now=0.0)
+    assert _granted(other) == {c: 1}
+    assert gov.in_flight == 2
+
+
+def test_governor_exhausted_bucket_does_not_block_another_provider() -> None:
+    gov = _gov(Policy(max_concurrency=64), slow=Pacing(rps=1.0, burst=1.0))
+    slow_waiters = [object() for _ in range(5)]
+    granted: dict[object, int] = {}
+    for token in slow_waiters:
+        granted.update(_granted(gov.acquire(ORG, "slow", 1, token, now=0.0)))
+    assert len(granted) == 1  # one token, four wait for pacing
+    fast = [object() for _ in range(10)]
+    for token in fast:
+        decisions = gov.acquire(ORG, "fast", 1, token, now=0.0)
+        assert _granted(decisions) == {token: 1}
+
+
+def test_governor_wake_at_says_when_tokens_arrive() -> None:
+    gov = _gov(slow=Pacing(rps=2.0, burst=1.0))
+    a, b = object(), object()
+    gov.acquire(ORG, "slow", 1, a, now=10.0)
+    waiting = gov.acquire(ORG, "slow", 1, b, now=10.0)
+    assert waiting.wake_at == pytest.approx(10.5)
+    assert gov.wake(10.4).grants == []
+    assert _granted(gov.wake(10.5)) == {b: 1}
+
+
+def test_governor_release_grants_waiters_of_a_concurrency_capped_provider() -> None:
+    gov = _gov(capped=Pacing(max_concurrency=1))
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "capped", 1, a, now=0.0)) == {a: 1}
+    waiting = gov.acquire(ORG, "capped", 1, b, now=0.0)
+    assert waiting.grants == [] and waiting.wake_at is None  # only a release helps
+    assert _granted(gov.release(ORG, "capped", count=1, successes=1, now=0.1)) == {b: 1}
+
+
+def test_governor_waiters_are_granted_in_order() -> None:
+    gov = _gov(slow=Pacing(rps=1.0, burst=1.0))
+    tokens = [object() for _ in range(3)]
+    order = []
+    for token in tokens:
+        order += [t for t, _ in gov.acquire(ORG, "slow", 1, token, now=0.0).grants]
+    for t in (1.0, 2.0):
+        order += [t for t, _ in gov.wake(t).grants]
+    assert order == tokens
+
+
+def test_governor_following_wake_at_grants_every_paced_waiter() -> None:
+    # Regression for a lost wake-up: a wake at the announced time must grant, or
+    # announce a later time; never neither while waiters remain.
+    gov = _gov(p=Pacing(rps=7.0, burst=3.0))
+    gov.backpressure(ORG, "p", "13", now=1000.0, wall=1_700_000_000.0)
+    tokens = [object() for _ in range(40)]
+    granted = []
+    wake_at = None
+    for token in tokens:
+        decisions = gov.acquire(ORG, "p", 1, token, now=1000.0)
+        wake_at = decisions.wake_at
+    wakes = 0
+    while len(granted) < len(tokens):
+        assert wake_at is not None, f"stranded after {len(granted)} grants"
+        decisions = gov.wake(wake_at)
+        granted += [t for t, _ in decisions.grants]
+        gov.release(ORG, "p", count=len(decisions.grants), successes=0, now=wake_at)
+        wake_at = decisions.wake_at
+        wakes += 1
+        assert wakes < 200
+    assert granted == tokens
+    assert wake_at is None
+
+
+# -- backpressure ---------------------------------------------------------------------
+
+
+def test_governor_backpressure_pauses_every_tool_of_that_provider_only() -> None:
+    gov = _gov(Policy(max_concurrency=64), a=Pacing(rps=10.0, burst=10.0), b=Pacing(rps=10.0, burst=10.0))
+    paused = gov.backpressure(ORG, "a", "30", now=100.0, wall=1_700_000_000.0)
+    assert paused.grants == []
+    # two tools sharing provider "a" both wait: one bucket per (org, provider)
+    tool_one, tool_two = object(), object()
+    assert gov.acquire(ORG, "a", 1, tool_one, now=101.0).grants == []
+    waiting = gov.acquire(ORG, "a", 1, tool_two, now=101.0)
+    assert waiting.grants == []
+    assert waiting.wake_at == pytest.approx(130.0)
+    # provider "b" and provider "a" of another org are untouched
+    other_provider, other_org = object(), object()
+    assert _granted(gov.acquire(ORG, "b", 1, other_provider, now=101.0)) == {other_provider: 1}
+    assert _granted(gov.acquire("globex", "a", 1, other_org, now=101.0)) == {other_org: 1}
+    assert gov.bucket(ORG, "a").rate == pytest.approx(10.0 * AIMD_DECREASE)
+    assert gov.bucket("globex", "a").rate == 10.0
+    assert gov.bucket(ORG, "b").rate == 10.0
+    # after the pause, releases are spread by the (cut) rate
+    assert gov.wake(130.0).grants == []
+    rate = gov.bucket(ORG, "a").rate
+    assert rate is not None
+    first = gov.wake(130.0 + 1 / rate)
+    assert _granted(first) == {tool_one: 1}
+    assert _granted(gov.wake(130.0 + 2 / rate)) == {tool_two: 1}
+
+
+def test_governor_backpressure_uses_policy_bounds_for_retry_after() -> None:
+    policy = Policy(retry_after_default_s=7.0, retry_after_max_s=60.0, retry_after_min_s=0.5)
+    gov = _gov(policy)
+    gov.backpressure(ORG, "p", "garbage", now=0.0, wall=1_700_000_000.0)
+    assert gov.bucket(ORG, "p").gate_until == pytest.approx(7.0)
+    gov.backpressure(ORG, "q", "99999", now=0.0, wall=1_700_000_000.0)
+    assert gov.bucket(ORG, "q").gate_until == pytest.approx(60.0)
+    gov.backpressure(ORG, "r", "0", now=0.0, wall=1_700_000_000.0)
+    assert gov.bucket(ORG, "r").gate_until == pytest.approx(0.5)
+
+
+def test_governor_backpressure_jitter_comes_from_rng() -> None:
+    draws = iter([0.5, 0.25])
+    gov = _gov(rng=lambda: next(draws))
+    gov.backpressure(ORG, "p", "20", now=10.0, wall=1_700_000_000.0)
+    # pause 20 s: jitter is rng() * min(1, 0.1 * 20) = 0.5 * 1
+    assert gov.bucket(ORG, "p").gate_until == pytest.approx(10.0 + 20.0 + 0.5)
+    gov.backpressure(ORG, "p", "2", now=40.0, wall=1_700_000_000.0)
+    # pause 2 s: jitter is rng() * min(1, 0.1 * 2) = 0.25 * 0.2
+    assert gov.bucket(ORG, "p").gate_until == pytest.approx(40.0 + 2.0 + 0.05)
+    assert gov.bucket(ORG, "p").backpressure_events == 2
+
+
+def test_governor_backpressure_http_date_is_read_against_wall_clock() -> None:
+    import email.utils
+
+    wall = 1_700_000_000.0
+    gov = _gov()
+    gov.backpressure(ORG, "p", email.utils.formatdate(wall + 120, usegmt=True), now=5.0, wall=wall)
+    assert gov.bucket(ORG, "p").gate_until == pytest.approx(125.0, abs=1.0)
+
+
+def test_governor_success_releases_add_rate_back() -> None:
+    gov = _gov(p=Pacing(rps=10.0, burst=1.0))
+    gov.backpressure(ORG, "p", "1", now=0.0, wall=1_700_000_000.0)
+    cut = gov.bucket(ORG, "p").rate
+    a = object()
+    assert _granted(gov.acquire(ORG, "p", 1, a, now=5.0)) == {a: 1}
+    gov.release(ORG, "p", count=1, successes=0, now=5.1)
+    assert gov.bucket(ORG, "p").rate == cut  # a failure adds nothing
+    b = object()
+    gov.acquire(ORG, "p", 1, b, now=6.0)
+    gov.release(ORG, "p", count=1, successes=1, now=6.1)
+    assert gov.bucket(ORG, "p").rate > cut
+
+
+# -- budgets --------------------------------------------------------------------------
+
+
+def test_governor_provider_call_budget_refuses_after_the_limit() -> None:
+    gov = _gov(Policy(max_provider_calls=3))
+    tokens = [object() for _ in range(4)]
+    for token in tokens[:3]:
+        assert _granted(gov.acquire(ORG, "p", 1, token, now=0.0)) == {token: 1}
+    last = gov.acquire(ORG, "p", 1, tokens[3], now=0.0)
+    assert last.grants == []
+    assert isinstance(_refused(last)[tokens[3]], BudgetExceededError)
+    assert gov.spent["provider_calls"] == 3
+    assert gov.in_flight == 3  # a refusal takes no slot
+
+
+def test_governor_provider_call_budget_grants_partially_when_fewer_remain() -> None:
+    gov = _gov(Policy(max_provider_calls=5))
+    a, b, c = object(), object(), object()
+    assert _granted(gov.acquire(ORG, "p", 3, a, now=0.0)) == {a: 3}
+    assert _granted(gov.acquire(ORG, "p", 3, b, now=0.0)) == {b: 2}
+    assert isinstance(_refused(gov.acquire(ORG, "p", 1, c, now=0.0))[c], BudgetExceededError)
+    assert gov.spent["provider_calls"] == 5
+
+
+def test_governor_budget_refusal_does_not_block_later_grants_of_other_budgets() -> None:
+    gov = _gov(Policy(max_provider_calls=1, max_concurrency=1))
+    a, b = object(), object()
+    gov.acquire(ORG, "p", 1, a, now=0.0)
+    gov.acquire(ORG, "p", 1, b, now=0.0)  # waits at the ceiling
+    released = gov.release(ORG, "p", count=1, successes=1, now=1.0)
+    assert isinstance(_refused(released)[b], BudgetExceededError)
+    assert not gov.waiters[(ORG, "p")]  # nobody left waiting
+
+
+def test_governor_charge_retries_raises_past_the_limit_and_charges_nothing() -> None:
+    gov = _gov(Policy(max_retries=2))
+    gov.charge("retries", 1)
+    with pytest.raises(BudgetExceededError, match="retries"):
+        gov.charge("retries", 2)
+    assert gov.spent["retries"] == 1
+    gov.charge("retries", 1)
+    with pytest.raises(BudgetExceededError):
+        gov.charge("retries", 1)
+    assert gov.spent["retries"] == 2
+
+
+def test_governor_unlimited_budget_never_refuses() -> None:
+    gov = _gov(Policy(max_retries=None))
+    for _ in range(1000):
+        gov.charge("retries", 5)
+    assert gov.spent["retries"] == 5000
+
+
+# -- stop -----------------------------------------------------------------------------
+
+
+def test_governor_stop_refuses_waiters_and_later_acquires() -> None:
+    gov = _gov(Policy(max_concurrency=1), slow=Pacing(rps=1.0, burst=1.0))
+    a, b, c, d = object(), object(), object(), object()
+    gov.acquire(ORG, "slow", 1, a, now=0.0)
+    gov.acquire(ORG, "slow", 1, b, now=0.0)
+    gov.acquire(ORG, "other", 1, c, now=0.0)  # waits at the ceiling
+    stopped = gov.stop()
+    refused = _refused(stopped)
+    assert set(refused) == {b, c}
+    assert all(isinstance(exc, CallCancelledError) for exc in refused.values())
+    late = gov.acquire(ORG, "slow", 1, d, now=5.0)
+    assert late.grants == [] and isinstance(_refused(late)[d], CallCancelledError)
+    assert gov.wake(100.0).grants == []
+
+
+# -- suggested parallelism ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pacing", "ceiling", "expected"),
+    [
+        pytest.param(Pacing(max_concurrency=4, rps=100.0), 64, 4, id="max-concurrency-wins"),
+        pytest.param(Pacing(rps=2.5), 64, 3, id="ceil-of-rps"),
+        pytest.param(Pacing(rps=0.2), 64, 1, id="floored-at-one"),
+        pytest.param(Pacing(), 16, 16, id="unknown-is-ceiling"),
+        pytest.param(Pacing(rps=1000.0), 8, 8, id="capped-by-ceiling"),
+        pytest.param(Pacing(max_concurrency=100), 8, 8, id="concurrency-capped-by-ceiling"),
+    ],
+)
+def test_suggested_parallelism_table(pacing: Pacing, ceiling: int, expected: int) -> None:
+    assert suggested_parallelism(pacing, ceiling) == expected
+
+
+def test_governor_grants_never_exceed_ceiling_under_churn() -> None:
+    gov = _gov(Policy(max_concurrency=3), p=Pacing(rps=5.0, burst=2.0), q=Pacing(max_concurrency=2))
+    provider_of: dict[object, str] = {}
+    outstanding: list[tuple[str, int]] = []
+    granted_total = 0
+    for step in range(200):
+        now = step * 0.05
+        provider = "p" if step % 2 else "q"
+        token = object()
+        provider_of[token] = provider
+        decisions = gov.acquire(ORG, provider, 1 + step % 3, token, now=now)
+        if step % 3 == 0 and outstanding:
+            done, n = outstanding.pop(0)
+            decisions.grants += gov.release(ORG, done, count=n, successes=n, now=now).grants
+        for reply, n in decisions.grants:
+            outstanding.append((provider_of[reply], n))
+            granted_total += n
+        assert gov.in_flight == sum(n for _, n in outstanding) <= 3
+        assert gov.bucket(ORG, "q").in_flight <= 2
+    assert granted_total > 20  # the churn did make progress
+
+
+def test_governor_ceiling_grants_oldest_waiter_across_providers() -> None:
+    # A provider whose waiters keep arriving must not starve an older waiter of another
+    # provider at the global ceiling.
+    gov = _gov(Policy(max_concurrency=1))
+    first, b_waiter = object(), object()
+    gov.acquire(ORG, "a", 1, first, now=0.0)
+    gov.acquire(ORG, "b", 1, b_waiter, now=0.0)
+    gov.acquire(ORG, "a", 1, object(), now=0.1)  # arrives after b's waiter
+    released = gov.release(ORG, "a", count=1, successes=1, now=0.2)
+    assert _granted(released) == {b_waiter: 1}
+
+
+def test_governor_ceiling_skips_a_paced_provider_for_a_younger_ready_one() -> None:
+    gov = _gov(Policy(max_concurrency=1), slow=Pacing(rps=1.0, burst=1.0))
+    held, slow_waiter, fast_waiter = object(), object(), object()
+    gov.acquire(ORG, "slow", 1, held, now=0.0)  # takes the slot and the only token
+    gov.acquire(ORG, "slow", 1, slow_waiter, now=0.0)
+    gov.acquire(ORG, "fast", 1, fast_waiter, now=0.0)
+    released = gov.release(ORG, "slow", count=1, successes=1, now=0.1)
+    assert _granted(released) == {fast_waiter: 1}  # the older waiter waits for pacing only
+    assert released.wake_at is not None

@@ -1,0 +1,166 @@
+"""Suite-wide test setup: the runtime guard, the report header and the ``runtime`` fixture.
+
+tox runs the whole suite twice: on plain threads, and under gevent monkey-patching
+(``python -m gevent.monkey --module pytest``). tox tells this file which run it meant
+through ``TOOLDISPATCH_RUNTIME`` (``threads`` or ``gevent``); a run whose process does not
+match is refused before any test is collected, because a "gevent" run that was never
+patched would pass while proving nothing.
+
+A hung test must not eat CI's time: each test runs under a ``faulthandler`` watchdog (a C
+thread, so it fires even when a gevent hub or an OS lock is stuck) that prints every
+thread's traceback and ends the process after ``TOOLDISPATCH_TEST_TIMEOUT_S`` seconds
+(default 300; 0 turns it off, e.g. under a debugger).
+
+Hypothesis profiles: ``ci`` (loaded when ``CI`` is set) drops the per-example deadline and
+the too-slow health check, since CI shares two cores between parallel tox envs.
+``HYPOTHESIS_PROFILE`` picks a profile by name.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import sqlite3
+import sys
+from collections.abc import Generator
+from typing import Literal
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+Runtime = Literal["gevent", "threads"]
+
+RUNTIME_ENV_VAR = "TOOLDISPATCH_RUNTIME"
+TEST_TIMEOUT_ENV_VAR = "TOOLDISPATCH_TEST_TIMEOUT_S"
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def _keep_source_tree_off_sys_path() -> None:
+    """Under tox, make ``import stores`` load the installed package on every Python.
+
+    ``python -m gevent.monkey`` puts the working directory, the repository root, first on
+    ``sys.path``. tox sets ``PYTHONSAFEPATH=1``, which Python 3.11+ honour; on 3.10 the entry
+    is dropped here, before any test module imports ``stores`` or ``actors``.
+    """
+    if not os.environ.get(RUNTIME_ENV_VAR) or getattr(sys.flags, "safe_path", False):
+        return
+    root = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != root]
+
+
+_keep_source_tree_off_sys_path()
+
+
+def _detect_runtime() -> Runtime:
+    """Return "gevent" when gevent has monkey-patched ``threading`` in this process.
+
+    Looks in ``sys.modules`` rather than importing gevent, so a threads run never loads it.
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return "gevent"
+    return "threads"
+
+
+def _package_dir(name: str) -> str:
+    """Where ``import name`` would load from (installed wheel or source tree), without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return "not importable"
+    if spec.origin is None:
+        return f"namespace package {list(spec.submodule_search_locations or [])}"
+    return os.path.dirname(spec.origin)
+
+
+def _refuse_mismatched_runtime() -> None:
+    """Exit (code 4) when the process does not run on the runtime tox asked for."""
+    wanted = os.environ.get(RUNTIME_ENV_VAR, "").strip().lower()
+    actual = _detect_runtime()
+    if wanted == "gevent" and actual != "gevent":
+        pytest.exit(
+            f"{RUNTIME_ENV_VAR}=gevent but gevent has not monkey-patched threading in this process. "
+            "Run the suite as `python -m gevent.monkey --module pytest ...` (as tox's *-gevent envs "
+            "do), so patching happens before pytest imports threading.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    if wanted in ("threads", "threading") and actual != "threads":
+        pytest.exit(
+            f"{RUNTIME_ENV_VAR}={wanted} but gevent has monkey-patched threading in this process. "
+            "Run plain `pytest`, or set TOOLDISPATCH_RUNTIME=gevent.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    if wanted not in ("", "gevent", "threads", "threading"):
+        pytest.exit(
+            f"{RUNTIME_ENV_VAR}={wanted!r} is not a runtime; use 'threads' or 'gevent'.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
+def _test_timeout_s() -> float:
+    raw = os.environ.get(TEST_TIMEOUT_ENV_VAR, "300")
+    try:
+        return float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{TEST_TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds") from None
+
+
+_WATCHDOG_FD = pytest.StashKey[int]()
+"""A duplicate of the terminal's stderr: pytest's capture redirects fd 2 while tests run."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check the runtime, then open the watchdog's output while capture is suspended."""
+    _refuse_mismatched_runtime()
+    if _test_timeout_s() > 0:
+        config.stash[_WATCHDOG_FD] = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    fd = config.stash.get(_WATCHDOG_FD, None)
+    if fd is not None:
+        faulthandler.cancel_dump_traceback_later()
+        os.close(fd)
+        del config.stash[_WATCHDOG_FD]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Run each test (setup, call, teardown) under the hang watchdog."""
+    fd = item.config.stash.get(_WATCHDOG_FD, None)
+    if fd is not None:
+        faulthandler.dump_traceback_later(_test_timeout_s(), exit=True, file=fd)
+    try:
+        return (yield)
+    finally:
+        if fd is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say which runtime the suite runs on and which SQLite library Python links."""
+    runtime = _detect_runtime()
+    label = "gevent (monkey-patched)" if runtime == "gevent" else "threads"
+    return [
+        f"runtime: {label}",
+        f"sqlite: library {sqlite3.sqlite_version}",
+        f"hypothesis profile: {HYPOTHESIS_PROFILE}",
+        f"hang watchdog: {_test_timeout_s():g} s per test ({TEST_TIMEOUT_ENV_VAR})",
+        f"stores imported from: {_package_dir('stores')}",
+    ]
+
+
+@pytest.fixture(scope="session")
+def runtime() -> Runtime:
+    """The runtime this process runs on: "gevent" (monkey-patched) or "threads"."""
+    return _detect_runtime()

@@ -1,0 +1,213 @@
+"""Fixtures of the receipt store contract suite.
+
+``store`` is parametrized over every backend in :data:`BACKENDS`. A backend is a
+factory plus an availability probe, so a server-backed store (Postgres) joins by
+appending one :class:`Backend`: when its server is missing the tests skip locally and
+fail when the ``CI`` environment variable is set, so CI can never go green by
+skipping a backend.
+
+Every backend must honour the FakeClock it is built with: lease expiry, staleness
+and purge ages are all judged by the store's clock. A backend whose production clock
+is its server's (Postgres ``now()``) needs a test hook that feeds it the fake time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+import stores
+from stores import ReceiptStore, SqliteReceiptStore
+
+REPO_ROOT = Path(stores.__file__).resolve().parent.parent
+CHILD_TIMEOUT_S = 120.0
+
+START_S = 1_700_000_000.0
+"""Where every FakeClock starts (epoch seconds)."""
+
+
+class FakeClock:
+    """A store clock the test moves by hand: ``clock()`` returns epoch seconds."""
+
+    def __init__(self, start_s: float = START_S) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock forward by ``seconds``; returns the new now."""
+        if seconds < 0:
+            raise ValueError("a store clock never goes back")
+        self.now_s += seconds
+        return self.now_s
+
+
+@attrs.frozen
+class Backend:
+    """One receipt store implementation the contract suite runs against."""
+
+    id: str
+    """The pytest id (``sqlite-file``)."""
+    make: Callable[[Path, FakeClock], ReceiptStore]
+    """Builds a fresh, empty store in ``tmp_path`` driven by the fake clock."""
+    unavailable: Callable[[], str | None] = lambda: None
+    """Returns why the backend cannot run here (say, no server), or None."""
+
+
+BACKENDS: list[Backend] = [
+    Backend("sqlite-file", lambda tmp, clock: SqliteReceiptStore(tmp / "receipts.db", clock=clock)),
+    Backend("sqlite-memory", lambda tmp, clock: SqliteReceiptStore(":memory:", clock=clock)),
+    # Postgres joins here: Backend("postgres", make_pg_store, unavailable=pg_probe).
+]
+
+
+def require_backend(backend: Backend) -> None:
+    """Skip a backend that cannot run here; in CI (``CI`` set) fail instead."""
+    why = backend.unavailable()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"backend {backend.id} unavailable in CI: {why}", pytrace=False)
+    pytest.skip(f"backend {backend.id} unavailable: {why}")
+
+
+@pytest.fixture
+def gate_unavailable_backend() -> Callable[[str], None]:
+    """``gate(why)`` applies :func:`require_backend` to a backend unavailable for ``why``."""
+
+    def gate(why: str) -> None:
+        require_backend(Backend("probe", lambda tmp, clock: SqliteReceiptStore(":memory:"), lambda: why))
+
+    return gate
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A fresh FakeClock at :data:`START_S`."""
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS, ids=[backend.id for backend in BACKENDS])
+def store(request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock) -> Iterator[ReceiptStore]:
+    """An empty receipt store of each backend, on ``fake_clock``; closed afterwards."""
+    backend: Backend = request.param
+    require_backend(backend)
+    instance = backend.make(tmp_path, fake_clock)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+class Children:
+    """Plain Python child processes speaking one JSON object per line.
+
+    A child is ``sys.executable`` running a script file, never a fork of this
+    process, so a gevent-patched test run starts unpatched children. The parent
+    talks over stdin/stdout: writing a line to every child at once is the start
+    barrier, no sleeping involved. Children still alive after CHILD_TIMEOUT_S are
+    killed, so a hang fails the test instead of stalling the suite.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self._tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[str]] = []
+        self._watchdog = threading.Timer(CHILD_TIMEOUT_S, self.kill)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def start(
+        self, script: str, argv: list[Any], *, script_dir: Path | None = None, **popen: Any
+    ) -> subprocess.Popen[str]:
+        """Start one child running ``script`` with ``argv`` (each item JSON-encoded).
+
+        The script file goes to ``script_dir`` (default the test's tmp_path); extra
+        keyword arguments go to :class:`subprocess.Popen` (``user=``, ``group=``...).
+        """
+        path = (script_dir or self._tmp_path) / f"child_{hashlib.sha256(script.encode()).hexdigest()[:12]}.py"
+        if not path.exists():  # never rewrite a script a running child may be reading
+            path.with_suffix(".tmp").write_text(script)
+            path.with_suffix(".tmp").replace(path)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, str(path), *(json.dumps(a) for a in argv)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            **popen,
+        )
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def send(proc: subprocess.Popen[str], message: Any) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+
+    @staticmethod
+    def receive(proc: subprocess.Popen[str]) -> Any:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            assert proc.stderr is not None
+            raise AssertionError(f"child {proc.pid} exited early: {proc.wait()} {proc.stderr.read()}")
+        return json.loads(line)
+
+    def broadcast(self, message: Any) -> None:
+        """Send one line to every child (writes first, so all start together)."""
+        for proc in self.procs:
+            self.send(proc, message)
+
+    def gather(self) -> list[Any]:
+        """One message from every child, in start order."""
+        return [self.receive(proc) for proc in self.procs]
+
+    def finish(self) -> list[str]:
+        """Close stdin, wait for every child; returns their stderr. Asserts exit 0."""
+        errors = []
+        for proc in self.procs:
+            _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+            assert proc.returncode == 0, err
+            errors.append(err)
+        return errors
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        self.kill()
+        for proc in self.procs:
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait()
+
+
+@pytest.fixture
+def children(tmp_path: Path) -> Iterator[Children]:
+    """Start plain Python child processes; any left running are killed afterwards."""
+    group = Children(tmp_path)
+    try:
+        yield group
+    finally:
+        group.close()

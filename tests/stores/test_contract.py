@@ -1,0 +1,877 @@
+"""The receipt store contract, run against every backend (see conftest.BACKENDS).
+
+Behaviour reference: ../shared/SEMANTICS.md (Claims, Leases) and stores/base.py.
+Time only moves when a test advances the store's FakeClock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from stores import (
+    MAX_OUTPUT_BYTES,
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FailureKind,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    ReceiptStore,
+    RefusalReason,
+)
+
+ORG = "org-a"
+OTHER_ORG = "org-b"
+ME = Owner("run-me", 1)
+OTHER = Owner("run-other", 1)
+TTL_S = 30.0
+
+N = ClaimMode.NORMAL
+R = ClaimMode.RETRY_FAILED
+F = ClaimMode.FORCE_REFRESH
+CLAIMED = ClaimDisposition.CLAIMED
+
+
+def key_of(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def request_for(key: str, *, input_hash: str | None = None) -> ClaimRequest:
+    return ClaimRequest(key, "play", "verify_email", input_hash or key_of("input:" + key))
+
+
+def claim(
+    store: ReceiptStore,
+    keys: list[str],
+    owner: Owner = ME,
+    *,
+    mode: ClaimMode = N,
+    stale_after_s: float | None = None,
+    org: str = ORG,
+    lease_ttl_s: float = TTL_S,
+) -> list[Claim]:
+    return store.claim_many(
+        org,
+        [request_for(k) for k in keys],
+        owner,
+        lease_ttl_s=lease_ttl_s,
+        mode=mode,
+        stale_after_s=stale_after_s,
+    )
+
+
+def claim_one(store: ReceiptStore, key: str, owner: Owner = ME, **kw: Any) -> Claim:
+    (result,) = claim(store, [key], owner, **kw)
+    return result
+
+
+def lease_of(result: Claim) -> LeaseRef:
+    assert result.receipt.lease_id
+    return LeaseRef(result.receipt.key, result.receipt.lease_id)
+
+
+def get(store: ReceiptStore, key: str, org: str = ORG) -> Receipt | None:
+    (receipt,) = store.get_many(org, [key])
+    return receipt
+
+
+def complete(
+    store: ReceiptStore, lease: LeaseRef, output: Any, owner: Owner = ME, org: str = ORG
+) -> FenceReport:
+    return store.complete_many(org, [Completion(lease.key, lease.lease_id, output)], owner)
+
+
+def fail(
+    store: ReceiptStore, lease: LeaseRef, owner: Owner = ME, kind: FailureKind = FailureKind.TRANSIENT
+) -> FenceReport:
+    return store.fail_many(ORG, [Failure(lease.key, lease.lease_id, "provider said no", kind)], owner)
+
+
+def assert_claimed(
+    result: Claim, store: ReceiptStore, owner: Owner, now_s: float, before: Receipt | None
+) -> None:
+    """A CLAIMED answer: a new queued lease for ``owner``, exactly as stored."""
+    assert result.disposition is CLAIMED
+    receipt = result.receipt
+    assert receipt.status is ReceiptStatus.QUEUED
+    assert receipt.lease_id
+    assert receipt.owner == owner
+    assert receipt.lease_expires_at == now_s + TTL_S
+    assert [receipt.output, receipt.error, receipt.failure_kind, receipt.completed_at] == [None] * 4
+    assert receipt.updated_at == now_s
+    if before is None:
+        assert receipt.attempts == 1
+        assert receipt.created_at == now_s
+    else:
+        assert receipt.lease_id != before.lease_id
+        assert receipt.attempts == before.attempts + 1
+        assert receipt.created_at == before.created_at
+    assert get(store, receipt.key) == receipt
+
+
+def assert_untouched(
+    result: Claim, store: ReceiptStore, disposition: ClaimDisposition, before: Receipt
+) -> None:
+    """A non-claim answer: the stored receipt is returned and nothing changed."""
+    assert result.disposition is disposition
+    assert result.receipt == before
+    assert get(store, before.key) == before
+
+
+# -- store states the dispositions table starts from ------------------------------------
+
+
+def make_pending(store: ReceiptStore, key: str) -> None:
+    assert store.release(ORG, [lease_of(claim_one(store, key, OTHER))], OTHER).ok
+
+
+def make_completed(store: ReceiptStore, key: str, output: Any = None) -> None:
+    lease = lease_of(claim_one(store, key, OTHER))
+    assert store.mark_running_many(ORG, [lease], OTHER).ok
+    assert complete(store, lease, output if output is not None else {"answer": 42}, OTHER).ok
+
+
+def make_queued(store: ReceiptStore, key: str) -> None:
+    assert claim_one(store, key, OTHER).disposition is CLAIMED
+
+
+def make_running(store: ReceiptStore, key: str) -> None:
+    lease = lease_of(claim_one(store, key, OTHER))
+    assert store.mark_running_many(ORG, [lease], OTHER).ok
+
+
+def make_failed(store: ReceiptStore, key: str) -> None:
+    assert fail(store, lease_of(claim_one(store, key, OTHER)), OTHER).ok
+
+
+IN_FLIGHT = {"queued": make_queued, "running": make_running}
+
+# -- the dispositions table, one test per row, parametrized over the columns --------------
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+def test_claim_absent_receipt_is_claimed(store: ReceiptStore, fake_clock: Any, mode: ClaimMode) -> None:
+    key = key_of("absent")
+    assert get(store, key) is None
+    assert_claimed(claim_one(store, key, mode=mode), store, ME, fake_clock(), None)
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+def test_claim_pending_receipt_is_claimed(store: ReceiptStore, fake_clock: Any, mode: ClaimMode) -> None:
+    key = key_of("pending")
+    make_pending(store, key)
+    before = get(store, key)
+    assert before is not None and before.status is ReceiptStatus.PENDING
+    fake_clock.advance(1)
+    assert_claimed(claim_one(store, key, mode=mode), store, ME, fake_clock(), before)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [(N, ClaimDisposition.REUSED), (R, ClaimDisposition.REUSED), (F, CLAIMED)],
+)
+@pytest.mark.parametrize("stale_after_s", [None, 3600.0])
+def test_claim_completed_fresh_receipt(
+    store: ReceiptStore,
+    fake_clock: Any,
+    mode: ClaimMode,
+    expected: ClaimDisposition,
+    stale_after_s: float | None,
+) -> None:
+    key = key_of("fresh")
+    make_completed(store, key)
+    before = get(store, key)
+    assert before is not None and before.status is ReceiptStatus.COMPLETED
+    fake_clock.advance(3600.0)  # exactly stale_after_s old is still fresh
+    result = claim_one(store, key, mode=mode, stale_after_s=stale_after_s)
+    if expected is CLAIMED:
+        assert_claimed(result, store, ME, fake_clock(), before)
+    else:
+        assert_untouched(result, store, expected, before)
+        assert result.receipt.output == {"answer": 42}
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+def test_claim_completed_stale_receipt_is_claimed(
+    store: ReceiptStore, fake_clock: Any, mode: ClaimMode
+) -> None:
+    key = key_of("stale")
+    make_completed(store, key)
+    before = get(store, key)
+    fake_clock.advance(60.5)
+    assert_claimed(claim_one(store, key, mode=mode, stale_after_s=60.0), store, ME, fake_clock(), before)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (N, ClaimDisposition.RUNNING),
+        (R, ClaimDisposition.RUNNING),
+        (F, ClaimDisposition.BLOCKED_ACTIVE_LEASE),
+    ],
+)
+@pytest.mark.parametrize("status", sorted(IN_FLIGHT))
+def test_claim_live_lease_of_other_owner_is_not_taken(
+    store: ReceiptStore, fake_clock: Any, mode: ClaimMode, expected: ClaimDisposition, status: str
+) -> None:
+    key = key_of("live")
+    IN_FLIGHT[status](store, key)
+    before = get(store, key)
+    assert before is not None and before.status.value == status
+    fake_clock.advance(TTL_S - 0.5)
+    assert_untouched(claim_one(store, key, mode=mode), store, expected, before)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (N, ClaimDisposition.RUNNING),
+        (R, ClaimDisposition.RUNNING),
+        (F, ClaimDisposition.BLOCKED_ACTIVE_LEASE),
+    ],
+)
+def test_claim_live_lease_of_same_owner_is_not_taken(
+    store: ReceiptStore, mode: ClaimMode, expected: ClaimDisposition
+) -> None:
+    key = key_of("mine")
+    first = claim_one(store, key)
+    assert_untouched(claim_one(store, key, mode=mode), store, expected, first.receipt)
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+@pytest.mark.parametrize("status", sorted(IN_FLIGHT))
+def test_claim_expired_lease_is_reclaimed(
+    store: ReceiptStore, fake_clock: Any, mode: ClaimMode, status: str
+) -> None:
+    key = key_of("expired")
+    IN_FLIGHT[status](store, key)
+    before = get(store, key)
+    fake_clock.advance(TTL_S + 0.5)
+    assert_claimed(claim_one(store, key, mode=mode), store, ME, fake_clock(), before)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [(N, ClaimDisposition.FAILED), (R, CLAIMED), (F, CLAIMED)])
+def test_claim_failed_receipt(
+    store: ReceiptStore, fake_clock: Any, mode: ClaimMode, expected: ClaimDisposition
+) -> None:
+    key = key_of("failed")
+    make_failed(store, key)
+    before = get(store, key)
+    assert before is not None and before.status is ReceiptStatus.FAILED
+    assert (before.error, before.failure_kind) == ("provider said no", FailureKind.TRANSIENT)
+    fake_clock.advance(1)
+    result = claim_one(store, key, mode=mode)
+    if expected is CLAIMED:
+        assert_claimed(result, store, ME, fake_clock(), before)
+    else:
+        assert_untouched(result, store, expected, before)
+
+
+def test_claim_mixed_batch_answers_each_key_in_request_order(store: ReceiptStore, fake_clock: Any) -> None:
+    keys = [key_of(f"mixed-{i}") for i in range(4)]
+    make_completed(store, keys[1])
+    make_running(store, keys[2])
+    make_failed(store, keys[3])
+    results = claim(store, keys)
+    assert [r.receipt.key for r in results] == keys
+    assert [r.disposition for r in results] == [
+        CLAIMED,
+        ClaimDisposition.REUSED,
+        ClaimDisposition.RUNNING,
+        ClaimDisposition.FAILED,
+    ]
+
+
+def test_claim_returns_receipt_as_stored_when_input_hash_changes(store: ReceiptStore) -> None:
+    key = key_of("rehash")
+    first = store.claim_many(ORG, [request_for(key, input_hash="a" * 64)], ME, lease_ttl_s=TTL_S)[0]
+    assert store.release(ORG, [lease_of(first)], ME).ok
+    (again,) = store.claim_many(ORG, [request_for(key, input_hash="b" * 64)], ME, lease_ttl_s=TTL_S)
+    assert again.disposition is CLAIMED
+    assert get(store, key) == again.receipt
+
+
+# -- fencing -------------------------------------------------------------------------------
+
+FencedOp = Callable[[ReceiptStore, LeaseRef, Owner], FenceReport]
+
+OPS: dict[str, FencedOp] = {
+    "mark_running_many": lambda s, lease, owner: s.mark_running_many(ORG, [lease], owner),
+    "renew_leases": lambda s, lease, owner: s.renew_leases(ORG, [lease], owner, lease_ttl_s=TTL_S),
+    "complete_many": lambda s, lease, owner: complete(s, lease, {"ok": True}, owner),
+    "fail_many": lambda s, lease, owner: fail(s, lease, owner),
+    "release": lambda s, lease, owner: s.release(ORG, [lease], owner),
+}
+
+
+def _wrong_lease_id(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    return LeaseRef(lease.key, "f" * 32), ME
+
+
+def _wrong_run_id(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    return lease, Owner("run-intruder", ME.run_attempt)
+
+
+def _wrong_attempt(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    return lease, Owner(ME.run_id, ME.run_attempt + 1)
+
+
+def _released(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    assert store.release(ORG, [lease], ME).ok
+    return lease, ME
+
+
+def _missing(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    return LeaseRef(key_of("never-claimed"), lease.lease_id), ME
+
+
+def _reclaimed_by_other(store: ReceiptStore, lease: LeaseRef, fake_clock: Any) -> tuple[LeaseRef, Owner]:
+    fake_clock.advance(TTL_S + 1)
+    assert claim_one(store, lease.key, OTHER).disposition is CLAIMED
+    return lease, ME
+
+
+MISMATCHES = {
+    "wrong_lease_id": (_wrong_lease_id, RefusalReason.LEASE_LOST),
+    "wrong_run_id": (_wrong_run_id, RefusalReason.LEASE_LOST),
+    "wrong_attempt": (_wrong_attempt, RefusalReason.LEASE_LOST),
+    "released": (_released, RefusalReason.LEASE_LOST),
+    "missing": (_missing, RefusalReason.MISSING),
+    "reclaimed_by_other": (_reclaimed_by_other, RefusalReason.LEASE_LOST),
+}
+
+
+@pytest.mark.parametrize("mismatch", list(MISMATCHES))
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("held", ["queued", "running"])
+def test_fence_mismatch_changes_nothing(
+    store: ReceiptStore, fake_clock: Any, op: str, mismatch: str, held: str
+) -> None:
+    key = key_of("fenced")
+    lease = lease_of(claim_one(store, key))
+    if held == "running":
+        assert store.mark_running_many(ORG, [lease], ME).ok
+    setup, reason = MISMATCHES[mismatch]
+    bad_lease, bad_owner = setup(store, lease, fake_clock)
+    snapshot = {k: get(store, k) for k in (key, bad_lease.key)}
+    fake_clock.advance(1)  # any write would now move updated_at
+
+    report = OPS[op](store, bad_lease, bad_owner)
+
+    assert report.applied == ()
+    assert not report.ok
+    assert set(report.refused) == {bad_lease.key}
+    refusal = report.refused[bad_lease.key]
+    assert refusal.reason is reason
+    assert refusal.message
+    assert refusal.receipt == snapshot[bad_lease.key]
+    assert {k: get(store, k) for k in snapshot} == snapshot
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_fence_refusal_is_per_key_in_one_call(store: ReceiptStore, fake_clock: Any, op: str) -> None:
+    good, bad = key_of("good"), key_of("bad")
+    good_lease = lease_of(claim(store, [good, bad])[0])
+    before_bad = get(store, bad)
+    fake_clock.advance(1)
+    wrong = LeaseRef(bad, "f" * 32)
+    if op == "complete_many":
+        report = store.complete_many(
+            ORG, [Completion(good, good_lease.lease_id, 1), Completion(bad, wrong.lease_id, 2)], ME
+        )
+    elif op == "fail_many":
+        kind = FailureKind.PERMANENT
+        report = store.fail_many(
+            ORG, [Failure(good, good_lease.lease_id, "e", kind), Failure(bad, wrong.lease_id, "e", kind)], ME
+        )
+    elif op == "renew_leases":
+        report = store.renew_leases(ORG, [good_lease, wrong], ME, lease_ttl_s=TTL_S)
+    else:
+        report = getattr(store, op)(ORG, [good_lease, wrong], ME)
+    assert report.applied == (good,)
+    assert set(report.refused) == {bad}
+    assert report.refused[bad].reason is RefusalReason.LEASE_LOST
+    assert get(store, bad) == before_bad
+    assert get(store, good).updated_at == fake_clock()  # type: ignore[union-attr]
+
+
+def test_mark_running_moves_queued_to_running(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("m")))
+    fake_clock.advance(1)
+    assert store.mark_running_many(ORG, [lease], ME).applied == (lease.key,)
+    receipt = get(store, lease.key)
+    assert receipt is not None
+    assert receipt.status is ReceiptStatus.RUNNING
+    assert (receipt.lease_id, receipt.owner, receipt.updated_at) == (lease.lease_id, ME, fake_clock())
+
+
+def test_complete_stores_output_and_drops_lease(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("c")))
+    assert store.mark_running_many(ORG, [lease], ME).ok
+    fake_clock.advance(2)
+    assert complete(store, lease, {"valid": True}).applied == (lease.key,)
+    receipt = get(store, lease.key)
+    assert receipt is not None
+    assert receipt.status is ReceiptStatus.COMPLETED
+    assert receipt.output == {"valid": True}
+    assert receipt.completed_at == receipt.updated_at == fake_clock()
+    assert receipt.lease_expires_at is None
+    assert not receipt.lease_live(fake_clock())
+
+
+def test_fail_records_error_and_kind(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("f")))
+    assert fail(store, lease, kind=FailureKind.RATE_LIMITED).applied == (lease.key,)
+    receipt = get(store, lease.key)
+    assert receipt is not None
+    assert receipt.status is ReceiptStatus.FAILED
+    assert (receipt.error, receipt.failure_kind) == ("provider said no", FailureKind.RATE_LIMITED)
+    assert receipt.lease_expires_at is None
+    assert receipt.output is None
+
+
+def test_release_returns_receipt_to_pending(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("r")))
+    assert store.release(ORG, [lease], ME).applied == (lease.key,)
+    receipt = get(store, lease.key)
+    assert receipt is not None
+    assert receipt.status is ReceiptStatus.PENDING
+    assert (receipt.lease_id, receipt.owner, receipt.lease_expires_at) == (None, None, None)
+    assert claim_one(store, lease.key, OTHER).disposition is CLAIMED
+
+
+def test_complete_of_receipt_completed_by_other_returns_stored(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("race")
+    mine = lease_of(claim_one(store, key))
+    fake_clock.advance(TTL_S + 1)
+    theirs = lease_of(claim_one(store, key, OTHER))
+    assert complete(store, theirs, {"by": "other"}, OTHER).ok
+    stored = get(store, key)
+    fake_clock.advance(1)
+
+    report = complete(store, mine, {"by": "me"})
+
+    assert report.applied == ()
+    refusal = report.refused[key]
+    assert refusal.reason is RefusalReason.COMPLETED_BY_OTHER
+    assert refusal.receipt == stored
+    assert refusal.receipt is not None and refusal.receipt.output == {"by": "other"}
+    assert get(store, key) == stored
+
+
+def test_complete_retry_of_own_completion_is_idempotent(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("retry")))
+    assert complete(store, lease, {"n": 1}).ok
+    stored = get(store, lease.key)
+    fake_clock.advance(5)
+    report = complete(store, lease, {"n": 1})
+    assert report.applied == (lease.key,)
+    assert report.refused == {}
+    assert get(store, lease.key) == stored
+
+
+def test_fail_retry_of_own_failure_is_idempotent(store: ReceiptStore, fake_clock: Any) -> None:
+    lease = lease_of(claim_one(store, key_of("fail-retry")))
+    assert fail(store, lease).ok
+    stored = get(store, lease.key)
+    fake_clock.advance(5)
+    report = fail(store, lease)
+    assert report.applied == (lease.key,)
+    assert get(store, lease.key) == stored
+
+
+# -- leases and the store clock ------------------------------------------------------------
+
+
+def test_lease_expiry_judged_by_store_clock(store: ReceiptStore, fake_clock: Any) -> None:
+    # The fake clock stands years behind real time: a store judging expiry by the
+    # wall clock (or by the caller) would see this lease as long expired.
+    key = key_of("clock")
+    first = claim_one(store, key)
+    assert first.receipt.lease_expires_at == fake_clock() + TTL_S
+    assert claim_one(store, key, OTHER).disposition is ClaimDisposition.RUNNING
+    fake_clock.advance(TTL_S - 0.001)
+    assert claim_one(store, key, OTHER).disposition is ClaimDisposition.RUNNING
+    fake_clock.advance(0.002)
+    assert_claimed(claim_one(store, key, OTHER), store, OTHER, fake_clock(), first.receipt)
+
+
+def test_lease_renewal_extends_expiry(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("renew")
+    lease = lease_of(claim_one(store, key))
+    fake_clock.advance(20)
+    assert store.renew_leases(ORG, [lease], ME, lease_ttl_s=TTL_S).applied == (key,)
+    renewed = get(store, key)
+    assert renewed is not None and renewed.lease_expires_at == fake_clock() + TTL_S
+    fake_clock.advance(20)  # 40 s after the claim: past the first TTL, inside the renewal
+    assert claim_one(store, key, OTHER).disposition is ClaimDisposition.RUNNING
+    assert store.mark_running_many(ORG, [lease], ME).ok
+    fake_clock.advance(TTL_S)
+    assert claim_one(store, key, OTHER).disposition is CLAIMED
+
+
+def test_lease_expired_but_not_taken_stays_with_its_owner(store: ReceiptStore, fake_clock: Any) -> None:
+    # Fencing compares lease id and owner, not the clock: until someone else claims
+    # the key, a late owner may still renew and complete (SEMANTICS.md: only a lease
+    # "expired and taken" is lost).
+    key = key_of("late")
+    lease = lease_of(claim_one(store, key))
+    fake_clock.advance(TTL_S + 5)
+    assert store.renew_leases(ORG, [lease], ME, lease_ttl_s=TTL_S).applied == (key,)
+    assert claim_one(store, key, OTHER).disposition is ClaimDisposition.RUNNING
+    assert complete(store, lease, "late but ours").ok
+    assert get(store, key).output == "late but ours"  # type: ignore[union-attr]
+
+
+def test_lease_renewal_after_reclaim_is_lease_lost(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("lost")
+    mine = lease_of(claim_one(store, key))
+    fake_clock.advance(TTL_S + 1)
+    theirs = lease_of(claim_one(store, key, OTHER))
+    stored = get(store, key)
+    fake_clock.advance(1)
+    report = store.renew_leases(ORG, [mine], ME, lease_ttl_s=TTL_S)
+    assert report.refused[key].reason is RefusalReason.LEASE_LOST
+    assert get(store, key) == stored
+    assert complete(store, mine, "late").refused[key].reason is RefusalReason.LEASE_LOST
+    assert complete(store, theirs, "theirs", OTHER).ok
+    assert get(store, key).output == "theirs"  # type: ignore[union-attr]
+
+
+def test_reclaim_of_expired_lease_has_single_winner(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("contested")
+    claim_one(store, key, Owner("run-crashed"))
+    fake_clock.advance(TTL_S + 1)
+    first = claim_one(store, key, ME)
+    second = claim_one(store, key, OTHER)
+    assert [first.disposition, second.disposition] == [CLAIMED, ClaimDisposition.RUNNING]
+    assert second.receipt == first.receipt == get(store, key)
+
+
+def test_reclaim_racing_threads_have_single_winner_per_key(store: ReceiptStore, fake_clock: Any) -> None:
+    keys = [key_of(f"race-{i}") for i in range(40)]
+    claim(store, keys, Owner("run-crashed"))
+    fake_clock.advance(TTL_S + 1)
+    owners = [Owner(f"run-{i}") for i in range(6)]
+    barrier = threading.Barrier(len(owners))
+    results: dict[str, list[Claim]] = {}
+    errors: list[BaseException] = []
+
+    def racer(owner: Owner) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[owner.run_id] = claim(store, keys, owner)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(o,)) for o in owners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    stored = store.get_many(ORG, keys)
+    for i, key in enumerate(keys):
+        winners = [run for run, claims in results.items() if claims[i].disposition is CLAIMED]
+        assert len(winners) == 1, key
+        assert stored[i] is not None and stored[i].lease_owner_run_id == winners[0]  # type: ignore[union-attr]
+        assert stored[i].attempts == 2  # type: ignore[union-attr]
+
+
+def test_claim_duplicate_keys_answered_alike(store: ReceiptStore) -> None:
+    k, other = key_of("dup"), key_of("single")
+    results = claim(store, [k, other, k])
+    assert results[0] == results[2]
+    assert results[0].disposition is CLAIMED
+    assert results[0].receipt.attempts == 1
+    assert results[0].receipt.lease_id != results[1].receipt.lease_id
+    assert get(store, k) == results[0].receipt
+    assert complete(store, lease_of(results[0]), "done").ok
+    again = claim(store, [k, k])
+    assert [c.disposition for c in again] == [ClaimDisposition.REUSED] * 2
+    assert again[0] == again[1]
+
+
+def test_claim_attempts_count_each_claim(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("attempts")
+    first = claim_one(store, key)
+    assert first.receipt.attempts == 1
+    assert claim_one(store, key, OTHER).receipt.attempts == 1  # running: not a claim
+    assert store.release(ORG, [lease_of(first)], ME).ok
+    second = claim_one(store, key)
+    assert second.receipt.attempts == 2
+    assert fail(store, lease_of(second)).ok
+    assert claim_one(store, key).receipt.attempts == 2  # failed in normal mode: not a claim
+    third = claim_one(store, key, mode=R)
+    assert third.receipt.attempts == 3
+    assert complete(store, lease_of(third), 1).ok
+    assert claim_one(store, key).receipt.attempts == 3  # reused: not a claim
+    fourth = claim_one(store, key, mode=F)
+    assert fourth.receipt.attempts == 4
+    fake_clock.advance(TTL_S + 1)
+    assert claim_one(store, key, OTHER).receipt.attempts == 5
+    assert get(store, key).attempts == 5  # type: ignore[union-attr]
+
+
+# -- outputs ---------------------------------------------------------------------------------
+
+ROUND_TRIP = {
+    "nested": {"a": {"b": [1, 2.5, {"c": None, "d": [[], {}]}]}, "e": True, "f": False},
+    "unicode": {"name": "Zoë ☃ 😀 עברית \u202e", "nul": "a\u0000b", "quote": '"\\'},
+    "nfd_kept": "e\u0301",
+    "none": None,
+    "null_member": {"present": None},
+    "empty_object": {},
+    "empty_list": [],
+    "zero": 0,
+    "false": False,
+    "empty_string": "",
+    "int64_edges": [2**63 - 1, -(2**63)],
+    "floats": [0.1, 1e-300, -2.5e300, 0.0],
+}
+
+
+@pytest.mark.parametrize("name", list(ROUND_TRIP))
+def test_output_round_trips(store: ReceiptStore, name: str) -> None:
+    value = ROUND_TRIP[name]
+    lease = lease_of(claim_one(store, key_of(name)))
+    assert complete(store, lease, value).ok
+    receipt = get(store, lease.key)
+    assert receipt is not None and receipt.status is ReceiptStatus.COMPLETED
+    assert receipt.output == value
+    assert type(receipt.output) is type(value)
+    assert claim_one(store, lease.key).receipt.output == value  # what a reuse hands back
+
+
+def test_output_none_and_missing_member_stay_distinct(store: ReceiptStore) -> None:
+    with_null, without = key_of("with-null"), key_of("without")
+    leases = [lease_of(c) for c in claim(store, [with_null, without])]
+    outputs = [{"a": 1, "b": None}, {"a": 1}]
+    report = store.complete_many(
+        ORG, [Completion(le.key, le.lease_id, o) for le, o in zip(leases, outputs, strict=True)], ME
+    )
+    assert report.ok
+    a, b = store.get_many(ORG, [with_null, without])
+    assert a is not None and b is not None
+    assert a.output == {"a": 1, "b": None} and "b" in a.output
+    assert b.output == {"a": 1} and "b" not in b.output
+
+
+def _too_large(store: ReceiptStore, fake_clock: Any, big: Any) -> None:
+    big_key, small_key = key_of("big"), key_of("small")
+    big_lease, small_lease = (lease_of(c) for c in claim(store, [big_key, small_key]))
+    assert store.mark_running_many(ORG, [big_lease, small_lease], ME).ok
+    before = get(store, big_key)
+    fake_clock.advance(1)
+    report = store.complete_many(
+        ORG,
+        [Completion(big_key, big_lease.lease_id, big), Completion(small_key, small_lease.lease_id, "ok")],
+        ME,
+    )
+    assert report.applied == (small_key,)
+    assert report.refused[big_key].reason is RefusalReason.OUTPUT_TOO_LARGE
+    assert str(MAX_OUTPUT_BYTES) in report.refused[big_key].message
+    assert get(store, big_key) == before
+    assert get(store, small_key).output == "ok"  # type: ignore[union-attr]
+    # The refused member still holds its lease, so its owner can record the failure.
+    assert fail(store, big_lease, kind=FailureKind.PERMANENT).ok
+
+
+def test_output_over_cap_refused_alone(store: ReceiptStore, fake_clock: Any) -> None:
+    _too_large(store, fake_clock, "x" * (MAX_OUTPUT_BYTES - 1))  # + 2 quotes = cap + 1 bytes
+
+
+def test_output_cap_counts_utf8_bytes_not_characters(store: ReceiptStore, fake_clock: Any) -> None:
+    _too_large(store, fake_clock, "é" * (MAX_OUTPUT_BYTES // 2))  # half the cap in characters
+
+
+def test_output_at_cap_is_stored(store: ReceiptStore) -> None:
+    value = "x" * (MAX_OUTPUT_BYTES - 2)  # + 2 quotes = exactly the cap
+    lease = lease_of(claim_one(store, key_of("at-cap")))
+    assert complete(store, lease, value).ok
+    assert get(store, lease.key).output == value  # type: ignore[union-attr]
+
+
+class NotJson:
+    pass
+
+
+NON_JSON_OUTPUTS = {
+    "object": NotJson(),
+    "nested_object": {"a": [NotJson()]},
+    "lone_surrogate": "\ud800",
+    "int_beyond_64_bits": 2**64,
+    "nan": float("nan"),
+    "infinity": {"x": float("inf")},
+    "negative_infinity": [float("-inf")],
+}
+
+
+@pytest.mark.parametrize("name", list(NON_JSON_OUTPUTS))
+def test_output_not_json_refused_alone(store: ReceiptStore, fake_clock: Any, name: str) -> None:
+    bad_key, good_key = key_of("bad"), key_of("good")
+    bad_lease, good_lease = (lease_of(c) for c in claim(store, [bad_key, good_key]))
+    before = get(store, bad_key)
+    fake_clock.advance(1)
+    report = store.complete_many(
+        ORG,
+        [
+            Completion(bad_key, bad_lease.lease_id, NON_JSON_OUTPUTS[name]),
+            Completion(good_key, good_lease.lease_id, 7),
+        ],
+        ME,
+    )
+    assert report.applied == (good_key,)
+    assert report.refused[bad_key].reason is RefusalReason.INVALID_OUTPUT
+    assert get(store, bad_key) == before
+    assert get(store, good_key).output == 7  # type: ignore[union-attr]
+
+
+# -- purge -------------------------------------------------------------------------------------
+
+
+def keys_present(store: ReceiptStore, keys: list[str], org: str = ORG) -> list[str]:
+    return [k for k, r in zip(keys, store.get_many(org, keys), strict=True) if r is not None]
+
+
+def test_purge_by_age_uses_store_clock(store: ReceiptStore, fake_clock: Any) -> None:
+    old, young = key_of("old"), key_of("young")
+    make_completed(store, old)
+    fake_clock.advance(100)
+    make_completed(store, young)
+    fake_clock.advance(100)  # old is 200 s old, young 100 s
+    assert store.purge(older_than_s=150) == 1
+    assert keys_present(store, [old, young]) == [young]
+    assert store.purge(older_than_s=150) == 0
+    assert store.purge(older_than_s=99) == 1
+    assert keys_present(store, [old, young]) == []
+
+
+def test_purge_by_status(store: ReceiptStore, fake_clock: Any) -> None:
+    done, failed, pending = key_of("done"), key_of("failed"), key_of("pending")
+    make_completed(store, done)
+    make_failed(store, failed)
+    make_pending(store, pending)
+    fake_clock.advance(10)
+    assert store.purge(statuses=[ReceiptStatus.FAILED]) == 1
+    assert keys_present(store, [done, failed, pending]) == [done, pending]
+    assert store.purge(statuses=[ReceiptStatus.COMPLETED, ReceiptStatus.PENDING]) == 2
+    assert keys_present(store, [done, failed, pending]) == []
+
+
+def test_purge_default_statuses_keep_in_flight_receipts(store: ReceiptStore, fake_clock: Any) -> None:
+    keys = [key_of(n) for n in ("done", "failed", "pending", "queued", "running")]
+    make_completed(store, keys[0])
+    make_failed(store, keys[1])
+    make_pending(store, keys[2])
+    make_queued(store, keys[3])
+    make_running(store, keys[4])
+    fake_clock.advance(TTL_S * 10)  # even expired, in-flight receipts are not purged by default
+    assert store.purge() == 3
+    assert keys_present(store, keys) == keys[3:]
+
+
+def test_purge_never_removes_live_leased_receipt(store: ReceiptStore, fake_clock: Any) -> None:
+    queued, running = key_of("queued"), key_of("running")
+    make_queued(store, queued)
+    make_running(store, running)
+    everything = list(ReceiptStatus)
+    fake_clock.advance(TTL_S - 1)
+    assert store.purge(statuses=everything) == 0
+    assert keys_present(store, [queued, running]) == [queued, running]
+    fake_clock.advance(2)  # leases expired
+    assert store.purge(statuses=everything) == 2
+    assert keys_present(store, [queued, running]) == []
+
+
+def test_purge_removes_output_with_row(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("with-output")
+    make_completed(store, key, {"big": "x" * 10_000})
+    fake_clock.advance(1)
+    assert store.purge() == 1
+    assert store.get_many(ORG, [key]) == [None]
+    fresh = claim_one(store, key)
+    assert_claimed(fresh, store, ME, fake_clock(), None)
+    assert fresh.receipt.output is None
+
+
+def test_purge_org_filter(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("shared-key")
+    for org in (ORG, OTHER_ORG):
+        lease = lease_of(claim_one(store, key, org=org))
+        assert complete(store, lease, org, org=org).ok
+    fake_clock.advance(1)
+    assert store.purge(org_id=OTHER_ORG) == 1
+    assert get(store, key, OTHER_ORG) is None
+    assert get(store, key, ORG).output == ORG  # type: ignore[union-attr]
+    assert store.purge() == 1
+    assert get(store, key, ORG) is None
+
+
+# -- org isolation -------------------------------------------------------------------------------
+
+
+def test_org_receipt_invisible_to_other_org(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("org")
+    a_lease = lease_of(claim_one(store, key, org=ORG))
+    assert complete(store, a_lease, "a's secret", org=ORG).ok
+    stored_a = get(store, key, ORG)
+    assert get(store, key, OTHER_ORG) is None
+    fake_clock.advance(1)
+
+    b_claim = claim_one(store, key, org=OTHER_ORG)
+    assert_claimed_in = b_claim.receipt
+    assert b_claim.disposition is CLAIMED
+    assert assert_claimed_in.org_id == OTHER_ORG
+    assert assert_claimed_in.attempts == 1
+    assert assert_claimed_in.output is None
+    assert get(store, key, OTHER_ORG) == b_claim.receipt
+    assert get(store, key, ORG) == stored_a
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_org_fenced_ops_cannot_reach_other_org(store: ReceiptStore, fake_clock: Any, op: str) -> None:
+    key = key_of("org-fenced")
+    lease = lease_of(claim_one(store, key, org=ORG))
+    stored = get(store, key, ORG)
+    fake_clock.advance(1)
+    org_b: dict[str, Callable[[], FenceReport]] = {
+        "mark_running_many": lambda: store.mark_running_many(OTHER_ORG, [lease], ME),
+        "renew_leases": lambda: store.renew_leases(OTHER_ORG, [lease], ME, lease_ttl_s=TTL_S),
+        "complete_many": lambda: complete(store, lease, "x", org=OTHER_ORG),
+        "fail_many": lambda: store.fail_many(
+            OTHER_ORG, [Failure(key, lease.lease_id, "e", FailureKind.PERMANENT)], ME
+        ),
+        "release": lambda: store.release(OTHER_ORG, [lease], ME),
+    }
+    report = org_b[op]()
+    assert report.applied == ()
+    assert report.refused[key].reason is RefusalReason.MISSING
+    assert report.refused[key].receipt is None
+    assert get(store, key, ORG) == stored
+    assert get(store, key, OTHER_ORG) is None
+
+
+# -- the backend matrix ----------------------------------------------------------------------------
+
+
+def test_backend_unavailable_skips_locally_and_fails_in_ci(
+    gate_unavailable_backend: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no server"):
+        gate_unavailable_backend("no server")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no server"):
+        gate_unavailable_backend("no server")
