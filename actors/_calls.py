@@ -47,25 +47,28 @@ class Group:
     attached: list[Call] = attrs.field(factory=list)
     receipt: Receipt | None = None
     """The claimed receipt (durable tools), set by the drain."""
+    key: str = attrs.field(init=False)
 
-    @property
-    def key(self) -> str:
-        return self.owner.key
+    def __attrs_post_init__(self) -> None:
+        self.key = self.owner.key
 
     @property
     def calls(self) -> list[Call]:
         """Owner and followers (not the attached calls)."""
-        return [self.owner, *self.followers]
+        return [self.owner, *self.followers] if self.followers else [self.owner]
 
     @property
     def mode(self) -> ClaimMode:
+        if not self.followers:
+            return self.owner.mode
         return strongest_mode(c.mode for c in self.calls)
 
     @property
     def lease(self) -> LeaseRef | None:
-        if self.receipt is None or self.receipt.lease_id is None:
+        receipt = self.receipt
+        if receipt is None or receipt.lease_id is None:
             return None
-        return LeaseRef(self.receipt.key, self.receipt.lease_id)
+        return LeaseRef(receipt.key, receipt.lease_id)
 
 
 @attrs.define(eq=False)
@@ -75,8 +78,8 @@ class Unit:
     groups: list[Group]
     readmissions: int = 0
     """Times re-admitted after a 429."""
+    timeout_s: float = attrs.field(init=False)
+    """The smallest per-call timeout of the unit's calls (fixed at compile time)."""
 
-    @property
-    def timeout_s(self) -> float:
-        """The smallest per-call timeout of the unit's calls."""
-        return min(c.timeout_s for g in self.groups for c in g.calls)
+    def __attrs_post_init__(self) -> None:
+        self.timeout_s = min(c.timeout_s for g in self.groups for c in g.calls)

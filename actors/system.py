@@ -26,7 +26,7 @@ from typing import Any
 import pykka
 
 from stores.base import ReceiptStore
-from stores.keys import explain_key
+from stores.keys import key_and_input_hash
 from stores.types import ClaimMode, Owner
 
 from ._calls import Call, Group
@@ -201,13 +201,13 @@ class DispatchSystem:
         future: Any, requeued: bool = False,
     ) -> Call:  # fmt: skip
         digest = self._digest(tool)
-        parts = explain_key(
+        key, input_hash = key_and_input_hash(
             org_id=self.run.org_id, scope=self.run.scope, tool_id=tool.tool_id, input=input,
             credential_scope_digest=digest, version=tool.version, stale_after_s=stale_after_s,
             ignore_fields=tool.non_semantic_fields,
         )  # fmt: skip
         return Call(
-            tool=tool, input=input, key=parts.key, input_hash=parts.input_hash, credential_digest=digest,
+            tool=tool, input=input, key=key, input_hash=input_hash, credential_digest=digest,
             mode=mode, stale_after_s=stale_after_s,
             timeout_s=timeout_s or tool.timeout_s or self.policy.timeout_s,
             future=future, submitted_at=time.monotonic(), requeued=requeued,

@@ -107,7 +107,7 @@ class ToolQueue:
         at, result = found
         if call.stale_after_s is not None and call.submitted_at - at > call.stale_after_s:
             return None
-        return result
+        return result if result.execution == "cached" else attrs.evolve(result, execution="cached")
 
     def remember(self, key: str, result: Any, now: float) -> None:
         """Remember a completed key's result (most recent ``memo_size`` keys)."""
@@ -116,7 +116,7 @@ class ToolQueue:
         # a reused receipt may have completed long before ``now``: its age is unknown, so
         # a call bounded by ``stale_after_s`` never takes it from memory
         at = -math.inf if result.execution == "cached" else now
-        self.memo[key] = (at, result if result.execution == "cached" else attrs.evolve(result, execution="cached"))
+        self.memo[key] = (at, result)
         self.memo.move_to_end(key)
         while len(self.memo) > self.memo_size:
             self.memo.popitem(last=False)

@@ -34,7 +34,7 @@ import rfc8785
 
 from .errors import InvalidInputError
 
-__all__ = ["KEY_FORMAT", "KeyExplanation", "canonical_json", "explain_key", "receipt_key"]
+__all__ = ["KEY_FORMAT", "KeyExplanation", "canonical_json", "explain_key", "key_and_input_hash", "receipt_key"]
 
 KEY_FORMAT = "tooldispatch.receipt.v1"
 """Envelope tag hashed into every key; bump it to invalidate every key at once."""
@@ -147,6 +147,34 @@ def explain_key(
     Raises:
         InvalidInputError: the input is not plain JSON, or a part is not a string.
     """
+    canonical, input_hash, envelope, key = _build(
+        org_id, scope, tool_id, input, credential_scope_digest, version, stale_after_s, ignore_fields
+    )
+    return KeyExplanation(
+        key=key,
+        org_id=org_id,
+        scope=scope,
+        tool_id=tool_id,
+        version=version,
+        credential_scope_digest=credential_scope_digest,
+        stale_after_s=stale_after_s,
+        canonical_input=canonical,
+        input_hash=input_hash,
+        envelope=envelope,
+    )
+
+
+def _build(
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    input: Any,
+    credential_scope_digest: str,
+    version: str,
+    stale_after_s: float | None,
+    ignore_fields: Collection[str],
+) -> tuple[str, str, str, str]:
+    """(canonical input, input hash, envelope, key); see :func:`explain_key`."""
     for name, part in (("org_id", org_id), ("scope", scope), ("tool_id", tool_id)):
         if not isinstance(part, str) or not part:
             raise InvalidInputError(f"{name} must be a non-empty string, got {part!r}")
@@ -158,18 +186,29 @@ def explain_key(
     envelope = orjson.dumps(
         [KEY_FORMAT, org_id, scope, tool_id, version, credential_scope_digest, stale, input_hash]
     ).decode("utf-8")
-    return KeyExplanation(
-        key=_sha256(envelope),
-        org_id=org_id,
-        scope=scope,
-        tool_id=tool_id,
-        version=version,
-        credential_scope_digest=credential_scope_digest,
-        stale_after_s=stale_after_s,
-        canonical_input=canonical,
-        input_hash=input_hash,
-        envelope=envelope,
+    return canonical, input_hash, envelope, _sha256(envelope)
+
+
+def key_and_input_hash(
+    *,
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    input: Any,
+    credential_scope_digest: str = "",
+    version: str = "",
+    stale_after_s: float | None = None,
+    ignore_fields: Collection[str] = (),
+) -> tuple[str, str]:
+    """(receipt key, input hash) of :func:`explain_key`, without the explanation object.
+
+    Raises:
+        InvalidInputError: as :func:`explain_key`.
+    """
+    _, input_hash, _, key = _build(
+        org_id, scope, tool_id, input, credential_scope_digest, version, stale_after_s, ignore_fields
     )
+    return key, input_hash
 
 
 def receipt_key(**parts: Any) -> str:
