@@ -6,8 +6,10 @@ monkey-patching (where ``threading`` objects are greenlet-based).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import logging
 import queue
 import sys
 import threading
@@ -18,7 +20,9 @@ from typing import Any
 
 import pykka
 
-__all__ = ["LightFuture", "Timers", "fail", "new_future", "new_pool", "runtime_name"]
+__all__ = ["LightFuture", "Timers", "fail", "guarded", "new_future", "new_pool", "runtime_name"]
+
+log = logging.getLogger("tooldispatch")
 
 
 def runtime_name() -> str:
@@ -80,6 +84,28 @@ def new_future() -> pykka.Future[Any]:
 def fail(future: pykka.Future[Any], exc: BaseException) -> None:
     """Resolve ``future`` with ``exc``."""
     future.set_exception((type(exc), exc, exc.__traceback__))
+
+
+def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Keep an actor alive when handling one message fails.
+
+    pykka stops an actor whose ``on_receive`` raises on a told message, which would
+    leave every later caller waiting. The error is logged, and the message's ``reply``
+    future (if it has one still open) fails with it.
+    """
+
+    @functools.wraps(on_receive)
+    def handle(self: Any, message: Any) -> Any:
+        try:
+            return on_receive(self, message)
+        except Exception as exc:
+            log.exception("%s failed on %s", type(self).__name__, type(message).__name__)
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, LightFuture) and not reply.done:
+                fail(reply, exc)
+            return None
+
+    return handle
 
 
 def new_pool(workers: int, name: str) -> ThreadPoolExecutor:

@@ -26,7 +26,7 @@ import pykka
 from stores._codec import encode_json
 from stores.types import Completion, Owner, ReceiptStatus, RefusalReason
 
-from ._runtime import Timers
+from ._runtime import Timers, guarded
 from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite
 from .salvage import SalvageLog, salvage_entry
 from .tool import Policy
@@ -153,6 +153,7 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         self.salvaged = 0
         self.observers: list[Any] = []
 
+    @guarded
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, FlushCompletions):
             self._buffer.append(message)

@@ -24,7 +24,7 @@ import attrs
 import pykka
 
 from ._pacing import ProviderBucket, parse_retry_after
-from ._runtime import Timers, fail
+from ._runtime import Timers, guarded, fail
 from .errors import BudgetExceededError, CallCancelledError
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy
@@ -215,6 +215,7 @@ class GovernorActor(pykka.ThreadingActor):
         self.clock = clock
         self._armed: float | None = None
 
+    @guarded
     def on_receive(self, message: Any) -> Any:
         now = self.clock()
         if isinstance(message, AcquireSlots):

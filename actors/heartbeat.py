@@ -21,7 +21,7 @@ import pykka
 
 from stores.types import LeaseRef, Owner
 
-from ._runtime import Timers
+from ._runtime import Timers, guarded
 from .messages import HeartbeatTick, RegisterLeases, UnregisterLeases
 
 __all__ = ["HeartbeatActor", "LeaseSet", "Renewal"]
@@ -123,6 +123,7 @@ class HeartbeatActor(pykka.ThreadingActor):
         self.clock = clock
         self._armed: float | None = None
 
+    @guarded
     def on_receive(self, message: Any) -> Any:
         now = self.clock()
         if isinstance(message, RegisterLeases):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,7 +60,10 @@ class Stats:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
         self.timings.setdefault(phase, collections.deque(maxlen=_KEEP)).append(ms)
         if self.perf_hook is not None:
-            self.perf_hook(phase, ms, extra)
+            try:
+                self.perf_hook(phase, ms, extra)
+            except Exception:  # an observer never breaks a call
+                logging.getLogger("tooldispatch").exception("perf hook failed on %s", phase)
 
     @contextmanager
     def timed(self, phase: str, **extra: Any) -> Iterator[None]:

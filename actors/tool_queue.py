@@ -27,7 +27,7 @@ import pykka
 from stores.types import ClaimMode
 
 from ._calls import Call, Group
-from ._runtime import Timers, fail
+from ._runtime import Timers, guarded, fail
 from .errors import CallCancelledError
 from .messages import DrainDue, GroupsSettled, StopQueue, SubmitCall
 from .stats import Stats
@@ -198,6 +198,7 @@ class ToolQueueActor(pykka.ThreadingActor):
         self.clock = clock
         self._drain_pending = False
 
+    @guarded
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, SubmitCall):
             self._submit(message.call)
