@@ -148,7 +148,9 @@ class Waves:
         leases = [g.lease for u in wave for g in u.groups if g.lease is not None]
         if tool.durable and leases:
             start = time.perf_counter()
-            report = ctx.store.mark_running_many(ctx.run.org_id, leases, ctx.owner).get()
+            report = ctx.store.mark_running_many(
+                ctx.run.org_id, leases, ctx.owner, lease_ttl_s=self.lease_ttl_s
+            ).get()
             ctx.stats.record("receipt_prepare", (time.perf_counter() - start) * 1000.0, marked=len(leases))
             lost = set(report.refused)
         if lost:

@@ -122,13 +122,14 @@ def _run(
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
             ctx = PlayContext(system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed)
             progress = ProgressDisplay(console, _count_rows(input_path), system.stats).start()
+            summary = None
             try:
                 summary = run_rows(
                     play, read_rows(input_path), ctx, concurrency=width, out=out, stop=stop,
                     on_row=lambda _: progress.advance(),
                 )  # fmt: skip
             finally:
-                progress.close()
+                progress.close(final=summary is not None and summary.config_error is None)
             stats = system.stats()
     finally:
         signal.signal(signal.SIGINT, previous)

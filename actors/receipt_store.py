@@ -57,9 +57,11 @@ class ReceiptStoreActor(pykka.ThreadingActor):
             org_id, requests, owner, lease_ttl_s=lease_ttl_s, mode=mode, stale_after_s=stale_after_s
         )
 
-    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+    def mark_running_many(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+    ) -> FenceReport:
         self.ops += 1
-        return self.store.mark_running_many(org_id, leases, owner)
+        return self.store.mark_running_many(org_id, leases, owner, lease_ttl_s=lease_ttl_s)
 
     def renew_leases(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float

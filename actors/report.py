@@ -41,7 +41,8 @@ class ProgressDisplay:
     """Shows progress until :meth:`close`.
 
     Args:
-        console: where to draw (its ``is_terminal`` picks live or plain lines).
+        console: where to draw: live redraws when it is interactive (a terminal that is
+            not ``TERM=dumb``), else plain lines (rich's ``is_interactive``).
         total: rows expected (None if unknown).
         stats: ``stats() -> dict`` of the dispatch system.
         interval_s: seconds between plain lines (non-terminal).
@@ -58,7 +59,7 @@ class ProgressDisplay:
         self._thread: threading.Thread | None = None
 
     def start(self) -> ProgressDisplay:
-        if self.console.is_terminal:
+        if self.console.is_interactive:
             self._live = Live(Text(self._line()), console=self.console, refresh_per_second=8, transient=False)
             self._live.start()
         self._thread = threading.Thread(target=self._loop, name="tooldispatch-progress", daemon=True)
@@ -79,14 +80,19 @@ class ProgressDisplay:
             else:
                 self.console.print(f"progress: {self._line()}", highlight=False, soft_wrap=True)
 
-    def close(self) -> None:
+    def close(self, *, final: bool = True) -> None:
+        """Stop the display; ``final`` leaves a last progress line (False erases the live
+        line and prints none, so a configuration error stays the only line)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
         if self._live is not None:
-            self._live.update(Text(self._line()))
+            if final:
+                self._live.update(Text(self._line()))
+            else:
+                self._live.transient = True
             self._live.stop()
-        else:
+        elif final:
             self.console.print(f"progress: {self._line()}", highlight=False, soft_wrap=True)
 
 

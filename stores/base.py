@@ -125,8 +125,15 @@ class ReceiptStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
-        """Move queued (or already running) receipts to ``running``, fenced."""
+    def mark_running_many(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+    ) -> FenceReport:
+        """Move queued (or already running) receipts to ``running``, fenced.
+
+        With ``lease_ttl_s`` the lease is also renewed to now + ``lease_ttl_s`` seconds,
+        so a lease that ran out while the call waited for admission (and that nobody
+        took) is not left reclaimable while the provider call runs.
+        """
 
     @abc.abstractmethod
     def renew_leases(

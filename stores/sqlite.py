@@ -72,6 +72,7 @@ WHERE receipts.org_id = ? AND receipts.key = j.k AND receipts.lease_id = j.l
 RETURNING receipts.key
 """
 _SET_RUNNING = "status = 'running', updated_at = ?"
+_SET_RUNNING_RENEW = "status = 'running', lease_expires_at = ? + ?, updated_at = ?"
 _SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
 _SET_COMPLETE = (
     "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
@@ -384,9 +385,14 @@ class SqliteReceiptStore(ReceiptStore):
     def _lease_items(leases: Sequence[LeaseRef]) -> list[tuple[Any, ...]]:
         return [(lease.key, lease.lease_id) for lease in leases]
 
-    def mark_running_many(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+    def mark_running_many(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+    ) -> FenceReport:
         now = self.clock()
-        return self._fenced(org_id, owner, _SET_RUNNING, (now,), self._lease_items(leases), {})
+        if lease_ttl_s is None:
+            return self._fenced(org_id, owner, _SET_RUNNING, (now,), self._lease_items(leases), {})
+        params = (now, lease_ttl_s, now)
+        return self._fenced(org_id, owner, _SET_RUNNING_RENEW, params, self._lease_items(leases), {})
 
     def renew_leases(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float

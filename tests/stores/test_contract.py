@@ -875,3 +875,17 @@ def test_backend_unavailable_skips_locally_and_fails_in_ci(
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="no server"):
         gate_unavailable_backend("no server")
+
+
+def test_mark_running_with_ttl_renews_an_expired_untaken_lease(store, fake_clock) -> None:
+    """A call that waited long for admission starts under a fresh lease, so nobody can
+    reclaim it at once and run it a second time."""
+    owner, other = Owner("run-a", 1), Owner("run-b", 1)
+    (claim,) = store.claim_many("acme", [ClaimRequest("k", "s", "t", "h")], owner, lease_ttl_s=10)
+    fake_clock.advance(30)  # the lease ran out while waiting for admission; nobody took it
+    lease = LeaseRef("k", claim.receipt.lease_id)
+    assert store.mark_running_many("acme", [lease], owner, lease_ttl_s=10).ok
+    (receipt,) = store.get_many("acme", ["k"])
+    assert receipt.lease_expires_at == fake_clock() + 10
+    (again,) = store.claim_many("acme", [ClaimRequest("k", "s", "t", "h")], other, lease_ttl_s=10)
+    assert again.disposition is ClaimDisposition.RUNNING
