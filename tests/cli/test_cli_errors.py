@@ -1,0 +1,135 @@
+"""``tooldispatch run`` on bad input and bad plays: exit 2 with one line for usage and
+configuration errors, exit 1 when some rows fail (they fail alone, the rest go on).
+
+The plays are tiny files in ``tmp_path`` with local tools (no HTTP), so each run is fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+LOCAL_PLAY = """
+from actors import Tool
+
+
+def double(input, ctx):
+    return {"n": input["n"] * 2}
+
+
+tools = [Tool(tool_id="double", fn=double)]
+
+
+def play(row, ctx):
+    if row.get("boom"):
+        raise ValueError(f"boom in row {row['n']}")
+    return ctx.tool("double", {"n": int(row["n"])})
+"""
+
+UNKNOWN_TOOL_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="double", fn=lambda input, ctx: input)]
+
+
+def play(row, ctx):
+    return ctx.tool("no_such_tool", {"row": row})
+"""
+
+
+@pytest.fixture
+def local_play(tmp_path):
+    path = tmp_path / "local_play.py"
+    path.write_text(LOCAL_PLAY, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def good_csv(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text("n,boom\n1,\n2,\n3,\n", encoding="utf-8")
+    return path
+
+
+def _assert_one_line_error(done, *fragments):
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("tooldispatch: error:"), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_cli_errors_missing_input_file(cli, local_play, tmp_path):
+    done = cli.run("run", local_play, "--input", tmp_path / "missing.csv", "--db", tmp_path / "r.db")
+
+    _assert_one_line_error(done, "missing.csv")
+
+
+def test_cli_errors_play_that_does_not_import(cli, good_csv, tmp_path):
+    play = tmp_path / "broken_play.py"
+    play.write_text("def play(row, ctx:\n    return row\n", encoding="utf-8")
+
+    done = cli.run("run", play, "--input", good_csv, "--db", tmp_path / "r.db")
+
+    _assert_one_line_error(done, "SyntaxError")
+
+
+def test_cli_errors_play_without_tools_or_play(cli, good_csv, tmp_path):
+    play = tmp_path / "empty_play.py"
+    play.write_text("NOTHING = 1\n", encoding="utf-8")
+
+    done = cli.run("run", play, "--input", good_csv, "--db", tmp_path / "r.db")
+
+    _assert_one_line_error(done, "tools", "play")
+
+
+def test_cli_errors_unknown_tool(cli, good_csv, tmp_path):
+    play = tmp_path / "unknown_tool_play.py"
+    play.write_text(UNKNOWN_TOOL_PLAY, encoding="utf-8")
+
+    done = cli.run("run", play, "--input", good_csv, "--db", tmp_path / "r.db")
+
+    _assert_one_line_error(done, "no_such_tool")
+
+
+def test_cli_errors_malformed_csv_row_fails_alone(cli, local_play, tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n,boom\n1,\n2,\n3,,too,many\n4,\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", local_play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = cli.read_jsonl(out)
+    assert [line["index"] for line in lines] == [0, 1, 2, 3]
+    assert lines[2]["error"] and "RowError" in lines[2]["error"]
+    assert lines[2]["result"] is None
+    assert [line["result"] for i, line in enumerate(lines) if i != 2] == [{"n": 2}, {"n": 4}, {"n": 8}]
+    assert all(line["error"] is None for i, line in enumerate(lines) if i != 2)
+    assert cli.report(done.stderr)["rows"] == "4 (3 ok, 1 failed)"
+
+
+def test_cli_errors_play_raising_for_one_row(cli, local_play, tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n,boom\n1,\n2,yes\n3,\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", local_play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = cli.read_jsonl(out)
+    assert [line["error"] for line in lines] == [None, "ValueError: boom in row 2", None]
+    assert [line["result"] for line in lines] == [{"n": 2}, None, {"n": 6}]
+    report = cli.report(done.stderr)
+    assert report["rows"] == "3 (2 ok, 1 failed)"
+
+
+def test_cli_errors_force_refresh_with_retry_failed(cli, local_play, good_csv, tmp_path):
+    done = cli.run(
+        "run", local_play, "--input", good_csv, "--db", tmp_path / "r.db", "--force-refresh", "--retry-failed"
+    )
+
+    _assert_one_line_error(done, "--force-refresh", "--retry-failed")

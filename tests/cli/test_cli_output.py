@@ -1,0 +1,205 @@
+"""What ``tooldispatch`` shows: progress and report (on a pipe and on a pseudo-terminal),
+and the ``receipts`` and ``salvage`` commands against a store made by a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import time
+
+import pytest
+
+LOCAL_PLAY = """
+from actors import Tool
+
+
+def square(input, ctx):
+    return {"n": input["n"], "square": input["n"] ** 2}
+
+
+tools = [Tool(tool_id="square", fn=square)]
+
+
+def play(row, ctx):
+    return ctx.tool("square", {"n": int(row)})
+"""
+
+ROWS = 200
+PTY_TIMEOUT_S = 120.0
+REPORT_LABELS = (
+    "rows", "calls", "live", "cached", "in-flight", "deduped", "provider calls", "batches", "retries",
+    "429s", "failures", "salvaged", "wall time", "rows/s",
+)  # fmt: skip
+
+
+@pytest.fixture
+def local_run(tmp_path):
+    """A tiny local play and its rows (the numbers 0..ROWS-1, one per line)."""
+    play = tmp_path / "square_play.py"
+    play.write_text(LOCAL_PLAY, encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("".join(f"{n}\n" for n in range(ROWS)), encoding="utf-8")
+    return play, rows
+
+
+def _run_on_pty(command, *, cwd, env):
+    """Run ``command`` with stdout and stderr on a new pseudo-terminal; return (exit
+    code, everything it wrote)."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
+        )
+    finally:
+        os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + PTY_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the slave side
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return code, b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
+    play, rows = local_run
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db")
+
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("progress: rows")]
+    assert progress, done.stderr
+    assert progress[-1].startswith(f"progress: rows {ROWS}/{ROWS} (100.0%)")
+    assert all("ETA" in line and "rows/s" in line for line in progress)
+    assert "\x1b[" not in done.stderr  # not a terminal: no escape sequences, no redraws
+    assert "tooldispatch run report" in done.stderr
+    report = cli.report(done.stderr)
+    assert set(REPORT_LABELS) <= set(report), report
+    assert report["rows"] == f"{ROWS} ({ROWS} ok, 0 failed)"
+    assert float(report["rows/s"]) > 0
+    assert re.fullmatch(r"\d+\.\d\d s", report["wall time"])
+
+
+def test_cli_output_terminal_live_line_and_report(cli, local_run, tmp_path):
+    play, rows = local_run
+    env = cli.env(TERM="xterm-256color")
+
+    code, screen = _run_on_pty(
+        cli.command("run", play, "--input", rows, "--db", tmp_path / "r.db"), cwd=tmp_path, env=env
+    )
+
+    assert code == 0, screen
+    assert "progress:" not in screen  # the live line, not plain lines
+    assert "\r\x1b[2K" in screen  # redrawn in place
+    live = [part for part in re.split(r"[\r\n]", screen) if "rows" in part and "ETA" in part]
+    assert live, screen
+    assert any(f"rows {ROWS}/{ROWS} (100.0%)" in part for part in live), live
+    assert "tooldispatch run report" in screen
+    assert "┏" in screen and "└" in screen  # the table is drawn with box characters
+    report = cli.report(screen.replace("\r", ""))
+    assert report["rows"] == f"{ROWS} ({ROWS} ok, 0 failed)"
+    assert "rows/s" in report
+
+
+def test_cli_output_dumb_terminal_gets_plain_lines(cli, local_run, tmp_path):
+    play, rows = local_run
+    env = cli.env(TERM="dumb")
+
+    code, screen = _run_on_pty(
+        cli.command("run", play, "--input", rows, "--db", tmp_path / "r.db"), cwd=tmp_path, env=env
+    )
+
+    assert code == 0, screen
+    # a terminal that cannot redraw gets the plain periodic lines, not a silent live display
+    assert "\x1b[2K" not in screen
+    assert f"progress: rows {ROWS}/{ROWS} (100.0%)" in screen
+    assert "tooldispatch run report" in screen
+
+
+@pytest.fixture(scope="module")
+def _store_made_once(cli_at, tmp_path_factory):
+    """A receipt store made by one real run of the local play (ROWS completed receipts)."""
+    where = tmp_path_factory.mktemp("store")
+    play = where / "square_play.py"
+    play.write_text(LOCAL_PLAY, encoding="utf-8")
+    rows = where / "numbers.txt"
+    rows.write_text("".join(f"{n}\n" for n in range(ROWS)), encoding="utf-8")
+    db = where / "receipts.db"
+    done = cli_at(where).run("run", play, "--input", rows, "--db", db)
+    assert done.returncode == 0, done.stderr
+    return db
+
+
+@pytest.fixture
+def store_from_a_run(_store_made_once, tmp_path):
+    """This test's copy of the store (the run closed it, so the database file is whole)."""
+    db = tmp_path / "store" / "receipts.db"
+    db.parent.mkdir()
+    for made in _store_made_once.parent.glob("receipts.db*"):
+        shutil.copyfile(made, db.parent / made.name)
+    return db
+
+
+def test_cli_output_receipts_stats(cli, store_from_a_run):
+    done = cli.run("receipts", "stats", "--db", store_from_a_run)
+
+    assert done.returncode == 0, done.stderr
+    assert re.search(rf"│ square\s+│ completed\s+│ {ROWS}\s+│", done.stdout), done.stdout
+
+
+def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
+    listed = cli.run("receipts", "ls", "--db", store_from_a_run, "--limit", "5")
+
+    assert listed.returncode == 0, listed.stderr
+    keys = re.findall(r"│ ([0-9a-f]{16}) │ default\s+│ square\s+│ completed\s+│ 1\s+│", listed.stdout)
+    assert len(keys) == 5, listed.stdout
+
+    shown = cli.run("receipts", "show", keys[0][:12], "--db", store_from_a_run)
+
+    assert shown.returncode == 0, shown.stderr
+    receipt = json.loads(shown.stdout)
+    assert receipt["key"].startswith(keys[0])
+    assert receipt["tool_id"] == "square"
+    assert receipt["status"] == "completed"
+    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
+
+
+def test_cli_output_receipts_purge_completed(cli, store_from_a_run):
+    done = cli.run("receipts", "purge", "--db", store_from_a_run, "--status", "completed")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"purged {ROWS} receipts"
+    after = cli.run("receipts", "stats", "--db", store_from_a_run)
+    assert after.returncode == 0
+    assert "completed" not in after.stdout
+
+
+def test_cli_output_salvage_ls_empty(cli, store_from_a_run):
+    salvage = store_from_a_run.parent / "receipts.db.salvage.jsonl"
+    salvage.write_text("", encoding="utf-8")
+
+    done = cli.run("salvage", "ls", "--db", store_from_a_run)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 salvaged"

@@ -1,0 +1,178 @@
+"""``tooldispatch run`` end to end: the real domain list, a real provider process, real
+SQLite receipts; a live run, a free rerun, and an interrupted run that resumes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+HALF_RUN_TIMEOUT_S = 120.0
+
+
+def _receipt_counts(db: Path) -> dict[tuple[str, str], int]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "select tool_id, status, count(*) from receipts group by tool_id, status"
+        ).fetchall()
+    return {(tool, status): n for tool, status, n in rows}
+
+
+def _check_output(lines: list[dict[str, Any]], domains: list[str]) -> int:
+    """Assert one line per domain, in input order, each with its result; return the
+    number of distinct countries looked up (the ``country`` tool's unique calls)."""
+    assert len(lines) == len(domains)
+    countries = set()
+    for i, (line, domain) in enumerate(zip(lines, domains, strict=True)):
+        assert line["index"] == i
+        assert line["row"] == domain
+        assert line["error"] is None, line
+        assert line["result"]["domain"] == domain.lower()
+        assert line["result"]["tld"] == domain.lower().rsplit(".", 1)[-1]
+        if line["result"]["country"] is not None:
+            countries.add(line["result"]["country"])
+    return len(countries)
+
+
+def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains, tmp_path):
+    db, out = tmp_path / "receipts.db", tmp_path / "domains.out.jsonl"
+    args = ("run", cli.examples / "domains_play.py", "--input", cli.domains_file, "--db", db, "--output", out)
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=provider.url)
+    assert len(domains) == 10_000
+
+    first = cli.run(*args, env=env)
+
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "Traceback" not in first.stderr
+    assert "tooldispatch run report" in first.stderr
+    countries = _check_output(cli.read_jsonl(out), domains)
+    assert countries > 0
+    unique_calls = len(set(domains)) + countries
+    assert _receipt_counts(db) == {
+        ("inspect_domain", "completed"): len(set(domains)),
+        ("country", "completed"): countries,
+    }
+    served = provider.stats()
+    assert served["requests"] > 0
+    assert served["items"] == unique_calls  # every unique call paid exactly once
+    assert served["requests"] * 20 <= len(domains), served  # batched: far fewer requests than rows
+    assert served.get("rate_limited", 0) == 0
+    report = cli.report(first.stderr)
+    assert report["rows"] == "10000 (10000 ok, 0 failed)"
+    assert int(report["provider calls"]) == served["requests"]
+    assert int(report["live"]) >= unique_calls
+    assert int(report["failures"]) == 0
+
+    provider.reset()
+    second = cli.run(*args, env=env)
+
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert provider.stats().get("requests", 0) == 0
+    report = cli.report(second.stderr)
+    assert report["rows"] == "10000 (10000 ok, 0 failed)"
+    assert int(report["calls"]) >= len(domains)
+    assert report["cached"] == report["calls"]  # 100% cached
+    assert report["live"] == report["provider calls"] == report["batches"] == "0"
+    assert _check_output(cli.read_jsonl(out), domains) == countries
+
+
+def test_cli_run_interrupted_resumes_paying_only_for_the_rest(cli, provider_factory, domains, tmp_path):
+    # A subset and some provider latency, so that half way is a moment one can hit.
+    subset = domains[:3000]
+    rows = tmp_path / "domains-3000.txt"
+    rows.write_text("".join(f"{d}\n" for d in subset), encoding="utf-8")
+    server = provider_factory("--latency", "0.1")
+    db, out, err = tmp_path / "receipts.db", tmp_path / "out.jsonl", tmp_path / "first.stderr"
+    args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", out)
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url)
+
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            cli.command(*args),
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            cli.poll_until(
+                lambda: proc.poll() is not None or server.stats().get("items", 0) >= len(subset) // 2,
+                timeout_s=HALF_RUN_TIMEOUT_S,
+                what="the provider to serve half the lookups",
+            )
+            assert proc.poll() is None, f"the run ended before it could be interrupted:\n{err.read_text()}"
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=HALF_RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    first_err = err.read_text()
+    assert code == 130, first_err[-4000:]
+    assert any(line.startswith("interrupted") for line in first_err.splitlines()), first_err[-4000:]
+    assert "Traceback" not in first_err
+    report = cli.report(first_err)
+    assert report["status"].startswith("interrupted")
+    done_first = len(cli.read_jsonl(out))
+    assert 0 < done_first < len(subset)
+    paid_first = server.stats()["items"]
+
+    second = cli.run(*args, env=env)
+
+    assert second.returncode == 0, second.stderr[-4000:]
+    countries = _check_output(cli.read_jsonl(out), subset)
+    unique_calls = len(set(subset)) + countries
+    assert _receipt_counts(db) == {
+        ("inspect_domain", "completed"): len(set(subset)),
+        ("country", "completed"): countries,
+    }
+    assert paid_first < unique_calls
+    # In-flight calls finished and were stored at the interrupt: over both runs the
+    # provider served each unique lookup exactly once.
+    assert server.stats()["items"] == unique_calls
+    report = cli.report(second.stderr)
+    assert int(report["cached"]) > 0
+    assert report["rows"] == f"{len(subset)} ({len(subset)} ok, 0 failed)"
+
+
+GEVENT_PLAY = """
+import os
+import sys
+
+from actors.http import http_tool
+
+BASE = os.environ["TOOLDISPATCH_PROVIDER_URL"]
+tools = [http_tool("inspect_domain", f"{BASE}/v1/domain", batch_url=f"{BASE}/v1/domain/batch",
+                   max_batch_size=100, provider="local-provider")]
+
+
+def play(row, ctx):
+    monkey = sys.modules.get("gevent.monkey")
+    info = ctx.tool("inspect_domain", {"domain": row})
+    return {"tld": info["tld"], "gevent": bool(monkey and monkey.is_module_patched("threading"))}
+"""
+
+
+def test_cli_run_gevent_runtime(cli, provider, domains, tmp_path):
+    play = tmp_path / "gevent_play.py"
+    play.write_text(GEVENT_PLAY, encoding="utf-8")
+    subset = domains[:300]
+    rows = tmp_path / "domains-300.txt"
+    rows.write_text("".join(f"{d}\n" for d in subset), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run(
+        "run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out, "--runtime", "gevent",
+        env=cli.env(TOOLDISPATCH_PROVIDER_URL=provider.url),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = cli.read_jsonl(out)
+    assert [line["row"] for line in lines] == subset
+    assert all(line["error"] is None and line["result"]["gevent"] is True for line in lines)
+    report = cli.report(done.stderr)
+    assert report["rows"] == "300 (300 ok, 0 failed)"
+    assert provider.stats()["items"] == len(set(subset))
