@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -15,7 +16,7 @@ __all__ = ["Call", "Group", "Unit", "strongest_mode"]
 _MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_REFRESH: 2}
 
 
-def strongest_mode(modes: Any) -> ClaimMode:
+def strongest_mode(modes: Iterable[ClaimMode]) -> ClaimMode:
     """force_refresh beats retry_failed beats normal."""
     return max(modes, key=_MODE_RANK.__getitem__)
 

@@ -29,10 +29,7 @@ def reused_result(tool: Tool, group: Group, receipt: Receipt, execution: Any) ->
             f"receipt {group.key} holds input hash {receipt.input_hash}, not {group.owner.input_hash}: "
             "a receipt key collision or a corrupted receipt"
         )
-    status = "no_result" if receipt.output is None else "ok"
-    return ToolResult(
-        value=receipt.output, execution=execution, receipt_key=group.key, tool_id=tool.tool_id, status=status
-    )
+    return ToolResult.of(receipt.output, execution, group.key, tool.tool_id)
 
 
 class Drain:
@@ -63,7 +60,10 @@ class Drain:
                 raise
         finally:
             self.ctx.stats.record(
-                "drain", (time.perf_counter() - start) * 1000.0, tool_id=self.tool.tool_id, groups=len(self.groups)
+                "drain",
+                (time.perf_counter() - start) * 1000.0,
+                tool_id=self.tool.tool_id,
+                groups=len(self.groups),
             )
 
     # -- claims -----------------------------------------------------------------------
@@ -87,7 +87,8 @@ class Drain:
         start = time.perf_counter()
         for (mode, stale), members in by_mode.items():
             requests = [
-                ClaimRequest(g.key, self.ctx.run.scope, self.tool.tool_id, g.owner.input_hash) for g in members
+                ClaimRequest(g.key, self.ctx.run.scope, self.tool.tool_id, g.owner.input_hash)
+                for g in members
             ]
             claims = self.ctx.store.claim_many(
                 self.ctx.run.org_id, requests, self.ctx.owner, lease_ttl_s=self.lease_ttl_s, mode=mode,

@@ -60,8 +60,7 @@ def split_members(unit: Unit, raw: Any, tool: Any) -> list[Any]:
 
 
 def _live(tool: Any, group: Group, value: Any) -> ToolResult:
-    status = "no_result" if value is None else "ok"
-    return ToolResult(value=value, execution="live", receipt_key=group.key, tool_id=tool.tool_id, status=status)
+    return ToolResult.of(value, "live", group.key, tool.tool_id)
 
 
 def finish(waves: Waves, outcomes: list[tuple[Unit, Any, BaseException | None]]) -> list[Unit]:
@@ -106,7 +105,9 @@ def _complete(waves: Waves, values: list[tuple[Group, Any]]) -> list[tuple[str, 
     if not tool.durable:
         return [(g.key, _live(tool, g, v)) for g, v in values]
     reply = new_future()
-    entries = tuple(Completion(g.key, g.receipt.lease_id, v) for g, v in values if g.receipt is not None)
+    entries = tuple(
+        Completion(g.key, g.receipt.lease_id or "", v) for g, v in values if g.receipt is not None
+    )
     start = time.perf_counter()
     ctx.flusher.tell(
         FlushCompletions(
@@ -125,11 +126,7 @@ def _complete(waves: Waves, values: list[tuple[Group, Any]]) -> list[tuple[str, 
             if outcome.kind == "salvaged":
                 ctx.stats.add("salvaged")
         elif outcome.kind == "completed_by_other":
-            status = "no_result" if outcome.output is None else "ok"
-            result = ToolResult(
-                value=outcome.output, execution="cached", receipt_key=group.key, tool_id=tool.tool_id, status=status
-            )
-            out.append((group.key, result))
+            out.append((group.key, ToolResult.of(outcome.output, "cached", group.key, tool.tool_id)))
         elif outcome.kind == "lease_lost":
             ctx.stats.add("lease_lost")
             ctx.stats.add("salvaged")
@@ -163,12 +160,7 @@ def _record_errors(waves: Waves, errors: list[tuple[Group, BaseException]]) -> l
     ctx.stats.add("failures", len(failures))
     if not tool.durable:
         return out + [(g.key, e) for g, e in failures]
-    leases = [g.lease for g in released if g.lease is not None]
-    if leases:
-        try:
-            ctx.store.release(ctx.run.org_id, leases, ctx.owner).get()
-        except Exception:
-            pass  # the leases expire on their own
+    waves.release(released)
     records = [
         Failure(g.key, g.receipt.lease_id or "", str(e) or type(e).__name__, failure_kind_for(e))
         for g, e in failures

@@ -73,10 +73,10 @@ def parse_retry_after(
         try:
             seconds = float(text)
         except ValueError:
-            seconds = _http_date_delta(text, now)
-            if seconds is None:
+            delta = _http_date_delta(text, now)
+            if delta is None:
                 return min(default_s, max_s)
-            return min(max(seconds, min_s), max_s)
+            return min(max(delta, min_s), max_s)
     if not math.isfinite(seconds) or seconds < 0:
         return min(default_s, max_s)
     return min(max(seconds, min_s), max_s)
@@ -85,9 +85,7 @@ def parse_retry_after(
 def _http_date_delta(text: str, now: float) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
+    except (TypeError, ValueError, IndexError):  # garbage; Python 3.10 raises TypeError here
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)

@@ -6,6 +6,7 @@ monkey-patching (where ``threading`` objects are greenlet-based).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import itertools
@@ -52,7 +53,9 @@ class LightFuture(pykka.Future[Any]):
         if self._get_hook is not None:
             return super().get(timeout=timeout)
         if not self.done:
-            acquired = self._lock.acquire() if timeout is None else self._lock.acquire(timeout=max(0.0, timeout))
+            acquired = (
+                self._lock.acquire() if timeout is None else self._lock.acquire(timeout=max(0.0, timeout))
+            )
             if not acquired:
                 raise pykka.Timeout(f"{timeout} seconds")
             self._lock.release()
@@ -151,7 +154,5 @@ class Timers:
                 if self._stopped:
                     return
                 _, _, fn = heapq.heappop(self._heap)
-            try:
+            with contextlib.suppress(pykka.ActorDeadError):  # the actor stopped meanwhile
                 fn()
-            except pykka.ActorDeadError:
-                pass

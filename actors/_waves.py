@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import itertools
+import contextlib
 import threading
 import time
 from typing import Any
@@ -21,29 +21,33 @@ import attrs
 import tenacity
 
 from stores.errors import InvalidInputError
-from stores.types import Completion, Failure, FailureKind, LeaseRef
+from stores.types import FailureKind
 
 from ._calls import Group, Unit
 from ._context import Context
+from ._finish import finish
 from ._runtime import new_future
 from .errors import (
-    AuthScopeChangedError,
     BudgetExceededError,
     CallCancelledError,
     LeaseLostError,
     PersistenceCircuitOpenError,
     ProviderError,
     RateLimitedError,
-    ReceiptPersistenceError,
-    SuspendedError,
     ToolTimeoutError,
 )
 from .governor import suggested_parallelism
-from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GroupsSettled, ReleaseSlots
-from .messages import FlushCompletions, RegisterLeases, UnregisterLeases
-from .results import ToolContext, ToolResult, batch_idempotency_key, provider_idempotency_key
+from .messages import (
+    AcquireSlots,
+    BackpressureReported,
+    ChargeBudget,
+    GroupsSettled,
+    RegisterLeases,
+    ReleaseSlots,
+    UnregisterLeases,
+)
+from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
 from .tool import Tool
-from ._finish import finish
 
 __all__ = ["Waves", "failure_kind_for", "settle"]
 
@@ -85,14 +89,17 @@ class Waves:
         self.settled.update(key for key, _ in outcomes)
         settle(self.queue, outcomes)
 
-    def _give_back(self, groups: list[Group], error: BaseException) -> None:
-        """Release the groups' receipts (best effort) and settle them with ``error``."""
+    def release(self, groups: list[Group]) -> None:
+        """Give the groups' receipts back to ``pending`` (best effort: a lease the store
+        cannot release now simply expires)."""
         leases = [g.lease for g in groups if g.lease is not None]
         if leases and self.tool.durable:
-            try:
+            with contextlib.suppress(Exception):
                 self.ctx.store.release(self.ctx.run.org_id, leases, self.ctx.owner).get()
-            except Exception:
-                pass  # the leases expire on their own
+
+    def _give_back(self, groups: list[Group], error: BaseException) -> None:
+        """Release the groups' receipts and settle them with ``error``."""
+        self.release(groups)
         self.settle([(g.key, error) for g in groups])
 
     def abandon(self, groups: list[Group], error: BaseException) -> None:
@@ -177,10 +184,12 @@ class Waves:
         outcomes: list[tuple[Unit, Any, BaseException | None]] = []
         for unit, future in futures:
             try:
-                outcomes.append((unit, future.result(timeout=max(0.0, started + unit.timeout_s - time.monotonic())), None))
+                outcomes.append(
+                    (unit, future.result(timeout=max(0.0, started + unit.timeout_s - time.monotonic())), None)
+                )
             except concurrent.futures.TimeoutError:
-                error = ToolTimeoutError(f"{tool.tool_id} did not return within {unit.timeout_s} s")
-                outcomes.append((unit, None, error))
+                timed_out = ToolTimeoutError(f"{tool.tool_id} did not return within {unit.timeout_s} s")
+                outcomes.append((unit, None, timed_out))
             except BaseException as exc:
                 outcomes.append((unit, None, exc))
         ctx.stats.record("provider", (time.perf_counter() - start) * 1000.0, units=len(runnable))
@@ -228,7 +237,9 @@ class Waves:
                     return (batch.batch_fn if batch else tool.fn)(payload, context)
         except RateLimitedError as exc:
             ctx.governor.tell(
-                BackpressureReported(org_id=ctx.run.org_id, provider=tool.provider_name, retry_after=exc.retry_after)
+                BackpressureReported(
+                    org_id=ctx.run.org_id, provider=tool.provider_name, retry_after=exc.retry_after
+                )
             )
             ctx.stats.add("backpressure")
             raise

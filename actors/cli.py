@@ -63,7 +63,12 @@ def _count_rows(path: str) -> int | None:
 @click.option("--force-refresh", is_flag=True, help="Re-run calls even when a receipt is completed.")
 @click.option("--retry-failed", is_flag=True, help="Re-run calls whose receipt failed.")
 @click.option("--runtime", type=click.Choice(["threads", "gevent"]), default="threads", show_default=True)
-@click.option("--concurrency", type=click.IntRange(1, 100_000), default=None, help="Rows at once (default 256; 1000 under gevent).")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Rows at once (default 256; 1000 under gevent).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
@@ -79,7 +84,9 @@ def run(
         raise ConfigError("--force-refresh and --retry-failed exclude each other")
     if not os.path.isfile(input_path):
         raise ConfigError(f"input file not found: {input_path}")
-    sys.exit(_run(play_spec, input_path, output_path, db, run_id, org, force_refresh, retry_failed, concurrency))
+    sys.exit(
+        _run(play_spec, input_path, output_path, db, run_id, org, force_refresh, retry_failed, concurrency)
+    )
 
 
 def _run(
@@ -175,7 +182,7 @@ def receipts_stats(db: str) -> None:
 
     _open(db).close()
     rows = sqlite_utils.Database(db).query(
-        "select tool_id, status, count(*) as n from receipts group by tool_id, status order by tool_id, status"
+        "select tool_id, status, count(*) as n from receipts group by tool_id, status order by 1, 2"
     )
     table = Table("tool", "status", "receipts")
     for row in rows:
@@ -212,7 +219,9 @@ def receipts_show(key: str, db: str) -> None:
     import sqlite_utils
 
     _open(db).close()
-    rows = list(sqlite_utils.Database(db).query("select * from receipts where key like ? limit 2", [f"{key}%"]))
+    rows = list(
+        sqlite_utils.Database(db).query("select * from receipts where key like ? limit 2", [f"{key}%"])
+    )
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     row = dict(rows[0])
@@ -223,7 +232,12 @@ def receipts_show(key: str, db: str) -> None:
 @receipts.command("purge")
 @_db_option
 @click.option("--older-than-days", type=float, default=0.0, show_default=True)
-@click.option("--status", "statuses", multiple=True, help="Statuses to purge (default completed, failed, pending, skipped).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Statuses to purge (default completed, failed, pending, skipped).",
+)
 def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...]) -> None:
     """Delete receipts (and their outputs); never those under a live lease."""
     from stores import ReceiptStatus
@@ -247,7 +261,9 @@ def salvage() -> None:
 
 
 def _salvage_option(fn: Any) -> Any:
-    return click.option("--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl).")(fn)
+    return click.option(
+        "--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl)."
+    )(fn)
 
 
 @salvage.command("ls")
@@ -275,7 +291,9 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
     store = _open(db)
     report = SalvageLog(salvage_path or f"{db}.salvage.jsonl").replay(store)
     store.close()
-    click.echo(f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}")
+    click.echo(
+        f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}"
+    )
 
 
 if __name__ == "__main__":

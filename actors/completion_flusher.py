@@ -76,7 +76,12 @@ class Latch:
 
 
 def ladder_backoff(
-    failures: int, ladder: Sequence[float], now: float, deadline: float | None, headroom_s: float, tripped: bool
+    failures: int,
+    ladder: Sequence[float],
+    now: float,
+    deadline: float | None,
+    headroom_s: float,
+    tripped: bool,
 ) -> float | None:
     """Seconds to wait before the next write attempt, or None to give up.
 
@@ -166,14 +171,16 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             for chunk in self._chunks(buffered):
                 self._write(chunk)
         elif isinstance(message, RetryWrite):
-            chunk = self._retrying.pop(message.chunk_id, None)
-            if chunk is not None:
-                self._write(chunk)
+            retry = self._retrying.pop(message.chunk_id, None)
+            if retry is not None:
+                self._write(retry)
         return None
 
     def pending(self) -> int:
         """Members buffered or waiting for a retry (0 once everything is settled)."""
-        return sum(len(m.entries) for m in self._buffer) + sum(len(c.members) for c in self._retrying.values())
+        return sum(len(m.entries) for m in self._buffer) + sum(
+            len(c.members) for c in self._retrying.values()
+        )
 
     def give_up_now(self) -> None:
         """Stop retrying: give up every write waiting on the ladder (used at stop)."""
@@ -292,8 +299,14 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         for member, receipt in zip(members, stored, strict=True):
             ours = receipt is not None and receipt.lease_id == member.completion.lease_id
             if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
-                out.append(FlushOutcome("persisted") if ours else FlushOutcome("completed_by_other", receipt.output))
-            elif receipt is not None and ours and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING):
+                out.append(
+                    FlushOutcome("persisted") if ours else FlushOutcome("completed_by_other", receipt.output)
+                )
+            elif (
+                receipt is not None
+                and ours
+                and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+            ):
                 try:
                     alone = self.store.complete_many(chunk.org_id, [member.completion], chunk.owner).get()
                     out.append(FlushOutcome("persisted") if alone.ok else None)

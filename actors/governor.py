@@ -24,7 +24,7 @@ import attrs
 import pykka
 
 from ._pacing import ProviderBucket, parse_retry_after
-from ._runtime import Timers, guarded, fail
+from ._runtime import Timers, fail, guarded
 from .errors import BudgetExceededError, CallCancelledError
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy
@@ -134,7 +134,9 @@ class Governor:
             bucket.on_success(now)
         return self.wake(now)
 
-    def backpressure(self, org_id: str, provider: str, retry_after: Any, now: float, wall: float) -> Decisions:
+    def backpressure(
+        self, org_id: str, provider: str, retry_after: Any, now: float, wall: float
+    ) -> Decisions:
         """Pause (org, provider) for the parsed Retry-After and cut its rate."""
         pause = parse_retry_after(
             retry_after,
@@ -207,7 +209,11 @@ class GovernorActor(pykka.ThreadingActor):
     """Runs the :class:`Governor`; all its methods run on this actor's thread."""
 
     def __init__(
-        self, policy: Policy, pacings: dict[str, Pacing], timers: Timers, clock: Callable[[], float] = time.monotonic
+        self,
+        policy: Policy,
+        pacings: dict[str, Pacing],
+        timers: Timers,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.governor = Governor(policy, pacings)
@@ -219,13 +225,19 @@ class GovernorActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         now = self.clock()
         if isinstance(message, AcquireSlots):
-            self._perform(self.governor.acquire(message.org_id, message.provider, message.want, message.reply, now))
+            self._perform(
+                self.governor.acquire(message.org_id, message.provider, message.want, message.reply, now)
+            )
         elif isinstance(message, ReleaseSlots):
             gov = self.governor
-            self._perform(gov.release(message.org_id, message.provider, message.count, message.successes, now))
+            self._perform(
+                gov.release(message.org_id, message.provider, message.count, message.successes, now)
+            )
         elif isinstance(message, BackpressureReported):
             gov = self.governor
-            self._perform(gov.backpressure(message.org_id, message.provider, message.retry_after, now, time.time()))
+            self._perform(
+                gov.backpressure(message.org_id, message.provider, message.retry_after, now, time.time())
+            )
         elif isinstance(message, GovernorWake):
             self._armed = None
             self._perform(self.governor.wake(now))

@@ -33,7 +33,9 @@ def _items(body: Any, n: int) -> list[Any]:
         return list(body["results"])
     if isinstance(body, list):
         return body
-    raise ProviderError(f"batch response has no 'results' list: {str(body)[:200]}", failure_kind=FailureKind.TRANSIENT)
+    raise ProviderError(
+        f"batch response has no 'results' list: {str(body)[:200]}", failure_kind=FailureKind.TRANSIENT
+    )
 
 
 def _item_error(item: Any) -> str | None:
@@ -75,7 +77,9 @@ class HttpEndpoint:
         """
         headers = {**self.headers, "Idempotency-Key": ctx.idempotency_key}
         try:
-            response = self.client.request(self.method, self.url, json=body, headers=headers, timeout=ctx.timeout_s)
+            response = self.client.request(
+                self.method, self.url, json=body, headers=headers, timeout=ctx.timeout_s
+            )
         except httpx.TimeoutException as exc:
             raise ToolTimeoutError(f"{self.url} timed out after {ctx.timeout_s} s: {exc}") from exc
         except httpx.TransportError as exc:
@@ -85,13 +89,19 @@ class HttpEndpoint:
         if status == 429 or (status == 503 and retry_after is not None):
             raise RateLimitedError(f"{self.url} answered {status}", retry_after=retry_after)
         if status >= 500:
-            raise ProviderError(f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.TRANSIENT)
+            raise ProviderError(
+                f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.TRANSIENT
+            )
         if status >= 400:
-            raise ProviderError(f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.PERMANENT)
+            raise ProviderError(
+                f"{self.url} answered {status}: {response.text[:200]}", failure_kind=FailureKind.PERMANENT
+            )
         try:
             return response.json()
         except ValueError as exc:
-            raise ProviderError(f"{self.url} answered non-JSON: {exc}", failure_kind=FailureKind.TRANSIENT) from exc
+            raise ProviderError(
+                f"{self.url} answered non-JSON: {exc}", failure_kind=FailureKind.TRANSIENT
+            ) from exc
 
     def close(self) -> None:
         """Close the HTTP client."""
@@ -147,7 +157,11 @@ def http_tool(
             return out
 
         batch = BatchStrategy(
-            batch_fn=endpoint, max_batch_size=max_batch_size, build=build_batch, split=split, batch_operation=batch_url
+            batch_fn=endpoint,
+            max_batch_size=max_batch_size,
+            build=build_batch,
+            split=split,
+            batch_operation=batch_url,
         )
     return Tool(
         tool_id=tool_id,

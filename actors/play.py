@@ -78,7 +78,9 @@ def load_play(spec: str) -> Play:
     if callable(tools):
         tools = tools()
     if not isinstance(tools, (list, tuple)) or not tools or not callable(run):
-        raise PlayLoadError(f"play {spec!r} must define `tools` (a non-empty list of Tool) and `play(row, ctx)`")
+        raise PlayLoadError(
+            f"play {spec!r} must define `tools` (a non-empty list of Tool) and `play(row, ctx)`"
+        )
     return Play(name=name, tools=list(tools), run=run)
 
 
@@ -123,7 +125,14 @@ class PlayContext:
         timeout_s: how long one row waits for one call, seconds.
     """
 
-    def __init__(self, proxy: Any, *, force_refresh: bool = False, retry_failed: bool = False, timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        proxy: Any,
+        *,
+        force_refresh: bool = False,
+        retry_failed: bool = False,
+        timeout_s: float = 3600.0,
+    ) -> None:
         self.proxy = proxy
         self.force_refresh = force_refresh
         self.retry_failed = retry_failed

@@ -97,12 +97,11 @@ class ReceiptStoreActor(pykka.ThreadingActor):
 
 
 if TYPE_CHECKING:
-    from pykka.typing import ActorMemberMixin, proxy_field, proxy_method
+    from pykka.typing import ActorMemberMixin, proxy_method
 
     class ReceiptStoreProxy(ActorMemberMixin, pykka.ActorProxy[ReceiptStoreActor]):
         """Typed proxy of :class:`ReceiptStoreActor`: each method returns a future."""
 
-        ops = proxy_field(ReceiptStoreActor.ops)
         claim_many = proxy_method(ReceiptStoreActor.claim_many)
         mark_running_many = proxy_method(ReceiptStoreActor.mark_running_many)
         renew_leases = proxy_method(ReceiptStoreActor.renew_leases)

@@ -49,7 +49,11 @@ class ProgressDisplay:
     """
 
     def __init__(
-        self, console: Console, total: int | None, stats: Callable[[], dict[str, Any]], interval_s: float = 2.0
+        self,
+        console: Console,
+        total: int | None,
+        stats: Callable[[], dict[str, Any]],
+        interval_s: float = 2.0,
     ) -> None:
         self.console, self.total, self.stats, self.interval_s = console, total, stats, interval_s
         self.done = 0

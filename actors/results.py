@@ -38,6 +38,12 @@ class ToolResult:
     tool_id: str
     status: Literal["ok", "no_result"] = "ok"
 
+    @classmethod
+    def of(cls, value: Any, execution: Execution, receipt_key: str, tool_id: str) -> ToolResult:
+        """A result whose status follows its value: None is ``no_result``."""
+        status: Literal["ok", "no_result"] = "no_result" if value is None else "ok"
+        return cls(value=value, execution=execution, receipt_key=receipt_key, tool_id=tool_id, status=status)
+
 
 @attrs.frozen(kw_only=True)
 class ToolContext:

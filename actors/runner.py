@@ -71,7 +71,12 @@ class _OrderedWriter:
 
     def _write(self, outcome: RowOutcome) -> None:
         if self.out is not None:
-            line = {"index": outcome.index, "row": outcome.row, "result": outcome.result, "error": outcome.error}
+            line = {
+                "index": outcome.index,
+                "row": outcome.row,
+                "result": outcome.result,
+                "error": outcome.error,
+            }
             self.out.write(orjson.dumps(line, default=repr) + b"\n")
 
 
@@ -126,7 +131,9 @@ def run_rows(
             if on_row is not None:
                 on_row(outcome)
 
-    workers = [threading.Thread(target=work, name=f"tooldispatch-row-{i}", daemon=True) for i in range(concurrency)]
+    workers = [
+        threading.Thread(target=work, name=f"tooldispatch-row-{i}", daemon=True) for i in range(concurrency)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:

@@ -169,7 +169,11 @@ class SalvageLog:
                     lease_ttl_s=lease_ttl_s,
                     mode=ClaimMode.RETRY_FAILED,
                 )
-                held = {c.receipt.key: c.receipt.lease_id for c in claims if c.disposition is ClaimDisposition.CLAIMED}
+                held = {
+                    c.receipt.key: c.receipt.lease_id
+                    for c in claims
+                    if c.disposition is ClaimDisposition.CLAIMED
+                }
                 kept.extend(e for e in todo if e.receipt_key not in held)
                 leases = [LeaseRef(key, lease) for key, lease in held.items() if lease]
                 store.mark_running_many(org_id, leases, REPLAY_OWNER)

@@ -48,7 +48,9 @@ class Stats:
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:
         self._lock = threading.Lock()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(self.COUNTERS, 0))
-        self.timings: dict[str, collections.deque[float]] = {p: collections.deque(maxlen=_KEEP) for p in PHASES}
+        self.timings: dict[str, collections.deque[float]] = {
+            p: collections.deque(maxlen=_KEEP) for p in PHASES
+        }
         self.perf_hook = perf_hook
 
     def add(self, name: str, n: int = 1) -> None:

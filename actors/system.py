@@ -118,7 +118,14 @@ class DispatchSystem:
         self._governor = GovernorActor.start(policy, pacings, self.timers)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
-            self.store_proxy, policy, self.latch, self.salvage, self.timers, run.scope, deadline, stats=self.stats_
+            self.store_proxy,
+            policy,
+            self.latch,
+            self.salvage,
+            self.timers,
+            run.scope,
+            deadline,
+            stats=self.stats_,
         )
         self._drain_pool = new_pool(policy.drain_workers, "tooldispatch-drain")
         self._tool_pool = new_pool(policy.max_concurrency, "tooldispatch-tool")
@@ -223,12 +230,17 @@ class DispatchSystem:
             return
         self._digests.pop(call.tool.tool_id, None)
         try:
-            fresh = self._call(call.tool, call.input, call.mode, call.stale_after_s, call.timeout_s, call.future, True)
+            fresh = self._call(
+                call.tool, call.input, call.mode, call.stale_after_s, call.timeout_s, call.future, True
+            )
         except Exception as exc:
             fail(call.future, exc)
             return
         if fresh.key == call.key:
-            fail(call.future, AuthScopeChangedError(f"credentials changed but the receipt key did not: {error}"))
+            fail(
+                call.future,
+                AuthScopeChangedError(f"credentials changed but the receipt key did not: {error}"),
+            )
             return
         self.stats_.add("requeued")
         self._queues[call.tool.tool_id].tell(SubmitCall(call=fresh))

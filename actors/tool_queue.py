@@ -27,7 +27,7 @@ import pykka
 from stores.types import ClaimMode
 
 from ._calls import Call, Group
-from ._runtime import Timers, guarded, fail
+from ._runtime import Timers, fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, GroupsSettled, StopQueue, SubmitCall
 from .stats import Stats
@@ -243,7 +243,9 @@ class ToolQueueActor(pykka.ThreadingActor):
             groups = self.queue.drain(generation)
         if groups:
             calls = sum(len(g.followers) + 1 for g in groups)
-            self.stats.record("group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls)
+            self.stats.record(
+                "group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls
+            )
             self.run_drain(self.actor_ref, self.queue.tool, groups)
 
     def _resolve(self, group: Group, outcome: Any) -> None:
@@ -261,7 +263,9 @@ class ToolQueueActor(pykka.ThreadingActor):
             call.future.set(outcome)
         self.stats.add(outcome.execution, len(group.calls))
         if group.attached:
-            attached = outcome if outcome.execution != "live" else attrs.evolve(outcome, execution="in_flight")
+            attached = (
+                outcome if outcome.execution != "live" else attrs.evolve(outcome, execution="in_flight")
+            )
             for call in group.attached:
                 call.future.set(attached)
             self.stats.add(attached.execution, len(group.attached))
@@ -277,5 +281,3 @@ class _Requeue:
 def requeue_outcome(error: BaseException) -> Any:
     """The outcome a drain reports for a group whose credentials changed."""
     return _Requeue(error)
-
-

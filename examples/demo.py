@@ -46,7 +46,8 @@ def main() -> int:
         print(f"provider listening on {base}", flush=True)
         env = {**os.environ, "TOOLDISPATCH_PROVIDER_URL": base}
         code = subprocess.call(
-            [sys.executable, "-m", "actors.cli", "run", os.path.join(HERE, "cities_play.py"), "--input", cities,
+            [sys.executable, "-m", "actors.cli", "run", os.path.join(HERE, "cities_play.py"),
+             "--input", cities,
              "--db", os.path.join(WORK, "receipts.db"), "--output", os.path.join(WORK, "cities.out.jsonl")],
             env=env,
         )  # fmt: skip

@@ -138,7 +138,9 @@ def make_app(p: Provider) -> Any:
         if wait > 0:
             with p.lock:
                 p.counts["rate_limited"] += 1
-            return reply("429 Too Many Requests", {"error": "rate limited"}, [("Retry-After", _retry_after(wait))])
+            return reply(
+                "429 Too Many Requests", {"error": "rate limited"}, [("Retry-After", _retry_after(wait))]
+            )
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = json.loads(environ["wsgi.input"].read(length) or b"null")

@@ -89,7 +89,7 @@ def _create_v1(db: sqlite_utils.Database) -> None:
         defaults={"attempts": 0},
         column_order=list(COLUMNS),
     )
-    db["receipts"].create_index(["status", "updated_at"], index_name="receipts_status_updated")
+    db.table("receipts").create_index(["status", "updated_at"], index_name="receipts_status_updated")
 
 
 _MIGRATIONS = {1: _create_v1}

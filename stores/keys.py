@@ -34,7 +34,14 @@ import rfc8785
 
 from .errors import InvalidInputError
 
-__all__ = ["KEY_FORMAT", "KeyExplanation", "canonical_json", "explain_key", "key_and_input_hash", "receipt_key"]
+__all__ = [
+    "KEY_FORMAT",
+    "KeyExplanation",
+    "canonical_json",
+    "explain_key",
+    "key_and_input_hash",
+    "receipt_key",
+]
 
 KEY_FORMAT = "tooldispatch.receipt.v1"
 """Envelope tag hashed into every key; bump it to invalidate every key at once."""

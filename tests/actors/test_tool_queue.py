@@ -214,7 +214,9 @@ def test_tool_queue_memo_of_a_reused_receipt_never_answers_a_staleness_bound() -
 
 
 def test_tool_queue_drain_whole_batches_leaves_the_rest_in_the_window() -> None:
-    tool = Tool(tool_id="b", fn=lambda i, c: i, batch=BatchStrategy(batch_fn=lambda p, c: p, max_batch_size=3))
+    tool = Tool(
+        tool_id="b", fn=lambda i, c: i, batch=BatchStrategy(batch_fn=lambda p, c: p, max_batch_size=3)
+    )
     queue = ToolQueue(tool, batch_grace_s=0.25)
     for i in range(5):
         queue.submit(_call(tool, f"k{i}", at=float(i) / 100))

@@ -14,8 +14,12 @@ _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=1
 _fast_leaves = st.none() | st.booleans() | st.integers(-_SAFE, _SAFE) | _text
 _fast_trees = st.recursive(
     _fast_leaves,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=127), max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.text(alphabet=st.characters(max_codepoint=127), max_size=6), children, max_size=4
+        )
+    ),
     max_leaves=20,
 )
 _any_leaves = _fast_leaves | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-_SAFE, _SAFE)

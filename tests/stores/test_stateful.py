@@ -197,7 +197,9 @@ json_values = st.recursive(
     max_leaves=6,
 )
 outputs = st.integers(0, 15).flatmap(lambda i: st.just(NotJson()) if i == 15 else json_values)
-error_texts = st.text(st.one_of(st.characters(), st.sampled_from("\x00\ud800\udcff")), max_size=20)  # NUL, surrogates
+error_texts = st.text(
+    st.one_of(st.characters(), st.sampled_from("\x00\ud800\udcff")), max_size=20
+)  # NUL, surrogates
 clock_steps = st.one_of(st.integers(0, 20).map(float), st.sampled_from([0.25, 0.5, 2.5]))
 orgs = st.sampled_from((ORGS[0], ORGS[0], ORGS[1]))  # one busy org, one to check isolation
 CLAIM_ARGS: dict[str, st.SearchStrategy[Any]] = {
