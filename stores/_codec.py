@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from cattrs.preconf.orjson import make_converter
 
-__all__ = ["converter", "decode_json", "encode_json"]
+__all__ = ["converter", "decode_json", "encode_json", "encode_output"]
 
 converter = make_converter()
 
@@ -49,3 +49,27 @@ def decode_json(text: str | bytes | None) -> Any:
     if text is None:
         return None
     return orjson.loads(text)
+
+
+# orjson refuses (TypeError) dataclasses, dates and times, and subclasses of str, int,
+# dict and list under these options, so the fast path below only succeeds for trees of
+# exact JSON types (plus enums and UUIDs), which the converter leaves as they are.
+_PLAIN_JSON = (
+    orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def encode_output(output: Any) -> str:
+    """``encode_json(output)``, byte for byte, without the converter's walk for plain JSON.
+
+    Anything orjson refuses here, and any text holding ``null`` (orjson writes NaN and
+    Infinity as null, which ``encode_json`` refuses), takes the converter's path.
+
+    Raises:
+        TypeError: the output has no JSON form (from ``encode_json``).
+    """
+    try:
+        text = orjson.dumps(output, option=_PLAIN_JSON).decode("utf-8")
+    except TypeError:
+        return encode_json(output)
+    return encode_json(output) if "null" in text else text

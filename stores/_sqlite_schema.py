@@ -32,12 +32,14 @@ first creates the schema, the second finds it made.
 from __future__ import annotations
 
 import sqlite3
+import sys
+import time
 
 import sqlite_utils
 
 from .errors import SchemaVersionError
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "migrate"]
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "enable_wal", "migrate"]
 
 SCHEMA_VERSION = 1
 
@@ -118,3 +120,23 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Switch to WAL, retrying while another process opens the same new file.
+
+    SQLite does not call the busy handler for this switch, so two processes opening a
+    new file at once could see "database is locked". This runs on a real OS thread
+    (see BlockingRunner), so the unpatched sleep never blocks a gevent hub.
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    pause = monkey.get_original("time", "sleep") if monkey else time.sleep
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        pause(0.005)

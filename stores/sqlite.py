@@ -13,16 +13,29 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
 
-from ._codec import decode_json, encode_json
+from ._codec import encode_output
 from ._offload import BlockingRunner
-from ._sqlite_schema import COLUMNS, migrate
+from ._sqlite_schema import enable_wal, migrate
+from ._sqlite_sql import (
+    _BY_KEYS,
+    _DEFAULT_PURGE,
+    _FENCE,
+    _SET_COMPLETE,
+    _SET_FAIL,
+    _SET_RELEASE,
+    _SET_RENEW,
+    _SET_RUNNING,
+    _SET_RUNNING_RENEW,
+    _UPSERT_CLAIMS,
+    error_text,
+    receipt_from_row,
+)
 from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
 from .errors import StoreCorruptError, StoreError, StoreUnavailableError
 from .types import (
@@ -43,114 +56,6 @@ from .types import (
 )
 
 __all__ = ["SqliteReceiptStore"]
-
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
-_BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
-_UPSERT_CLAIMS = f"""
-INSERT INTO receipts ({", ".join(COLUMNS)})
-SELECT value->>0, ?, value->>1, value->>2, 'queued', value->>3, NULL, NULL, NULL,
-       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL
-FROM json_each(?) WHERE true
-ON CONFLICT (org_id, key) DO UPDATE SET
-  status = 'queued', output = NULL, error = NULL, failure_kind = NULL,
-  scope = excluded.scope, tool_id = excluded.tool_id, input_hash = excluded.input_hash,
-  lease_id = excluded.lease_id, lease_owner_run_id = excluded.lease_owner_run_id,
-  lease_owner_attempt = excluded.lease_owner_attempt,
-  lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
-  updated_at = excluded.updated_at, completed_at = NULL
-"""
-# The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
-# up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
-_FENCE = """
-WITH j(k, l, a, b) AS MATERIALIZED (
-  SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each(?)
-)
-UPDATE receipts SET {set} FROM j
-WHERE receipts.org_id = ? AND receipts.key = j.k AND receipts.lease_id = j.l
-  AND receipts.lease_owner_run_id = ? AND receipts.lease_owner_attempt = ?
-  AND receipts.status IN ('queued', 'running')
-RETURNING receipts.key
-"""
-_SET_RUNNING = "status = 'running', updated_at = ?"
-_SET_RUNNING_RENEW = "status = 'running', lease_expires_at = ? + ?, updated_at = ?"
-_SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
-_SET_COMPLETE = (
-    "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
-)
-_SET_FAIL = "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = ?"
-_SET_RELEASE = (
-    "status = 'pending', lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
-    "lease_expires_at = NULL, updated_at = ?"
-)
-_DEFAULT_PURGE = (
-    ReceiptStatus.COMPLETED,
-    ReceiptStatus.FAILED,
-    ReceiptStatus.PENDING,
-    ReceiptStatus.SKIPPED,
-)
-
-
-def _error_text(error: str) -> str:
-    """Error text as stored: NUL (where SQLite's JSON functions cut a string short) and
-    lone surrogates (no UTF-8 form) are written as backslash escapes."""
-    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# orjson refuses (TypeError) dataclasses, dates and times, and subclasses of str, int,
-# dict and list under these options, so the fast path below only succeeds for trees of
-# exact JSON types (plus enums and UUIDs), which the converter leaves as they are.
-_PLAIN_JSON = (
-    orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
-)
-
-
-def _output_text(output: Any) -> str:
-    """``encode_json(output)``, byte for byte, without the converter's walk for plain JSON.
-
-    Anything orjson refuses here, and any text holding ``null`` (orjson writes NaN and
-    Infinity as null, which ``encode_json`` refuses), takes the converter's path.
-
-    Raises:
-        TypeError: the output has no JSON form (from ``encode_json``).
-    """
-    try:
-        text = orjson.dumps(output, option=_PLAIN_JSON).decode("utf-8")
-    except TypeError:
-        return encode_json(output)
-    return encode_json(output) if "null" in text else text
-
-
-def _enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
-    """Switch to WAL, retrying while another process opens the same new file.
-
-    SQLite does not call the busy handler for this switch, so two processes opening a
-    new file at once could see "database is locked". This runs on a real OS thread
-    (see BlockingRunner), so the unpatched sleep never blocks a gevent hub.
-    """
-    monkey = sys.modules.get("gevent.monkey")
-    pause = monkey.get_original("time", "sleep") if monkey else time.sleep
-    deadline = time.monotonic() + busy_timeout_s
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() >= deadline:
-                raise
-        pause(0.005)
-
-
-_STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
-
-
-def _receipt(row: Sequence[Any]) -> Receipt:
-    values = list(row)
-    status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
-    values[4] = status if status is not None else ReceiptStatus(values[4])
-    values[6] = decode_json(values[6])
-    if values[8] is not None:
-        values[8] = FailureKind(values[8])
-    return Receipt(*values)
 
 
 class SqliteReceiptStore(ReceiptStore):
@@ -192,7 +97,7 @@ class SqliteReceiptStore(ReceiptStore):
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             if not memory:
-                _enable_wal(conn, busy_timeout_s)
+                enable_wal(conn, busy_timeout_s)
             conn.execute("PRAGMA synchronous = NORMAL")
             migrate(conn, self.path)
         except sqlite3.DatabaseError as exc:
@@ -257,7 +162,7 @@ class SqliteReceiptStore(ReceiptStore):
 
     def _rows(self, conn: sqlite3.Connection, org_id: str, keys: Iterable[str]) -> dict[str, Receipt]:
         cursor = conn.execute(_BY_KEYS, (org_id, orjson.dumps(list(keys)).decode()))
-        return {row[0]: _receipt(row) for row in cursor}
+        return {row[0]: receipt_from_row(row) for row in cursor}
 
     def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
         found = self._call(lambda: self._rows(self._connection(), org_id, keys))
@@ -406,7 +311,7 @@ class SqliteReceiptStore(ReceiptStore):
         refused: dict[str, Refusal] = {}
         for completion in completions:
             try:
-                text = _output_text(completion.output)
+                text = encode_output(completion.output)
             except TypeError as exc:
                 refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
                 continue
@@ -427,7 +332,7 @@ class SqliteReceiptStore(ReceiptStore):
 
     def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
         items = [
-            (f.key, f.lease_id, _error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
+            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
         ]
         now = self.clock()
         return self._fenced(org_id, owner, _SET_FAIL, (now,), items, {}, ReceiptStatus.FAILED)
