@@ -121,6 +121,8 @@ def report_table(stats: dict[str, Any], summary: RunSummary) -> Table:
     table.add_row("rows/s", f"{summary.rows_per_s:.1f}")
     if stats.get("latch_tripped"):
         table.add_row("latch", f"TRIPPED ({stats.get('latch_refused', 0)} calls refused)")
+    for error, count in summary.errors.most_common(3):
+        table.add_row(f"error ({count} rows)", error)
     if summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
     return table

@@ -6,6 +6,7 @@ next row, run ``play(row, ctx)`` and hand the outcome to the ordered writer.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +42,8 @@ class RunSummary:
     wall_s: float = 0.0
     config_error: str | None = None
     """Set when a row hit a configuration error (unknown tool): the run stops."""
+    errors: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    """Row errors by text (first 160 characters), for the report."""
 
     @property
     def rows_per_s(self) -> float:
@@ -128,6 +131,7 @@ def run_rows(
                     summary.ok += 1
                 else:
                     summary.failed += 1
+                    summary.errors[outcome.error[:160]] += 1
             if on_row is not None:
                 on_row(outcome)
 

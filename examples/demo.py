@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -36,23 +37,31 @@ def main() -> int:
     cities = os.path.join(WORK, "cities.csv")
     if not os.path.exists(cities):
         print(f"wrote {write_cities(cities)} cities to {cities}", flush=True)
+    # The provider runs in its own session, so a Ctrl-C on the terminal reaches only the
+    # CLI, which then finishes its in-flight calls against a provider still serving.
     provider = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "provider.py"), "--port", "0", "--rate", "20", "--burst", "5"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         assert provider.stdout is not None
         base = provider.stdout.readline().strip().rsplit(" ", 1)[-1]
         print(f"provider listening on {base}", flush=True)
         env = {**os.environ, "TOOLDISPATCH_PROVIDER_URL": base}
-        code = subprocess.call(
+        cli = subprocess.Popen(
             [sys.executable, "-m", "actors.cli", "run", os.path.join(HERE, "cities_play.py"),
              "--input", cities,
              "--db", os.path.join(WORK, "receipts.db"), "--output", os.path.join(WORK, "cities.out.jsonl")],
             env=env,
         )  # fmt: skip
+        previous = signal.signal(signal.SIGINT, lambda *_: None)  # Ctrl-C is the CLI's to handle
+        try:
+            code = cli.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         with urllib.request.urlopen(f"{base}/stats") as response:
             stats = json.load(response)
+        print(f"receipts in {os.path.join(WORK, 'receipts.db')}", flush=True)
         print(
             f"provider served {stats.get('requests', 0)} requests "
             f"({stats.get('batch_requests', 0)} batch, {stats.get('rate_limited', 0)} answered 429) "

@@ -125,6 +125,7 @@ def test_cli_errors_play_raising_for_one_row(cli, local_play, tmp_path):
     assert [line["result"] for line in lines] == [{"n": 2}, None, {"n": 6}]
     report = cli.report(done.stderr)
     assert report["rows"] == "3 (2 ok, 1 failed)"
+    assert report["error (1 rows)"] == "ValueError: boom in row 2"  # the reason, in the report
 
 
 def test_cli_errors_force_refresh_with_retry_failed(cli, local_play, good_csv, tmp_path):
