@@ -10,6 +10,7 @@ import attrs
 
 from stores.types import Owner
 
+from ._pacing import SendGate
 from .completion_flusher import Latch
 from .stats import Stats
 from .tool import Policy, RunInfo
@@ -38,3 +39,5 @@ class Context:
     stopping: threading.Event
     tokens: Any
     """itertools.count for heartbeat registration tokens."""
+    send_gates: dict[str, SendGate] = attrs.field(factory=dict)
+    """Provider name -> SendGate, for tools whose pacing states a rate."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import email.utils
 import math
+import threading
 from datetime import datetime, timezone
 
 import attrs
@@ -19,6 +20,7 @@ __all__ = [
     "AIMD_INCREASE_FRACTION",
     "AIMD_MIN_RPS",
     "ProviderBucket",
+    "SendGate",
     "parse_retry_after",
 ]
 
@@ -90,6 +92,28 @@ def _http_date_delta(text: str, now: float) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp() - datetime.fromtimestamp(now, timezone.utc).timestamp()
+
+
+class SendGate:
+    """Spaces the actual sends to one provider at its stated rate (thread-safe).
+
+    The governor's token bucket decides admission; between a grant and the request
+    leaving (marking receipts running, thread hand-offs) delays vary, so admitted calls
+    can reach the provider in bunches larger than its burst. The gate, taken right
+    before the request, spaces sends at least ``1 / rps`` apart; it waits only for that
+    spacing (milliseconds at steady state).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def turn_in(self, rps: float, now: float) -> float:
+        """Book the next send slot at ``rps``; returns seconds to wait before sending."""
+        with self._lock:
+            at = max(now, self._next)
+            self._next = at + 1.0 / rps
+        return at - now
 
 
 @attrs.define

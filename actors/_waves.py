@@ -26,6 +26,7 @@ from stores.types import FailureKind
 from ._calls import Group, Unit
 from ._context import Context
 from ._finish import finish
+from ._pacing import SendGate
 from ._runtime import new_future
 from .errors import (
     BudgetExceededError,
@@ -220,6 +221,11 @@ class Waves:
         )
         batch = tool.batch if len(groups) > 1 else None
         payload = batch.build([g.owner.input for g in groups]) if batch else owner.input
+        if tool.pacing.rps is not None:
+            gate = ctx.send_gates.setdefault(tool.provider_name, SendGate())
+            delay = gate.turn_in(tool.pacing.rps, time.monotonic())
+            if delay > 0:
+                time.sleep(delay)
 
         try:
             if not tool.retry_safe or ctx.policy.retry_attempts <= 1:

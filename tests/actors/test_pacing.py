@@ -221,3 +221,12 @@ def test_bucket_429s_of_one_congestion_event_cut_the_rate_once() -> None:
     bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=AIMD_CUT_COOLDOWN_S * 2)  # a new event
     assert bucket.rate == pytest.approx(10.0 * AIMD_DECREASE**2)
     assert bucket.reference_rps == pytest.approx(10.0 * AIMD_DECREASE)
+
+
+def test_send_gate_spaces_sends_at_the_stated_rate() -> None:
+    from actors._pacing import SendGate
+
+    gate = SendGate()
+    waits = [gate.turn_in(10.0, now=100.0) for _ in range(4)]  # four sends admitted at once
+    assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert gate.turn_in(10.0, now=101.0) == 0.0  # idle long enough: no wait
