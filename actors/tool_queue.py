@@ -66,6 +66,8 @@ class ToolQueue:
         self.batch_grace_s = batch_grace_s
         self.memo_size = memo_size if tool.durable else 0
         self.memo: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()
+        self.recalled: Any = None
+        """The result :meth:`submit` found in the memo for the call it answered MEMO."""
         self.queued: dict[str, Group] = {}
         self.inflight: dict[str, Group] = {}
         self.window_opened_at: float | None = None
@@ -74,8 +76,10 @@ class ToolQueue:
     def submit(self, call: Call) -> Submitted:
         """Queue ``call``; the decision says what the actor must do."""
         key = call.key
-        if self.memo_size and call.mode is not ClaimMode.FORCE_REFRESH and self.recall(call) is not None:
-            return Submitted.MEMO
+        if self.memo_size and call.mode is not ClaimMode.FORCE_REFRESH:
+            self.recalled = self.recall(call)
+            if self.recalled is not None:
+                return Submitted.MEMO
         running = self.inflight.get(key)
         if running is not None:
             running.attached.append(call)
@@ -220,7 +224,7 @@ class ToolQueueActor(pykka.ThreadingActor):
     def _submit(self, call: Call) -> None:
         decision = self.queue.submit(call)
         if decision is Submitted.MEMO:
-            call.future.set(self.queue.recall(call))
+            call.future.set(self.queue.recalled)
             self.stats.add("cached")
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.stats.add("deduped")
