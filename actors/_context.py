@@ -10,7 +10,7 @@ import attrs
 
 from stores.types import Owner
 
-from ._pacing import SendGate
+from ._pacing import SendGates
 from .completion_flusher import Latch
 from .stats import Stats
 from .tool import Policy, RunInfo
@@ -39,5 +39,5 @@ class Context:
     stopping: threading.Event
     tokens: Any
     """itertools.count for heartbeat registration tokens."""
-    send_gates: dict[str, SendGate] = attrs.field(factory=dict)
-    """Provider name -> SendGate, for tools whose pacing states a rate."""
+    send_gates: SendGates = attrs.field(factory=SendGates)
+    """(org, provider) -> SendGate, waited at before each request; the governor keeps them."""

@@ -5,7 +5,8 @@ strategy gives ``input_id``/``result_id``); a wrong-length result fails the batc
 members; a member result that is an exception fails that member alone; None gives
 ``no_result``. Outputs go to the completion flusher in one request. Errors: a
 suspension releases the receipts; a credential change releases and re-queues once; a
-429 re-admits the unit (charging the retry budget); other errors are recorded with
+429 re-admits the unit (charging the retry budget), as does a call that was never sent
+(its turn at the send gate came after its deadline; no charge); other errors are recorded with
 their failure kind in one bulk write, and if that write fails the latch trips.
 """
 
@@ -22,6 +23,7 @@ from .errors import (
     AuthScopeChangedError,
     BudgetExceededError,
     LeaseLostError,
+    NotSentError,
     ProviderError,
     RateLimitedError,
     ReceiptPersistenceError,
@@ -70,6 +72,10 @@ def finish(waves: Waves, outcomes: list[tuple[Unit, Any, BaseException | None]])
     errors: list[tuple[Group, BaseException]] = []
     readmit: list[Unit] = []
     for unit, raw, error in outcomes:
+        if isinstance(error, NotSentError) and unit.readmissions < ctx.policy.retry_attempts:
+            unit.readmissions += 1  # nothing was sent: no retry is charged
+            readmit.append(unit)
+            continue
         if isinstance(error, RateLimitedError) and unit.readmissions < ctx.policy.retry_attempts:
             try:
                 waves._charge("retries")

@@ -10,6 +10,8 @@ import collections
 import email.utils
 import math
 import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import attrs
@@ -19,26 +21,51 @@ __all__ = [
     "AIMD_DECREASE",
     "AIMD_INCREASE_FRACTION",
     "AIMD_MIN_RPS",
+    "PACE_MARGIN",
+    "SLOW_START_DOUBLING_S",
+    "SLOW_START_EXIT_DECREASE",
+    "SLOW_START_RPS",
     "ProviderBucket",
     "SendGate",
+    "SendGates",
     "parse_retry_after",
 ]
 
 AIMD_DECREASE = 0.8
 """Multiplicative decrease: a 429 cuts the rate to 80% of what it was."""
-AIMD_INCREASE_FRACTION = 0.02
-"""Additive increase: the rate grows by 2% of its reference (the rate just before the
-last cut, or the pacing rps before any cut) per second of successful calls. With
-the 0.8 cut, a provider at a fixed limit sees one 429 about every 10 s and gets about
-90% of its limit on average."""
+AIMD_INCREASE_FRACTION = 0.1
+"""Additive increase: while the rate is what holds calls back, it grows by 10% of its
+reference (the rate just before the last cut) per second of successful calls. After a
+cut to 80% it is back at the reference in about 2 s; a provider at a fixed limit sees
+one congestion event every few seconds (one or two 429s each) and gets about 90-95% of
+its limit."""
 AIMD_CUT_COOLDOWN_S = 1.0
 """429s within this many seconds of a cut belong to the same congestion event (calls
 already in flight when the first 429 came back): they pause the gate but do not cut
 the rate again."""
 AIMD_MIN_RPS = 0.1
 """The rate is never cut below this (requests per second)."""
+PACE_MARGIN = 0.98
+"""A stated rate is paced at 98% of itself. Send times jitter (thread wake-ups, GC,
+the network); at exactly the provider's rate every late request permanently eats into
+the provider's burst allowance and the bunches add up to a 429. At 98% the provider's
+bucket refills by 2% of its rate per second and absorbs them."""
+SLOW_START_RPS = 10.0
+"""Default start of slow start (requests per second) for remote APIs of unknown rate,
+like TCP's initial window (RFC 6928): low enough that the first burst costs a 429 or
+two, not one per concurrent call; the lowest rate an unpaced provider restarts at."""
+SLOW_START_DOUBLING_S = 0.5
+"""Slow start: until the first 429, an unknown provider's rate doubles every this many
+seconds while it is what holds calls back (RFC 5681's slow start, in rate form)."""
+SLOW_START_EXIT_DECREASE = 0.5
+"""The first congestion event of an unknown rate halves it (as TCP leaves slow start,
+RFC 5681): doubling overshoots the provider's limit by up to a third before its 429
+comes back, and 80% of that would still be over it."""
 OBSERVE_WINDOW_S = 2.0
-"""Window over which admissions are counted to measure a provider's achieved rate."""
+"""Window over which grants are counted to measure an unpaced provider's rate."""
+LIMITED_RECENTLY_S = 1.0
+"""The rate grows only if it held a waiter back within this many seconds: a rate
+nobody uses is not raised (RFC 7661's rule for an unused congestion window)."""
 TOKEN_EPSILON = 1e-9
 """Float slack when counting whole tokens (a refill may land at 0.99999999999994)."""
 MIN_WAKE_S = 1e-3
@@ -46,12 +73,7 @@ MIN_WAKE_S = 1e-3
 
 
 def parse_retry_after(
-    value: str | float | None,
-    now: float,
-    *,
-    default_s: float,
-    max_s: float,
-    min_s: float,
+    value: str | float | None, now: float, *, default_s: float, max_s: float, min_s: float
 ) -> float:
     """Seconds to pause for a ``Retry-After`` value (RFC 9110 section 10.2.3).
 
@@ -95,54 +117,192 @@ def _http_date_delta(text: str, now: float) -> float | None:
 
 
 class SendGate:
-    """Spaces the actual sends to one provider at its stated rate (thread-safe).
+    """Spaces the requests actually sent to one (org, provider) at its current rate.
 
     The governor's token bucket decides admission; between a grant and the request
     leaving (marking receipts running, thread hand-offs) delays vary, so admitted calls
-    can reach the provider in bunches larger than its burst. The gate, taken right
-    before the request, spaces sends at least ``1 / rps`` apart; it waits only for that
-    spacing (milliseconds at steady state).
+    could reach the provider in bunches larger than its burst. A sender calls
+    :meth:`wait_turn` right before each request. Two rules, both at ``rps``:
+
+    * booking: each sender books the next slot, ``1 / rps`` after the previous one, and
+      sleeps until it (this keeps the senders in order);
+    * passing: when it wakes, its send must also conform to the Generic Cell Rate
+      Algorithm (ITU-T I.371) over the sends that actually passed, with a tolerance of
+      one spacing: a sender woken late (a busy event loop, a GC pause) together with
+      others goes at most two back-to-back; the rest wait their spacing again.
+
+    The governor keeps the rate current (:meth:`set_rate`) and, on a 429,
+    :meth:`pause_until` re-books every sender still waiting, so requests granted before
+    the 429 do not go out into the pause.
+
+    Thread-safe (one lock; under gevent a patched, cooperative one). Time is
+    ``time.monotonic`` seconds unless a clock is given.
     """
+
+    def __init__(self, rps: float | None = None) -> None:
+        self._lock = threading.Lock()
+        self._rps = rps
+        self._next = 0.0
+        self._tat = 0.0
+        """GCRA's theoretical arrival time of the next send."""
+        self._epoch = 0
+
+    @property
+    def rps(self) -> float | None:
+        """The spacing rate, requests per second (None: no spacing)."""
+        return self._rps
+
+    def set_rate(self, rps: float | None) -> None:
+        """Space later bookings at ``rps`` (None: no spacing)."""
+        with self._lock:
+            self._rps = rps
+
+    def pause_until(self, until: float, rps: float | None) -> None:
+        """No send before ``until``; senders already waiting book again from there."""
+        with self._lock:
+            self._epoch += 1
+            self._next = until
+            self._tat = until + (1.0 / rps if rps else 0.0)
+            self._rps = rps
+
+    def book(self, now: float) -> tuple[float, int]:
+        """Book the next send slot; returns (seconds to wait, booking epoch)."""
+        with self._lock:
+            at = max(now, self._next)
+            if self._rps is not None:
+                self._next = at + 1.0 / self._rps
+            return at - now, self._epoch
+
+    def try_pass(self, now: float, epoch: int) -> float | None:
+        """Pass a sender whose booking (made in ``epoch``) is due.
+
+        Returns:
+            0.0 when it may send now (the send is counted); seconds to wait before trying
+            again when sends already went closer than the rate allows; None when a pause
+            since the booking voided it (book again).
+        """
+        with self._lock:
+            if epoch != self._epoch:
+                return None
+            if self._rps is None:
+                return 0.0
+            spacing = 1.0 / self._rps
+            if now < self._tat - spacing:
+                return self._tat - spacing - now
+            self._tat = max(now, self._tat) + spacing
+            return 0.0
+
+    def wait_turn(
+        self,
+        latest: float = math.inf,
+        stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> bool:
+        """Block until this sender may send.
+
+        Args:
+            latest: the last moment (clock seconds) worth sending at; a turn that would
+                come later is given up without waiting for it.
+            stop: when set, the wait ends at once (waits on it instead of sleeping).
+
+        Returns:
+            True when it is this sender's turn; False when the turn would come after
+            ``latest`` or ``stop`` was set (then nothing may be sent).
+        """
+
+        def wait(seconds: float) -> bool:
+            if stop is not None:
+                return not stop.wait(seconds) if seconds > 0 else not stop.is_set()
+            if seconds > 0:
+                sleep(seconds)
+            return True
+
+        while True:
+            now = clock()
+            delay, epoch = self.book(now)
+            if now + delay > latest or not wait(delay):
+                return False
+            while True:
+                now = clock()
+                extra = self.try_pass(now, epoch)
+                if extra is None:
+                    break  # a pause voided the booking: book again
+                if extra <= 0:
+                    return True
+                if now + extra > latest or not wait(extra):
+                    return False
+
+
+class SendGates:
+    """(org, provider) -> :class:`SendGate`, created on first use (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._next = 0.0
+        self._gates: dict[tuple[str, str], SendGate] = {}
 
-    def turn_in(self, rps: float, now: float) -> float:
-        """Book the next send slot at ``rps``; returns seconds to wait before sending."""
-        with self._lock:
-            at = max(now, self._next)
-            self._next = at + 1.0 / rps
-        return at - now
+    def get(self, org_id: str, provider: str) -> SendGate:
+        """The gate of (org, provider)."""
+        key = (org_id, provider)
+        gate = self._gates.get(key)
+        if gate is None:
+            with self._lock:
+                gate = self._gates.setdefault(key, SendGate())
+        return gate
 
 
 @attrs.define
 class ProviderBucket:
-    """Pacing state of one (org, provider): token bucket, concurrency, gate, AIMD.
+    """Pacing state of one (org, provider): token bucket, concurrency, pause, AIMD.
+
+    Three phases (:class:`~actors.tool.Pacing` chooses where it starts):
+
+    * unpaced (``rate`` None): no rate is known or assumed; only concurrency limits.
+      The first 429 starts slow start from half the rate calls were granted at
+      (never under :data:`SLOW_START_RPS`).
+    * slow start: the rate doubles every :data:`SLOW_START_DOUBLING_S` while it is what
+      holds calls back; the next congestion event cuts it to
+      :data:`SLOW_START_EXIT_DECREASE` of itself and ends slow start.
+    * congestion avoidance (from the start when the rate is stated, paced at
+      :data:`PACE_MARGIN` of it and never above): each congestion event (a 429 more than
+      :data:`AIMD_CUT_COOLDOWN_S` after the last cut) cuts the rate to
+      :data:`AIMD_DECREASE` of itself; between events it grows by
+      :data:`AIMD_INCREASE_FRACTION` of its reference per second.
+
+    Every 429 also closes the gate for its Retry-After.
 
     Attributes:
-        ceiling_rps: the configured rate, or None when unknown.
+        ceiling_rps: the stated rate (requests per second), or None when unknown.
         burst: token bucket size (default: one call plus 10 ms worth of the rate, so calls
             are spread smoothly; a provider that allows bursts can be given more).
         max_concurrency: provider calls in flight at once, or None.
+        start_rps: where slow start begins when the rate is unknown (None: unpaced).
+        rate: the current pacing rate, requests per second (None: unpaced).
+        slow_start: whether the rate is in slow start.
     """
 
     ceiling_rps: float | None
     burst: float | None
     max_concurrency: int | None
+    start_rps: float | None = None
     rate: float | None = None
     reference_rps: float | None = None
+    slow_start: bool = False
     tokens: float = 0.0
     refilled_at: float = 0.0
     in_flight: int = 0
     gate_until: float = 0.0
     backpressure_events: int = 0
     last_cut_at: float = -math.inf
+    limited_at: float = -math.inf
     _grants: collections.deque[float] = attrs.field(factory=collections.deque)
 
     def __attrs_post_init__(self) -> None:
-        self.rate = self.ceiling_rps
-        self.reference_rps = self.ceiling_rps
+        if self.ceiling_rps is not None:
+            self.rate = self.ceiling_rps * PACE_MARGIN
+        elif self.start_rps is not None:
+            self.rate, self.slow_start = self.start_rps, True
+        self.reference_rps = self.rate
         self.tokens = self._burst()
 
     def _burst(self) -> float:
@@ -161,13 +321,21 @@ class ProviderBucket:
         self.refilled_at = max(self.refilled_at, now)
 
     def available(self, now: float) -> int:
-        """How many slots this bucket could grant at ``now`` (before the global ceiling)."""
+        """How many slots this bucket could grant at ``now`` (before the global ceiling).
+
+        Called for a waiting request; notes when the rate is what holds it back (only
+        a rate in use grows).
+        """
         if now < self.gate_until:
             return 0
         self.refill(now)
         free = math.inf if self.max_concurrency is None else self.max_concurrency - self.in_flight
-        n = min(free, math.floor(self.tokens + TOKEN_EPSILON) if self.rate is not None else math.inf)
-        return int(n) if n != math.inf else 1 << 30
+        if self.rate is None:
+            return int(free) if free != math.inf else 1 << 30
+        whole = math.floor(self.tokens + TOKEN_EPSILON)
+        if whole < 1:
+            self.limited_at = now
+        return int(min(free, whole))
 
     def take(self, n: int, now: float) -> None:
         """Record ``n`` grants at ``now``."""
@@ -190,33 +358,36 @@ class ProviderBucket:
         return now
 
     def observed_rps(self, now: float) -> float:
-        """Admissions per second over the last :data:`OBSERVE_WINDOW_S`."""
+        """Grants per second over the last :data:`OBSERVE_WINDOW_S`."""
         while self._grants and self._grants[0] < now - OBSERVE_WINDOW_S:
             self._grants.popleft()
         return len(self._grants) / OBSERVE_WINDOW_S
 
     def on_success(self, now: float) -> None:
-        """Additive increase, never past the ceiling."""
-        if self.rate is None or self.reference_rps is None:
+        """One successful call: grow the rate if it held calls back recently."""
+        if self.rate is None or now - self.limited_at > LIMITED_RECENTLY_S:
             return
-        step = AIMD_INCREASE_FRACTION * self.reference_rps / max(self.rate, AIMD_MIN_RPS)
-        new = self.rate + step
-        self.rate = min(new, self.ceiling_rps) if self.ceiling_rps is not None else new
+        if self.slow_start:
+            self.rate *= 2.0 ** (1.0 / (max(self.rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S))
+        else:
+            reference = self.reference_rps or self.rate
+            self.rate += AIMD_INCREASE_FRACTION * reference / max(self.rate, AIMD_MIN_RPS)
+        if self.ceiling_rps is not None:
+            self.rate = min(self.rate, self.ceiling_rps * PACE_MARGIN)
 
     def on_backpressure(self, pause_s: float, jitter_s: float, now: float) -> None:
-        """Close the gate for ``pause_s`` (+ jitter) and cut the rate multiplicatively."""
+        """Close the gate for ``pause_s`` (+ jitter); cut the rate once per congestion event."""
         self.backpressure_events += 1
         self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
-        if self.rate is not None and now < self.last_cut_at + AIMD_CUT_COOLDOWN_S:
-            pass  # same congestion event: no second cut
-        elif self.rate is None:
-            measured = self.observed_rps(now)
-            self.reference_rps = max(measured, AIMD_MIN_RPS * 10)
-            self.rate = max(AIMD_MIN_RPS, self.reference_rps * AIMD_DECREASE)
-            self.last_cut_at = now
-        else:
-            self.reference_rps = self.rate
-            self.rate = max(AIMD_MIN_RPS, self.rate * AIMD_DECREASE)
+        if now >= self.last_cut_at + AIMD_CUT_COOLDOWN_S:
+            if self.rate is None:
+                self.rate = max(SLOW_START_RPS, self.observed_rps(now) * SLOW_START_EXIT_DECREASE)
+                self.slow_start = True
+            else:
+                decrease = SLOW_START_EXIT_DECREASE if self.slow_start else AIMD_DECREASE
+                self.slow_start = False
+                self.reference_rps = self.rate
+                self.rate = max(AIMD_MIN_RPS, self.rate * decrease)
             self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until

@@ -26,12 +26,12 @@ from stores.types import FailureKind
 from ._calls import Group, Unit
 from ._context import Context
 from ._finish import finish
-from ._pacing import SendGate
 from ._runtime import new_future
 from .errors import (
     BudgetExceededError,
     CallCancelledError,
     LeaseLostError,
+    NotSentError,
     PersistenceCircuitOpenError,
     ProviderError,
     RateLimitedError,
@@ -221,15 +221,17 @@ class Waves:
         )
         batch = tool.batch if len(groups) > 1 else None
         payload = batch.build([g.owner.input for g in groups]) if batch else owner.input
-        if tool.pacing.rps is not None:
-            gate = ctx.send_gates.setdefault(tool.provider_name, SendGate())
-            delay = gate.turn_in(tool.pacing.rps, time.monotonic())
-            if delay > 0:
-                time.sleep(delay)
+        gate = ctx.send_gates.get(ctx.run.org_id, tool.provider_name)
+        fn = batch.batch_fn if batch else tool.fn
+
+        def send(context: ToolContext) -> Any:
+            if not gate.wait_turn(latest=context.deadline, stop=ctx.stopping):
+                raise NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
+            return fn(payload, context)
 
         try:
             if not tool.retry_safe or ctx.policy.retry_attempts <= 1:
-                return (batch.batch_fn if batch else tool.fn)(payload, base)
+                return send(base)
             for try_ in tenacity.Retrying(
                 stop=tenacity.stop_after_attempt(ctx.policy.retry_attempts),
                 wait=tenacity.wait_exponential(multiplier=ctx.policy.retry_backoff_s)
@@ -240,7 +242,7 @@ class Waves:
             ):
                 with try_:
                     context = attrs.evolve(base, attempt=try_.retry_state.attempt_number)
-                    return (batch.batch_fn if batch else tool.fn)(payload, context)
+                    return send(context)
         except RateLimitedError as exc:
             ctx.governor.tell(
                 BackpressureReported(
@@ -253,7 +255,7 @@ class Waves:
 
     @staticmethod
     def _transient(exc: BaseException) -> bool:
-        return not isinstance(exc, RateLimitedError) and failure_kind_for(exc) in (
+        return not isinstance(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
             FailureKind.TRANSIENT,
             FailureKind.TIMEOUT,
         )

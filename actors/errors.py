@@ -12,6 +12,7 @@ __all__ = [
     "DispatchError",
     "InvalidInputError",
     "LeaseLostError",
+    "NotSentError",
     "PersistenceCircuitOpenError",
     "ProviderError",
     "RateLimitedError",
@@ -105,6 +106,12 @@ class ToolTimeoutError(ProviderError):
     """The tool did not return within its timeout."""
 
     failure_kind = FailureKind.TIMEOUT
+
+
+class NotSentError(ToolTimeoutError):
+    """The call's turn to send came after its deadline (a provider pause or pacing held it
+    at the send gate); nothing was sent. The call is re-admitted; recorded (kind timeout,
+    retryable) only when re-admissions run out."""
 
 
 class SuspendedError(DispatchError):

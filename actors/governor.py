@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import pykka
 
-from ._pacing import ProviderBucket, parse_retry_after
+from ._pacing import ProviderBucket, SendGates, parse_retry_after
 from ._runtime import Timers, fail, guarded
 from .errors import BudgetExceededError, CallCancelledError
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
@@ -59,11 +59,13 @@ class _Waiter:
 
 @attrs.define
 class Decisions:
-    """What the actor must do: resolve grants and refusals, arm a timer."""
+    """What the actor must do: resolve grants and refusals, retime send gates, arm a timer."""
 
     grants: list[tuple[Any, int]] = attrs.field(factory=list)
     refusals: list[tuple[Any, BaseException]] = attrs.field(factory=list)
     wake_at: float | None = None
+    gates: dict[BucketKey, tuple[float | None, float | None]] = attrs.field(factory=dict)
+    """(org, provider) -> (rate to space sends at, pause them until or None)."""
 
 
 class Governor:
@@ -101,7 +103,7 @@ class Governor:
         found = self.buckets.get(key)
         if found is None:
             pacing = self.pacings.get(provider, Pacing())
-            found = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency)
+            found = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency, pacing.start_rps)
             self.buckets[key] = found
         return found
 
@@ -120,19 +122,28 @@ class Governor:
         """Queue a request for up to ``want`` slots and grant what can be granted."""
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
-        self.bucket(org_id, provider)
+        key = (org_id, provider)
+        new = key not in self.buckets
+        bucket = self.bucket(org_id, provider)
         waiter = _Waiter(max(1, want), reply, next(self._arrivals))
-        self.waiters.setdefault((org_id, provider), collections.deque()).append(waiter)
-        return self.wake(now)
+        self.waiters.setdefault(key, collections.deque()).append(waiter)
+        out = self.wake(now)
+        if new:
+            out.gates[key] = (bucket.rate, None)
+        return out
 
     def release(self, org_id: str, provider: str, count: int, successes: int, now: float) -> Decisions:
         """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase."""
         bucket = self.bucket(org_id, provider)
         bucket.in_flight = max(0, bucket.in_flight - count)
         self.in_flight = max(0, self.in_flight - count)
+        rate = bucket.rate
         for _ in range(successes):
             bucket.on_success(now)
-        return self.wake(now)
+        out = self.wake(now)
+        if bucket.rate != rate:
+            out.gates[(org_id, provider)] = (bucket.rate, None)
+        return out
 
     def backpressure(
         self, org_id: str, provider: str, retry_after: Any, now: float, wall: float
@@ -146,8 +157,11 @@ class Governor:
             min_s=self.policy.retry_after_min_s,
         )
         jitter = self.rng() * min(1.0, 0.1 * pause)
-        self.bucket(org_id, provider).on_backpressure(pause, jitter, now)
-        return self.wake(now)
+        bucket = self.bucket(org_id, provider)
+        bucket.on_backpressure(pause, jitter, now)
+        out = self.wake(now)
+        out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
+        return out
 
     def wake(self, now: float) -> Decisions:
         """Grant every waiter that can be granted at ``now``; say when to look again.
@@ -206,18 +220,25 @@ class Governor:
 
 
 class GovernorActor(pykka.ThreadingActor):
-    """Runs the :class:`Governor`; all its methods run on this actor's thread."""
+    """Runs the :class:`Governor`; all its methods run on this actor's thread.
+
+    ``gates`` are the send gates the tool pool waits at before each request; the
+    actor keeps their rate and pauses in step with the buckets (its clock must be
+    ``time.monotonic``, the gates' clock, when gates are shared).
+    """
 
     def __init__(
         self,
         policy: Policy,
         pacings: dict[str, Pacing],
         timers: Timers,
+        gates: SendGates | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.governor = Governor(policy, pacings)
         self.timers = timers
+        self.gates = gates if gates is not None else SendGates()
         self.clock = clock
         self._armed: float | None = None
 
@@ -250,6 +271,12 @@ class GovernorActor(pykka.ThreadingActor):
         return None
 
     def _perform(self, decisions: Decisions) -> None:
+        for (org_id, provider), (rate, until) in decisions.gates.items():
+            gate = self.gates.get(org_id, provider)
+            if until is None:
+                gate.set_rate(rate)
+            else:
+                gate.pause_until(until, rate)
         for reply, n in decisions.grants:
             reply.set(n)
         for reply, exc in decisions.refusals:

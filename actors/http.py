@@ -21,6 +21,7 @@ import httpx
 
 from stores.types import FailureKind
 
+from ._pacing import SLOW_START_RPS
 from .errors import ProviderError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
@@ -136,7 +137,9 @@ def http_tool(
         max_batch_size: most members per batch request.
         provider: whose limits it shares (default the URL's host).
         version: the provider action version (part of the receipt key).
-        pacing: the provider's limits, when known.
+        pacing: the provider's limits, when known. Default: rate unknown, slow start
+            from :data:`~actors._pacing.SLOW_START_RPS` requests/s (doubling until the
+            first 429, then AIMD), so an API is never hit with every row at once.
         headers: extra headers (authentication).
         timeout_s: per-request timeout, seconds.
         client: an httpx.Client to share between tools.
@@ -168,7 +171,7 @@ def http_tool(
         fn=single,
         provider=provider or httpx.URL(url).host,
         version=version,
-        pacing=pacing or Pacing(),
+        pacing=pacing if pacing is not None else Pacing(start_rps=SLOW_START_RPS),
         batch=batch,
         durable=durable,
         retry_safe=True,

@@ -32,6 +32,7 @@ from stores.types import ClaimMode, Owner
 from ._calls import Call, Group
 from ._context import Context
 from ._drain import Drain
+from ._pacing import SendGates
 from ._runtime import Timers, fail, new_future, new_pool, runtime_name
 from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
@@ -115,7 +116,8 @@ class DispatchSystem:
         self._store_ref = store_ref
         self.store_proxy = store_ref.proxy()
         pacings = {t.provider_name: t.pacing for t in self.tools.values()}
-        self._governor = GovernorActor.start(policy, pacings, self.timers)
+        gates = SendGates()
+        self._governor = GovernorActor.start(policy, pacings, self.timers, gates)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
             self.store_proxy,
@@ -133,6 +135,7 @@ class DispatchSystem:
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self.store_proxy,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             stats=self.stats_, tool_pool=self._tool_pool, stopping=self._stopping, tokens=itertools.count(),
+            send_gates=gates,
         )  # fmt: skip
         self._queues = {
             tool_id: ToolQueueActor.start(

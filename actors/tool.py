@@ -18,21 +18,36 @@ def _split_list(result: Any, n: int) -> list[Any]:
 
 @attrs.frozen(kw_only=True)
 class Pacing:
-    """A provider's limits. None means unknown (AIMD then learns from 429s).
+    """A provider's limits, as far as they are known (see :mod:`actors._pacing`).
+
+    With ``rps`` stated, calls are paced just under it and a 429 still cuts the rate
+    for a while (AIMD). Without it the rate is learnt from 429s: with ``start_rps``,
+    calls start at that rate and it doubles every 0.5 s until the first 429 (slow start,
+    for remote APIs whose limit is unknown); without either, calls are unpaced until
+    the first 429 (only the concurrency limits hold them; for local tools).
 
     Attributes:
-        rps: requests per second (token bucket refill rate).
-        burst: token bucket size, in calls; default 1 + rps/100 (smooth pacing).
+        rps: the provider's rate limit, requests per second.
+        burst: token bucket size, in calls; default 1 + rate/100 (smooth pacing).
         max_concurrency: provider calls in flight at once.
+        start_rps: where slow start begins when ``rps`` is unknown, requests per second.
+
+    Raises:
+        ValueError: a rate or limit that is not positive.
     """
 
     rps: float | None = None
     burst: float | None = None
     max_concurrency: int | None = None
+    start_rps: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.rps is not None and self.rps <= 0:
+        if self.rps is not None and not self.rps > 0:
             raise ValueError("Pacing.rps must be > 0")
+        if self.start_rps is not None and not self.start_rps > 0:
+            raise ValueError("Pacing.start_rps must be > 0")
+        if self.burst is not None and not self.burst >= 1:
+            raise ValueError("Pacing.burst must be >= 1")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("Pacing.max_concurrency must be >= 1")
 

@@ -1,6 +1,6 @@
 """Benchmark of the main job: `tooldispatch run` over the 10,000 OpenDNS domains.
 
-    python bench/main_job_bench.py [--rows 10000] [--rate 100] [--pacing-rows 3000]
+    python bench/main_job_bench.py [--rows 10000] [--rate 100] [--pacing-rows 3000] [--runtime threads]
 
 Prints, in one run:
 * rows/s of a fresh run and of a rerun (same command, same receipt store), and the
@@ -49,9 +49,11 @@ class Provider:
         self.proc.wait(timeout=10)
 
 
-def run_cli(provider: Provider, rows_file: str, db: str, env: dict[str, str]) -> tuple[float, int]:
+def run_cli(
+    provider: Provider, rows_file: str, db: str, env: dict[str, str], runtime: str
+) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "actors.cli", "run", os.path.join(ROOT, "examples", "domains_play.py"),
-           "--input", rows_file, "--db", db]  # fmt: skip
+           "--input", rows_file, "--db", db, "--runtime", runtime]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, env={**os.environ, "TOOLDISPATCH_PROVIDER_URL": provider.url, **env},
                           capture_output=True, text=True)  # fmt: skip
@@ -62,7 +64,8 @@ def run_cli(provider: Provider, rows_file: str, db: str, env: dict[str, str]) ->
 @click.option("--rows", default=10_000, show_default=True, help="Domains for the fresh/rerun figures.")
 @click.option("--rate", default=100.0, show_default=True, help="Provider limit R, requests/s.")
 @click.option("--pacing-rows", default=3000, show_default=True, help="Domains for each pacing run.")
-def main(rows: int, rate: float, pacing_rows: int) -> None:
+@click.option("--runtime", type=click.Choice(["threads", "gevent"]), default="threads", show_default=True)
+def main(rows: int, rate: float, pacing_rows: int, runtime: str) -> None:
     with open(DOMAINS, encoding="utf-8") as fh:
         domains = [line.strip() for line in fh if line.strip()]
     work = tempfile.mkdtemp(prefix="tooldispatch-bench-")
@@ -70,14 +73,17 @@ def main(rows: int, rate: float, pacing_rows: int) -> None:
     with open(main_rows, "w") as fh:
         fh.write("\n".join(domains[:rows]) + "\n")
     tlds = {d.rsplit(".", 1)[-1] for d in domains[:rows]}
-    print(f"python {sys.version.split()[0]}; rows {rows}; provider limit R = {rate:g} requests/s")
+    print(
+        f"python {sys.version.split()[0]}; runtime {runtime}; rows {rows}; "
+        f"provider limit R = {rate:g} requests/s"
+    )
 
     provider = Provider(rate=0, burst=10)
     try:
-        fresh_s, code1 = run_cli(provider, main_rows, os.path.join(work, "main.db"), {})
+        fresh_s, code1 = run_cli(provider, main_rows, os.path.join(work, "main.db"), {}, runtime)
         fresh = provider.stats()
         provider.reset()
-        rerun_s, code2 = run_cli(provider, main_rows, os.path.join(work, "main.db"), {})
+        rerun_s, code2 = run_cli(provider, main_rows, os.path.join(work, "main.db"), {}, runtime)
         rerun = provider.stats()
     finally:
         provider.close()
@@ -99,7 +105,7 @@ def main(rows: int, rate: float, pacing_rows: int) -> None:
         provider = Provider(rate=rate, burst=5)
         try:
             env = {"TOOLDISPATCH_BATCH": "0", "TOOLDISPATCH_PROVIDER_RPS": str(rate) if known else "0"}
-            run_cli(provider, pacing_file, os.path.join(work, f"pacing-{known}.db"), env)
+            run_cli(provider, pacing_file, os.path.join(work, f"pacing-{known}.db"), env, runtime)
             stats = provider.stats()
         finally:
             provider.close()

@@ -14,10 +14,11 @@ from actors.http import http_tool
 
 BASE = os.environ.get("TOOLDISPATCH_PROVIDER_URL", "http://127.0.0.1:8750")
 RPS = float(os.environ.get("TOOLDISPATCH_PROVIDER_RPS", "0") or 0)
-"""The provider's rate when the play knows it (0: unknown, AIMD learns it from 429s)."""
+"""The provider's rate when the play knows it (0: unknown; the HTTP tools then slow-start
+and AIMD learns the rate from 429s)."""
 BATCH = os.environ.get("TOOLDISPATCH_BATCH", "1") != "0"
 """TOOLDISPATCH_BATCH=0 sends one request per call (used to measure pacing)."""
-_pacing = Pacing(rps=RPS) if RPS else Pacing()
+_pacing = Pacing(rps=RPS) if RPS else None
 
 tools = [
     http_tool("inspect_domain", f"{BASE}/v1/domain", batch_url=f"{BASE}/v1/domain/batch" if BATCH else None,

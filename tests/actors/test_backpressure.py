@@ -80,6 +80,62 @@ def test_backpressure_429_pauses_every_tool_of_that_provider(make_system: Any, r
     assert stats["retries"] >= 1 and stats["backpressure"] >= 1
 
 
+@pytest.mark.parametrize("timeout_s", [30.0, 0.5], ids=["waits-out-the-pause", "re-admitted-unsent"])
+def test_backpressure_429_holds_back_requests_already_waiting_to_be_sent(
+    make_system: Any, recorder: Any, timeout_s: float
+) -> None:
+    # Ten calls are granted at once (burst 10) and spaced 50 ms apart at the send gate; the
+    # third is answered 429. The ones still waiting at the gate must not go out into the
+    # pause: they are booked again after it. With a 0.5 s timeout the new turn comes after
+    # their deadline: they are given back unsent, re-admitted, and still succeed.
+    limited_at: list[float] = []
+    lock = threading.Lock()
+
+    def api(input: Any, ctx: Any) -> Any:
+        call = recorder.record("api", input, ctx)
+        with lock:
+            first_429 = len(recorder.of("api")) == 3 and not limited_at
+            if first_429:
+                limited_at.append(call.at)
+        if first_429:
+            raise RateLimitedError("429 too many requests", retry_after=str(int(RETRY_AFTER_S)))
+        return {"n": input["n"]}
+
+    tool = Tool(tool_id="api", fn=api, pacing=Pacing(rps=20.0, burst=10.0), timeout_s=timeout_s)
+    system = make_system([tool], policy=Policy(batch_grace_s=0.05))
+    futures = [system.proxy().execute("api", {"n": n}) for n in range(10)]
+    results = [f.get(timeout=WAIT_S) for f in futures]
+
+    assert [(r.execution, r.value) for r in results] == [("live", {"n": n}) for n in range(10)]
+    assert limited_at, "no 429 was raised (the test would prove nothing)"
+    during_pause = [
+        c.at - limited_at[0] for c in recorder.of("api") if 0 < c.at - limited_at[0] < 0.9 * RETRY_AFTER_S
+    ]
+    assert during_pause == [], "requests went out while the provider's Retry-After pause was on"
+    assert recorder.count("api") == 11  # ten calls, one of them twice (after its 429); none lost
+
+
+def test_pacing_unknown_rate_with_a_start_rate_is_not_hit_all_at_once(
+    make_system: Any, recorder: Any
+) -> None:
+    tool = Tool(tool_id="api", fn=echo(recorder, "api"), pacing=Pacing(start_rps=5.0))
+    system = make_system([tool])
+    futures = [system.proxy().execute("api", {"n": n}) for n in range(6)]
+    assert all(f.get(timeout=WAIT_S).execution == "live" for f in futures)
+    starts = sorted(c.at for c in recorder.of("api"))
+    # slow start from 5/s: sends spaced ~0.2 s apart at first (the rate doubles every 0.5 s)
+    assert starts[2] - starts[0] >= 0.25, "an unknown provider got the first calls all at once"
+
+
+def test_http_tool_slow_starts_when_the_rate_is_not_stated() -> None:
+    from actors._pacing import SLOW_START_RPS
+    from actors.http import http_tool
+
+    assert http_tool("t", "http://127.0.0.1:9/x").pacing == Pacing(start_rps=SLOW_START_RPS)
+    stated = Pacing(rps=3.0)
+    assert http_tool("t", "http://127.0.0.1:9/x", pacing=stated).pacing is stated
+
+
 def test_pacing_slow_provider_does_not_delay_another_provider(make_system: Any, recorder: Any) -> None:
     tools = [
         Tool(tool_id="paced", fn=echo(recorder, "paced"), pacing=Pacing(rps=2, burst=1)),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors._pacing import AIMD_DECREASE
+from actors._pacing import AIMD_DECREASE, PACE_MARGIN
 from actors.errors import BudgetExceededError, CallCancelledError
 from actors.governor import Decisions, Governor, suggested_parallelism
 from actors.tool import Pacing, Policy
@@ -83,9 +83,9 @@ def test_governor_wake_at_says_when_tokens_arrive() -> None:
     a, b = object(), object()
     gov.acquire(ORG, "slow", 1, a, now=10.0)
     waiting = gov.acquire(ORG, "slow", 1, b, now=10.0)
-    assert waiting.wake_at == pytest.approx(10.5)
-    assert gov.wake(10.4).grants == []
-    assert _granted(gov.wake(10.5)) == {b: 1}
+    assert waiting.wake_at == pytest.approx(10.0 + 1 / (2.0 * PACE_MARGIN))  # paced just under 2/s
+    assert gov.wake(10.5).grants == []
+    assert _granted(gov.wake(waiting.wake_at)) == {b: 1}
 
 
 def test_governor_release_grants_waiters_of_a_concurrency_capped_provider() -> None:
@@ -103,7 +103,7 @@ def test_governor_waiters_are_granted_in_order() -> None:
     order = []
     for token in tokens:
         order += [t for t, _ in gov.acquire(ORG, "slow", 1, token, now=0.0).grants]
-    for t in (1.0, 2.0):
+    for t in (1.1, 2.2):
         order += [t for t, _ in gov.wake(t).grants]
     assert order == tokens
 
@@ -149,9 +149,9 @@ def test_governor_backpressure_pauses_every_tool_of_that_provider_only() -> None
     other_provider, other_org = object(), object()
     assert _granted(gov.acquire(ORG, "b", 1, other_provider, now=101.0)) == {other_provider: 1}
     assert _granted(gov.acquire("globex", "a", 1, other_org, now=101.0)) == {other_org: 1}
-    assert gov.bucket(ORG, "a").rate == pytest.approx(10.0 * AIMD_DECREASE)
-    assert gov.bucket("globex", "a").rate == 10.0
-    assert gov.bucket(ORG, "b").rate == 10.0
+    assert gov.bucket(ORG, "a").rate == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
+    assert gov.bucket("globex", "a").rate == pytest.approx(10.0 * PACE_MARGIN)
+    assert gov.bucket(ORG, "b").rate == pytest.approx(10.0 * PACE_MARGIN)
     # after the pause, releases are spread by the (cut) rate
     assert gov.wake(130.0).grants == []
     rate = gov.bucket(ORG, "a").rate
@@ -201,10 +201,26 @@ def test_governor_success_releases_add_rate_back() -> None:
     assert _granted(gov.acquire(ORG, "p", 1, a, now=5.0)) == {a: 1}
     gov.release(ORG, "p", count=1, successes=0, now=5.1)
     assert gov.bucket(ORG, "p").rate == cut  # a failure adds nothing
-    b = object()
+    b, c = object(), object()
     gov.acquire(ORG, "p", 1, b, now=6.0)
-    gov.release(ORG, "p", count=1, successes=1, now=6.1)
-    assert gov.bucket(ORG, "p").rate > cut
+    assert gov.acquire(ORG, "p", 1, c, now=6.0).grants == []  # the rate holds c back
+    grown = gov.release(ORG, "p", count=1, successes=1, now=6.1)
+    rate = gov.bucket(ORG, "p").rate
+    assert rate is not None and cut is not None and rate > cut
+    assert grown.gates == {(ORG, "p"): (rate, None)}  # the send gate follows the new rate
+
+
+def test_governor_decisions_keep_the_send_gates_in_step() -> None:
+    gov = _gov(p=Pacing(rps=10.0, burst=1.0))
+    first = gov.acquire(ORG, "p", 1, object(), now=0.0)
+    assert first.gates == {(ORG, "p"): (pytest.approx(10.0 * PACE_MARGIN), None)}  # a new bucket
+    assert gov.acquire(ORG, "p", 1, object(), now=0.0).gates == {}  # nothing changed
+    paused = gov.backpressure(ORG, "p", "2", now=1.0, wall=1_700_000_000.0)
+    bucket = gov.bucket(ORG, "p")
+    assert paused.gates == {(ORG, "p"): (bucket.rate, bucket.gate_until)}
+    assert bucket.gate_until == pytest.approx(3.0)
+    unpaced = gov.acquire(ORG, "local", 1, object(), now=0.0)
+    assert unpaced.gates == {(ORG, "local"): (None, None)}  # no rate: sends are not spaced
 
 
 # -- budgets --------------------------------------------------------------------------

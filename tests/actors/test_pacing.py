@@ -7,10 +7,25 @@ from __future__ import annotations
 
 import email.utils
 import math
+import time
 
 import pytest
 
-from actors._pacing import AIMD_DECREASE, AIMD_MIN_RPS, OBSERVE_WINDOW_S, ProviderBucket, parse_retry_after
+from actors._pacing import (
+    AIMD_CUT_COOLDOWN_S,
+    AIMD_DECREASE,
+    AIMD_INCREASE_FRACTION,
+    AIMD_MIN_RPS,
+    OBSERVE_WINDOW_S,
+    PACE_MARGIN,
+    SLOW_START_DOUBLING_S,
+    SLOW_START_EXIT_DECREASE,
+    SLOW_START_RPS,
+    ProviderBucket,
+    SendGate,
+    SendGates,
+    parse_retry_after,
+)
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
@@ -63,23 +78,41 @@ def test_parse_retry_after_default_never_exceeds_cap() -> None:
 # -- token bucket ---------------------------------------------------------------------
 
 
+def _bucket(rps: float | None = None, burst: float | None = None, **kw: object) -> ProviderBucket:
+    return ProviderBucket(ceiling_rps=rps, burst=burst, max_concurrency=None, **kw)  # type: ignore[arg-type]
+
+
+def _use(bucket: ProviderBucket, now: float) -> None:
+    """Make the rate what holds a waiter back at ``now`` (so successes may grow it)."""
+    bucket.refill(now)
+    bucket.take(max(0, math.floor(bucket.tokens + 1e-9)), now)
+    assert bucket.available(now) == 0
+    bucket.in_flight = 0
+
+
+def test_a_stated_rate_is_paced_just_under_itself() -> None:
+    bucket = _bucket(10.0, burst=5.0)
+    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)
+    assert PACE_MARGIN >= 0.97  # the main job's target is >= 97% of a stated rate
+
+
 def test_bucket_refills_at_rate_and_caps_at_burst() -> None:
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=5.0, max_concurrency=None)
+    bucket = _bucket(10.0, burst=5.0)
     assert bucket.available(100.0) == 5
     bucket.take(5, 100.0)
     assert bucket.available(100.0) == 0
-    assert bucket.available(100.25) == 2  # 0.25 s * 10 rps
-    assert bucket.available(100.5) == 5
+    assert bucket.available(100.25) == 2  # 0.25 s * 9.8 rps
+    assert bucket.available(100.6) == 5
     assert bucket.available(1000.0) == 5  # never past the burst
     assert bucket.tokens == 5.0
 
 
 def test_bucket_ready_at_says_when_the_next_token_arrives() -> None:
-    bucket = ProviderBucket(ceiling_rps=2.0, burst=1.0, max_concurrency=None)
+    bucket = _bucket(2.0, burst=1.0)
     assert bucket.available(10.0) == 1
     bucket.take(1, 10.0)
     assert bucket.available(10.0) == 0
-    assert bucket.ready_at(10.0) == pytest.approx(10.5)
+    assert bucket.ready_at(10.0) == pytest.approx(10.0 + 1 / (2.0 * PACE_MARGIN))
 
 
 def test_bucket_max_concurrency_caps_available() -> None:
@@ -94,18 +127,21 @@ def test_bucket_max_concurrency_caps_available() -> None:
     assert bucket.available(0.0) == 1
 
 
-def test_bucket_unknown_rate_is_not_paced() -> None:
-    bucket = ProviderBucket(ceiling_rps=None, burst=None, max_concurrency=None)
+def test_bucket_unknown_rate_without_a_start_is_not_paced() -> None:
+    bucket = _bucket()
+    assert bucket.rate is None and not bucket.slow_start
     bucket.take(1000, 0.0)
     assert bucket.available(0.0) >= 1_000_000
     assert bucket.ready_at(0.0) == 0.0
+    bucket.on_success(0.0)
+    assert bucket.rate is None
 
 
 def test_bucket_backpressure_closes_gate_and_cuts_rate() -> None:
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=5.0, max_concurrency=None)
+    bucket = _bucket(10.0, burst=5.0)
     bucket.on_backpressure(pause_s=30.0, jitter_s=0.5, now=100.0)
     assert bucket.gate_until == pytest.approx(130.5)
-    assert bucket.rate == pytest.approx(10.0 * AIMD_DECREASE)
+    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
     assert bucket.backpressure_events == 1
     assert bucket.available(100.0) == 0
     assert bucket.available(130.0) == 0  # still closed
@@ -113,9 +149,9 @@ def test_bucket_backpressure_closes_gate_and_cuts_rate() -> None:
 
 
 def test_bucket_tokens_restart_at_zero_after_the_gate() -> None:
-    bucket = ProviderBucket(ceiling_rps=4.0, burst=10.0, max_concurrency=None)
+    bucket = _bucket(4.0, burst=10.0)
     bucket.on_backpressure(pause_s=10.0, jitter_s=0.0, now=0.0)
-    rate = 4.0 * AIMD_DECREASE
+    rate = 4.0 * PACE_MARGIN * AIMD_DECREASE
     assert bucket.available(10.0) == 0  # gate open, but no burst is waiting
     assert bucket.ready_at(10.0) == pytest.approx(10.0 + 1 / rate)
     assert bucket.available(10.0 + 1 / rate) == 1
@@ -123,7 +159,7 @@ def test_bucket_tokens_restart_at_zero_after_the_gate() -> None:
 
 
 def test_bucket_repeated_backpressure_cuts_again_never_below_minimum() -> None:
-    bucket = ProviderBucket(ceiling_rps=1.0, burst=1.0, max_concurrency=None)
+    bucket = _bucket(1.0, burst=1.0)
     for i in range(50):
         bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=10.0 * i)  # separate events
     assert bucket.rate == AIMD_MIN_RPS
@@ -131,51 +167,117 @@ def test_bucket_repeated_backpressure_cuts_again_never_below_minimum() -> None:
 
 
 def test_bucket_backpressure_never_shortens_an_open_gate() -> None:
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=1.0, max_concurrency=None)
+    bucket = _bucket(10.0, burst=1.0)
     bucket.on_backpressure(pause_s=60.0, jitter_s=0.0, now=0.0)
     bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=5.0)
     assert bucket.gate_until == 60.0
 
 
-def test_bucket_success_adds_rate_back_gradually_up_to_the_ceiling() -> None:
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=1.0, max_concurrency=None)
+def test_bucket_success_adds_rate_back_gradually_up_to_the_stated_rate() -> None:
+    bucket = _bucket(10.0, burst=1.0)
     bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=0.0)
     cut = bucket.rate
-    assert cut == pytest.approx(10.0 * AIMD_DECREASE)
+    assert cut == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
+    _use(bucket, 2.0)
     bucket.on_success(2.0)
-    assert cut < bucket.rate < cut + 0.1  # gradual: one success is a small step
+    assert cut < bucket.rate < cut + 0.2  # gradual: one success is a small step
     previous = bucket.rate
     for _ in range(10):
         bucket.on_success(2.0)
         assert bucket.rate >= previous
         previous = bucket.rate
-    assert bucket.rate < 10.0
+    assert bucket.rate < 10.0 * PACE_MARGIN
     for _ in range(10_000):
-        bucket.on_success(3.0)
-    assert bucket.rate == 10.0  # reaches the ceiling, never exceeds it
+        bucket.on_success(2.5)
+    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)  # back at the stated rate, never past it
 
 
-def test_bucket_success_at_the_ceiling_stays_at_the_ceiling() -> None:
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=1.0, max_concurrency=None)
+def test_bucket_additive_increase_is_a_share_of_the_reference_per_second() -> None:
+    bucket = _bucket(100.0)
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=0.0)
+    reference, cut = bucket.reference_rps, bucket.rate
+    assert reference == pytest.approx(100.0 * PACE_MARGIN)
+    _use(bucket, 1.0)
+    assert cut is not None and reference is not None
+    for _ in range(round(cut)):  # about one second's worth of successes at the cut rate
+        bucket.on_success(1.0)
+    assert bucket.rate == pytest.approx(cut + AIMD_INCREASE_FRACTION * reference, rel=0.03)
+
+
+def test_bucket_rate_nobody_waits_for_does_not_grow() -> None:
+    bucket = _bucket(10.0, burst=1.0)
+    bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=0.0)
+    cut = bucket.rate
+    for _ in range(1000):
+        bucket.on_success(5.0)  # the rate never held a waiter back
+    assert bucket.rate == cut
+    _use(bucket, 6.0)
+    bucket.on_success(6.5)
+    assert bucket.rate > cut  # limited within the last second: grows
+    rate = bucket.rate
+    bucket.on_success(6.0 + 1.5)  # limited 1.5 s ago: not any more
+    assert bucket.rate == rate
+
+
+def test_bucket_success_at_the_stated_rate_stays_there() -> None:
+    bucket = _bucket(10.0, burst=1.0)
+    _use(bucket, 0.0)
     bucket.on_success(0.0)
-    assert bucket.rate == 10.0
+    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)
 
 
-def test_bucket_unknown_rate_backpressure_learns_from_observed_admissions() -> None:
-    bucket = ProviderBucket(ceiling_rps=None, burst=None, max_concurrency=None)
-    for i in range(20):
-        bucket.take(1, 100.0 + i * 0.1)  # 20 admissions within the observe window
+def test_slow_start_doubles_the_rate_every_period_while_it_is_used() -> None:
+    bucket = _bucket(start_rps=SLOW_START_RPS)
+    assert bucket.slow_start and bucket.rate == SLOW_START_RPS
+    now = 0.0
+    for _ in range(4):  # four periods
+        _use(bucket, now)
+        start = bucket.rate
+        assert start is not None
+        # successes arriving at the growing rate r0 * 2**(t/P) number r0 * P / ln 2 in a period
+        for _ in range(round(start * SLOW_START_DOUBLING_S / math.log(2))):
+            bucket.on_success(now)
+        assert bucket.rate == pytest.approx(2 * start, rel=0.05)
+        now += SLOW_START_DOUBLING_S
+    assert bucket.rate == pytest.approx(SLOW_START_RPS * 16, rel=0.1)
+
+
+def test_slow_start_ends_at_the_first_429_with_a_halving_then_additive() -> None:
+    bucket = _bucket(start_rps=40.0)
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=3.0)
+    assert not bucket.slow_start
+    assert bucket.rate == pytest.approx(40.0 * SLOW_START_EXIT_DECREASE)
+    assert bucket.reference_rps == 40.0
+    _use(bucket, 4.0)
+    bucket.on_success(4.0)
+    assert bucket.rate == pytest.approx(20.0 + AIMD_INCREASE_FRACTION * 40.0 / 20.0)  # additive now
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=3.0 + 2 * AIMD_CUT_COOLDOWN_S)
+    assert bucket.rate == pytest.approx((20.0 + AIMD_INCREASE_FRACTION * 2.0) * AIMD_DECREASE)
+
+
+def test_unpaced_bucket_starts_slow_start_from_half_the_observed_rate_at_its_first_429() -> None:
+    bucket = _bucket()
+    for i in range(200):
+        bucket.take(1, 100.0 + i * 0.009)  # 200 admissions within the observe window
     now = 100.0 + 1.9
     observed = bucket.observed_rps(now)
-    assert observed == pytest.approx(20 / OBSERVE_WINDOW_S)
+    assert observed == pytest.approx(200 / OBSERVE_WINDOW_S)
     bucket.on_backpressure(pause_s=5.0, jitter_s=0.0, now=now)
-    assert bucket.rate == pytest.approx(observed * AIMD_DECREASE)
+    assert bucket.slow_start
+    assert bucket.rate == pytest.approx(observed * SLOW_START_EXIT_DECREASE)
     assert bucket.available(now + 5.0) == 0
     assert bucket.available(now + 5.0 + 1 / bucket.rate) == 1  # paced now
 
 
+def test_unpaced_bucket_restarts_no_lower_than_the_slow_start_floor() -> None:
+    bucket = _bucket()
+    bucket.take(3, 0.0)
+    bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=0.01)
+    assert bucket.rate == SLOW_START_RPS and bucket.slow_start
+
+
 def test_bucket_observed_rps_forgets_old_admissions() -> None:
-    bucket = ProviderBucket(ceiling_rps=None, burst=None, max_concurrency=None)
+    bucket = _bucket()
     bucket.take(10, 0.0)
     assert bucket.observed_rps(1.0) == pytest.approx(10 / OBSERVE_WINDOW_S)
     assert bucket.observed_rps(OBSERVE_WINDOW_S + 1.0) == 0.0
@@ -184,7 +286,7 @@ def test_bucket_observed_rps_forgets_old_admissions() -> None:
 def test_bucket_wake_time_always_yields_a_token() -> None:
     # Regression: a refill landing at 0.99999999999994 tokens gave available() == 0 and a
     # ready_at() that rounded to ``now``, so the governor armed no wake-up (lost waiter).
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=10.0, max_concurrency=None)
+    bucket = _bucket(10.0, burst=10.0)
     bucket.on_backpressure(pause_s=30.0, jitter_s=0.0, now=100.0)
     now = 130.0
     for _ in range(50):
@@ -196,11 +298,12 @@ def test_bucket_wake_time_always_yields_a_token() -> None:
             break
     else:
         pytest.fail("ready_at never led to a token")
+    assert bucket.rate is not None
     assert now == pytest.approx(130.0 + 1 / bucket.rate)
 
 
 def test_bucket_ready_at_is_strictly_ahead_for_a_tiny_deficit() -> None:
-    bucket = ProviderBucket(ceiling_rps=1000.0, burst=1.0, max_concurrency=None)
+    bucket = _bucket(1000.0, burst=1.0)
     now = 10_000_000.0  # a monotonic clock after months of uptime: coarse floats
     bucket.refill(now)
     bucket.take(1, now)
@@ -211,22 +314,136 @@ def test_bucket_ready_at_is_strictly_ahead_for_a_tiny_deficit() -> None:
 
 
 def test_bucket_429s_of_one_congestion_event_cut_the_rate_once() -> None:
-    from actors._pacing import AIMD_CUT_COOLDOWN_S
-
-    bucket = ProviderBucket(ceiling_rps=10.0, burst=1.0, max_concurrency=None)
+    bucket = _bucket(10.0, burst=1.0)
+    rate = 10.0 * PACE_MARGIN
     bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=0.0)
     bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=AIMD_CUT_COOLDOWN_S / 2)  # in flight at the first
-    assert bucket.rate == pytest.approx(10.0 * AIMD_DECREASE)
+    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
     assert bucket.backpressure_events == 2
     bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=AIMD_CUT_COOLDOWN_S * 2)  # a new event
-    assert bucket.rate == pytest.approx(10.0 * AIMD_DECREASE**2)
-    assert bucket.reference_rps == pytest.approx(10.0 * AIMD_DECREASE)
+    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE**2)
+    assert bucket.reference_rps == pytest.approx(rate * AIMD_DECREASE)
 
 
-def test_send_gate_spaces_sends_at_the_stated_rate() -> None:
-    from actors._pacing import SendGate
+# -- send gate ------------------------------------------------------------------------
 
-    gate = SendGate()
-    waits = [gate.turn_in(10.0, now=100.0) for _ in range(4)]  # four sends admitted at once
+
+class FakeTime:
+    """A clock and a sleep that advances it; ``hook(now)`` runs after each sleep."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.slept: list[float] = []
+        self.hook = lambda now: None
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        self.hook(self.now)
+
+
+def test_send_gate_spaces_bookings_at_its_rate() -> None:
+    gate = SendGate(10.0)
+    waits = [gate.book(100.0)[0] for _ in range(4)]  # four sends admitted at once
     assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert gate.turn_in(10.0, now=101.0) == 0.0  # idle long enough: no wait
+    assert gate.book(101.0)[0] == 0.0  # idle long enough: no wait, no saved-up burst
+    assert gate.book(101.0)[0] == pytest.approx(0.1)
+
+
+def test_send_gate_without_a_rate_does_not_wait() -> None:
+    gate = SendGate()
+    assert [gate.book(5.0)[0] for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+def test_send_gate_follows_rate_changes() -> None:
+    gate = SendGate(10.0)
+    gate.book(0.0)
+    gate.set_rate(2.0)
+    assert gate.book(0.0)[0] == pytest.approx(0.1)  # booked at the old spacing
+    assert gate.book(0.0)[0] == pytest.approx(0.6)  # then at 2/s
+
+
+def test_send_gate_pause_rebooks_senders_already_waiting() -> None:
+    gate = SendGate(100.0)
+    fake = FakeTime(10.0)
+    for _ in range(50):
+        gate.book(10.0)  # 50 senders ahead: the next slot is 0.5 s away
+
+    def pause_once(now: float) -> None:
+        if now >= 10.2 and gate.rps == 100.0:
+            gate.pause_until(11.0, 50.0)  # a 429 came back while this sender slept
+
+    fake.hook = pause_once
+    # the sender sleeps in steps only because the fake sleep runs the hook afterwards
+    assert gate.wait_turn(clock=fake.clock, sleep=fake.sleep) is True
+    assert fake.slept[0] == pytest.approx(0.5)  # its first booking
+    assert fake.now == pytest.approx(11.0)  # re-booked from the pause, not sent into it
+
+
+def test_send_gate_unpaused_sender_goes_at_its_booking() -> None:
+    gate = SendGate(4.0)
+    fake = FakeTime(0.0)
+    gate.book(0.0)
+    assert gate.wait_turn(clock=fake.clock, sleep=fake.sleep) is True
+    assert fake.slept == [pytest.approx(0.25)]
+
+
+def test_send_gates_are_one_per_org_and_provider() -> None:
+    gates = SendGates()
+    assert gates.get("org", "p") is gates.get("org", "p")
+    assert gates.get("org", "p") is not gates.get("other", "p")
+    assert gates.get("org", "p") is not gates.get("org", "q")
+
+
+def test_send_gate_gives_up_a_turn_booked_after_the_latest_useful_moment() -> None:
+    gate = SendGate(2.0)
+    fake = FakeTime(0.0)
+    gate.book(0.0)  # the next turn is at 0.5
+    assert gate.wait_turn(latest=0.4, clock=fake.clock, sleep=fake.sleep) is False
+    assert fake.slept == []  # gave up without waiting
+
+
+def test_send_gate_gives_up_when_a_pause_pushes_the_turn_past_the_latest_moment() -> None:
+    gate = SendGate(10.0)
+    fake = FakeTime(0.0)
+    gate.book(0.0)
+    fake.hook = lambda now: gate.pause_until(30.0, 8.0)  # a 429 with Retry-After 30 s
+    assert gate.wait_turn(latest=5.0, clock=fake.clock, sleep=fake.sleep) is False
+    assert fake.now == pytest.approx(0.1)  # one spacing waited, then the re-booking was refused
+
+
+def test_send_gate_stop_ends_the_wait() -> None:
+    import threading
+
+    gate = SendGate(0.001)  # turns 1000 s apart
+    gate.book(time.monotonic())
+    stop = threading.Event()
+    stop.set()
+    start = time.monotonic()
+    assert gate.wait_turn(stop=stop) is False
+    assert time.monotonic() - start < 1.0
+
+
+def test_send_gate_senders_woken_late_together_go_at_most_two_back_to_back() -> None:
+    gate = SendGate(10.0)
+    bookings = [gate.book(0.0) for _ in range(4)]  # slots at 0.0, 0.1, 0.2, 0.3
+    # the event loop was busy until 0.35: all four wake at once
+    passes = [gate.try_pass(0.35, epoch) for _, epoch in bookings]
+    assert passes[:2] == [0.0, 0.0]  # one spacing of tolerance: two go back to back
+    assert passes[2] == pytest.approx(0.1)  # the third waits a spacing; the fourth is not counted yet
+    assert gate.try_pass(0.45, bookings[2][1]) == 0.0
+    assert gate.try_pass(0.45, bookings[3][1]) == pytest.approx(0.1)
+    assert gate.try_pass(0.55, bookings[3][1]) == 0.0
+
+
+def test_send_gate_pause_voids_bookings_made_before_it() -> None:
+    gate = SendGate(10.0)
+    _, epoch = gate.book(0.0)
+    gate.pause_until(2.0, 10.0)
+    assert gate.try_pass(0.05, epoch) is None  # book again
+    delay, fresh = gate.book(0.05)
+    assert delay == pytest.approx(1.95)
+    assert gate.try_pass(2.0, fresh) == 0.0
