@@ -163,7 +163,7 @@ def _record_errors(waves: Waves, errors: list[tuple[Group, BaseException]]) -> l
             out.append((group.key, error))
         else:
             failures.append((group, error))
-    ctx.stats.add("failures", len(failures))
+    ctx.stats.add("failures", len(failures), tool=tool.tool_id)
     if not tool.durable:
         return out + [(g.key, e) for g, e in failures]
     waves.release(released)

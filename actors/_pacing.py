@@ -6,7 +6,6 @@ clock.
 
 from __future__ import annotations
 
-import collections
 import email.utils
 import math
 import threading
@@ -39,10 +38,15 @@ reference (the rate just before the last cut) per second of successful calls. Af
 cut to 80% it is back at the reference in about 2 s; a provider at a fixed limit sees
 one congestion event every few seconds (one or two 429s each) and gets about 90-95% of
 its limit."""
+AIMD_MAX_STEP_PER_CALL = 0.002
+"""...but by at most 0.2% per successful call, so that at low rates (below about 50
+requests/s) a cycle between congestion events still spans a few hundred calls and only
+a small share of them meet a 429."""
 AIMD_CUT_COOLDOWN_S = 1.0
-"""429s within this many seconds of a cut belong to the same congestion event (calls
-already in flight when the first 429 came back): they pause the gate but do not cut
-the rate again."""
+"""A 429 for a request sent before the last cut belongs to the congestion event that
+cut (it was in flight, or waiting to go, when the first 429 came back): it pauses the
+gate but does not cut again (as TCP NewReno cuts once per window, RFC 6582). When the
+send time is unknown, 429s within this many seconds of a cut count as the same event."""
 AIMD_MIN_RPS = 0.1
 """The rate is never cut below this (requests per second)."""
 PACE_MARGIN = 0.98
@@ -61,11 +65,12 @@ SLOW_START_EXIT_DECREASE = 0.5
 """The first congestion event of an unknown rate halves it (as TCP leaves slow start,
 RFC 5681): doubling overshoots the provider's limit by up to a third before its 429
 comes back, and 80% of that would still be over it."""
-OBSERVE_WINDOW_S = 2.0
-"""Window over which grants are counted to measure an unpaced provider's rate."""
-LIMITED_RECENTLY_S = 1.0
-"""The rate grows only if it held a waiter back within this many seconds: a rate
-nobody uses is not raised (RFC 7661's rule for an unused congestion window)."""
+USE_WINDOW_S = 0.5
+"""Time constant (seconds) of the moving average of grants that tells how fast a
+provider's calls are being admitted."""
+IN_USE_FRACTION = 0.5
+"""The rate grows only while calls are admitted at no less than this share of it: a
+rate nobody uses is not raised (RFC 7661's rule for an unused congestion window)."""
 TOKEN_EPSILON = 1e-9
 """Float slack when counting whole tokens (a refill may land at 0.99999999999994)."""
 MIN_WAKE_S = 1e-3
@@ -264,8 +269,8 @@ class ProviderBucket:
       holds calls back; the next congestion event cuts it to
       :data:`SLOW_START_EXIT_DECREASE` of itself and ends slow start.
     * congestion avoidance (from the start when the rate is stated, paced at
-      :data:`PACE_MARGIN` of it and never above): each congestion event (a 429 more than
-      :data:`AIMD_CUT_COOLDOWN_S` after the last cut) cuts the rate to
+      :data:`PACE_MARGIN` of it and never above): each congestion event (a 429 for a
+      request sent after the last cut; see :data:`AIMD_CUT_COOLDOWN_S`) cuts the rate to
       :data:`AIMD_DECREASE` of itself; between events it grows by
       :data:`AIMD_INCREASE_FRACTION` of its reference per second.
 
@@ -294,8 +299,8 @@ class ProviderBucket:
     gate_until: float = 0.0
     backpressure_events: int = 0
     last_cut_at: float = -math.inf
-    limited_at: float = -math.inf
-    _grants: collections.deque[float] = attrs.field(factory=collections.deque)
+    _used: float = 0.0
+    _used_at: float = -math.inf
 
     def __attrs_post_init__(self) -> None:
         if self.ceiling_rps is not None:
@@ -321,30 +326,22 @@ class ProviderBucket:
         self.refilled_at = max(self.refilled_at, now)
 
     def available(self, now: float) -> int:
-        """How many slots this bucket could grant at ``now`` (before the global ceiling).
-
-        Called for a waiting request; notes when the rate is what holds it back (only
-        a rate in use grows).
-        """
+        """How many slots this bucket could grant at ``now`` (before the global ceiling)."""
         if now < self.gate_until:
             return 0
         self.refill(now)
         free = math.inf if self.max_concurrency is None else self.max_concurrency - self.in_flight
         if self.rate is None:
             return int(free) if free != math.inf else 1 << 30
-        whole = math.floor(self.tokens + TOKEN_EPSILON)
-        if whole < 1:
-            self.limited_at = now
-        return int(min(free, whole))
+        return int(min(free, math.floor(self.tokens + TOKEN_EPSILON)))
 
     def take(self, n: int, now: float) -> None:
         """Record ``n`` grants at ``now``."""
         if self.rate is not None:
             self.tokens -= n
         self.in_flight += n
-        self._grants.extend([now] * n)
-        while self._grants and self._grants[0] < now - OBSERVE_WINDOW_S:
-            self._grants.popleft()
+        self._used = self._decayed(now) + n
+        self._used_at = max(self._used_at, now)
 
     def ready_at(self, now: float) -> float | None:
         """When a waiter could next be granted, or None if only a release can help."""
@@ -357,31 +354,43 @@ class ProviderBucket:
             return now + max((1 - self.tokens) / self.rate, MIN_WAKE_S)
         return now
 
-    def observed_rps(self, now: float) -> float:
-        """Grants per second over the last :data:`OBSERVE_WINDOW_S`."""
-        while self._grants and self._grants[0] < now - OBSERVE_WINDOW_S:
-            self._grants.popleft()
-        return len(self._grants) / OBSERVE_WINDOW_S
+    def _decayed(self, now: float) -> float:
+        return self._used * math.exp(-max(0.0, now - self._used_at) / USE_WINDOW_S)
+
+    def used_rps(self, now: float) -> float:
+        """Grants per second: an exponential moving average, time constant
+        :data:`USE_WINDOW_S`."""
+        return self._decayed(now) / USE_WINDOW_S
 
     def on_success(self, now: float) -> None:
-        """One successful call: grow the rate if it held calls back recently."""
-        if self.rate is None or now - self.limited_at > LIMITED_RECENTLY_S:
+        """One successful call: grow the rate, if calls are admitted at a good share of it."""
+        if self.rate is None or self.used_rps(now) < IN_USE_FRACTION * self.rate:
             return
         if self.slow_start:
             self.rate *= 2.0 ** (1.0 / (max(self.rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S))
         else:
             reference = self.reference_rps or self.rate
-            self.rate += AIMD_INCREASE_FRACTION * reference / max(self.rate, AIMD_MIN_RPS)
+            step = AIMD_INCREASE_FRACTION * reference / max(self.rate, AIMD_MIN_RPS)
+            self.rate += min(step, AIMD_MAX_STEP_PER_CALL * self.rate)
         if self.ceiling_rps is not None:
             self.rate = min(self.rate, self.ceiling_rps * PACE_MARGIN)
 
-    def on_backpressure(self, pause_s: float, jitter_s: float, now: float) -> None:
-        """Close the gate for ``pause_s`` (+ jitter); cut the rate once per congestion event."""
+    def on_backpressure(
+        self, pause_s: float, jitter_s: float, now: float, sent_at: float | None = None
+    ) -> None:
+        """Close the gate for ``pause_s`` (+ jitter); cut the rate once per congestion event.
+
+        ``sent_at``: when the 429'd request was sent (same clock as ``now``); one sent
+        after the last cut is a new event.
+        """
         self.backpressure_events += 1
         self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
-        if now >= self.last_cut_at + AIMD_CUT_COOLDOWN_S:
+        new_event = (
+            now >= self.last_cut_at + AIMD_CUT_COOLDOWN_S if sent_at is None else sent_at > self.last_cut_at
+        )
+        if new_event:
             if self.rate is None:
-                self.rate = max(SLOW_START_RPS, self.observed_rps(now) * SLOW_START_EXIT_DECREASE)
+                self.rate = max(SLOW_START_RPS, self.used_rps(now) * SLOW_START_EXIT_DECREASE)
                 self.slow_start = True
             else:
                 decrease = SLOW_START_EXIT_DECREASE if self.slow_start else AIMD_DECREASE

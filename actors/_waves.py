@@ -200,7 +200,7 @@ class Waves:
         ctx.governor.tell(
             ReleaseSlots(org_id=ctx.run.org_id, provider=tool.provider_name, count=slots, successes=ok)
         )
-        ctx.stats.add("provider_calls", len(runnable))
+        ctx.stats.add("provider_calls", len(runnable), tool=tool.tool_id)
         ctx.stats.add("batches", sum(1 for u in runnable if len(u.groups) > 1))
         return finish(self, outcomes)
 
@@ -224,9 +224,12 @@ class Waves:
         gate = ctx.send_gates.get(ctx.run.org_id, tool.provider_name)
         fn = batch.batch_fn if batch else tool.fn
 
+        sent_at: list[float] = []
+
         def send(context: ToolContext) -> Any:
             if not gate.wait_turn(latest=context.deadline, stop=ctx.stopping):
                 raise NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
+            sent_at[:] = [time.monotonic()]
             return fn(payload, context)
 
         try:
@@ -246,10 +249,13 @@ class Waves:
         except RateLimitedError as exc:
             ctx.governor.tell(
                 BackpressureReported(
-                    org_id=ctx.run.org_id, provider=tool.provider_name, retry_after=exc.retry_after
+                    org_id=ctx.run.org_id,
+                    provider=tool.provider_name,
+                    retry_after=exc.retry_after,
+                    sent_at=sent_at[0] if sent_at else None,
                 )
             )
-            ctx.stats.add("backpressure")
+            ctx.stats.add("backpressure", tool=tool.tool_id)
             raise
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -98,7 +98,7 @@ def _run(
     from . import DispatchSystem, RunInfo
     from ._runtime import runtime_name
     from .play import PlayContext, PlayLoadError, load_play, read_rows
-    from .report import ProgressDisplay, report_table
+    from .report import ProgressDisplay, report_table, tools_table
     from .runner import run_rows
 
     try:
@@ -106,7 +106,8 @@ def _run(
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+        if db == DEFAULT_DB:  # the default's folder is ours to make; a given path's folder must exist
+            os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
         store = SqliteReceiptStore(db)
     except (OSError, StoreError) as exc:
         raise ConfigError(str(exc)) from None
@@ -146,6 +147,7 @@ def _run(
     if summary.config_error:
         raise ConfigError(summary.config_error)
     console.print(report_table(stats, summary))
+    console.print(tools_table(stats))
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0
@@ -273,12 +275,22 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
     """List salvaged outputs."""
     from .salvage import SalvageLog
 
-    entries = SalvageLog(salvage_path or f"{db}.salvage.jsonl").entries()
+    path = salvage_path or f"{db}.salvage.jsonl"
+    if not os.path.exists(path):
+        if salvage_path is not None:
+            raise ConfigError(f"no salvage file at {salvage_path}")
+        if not os.path.exists(db):
+            raise ConfigError(f"no receipt store at {db} (and no salvage file at {path})")
+    log = SalvageLog(path)
+    entries = log.entries()
     table = Table("key", "org", "tool", "attempts", "error")
     for e in entries:
         table.add_row(e.receipt_key[:16], e.org_id, e.tool_id, str(e.completion_attempts), e.error[:60])
     Console().print(table)
-    click.echo(f"{len(entries)} salvaged")
+    unreadable = log.unreadable()
+    click.echo(
+        f"{len(entries)} salvaged" + (f"; {unreadable} unreadable lines left in {path}" if unreadable else "")
+    )
 
 
 @salvage.command("replay")
@@ -293,6 +305,7 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
     store.close()
     click.echo(
         f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}"
+        + (f", {report.unreadable} unreadable lines left in the file" if report.unreadable else "")
     )
 
 

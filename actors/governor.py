@@ -146,9 +146,16 @@ class Governor:
         return out
 
     def backpressure(
-        self, org_id: str, provider: str, retry_after: Any, now: float, wall: float
+        self,
+        org_id: str,
+        provider: str,
+        retry_after: Any,
+        now: float,
+        wall: float,
+        sent_at: float | None = None,
     ) -> Decisions:
-        """Pause (org, provider) for the parsed Retry-After and cut its rate."""
+        """Pause (org, provider) for the parsed Retry-After and cut its rate (once per
+        congestion event; ``sent_at``, when the 429'd request was sent, tells events apart)."""
         pause = parse_retry_after(
             retry_after,
             wall,
@@ -158,7 +165,7 @@ class Governor:
         )
         jitter = self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
-        bucket.on_backpressure(pause, jitter, now)
+        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at)
         out = self.wake(now)
         out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
         return out
@@ -257,7 +264,9 @@ class GovernorActor(pykka.ThreadingActor):
         elif isinstance(message, BackpressureReported):
             gov = self.governor
             self._perform(
-                gov.backpressure(message.org_id, message.provider, message.retry_after, now, time.time())
+                gov.backpressure(
+                    message.org_id, message.provider, message.retry_after, now, time.time(), message.sent_at
+                )
             )
         elif isinstance(message, GovernorWake):
             self._armed = None

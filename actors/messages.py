@@ -105,6 +105,8 @@ class BackpressureReported:
     """The provider."""
     retry_after: Any
     """The raw Retry-After value (delta-seconds, HTTP-date, garbage or None)."""
+    sent_at: float | None = None
+    """When the request that got the 429 was sent (``time.monotonic()``), if known."""
 
 
 @attrs.frozen(kw_only=True)

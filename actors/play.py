@@ -45,17 +45,23 @@ class Play:
 
 
 def load_play(spec: str) -> Play:
-    """Load ``spec``: a ``.py`` path, a module name, or ``module:attr``.
+    """Load ``spec``: a ``.py`` path, a module name, ``module:attr`` or ``path.py:attr``
+    (the attribute holds ``tools`` and ``play``; its name is then the receipt scope).
 
     Raises:
         PlayLoadError: it does not import, or has no ``tools`` / ``play``.
     """
     target: Any
+    file_part, colon, file_attr = spec.rpartition(":")
+    if colon and file_part.endswith(".py"):
+        spec_path, attr = file_part, file_attr
+    else:
+        spec_path, attr = spec, ""
     try:
-        if spec.endswith(".py") or os.sep in spec:
-            path = os.path.abspath(spec)
+        if spec_path.endswith(".py") or os.sep in spec_path:
+            path = os.path.abspath(spec_path)
             if not os.path.isfile(path):
-                raise PlayLoadError(f"play file not found: {spec}")
+                raise PlayLoadError(f"play file not found: {spec_path}")
             name = os.path.splitext(os.path.basename(path))[0]
             module_spec = importlib.util.spec_from_file_location(f"tooldispatch_play_{name}", path)
             if module_spec is None or module_spec.loader is None:
@@ -63,16 +69,19 @@ def load_play(spec: str) -> Play:
             target = importlib.util.module_from_spec(module_spec)
             sys.modules[module_spec.name] = target
             module_spec.loader.exec_module(target)
+            name, where = attr or name, spec_path
         else:
             module_name, _, attr = spec.partition(":")
-            name = attr or module_name.rsplit(".", 1)[-1]
+            name, where = attr or module_name.rsplit(".", 1)[-1], module_name
             target = importlib.import_module(module_name)
-            if attr:
-                target = getattr(target, attr)
     except PlayLoadError:
         raise
     except Exception as exc:
         raise PlayLoadError(f"cannot import play {spec!r}: {type(exc).__name__}: {exc}") from exc
+    if attr:
+        if not hasattr(target, attr):
+            raise PlayLoadError(f"play {spec!r}: {where} has no attribute {attr!r}")
+        target = getattr(target, attr)
     tools = getattr(target, "tools", None)
     run = getattr(target, "play", None)
     if callable(tools):

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .runner import RunSummary
 
-__all__ = ["ProgressDisplay", "progress_line", "report_table"]
+__all__ = ["ProgressDisplay", "progress_line", "report_table", "tools_table"]
 
 
 def progress_line(done: int, total: int | None, stats: dict[str, Any], elapsed_s: float) -> str:
@@ -125,4 +125,23 @@ def report_table(stats: dict[str, Any], summary: RunSummary) -> Table:
         table.add_row(f"error ({count} rows)", error)
     if summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
+    return table
+
+
+_TOOL_COLUMNS = (
+    ("calls", "calls"), ("live", "live"), ("cached", "cached"), ("in_flight", "in-flight"),
+    ("deduped", "deduped"), ("provider_calls", "provider calls"), ("backpressure", "429s"),
+    ("failures", "failures"),
+)  # fmt: skip
+
+
+def tools_table(stats: dict[str, Any]) -> Table:
+    """Per tool: its calls and how they were served (``stats["tools"]``), so a local
+    tool's calls are not mistaken for a paid provider's."""
+    table = Table(title="per tool", show_header=True, header_style="bold")
+    table.add_column("tool")
+    for _, label in _TOOL_COLUMNS:
+        table.add_column(label, justify="right")
+    for tool, counts in sorted(stats.get("tools", {}).items()):
+        table.add_row(tool, *(str(counts.get(key, 0)) for key, _ in _TOOL_COLUMNS))
     return table

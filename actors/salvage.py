@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any, TypeGuard
 
 import attrs
+import cattrs
 import orjson
 
 from stores._codec import converter, encode_json
@@ -64,11 +65,13 @@ class SalvageEntry:
 
 @attrs.frozen
 class ReplayReport:
-    """What :meth:`SalvageLog.replay` did: counts of entries."""
+    """What :meth:`SalvageLog.replay` did: counts of entries (``unreadable``: lines that
+    are not an entry, such as one torn by a crash mid-write; they are left in the file)."""
 
     completed: int
     already_completed: int
     kept: int
+    unreadable: int = 0
 
 
 class SalvageLog:
@@ -84,8 +87,11 @@ class SalvageLog:
         if not lines:
             return 0
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    lines.insert(0, "\n")  # a line torn by a crash: never glue an entry onto it
                 os.write(fd, "".join(lines).encode("utf-8"))
                 os.fsync(fd)
             finally:
@@ -96,23 +102,41 @@ class SalvageLog:
         """Every entry in the file (an empty list when there is no file)."""
         return self._read()[0]
 
-    def _read(self) -> tuple[list[SalvageEntry], int]:
-        """The entries and the byte size they were read from."""
+    def unreadable(self) -> int:
+        """How many lines of the file are not an entry (torn by a crash, edited by hand)."""
+        return len(self._read()[1])
+
+    def _read(self) -> tuple[list[SalvageEntry], list[bytes], int]:
+        """The entries, the lines that are not one, and the byte size they were read from."""
         try:
             with open(self.path, "rb") as fh:
                 data = fh.read()
         except FileNotFoundError:
-            return [], 0
-        raw = [orjson.loads(line) for line in data.splitlines() if line.strip()]
-        return [converter.structure(item, SalvageEntry) for item in raw], len(data)
+            return [], [], 0
+        entries: list[SalvageEntry] = []
+        unreadable: list[bytes] = []
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            try:
+                entries.append(converter.structure(orjson.loads(line), SalvageEntry))
+            except (
+                ValueError,
+                TypeError,
+                cattrs.BaseValidationError,
+            ):  # orjson's JSONDecodeError is a ValueError
+                unreadable.append(line)
+        return entries, unreadable, len(data)
 
-    def _rewrite(self, entries: list[SalvageEntry], carry_from: int) -> None:
-        """Replace the file with ``entries`` plus whatever was appended past ``carry_from``
-        since it was read (another process's flusher appends without this lock)."""
+    def _rewrite(self, entries: list[SalvageEntry], unreadable: list[bytes], carry_from: int) -> None:
+        """Replace the file with ``entries`` and the ``unreadable`` lines (kept verbatim for
+        an operator) plus whatever was appended past ``carry_from`` since it was read
+        (another process's flusher appends without this lock)."""
         tmp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             body = "".join(encode_json(e) + "\n" for e in entries).encode("utf-8")
+            body += b"".join(line + b"\n" for line in unreadable)
             try:
                 with open(self.path, "rb") as fh:
                     fh.seek(carry_from)
@@ -137,7 +161,7 @@ class SalvageLog:
             StoreError: the store failed (the file is left unchanged).
         """
         with self._lock:
-            entries, size = self._read()
+            entries, unreadable, size = self._read()
             kept: list[SalvageEntry] = []
             completed = already = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
@@ -184,8 +208,10 @@ class SalvageLog:
                 )
                 completed += len(done.applied)
                 kept.extend(members[key] for key in done.refused)
-            self._rewrite(kept, carry_from=size)
-            return ReplayReport(completed=completed, already_completed=already, kept=len(kept))
+            self._rewrite(kept, unreadable, carry_from=size)
+            return ReplayReport(
+                completed=completed, already_completed=already, kept=len(kept), unreadable=len(unreadable)
+            )
 
 
 _LOCKS: dict[str, threading.Lock] = {}

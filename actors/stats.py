@@ -52,11 +52,14 @@ class Stats:
             p: collections.deque(maxlen=_KEEP) for p in PHASES
         }
         self.perf_hook = perf_hook
+        self.per_tool: dict[str, collections.Counter[str]] = {}
 
-    def add(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to a counter."""
+    def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
+        """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""
         with self._lock:
             self.counters[name] += n
+            if tool is not None:
+                self.per_tool.setdefault(tool, collections.Counter())[name] += n
 
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
@@ -93,3 +96,10 @@ class Stats:
         """A copy of the counters."""
         with self._lock:
             return dict(self.counters)
+
+    def snapshot_tools(self) -> dict[str, dict[str, int]]:
+        """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,
+        ``in_flight``, ``deduped``, ``errors``, ``provider_calls``, ``backpressure``,
+        ``failures``)."""
+        with self._lock:
+            return {tool: dict(counts) for tool, counts in self.per_tool.items()}

@@ -202,7 +202,7 @@ class DispatchSystem:
         except Exception as exc:
             fail(future, exc)
             return future
-        self.stats_.add("calls")
+        self.stats_.add("calls", tool=tool_id)
         self._queues[tool_id].tell(SubmitCall(call=call))
         return future
 
@@ -262,9 +262,12 @@ class DispatchSystem:
     def stats(self) -> dict[str, Any]:
         """Counters: calls, live, cached, in_flight, deduped, provider_calls, batches,
         retries, backpressure, failures, salvaged, lease_lost, refused_by_latch,
-        requeued, cancelled, errors; plus ``latch_tripped`` and ``phases`` (p50/p95 ms).
+        requeued, cancelled, errors; plus ``latch_tripped``, ``phases`` (p50/p95 ms) and
+        ``tools`` (tool id -> its own counters: calls, live, cached, in_flight, deduped,
+        errors, provider_calls, backpressure, failures).
         """
         out: dict[str, Any] = self.stats_.snapshot()
+        out["tools"] = self.stats_.snapshot_tools()
         out["latch_tripped"] = self.latch.tripped
         out["latch_refused"] = self.latch.refused
         out["phases"] = self.stats_.percentiles()

@@ -225,9 +225,9 @@ class ToolQueueActor(pykka.ThreadingActor):
         decision = self.queue.submit(call)
         if decision is Submitted.MEMO:
             call.future.set(self.queue.recalled)
-            self.stats.add("cached")
+            self.stats.add("cached", tool=self.queue.tool.tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
-            self.stats.add("deduped")
+            self.stats.add("deduped", tool=self.queue.tool.tool_id)
         elif decision is Submitted.DRAIN_NOW:
             if not self._drain_pending:
                 self._drain_pending = True
@@ -260,19 +260,19 @@ class ToolQueueActor(pykka.ThreadingActor):
         if isinstance(outcome, BaseException):
             for call in group.calls + group.attached:
                 fail(call.future, outcome)
-            self.stats.add("errors", len(group.calls) + len(group.attached))
+            self.stats.add("errors", len(group.calls) + len(group.attached), tool=self.queue.tool.tool_id)
             return
         self.queue.remember(group.key, outcome, self.clock())
         for call in group.calls:
             call.future.set(outcome)
-        self.stats.add(outcome.execution, len(group.calls))
+        self.stats.add(outcome.execution, len(group.calls), tool=self.queue.tool.tool_id)
         if group.attached:
             attached = (
                 outcome if outcome.execution != "live" else attrs.evolve(outcome, execution="in_flight")
             )
             for call in group.attached:
                 call.future.set(attached)
-            self.stats.add(attached.execution, len(group.attached))
+            self.stats.add(attached.execution, len(group.attached), tool=self.queue.tool.tool_id)
 
 
 @attrs.frozen

@@ -194,17 +194,16 @@ def test_governor_backpressure_http_date_is_read_against_wall_clock() -> None:
 
 
 def test_governor_success_releases_add_rate_back() -> None:
-    gov = _gov(p=Pacing(rps=10.0, burst=1.0))
+    gov = _gov(p=Pacing(rps=10.0, burst=10.0))
     gov.backpressure(ORG, "p", "1", now=0.0, wall=1_700_000_000.0)
     cut = gov.bucket(ORG, "p").rate
     a = object()
-    assert _granted(gov.acquire(ORG, "p", 1, a, now=5.0)) == {a: 1}
-    gov.release(ORG, "p", count=1, successes=0, now=5.1)
-    assert gov.bucket(ORG, "p").rate == cut  # a failure adds nothing
-    b, c = object(), object()
-    gov.acquire(ORG, "p", 1, b, now=6.0)
-    assert gov.acquire(ORG, "p", 1, c, now=6.0).grants == []  # the rate holds c back
-    grown = gov.release(ORG, "p", count=1, successes=1, now=6.1)
+    assert _granted(gov.acquire(ORG, "p", 10, a, now=5.0)) == {a: 10}  # the rate is in use
+    gov.release(ORG, "p", count=10, successes=0, now=5.1)
+    assert gov.bucket(ORG, "p").rate == cut  # failures add nothing
+    b = object()
+    assert _granted(gov.acquire(ORG, "p", 5, b, now=6.0)) == {b: 5}
+    grown = gov.release(ORG, "p", count=5, successes=1, now=6.1)
     rate = gov.bucket(ORG, "p").rate
     assert rate is not None and cut is not None and rate > cut
     assert grown.gates == {(ORG, "p"): (rate, None)}  # the send gate follows the new rate

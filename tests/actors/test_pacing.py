@@ -15,12 +15,14 @@ from actors._pacing import (
     AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
+    AIMD_MAX_STEP_PER_CALL,
     AIMD_MIN_RPS,
-    OBSERVE_WINDOW_S,
+    IN_USE_FRACTION,
     PACE_MARGIN,
     SLOW_START_DOUBLING_S,
     SLOW_START_EXIT_DECREASE,
     SLOW_START_RPS,
+    USE_WINDOW_S,
     ProviderBucket,
     SendGate,
     SendGates,
@@ -83,11 +85,13 @@ def _bucket(rps: float | None = None, burst: float | None = None, **kw: object) 
 
 
 def _use(bucket: ProviderBucket, now: float) -> None:
-    """Make the rate what holds a waiter back at ``now`` (so successes may grow it)."""
-    bucket.refill(now)
-    bucket.take(max(0, math.floor(bucket.tokens + 1e-9)), now)
-    assert bucket.available(now) == 0
+    """Admit calls at the bucket's rate for the 3 s before ``now`` (so successes may grow it)."""
+    assert bucket.rate is not None
+    n = math.ceil(3.0 * bucket.rate)
+    for i in range(n + 1):
+        bucket.take(1, now - 3.0 + i * 3.0 / n)
     bucket.in_flight = 0
+    assert bucket.rate <= bucket.used_rps(now) <= bucket.rate + 1 / USE_WINDOW_S
 
 
 def test_a_stated_rate_is_paced_just_under_itself() -> None:
@@ -188,7 +192,7 @@ def test_bucket_success_adds_rate_back_gradually_up_to_the_stated_rate() -> None
         previous = bucket.rate
     assert bucket.rate < 10.0 * PACE_MARGIN
     for _ in range(10_000):
-        bucket.on_success(2.5)
+        bucket.on_success(2.0)
     assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)  # back at the stated rate, never past it
 
 
@@ -204,19 +208,33 @@ def test_bucket_additive_increase_is_a_share_of_the_reference_per_second() -> No
     assert bucket.rate == pytest.approx(cut + AIMD_INCREASE_FRACTION * reference, rel=0.03)
 
 
-def test_bucket_rate_nobody_waits_for_does_not_grow() -> None:
+def test_bucket_rate_nobody_uses_does_not_grow() -> None:
     bucket = _bucket(10.0, burst=1.0)
     bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=0.0)
     cut = bucket.rate
+    assert cut is not None
     for _ in range(1000):
-        bucket.on_success(5.0)  # the rate never held a waiter back
+        bucket.on_success(5.0)  # nothing was admitted: the rate is unused
     assert bucket.rate == cut
     _use(bucket, 6.0)
-    bucket.on_success(6.5)
-    assert bucket.rate > cut  # limited within the last second: grows
+    bucket.on_success(6.0)
+    assert bucket.rate > cut  # admitted at its rate: grows
     rate = bucket.rate
-    bucket.on_success(6.0 + 1.5)  # limited 1.5 s ago: not any more
+    idle = 6.0 + 4 * USE_WINDOW_S  # nothing admitted since: the average decayed under half the rate
+    assert bucket.used_rps(idle) < IN_USE_FRACTION * rate
+    bucket.on_success(idle)
     assert bucket.rate == rate
+
+
+def test_bucket_additive_step_per_call_is_capped_at_low_rates() -> None:
+    bucket = _bucket(5.0)
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=0.0)
+    cut = bucket.rate
+    assert cut is not None
+    _use(bucket, 2.0)
+    bucket.on_success(2.0)
+    # 10% of the 4.9/s reference per second would be a 12.5% step per call at 3.9/s
+    assert bucket.rate == pytest.approx(cut * (1 + AIMD_MAX_STEP_PER_CALL))
 
 
 def test_bucket_success_at_the_stated_rate_stays_there() -> None:
@@ -229,17 +247,18 @@ def test_bucket_success_at_the_stated_rate_stays_there() -> None:
 def test_slow_start_doubles_the_rate_every_period_while_it_is_used() -> None:
     bucket = _bucket(start_rps=SLOW_START_RPS)
     assert bucket.slow_start and bucket.rate == SLOW_START_RPS
+    rates: dict[float, float] = {}
     now = 0.0
-    for _ in range(4):  # four periods
-        _use(bucket, now)
-        start = bucket.rate
-        assert start is not None
-        # successes arriving at the growing rate r0 * 2**(t/P) number r0 * P / ln 2 in a period
-        for _ in range(round(start * SLOW_START_DOUBLING_S / math.log(2))):
-            bucket.on_success(now)
-        assert bucket.rate == pytest.approx(2 * start, rel=0.05)
-        now += SLOW_START_DOUBLING_S
-    assert bucket.rate == pytest.approx(SLOW_START_RPS * 16, rel=0.1)
+    while now < 1.0 + 2 * SLOW_START_DOUBLING_S:  # calls admitted and succeeding at the rate
+        assert bucket.rate is not None
+        bucket.take(1, now)
+        bucket.on_success(now)
+        rates.setdefault(round(now, 1), bucket.rate)
+        now += 1 / bucket.rate
+    assert bucket.rate > SLOW_START_RPS * 2
+    # once the calls admitted fill the moving average, it doubles every period: x4 in two
+    start = max(r for t, r in rates.items() if t <= 1.0)
+    assert bucket.rate == pytest.approx(4 * start, rel=0.1)
 
 
 def test_slow_start_ends_at_the_first_429_with_a_halving_then_additive() -> None:
@@ -250,18 +269,19 @@ def test_slow_start_ends_at_the_first_429_with_a_halving_then_additive() -> None
     assert bucket.reference_rps == 40.0
     _use(bucket, 4.0)
     bucket.on_success(4.0)
-    assert bucket.rate == pytest.approx(20.0 + AIMD_INCREASE_FRACTION * 40.0 / 20.0)  # additive now
+    step = min(AIMD_INCREASE_FRACTION * 40.0 / 20.0, AIMD_MAX_STEP_PER_CALL * 20.0)
+    assert bucket.rate == pytest.approx(20.0 + step)  # additive now
     bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=3.0 + 2 * AIMD_CUT_COOLDOWN_S)
-    assert bucket.rate == pytest.approx((20.0 + AIMD_INCREASE_FRACTION * 2.0) * AIMD_DECREASE)
+    assert bucket.rate == pytest.approx((20.0 + step) * AIMD_DECREASE)
 
 
-def test_unpaced_bucket_starts_slow_start_from_half_the_observed_rate_at_its_first_429() -> None:
+def test_unpaced_bucket_starts_slow_start_from_half_the_admitted_rate_at_its_first_429() -> None:
     bucket = _bucket()
-    for i in range(200):
-        bucket.take(1, 100.0 + i * 0.009)  # 200 admissions within the observe window
-    now = 100.0 + 1.9
-    observed = bucket.observed_rps(now)
-    assert observed == pytest.approx(200 / OBSERVE_WINDOW_S)
+    for i in range(300):
+        bucket.take(1, 100.0 + i * 0.01)  # 100 admissions a second for 3 s
+    now = 100.0 + 2.99
+    observed = bucket.used_rps(now)
+    assert observed == pytest.approx(100.0, rel=0.05)
     bucket.on_backpressure(pause_s=5.0, jitter_s=0.0, now=now)
     assert bucket.slow_start
     assert bucket.rate == pytest.approx(observed * SLOW_START_EXIT_DECREASE)
@@ -276,11 +296,24 @@ def test_unpaced_bucket_restarts_no_lower_than_the_slow_start_floor() -> None:
     assert bucket.rate == SLOW_START_RPS and bucket.slow_start
 
 
-def test_bucket_observed_rps_forgets_old_admissions() -> None:
+def test_bucket_used_rps_forgets_old_admissions() -> None:
     bucket = _bucket()
     bucket.take(10, 0.0)
-    assert bucket.observed_rps(1.0) == pytest.approx(10 / OBSERVE_WINDOW_S)
-    assert bucket.observed_rps(OBSERVE_WINDOW_S + 1.0) == 0.0
+    assert bucket.used_rps(0.0) == pytest.approx(10 / USE_WINDOW_S)
+    assert bucket.used_rps(USE_WINDOW_S) == pytest.approx(10 / USE_WINDOW_S / math.e)
+    assert bucket.used_rps(20 * USE_WINDOW_S) < 1e-6
+
+
+def test_bucket_429_for_a_request_sent_after_the_cut_is_a_new_event() -> None:
+    bucket = _bucket(100.0)
+    rate = 100.0 * PACE_MARGIN
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.0, sent_at=9.99)
+    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.01, sent_at=9.995)  # sent before the cut
+    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
+    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.1, sent_at=10.06)  # sent after it
+    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE**2)
+    assert bucket.backpressure_events == 3
 
 
 def test_bucket_wake_time_always_yields_a_token() -> None:

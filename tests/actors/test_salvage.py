@@ -93,6 +93,26 @@ def test_salvage_log_missing_file_has_no_entries(tmp_path: Path) -> None:
     assert not os.path.exists(log.path)  # an empty append creates nothing
 
 
+def test_salvage_log_torn_line_is_kept_and_does_not_hide_the_others(tmp_path: Path, store: Any) -> None:
+    path = tmp_path / "salvage.jsonl"
+    log = SalvageLog(path)
+    log.append([_entry("before", {"n": 1})])
+
+    with open(path, "ab") as fh:  # a crash mid-append leaves half a line, no newline
+        fh.write(encode_json(_entry("torn", {"n": 2})).encode()[:40])
+    log.append([_entry("after", {"n": 3})])  # must not be glued onto the torn line
+
+    assert [e.receipt_key for e in log.entries()] == ["before", "after"]
+    assert log.unreadable() == 1
+
+    report = log.replay(store)
+
+    assert (report.completed, report.kept, report.unreadable) == (2, 0, 1)
+    assert [r.status for r in store.get_many(ORG, ["before", "after"])] == [ReceiptStatus.COMPLETED] * 2
+    assert log.entries() == [] and log.unreadable() == 1  # left in the file for an operator
+    assert b"torn" in path.read_bytes()
+
+
 def test_salvage_log_round_trips_unicode_and_nested_outputs(tmp_path: Path) -> None:
     log = SalvageLog(tmp_path / "salvage.jsonl")
     first = [

@@ -259,6 +259,26 @@ class Cli:
                 rows[cells[0]] = cells[1]
         return rows
 
+    @staticmethod
+    def tools_report(text: str) -> dict[str, dict[str, int]]:
+        """The per-tool table as ``{tool: {column: count}}``."""
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip() == "per tool")
+        header: list[str] = []
+        out: dict[str, dict[str, int]] = {}
+        for line in lines[start + 1 :]:
+            stripped = line.strip()
+            if not stripped or stripped[0] not in "┃│":
+                if out:
+                    break
+                continue
+            cells = [c.strip() for c in stripped.strip("┃│").split("┃" if stripped[0] == "┃" else "│")]
+            if stripped[0] == "┃":
+                header = cells
+            else:
+                out[cells[0]] = {h: int(v) for h, v in zip(header[1:], cells[1:], strict=True)}
+        return out
+
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:

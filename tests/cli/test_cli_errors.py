@@ -134,3 +134,51 @@ def test_cli_errors_force_refresh_with_retry_failed(cli, local_play, good_csv, t
     )
 
     _assert_one_line_error(done, "--force-refresh", "--retry-failed")
+
+
+NAMESPACED_PLAY = """
+from types import SimpleNamespace
+
+from actors import Tool
+
+enrich = SimpleNamespace(
+    tools=[Tool(tool_id="double", fn=lambda input, ctx: {"n": input["n"] * 2})],
+    play=lambda row, ctx: ctx.tool("double", {"n": int(row["n"])}),
+)
+"""
+
+
+def test_cli_errors_play_file_with_attr_runs_and_a_missing_attr_says_so(cli, good_csv, tmp_path):
+    play = tmp_path / "plays.py"
+    play.write_text(NAMESPACED_PLAY, encoding="utf-8")
+
+    ran = cli.run("run", f"{play}:enrich", "--input", good_csv, "--db", tmp_path / "r.db")
+    missing = cli.run("run", f"{play}:nope", "--input", good_csv, "--db", tmp_path / "r.db")
+
+    assert ran.returncode == 0, ran.stderr
+    assert cli.report(ran.stderr)["rows"] == "3 (3 ok, 0 failed)"
+    _assert_one_line_error(missing, "has no attribute 'nope'", str(play))
+
+
+def test_cli_errors_db_in_a_missing_directory_is_not_created(cli, local_play, good_csv, tmp_path):
+    db = tmp_path / "no" / "such" / "dir" / "r.db"
+
+    done = cli.run("run", local_play, "--input", good_csv, "--db", db)
+
+    _assert_one_line_error(done, str(db.parent))
+    assert not (tmp_path / "no").exists()
+
+
+def test_cli_errors_default_db_directory_is_made(cli, local_play, good_csv):
+    done = cli.run("run", local_play, "--input", good_csv)
+
+    assert done.returncode == 0, done.stderr
+    assert (cli.cwd / ".tooldispatch" / "receipts.db").is_file()
+
+
+def test_cli_errors_salvage_ls_without_a_store_or_file(cli, tmp_path):
+    no_store = cli.run("salvage", "ls", "--db", tmp_path / "missing.db")
+    no_file = cli.run("salvage", "ls", "--salvage", tmp_path / "missing.jsonl")
+
+    _assert_one_line_error(no_store, "no receipt store at", "missing.db")
+    _assert_one_line_error(no_file, "no salvage file at", "missing.jsonl")

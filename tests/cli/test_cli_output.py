@@ -99,6 +99,13 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     assert report["rows"] == f"{ROWS} ({ROWS} ok, 0 failed)"
     assert float(report["rows/s"]) > 0
     assert re.fullmatch(r"\d+\.\d\d s", report["wall time"])
+    per_tool = cli.tools_report(done.stderr)
+    assert per_tool == {
+        "square": {
+            "calls": ROWS, "live": ROWS, "cached": 0, "in-flight": 0, "deduped": 0,
+            "provider calls": ROWS, "429s": 0, "failures": 0,
+        }
+    }  # fmt: skip
 
 
 def test_cli_output_terminal_live_line_and_report(cli, local_run, tmp_path):

@@ -64,6 +64,15 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert int(report["provider calls"]) == served["requests"]
     assert int(report["live"]) >= unique_calls
     assert int(report["failures"]) == 0
+    per_tool = cli.tools_report(first.stderr)
+    assert per_tool["inspect_domain"]["calls"] == len(domains)
+    for tool, counts in per_tool.items():  # each call's result is live, cached or in-flight
+        assert counts["calls"] == counts["live"] + counts["cached"] + counts["in-flight"], tool
+        assert counts["failures"] == counts["429s"] == 0, tool
+    assert per_tool["inspect_domain"]["live"] == len(domains)
+    assert per_tool["country"]["live"] >= countries  # followers share their owner's live result
+    provider_calls = per_tool["inspect_domain"]["provider calls"] + per_tool["country"]["provider calls"]
+    assert provider_calls == served["requests"]
 
     provider.reset()
     second = cli.run(*args, env=env)
@@ -75,6 +84,9 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert int(report["calls"]) >= len(domains)
     assert report["cached"] == report["calls"]  # 100% cached
     assert report["live"] == report["provider calls"] == report["batches"] == "0"
+    for tool, counts in cli.tools_report(second.stderr).items():
+        assert counts["cached"] == counts["calls"] > 0, tool
+        assert counts["live"] == counts["provider calls"] == 0, tool
     assert _check_output(cli.read_jsonl(out), domains) == countries
 
 
