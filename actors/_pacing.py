@@ -24,6 +24,7 @@ __all__ = [
     "SLOW_START_DOUBLING_S",
     "SLOW_START_EXIT_DECREASE",
     "SLOW_START_RPS",
+    "Circuit",
     "ProviderBucket",
     "SendGate",
     "SendGates",
@@ -151,6 +152,7 @@ class SendGate:
         self._tat = 0.0
         """GCRA's theoretical arrival time of the next send."""
         self._epoch = 0
+        self._closed_until = -math.inf
 
     @property
     def rps(self) -> float | None:
@@ -170,6 +172,14 @@ class SendGate:
             self._tat = until + (1.0 / rps if rps else 0.0)
             self._rps = rps
 
+    def close(self, until: float) -> None:
+        """Send nothing before ``until`` (the provider's circuit opened): senders waiting
+        now, and any that come before then, give up their turn (:meth:`wait_turn` returns
+        False) instead of waiting for it."""
+        with self._lock:
+            self._epoch += 1
+            self._closed_until = until
+
     def book(self, now: float) -> tuple[float, int]:
         """Book the next send slot; returns (seconds to wait, booking epoch)."""
         with self._lock:
@@ -183,12 +193,14 @@ class SendGate:
 
         Returns:
             0.0 when it may send now (the send is counted); seconds to wait before trying
-            again when sends already went closer than the rate allows; None when a pause
-            since the booking voided it (book again).
+            again when sends already went closer than the rate allows (infinity while the
+            gate is closed); None when a pause since the booking voided it (book again).
         """
         with self._lock:
             if epoch != self._epoch:
                 return None
+            if now < self._closed_until:
+                return math.inf
             if self._rps is None:
                 return 0.0
             spacing = 1.0 / self._rps
@@ -213,7 +225,7 @@ class SendGate:
 
         Returns:
             True when it is this sender's turn; False when the turn would come after
-            ``latest`` or ``stop`` was set (then nothing may be sent).
+            ``latest``, the gate is closed, or ``stop`` was set (then nothing may be sent).
         """
 
         def wait(seconds: float) -> bool:
@@ -235,7 +247,7 @@ class SendGate:
                     break  # a pause voided the booking: book again
                 if extra <= 0:
                     return True
-                if now + extra > latest or not wait(extra):
+                if extra == math.inf or now + extra > latest or not wait(extra):
                     return False
 
 
@@ -400,3 +412,65 @@ class ProviderBucket:
             self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until
+
+
+@attrs.define
+class Circuit:
+    """Circuit breaker of one (org, provider) (M. Nygard, *Release It!*, "Circuit Breaker").
+
+    *closed*: calls go. After ``threshold`` consecutive unavailable outcomes (connection
+    errors, 5xx, timeouts; a provider that answers anything else is up) it *opens*:
+    calls are refused at once for ``open_s``. Then *half-open*: one probe call may go;
+    the others wait for it. The probe answered: closed again. The probe unavailable:
+    open again for twice as long, up to ``open_max_s``.
+
+    Attributes:
+        threshold: consecutive unavailable outcomes that open it (None: never opens).
+        open_s / open_max_s: first and longest open period, seconds.
+        opened: how many times it opened (for stats).
+    """
+
+    threshold: int | None
+    open_s: float
+    open_max_s: float
+    state: str = "closed"
+    failures: int = 0
+    open_until: float = 0.0
+    period_s: float = 0.0
+    probing: bool = False
+    opened: int = 0
+
+    def admits(self, now: float) -> str:
+        """``"go"``, ``"probe"`` (grant one call, the probe), ``"wait"`` (a probe is out),
+        or ``"refuse"`` (open)."""
+        if self.state == "open":
+            if now < self.open_until:
+                return "refuse"
+            self.state, self.probing = "half_open", False
+        if self.state == "half_open":
+            return "wait" if self.probing else "probe"
+        return "go"
+
+    def probe_sent(self) -> None:
+        """The half-open probe was granted."""
+        self.probing = True
+
+    def record(self, answered: int, unavailable: int, now: float) -> bool:
+        """Outcomes of calls that ended: ``answered`` by the provider (successes, 4xx,
+        429s), ``unavailable``. Returns True when this opened the circuit."""
+        if answered:
+            self.state, self.failures, self.probing, self.period_s = "closed", 0, False, 0.0
+            return False
+        if not unavailable:
+            self.probing = False  # nothing was learnt (the probe was not sent): probe again
+            return False
+        self.failures += unavailable
+        if self.state == "half_open":
+            self.period_s = min(self.open_max_s, max(self.open_s, 2 * self.period_s))
+        elif self.state == "closed" and self.threshold is not None and self.failures >= self.threshold:
+            self.period_s = self.open_s
+        else:
+            return False
+        self.state, self.open_until, self.probing = "open", now + self.period_s, False
+        self.opened += 1
+        return True

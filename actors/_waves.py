@@ -34,6 +34,7 @@ from .errors import (
     NotSentError,
     PersistenceCircuitOpenError,
     ProviderError,
+    ProviderUnavailableError,
     RateLimitedError,
     ToolTimeoutError,
 )
@@ -146,6 +147,11 @@ class Waves:
             except (BudgetExceededError, CallCancelledError) as exc:
                 self._give_back(members, exc)
                 return
+            except ProviderUnavailableError as exc:
+                refused = sum(len(g.calls) + len(g.attached) for g in members)
+                ctx.stats.add("unavailable", refused, tool=self.tool.tool_id)
+                self._give_back(members, exc)
+                return
             ctx.stats.record("admission", (time.perf_counter() - start) * 1000.0, granted=granted)
             wave = [pending.popleft() for _ in range(min(granted, len(pending)))]
             pending.extend(self._run_wave(wave, granted))
@@ -197,10 +203,15 @@ class Waves:
         if beating:
             ctx.heartbeat.tell(UnregisterLeases(token=token))
         ok = sum(1 for _, _, err in outcomes if err is None)
+        down = sum(1 for _, _, err in outcomes if err is not None and self._transient(err))
+        unsent = sum(1 for _, _, err in outcomes if isinstance(err, NotSentError))
         ctx.governor.tell(
-            ReleaseSlots(org_id=ctx.run.org_id, provider=tool.provider_name, count=slots, successes=ok)
-        )
-        ctx.stats.add("provider_calls", len(runnable), tool=tool.tool_id)
+            ReleaseSlots(
+                org_id=ctx.run.org_id, provider=tool.provider_name, count=slots, successes=ok,
+                unavailable=down, answered=len(outcomes) - down - unsent,
+            )
+        )  # fmt: skip
+        ctx.stats.add("provider_calls", len(runnable) - unsent, tool=tool.tool_id)
         ctx.stats.add("batches", sum(1 for u in runnable if len(u.groups) > 1))
         return finish(self, outcomes)
 
@@ -261,6 +272,8 @@ class Waves:
 
     @staticmethod
     def _transient(exc: BaseException) -> bool:
+        """Whether ``exc`` says the provider could not serve at all (connection errors,
+        5xx, timeouts): retried in-call, and counted by the provider's circuit."""
         return not isinstance(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
             FailureKind.TRANSIENT,
             FailureKind.TIMEOUT,

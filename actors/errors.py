@@ -15,6 +15,7 @@ __all__ = [
     "NotSentError",
     "PersistenceCircuitOpenError",
     "ProviderError",
+    "ProviderUnavailableError",
     "RateLimitedError",
     "ReceiptPersistenceError",
     "ReceiptWaitTimeoutError",
@@ -100,6 +101,14 @@ class RateLimitedError(ProviderError):
     def __init__(self, message: str = "rate limited", *, retry_after: str | float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ProviderUnavailableError(ProviderError):
+    """The provider's circuit is open: its last calls all failed as unavailable
+    (connection errors, 5xx, timeouts), so this call was refused without being sent.
+    Its receipt stays pending: a later run calls it."""
+
+    failure_kind = FailureKind.TRANSIENT
 
 
 class ToolTimeoutError(ProviderError):

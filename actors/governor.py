@@ -23,9 +23,9 @@ from typing import Any
 import attrs
 import pykka
 
-from ._pacing import ProviderBucket, SendGates, parse_retry_after
+from ._pacing import Circuit, ProviderBucket, SendGates, parse_retry_after
 from ._runtime import Timers, fail, guarded
-from .errors import BudgetExceededError, CallCancelledError
+from .errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy
 
@@ -66,6 +66,8 @@ class Decisions:
     wake_at: float | None = None
     gates: dict[BucketKey, tuple[float | None, float | None]] = attrs.field(factory=dict)
     """(org, provider) -> (rate to space sends at, pause them until or None)."""
+    closed: dict[BucketKey, float] = attrs.field(factory=dict)
+    """(org, provider) -> send nothing before this (its circuit opened)."""
 
 
 class Governor:
@@ -93,6 +95,7 @@ class Governor:
         }
         self.spent: collections.Counter[str] = collections.Counter()
         self.buckets: dict[BucketKey, ProviderBucket] = {}
+        self.circuits: dict[BucketKey, Circuit] = {}
         self.waiters: dict[BucketKey, collections.deque[_Waiter]] = {}
         self.stopped = False
         self._arrivals = itertools.count()
@@ -105,6 +108,10 @@ class Governor:
             pacing = self.pacings.get(provider, Pacing())
             found = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency, pacing.start_rps)
             self.buckets[key] = found
+            policy = self.policy
+            self.circuits[key] = Circuit(
+                policy.circuit_failures, policy.circuit_open_s, policy.circuit_open_max_s
+            )
         return found
 
     def charge(self, kind: str, amount: int) -> None:
@@ -125,6 +132,8 @@ class Governor:
         key = (org_id, provider)
         new = key not in self.buckets
         bucket = self.bucket(org_id, provider)
+        if self.circuits[key].admits(now) == "refuse":
+            return Decisions(refusals=[(reply, self._unavailable(key))])
         waiter = _Waiter(max(1, want), reply, next(self._arrivals))
         self.waiters.setdefault(key, collections.deque()).append(waiter)
         out = self.wake(now)
@@ -132,15 +141,37 @@ class Governor:
             out.gates[key] = (bucket.rate, None)
         return out
 
-    def release(self, org_id: str, provider: str, count: int, successes: int, now: float) -> Decisions:
-        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase."""
+    def release(
+        self,
+        org_id: str,
+        provider: str,
+        count: int,
+        successes: int,
+        now: float,
+        unavailable: int = 0,
+        answered: int | None = None,
+    ) -> Decisions:
+        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase;
+        ``unavailable`` ones (and ``answered``: any answer from the provider, successes
+        included; default ``successes``) drive the provider's circuit. When it opens,
+        every waiter of (org, provider) is refused with ProviderUnavailableError."""
+        key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         bucket.in_flight = max(0, bucket.in_flight - count)
         self.in_flight = max(0, self.in_flight - count)
         rate = bucket.rate
         for _ in range(successes):
             bucket.on_success(now)
+        refusals = []
+        circuit = self.circuits[key]
+        opened = circuit.record(successes if answered is None else answered, unavailable, now)
+        if opened:
+            queue = self.waiters.get(key, collections.deque())
+            refusals = [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
         out = self.wake(now)
+        out.refusals.extend(refusals)
+        if opened:
+            out.closed[key] = circuit.open_until
         if bucket.rate != rate:
             out.gates[(org_id, provider)] = (bucket.rate, None)
         return out
@@ -185,10 +216,18 @@ class Governor:
                 break
             key = min(heads)[1]
             queue, bucket = self.waiters[key], self.buckets[key]
-            n = min(queue[0].want, bucket.available(now), self.ceiling - self.in_flight)
+            verdict = self.circuits[key].admits(now)
+            if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
+                out.refusals.extend((w.reply, self._unavailable(key)) for w in queue)
+                queue.clear()
+                continue
+            want = 1 if verdict == "probe" else queue[0].want
+            n = 0 if verdict == "wait" else min(want, bucket.available(now), self.ceiling - self.in_flight)
             if n < 1:
                 blocked.add(key)
                 continue
+            if verdict == "probe":
+                self.circuits[key].probe_sent()
             waiter = queue.popleft()
             try:
                 n = self._charge_calls(n)
@@ -206,6 +245,14 @@ class Governor:
                     wake_at = ready if wake_at is None else min(wake_at, ready)
         out.wake_at = wake_at
         return out
+
+    def _unavailable(self, key: BucketKey) -> ProviderUnavailableError:
+        circuit = self.circuits[key]
+        return ProviderUnavailableError(
+            f"provider {key[1]!r} is unavailable: its last {circuit.failures} calls failed "
+            f"(connection errors, 5xx or timeouts); calls are refused for {circuit.period_s:g} s, "
+            "then one probe call goes"
+        )
 
     def _charge_calls(self, n: int) -> int:
         limit = self.limits["provider_calls"]
@@ -259,8 +306,11 @@ class GovernorActor(pykka.ThreadingActor):
         elif isinstance(message, ReleaseSlots):
             gov = self.governor
             self._perform(
-                gov.release(message.org_id, message.provider, message.count, message.successes, now)
-            )
+                gov.release(
+                    message.org_id, message.provider, message.count, message.successes, now,
+                    unavailable=message.unavailable, answered=message.answered,
+                )
+            )  # fmt: skip
         elif isinstance(message, BackpressureReported):
             gov = self.governor
             self._perform(
@@ -286,6 +336,8 @@ class GovernorActor(pykka.ThreadingActor):
                 gate.set_rate(rate)
             else:
                 gate.pause_until(until, rate)
+        for (org_id, provider), until in decisions.closed.items():
+            self.gates.get(org_id, provider).close(until)
         for reply, n in decisions.grants:
             reply.set(n)
         for reply, exc in decisions.refusals:

@@ -92,7 +92,11 @@ class ReleaseSlots:
     count: int
     """How many slots."""
     successes: int = 0
-    """How many of those calls succeeded (AIMD additive increase)."""
+    """How many of those calls succeeded (AIMD additive increase; closes the circuit)."""
+    unavailable: int = 0
+    """How many failed as unavailable: connection errors, 5xx, timeouts (the circuit)."""
+    answered: int | None = None
+    """How many the provider answered, successes included (None: ``successes``)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -104,6 +104,7 @@ _COUNTERS = (
     ("calls", "calls"), ("live", "live"), ("cached", "cached"), ("in_flight", "in-flight"),
     ("deduped", "deduped"), ("provider_calls", "provider calls"), ("batches", "batches"),
     ("retries", "retries"), ("backpressure", "429s"), ("failures", "failures"), ("salvaged", "salvaged"),
+    ("unavailable", "refused, provider down"),
 )  # fmt: skip
 
 
@@ -131,17 +132,18 @@ def report_table(stats: dict[str, Any], summary: RunSummary) -> Table:
 _TOOL_COLUMNS = (
     ("calls", "calls"), ("live", "live"), ("cached", "cached"), ("in_flight", "in-flight"),
     ("deduped", "deduped"), ("provider_calls", "provider calls"), ("backpressure", "429s"),
-    ("failures", "failures"),
+    ("failures", "failures"), ("unavailable", "refused, provider down"),
 )  # fmt: skip
 
 
 def tools_table(stats: dict[str, Any]) -> Table:
     """Per tool: its calls and how they were served (``stats["tools"]``), so a local
     tool's calls are not mistaken for a paid provider's."""
+    tools = sorted(stats.get("tools", {}).items())
     table = Table(title="per tool", show_header=True, header_style="bold")
-    table.add_column("tool")
-    for _, label in _TOOL_COLUMNS:
-        table.add_column(label, justify="right")
-    for tool, counts in sorted(stats.get("tools", {}).items()):
-        table.add_row(tool, *(str(counts.get(key, 0)) for key, _ in _TOOL_COLUMNS))
+    table.add_column("metric")
+    for tool, _ in tools:  # a column per tool: a few tools fit a terminal's width
+        table.add_column(tool, justify="right")
+    for key, label in _TOOL_COLUMNS:
+        table.add_row(label, *(str(counts.get(key, 0)) for _, counts in tools))
     return table

@@ -31,7 +31,8 @@ _KEEP = 50_000
 class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
-    ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``)
+    ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``,
+    ``errors``, ``unavailable``: calls refused by an open provider circuit)
     and phase timings in milliseconds.
 
     Args:
@@ -42,7 +43,7 @@ class Stats:
     COUNTERS = (
         "calls", "live", "cached", "in_flight", "deduped", "provider_calls", "batches",
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
-        "requeued", "cancelled", "errors",
+        "requeued", "cancelled", "errors", "unavailable",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -167,6 +167,11 @@ class Policy:
         recovery_max_reads: receipts read back at once after a failed bulk write.
         retry_after_default_s / retry_after_max_s / retry_after_min_s: backpressure
             pause for an unparseable, an excessive, and a past Retry-After.
+        circuit_failures: consecutive unavailable outcomes (connection errors, 5xx,
+            timeouts, after in-call retries) that open a provider's circuit: its calls are
+            then refused at once with ProviderUnavailableError (None: never).
+        circuit_open_s / circuit_open_max_s: how long the circuit stays open before one
+            probe call may go; doubles after each failed probe, up to the max.
         salvage_path: JSONL file for salvaged outputs (None: next to the store, or
             ``tooldispatch-salvage.jsonl`` in the working directory).
         drain_workers: drains running at once.
@@ -195,6 +200,9 @@ class Policy:
     retry_after_default_s: float = 5.0
     retry_after_max_s: float = 300.0
     retry_after_min_s: float = 0.05
+    circuit_failures: int | None = 5
+    circuit_open_s: float = 5.0
+    circuit_open_max_s: float = 60.0
     salvage_path: str | None = None
     drain_workers: int = 32
     perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None

@@ -193,3 +193,52 @@ def test_parallelism_unbatched_calls_launch_at_most_max_concurrency(make_system:
     assert [r.value for r in results] == [{"page": n} for n in range(12)]
     assert recorder.count("crawl") == 12
     assert recorder.max_running == 3
+
+
+def test_circuit_dead_provider_fails_fast_and_recovers_after_a_probe(
+    make_system: Any, recorder: Any, read_receipts: Any, key_of: Any
+) -> None:
+    from actors import ProviderUnavailableError
+
+    up = threading.Event()
+
+    def api(input: Any, ctx: Any) -> Any:
+        recorder.record("api", input, ctx)
+        if not up.is_set():
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        return {"n": input["n"]}
+
+    tool = Tool(tool_id="api", fn=api, pacing=Pacing(max_concurrency=2))
+    policy = Policy(batch_grace_s=0.05, retry_attempts=1, circuit_failures=3, circuit_open_s=0.3)
+    system = make_system([tool], policy=policy)
+    futures = [system.proxy().execute("api", {"n": n}) for n in range(40)]
+    errors = []
+    for f in futures:
+        with pytest.raises(Exception) as caught:
+            f.get(timeout=WAIT_S)
+        errors.append(caught.value)
+
+    sent = recorder.count("api")
+    refused = [n for n, e in enumerate(errors) if isinstance(e, ProviderUnavailableError)]
+    assert sent <= 4, f"{sent} requests went to a dead provider; the circuit should stop them after 3"
+    assert len(refused) == 40 - sent
+    assert "unavailable" in str(errors[refused[0]])
+    receipts = read_receipts([key_of(tool, {"n": n}) for n in refused])
+    assert all(r is None or r.status.value == "pending" for r in receipts), (
+        "refused calls must stay retryable"
+    )
+    assert system.stats()["unavailable"] == len(refused)
+
+    up.set()  # the provider is back: after the open period one probe goes, then everyone
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            result = system.proxy().execute("api", {"n": 100}).get(timeout=WAIT_S)
+            break
+        except ProviderUnavailableError:
+            assert time.monotonic() < deadline, "the circuit never let a probe through"
+            threading.Event().wait(0.05)
+    assert result.execution == "live"
+    assert [
+        f.get(timeout=WAIT_S).execution for f in [system.proxy().execute("api", {"n": n}) for n in refused]
+    ] == ["live"] * len(refused)

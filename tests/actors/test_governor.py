@@ -354,3 +354,35 @@ def test_governor_ceiling_skips_a_paced_provider_for_a_younger_ready_one() -> No
     released = gov.release(ORG, "slow", count=1, successes=1, now=0.1)
     assert _granted(released) == {fast_waiter: 1}  # the older waiter waits for pacing only
     assert released.wake_at is not None
+
+
+# -- provider circuit -----------------------------------------------------------------
+
+
+def test_governor_open_circuit_refuses_waiters_and_new_calls_then_probes() -> None:
+    from actors.errors import ProviderUnavailableError
+
+    gov = _gov(Policy(max_concurrency=2, circuit_failures=2, circuit_open_s=5.0), p=Pacing())
+    a, b, queued = object(), object(), object()
+    assert _granted(gov.acquire(ORG, "p", 2, a, now=0.0)) == {a: 2}
+    assert gov.acquire(ORG, "p", 1, queued, now=0.0).grants == []  # at the ceiling
+    opened = gov.release(ORG, "p", count=2, successes=0, now=1.0, unavailable=2, answered=0)
+    assert isinstance(_refused(opened)[queued], ProviderUnavailableError)
+    assert opened.closed == {(ORG, "p"): pytest.approx(6.0)}  # the send gate closes too
+    assert isinstance(_refused(gov.acquire(ORG, "p", 1, b, now=2.0))[b], ProviderUnavailableError)
+    assert gov.acquire(ORG, "other", 1, object(), now=2.0).grants  # another provider is not affected
+    probe, held = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 3, probe, now=6.0)) == {probe: 1}  # one probe call
+    assert gov.acquire(ORG, "p", 1, held, now=6.0).grants == []  # waits for the probe
+    closed = gov.release(ORG, "p", count=1, successes=1, now=6.5)
+    assert _granted(closed) == {held: 1}
+
+
+def test_governor_answers_that_are_not_successes_keep_the_circuit_closed() -> None:
+    gov = _gov(Policy(circuit_failures=2), p=Pacing())
+    for i in range(5):
+        gov.acquire(ORG, "p", 1, object(), now=float(i))
+        gov.release(
+            ORG, "p", count=1, successes=0, now=float(i), unavailable=1 if i % 2 else 0, answered=1 - i % 2
+        )
+    assert gov.circuits[(ORG, "p")].state == "closed"

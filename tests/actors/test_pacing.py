@@ -23,6 +23,7 @@ from actors._pacing import (
     SLOW_START_EXIT_DECREASE,
     SLOW_START_RPS,
     USE_WINDOW_S,
+    Circuit,
     ProviderBucket,
     SendGate,
     SendGates,
@@ -480,3 +481,75 @@ def test_send_gate_pause_voids_bookings_made_before_it() -> None:
     delay, fresh = gate.book(0.05)
     assert delay == pytest.approx(1.95)
     assert gate.try_pass(2.0, fresh) == 0.0
+
+
+# -- circuit breaker ------------------------------------------------------------------
+
+
+def _circuit() -> Circuit:
+    return Circuit(threshold=3, open_s=5.0, open_max_s=12.0)
+
+
+def test_circuit_opens_after_consecutive_unavailable_outcomes_only() -> None:
+    circuit = _circuit()
+    assert circuit.record(answered=0, unavailable=2, now=0.0) is False
+    assert circuit.record(answered=1, unavailable=0, now=0.1) is False  # an answer resets the count
+    assert circuit.record(answered=0, unavailable=2, now=0.2) is False
+    assert circuit.admits(0.2) == "go"
+    assert circuit.record(answered=0, unavailable=1, now=0.3) is True
+    assert (circuit.state, circuit.open_until, circuit.opened) == ("open", pytest.approx(5.3), 1)
+    assert circuit.admits(5.0) == "refuse"
+
+
+def test_circuit_half_open_lets_one_probe_and_its_answer_closes_it() -> None:
+    circuit = _circuit()
+    circuit.record(answered=0, unavailable=3, now=0.0)
+    assert circuit.admits(5.0) == "probe"
+    circuit.probe_sent()
+    assert circuit.admits(5.1) == "wait"  # the others wait for the probe
+    assert circuit.record(answered=1, unavailable=0, now=5.2) is False
+    assert (circuit.state, circuit.failures) == ("closed", 0)
+    assert circuit.admits(5.2) == "go"
+
+
+def test_circuit_failed_probe_reopens_for_twice_as_long_up_to_the_max() -> None:
+    circuit = _circuit()
+    circuit.record(answered=0, unavailable=3, now=0.0)
+    periods = []
+    now = 0.0
+    for _ in range(3):
+        now = circuit.open_until
+        assert circuit.admits(now) == "probe"
+        circuit.probe_sent()
+        assert circuit.record(answered=0, unavailable=1, now=now) is True
+        periods.append(circuit.period_s)
+    assert periods == [10.0, 12.0, 12.0]
+    assert circuit.opened == 4
+
+
+def test_circuit_probe_that_was_not_sent_lets_another_probe() -> None:
+    circuit = _circuit()
+    circuit.record(answered=0, unavailable=3, now=0.0)
+    assert circuit.admits(6.0) == "probe"
+    circuit.probe_sent()
+    circuit.record(answered=0, unavailable=0, now=6.1)  # given back unsent: nothing learnt
+    assert circuit.state == "half_open"
+    assert circuit.admits(6.1) == "probe"
+
+
+def test_circuit_without_a_threshold_never_opens() -> None:
+    circuit = Circuit(threshold=None, open_s=5.0, open_max_s=60.0)
+    assert circuit.record(answered=0, unavailable=1000, now=0.0) is False
+    assert circuit.admits(0.0) == "go"
+
+
+def test_send_gate_closed_for_an_open_circuit_gives_up_every_turn() -> None:
+    gate = SendGate(10.0)
+    fake = FakeTime(0.0)
+    for _ in range(5):
+        gate.book(0.0)  # senders already waiting
+    gate.close(until=30.0)
+    assert gate.wait_turn(latest=100.0, clock=fake.clock, sleep=fake.sleep) is False
+    assert fake.now < 1.0  # gave up instead of waiting for the circuit
+    fake.now = 30.0
+    assert gate.wait_turn(latest=100.0, clock=fake.clock, sleep=fake.sleep) is True  # the probe goes

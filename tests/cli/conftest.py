@@ -261,7 +261,7 @@ class Cli:
 
     @staticmethod
     def tools_report(text: str) -> dict[str, dict[str, int]]:
-        """The per-tool table as ``{tool: {column: count}}``."""
+        """The per-tool table (a column per tool) as ``{tool: {metric: count}}``."""
         lines = text.splitlines()
         start = next(i for i, line in enumerate(lines) if line.strip() == "per tool")
         header: list[str] = []
@@ -269,14 +269,16 @@ class Cli:
         for line in lines[start + 1 :]:
             stripped = line.strip()
             if not stripped or stripped[0] not in "┃│":
-                if out:
+                if any(out.values()):
                     break
                 continue
             cells = [c.strip() for c in stripped.strip("┃│").split("┃" if stripped[0] == "┃" else "│")]
             if stripped[0] == "┃":
                 header = cells
+                out = {tool: {} for tool in header[1:]}
             else:
-                out[cells[0]] = {h: int(v) for h, v in zip(header[1:], cells[1:], strict=True)}
+                for tool, value in zip(header[1:], cells[1:], strict=True):
+                    out[tool][cells[0]] = int(value)
         return out
 
 

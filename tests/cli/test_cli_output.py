@@ -103,7 +103,7 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     assert per_tool == {
         "square": {
             "calls": ROWS, "live": ROWS, "cached": 0, "in-flight": 0, "deduped": 0,
-            "provider calls": ROWS, "429s": 0, "failures": 0,
+            "provider calls": ROWS, "429s": 0, "failures": 0, "refused, provider down": 0,
         }
     }  # fmt: skip
 
