@@ -181,8 +181,11 @@ class SendGate:
             self._closed_until = until
 
     def book(self, now: float) -> tuple[float, int]:
-        """Book the next send slot; returns (seconds to wait, booking epoch)."""
+        """Book the next send slot; returns (seconds to wait, booking epoch); the wait is
+        infinite while the gate is closed (nothing is booked then)."""
         with self._lock:
+            if now < self._closed_until:
+                return math.inf, self._epoch
             at = max(now, self._next)
             if self._rps is not None:
                 self._next = at + 1.0 / self._rps
@@ -238,7 +241,7 @@ class SendGate:
         while True:
             now = clock()
             delay, epoch = self.book(now)
-            if now + delay > latest or not wait(delay):
+            if delay == math.inf or now + delay > latest or not wait(delay):
                 return False
             while True:
                 now = clock()

@@ -236,12 +236,19 @@ class Waves:
         fn = batch.batch_fn if batch else tool.fn
 
         sent_at: list[float] = []
+        failed: list[BaseException] = []
 
         def send(context: ToolContext) -> Any:
             if not gate.wait_turn(latest=context.deadline, stop=ctx.stopping):
+                if failed:  # an earlier attempt went out: its error is this call's outcome
+                    raise failed[-1]
                 raise NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
             sent_at[:] = [time.monotonic()]
-            return fn(payload, context)
+            try:
+                return fn(payload, context)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
 
         try:
             if not tool.retry_safe or ctx.policy.retry_attempts <= 1:

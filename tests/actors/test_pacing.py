@@ -553,3 +553,14 @@ def test_send_gate_closed_for_an_open_circuit_gives_up_every_turn() -> None:
     assert fake.now < 1.0  # gave up instead of waiting for the circuit
     fake.now = 30.0
     assert gate.wait_turn(latest=100.0, clock=fake.clock, sleep=fake.sleep) is True  # the probe goes
+
+
+def test_send_gate_closed_books_nothing_and_a_voided_sender_does_not_sleep_first() -> None:
+    gate = SendGate(1.0)
+    fake = FakeTime(0.0)
+    for _ in range(20):
+        gate.book(0.0)  # the next free slot is 20 s away
+    gate.close(until=5.0)
+    assert gate.book(1.0)[0] == math.inf
+    assert gate.wait_turn(latest=100.0, clock=fake.clock, sleep=fake.sleep) is False
+    assert fake.slept == []
