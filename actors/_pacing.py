@@ -40,9 +40,15 @@ cut to 80% it is back at the reference in about 2 s; a provider at a fixed limit
 one congestion event every few seconds (one or two 429s each) and gets about 90-95% of
 its limit."""
 AIMD_MAX_STEP_PER_CALL = 0.002
-"""...but by at most 0.2% per successful call, so that at low rates (below about 50
-requests/s) a cycle between congestion events still spans a few hundred calls and only
-a small share of them meet a 429."""
+"""...but near the reference (within :data:`AIMD_CAREFUL_FROM` of it, either way) by at
+most 0.2% per successful call, so that at low rates (below about 50 requests/s) probing
+around the last limit spans a hundred calls or more and only a small share of them meet
+a 429."""
+AIMD_CAREFUL_FROM = 0.9
+"""The careful band is [0.9, 1/0.9] times the reference. Below it the rate climbs back
+at the full additive step; above it (no 429 came: the limit moved, or the last 429 was
+a fluke) it grows at the full step again (the shape of CUBIC, RFC 9438: fast far from
+the last limit, slow near it)."""
 AIMD_CUT_COOLDOWN_S = 1.0
 """A 429 for a request sent before the last cut belongs to the congestion event that
 cut (it was in flight, or waiting to go, when the first 429 came back): it pauses the
@@ -386,7 +392,10 @@ class ProviderBucket:
         else:
             reference = self.reference_rps or self.rate
             step = AIMD_INCREASE_FRACTION * reference / max(self.rate, AIMD_MIN_RPS)
-            self.rate += min(step, AIMD_MAX_STEP_PER_CALL * self.rate)
+            near_last_limit = AIMD_CAREFUL_FROM * reference <= self.rate <= reference / AIMD_CAREFUL_FROM
+            if near_last_limit:
+                step = min(step, AIMD_MAX_STEP_PER_CALL * self.rate)
+            self.rate += step
         if self.ceiling_rps is not None:
             self.rate = min(self.rate, self.ceiling_rps * PACE_MARGIN)
 

@@ -60,6 +60,7 @@ def _count_rows(path: str) -> int | None:
 @click.option("--db", default=DEFAULT_DB, show_default=True, help="SQLite receipt store.")
 @click.option("--run-id", default=None, help="This run's id (default: a new one).")
 @click.option("--org", default="default", show_default=True, help="Org id that scopes receipts.")
+@click.option("--scope", default=None, help="Receipt scope (default: the play's name).")
 @click.option("--force-refresh", is_flag=True, help="Re-run calls even when a receipt is completed.")
 @click.option("--retry-failed", is_flag=True, help="Re-run calls whose receipt failed.")
 @click.option("--runtime", type=click.Choice(["threads", "gevent"]), default="threads", show_default=True)
@@ -71,9 +72,13 @@ def _count_rows(path: str) -> int | None:
 )
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
-    force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
+    scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
 ) -> None:  # fmt: skip
-    """Run PLAY (a .py file, a module, or module:attr) over every row of --input."""
+    """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
+
+    Receipts are scoped by the play's name (the file or module name, or the attr): the
+    same play under another name, or --scope, starts a new cache.
+    """
     from ._runtime import runtime_name
 
     if runtime == "gevent" and runtime_name() != "gevent":
@@ -84,14 +89,15 @@ def run(
         raise ConfigError("--force-refresh and --retry-failed exclude each other")
     if not os.path.isfile(input_path):
         raise ConfigError(f"input file not found: {input_path}")
-    sys.exit(
-        _run(play_spec, input_path, output_path, db, run_id, org, force_refresh, retry_failed, concurrency)
+    code = _run(
+        play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency
     )
+    sys.exit(code)
 
 
 def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
-    force_refresh: bool, retry_failed: bool, concurrency: int | None,
+    scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
 ) -> int:  # fmt: skip
     from stores import SqliteReceiptStore, StoreError
 
@@ -113,7 +119,7 @@ def _run(
         raise ConfigError(str(exc)) from None
     width = concurrency or (1000 if runtime_name() == "gevent" else 256)
     console = Console(stderr=True)
-    run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=play.name)
+    run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name)
     stop = threading.Event()
     interrupts = []
 
@@ -124,8 +130,12 @@ def _run(
         stop.set()
         console.print("interrupted: finishing in-flight rows (Ctrl-C again to abort)", highlight=False)
 
+    try:
+        out = open(output_path, "wb") if output_path else None  # noqa: SIM115 - closed below
+    except OSError as exc:
+        store.close()
+        raise ConfigError(f"cannot write the output {output_path}: {exc.strerror or exc}") from None
     previous = signal.signal(signal.SIGINT, on_sigint)
-    out = open(output_path, "wb") if output_path else None  # noqa: SIM115 - closed below
     try:
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
             ctx = PlayContext(system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed)
@@ -141,16 +151,30 @@ def _run(
             stats = system.stats()
     finally:
         signal.signal(signal.SIGINT, previous)
-        if out is not None:
-            out.close()
+        close_error = _close_quietly(out)
         store.close()
     if summary.config_error:
         raise ConfigError(summary.config_error)
-    console.print(report_table(stats, summary))
-    console.print(tools_table(stats))
+    if close_error:
+        raise ConfigError(f"cannot write the output {output_path}: {close_error}")
+    # not a terminal (a log, CI): rich would fit tables to 80 columns and cut tool names
+    table_width = None if console.is_terminal else max(console.width, 160)
+    console.print(report_table(stats, summary), width=table_width)
+    console.print(tools_table(stats), width=table_width)
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0
+
+
+def _close_quietly(out: Any) -> str | None:
+    """Close ``out`` (None is fine); the error text if closing failed."""
+    if out is None:
+        return None
+    try:
+        out.close()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 # -- receipts -----------------------------------------------------------------------
@@ -240,15 +264,28 @@ def receipts_show(key: str, db: str) -> None:
     multiple=True,
     help="Statuses to purge (default completed, failed, pending, skipped).",
 )
-def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...]) -> None:
-    """Delete receipts (and their outputs); never those under a live lease."""
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], yes: bool) -> None:
+    """Delete receipts (and their outputs); never those under a live lease.
+
+    Completed receipts are what makes a rerun free: purging them means paying again.
+    """
     from stores import ReceiptStatus
 
     store = _open(db)
     try:
         chosen = [ReceiptStatus(s) for s in statuses] or None
     except ValueError as exc:
+        store.close()
         raise ConfigError(str(exc)) from None
+    if not yes:
+        what = ", ".join(s.value for s in chosen) if chosen else "completed, failed, pending and skipped"
+        age = f" older than {older_than_days:g} days" if older_than_days else ""
+        if not click.confirm(
+            f"delete {what} receipts{age} from {db}? (calls they cached will be paid again)"
+        ):
+            store.close()
+            raise click.Abort()
     removed = store.purge(older_than_s=older_than_days * 86400.0, statuses=chosen)
     store.close()
     click.echo(f"purged {removed} receipts")
@@ -282,12 +319,15 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
         if not os.path.exists(db):
             raise ConfigError(f"no receipt store at {db} (and no salvage file at {path})")
     log = SalvageLog(path)
-    entries = log.entries()
+    try:
+        entries = log.entries()
+        unreadable = log.unreadable()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the salvage file {path}: {exc.strerror or exc}") from None
     table = Table("key", "org", "tool", "attempts", "error")
     for e in entries:
         table.add_row(e.receipt_key[:16], e.org_id, e.tool_id, str(e.completion_attempts), e.error[:60])
     Console().print(table)
-    unreadable = log.unreadable()
     click.echo(
         f"{len(entries)} salvaged" + (f"; {unreadable} unreadable lines left in {path}" if unreadable else "")
     )
@@ -301,8 +341,13 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
     from .salvage import SalvageLog
 
     store = _open(db)
-    report = SalvageLog(salvage_path or f"{db}.salvage.jsonl").replay(store)
-    store.close()
+    path = salvage_path or f"{db}.salvage.jsonl"
+    try:
+        report = SalvageLog(path).replay(store)
+    except OSError as exc:
+        raise ConfigError(f"cannot replay the salvage file {path}: {exc.strerror or exc}") from None
+    finally:
+        store.close()
     click.echo(
         f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}"
         + (f", {report.unreadable} unreadable lines left in the file" if report.unreadable else "")

@@ -104,25 +104,42 @@ def read_rows(path: str) -> Iterator[Any]:
         OSError: the file cannot be opened.
     """
     ext = os.path.splitext(path)[1].lower()
-    with open(path, encoding="utf-8", newline="") as fh:
+    # surrogateescape: a byte that is not UTF-8 fails its own row, not the whole read
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
         if ext == ".csv":
             reader = csv.DictReader(fh)
             for row in reader:
                 if None in row or any(v is None for v in row.values()):
                     yield RowError(f"line {reader.line_num}: expected {len(reader.fieldnames or [])} fields")
+                elif not _utf8(*row, *row.values()):
+                    yield RowError(f"line {reader.line_num}: not UTF-8")
                 else:
                     yield row
         elif ext in (".jsonl", ".ndjson"):
             for number, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        yield orjson.loads(line)
-                    except orjson.JSONDecodeError as exc:
-                        yield RowError(f"line {number}: not JSON ({exc})")
+                if not line.strip():
+                    continue
+                if not _utf8(line):
+                    yield RowError(f"line {number}: not UTF-8")
+                    continue
+                try:
+                    yield orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    yield RowError(f"line {number}: not JSON ({exc})")
         else:
-            for line in fh:
+            for number, line in enumerate(fh, 1):
                 if line.strip():
-                    yield line.strip()
+                    yield line.strip() if _utf8(line) else RowError(f"line {number}: not UTF-8")
+
+
+def _utf8(*texts: str) -> bool:
+    """Whether every text was valid UTF-8 (surrogateescape left no lone surrogate)."""
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class PlayContext:

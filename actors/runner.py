@@ -41,7 +41,8 @@ class RunSummary:
     interrupted: bool = False
     wall_s: float = 0.0
     config_error: str | None = None
-    """Set when a row hit a configuration error (unknown tool): the run stops."""
+    """Set when the run cannot go on (a row named an unknown tool, the input cannot be
+    read on, the output cannot be written): it stops."""
     errors: collections.Counter[str] = attrs.field(factory=collections.Counter)
     """Row errors by text (first 160 characters), for the report."""
 
@@ -108,9 +109,25 @@ def run_rows(
         with source_lock:
             if stop.is_set():
                 return None
-            return next(source, None)
+            try:
+                return next(source, None)
+            except Exception as exc:  # the input cannot be read on: stop, say so (exit 2)
+                summary.config_error = (
+                    summary.config_error or f"cannot read the input: {type(exc).__name__}: {exc}"
+                )
+                stop.set()
+                return None
 
     def work() -> None:
+        try:
+            _work()
+        except Exception as exc:  # writing the output failed (disk full, ...): stop, say so
+            summary.config_error = (
+                summary.config_error or f"cannot write the output: {type(exc).__name__}: {exc}"
+            )
+            stop.set()
+
+    def _work() -> None:
         while (item := take()) is not None:
             index, row = item
             if isinstance(row, RowError):
@@ -142,7 +159,10 @@ def run_rows(
         worker.start()
     for worker in workers:
         worker.join()
-    writer.close()
+    try:
+        writer.close()
+    except Exception as exc:
+        summary.config_error = summary.config_error or f"cannot write the output: {type(exc).__name__}: {exc}"
     summary.interrupted = stop.is_set() and summary.config_error is None
     summary.wall_s = time.monotonic() - started
     return summary

@@ -231,13 +231,16 @@ class Cli:
         *args: str | os.PathLike[str],
         env: dict[str, str] | None = None,
         timeout_s: float = CLI_TIMEOUT_S,
+        input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the CLI to completion; stdout and stderr captured as text."""
-        return subprocess.run(
+        """Run the CLI to completion (``input``: its stdin, else none); stdout and stderr
+        captured as text."""
+        stdin: dict[str, Any] = {"stdin": subprocess.DEVNULL} if input is None else {"input": input}
+        return subprocess.run(  # gevent's run refuses stdin and input together, even stdin=None
             self.command(*args),
             cwd=self.cwd,
             env=env if env is not None else cli_env(),
-            stdin=subprocess.DEVNULL,
+            **stdin,
             capture_output=True,
             text=True,
             timeout=timeout_s,

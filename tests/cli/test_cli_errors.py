@@ -182,3 +182,102 @@ def test_cli_errors_salvage_ls_without_a_store_or_file(cli, tmp_path):
 
     _assert_one_line_error(no_store, "no receipt store at", "missing.db")
     _assert_one_line_error(no_file, "no salvage file at", "missing.jsonl")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".txt"])
+def test_cli_errors_a_row_that_is_not_utf8_fails_alone(cli, tmp_path, suffix):
+    play = tmp_path / "echo_play.py"
+    play.write_text(
+        "from actors import Tool\n"
+        "tools = [Tool(tool_id='echo', fn=lambda input, ctx: input)]\n"
+        "def play(row, ctx):\n"
+        "    return ctx.tool('echo', {'row': row})\n",
+        encoding="utf-8",
+    )
+    good = [f"row{n}" for n in range(300)]
+    lines = [b"name"] if suffix == ".csv" else []
+    for n, text in enumerate(good):
+        value = text.encode() if suffix != ".jsonl" else b'"' + text.encode() + b'"'
+        lines.append(value)
+        if n == 150:
+            lines.append(b"caf\xe9" if suffix != ".jsonl" else b'"caf\xe9"')  # Latin-1, not UTF-8
+    rows = tmp_path / f"rows{suffix}"
+    rows.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr
+    assert cli.report(done.stderr)["rows"] == "301 (300 ok, 1 failed)"
+    written = cli.read_jsonl(out)
+    assert len(written) == 301
+    (bad,) = [line for line in written if line["error"]]
+    assert bad["index"] == 151 and "not UTF-8" in bad["error"]
+
+
+def test_cli_errors_output_that_cannot_be_written(cli, local_play, good_csv, tmp_path):
+    done = cli.run(
+        "run",
+        local_play,
+        "--input",
+        good_csv,
+        "--db",
+        tmp_path / "r.db",
+        "--output",
+        tmp_path / "no" / "o.jsonl",
+    )
+
+    _assert_one_line_error(done, "cannot write the output", "o.jsonl")
+
+
+def test_cli_errors_salvage_path_that_is_a_directory(cli, tmp_path):
+    for command in ("ls", "replay"):
+        (tmp_path / "r.db").touch()
+        done = cli.run("salvage", command, "--db", tmp_path / "r.db", "--salvage", tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert done.stderr.startswith("tooldispatch: error:")
+
+
+def test_cli_scope_names_the_cache_so_a_renamed_play_keeps_it(cli, local_play, good_csv, tmp_path):
+    renamed = tmp_path / "renamed_play.py"
+    renamed.write_text(local_play.read_text(encoding="utf-8"), encoding="utf-8")
+    db = tmp_path / "r.db"
+
+    first = cli.run("run", local_play, "--input", good_csv, "--db", db, "--scope", "enrich")
+    again = cli.run("run", renamed, "--input", good_csv, "--db", db, "--scope", "enrich")
+    other = cli.run("run", renamed, "--input", good_csv, "--db", db)
+
+    assert first.returncode == again.returncode == other.returncode == 0
+    assert cli.report(first.stderr)["live"] == "3"
+    assert cli.report(again.stderr)["cached"] == "3"  # same scope: the rename costs nothing
+    assert cli.report(other.stderr)["live"] == "3"  # the file's name is another scope
+
+
+def test_cli_receipts_purge_asks_first(cli, local_play, good_csv, tmp_path):
+    db = tmp_path / "r.db"
+    assert cli.run("run", local_play, "--input", good_csv, "--db", db).returncode == 0
+
+    declined = cli.run("receipts", "purge", "--db", db, input="n\n")
+    kept = cli.run("receipts", "stats", "--db", db)
+
+    assert declined.returncode == 1 and "paid again" in declined.stdout
+    assert "completed" in kept.stdout
+
+
+def test_runner_input_that_breaks_mid_read_stops_the_run_and_says_so():
+    import threading
+
+    from actors.play import Play
+    from actors.runner import run_rows
+
+    def rows():
+        yield from (1, 2, 3)
+        raise OSError(5, "Input/output error")
+
+    play = Play(name="p", tools=[], run=lambda row, ctx: row * 2)
+    summary = run_rows(play, rows(), ctx=None, concurrency=4, out=None, stop=threading.Event())
+
+    assert summary.rows == 3 and summary.ok == 3
+    assert summary.config_error is not None and "cannot read the input" in summary.config_error
+    assert "Input/output error" in summary.config_error

@@ -193,7 +193,7 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
 
 
 def test_cli_output_receipts_purge_completed(cli, store_from_a_run):
-    done = cli.run("receipts", "purge", "--db", store_from_a_run, "--status", "completed")
+    done = cli.run("receipts", "purge", "--db", store_from_a_run, "--status", "completed", "--yes")
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"purged {ROWS} receipts"
