@@ -10,7 +10,7 @@ import attrs
 
 from stores.types import Owner
 
-from ._pacing import SendGates
+from ._send_gate import SendGates
 from .completion_flusher import Latch
 from .stats import Stats
 from .tool import Policy, RunInfo

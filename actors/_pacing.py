@@ -1,4 +1,6 @@
-"""Pacing pieces the governor is built from: token bucket, AIMD rate, Retry-After.
+"""Pacing pieces the governor is built from: token bucket, slow start and AIMD, Retry-After.
+
+Send gates are in :mod:`actors._send_gate`, the provider circuit in :mod:`actors._circuit`.
 
 Plain classes, time passed in as a value (seconds), so they are tested with a fake
 clock.
@@ -8,9 +10,6 @@ from __future__ import annotations
 
 import email.utils
 import math
-import threading
-import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 
 import attrs
@@ -24,10 +23,7 @@ __all__ = [
     "SLOW_START_DOUBLING_S",
     "SLOW_START_EXIT_DECREASE",
     "SLOW_START_RPS",
-    "Circuit",
     "ProviderBucket",
-    "SendGate",
-    "SendGates",
     "parse_retry_after",
 ]
 
@@ -126,155 +122,6 @@ def _http_date_delta(text: str, now: float) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp() - datetime.fromtimestamp(now, timezone.utc).timestamp()
-
-
-class SendGate:
-    """Spaces the requests actually sent to one (org, provider) at its current rate.
-
-    The governor's token bucket decides admission; between a grant and the request
-    leaving (marking receipts running, thread hand-offs) delays vary, so admitted calls
-    could reach the provider in bunches larger than its burst. A sender calls
-    :meth:`wait_turn` right before each request. Two rules, both at ``rps``:
-
-    * booking: each sender books the next slot, ``1 / rps`` after the previous one, and
-      sleeps until it (this keeps the senders in order);
-    * passing: when it wakes, its send must also conform to the Generic Cell Rate
-      Algorithm (ITU-T I.371) over the sends that actually passed, with a tolerance of
-      one spacing: a sender woken late (a busy event loop, a GC pause) together with
-      others goes at most two back-to-back; the rest wait their spacing again.
-
-    The governor keeps the rate current (:meth:`set_rate`) and, on a 429,
-    :meth:`pause_until` re-books every sender still waiting, so requests granted before
-    the 429 do not go out into the pause.
-
-    Thread-safe (one lock; under gevent a patched, cooperative one). Time is
-    ``time.monotonic`` seconds unless a clock is given.
-    """
-
-    def __init__(self, rps: float | None = None) -> None:
-        self._lock = threading.Lock()
-        self._rps = rps
-        self._next = 0.0
-        self._tat = 0.0
-        """GCRA's theoretical arrival time of the next send."""
-        self._epoch = 0
-        self._closed_until = -math.inf
-
-    @property
-    def rps(self) -> float | None:
-        """The spacing rate, requests per second (None: no spacing)."""
-        return self._rps
-
-    def set_rate(self, rps: float | None) -> None:
-        """Space later bookings at ``rps`` (None: no spacing)."""
-        with self._lock:
-            self._rps = rps
-
-    def pause_until(self, until: float, rps: float | None) -> None:
-        """No send before ``until``; senders already waiting book again from there."""
-        with self._lock:
-            self._epoch += 1
-            self._next = until
-            self._tat = until + (1.0 / rps if rps else 0.0)
-            self._rps = rps
-
-    def close(self, until: float) -> None:
-        """Send nothing before ``until`` (the provider's circuit opened): senders waiting
-        now, and any that come before then, give up their turn (:meth:`wait_turn` returns
-        False) instead of waiting for it."""
-        with self._lock:
-            self._epoch += 1
-            self._closed_until = until
-
-    def book(self, now: float) -> tuple[float, int]:
-        """Book the next send slot; returns (seconds to wait, booking epoch); the wait is
-        infinite while the gate is closed (nothing is booked then)."""
-        with self._lock:
-            if now < self._closed_until:
-                return math.inf, self._epoch
-            at = max(now, self._next)
-            if self._rps is not None:
-                self._next = at + 1.0 / self._rps
-            return at - now, self._epoch
-
-    def try_pass(self, now: float, epoch: int) -> float | None:
-        """Pass a sender whose booking (made in ``epoch``) is due.
-
-        Returns:
-            0.0 when it may send now (the send is counted); seconds to wait before trying
-            again when sends already went closer than the rate allows (infinity while the
-            gate is closed); None when a pause since the booking voided it (book again).
-        """
-        with self._lock:
-            if epoch != self._epoch:
-                return None
-            if now < self._closed_until:
-                return math.inf
-            if self._rps is None:
-                return 0.0
-            spacing = 1.0 / self._rps
-            if now < self._tat - spacing:
-                return self._tat - spacing - now
-            self._tat = max(now, self._tat) + spacing
-            return 0.0
-
-    def wait_turn(
-        self,
-        latest: float = math.inf,
-        stop: threading.Event | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> bool:
-        """Block until this sender may send.
-
-        Args:
-            latest: the last moment (clock seconds) worth sending at; a turn that would
-                come later is given up without waiting for it.
-            stop: when set, the wait ends at once (waits on it instead of sleeping).
-
-        Returns:
-            True when it is this sender's turn; False when the turn would come after
-            ``latest``, the gate is closed, or ``stop`` was set (then nothing may be sent).
-        """
-
-        def wait(seconds: float) -> bool:
-            if stop is not None:
-                return not stop.wait(seconds) if seconds > 0 else not stop.is_set()
-            if seconds > 0:
-                sleep(seconds)
-            return True
-
-        while True:
-            now = clock()
-            delay, epoch = self.book(now)
-            if delay == math.inf or now + delay > latest or not wait(delay):
-                return False
-            while True:
-                now = clock()
-                extra = self.try_pass(now, epoch)
-                if extra is None:
-                    break  # a pause voided the booking: book again
-                if extra <= 0:
-                    return True
-                if extra == math.inf or now + extra > latest or not wait(extra):
-                    return False
-
-
-class SendGates:
-    """(org, provider) -> :class:`SendGate`, created on first use (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._gates: dict[tuple[str, str], SendGate] = {}
-
-    def get(self, org_id: str, provider: str) -> SendGate:
-        """The gate of (org, provider)."""
-        key = (org_id, provider)
-        gate = self._gates.get(key)
-        if gate is None:
-            with self._lock:
-                gate = self._gates.setdefault(key, SendGate())
-        return gate
 
 
 @attrs.define
@@ -424,65 +271,3 @@ class ProviderBucket:
             self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until
-
-
-@attrs.define
-class Circuit:
-    """Circuit breaker of one (org, provider) (M. Nygard, *Release It!*, "Circuit Breaker").
-
-    *closed*: calls go. After ``threshold`` consecutive unavailable outcomes (connection
-    errors, 5xx, timeouts; a provider that answers anything else is up) it *opens*:
-    calls are refused at once for ``open_s``. Then *half-open*: one probe call may go;
-    the others wait for it. The probe answered: closed again. The probe unavailable:
-    open again for twice as long, up to ``open_max_s``.
-
-    Attributes:
-        threshold: consecutive unavailable outcomes that open it (None: never opens).
-        open_s / open_max_s: first and longest open period, seconds.
-        opened: how many times it opened (for stats).
-    """
-
-    threshold: int | None
-    open_s: float
-    open_max_s: float
-    state: str = "closed"
-    failures: int = 0
-    open_until: float = 0.0
-    period_s: float = 0.0
-    probing: bool = False
-    opened: int = 0
-
-    def admits(self, now: float) -> str:
-        """``"go"``, ``"probe"`` (grant one call, the probe), ``"wait"`` (a probe is out),
-        or ``"refuse"`` (open)."""
-        if self.state == "open":
-            if now < self.open_until:
-                return "refuse"
-            self.state, self.probing = "half_open", False
-        if self.state == "half_open":
-            return "wait" if self.probing else "probe"
-        return "go"
-
-    def probe_sent(self) -> None:
-        """The half-open probe was granted."""
-        self.probing = True
-
-    def record(self, answered: int, unavailable: int, now: float) -> bool:
-        """Outcomes of calls that ended: ``answered`` by the provider (successes, 4xx,
-        429s), ``unavailable``. Returns True when this opened the circuit."""
-        if answered:
-            self.state, self.failures, self.probing, self.period_s = "closed", 0, False, 0.0
-            return False
-        if not unavailable:
-            self.probing = False  # nothing was learnt (the probe was not sent): probe again
-            return False
-        self.failures += unavailable
-        if self.state == "half_open":
-            self.period_s = min(self.open_max_s, max(self.open_s, 2 * self.period_s))
-        elif self.state == "closed" and self.threshold is not None and self.failures >= self.threshold:
-            self.period_s = self.open_s
-        else:
-            return False
-        self.state, self.open_until, self.probing = "open", now + self.period_s, False
-        self.opened += 1
-        return True

@@ -23,8 +23,10 @@ from typing import Any
 import attrs
 import pykka
 
-from ._pacing import Circuit, ProviderBucket, SendGates, parse_retry_after
+from ._circuit import Circuit
+from ._pacing import ProviderBucket, parse_retry_after
 from ._runtime import Timers, fail, guarded
+from ._send_gate import SendGates
 from .errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy

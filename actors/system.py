@@ -32,8 +32,8 @@ from stores.types import ClaimMode, Owner
 from ._calls import Call, Group
 from ._context import Context
 from ._drain import Drain
-from ._pacing import SendGates
 from ._runtime import Timers, fail, new_future, new_pool, runtime_name
+from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
 from .governor import GovernorActor

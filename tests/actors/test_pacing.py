@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from actors._circuit import Circuit
 from actors._pacing import (
     AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
@@ -23,12 +24,10 @@ from actors._pacing import (
     SLOW_START_EXIT_DECREASE,
     SLOW_START_RPS,
     USE_WINDOW_S,
-    Circuit,
     ProviderBucket,
-    SendGate,
-    SendGates,
     parse_retry_after,
 )
+from actors._send_gate import SendGate, SendGates
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
