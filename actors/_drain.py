@@ -51,9 +51,9 @@ class Drain:
                 self.waves.run(self.groups)
             else:
                 claimed, waiting = self.claim(self.groups)
+                self.waves.run(claimed)  # what we hold goes first: waiting may last a lease TTL
                 if waiting:
-                    claimed += self.wait(waiting)
-                self.waves.run(claimed)
+                    self.waves.run(self.wait(waiting))
         except BaseException as exc:  # never leave a caller hanging
             self.waves.abandon(self.groups, exc)
             if not isinstance(exc, Exception):

@@ -89,6 +89,14 @@ def run(
         raise ConfigError("--force-refresh and --retry-failed exclude each other")
     if not os.path.isfile(input_path):
         raise ConfigError(f"input file not found: {input_path}")
+    if not org.strip() or (scope is not None and not scope.strip()):
+        raise ConfigError("--org and --scope must not be empty")
+    if output_path is not None:
+        taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
+        taken[os.path.realpath(f"{db}.salvage.jsonl")] = "the salvage file"
+        clash = taken.get(os.path.realpath(output_path))
+        if clash:
+            raise ConfigError(f"--output {output_path} is also {clash}: writing it would destroy it")
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency
     )
@@ -157,10 +165,10 @@ def _run(
         raise ConfigError(summary.config_error)
     if close_error:
         raise ConfigError(f"cannot write the output {output_path}: {close_error}")
-    # not a terminal (a log, CI): rich would fit tables to 80 columns and cut tool names
-    table_width = None if console.is_terminal else max(console.width, 160)
-    console.print(report_table(stats, summary), width=table_width)
-    console.print(tools_table(stats), width=table_width)
+    if not console.is_terminal:  # a log, CI: rich would fit tables to 80 columns and cut names
+        console = Console(stderr=True, width=max(console.width, 200))
+    console.print(report_table(stats, summary))
+    console.print(tools_table(stats))
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0

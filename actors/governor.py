@@ -249,11 +249,9 @@ class Governor:
         return out
 
     def _unavailable(self, key: BucketKey) -> ProviderUnavailableError:
-        circuit = self.circuits[key]
         return ProviderUnavailableError(
-            f"provider {key[1]!r} is unavailable: its last {circuit.failures} calls failed "
-            f"(connection errors, 5xx or timeouts); calls are refused for {circuit.period_s:g} s, "
-            "then one probe call goes"
+            f"provider {key[1]!r} is unavailable: its recent calls all failed (connection errors, "
+            "5xx or timeouts), so its calls are refused for a while; then one probe call goes"
         )
 
     def _charge_calls(self, n: int) -> int:

@@ -97,17 +97,21 @@ def read_rows(path: str) -> Iterator[Any]:
     """Yield the rows of ``path``: CSV (a dict per row), JSONL, or one value per line.
 
     The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
-    is one value per line, blank lines skipped). A row that cannot be read is yielded
-    as a :class:`RowError` so it fails alone and the rest go on.
+    is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
+    dropped). A row that cannot be read is yielded as a :class:`RowError` so it fails
+    alone and the rest go on.
 
     Raises:
         OSError: the file cannot be opened.
+        ValueError: the CSV header is not UTF-8 (no row could be read right).
     """
     ext = os.path.splitext(path)[1].lower()
     # surrogateescape: a byte that is not UTF-8 fails its own row, not the whole read
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
         if ext == ".csv":
             reader = csv.DictReader(fh)
+            if reader.fieldnames is not None and not _utf8(*reader.fieldnames):
+                raise ValueError("line 1 (the CSV header): not UTF-8")
             for row in reader:
                 if None in row or any(v is None for v in row.values()):
                     yield RowError(f"line {reader.line_num}: expected {len(reader.fieldnames or [])} fields")

@@ -194,3 +194,40 @@ def test_lease_without_heartbeats_is_reclaimed_once_and_late_completion_salvaged
     assert entry.tool_id == "enrich"
     assert entry.output == {"by": "first", "x": 7}
     assert SalvageLog(str(tmp_path / "second-salvage.jsonl")).entries() == []
+
+
+def test_lease_drain_runs_what_it_claimed_before_waiting_on_another_owners_lease(
+    make_system: Any, open_store: Any, recorder: Any
+) -> None:
+    # A run that died (Ctrl-C twice, kill -9) left one receipt leased for LEASE_S. A new run
+    # claims it together with fresh keys in one drain: the fresh ones must not wait for it.
+    from stores.keys import key_and_input_hash
+    from stores.types import ClaimRequest, Owner
+
+    lease_s = 2.0
+
+    def api(input: Any, ctx: Any) -> Any:
+        recorder.record("api", input, ctx)
+        return {"n": input["n"]}
+
+    tool = Tool(tool_id="api", fn=api)
+    key, input_hash = key_and_input_hash(
+        org_id="acme", scope="enrich", tool_id="api", input={"n": 0}, version=tool.version
+    )
+    dead = open_store()
+    dead.claim_many(
+        "acme", [ClaimRequest(key, "enrich", "api", input_hash)], Owner("dead-run", 1), lease_ttl_s=lease_s
+    )
+
+    system = make_system([tool], policy=Policy(batch_grace_s=0.1, receipt_poll_max_s=0.2))
+    start = time.monotonic()
+    futures = [system.proxy().execute("api", {"n": n}) for n in range(6)]
+    fresh = [f.get(timeout=10.0) for f in futures[1:]]
+    fresh_done = time.monotonic() - start
+    held = futures[0].get(timeout=10.0)
+    held_done = time.monotonic() - start
+
+    assert all(r.execution == "live" for r in fresh)
+    assert fresh_done < lease_s / 2, f"fresh calls waited {fresh_done:.2f} s behind another owner's lease"
+    assert held.execution == "live" and held_done >= lease_s * 0.9  # taken over only once it expired
+    assert recorder.count("api") == 6

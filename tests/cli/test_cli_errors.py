@@ -281,3 +281,38 @@ def test_runner_input_that_breaks_mid_read_stops_the_run_and_says_so():
     assert summary.rows == 3 and summary.ok == 3
     assert summary.config_error is not None and "cannot read the input" in summary.config_error
     assert "Input/output error" in summary.config_error
+
+
+@pytest.mark.parametrize("clash", ["--input", "--db"])
+def test_cli_errors_output_that_would_overwrite_the_input_or_the_store(
+    cli, local_play, good_csv, tmp_path, clash
+):
+    db = tmp_path / "r.db"
+    assert cli.run("run", local_play, "--input", good_csv, "--db", db).returncode == 0
+    before = {p: p.read_bytes() for p in (good_csv, db)}
+    target = good_csv if clash == "--input" else db
+
+    done = cli.run("run", local_play, "--input", good_csv, "--db", db, "--output", target)
+
+    _assert_one_line_error(done, f"is also {clash}")
+    assert {p: p.read_bytes() for p in (good_csv, db)} == before
+
+
+def test_cli_errors_empty_org(cli, local_play, good_csv, tmp_path):
+    done = cli.run("run", local_play, "--input", good_csv, "--db", tmp_path / "r.db", "--org", " ")
+
+    _assert_one_line_error(done, "--org")
+
+
+def test_cli_errors_csv_with_a_byte_order_mark_and_a_header_that_is_not_utf8(cli, local_play, tmp_path):
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes(b"\xef\xbb\xbfn,boom\r\n1,\r\n2,\r\n")
+    bad_header = tmp_path / "latin1.csv"
+    bad_header.write_bytes(b"n,caf\xe9\n1,\n")
+
+    exported = cli.run("run", local_play, "--input", bom, "--db", tmp_path / "r.db")
+    broken = cli.run("run", local_play, "--input", bad_header, "--db", tmp_path / "r.db")
+
+    assert exported.returncode == 0, exported.stderr  # row["n"] found: the mark is not part of the name
+    assert cli.report(exported.stderr)["rows"] == "2 (2 ok, 0 failed)"
+    _assert_one_line_error(broken, "CSV header", "not UTF-8")

@@ -108,6 +108,27 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     }  # fmt: skip
 
 
+def test_cli_output_report_off_a_terminal_keeps_long_tool_names_whole(cli, tmp_path):
+    play = tmp_path / "long_play.py"
+    names = [f"a_really_long_tool_identifier_number_{n}" for n in range(3)]
+    play.write_text(
+        "from actors import Tool\n"
+        f"NAMES = {names!r}\n"
+        "tools = [Tool(tool_id=n, fn=lambda input, ctx: input) for n in NAMES]\n"
+        "def play(row, ctx):\n"
+        "    return [ctx.tool(n, {'row': row}) for n in NAMES]\n",
+        encoding="utf-8",
+    )
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a\nb\n", encoding="utf-8")
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db")
+
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stderr
+    assert set(cli.tools_report(done.stderr)) == set(names)
+
+
 def test_cli_output_terminal_live_line_and_report(cli, local_run, tmp_path):
     play, rows = local_run
     env = cli.env(TERM="xterm-256color")
