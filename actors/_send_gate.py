@@ -132,6 +132,10 @@ class SendGate:
                 sleep(seconds)
             return True
 
+        if self._rps is None and self._epoch == 0:
+            # never paced, paused or closed (an unpaced local tool): no lock, no booking. A
+            # read racing the first pause lets this request go with those already in flight.
+            return not (stop is not None and stop.is_set())
         while True:
             now = clock()
             delay, epoch = self.book(now)
