@@ -237,9 +237,11 @@ class Waves:
 
         sent_at: list[float] = []
         failed: list[BaseException] = []
+        gave_up: list[bool] = []
 
         def send(context: ToolContext) -> Any:
             if not gate.wait_turn(latest=context.deadline, stop=ctx.stopping):
+                gave_up.append(True)  # no more attempts
                 if failed:  # an earlier attempt went out: its error is this call's outcome
                     raise failed[-1]
                 raise NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
@@ -257,7 +259,7 @@ class Waves:
                 stop=tenacity.stop_after_attempt(ctx.policy.retry_attempts),
                 wait=tenacity.wait_exponential(multiplier=ctx.policy.retry_backoff_s)
                 + tenacity.wait_random(0, ctx.policy.retry_backoff_s),
-                retry=tenacity.retry_if_exception(self._transient),
+                retry=tenacity.retry_if_exception(lambda exc: not gave_up and self._transient(exc)),
                 before_sleep=self._charge_retry,
                 reraise=True,
             ):
