@@ -52,7 +52,7 @@ class Provider:
 def run_cli(
     provider: Provider, rows_file: str, db: str, env: dict[str, str], runtime: str
 ) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "actors.cli", "run", os.path.join(ROOT, "examples", "domains_play.py"),
+    cmd = [sys.executable, "-m", "actors.job.cli", "run", os.path.join(ROOT, "examples", "domains_play.py"),
            "--input", rows_file, "--db", db, "--runtime", runtime]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, env={**os.environ, "TOOLDISPATCH_PROVIDER_URL": provider.url, **env},

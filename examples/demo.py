@@ -49,7 +49,7 @@ def main() -> int:
         print(f"provider listening on {base}", flush=True)
         env = {**os.environ, "TOOLDISPATCH_PROVIDER_URL": base}
         cli = subprocess.Popen(
-            [sys.executable, "-m", "actors.cli", "run", os.path.join(HERE, "cities_play.py"),
+            [sys.executable, "-m", "actors.job.cli", "run", os.path.join(HERE, "cities_play.py"),
              "--input", cities,
              "--db", os.path.join(WORK, "receipts.db"), "--output", os.path.join(WORK, "cities.out.jsonl")],
             env=env,

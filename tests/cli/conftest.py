@@ -1,7 +1,7 @@
 """Fixtures and helpers for the ``tooldispatch`` command-line tests.
 
 Everything here is real: ``examples/provider.py`` runs as a subprocess serving HTTP on
-127.0.0.1 (a free port), the CLI runs as ``python -m actors.cli`` in its own process,
+127.0.0.1 (a free port), the CLI runs as ``python -m actors.job.cli`` in its own process,
 and receipts go to SQLite files under ``tmp_path``.
 
 The tests exercise the installed package (tox sets ``PYTHONSAFEPATH=1``), so nothing
@@ -206,7 +206,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 class Cli:
-    """Runs the ``tooldispatch`` CLI (``python -m actors.cli``) in subprocesses from ``cwd``.
+    """Runs the ``tooldispatch`` CLI (``python -m actors.job.cli``) in subprocesses from ``cwd``.
 
     The test modules are imported by pytest's importlib mode, so they cannot import
     helpers from this file: they get them through this object (the ``cli`` fixture).
@@ -223,8 +223,8 @@ class Cli:
 
     @staticmethod
     def command(*args: str | os.PathLike[str]) -> list[str]:
-        """``[python, -m, actors.cli, *args]``."""
-        return [sys.executable, "-m", "actors.cli", *map(str, args)]
+        """``[python, -m, actors.job.cli, *args]``."""
+        return [sys.executable, "-m", "actors.job.cli", *map(str, args)]
 
     def run(
         self,

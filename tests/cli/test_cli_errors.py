@@ -268,8 +268,8 @@ def test_cli_receipts_purge_asks_first(cli, local_play, good_csv, tmp_path):
 def test_runner_input_that_breaks_mid_read_stops_the_run_and_says_so():
     import threading
 
-    from actors.play import Play
-    from actors.runner import run_rows
+    from actors.job.play import Play
+    from actors.job.runner import run_rows
 
     def rows():
         yield from (1, 2, 3)

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import orjson
 
-from .errors import DispatchError
+from ..errors import DispatchError
 
 __all__ = ["Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
 

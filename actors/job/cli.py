@@ -41,7 +41,7 @@ def main() -> None:
 
 def _reexec_under_gevent() -> NoReturn:
     os.environ["TOOLDISPATCH_REEXEC"] = "1"
-    os.execv(sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.cli", *sys.argv[1:]])
+    os.execv(sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.job.cli", *sys.argv[1:]])
 
 
 def _count_rows(path: str) -> int | None:
@@ -79,7 +79,7 @@ def run(
     Receipts are scoped by the play's name (the file or module name, or the attr): the
     same play under another name, or --scope, starts a new cache.
     """
-    from ._runtime import runtime_name
+    from .._runtime import runtime_name
 
     if runtime == "gevent" and runtime_name() != "gevent":
         if os.environ.get("TOOLDISPATCH_REEXEC"):
@@ -109,8 +109,8 @@ def _run(
 ) -> int:  # fmt: skip
     from stores import SqliteReceiptStore, StoreError
 
-    from . import DispatchSystem, RunInfo
-    from ._runtime import runtime_name
+    from .. import DispatchSystem, RunInfo
+    from .._runtime import runtime_name
     from .play import PlayContext, PlayLoadError, load_play, read_rows
     from .report import ProgressDisplay, report_table, tools_table
     from .runner import run_rows
@@ -318,7 +318,7 @@ def _salvage_option(fn: Any) -> Any:
 @_salvage_option
 def salvage_ls(db: str, salvage_path: str | None) -> None:
     """List salvaged outputs."""
-    from .salvage import SalvageLog
+    from ..salvage import SalvageLog
 
     path = salvage_path or f"{db}.salvage.jsonl"
     if not os.path.exists(path):
@@ -346,7 +346,7 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
 @_salvage_option
 def salvage_replay(db: str, salvage_path: str | None) -> None:
     """Write salvaged outputs into the receipt store; keep what cannot be replayed yet."""
-    from .salvage import SalvageLog
+    from ..salvage import SalvageLog
 
     store = _open(db)
     path = salvage_path or f"{db}.salvage.jsonl"

@@ -15,7 +15,7 @@ from typing import IO, Any
 import attrs
 import orjson
 
-from .errors import UnknownToolError
+from ..errors import UnknownToolError
 from .play import Play, PlayContext, RowError
 
 __all__ = ["RowOutcome", "RunSummary", "run_rows"]
