@@ -4,9 +4,13 @@ The contract is :class:`ReceiptStore`; :class:`SqliteReceiptStore` is the embedd
 default. Keys come from :func:`receipt_key`. This package never imports ``actors``.
 """
 
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
+from ._codec import decode_output, encode_output, salvage_form, validate_output
+from ._process import ProcessIdentity, current_process_identity, process_gone
+from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition, next_generation
 from .errors import (
     InvalidInputError,
+    InvalidOutputError,
+    OutputNotStorableError,
     SchemaVersionError,
     StoreCorruptError,
     StoreError,
@@ -30,6 +34,7 @@ from .types import (
     ReceiptStatus,
     Refusal,
     RefusalReason,
+    ResolveAction,
 )
 
 __all__ = [
@@ -44,14 +49,18 @@ __all__ = [
     "FailureKind",
     "FenceReport",
     "InvalidInputError",
+    "InvalidOutputError",
     "KeyExplanation",
     "LeaseRef",
+    "OutputNotStorableError",
     "Owner",
+    "ProcessIdentity",
     "Receipt",
     "ReceiptStatus",
     "ReceiptStore",
     "Refusal",
     "RefusalReason",
+    "ResolveAction",
     "SchemaVersionError",
     "SqliteReceiptStore",
     "StoreCorruptError",
@@ -59,7 +68,14 @@ __all__ = [
     "StoreUnavailableError",
     "ToolDispatchError",
     "canonical_json",
+    "current_process_identity",
     "decide_disposition",
+    "decode_output",
+    "encode_output",
     "explain_key",
+    "next_generation",
+    "process_gone",
     "receipt_key",
+    "salvage_form",
+    "validate_output",
 ]
