@@ -67,10 +67,11 @@ _ATOMS = (str, bool, type(None))
 
 
 def _where(path: list[Any]) -> str:
-    out = "$"
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f"[{part!r}]"
-    return out
+    """``$['a'][0]``; a long path keeps its first and last 6 steps."""
+    steps = [f"[{part}]" if isinstance(part, int) else f"[{part!r:.60}]" for part in path]
+    if len(steps) > 12:
+        steps = [*steps[:6], f"...({len(steps) - 12} more)...", *steps[-6:]]
+    return "$" + "".join(steps)
 
 
 def validate_output(value: Any) -> bool:

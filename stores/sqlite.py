@@ -32,7 +32,7 @@ from ._rules import (
     owner_identity,
     resolved_as_failed,
 )
-from ._sqlite_schema import enable_wal, migrate
+from ._sqlite_conn import bound_wal, open_connection
 from ._sqlite_sql import (
     _BUMP_PURGE_EPOCH,
     _BY_KEYS,
@@ -53,7 +53,7 @@ from ._sqlite_sql import (
     receipt_from_row,
 )
 from .base import Clock, ReceiptStore, decide_disposition, next_generation
-from .errors import StoreCorruptError, StoreError, StoreUnavailableError
+from .errors import StoreError
 from .types import (
     Claim,
     ClaimDisposition,
@@ -72,7 +72,10 @@ from .types import (
     ResolveAction,
 )
 
-__all__ = ["SqliteReceiptStore"]
+__all__ = ["WAL_SIZE_LIMIT_BYTES", "SqliteReceiptStore"]
+
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+"""Default bound on the WAL file once checkpoints resume (64 MiB)."""
 
 
 class SqliteReceiptStore(ReceiptStore):
@@ -82,6 +85,12 @@ class SqliteReceiptStore(ReceiptStore):
         path: the database file; created owner-read/write only (0600) if missing.
         clock: the store's clock, epoch seconds (injectable for tests).
         busy_timeout_s: how long a write waits for another process's lock, seconds.
+        wal_size_limit_bytes: the WAL file's size once checkpoints can run again. A long
+            reader (another connection holding a snapshot) makes the WAL grow past it;
+            the first write after the reader ends checkpoints and truncates it
+            (``PRAGMA wal_checkpoint(TRUNCATE)`` without waiting for readers), and
+            ``PRAGMA journal_size_limit`` caps what a reset WAL keeps (SQLite docs, "Write-Ahead
+            Logging" section 6, and the pragma's page).
 
     Raises:
         StoreUnavailableError: the directory is missing or not writable.
@@ -90,10 +99,18 @@ class SqliteReceiptStore(ReceiptStore):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Clock = time.time, busy_timeout_s: float = 30.0
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        busy_timeout_s: float = 30.0,
+        wal_size_limit_bytes: int = WAL_SIZE_LIMIT_BYTES,
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
+        self.wal_size_limit_bytes = wal_size_limit_bytes
+        self._wal_path = None if self.path == ":memory:" else self.path + "-wal"
+        self._busy_ms = int(busy_timeout_s * 1000)
         self._run = BlockingRunner()
         self._conn: sqlite3.Connection | None = None
         self._run(self._open, busy_timeout_s)
@@ -104,48 +121,7 @@ class SqliteReceiptStore(ReceiptStore):
     # -- connection -------------------------------------------------------------------
 
     def _open(self, busy_timeout_s: float) -> None:
-        memory = self.path == ":memory:"
-        if not memory:
-            self._create_private(self.path)
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"{self.path}: cannot open the receipt store: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            if not memory:
-                enable_wal(conn, busy_timeout_s)
-            conn.execute("PRAGMA synchronous = NORMAL")
-            migrate(conn, self.path)
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            if "not a database" in str(exc) or "malformed" in str(exc):
-                raise StoreCorruptError(
-                    f"{self.path}: not a tooldispatch receipt database ({exc}); "
-                    "move it aside or point --db at another path"
-                ) from exc
-            raise StoreUnavailableError(
-                f"{self.path}: cannot open the receipt store: {exc}; "
-                "check the directory exists and is writable"
-            ) from exc
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-
-    @staticmethod
-    def _create_private(path: str) -> None:
-        """Create the file 0600 so SQLite's -wal/-shm inherit owner-only permissions."""
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return
-        except OSError as exc:
-            raise StoreUnavailableError(
-                f"{path}: cannot create the receipt store ({exc.strerror}); "
-                "check the directory exists and is writable"
-            ) from exc
-        os.close(fd)
+        self._conn = open_connection(self.path, busy_timeout_s, self.wal_size_limit_bytes)
 
     def close(self) -> None:
         """Close the connection; later calls raise StoreError."""
@@ -163,6 +139,11 @@ class SqliteReceiptStore(ReceiptStore):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self._bound_wal(conn)
+
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        if self._wal_path is not None:
+            bound_wal(conn, self._wal_path, self.wal_size_limit_bytes, self._busy_ms)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
