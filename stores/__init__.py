@@ -6,6 +6,7 @@ default. Keys come from :func:`receipt_key`. This package never imports ``actors
 
 from ._codec import decode_output, encode_output, salvage_form, validate_output
 from ._process import ProcessIdentity, current_process_identity, process_gone
+from ._rules import output_too_large_error
 from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition, next_generation
 from .errors import (
     InvalidInputError,
@@ -74,6 +75,7 @@ __all__ = [
     "encode_output",
     "explain_key",
     "next_generation",
+    "output_too_large_error",
     "process_gone",
     "receipt_key",
     "salvage_form",
