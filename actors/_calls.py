@@ -1,7 +1,16 @@
-"""Calls, groups and units: what flows from the front door through a drain."""
+"""Calls, groups and units: the data the call lifecycle moves through its states.
+
+A :class:`Call` is one ``execute``. Calls sharing a receipt key form a :class:`Group`
+(one execution, one receipt). A :class:`Unit` is one provider call: a single group,
+or the members of one compiled batch. What a group or unit holds (a lease, a slot, a
+heartbeat registration) is recorded on it, so the lifecycle can release it in one
+place whichever way it leaves (STYLE.md, the life of a call).
+"""
 
 from __future__ import annotations
 
+import enum
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,7 +20,7 @@ from stores.types import ClaimMode, LeaseRef, Receipt
 
 from .tool import Tool
 
-__all__ = ["Call", "Group", "Unit", "strongest_mode"]
+__all__ = ["Call", "Group", "GroupState", "Role", "Unit", "strongest_mode"]
 
 _MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_REFRESH: 2}
 
@@ -21,12 +30,30 @@ def strongest_mode(modes: Iterable[ClaimMode]) -> ClaimMode:
     return max(modes, key=_MODE_RANK.__getitem__)
 
 
+def mode_covers(running: ClaimMode, wanted: ClaimMode) -> bool:
+    """Whether a call in mode ``wanted`` may share an execution claimed in ``running``:
+    a forced refresh or a retry of a failure never takes a normal call's answer."""
+    return _MODE_RANK[running] >= _MODE_RANK[wanted]
+
+
+class Role(str, enum.Enum):
+    """How a call relates to its group's execution (decides its ``execution`` kind)."""
+
+    OWNER = "owner"
+    """The call the group was made for: ``live`` when the tool ran."""
+    FOLLOWER = "follower"
+    """Same key, same drain: ``in_flight``."""
+    ATTACHED = "attached"
+    """Same key, joined while the group was already past its queue: ``in_flight``."""
+
+
 @attrs.define(eq=False)
 class Call:
     """One ``execute`` from the host, with its reply future."""
 
     tool: Tool
     input: Any
+    """A snapshot of the caller's input, taken at ``execute`` (later changes unseen)."""
     key: str
     input_hash: str
     credential_digest: str
@@ -36,33 +63,88 @@ class Call:
     future: Any
     submitted_at: float
     requeued: bool = False
+    nested: bool = False
+    """Made from inside a running tool (borrows its parent's slot)."""
+    role: Role = Role.OWNER
+
+
+class GroupState(str, enum.Enum):
+    """Where a group is in its life (one receipt key, one execution)."""
+
+    QUEUED = "queued"
+    """In its tool's batch grace window."""
+    CLAIMING = "claiming"
+    """A bulk claim of its receipt is out."""
+    WAITING = "waiting"
+    """Another owner holds the receipt: polled on a timer."""
+    CLAIMED = "claimed"
+    """We hold the lease; waiting for a slot (heartbeats renew the lease)."""
+    ADMITTED = "admitted"
+    """Its unit holds a slot; marking the receipt running."""
+    RUNNING = "running"
+    """Its unit's provider call is out (or being retried)."""
+    PERSISTING = "persisting"
+    """The output (or failure) is being written."""
+    SETTLED = "settled"
+    """Every caller was answered and nothing is held."""
 
 
 @attrs.define(eq=False)
 class Group:
-    """Calls sharing one receipt key: the owner, same-drain followers, and calls that
-    attached while it was in flight."""
+    """Calls sharing one receipt key, and what their execution holds."""
 
-    owner: Call
-    followers: list[Call] = attrs.field(factory=list)
-    attached: list[Call] = attrs.field(factory=list)
+    key: str
+    tool: Tool
+    input: Any
+    """The owner's input snapshot: what the tool runs on."""
+    input_hash: str
+    credential_digest: str
+    stale_after_s: float | None
+    calls: list[Call] = attrs.field(factory=list)
+    """Every caller still waiting (owner, followers, attached)."""
+    state: GroupState = GroupState.QUEUED
     receipt: Receipt | None = None
-    """The claimed receipt (durable tools), set by the drain."""
-    key: str = attrs.field(init=False)
+    """The claimed receipt (durable tools)."""
+    mode: ClaimMode = ClaimMode.NORMAL
+    nested: bool = False
+    unit: Unit | None = None
+    beating: bool = False
+    """Its lease is registered with the heartbeat."""
+    polls: int = 0
+    poll_delay_s: float = 0.0
+    force_after_wait: bool = False
+    """A force refresh that met a live lease: claim with force once it is free."""
+    lease_lost: bool = False
+    answered: bool = False
+    """Its callers were answered early (timed out, lease lost): a late result is still
+    persisted for the next caller."""
+    waiting_counted: int = 0
+    """Callers counted in the ``waiting_on_owner`` gauge while it waits on another owner."""
+    ran: bool = False
+    """The tool ran for it (its owner's result is ``live``)."""
 
-    def __attrs_post_init__(self) -> None:
-        self.key = self.owner.key
+    @classmethod
+    def of(cls, call: Call) -> Group:
+        """A new group owned by ``call``."""
+        call.role = Role.OWNER
+        return cls(
+            key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
+            credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
+            calls=[call], mode=call.mode, nested=call.nested,
+        )  # fmt: skip
+
+    def join(self, call: Call, role: Role) -> None:
+        """Add a caller (mode and nesting are the strongest of the callers)."""
+        call.role = role
+        self.calls.append(call)
+        if call.mode is not self.mode:
+            self.mode = strongest_mode((self.mode, call.mode))
+        self.nested = self.nested or call.nested
 
     @property
-    def calls(self) -> list[Call]:
-        """Owner and followers (not the attached calls)."""
-        return [self.owner, *self.followers] if self.followers else [self.owner]
-
-    @property
-    def mode(self) -> ClaimMode:
-        if not self.followers:
-            return self.owner.mode
-        return strongest_mode(c.mode for c in self.calls)
+    def timeout_s(self) -> float:
+        """The smallest timeout of its callers (inf when none is left)."""
+        return min((c.timeout_s for c in self.calls), default=math.inf)
 
     @property
     def lease(self) -> LeaseRef | None:
@@ -76,11 +158,27 @@ class Group:
 class Unit:
     """One provider call: a single group, or the members of one compiled batch."""
 
+    id: int
     groups: list[Group]
+    attempt: int = 0
+    """Attempts sent so far."""
     readmissions: int = 0
-    """Times re-admitted after a 429."""
-    timeout_s: float = attrs.field(init=False)
-    """The smallest per-call timeout of the unit's calls (fixed at compile time)."""
+    """Times put back for admission (429, not sent)."""
+    slot: bool = False
+    """Holds a governor slot."""
+    exempt: bool = False
+    """Its slot is a nested call's (not counted against the ceiling)."""
+    deadline: float | None = None
+    """``time.monotonic()`` after which its callers time out (set at the first send)."""
+    out: bool = False
+    """A provider call is running on the pool."""
+    timed_out: bool = False
+    last_error: BaseException | None = None
+    """The previous attempt's error (its outcome if no further attempt goes)."""
+    persisting: int = 0
+    """Groups whose write is still out; the slot is free when it reaches 0."""
 
-    def __attrs_post_init__(self) -> None:
-        self.timeout_s = min(c.timeout_s for g in self.groups for c in g.calls)
+    @property
+    def timeout_s(self) -> float:
+        """The smallest per-call timeout of its groups' callers."""
+        return min(g.timeout_s for g in self.groups)

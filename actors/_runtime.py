@@ -1,4 +1,4 @@
-"""Runtime plumbing shared by the actors: futures, timers and worker pools.
+"""Runtime plumbing shared by the actors: futures, replies as messages, timers, the worker pool.
 
 Everything here works on plain threads and, unchanged, under gevent
 monkey-patching (where ``threading`` objects are greenlet-based).
@@ -6,6 +6,7 @@ monkey-patching (where ``threading`` objects are greenlet-based).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import heapq
@@ -15,13 +16,22 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pykka
 
-__all__ = ["LightFuture", "Timers", "fail", "guarded", "new_future", "new_pool", "runtime_name"]
+__all__ = [
+    "LightFuture",
+    "Reply",
+    "Timers",
+    "WorkerPool",
+    "fail",
+    "guarded",
+    "in_tool",
+    "new_future",
+    "runtime_name",
+]
 
 log = logging.getLogger("tooldispatch")
 
@@ -36,9 +46,17 @@ class LightFuture(pykka.Future[Any]):
     """A one-shot pykka future on a single lock (instead of a Condition).
 
     Same contract as :class:`pykka.ThreadingFuture` (``get(timeout=)``, ``set``,
-    ``set_exception``, awaitable, ``map``/``join``), at a fraction of the cost: every
-    call and every actor reply gets one. Set exactly once, by any thread; read by any
-    number. Under gevent the lock is gevent's (greenlet-friendly).
+    ``set_exception``, ``map``/``join``), at a fraction of the cost: every call and
+    every actor reply gets one. Set exactly once, by any thread; read by any number.
+    Under gevent the lock is gevent's (greenlet-friendly).
+
+    Beyond pykka's contract:
+
+    * ``await future`` never blocks the event loop: the value is handed to the loop
+      with ``call_soon_threadsafe`` when the future is set.
+    * :meth:`add_done_callback` runs a callback (on the setting thread) once set.
+    * :meth:`cancel` says the caller gave up (``asyncio`` cancellation of an
+      ``await`` calls it too); a timeout on :meth:`get` is not giving up.
     """
 
     def __init__(self) -> None:
@@ -47,7 +65,11 @@ class LightFuture(pykka.Future[Any]):
         self._lock.acquire()
         self._value: Any = None
         self._exc_info: Any = None
+        self._callbacks: list[Callable[[LightFuture], None]] | None = None
         self.done = False
+        self.cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
+        """Set by the dispatcher: told when the caller cancels (runs on the caller's thread)."""
 
     def get(self, *, timeout: float | None = None) -> Any:
         if self._get_hook is not None:
@@ -70,6 +92,7 @@ class LightFuture(pykka.Future[Any]):
         self._value = value
         self.done = True
         self._lock.release()
+        self._run_callbacks()
 
     def set_exception(self, exc_info: Any = None) -> None:
         if self.done or self._get_hook is not None:
@@ -77,16 +100,119 @@ class LightFuture(pykka.Future[Any]):
         self._exc_info = exc_info or sys.exc_info()
         self.done = True
         self._lock.release()
+        self._run_callbacks()
+
+    def add_done_callback(self, fn: Callable[[LightFuture], None]) -> None:
+        """Call ``fn(self)`` once set: at once if it is set already, else on the setter's thread."""
+        if not self.done:
+            callbacks = self._callbacks
+            if callbacks is None:
+                callbacks = self._callbacks = []
+            callbacks.append(fn)
+            if not self.done:
+                return
+            # set meanwhile: run it here unless the setter already took it
+            with contextlib.suppress(ValueError):
+                callbacks.remove(fn)
+                fn(self)
+            return
+        fn(self)
+
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a future's done callback failed")
+
+    def cancel(self) -> bool:
+        """Give up on this call: a call not yet sent to its provider is removed (unless
+        another caller shares it); once sent, it is persisted as usual.
+
+        Returns:
+            False when the future is already resolved, else True (the future then
+            fails with CallCancelledError once the dispatcher has taken it out).
+        """
+        if self.done:
+            return False
+        if not self.cancelled:
+            self.cancelled = True
+            hook = self.on_cancel
+            if hook is not None:
+                hook()
+        return True
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if not self.done:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake(_: LightFuture) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(_resolve, waiter)
+
+            self.add_done_callback(wake)
+            try:
+                yield from waiter.__await__()
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+        return self.get(timeout=0)
 
 
-def new_future() -> pykka.Future[Any]:
+def _resolve(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def new_future() -> LightFuture:
     """A fresh :class:`LightFuture`."""
     return LightFuture()
 
 
-def fail(future: pykka.Future[Any], exc: BaseException) -> None:
-    """Resolve ``future`` with ``exc``."""
-    future.set_exception((type(exc), exc, exc.__traceback__))
+def fail(future: Any, exc: BaseException) -> None:
+    """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
+    with contextlib.suppress(queue.Full):
+        future.set_exception((type(exc), exc, exc.__traceback__))
+
+
+class Reply:
+    """A reply slot that turns into a message: ``set``/``set_exception`` tell an actor.
+
+    Actors answer requests through the ``reply`` of a message. Giving them a
+    :class:`Reply` instead of a future means the requester is never blocked: the
+    answer arrives in its mailbox as ``fact(value=..., error=None, **fields)`` (or
+    ``error=exc``), like any other message.
+
+    Args:
+        ref: the actor to tell.
+        fact: the message class built with ``value``, ``error`` and ``fields``.
+        fields: the rest of the message's fields (what the request was about).
+    """
+
+    __slots__ = ("done", "fact", "fields", "ref")
+
+    def __init__(self, ref: Any, fact: Callable[..., Any], **fields: Any) -> None:
+        self.ref = ref
+        self.fact = fact
+        self.fields = fields
+        self.done = False
+
+    def set(self, value: Any = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(self.fact(value=value, error=None, **self.fields))
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        exc = (exc_info or sys.exc_info())[1]
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(self.fact(value=None, error=exc, **self.fields))
 
 
 def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -94,7 +220,7 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
     pykka stops an actor whose ``on_receive`` raises on a told message, which would
     leave every later caller waiting. The error is logged, and the message's ``reply``
-    future (if it has one still open) fails with it.
+    (if it has one still open) fails with it.
     """
 
     @functools.wraps(on_receive)
@@ -104,16 +230,92 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         except Exception as exc:
             log.exception("%s failed on %s", type(self).__name__, type(message).__name__)
             reply = getattr(message, "reply", None)
-            if isinstance(reply, LightFuture) and not reply.done:
+            if reply is not None and not getattr(reply, "done", True):
                 fail(reply, exc)
             return None
 
     return handle
 
 
-def new_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """A bounded pool: OS threads, or greenlets once threading is monkey-patched."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+_tool_thread = threading.local()
+
+
+def in_tool() -> bool:
+    """True on a worker thread (or greenlet) while it runs a tool's function."""
+    return getattr(_tool_thread, "active", False)
+
+
+class WorkerPool:
+    """Runs tool functions: daemon workers, started on demand, reused when idle.
+
+    Not a ThreadPoolExecutor: its threads are not daemons (the interpreter joins
+    them at exit, so one hung tool keeps the process alive) and it queues work when
+    all workers are busy (a queued unit would "run" late). Here a submitted task
+    starts at once: on an idle worker, else on a new one. The governor's slots bound
+    how many run; ``in_tool()`` is True inside a task. Under gevent the workers are
+    greenlets.
+    """
+
+    def __init__(self, name: str, idle_s: float = 30.0) -> None:
+        self._name = name
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Any]] = []
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.started = 0
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` now on a worker. Exceptions are logged (``fn`` reports its own outcome).
+
+        Raises:
+            RuntimeError: the pool is shut down.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the worker pool is shut down")
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(fn)
+            return
+        inbox = queue.SimpleQueue()
+        inbox.put(fn)
+        self.started += 1
+        threading.Thread(
+            target=self._work, args=(inbox,), name=f"{self._name}-{next(self._ids)}", daemon=True
+        ).start()
+
+    def _work(self, inbox: queue.SimpleQueue[Any]) -> None:
+        while True:
+            try:
+                fn = inbox.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:
+                        self._idle.remove(inbox)
+                        return
+                fn = inbox.get()  # handed work while timing out
+            if fn is None:
+                return
+            _tool_thread.active = True
+            try:
+                fn()
+            except BaseException:
+                log.exception("a worker task failed")
+            finally:
+                _tool_thread.active = False
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def shutdown(self) -> None:
+        """Stop idle workers; busy ones end after their task (never waited for)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class Timers:

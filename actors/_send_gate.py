@@ -47,6 +47,7 @@ class SendGate:
         """GCRA's theoretical arrival time of the next send."""
         self._epoch = 0
         self._closed_until = -math.inf
+        self._paused_until = -math.inf
 
     @property
     def rps(self) -> float | None:
@@ -62,6 +63,7 @@ class SendGate:
         """No send before ``until``; senders already waiting book again from there."""
         with self._lock:
             self._epoch += 1
+            self._paused_until = until
             self._next = until
             self._tat = until + (1.0 / rps if rps else 0.0)
             self._rps = rps
@@ -73,6 +75,18 @@ class SendGate:
         with self._lock:
             self._epoch += 1
             self._closed_until = until
+
+    def blocked(self, now: float) -> tuple[float, bool] | None:
+        """Whether a request may leave at ``now``: None, or (until when not, closed).
+
+        ``closed`` is True while the provider's circuit is open. A snapshot read (no
+        lock): only the governor actor changes a gate.
+        """
+        if now < self._closed_until:
+            return self._closed_until, True
+        if now < self._paused_until:
+            return self._paused_until, False
+        return None
 
     def book(self, now: float) -> tuple[float, int]:
         """Book the next send slot; returns (seconds to wait, booking epoch); the wait is

@@ -15,7 +15,6 @@ store actor's futures, which is safe because that actor never waits on anyone.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -23,11 +22,11 @@ from typing import Any, Literal
 import attrs
 import pykka
 
-from stores._codec import encode_json
+from stores._codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus, RefusalReason
 
-from ._runtime import Timers, guarded
-from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite
+from ._runtime import Timers, guarded, log
+from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from .salvage import SalvageLog, salvage_entry
 from .tool import Policy
 
@@ -49,30 +48,29 @@ class FlushOutcome:
     kind: OutcomeKind
     output: Any = None
     error: str = ""
+    reason: str = ""
+    """For ``refused``: the store's RefusalReason value (``output_too_large``, ...)."""
 
 
 class Latch:
-    """The persistence circuit breaker of one dispatcher (thread-safe).
+    """The persistence circuit breaker of one dispatcher, owned by the completion flusher.
 
-    Once tripped it stays tripped; every call refused because of it is counted.
+    Only the flusher actor trips it (its own give-up, or a :class:`TripLatch` message
+    from a lifecycle whose failure write failed); every other thread reads it as a
+    snapshot (``tripped``, then ``reason``) right before starting a provider call.
+    Once tripped it stays tripped. Calls refused because of it are counted in the
+    system's stats (``refused_by_latch``).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.tripped = False
         self.reason = ""
-        self.refused = 0
+        self.tripped = False
 
     def trip(self, reason: str) -> None:
-        """Open the circuit (idempotent; the first reason is kept)."""
-        with self._lock:
-            if not self.tripped:
-                self.tripped, self.reason = True, reason
-
-    def refuse(self, calls: int) -> None:
-        """Count calls refused because the latch is tripped."""
-        with self._lock:
-            self.refused += calls
+        """Open the circuit (idempotent; the first reason is kept). Flusher thread only."""
+        if not self.tripped:
+            self.reason = reason
+            self.tripped = True
 
 
 def ladder_backoff(
@@ -168,13 +166,37 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         elif isinstance(message, FlushDue):
             self._due = False
             buffered, self._buffer = self._buffer, []
-            for chunk in self._chunks(buffered):
-                self._write(chunk)
+            chunks: list[_Chunk] = []
+            try:
+                chunks = self._chunks(buffered)
+            except Exception as exc:  # never leave a request unanswered
+                for request in buffered:
+                    if not getattr(request.reply, "done", False):
+                        request.reply.set_exception((type(exc), exc, exc.__traceback__))
+            for chunk in chunks:
+                self._write_guarded(chunk)
         elif isinstance(message, RetryWrite):
             retry = self._retrying.pop(message.chunk_id, None)
             if retry is not None:
-                self._write(retry)
+                self._write_guarded(retry)
+        elif isinstance(message, TripLatch):
+            self.latch.trip(message.reason)
         return None
+
+    def _write_guarded(self, chunk: _Chunk) -> None:
+        """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
+        try:
+            self._write(chunk)
+        except Exception as exc:
+            log.exception("the completion flusher failed on a chunk; salvaging it")
+            chunk.error = f"{type(exc).__name__}: {exc}"
+            members = [m for m in chunk.members if m.completion.key in m.request.remaining]
+            salvage = [self._entry(chunk, m, chunk.error) for m in members]
+            try:
+                self.salvage.append(salvage)
+            finally:
+                for member in members:
+                    self._settle(member, FlushOutcome("salvaged", error=chunk.error))
 
     def pending(self) -> int:
         """Members buffered or waiting for a retry (0 once everything is settled)."""
@@ -198,10 +220,11 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             hashes = message.input_hashes
             for completion in message.entries:
                 try:
-                    size = len(encode_json(completion.output)) if self.policy.completion_max_bytes else 0
-                except (TypeError, ValueError) as exc:  # no JSON form: refuse this member alone
+                    size = len(encode_output(completion.output)) if self.policy.completion_max_bytes else 0
+                except Exception as exc:  # no JSON form (anything it raises): refuse this member alone
                     member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
-                    self._settle(member, FlushOutcome("refused", error=f"output has no JSON form: {exc}"))
+                    reason = "output_not_storable" if type(exc).__name__ == "OutputNotStorableError" else "invalid_output"
+                    self._settle(member, FlushOutcome("refused", error=f"output has no JSON form: {exc}", reason=reason))
                     continue
                 group = (message.org_id, message.owner)
                 current = open_chunks.get(group)
@@ -255,7 +278,7 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 salvage.append(self._entry(chunk, member, refusal.message))
                 settled.append((member, FlushOutcome("lease_lost", error=refusal.message)))
             else:
-                settled.append((member, FlushOutcome("refused", error=refusal.message)))
+                settled.append((member, FlushOutcome("refused", error=refusal.message, reason=refusal.reason.value)))
         try:
             self.salvage.append(salvage)  # on disk before any caller hears back
         finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stores.errors import InvalidInputError, StoreError, ToolDispatchError
+from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorableError, StoreError, ToolDispatchError
 from stores.types import FailureKind
 
 __all__ = [
@@ -11,6 +11,8 @@ __all__ = [
     "CallCancelledError",
     "DispatchError",
     "InvalidInputError",
+    "InvalidOutputError",
+    "OutputNotStorableError",
     "LeaseLostError",
     "NotSentError",
     "PersistenceCircuitOpenError",
@@ -24,6 +26,7 @@ __all__ = [
     "SuspendedError",
     "ToolDispatchError",
     "ToolTimeoutError",
+    "UncertainOutcomeError",
     "UnknownToolError",
 ]
 
@@ -125,6 +128,13 @@ class NotSentError(ToolTimeoutError):
 
 class SuspendedError(DispatchError):
     """Raised by a tool when the host pauses the run: receipts are released, not failed."""
+
+
+class UncertainOutcomeError(RecordedFailureError):
+    """A call to a tool that is not retry-safe may have reached its provider (it timed out
+    or its connection broke after sending, or its owner died while it ran): its receipt
+    is ``uncertain`` and is not run again silently. Without a ``reconcile`` hook on the
+    tool, an operator decides: ``tooldispatch receipts resolve KEY --rerun | --fail``."""
 
 
 class AuthScopeChangedError(DispatchError):

@@ -57,6 +57,8 @@ class _Waiter:
     reply: Any
     seq: int = 0
     """Arrival order, across every provider."""
+    exempt: bool = False
+    """A nested call's request: no global ceiling, no provider max_concurrency."""
 
 
 @attrs.define
@@ -98,7 +100,8 @@ class Governor:
         self.spent: collections.Counter[str] = collections.Counter()
         self.buckets: dict[BucketKey, ProviderBucket] = {}
         self.circuits: dict[BucketKey, Circuit] = {}
-        self.waiters: dict[BucketKey, collections.deque[_Waiter]] = {}
+        self.waiters: dict[tuple[str, str, bool], collections.deque[_Waiter]] = {}
+        """(org, provider, exempt) -> waiters in arrival order."""
         self.stopped = False
         self._arrivals = itertools.count()
 
@@ -127,8 +130,15 @@ class Governor:
             raise BudgetExceededError(f"{kind} budget of {limit} is spent")
         self.spent[kind] += amount
 
-    def acquire(self, org_id: str, provider: str, want: int, reply: Any, now: float) -> Decisions:
-        """Queue a request for up to ``want`` slots and grant what can be granted."""
+    def acquire(
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
+    ) -> Decisions:
+        """Queue a request for up to ``want`` slots and grant what can be granted.
+
+        ``exempt`` (a nested call, made by a running tool that waits for it): the slot is
+        not counted against the global ceiling nor the provider's max_concurrency, since
+        the waiting parent's slot is lent to it; the provider's rate still applies.
+        """
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
         key = (org_id, provider)
@@ -136,8 +146,8 @@ class Governor:
         bucket = self.bucket(org_id, provider)
         if self.circuits[key].admits(now) == "refuse":
             return Decisions(refusals=[(reply, self._unavailable(key))])
-        waiter = _Waiter(max(1, want), reply, next(self._arrivals))
-        self.waiters.setdefault(key, collections.deque()).append(waiter)
+        waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt)
+        self.waiters.setdefault((org_id, provider, exempt), collections.deque()).append(waiter)
         out = self.wake(now)
         if new:
             out.gates[key] = (bucket.rate, None)
@@ -152,6 +162,7 @@ class Governor:
         now: float,
         unavailable: int = 0,
         answered: int | None = None,
+        exempt: bool = False,
     ) -> Decisions:
         """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase;
         ``unavailable`` ones (and ``answered``: any answer from the provider, successes
@@ -159,8 +170,9 @@ class Governor:
         every waiter of (org, provider) is refused with ProviderUnavailableError."""
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
-        bucket.in_flight = max(0, bucket.in_flight - count)
-        self.in_flight = max(0, self.in_flight - count)
+        if not exempt:
+            bucket.in_flight = max(0, bucket.in_flight - count)
+            self.in_flight = max(0, self.in_flight - count)
         rate = bucket.rate
         for _ in range(successes):
             bucket.on_success(now)
@@ -168,8 +180,9 @@ class Governor:
         circuit = self.circuits[key]
         opened = circuit.record(successes if answered is None else answered, unavailable, now)
         if opened:
-            queue = self.waiters.get(key, collections.deque())
-            refusals = [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
+            for nested in (False, True):
+                queue = self.waiters.get((org_id, provider, nested), collections.deque())
+                refusals += [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
         out = self.wake(now)
         out.refusals.extend(refusals)
         if opened:
@@ -208,41 +221,53 @@ class Governor:
 
         Waiters are granted oldest first across providers, skipping a provider whose
         bucket cannot grant yet, so a busy provider's stream of waiters never starves
-        another provider's waiters at the global ceiling.
+        another provider's waiters at the global ceiling. A half-open circuit's probe is
+        marked sent only once its budget charge went through.
         """
         out = Decisions()
-        blocked: set[BucketKey] = set()
-        while self.in_flight < self.ceiling:
-            heads = [(q[0].seq, key) for key, q in self.waiters.items() if q and key not in blocked]
+        blocked: set[tuple[str, str, bool]] = set()
+        while True:
+            heads = [(q[0].seq, wkey) for wkey, q in self.waiters.items() if q and wkey not in blocked]
             if not heads:
                 break
-            key = min(heads)[1]
-            queue, bucket = self.waiters[key], self.buckets[key]
+            wkey = min(heads)[1]
+            key = (wkey[0], wkey[1])
+            queue, bucket = self.waiters[wkey], self.buckets[key]
+            exempt = wkey[2]
             verdict = self.circuits[key].admits(now)
             if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
                 out.refusals.extend((w.reply, self._unavailable(key)) for w in queue)
                 queue.clear()
                 continue
             want = 1 if verdict == "probe" else queue[0].want
-            n = 0 if verdict == "wait" else min(want, bucket.available(now), self.ceiling - self.in_flight)
+            if verdict == "wait":
+                n = 0
+            elif exempt:
+                n = min(want, _rate_room(bucket, now))
+            else:
+                n = min(want, bucket.available(now), self.ceiling - self.in_flight)
             if n < 1:
-                blocked.add(key)
+                blocked.add(wkey)
                 continue
-            if verdict == "probe":
-                self.circuits[key].probe_sent()
             waiter = queue.popleft()
             try:
                 n = self._charge_calls(n)
             except BudgetExceededError as exc:
                 out.refusals.append((waiter.reply, exc))
                 continue
-            bucket.take(n, now)
-            self.in_flight += n
+            if verdict == "probe":
+                self.circuits[key].probe_sent()
+            if exempt:
+                if bucket.rate is not None:
+                    bucket.tokens -= n
+            else:
+                bucket.take(n, now)
+                self.in_flight += n
             out.grants.append((waiter.reply, n))
         wake_at: float | None = None
-        for key, queue in self.waiters.items():
+        for wkey, queue in self.waiters.items():
             if queue:
-                ready = self.buckets[key].ready_at(now)
+                ready = self.buckets[(wkey[0], wkey[1])].ready_at(now)
                 if ready is not None and ready > now:
                     wake_at = ready if wake_at is None else min(wake_at, ready)
         out.wake_at = wake_at
@@ -300,15 +325,16 @@ class GovernorActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         now = self.clock()
         if isinstance(message, AcquireSlots):
+            gov = self.governor
             self._perform(
-                self.governor.acquire(message.org_id, message.provider, message.want, message.reply, now)
+                gov.acquire(message.org_id, message.provider, message.want, message.reply, now, message.exempt)
             )
         elif isinstance(message, ReleaseSlots):
             gov = self.governor
             self._perform(
                 gov.release(
                     message.org_id, message.provider, message.count, message.successes, now,
-                    unavailable=message.unavailable, answered=message.answered,
+                    unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
                 )
             )  # fmt: skip
         elif isinstance(message, BackpressureReported):
@@ -363,3 +389,13 @@ class GovernorActor(pykka.ThreadingActor):
                 for (org, provider), b in gov.buckets.items()
             },
         }
+
+
+def _rate_room(bucket: ProviderBucket, now: float) -> int:
+    """Grants the bucket's rate allows at ``now``, its max_concurrency aside (nested calls)."""
+    if now < bucket.gate_until:
+        return 0
+    bucket.refill(now)
+    if bucket.rate is None:
+        return 1 << 30
+    return int(math.floor(bucket.tokens + 1e-9))

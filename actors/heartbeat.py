@@ -21,7 +21,7 @@ import pykka
 
 from stores.types import LeaseRef, Owner
 
-from ._runtime import Timers, guarded
+from ._runtime import Timers, guarded, log
 from .messages import HeartbeatTick, RegisterLeases, UnregisterLeases
 
 __all__ = ["HeartbeatActor", "LeaseSet", "Renewal"]
@@ -64,9 +64,23 @@ class LeaseSet:
         interval = self.interval_for(reg.lease_ttl_s)
         self.entries[reg.token] = _Entry(reg, interval, now + interval, list(reg.leases))
 
-    def unregister(self, token: int) -> None:
-        """Stop renewing a registration (its call ended)."""
-        self.entries.pop(token, None)
+    def unregister(self, token: int, keys: tuple[str, ...] | None = None) -> None:
+        """Stop renewing a registration (its call ended), or only ``keys`` of any registration."""
+        if keys is None:
+            self.entries.pop(token, None)
+            return
+        drop = set(keys)
+        for token_, entry in list(self.entries.items()):
+            entry.leases = [lease for lease in entry.leases if lease.key not in drop]
+            if not entry.leases:
+                del self.entries[token_]
+
+    def retry_soon(self, token: int, now: float) -> None:
+        """A renewal failed (a store hiccup): try again in a quarter interval, well before
+        the lease lapses (renewals run every third of the TTL)."""
+        entry = self.entries.get(token)
+        if entry is not None:
+            entry.next_due = min(entry.next_due, now + entry.interval_s / 4.0)
 
     def due(self, now: float) -> list[Renewal]:
         """Renewals due at ``now``; registrations past their deadline are dropped."""
@@ -81,8 +95,8 @@ class LeaseSet:
                 out.append(Renewal(token, reg.org_id, reg.owner, tuple(entry.leases), reg.lease_ttl_s))
         return out
 
-    def refused(self, token: int, keys: set[str]) -> Any:
-        """Drop lost leases from a registration; returns its ``lost`` event (or None)."""
+    def refused(self, token: int, keys: set[str]) -> RegisterLeases | None:
+        """Drop lost leases from a registration; returns the registration (or None)."""
         entry = self.entries.get(token)
         if entry is None or not keys:
             return None
@@ -90,7 +104,7 @@ class LeaseSet:
         self.lost_keys.extend(sorted(keys))
         if not entry.leases:
             del self.entries[token]
-        return entry.reg.lost
+        return entry.reg
 
     def next_tick(self, now: float) -> float | None:
         """When to tick next (None when nothing is registered)."""
@@ -122,6 +136,8 @@ class HeartbeatActor(pykka.ThreadingActor):
         self.timers = timers
         self.clock = clock
         self._armed: float | None = None
+        self.failures = 0
+        """Renewals that raised (each retried)."""
 
     @guarded
     def on_receive(self, message: Any) -> Any:
@@ -129,7 +145,7 @@ class HeartbeatActor(pykka.ThreadingActor):
         if isinstance(message, RegisterLeases):
             self.leases.register(message, now)
         elif isinstance(message, UnregisterLeases):
-            self.leases.unregister(message.token)
+            self.leases.unregister(message.token, message.keys)
         elif isinstance(message, HeartbeatTick):
             self._armed = None
             self._renew(now)
@@ -142,12 +158,19 @@ class HeartbeatActor(pykka.ThreadingActor):
                 report = self.store.renew_leases(
                     renewal.org_id, list(renewal.leases), renewal.owner, lease_ttl_s=renewal.lease_ttl_s
                 ).get()
-            except Exception:  # a store hiccup: try again next tick
+            except Exception as exc:  # a store hiccup: retried well before the lease lapses
+                self.failures += 1
+                log.warning("lease renewal of %d receipts failed (retrying soon): %s", len(renewal.leases), exc)
+                self.leases.retry_soon(renewal.token, now)
                 continue
             self.leases.renewals += 1
-            lost = self.leases.refused(renewal.token, set(report.refused))
-            if lost is not None:
-                lost.set()
+            keys = set(report.refused)
+            reg = self.leases.refused(renewal.token, keys)
+            if reg is not None:
+                if reg.lost is not None:
+                    reg.lost.set()
+                if reg.on_lost is not None:
+                    reg.on_lost(tuple(sorted(keys)))
 
     def _arm(self, now: float) -> None:
         at = self.leases.next_tick(now)

@@ -16,6 +16,20 @@ from stores.types import LeaseRef, Owner
 
 __all__ = [
     "AcquireSlots",
+    "CallCancelled",
+    "CompletionsPersisted",
+    "DeadlineDue",
+    "FailuresRecorded",
+    "PollDue",
+    "ReceiptsClaimed",
+    "ReceiptsRead",
+    "RetryDue",
+    "RunningMarked",
+    "SlotsGranted",
+    "StoreCall",
+    "SubmitCalls",
+    "TripLatch",
+    "UnitFinished",
     "BackpressureReported",
     "ChargeBudget",
     "CompletionsFlushed",
@@ -65,6 +79,8 @@ class StopQueue:
 
     reply: pykka.Future[Any]
     """Resolved with the number of calls rejected."""
+    idle: Any = None
+    """Resolved once nothing of this tool is running, persisting or held (or None)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +93,10 @@ class AcquireSlots:
     """The provider whose pacing applies."""
     want: int
     """Most slots wanted; at least one is granted before the reply."""
+    exempt: bool = False
+    """A nested call (made by a running tool): not counted against the global ceiling
+    nor the provider's max_concurrency (it borrows its waiting parent's slot); the
+    provider's rate still applies."""
     reply: pykka.Future[int]
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 
@@ -97,6 +117,8 @@ class ReleaseSlots:
     """How many failed as unavailable: connection errors, 5xx, timeouts (the circuit)."""
     answered: int | None = None
     """How many the provider answered, successes included (None: ``successes``)."""
+    exempt: bool = False
+    """The slots were nested calls' (see AcquireSlots.exempt)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -146,8 +168,11 @@ class RegisterLeases:
     """TTL applied at each renewal, seconds."""
     deadline: float
     """Monotonic time after which renewals stop (the call's hard deadline)."""
-    lost: Any
-    """A threading.Event set when any of these leases is found lost."""
+    lost: Any = None
+    """A threading.Event set when any of these leases is found lost (or None)."""
+    on_lost: Any = None
+    """``on_lost(keys)``, called on the heartbeat actor's thread with the receipt keys
+    whose lease a renewal found lost (it should only ``tell`` the owner)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +181,8 @@ class UnregisterLeases:
 
     token: int
     """The handle given at registration."""
+    keys: tuple[str, ...] | None = None
+    """Only these receipt keys (None: the whole registration)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -210,3 +237,167 @@ class RetryWrite:
 
     chunk_id: int
     """Which pending write."""
+
+
+# -- the call lifecycle (tool queue actor) -----------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SubmitCalls:
+    """Queue calls of one tool (``execute`` sends one, ``execute_many`` many)."""
+
+    calls: tuple[Any, ...]
+    """:class:`actors._calls.Call` each (input snapshot, key, mode, reply future)."""
+
+
+@attrs.frozen(kw_only=True)
+class CallCancelled:
+    """The caller gave up on a call (``future.cancel()``, an asyncio cancellation)."""
+
+    call: Any
+    """The :class:`actors._calls.Call`."""
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsClaimed:
+    """Fact: a bulk claim answered."""
+
+    batch: int
+    """Which claim request."""
+    value: Any
+    """list of stores.Claim, request order (None on error)."""
+    error: BaseException | None
+    """Why the claim failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsRead:
+    """Fact: a poll of other owners' receipts answered (a plain read)."""
+
+    batch: int
+    """Which poll."""
+    value: Any
+    """list of stores.Receipt or None, request order (None on error)."""
+    error: BaseException | None
+    """Why the read failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class RunningMarked:
+    """Fact: admitted units' receipts were marked running (fenced)."""
+
+    batch: int
+    """Which admission."""
+    value: Any
+    """stores.FenceReport (None on error)."""
+    error: BaseException | None
+    """Why the write failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class FailuresRecorded:
+    """Fact: failures were recorded (fenced bulk write)."""
+
+    batch: int
+    """Which write."""
+    value: Any
+    """stores.FenceReport (None on error)."""
+    error: BaseException | None
+    """Why the write failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class SlotsGranted:
+    """Fact: the governor granted slots (or refused: budget, stop, provider down)."""
+
+    value: Any
+    """Number of slots granted (None on refusal)."""
+    error: BaseException | None
+    """Why nothing was granted, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class RetryCharged:
+    """Fact: the retry budget was charged for a unit's next attempt (or refused)."""
+
+    unit: int
+    """The unit id."""
+    value: Any
+    """True when charged."""
+    error: BaseException | None
+    """BudgetExceededError, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class UnitFinished:
+    """Fact: a provider call returned on the worker pool."""
+
+    unit: int
+    """The unit id."""
+    attempt: int
+    """Which attempt (1 first)."""
+    members: Any
+    """Per group, in unit order: (encoded output text, None) or (None, exception); None
+    when the whole call failed."""
+    error: BaseException | None
+    """The call's error (for every member), or None."""
+    sent_at: float | None = None
+    """``time.monotonic()`` when the request went out."""
+
+
+@attrs.frozen(kw_only=True)
+class CompletionsPersisted:
+    """Fact: the completion flusher settled outputs (persisted, salvaged, ...)."""
+
+    batch: int
+    """Which request."""
+    value: Any
+    """receipt key -> FlushOutcome (None on error)."""
+    error: BaseException | None
+    """Why the flusher failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class PollDue:
+    """Timer: look at the receipts other owners hold again."""
+
+    keys: tuple[str, ...]
+    """The waiting groups' receipt keys."""
+
+
+@attrs.frozen(kw_only=True)
+class DeadlineDue:
+    """Timer: a running unit's deadline passed."""
+
+    unit: int
+    """The unit id."""
+
+
+@attrs.frozen(kw_only=True)
+class RetryDue:
+    """Timer: a unit's back-off before its next attempt elapsed."""
+
+    unit: int
+    """The unit id."""
+
+
+@attrs.frozen(kw_only=True)
+class StoreCall:
+    """Run one receipt store method on the store actor; the answer goes to ``reply``."""
+
+    method: str
+    """The :class:`stores.ReceiptStore` method name."""
+    args: tuple[Any, ...]
+    """Positional arguments."""
+    kwargs: dict[str, Any]
+    """Keyword arguments."""
+    reply: Any
+    """A future or :class:`actors._runtime.Reply`."""
+
+
+@attrs.frozen(kw_only=True)
+class TripLatch:
+    """Open the persistence latch (recording a failure itself failed)."""
+
+    reason: str
+    """Why."""

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from .messages import StoreCall
+
 from stores.base import ReceiptStore
 from stores.types import (
     Claim,
@@ -41,6 +43,22 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         super().__init__()
         self.store = store
         self.ops = 0
+
+    def on_receive(self, message: Any) -> Any:
+        """Run a :class:`~actors.messages.StoreCall`; its reply gets the result or the error.
+
+        The reply is usually an :class:`~actors._runtime.Reply`, so the answer reaches
+        the requesting actor as a message: nobody waits on this actor.
+        """
+        if isinstance(message, StoreCall):
+            self.ops += 1
+            try:
+                value = getattr(self.store, message.method)(*message.args, **message.kwargs)
+            except Exception as exc:
+                message.reply.set_exception((type(exc), exc, exc.__traceback__))
+            else:
+                message.reply.set(value)
+        return None
 
     def claim_many(
         self,

@@ -16,34 +16,36 @@ alone.
 
 from __future__ import annotations
 
-import itertools
+import copy
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
 import pykka
 
+from stores._codec import decode_output
 from stores.base import ReceiptStore
 from stores.keys import key_and_input_hash
 from stores.types import ClaimMode, Owner
 
-from ._calls import Call, Group
-from ._context import Context
-from ._drain import Drain
-from ._runtime import Timers, fail, new_future, new_pool, runtime_name
+from ._calls import Call
+from ._ports import Ports
+from ._runtime import LightFuture, Timers, WorkerPool, fail, in_tool, new_future, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
-from .governor import GovernorActor
+from .governor import GovernorActor, suggested_parallelism
 from .heartbeat import HeartbeatActor
-from .messages import StopQueue, SubmitCall
+from .messages import CallCancelled, StopQueue, SubmitCalls
 from .receipt_store import ReceiptStoreActor
+from .results import ToolResult
 from .salvage import ReplayReport, SalvageLog
 from .stats import Stats
 from .tool import Policy, RunInfo, Tool
-from .tool_queue import ToolQueueActor
+from .tool_queue import Memo, ToolQueueActor
 
 __all__ = ["DispatchProxy", "DispatchSystem"]
 
@@ -80,7 +82,29 @@ class DispatchProxy:
             RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
             BudgetExceededError, PersistenceCircuitOpenError or CallCancelledError.
         """
-        return self._system._execute(tool_id, input, force_refresh, retry_failed, stale_after_s, timeout_s)
+        return self._system._execute_many(
+            tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s
+        )[0]
+
+    def execute_many(
+        self,
+        tool_id: str,
+        inputs: Iterable[Any],
+        *,
+        force_refresh: bool = False,
+        retry_failed: bool = False,
+        stale_after_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> list[pykka.Future[Any]]:
+        """Queue many calls of one tool in one message (same options as :meth:`execute`).
+
+        Returns:
+            list of futures, same order as ``inputs``. An input that is not JSON fails
+            its own future alone.
+        """
+        return self._system._execute_many(
+            tool_id, tuple(inputs), force_refresh, retry_failed, stale_after_s, timeout_s
+        )
 
     def stats(self) -> dict[str, Any]:
         """See :meth:`DispatchSystem.stats`."""
@@ -90,9 +114,10 @@ class DispatchProxy:
 class DispatchSystem:
     """The actor system of one run. Use :meth:`start`; also a context manager.
 
-    Actors: one ToolQueueActor per tool, a ReceiptStoreActor, a GovernorActor, a
-    HeartbeatActor and a CompletionFlusherActor. Drains run on a drain pool and
-    provider calls on a tool pool (threads, or greenlets under gevent).
+    Actors: one ToolQueueActor per tool (its queue and the lifecycle of its calls), a
+    ReceiptStoreActor, a GovernorActor, a HeartbeatActor and a CompletionFlusherActor.
+    Tool functions run on a worker pool (daemon threads, or greenlets under gevent)
+    and report back by message; no thread waits on another actor.
     """
 
     def __init__(self, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy) -> None:
@@ -111,37 +136,27 @@ class DispatchSystem:
         self._digests: dict[str, str] = {}
         self._stopping = threading.Event()
         self._stopped = False
+        self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
-        store_ref = ReceiptStoreActor.start(store)
-        self._store_ref = store_ref
-        self.store_proxy = store_ref.proxy()
+        self._store_ref = ReceiptStoreActor.start(store)
+        self.store_proxy = self._store_ref.proxy()
         pacings = {t.provider_name: t.pacing for t in self.tools.values()}
-        gates = SendGates()
-        self._governor = GovernorActor.start(policy, pacings, self.timers, gates)
+        self.gates = SendGates()
+        self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
-            self.store_proxy,
-            policy,
-            self.latch,
-            self.salvage,
-            self.timers,
-            run.scope,
-            deadline,
-            stats=self.stats_,
+            self.store_proxy, policy, self.latch, self.salvage, self.timers, run.scope, deadline, stats=self.stats_
         )
-        self._drain_pool = new_pool(policy.drain_workers, "tooldispatch-drain")
-        self._tool_pool = new_pool(policy.max_concurrency, "tooldispatch-tool")
-        self.ctx = Context(
-            run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self.store_proxy,
+        self._pool = WorkerPool("tooldispatch-tool")
+        self.ports = Ports(
+            run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
-            stats=self.stats_, tool_pool=self._tool_pool, stopping=self._stopping, tokens=itertools.count(),
-            send_gates=gates,
+            gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
+            requeue=self._requeue, width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
         )  # fmt: skip
+        self._memos = {tool_id: Memo(policy.memo_max_bytes if t.durable else 0) for tool_id, t in self.tools.items()}
         self._queues = {
-            tool_id: ToolQueueActor.start(
-                tool, policy.batch_grace_s, self._run_drain, self._requeue, self.stats_, self.timers
-            )
-            for tool_id, tool in self.tools.items()
+            tool_id: ToolQueueActor.start(tool, self.ports, self._memos[tool_id]) for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
 
@@ -173,42 +188,65 @@ class DispatchSystem:
             found = self._digests[tool.tool_id] = str(tool.credentials())
         return found
 
-    def _execute(
+    def _execute_many(
         self,
         tool_id: str,
-        input: Any,
+        inputs: Sequence[Any],
         force_refresh: bool,
         retry_failed: bool,
         stale_after_s: float | None,
         timeout_s: float | None,
-    ) -> pykka.Future[Any]:
-        future = new_future()
+    ) -> list[pykka.Future[Any]]:
+        futures: list[pykka.Future[Any]] = []
+        calls: list[Call] = []
+        tool = self.tools.get(tool_id)
+        mode = ClaimMode.FORCE_REFRESH if force_refresh else ClaimMode.RETRY_FAILED if retry_failed else ClaimMode.NORMAL
+        memo = self._memos.get(tool_id)
+        nested = in_tool()
+        now = time.monotonic()
+        stats = self.stats_
+        for input in inputs:
+            future = new_future()
+            futures.append(future)
+            try:
+                if self._stopping.is_set():
+                    raise CallCancelledError("the dispatcher is stopped")
+                if tool is None:
+                    raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
+                if timeout_s is not None and not timeout_s > 0:
+                    raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
+                call = self._call(tool, input, mode, stale_after_s, timeout_s, future, now=now)
+            except Exception as exc:
+                stats.add("calls", tool=tool_id if tool is not None else None)
+                stats.add("errors", tool=tool_id if tool is not None else None)
+                fail(future, exc)
+                continue
+            stats.add("calls", tool=tool_id)
+            if memo is not None and mode is ClaimMode.NORMAL:
+                text = memo.recall(call.key, stale_after_s, now)
+                if text is not None:  # answered here, from a read-only view (a copy per call)
+                    future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
+                    stats.add("cached", tool=tool_id)
+                    continue
+            call.nested = nested
+            calls.append(call)
+        if calls:
+            self._submit(tool_id, calls)
+        return futures
+
+    def _submit(self, tool_id: str, calls: list[Call]) -> None:
+        ref = self._queues[tool_id]
+        for call in calls:
+            call.future.on_cancel = _cancel_hook(ref, call)
         try:
-            if self._stopping.is_set():
-                raise CallCancelledError("the dispatcher is stopped")
-            tool = self.tools.get(tool_id)
-            if tool is None:
-                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
-            if timeout_s is not None and not timeout_s > 0:
-                raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
-            mode = (
-                ClaimMode.FORCE_REFRESH
-                if force_refresh
-                else ClaimMode.RETRY_FAILED
-                if retry_failed
-                else ClaimMode.NORMAL
-            )
-            call = self._call(tool, input, mode, stale_after_s, timeout_s, future)
-        except Exception as exc:
-            fail(future, exc)
-            return future
-        self.stats_.add("calls", tool=tool_id)
-        self._queues[tool_id].tell(SubmitCall(call=call))
-        return future
+            ref.tell(SubmitCalls(calls=tuple(calls)))
+        except pykka.ActorDeadError:
+            for call in calls:
+                fail(call.future, CallCancelledError("the dispatcher is stopped"))
 
     def _call(
         self, tool: Tool, input: Any, mode: ClaimMode, stale_after_s: float | None, timeout_s: float | None,
-        future: Any, requeued: bool = False,
+        future: Any, requeued: bool = False, now: float | None = None,
     ) -> Call:  # fmt: skip
         digest = self._digest(tool)
         key, input_hash = key_and_input_hash(
@@ -217,10 +255,10 @@ class DispatchSystem:
             ignore_fields=tool.non_semantic_fields,
         )  # fmt: skip
         return Call(
-            tool=tool, input=input, key=key, input_hash=input_hash, credential_digest=digest,
-            mode=mode, stale_after_s=stale_after_s,
+            tool=tool, input=input if requeued else _snapshot(input), key=key, input_hash=input_hash,
+            credential_digest=digest, mode=mode, stale_after_s=stale_after_s,
             timeout_s=timeout_s or tool.timeout_s or self.policy.timeout_s,
-            future=future, submitted_at=time.monotonic(), requeued=requeued,
+            future=future, submitted_at=now if now is not None else time.monotonic(), requeued=requeued,
         )  # fmt: skip
 
     def _requeue(self, call: Call, error: BaseException) -> None:
@@ -245,31 +283,23 @@ class DispatchSystem:
                 AuthScopeChangedError(f"credentials changed but the receipt key did not: {error}"),
             )
             return
+        fresh.nested = call.nested
         self.stats_.add("requeued")
-        self._queues[call.tool.tool_id].tell(SubmitCall(call=fresh))
-
-    def _run_drain(self, queue: Any, tool: Tool, groups: list[Group]) -> None:
-        """Hand a drain to the drain pool (called on a tool queue actor's thread)."""
-        try:
-            self._drain_pool.submit(Drain(self.ctx, queue, tool, groups).run)
-        except RuntimeError:  # pool shut down: the system is stopping
-            for group in groups:
-                for call in group.calls:
-                    fail(call.future, CallCancelledError("the dispatcher stopped"))
+        self._submit(call.tool.tool_id, [fresh])
 
     # -- observation ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters: calls, live, cached, in_flight, deduped, provider_calls, batches,
-        retries, backpressure, failures, salvaged, lease_lost, refused_by_latch,
-        requeued, cancelled, errors; plus ``latch_tripped``, ``phases`` (p50/p95 ms) and
-        ``tools`` (tool id -> its own counters: calls, live, cached, in_flight, deduped,
-        errors, provider_calls, backpressure, failures).
+        """Counters: calls, live (executions of a tool), cached, in_flight, deduped,
+        provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
+        refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, waits;
+        plus ``latch_tripped``, ``phases`` (p50/p95 ms) and ``tools`` (tool id -> its own
+        counters).
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["tools"] = self.stats_.snapshot_tools()
         out["latch_tripped"] = self.latch.tripped
-        out["latch_refused"] = self.latch.refused
+        out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()
         out["runtime"] = self.runtime
         return out
@@ -281,25 +311,44 @@ class DispatchSystem:
     # -- lifecycle --------------------------------------------------------------------
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop: reject queued calls, end waits, let running calls finish and flush.
+        """Stop within ``timeout_s`` seconds: reject what is not sent, let running calls finish.
 
-        Provider calls already running finish and their completions are flushed (or
-        salvaged) before this returns; calls not started are rejected with
-        CallCancelledError and their receipts released. Idempotent.
+        Calls not yet sent are rejected with CallCancelledError and their receipts
+        released; provider calls already running finish and their completions are
+        flushed (or salvaged) before this returns, unless ``timeout_s`` runs out first
+        (a hung tool: its worker is a daemon and never keeps the process alive; its
+        lease simply expires). Idempotent; a call submitted meanwhile gets
+        CallCancelledError.
         """
-        if self._stopped:
-            return
-        self._stopped = True
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
         self._stopping.set()
+        end = time.monotonic() + timeout_s
+        idle = []
         for ref in self._queues.values():
-            reply = new_future()
-            ref.tell(StopQueue(reply=reply))
-            reply.get(timeout=timeout_s)
-        self._governor.proxy().stop_waiters().get(timeout=timeout_s)
-        self._drain_pool.shutdown(wait=True)
-        self._tool_pool.shutdown(wait=False, cancel_futures=True)
+            reply, done = new_future(), new_future()
+            try:
+                ref.tell(StopQueue(reply=reply, idle=done))
+            except pykka.ActorDeadError:
+                continue
+            idle.append(done)
+        try:
+            self._governor.proxy().stop_waiters().get(timeout=max(0.0, end - time.monotonic()))
+        except Exception:
+            pass
+        for done in idle:
+            try:
+                done.get(timeout=max(0.0, end - time.monotonic()))
+            except pykka.Timeout:
+                break
+        self._pool.shutdown()
         for ref in [*self._queues.values(), self._heartbeat, self._governor, self._flusher, self._store_ref]:
-            ref.stop(timeout=timeout_s)
+            try:
+                ref.stop(timeout=max(0.1, end - time.monotonic()))
+            except Exception:
+                pass
         self.timers.stop()
 
     def __enter__(self) -> DispatchSystem:
@@ -307,6 +356,28 @@ class DispatchSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _snapshot(value: Any) -> Any:
+    """A private copy of a caller's input, taken at ``execute``: later changes by the
+    caller are not seen by the tool (SEMANTICS.md, Execution)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except (TypeError, orjson.JSONDecodeError):
+        return copy.deepcopy(value)
+
+
+def _cancel_hook(ref: Any, call: Call) -> Any:
+    def cancel() -> None:
+        try:
+            ref.tell(CallCancelled(call=call))
+        except pykka.ActorDeadError:
+            pass
+
+    return cancel
 
 
 def _default_salvage_path(store: ReceiptStore) -> str:

@@ -182,7 +182,8 @@ class Policy:
             probe call may go; doubles after each failed probe, up to the max.
         salvage_path: JSONL file for salvaged outputs (None: next to the store, or
             ``tooldispatch-salvage.jsonl`` in the working directory).
-        drain_workers: drains running at once.
+        memo_max_bytes: bytes of completed outputs each durable tool keeps in memory
+            to answer repeated calls without the store (oldest dropped first; 0: none).
         perf_hook: ``hook(phase, ms, extra)``; called on the worker that measured.
     """
 
@@ -212,7 +213,7 @@ class Policy:
     circuit_open_s: float = 5.0
     circuit_open_max_s: float = 60.0
     salvage_path: str | None = None
-    drain_workers: int = 32
+    memo_max_bytes: int = 64 * 1024 * 1024
     perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None
 
     def heartbeat_for(self, lease_ttl_s: float) -> float:

@@ -1,36 +1,37 @@
-"""One queue per tool: batch grace window, dedupe by receipt key, drains.
+"""One actor per tool: the batch grace window, dedupe, the memo, and the call lifecycle.
 
-:class:`ToolQueue` is the plain state machine: calls in, decisions out, time passed
-in. :class:`ToolQueueActor` feeds it and performs the decisions: arming the grace
-timer, handing drained groups to the system's drain pool, resolving futures when a
-drain reports its groups settled.
+:class:`ToolQueue` is the plain queue state machine (calls in, decisions out, time
+passed in); :class:`~actors.lifecycle.Lifecycle` is the plain state machine of every
+group past the queue. :class:`ToolQueueActor` feeds both with messages and performs
+their effects, each as a message to another actor or a task on the worker pool: it
+never waits on anyone.
 
 Rules (SEMANTICS.md, Life of a call): a tool without a batch strategy drains at once;
 a batchable tool drains when ``max_batch_size`` unique calls are queued, otherwise
 ``batch_grace_s`` after the first queued call. Calls with the same receipt key share
-one execution: same drain → followers; while the key is in flight → attached
-(execution ``in_flight``).
+one execution: same drain -> followers; while the key is in flight -> attached (both
+``in_flight``). A forced refresh or a retry of a failure never takes a normal call's
+execution.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import pykka
 
+from stores._codec import decode_output
 from stores.types import ClaimMode
 
-from ._calls import Call, Group
+from ._calls import Call, Group, Role, mode_covers
 from ._runtime import Timers, fail, guarded
 from .errors import CallCancelledError
-from .messages import DrainDue, GroupsSettled, StopQueue, SubmitCall
-from .stats import Stats
+from .messages import DrainDue, StopQueue, SubmitCalls
+from .results import ToolResult
 from .tool import Tool
 
 __all__ = ["Submitted", "ToolQueue", "ToolQueueActor"]
@@ -53,42 +54,97 @@ class Submitted(enum.Enum):
     """This system completed the key already: resolve at once from memory."""
 
 
+class Memo:
+    """Completed outputs this system saw, newest kept, bounded by bytes.
+
+    Holds encoded JSON text (immutable): each hit decodes its own copy, so no caller
+    can change what another caller sees. Written only by its tool queue actor; read
+    from any thread (``recall``) without a lock (single dict reads are atomic).
+
+    Args:
+        max_bytes: most bytes of output text kept (older entries are dropped first).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.entries: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
+        self.bytes = 0
+        self.epoch: Any = None
+
+    def recall(self, key: str, stale_after_s: float | None, now: float) -> str | None:
+        """The remembered output text of ``key``, or None (a memo older than the call's
+        ``stale_after_s`` is not used; an output reused from the store has no known age)."""
+        found = self.entries.get(key)
+        if found is None:
+            return None
+        at, text = found
+        if stale_after_s is not None and now - at > stale_after_s:
+            return None
+        return text
+
+    def remember(self, key: str, text: str, at: float) -> None:
+        """Keep ``key``'s output text, dropping the oldest entries past ``max_bytes``."""
+        if self.max_bytes <= 0 or len(text) > self.max_bytes:
+            return
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old[1])
+        self.entries[key] = (at, text)
+        self.bytes += len(text)
+        while self.bytes > self.max_bytes and self.entries:
+            _, (_, dropped) = self.entries.popitem(last=False)
+            self.bytes -= len(dropped)
+
+    def forget(self, key: str | None = None) -> None:
+        """Drop one key, or everything (after a purge)."""
+        if key is None:
+            self.entries = collections.OrderedDict()
+            self.bytes = 0
+            return
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old[1])
+
+
 class ToolQueue:
     """The queue state machine of one tool.
 
     Args:
         tool: the tool (its batch strategy decides the draining rule).
         batch_grace_s: the grace window, seconds.
+        inflight: receipt key -> group past the queue (the lifecycle's map).
+        memo: the tool's memo (None or a non-durable tool: none).
     """
 
-    def __init__(self, tool: Tool, batch_grace_s: float, memo_size: int = 50_000) -> None:
+    def __init__(
+        self, tool: Tool, batch_grace_s: float, inflight: dict[str, Group] | None = None, memo: Memo | None = None
+    ) -> None:
         self.tool = tool
         self.batch_grace_s = batch_grace_s
-        self.memo_size = memo_size if tool.durable else 0
-        self.memo: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()
-        self.recalled: Any = None
-        """The result :meth:`submit` found in the memo for the call it answered MEMO."""
+        self.memo = memo if memo is not None and tool.durable else Memo(0)
+        self.recalled: str | None = None
+        """The output text :meth:`submit` found in the memo for the call it answered MEMO."""
         self.queued: dict[str, Group] = {}
-        self.inflight: dict[str, Group] = {}
+        self.inflight: dict[str, Group] = inflight if inflight is not None else {}
         self.window_opened_at: float | None = None
         self.generation = 0
 
     def submit(self, call: Call) -> Submitted:
         """Queue ``call``; the decision says what the actor must do."""
         key = call.key
-        if self.memo_size and call.mode is not ClaimMode.FORCE_REFRESH:
-            self.recalled = self.recall(call)
+        if self.memo.max_bytes and call.mode is ClaimMode.NORMAL:
+            self.recalled = self.memo.recall(key, call.stale_after_s, call.submitted_at)
             if self.recalled is not None:
                 return Submitted.MEMO
         running = self.inflight.get(key)
-        if running is not None:
-            running.attached.append(call)
+        if running is not None and mode_covers(running.mode, call.mode) and not running.lease_lost:
+            running.join(call, Role.ATTACHED)
             return Submitted.ATTACHED
         queued = self.queued.get(key)
         if queued is not None:
-            queued.followers.append(call)
+            queued.join(call, Role.FOLLOWER)
             return Submitted.FOLLOWER
-        self.queued[key] = Group(call)
+        self.queued[key] = Group.of(call)
         batch = self.tool.batch
         if batch is None or len(self.queued) >= batch.max_batch_size:
             return Submitted.DRAIN_NOW
@@ -97,33 +153,6 @@ class ToolQueue:
             self.generation += 1
             return Submitted.ARM
         return Submitted.QUEUED
-
-    def recall(self, call: Call) -> Any:
-        """The remembered result of ``call``'s key (execution ``cached``), or None.
-
-        Completed receipts are immutable until refreshed, so a key this system saw
-        completed can be answered from memory; a memo older than the call's
-        ``stale_after_s`` is not used.
-        """
-        found = self.memo.get(call.key)
-        if found is None:
-            return None
-        at, result = found
-        if call.stale_after_s is not None and call.submitted_at - at > call.stale_after_s:
-            return None
-        return result if result.execution == "cached" else attrs.evolve(result, execution="cached")
-
-    def remember(self, key: str, result: Any, now: float) -> None:
-        """Remember a completed key's result (most recent ``memo_size`` keys)."""
-        if not self.memo_size:
-            return
-        # a reused receipt may have completed long before ``now``: its age is unknown, so
-        # a call bounded by ``stale_after_s`` never takes it from memory
-        at = -math.inf if result.execution == "cached" else now
-        self.memo[key] = (at, result)
-        self.memo.move_to_end(key)
-        while len(self.memo) > self.memo_size:
-            self.memo.popitem(last=False)
 
     def grace_deadline(self) -> float:
         """When the open window ends (monotonic seconds)."""
@@ -135,31 +164,35 @@ class ToolQueue:
 
         With ``whole_batches`` (a batchable tool that reached ``max_batch_size``), only
         whole batches are taken, so N calls over U keys make exactly ceil(U/M) batch
-        calls; the rest stay queued in the open window, whose timer drains them. The
-        groups taken move to in flight until :meth:`settle`.
+        calls; the rest stay queued in the open window, whose timer drains them.
+        Groups whose key is still in flight (a forced refresh behind a normal call)
+        stay queued until it settles.
         """
         if generation is not None and generation != self.generation:
             return []
-        groups = list(self.queued.values())
+        groups = [g for g in self.queued.values() if g.key not in self.inflight]
+        held = [g for g in self.queued.values() if g.key in self.inflight]
         batch = self.tool.batch
         if whole_batches and batch is not None:
             cut = len(groups) // batch.max_batch_size * batch.max_batch_size
             groups, left = groups[:cut], groups[cut:]
-            if left:
-                self.queued = {g.key: g for g in left}
-                for group in groups:
-                    self.inflight[group.key] = group
+            if left or held:
+                self.queued = {g.key: g for g in left + held}
                 return groups
-        self.queued.clear()
-        self.window_opened_at = None
+        self.queued = {g.key: g for g in held}
+        self.window_opened_at = None if not held else self.window_opened_at
         self.generation += 1
-        for group in groups:
-            self.inflight[group.key] = group
         return groups
 
-    def settle(self, key: str) -> Group | None:
-        """The group of ``key`` finished: forget it (None if unknown)."""
-        return self.inflight.pop(key, None)
+    def remove(self, call: Call) -> bool:
+        """Take a cancelled call out of the window (its group goes when it is empty)."""
+        group = self.queued.get(call.key)
+        if group is None or call not in group.calls:
+            return False
+        group.calls.remove(call)
+        if not group.calls:
+            del self.queued[call.key]
+        return True
 
     def cancel_queued(self) -> list[Call]:
         """Remove every queued call (for stop); returns them."""
@@ -171,74 +204,85 @@ class ToolQueue:
 
 
 class ToolQueueActor(pykka.ThreadingActor):
-    """Runs one :class:`ToolQueue`.
+    """Runs one tool's :class:`ToolQueue` and :class:`~actors.lifecycle.Lifecycle`.
 
     Args:
         tool: the tool.
-        batch_grace_s: the grace window, seconds.
-        run_drain: ``run_drain(queue_ref, tool, groups)`` hands groups to the drain
-            pool; called on this actor's thread and must not block.
-        requeue: ``requeue(call, error)`` re-submits a call after a credential change.
-        stats: the system's counters.
-        timers: the system's timer thread.
+        ports: the :class:`~actors._ports.Ports` of its dispatch system (other actors,
+            the worker pool, the latch and gate snapshots, stats).
+        memo: the tool's memo (the system reads it on callers' threads).
+        clock: ``time.monotonic`` (a fake in tests).
     """
 
     def __init__(
-        self,
-        tool: Tool,
-        batch_grace_s: float,
-        run_drain: Callable[[Any, Tool, list[Group]], None],
-        requeue: Callable[[Call, BaseException], None],
-        stats: Stats,
-        timers: Timers,
-        clock: Callable[[], float] = time.monotonic,
+        self, tool: Tool, ports: Any, memo: Memo | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         super().__init__()
-        self.queue = ToolQueue(tool, batch_grace_s)
-        self.run_drain = run_drain
-        self.requeue = requeue
-        self.stats = stats
-        self.timers = timers
+        from ._ports import ActorEffects
+        from .lifecycle import Lifecycle
+
+        self.ports = ports
         self.clock = clock
+        self.effects = ActorEffects(self, tool, ports)
+        self.lifecycle = Lifecycle(
+            tool, ports.policy, ports.run.org_id, ports.run.scope, self.effects, ports.width(tool)
+        )
+        self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
         self._drain_pending = False
+        self._stop_replies: list[Any] = []
+
+    @property
+    def memo(self) -> Memo:
+        """The memo (read from callers' threads)."""
+        return self.queue.memo
 
     @guarded
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, SubmitCall):
-            self._submit(message.call)
-        elif isinstance(message, DrainDue):
-            self._drain(message.generation)
-        elif isinstance(message, GroupsSettled):
-            for key, outcome in message.outcomes:
-                group = self.queue.settle(key)
-                if group is not None:
-                    self._resolve(group, outcome)
-        elif isinstance(message, StopQueue):
-            calls = self.queue.cancel_queued()
-            for call in calls:
-                fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
-            self.stats.add("cancelled", len(calls))
-            message.reply.set(len(calls))
+        now = self.clock()
+        try:
+            if isinstance(message, SubmitCalls):
+                for call in message.calls:
+                    self._submit(call, now)
+            elif isinstance(message, DrainDue):
+                self._drain(message.generation, now)
+            elif isinstance(message, StopQueue):
+                self._stop(message, now)
+            else:
+                self.effects.dispatch(message, now)
+        finally:
+            self.effects.flush()
+            if self._stop_replies and self.lifecycle.idle:
+                replies, self._stop_replies = self._stop_replies, []
+                for reply in replies:
+                    reply.set(0)
         return None
 
-    def _submit(self, call: Call) -> None:
+    def _submit(self, call: Call, now: float) -> None:
+        if self.lifecycle.stopping:
+            fail(call.future, CallCancelledError("the dispatcher is stopped"))
+            return
+        if call.future.cancelled:
+            fail(call.future, CallCancelledError("the call was cancelled"))
+            return
         decision = self.queue.submit(call)
+        tool_id = self.queue.tool.tool_id
         if decision is Submitted.MEMO:
-            call.future.set(self.queue.recalled)
-            self.stats.add("cached", tool=self.queue.tool.tool_id)
+            text = self.queue.recalled
+            call.future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
+            self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
-            self.stats.add("deduped", tool=self.queue.tool.tool_id)
+            self.ports.stats.add("deduped", tool=tool_id)
         elif decision is Submitted.DRAIN_NOW:
             if not self._drain_pending:
                 self._drain_pending = True
                 self.actor_ref.tell(DrainDue(generation=-1))
         elif decision is Submitted.ARM:
             ref, generation = self.actor_ref, self.queue.generation
-            self.timers.call_later(
+            self.ports.timers.call_later(
                 self.queue.grace_deadline() - self.clock(), lambda: ref.tell(DrainDue(generation=generation))
             )
 
-    def _drain(self, generation: int) -> None:
+    def _drain(self, generation: int, now: float) -> None:
         start = time.perf_counter()
         if generation == -1:
             self._drain_pending = False
@@ -246,42 +290,31 @@ class ToolQueueActor(pykka.ThreadingActor):
         else:
             groups = self.queue.drain(generation)
         if groups:
-            calls = sum(len(g.followers) + 1 for g in groups)
-            self.stats.record(
-                "group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls
-            )
-            self.run_drain(self.actor_ref, self.queue.tool, groups)
+            calls = sum(len(g.calls) for g in groups)
+            self.ports.stats.record("group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls)
+            self.lifecycle.drained(groups, now)
 
-    def _resolve(self, group: Group, outcome: Any) -> None:
-        if isinstance(outcome, _Requeue):
-            for call in group.calls + group.attached:
-                self.requeue(call, outcome.error)
+    def drain_held(self, key: str, now: float) -> None:
+        """A key settled: calls queued behind it (a forced refresh) may go now."""
+        if key in self.queue.queued and not self._drain_pending:
+            self._drain_pending = True
+            self.actor_ref.tell(DrainDue(generation=-1))
+
+    def _stop(self, message: StopQueue, now: float) -> None:
+        calls = self.queue.cancel_queued()
+        for call in calls:
+            fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
+        refused = self.lifecycle.stop(now)
+        self.ports.stats.add("cancelled", len(calls) + refused)
+        message.reply.set(len(calls) + refused)
+        if message.idle is not None:
+            self._stop_replies.append(message.idle)
+
+    def cancel(self, call: Call) -> None:
+        """Handle a caller's cancel (on this actor's thread)."""
+        now = self.clock()
+        if self.queue.remove(call):
+            self.ports.stats.add("cancelled", tool=self.queue.tool.tool_id)
+            fail(call.future, CallCancelledError("the call was cancelled"))
             return
-        if isinstance(outcome, BaseException):
-            for call in group.calls + group.attached:
-                fail(call.future, outcome)
-            self.stats.add("errors", len(group.calls) + len(group.attached), tool=self.queue.tool.tool_id)
-            return
-        self.queue.remember(group.key, outcome, self.clock())
-        for call in group.calls:
-            call.future.set(outcome)
-        self.stats.add(outcome.execution, len(group.calls), tool=self.queue.tool.tool_id)
-        if group.attached:
-            attached = (
-                outcome if outcome.execution != "live" else attrs.evolve(outcome, execution="in_flight")
-            )
-            for call in group.attached:
-                call.future.set(attached)
-            self.stats.add(attached.execution, len(group.attached), tool=self.queue.tool.tool_id)
-
-
-@attrs.frozen
-class _Requeue:
-    """Outcome: credentials changed; re-queue every call of the group once."""
-
-    error: BaseException
-
-
-def requeue_outcome(error: BaseException) -> Any:
-    """The outcome a drain reports for a group whose credentials changed."""
-    return _Requeue(error)
+        self.lifecycle.cancel(call, now)

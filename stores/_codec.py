@@ -43,6 +43,7 @@ from .errors import InvalidOutputError, OutputNotStorableError
 
 __all__ = [
     "EXACT_PREFIX",
+    "EncodedOutput",
     "MAX_OUTPUT_DEPTH",
     "converter",
     "decode_json",
@@ -142,8 +143,24 @@ def _unwind(trail: Any) -> list[Any]:
     return parts[::-1]
 
 
+class EncodedOutput:
+    """An output already encoded by :func:`encode_output` (on the worker that got it), so
+    the store and the flusher never validate or serialise it twice."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def value(self) -> Any:
+        """The decoded output (a fresh copy each time)."""
+        return decode_output(self.text)
+
+
 def encode_output(output: Any) -> str:
     """Serialise a tool's output for the store: the fast form, or the exact form.
+
+    An :class:`EncodedOutput` is returned as it is.
 
     Returns:
         Text for the ``output`` column; :func:`decode_output` gives back an equal value
@@ -154,6 +171,8 @@ def encode_output(output: Any) -> str:
         OutputNotStorableError: JSON, but beyond what can be stored (see the module
             docstring); not the provider's fault: salvage it with :func:`salvage_form`.
     """
+    if type(output) is EncodedOutput:
+        return output.text
     if not validate_output(output):
         try:
             return orjson.dumps(output).decode("utf-8")
@@ -202,6 +221,8 @@ def salvage_form(value: Any) -> tuple[Any, str | None]:
         ``(stand_in, reason)``: a JSON description ``{"type", "reason", "repr"}`` (the
         repr cut to 1 MiB of text) for an operator, never replayed into a store.
     """
+    if type(value) is EncodedOutput:
+        return value.value(), None
     try:
         encode_output(value)
     except (InvalidOutputError, OutputNotStorableError) as exc:

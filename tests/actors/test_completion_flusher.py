@@ -66,32 +66,6 @@ def test_latch_trips_once_and_keeps_the_first_reason() -> None:
     assert latch.reason == "disk full"
 
 
-def test_latch_counts_refusals() -> None:
-    latch = Latch()
-    latch.trip("x")
-    latch.refuse(3)
-    latch.refuse(1)
-    assert latch.refused == 4
-
-
-def test_latch_refuse_is_thread_safe() -> None:
-    latch = Latch()
-    start = threading.Barrier(8)
-
-    def refuse_many() -> None:
-        start.wait(timeout=10)
-        for _ in range(1000):
-            latch.refuse(1)
-
-    threads = [threading.Thread(target=refuse_many) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert not any(thread.is_alive() for thread in threads)
-    assert latch.refused == 8000
-
-
 def test_latch_concurrent_trips_keep_exactly_one_reason() -> None:
     latch = Latch()
     start = threading.Barrier(8)

@@ -253,7 +253,7 @@ def test_governor_budget_refusal_does_not_block_later_grants_of_other_budgets() 
     gov.acquire(ORG, "p", 1, b, now=0.0)  # waits at the ceiling
     released = gov.release(ORG, "p", count=1, successes=1, now=1.0)
     assert isinstance(_refused(released)[b], BudgetExceededError)
-    assert not gov.waiters[(ORG, "p")]  # nobody left waiting
+    assert not gov.waiters[(ORG, "p", False)]  # nobody left waiting
 
 
 def test_governor_charge_retries_raises_past_the_limit_and_charges_nothing() -> None:

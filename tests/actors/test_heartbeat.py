@@ -74,14 +74,14 @@ def test_lease_set_drops_a_registration_past_its_deadline() -> None:
     assert leases.due(3.0) == []
 
 
-def test_lease_set_refused_keys_are_dropped_and_lost_event_returned() -> None:
+def test_lease_set_refused_keys_are_dropped_and_registration_returned() -> None:
     leases = _leases()
     reg = _reg(1, ["a", "b"])
     leases.register(reg, now=0.0)
     leases.due(1.0)
-    lost = leases.refused(1, {"a"})
-    assert lost is reg.lost
-    assert not lost.is_set()  # setting it is the actor's effect
+    found = leases.refused(1, {"a"})
+    assert found is reg
+    assert not reg.lost.is_set()  # setting it (and telling the owner) is the actor's effect
     (renewal,) = leases.due(2.0)
     assert renewal.leases == (LeaseRef("b", "lease-b"),)  # "a" is not renewed again
     assert leases.lost_keys == ["a"]
@@ -91,7 +91,7 @@ def test_lease_set_refusing_every_lease_drops_the_registration() -> None:
     leases = _leases()
     reg = _reg(1, ["a", "b"])
     leases.register(reg, now=0.0)
-    assert leases.refused(1, {"a", "b"}) is reg.lost
+    assert leases.refused(1, {"a", "b"}) is reg
     assert leases.entries == {}
     assert leases.due(10.0) == []
     assert sorted(leases.lost_keys) == ["a", "b"]
@@ -140,3 +140,22 @@ def test_lease_set_registrations_tick_independently() -> None:
         now = step * 0.5
         seen += [(now, r.token) for r in leases.due(now)]
     assert seen == [(1.0, 1), (1.5, 2), (2.0, 1), (2.5, 2), (3.0, 1), (3.5, 2), (4.0, 1)]
+
+
+def test_lease_set_unregister_keys_removes_them_from_every_registration() -> None:
+    leases = _leases()
+    leases.register(_reg(1, ["a", "b"]), now=0.0)
+    leases.register(_reg(2, ["c"]), now=0.0)
+    leases.unregister(-1, ("a", "c"))
+    (renewal,) = leases.due(1.0)
+    assert renewal.leases == (LeaseRef("b", "lease-b"),)
+    assert set(leases.entries) == {1}
+
+
+def test_lease_set_failed_renewal_is_retried_well_before_the_lease_lapses() -> None:
+    leases = _leases()
+    leases.register(_reg(1, ["a"]), now=0.0)
+    assert len(leases.due(1.0)) == 1  # renewal due at 1.0; say it raised
+    leases.retry_soon(1, now=1.0)
+    assert leases.next_tick(1.0) == pytest.approx(1.0 + INTERVAL_S / 4)
+    assert len(leases.due(1.0 + INTERVAL_S / 4)) == 1

@@ -1,0 +1,199 @@
+"""What runs on the worker pool: one attempt of one provider call, reported as a message.
+
+The lifecycle never waits for a tool. It hands :func:`attempt` to the pool; the
+attempt builds the tool's context, calls the tool (or the batch operation), splits a
+batch result per member and encodes every member's output on the worker (so a value
+that cannot be serialised fails its own member, off every actor), then tells the tool
+queue actor :class:`~actors.messages.UnitFinished`.
+
+Also here: how an error is classified (:func:`failure_kind_for`, :func:`transient`)
+and how a batch result is split (:func:`split_members`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from stores._codec import encode_output
+from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorableError
+from stores.types import FailureKind
+
+from ._calls import Unit
+from .errors import NotSentError, ProviderError, RateLimitedError
+from .messages import UnitFinished
+from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
+from .tool import Tool
+
+__all__ = ["attempt", "failure_kind_for", "split_members", "transient"]
+
+
+def failure_kind_for(exc: BaseException) -> FailureKind:
+    """How a tool error is recorded: ProviderError says; timeouts and connection
+    errors are transient; invalid input is invalid_input; anything else permanent."""
+    if isinstance(exc, ProviderError):
+        return exc.failure_kind
+    if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
+        return FailureKind.TIMEOUT
+    if isinstance(exc, (ConnectionError, OSError)):
+        return FailureKind.TRANSIENT
+    if isinstance(exc, InvalidInputError):
+        return FailureKind.INVALID_INPUT
+    return FailureKind.PERMANENT
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the provider could not serve at all (connection errors,
+    5xx, timeouts): retried in-call (retry-safe tools), and counted by the circuit."""
+    return not isinstance(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
+        FailureKind.TRANSIENT,
+        FailureKind.TIMEOUT,
+    )
+
+
+def retry_in_call(exc: BaseException) -> bool:
+    """Whether another in-call attempt may help: transient, and not marked otherwise
+    (an error with ``retry_in_call = False``, such as a refused connection, is evidence
+    for the circuit, not worth another attempt)."""
+    return transient(exc) and getattr(exc, "retry_in_call", True)
+
+
+def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:
+    """One value (or exception) per member of a batch, in member order.
+
+    By position, or matched by id when the strategy gives ``input_id``/``result_id``
+    (a member with no matching item gets None: ``no_result``). An item that is an
+    exception (a per-member provider error) stays that member's outcome, by position
+    or by id (by id, an exception item must carry the member's id as ``result_id``
+    of the exception, or ``input_id`` attribute; else it cannot be matched and the
+    member it belongs to fails with it when the result holds exactly one such item
+    per unmatched member in order).
+
+    Raises:
+        ProviderError: the batch result does not have one result per member.
+    """
+    batch = tool.batch
+    assert batch is not None
+    n = len(inputs)
+    items = list(batch.split(raw, n))
+    if batch.input_id is not None and batch.result_id is not None:
+        by_id: dict[Any, Any] = {}
+        errors: list[BaseException] = []
+        for item in items:
+            if isinstance(item, BaseException):
+                item_id = getattr(item, "input_id", None)
+                if item_id is None:
+                    errors.append(item)
+                else:
+                    by_id[item_id] = item
+            else:
+                by_id[batch.result_id(item)] = item
+        out = [by_id.get(batch.input_id(value), _MISSING) for value in inputs]
+        unmatched = [i for i, value in enumerate(out) if value is _MISSING]
+        if errors and len(errors) == len(unmatched):
+            for i, error in zip(unmatched, errors, strict=True):
+                out[i] = error
+        elif errors:
+            error = errors[0]
+            for i in unmatched:
+                out[i] = error
+        return [None if value is _MISSING else value for value in out]
+    if len(items) != n:
+        raise ProviderError(
+            f"{batch.batch_operation or tool.tool_id} returned {len(items)} results for {n} members",
+            failure_kind=FailureKind.TRANSIENT,
+        )
+    return items
+
+
+_MISSING = object()
+
+
+def _encode(value: Any) -> tuple[str | None, BaseException | None]:
+    if isinstance(value, BaseException):
+        return None, value
+    try:
+        return encode_output(value), None
+    except (InvalidOutputError, OutputNotStorableError) as exc:
+        exc.raw_output = value  # type: ignore[attr-defined]  # salvaged in a described form
+        return None, exc
+    except Exception as exc:  # anything a value raises while serialised fails its member alone
+        error = InvalidOutputError(f"the tool's output cannot be serialised: {type(exc).__name__}: {exc}")
+        error.raw_output = value  # type: ignore[attr-defined]
+        return None, error
+
+
+@attrs.frozen(kw_only=True)
+class AttemptSpec:
+    """Everything one attempt needs, fixed on the actor before it is handed to the pool."""
+
+    unit: int
+    attempt: int
+    tool: Tool
+    payload: Any
+    inputs: list[Any]
+    batched: bool
+    context: ToolContext
+    durable: bool
+
+
+def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
+    """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline."""
+    tool = unit.groups[0].tool
+    groups = unit.groups
+    idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
+    deadline = unit.deadline if unit.deadline is not None else now + unit.timeout_s
+    context = ToolContext(
+        tool_id=tool.tool_id,
+        idempotency_key=idem[0] if len(groups) == 1 else batch_idempotency_key(idem),
+        receipt_keys=tuple(g.key for g in groups),
+        credential_scope_digest=groups[0].credential_digest,
+        deadline=deadline,
+        timeout_s=max(0.001, deadline - now),
+        attempt=attempt_no,
+    )
+    batched = tool.batch is not None and len(groups) > 1
+    inputs = [g.input for g in groups]
+    payload = tool.batch.build(inputs) if batched and tool.batch is not None else inputs[0]
+    return AttemptSpec(
+        unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
+        context=context, durable=tool.durable,
+    )  # fmt: skip
+
+
+def attempt(spec: AttemptSpec, tell: Callable[[Any], None], clock: Callable[[], float] = time.monotonic) -> None:
+    """Run one attempt on the calling worker and ``tell`` the outcome (never raises)."""
+    tool = spec.tool
+    sent_at = clock()
+    try:
+        if spec.batched and tool.batch is not None:
+            raw = tool.batch.batch_fn(spec.payload, spec.context)
+            values = split_members(tool, spec.inputs, raw)
+        else:
+            values = [tool.fn(spec.payload, spec.context)]
+    except BaseException as exc:
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
+        if not isinstance(exc, Exception):
+            raise
+        return
+    if spec.durable:
+        members = [_encode(v) for v in values]
+    else:
+        members = [(None, v) if isinstance(v, BaseException) else (_Plain(v), None) for v in values]
+    tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at))
+
+
+@attrs.frozen
+class _Plain:
+    """A non-durable tool's output, handed over as is (it is never stored)."""
+
+    value: Any
+
+
+def plain_value(member: Any) -> Any:
+    """The value of a non-durable member (see :func:`attempt`)."""
+    return member.value if isinstance(member, _Plain) else member
