@@ -159,6 +159,7 @@ def _run(
             f"interrupted ({signal.Signals(signum).name}): finishing the rows in flight "
             "(interrupt again to abort: receipts not yet sent are released)",
             highlight=False,
+            soft_wrap=True,
         )
 
     try:
