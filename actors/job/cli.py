@@ -147,12 +147,15 @@ def _run(
     stop = threading.Event()
     interrupts: list[int] = []
     running: list[Any] = []  # the dispatch system, once started (for an abort)
+    aborting: list[threading.Thread] = []  # the abort, after a second signal: it ends the process
     tally = CallTally(play.tools)
 
     def on_signal(signum: int, frame: Any) -> None:
         interrupts.append(signum)
         if len(interrupts) > 1:
-            threading.Thread(target=_abort, args=(running, out), name="tooldispatch-abort", daemon=True).start()
+            if not aborting:
+                aborting.append(threading.Thread(target=_abort, args=(running, out), name="tooldispatch-abort"))
+                aborting[0].start()
             return
         stop.set()
         console.print(
@@ -180,6 +183,8 @@ def _run(
                 )  # fmt: skip
             finally:
                 progress.close(final=summary is not None and summary.config_error is None)
+                for abort in aborting:  # the rows ended because the abort stopped the system:
+                    abort.join()  # let it finish releasing and exit 130 (nothing else closes the store)
             stats = system.stats()
     finally:
         for sig, handler in previous.items():

@@ -60,13 +60,17 @@ def _finish(proc, err):
         err.close()
 
 
-def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(cli, provider_factory, tmp_path):
+@pytest.mark.parametrize("runtime", ["threads", "gevent"])
+def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(
+    cli, provider_factory, tmp_path, runtime
+):
     domains = _made_up_domains(3000)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     server = provider_factory("--latency", "0.1")
     db, out, err_path = tmp_path / "r.db", tmp_path / "out.jsonl", tmp_path / "first.stderr"
     args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", out)
+    args += ("--runtime", runtime)
     env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url)
 
     proc, err = _start(cli, args, env, err_path, tmp_path)
@@ -101,13 +105,17 @@ def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(c
     assert server.stats()["items"] == unique  # over both runs, each lookup paid once
 
 
-def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(cli, provider_factory, tmp_path):
+@pytest.mark.parametrize("runtime", ["threads", "gevent"])
+def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
+    cli, provider_factory, tmp_path, runtime
+):
     domains = _made_up_domains(120)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     server = provider_factory("--rate", "4", "--burst", "1", "--latency", "0.2")
     db, err_path = tmp_path / "r.db", tmp_path / "run.stderr"
     args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", tmp_path / "o.jsonl")
+    args += ("--runtime", runtime)
     # one request per call, paced at the provider's 4/s: most receipts wait, claimed, to be sent
     env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url, TOOLDISPATCH_BATCH="0", TOOLDISPATCH_PROVIDER_RPS="4")
 
