@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import uuid
@@ -20,8 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 DEFAULT_DB = os.path.join(".tooldispatch", "receipts.db")
-ABORT_S = 10.0
-"""After a second interrupt: seconds given to releasing unsent receipts before exiting."""
 EXIT_CODES = """\b
 Exit codes:
   0    every row succeeded
@@ -51,7 +48,9 @@ def main() -> None:
 
 def _reexec_under_gevent() -> NoReturn:
     os.environ["TOOLDISPATCH_REEXEC"] = "1"
-    os.execv(sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.job.cli", *sys.argv[1:]])
+    os.execv(
+        sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.job.cli", *sys.argv[1:]]
+    )
 
 
 def _count_rows(path: str) -> int | None:
@@ -125,6 +124,7 @@ def _run(
 
     from .. import DispatchSystem, RunInfo
     from .._runtime import runtime_name
+    from ._signals import Interrupts
     from ._tally import CallTally
     from .play import PlayContext, PlayLoadError, load_play
     from .report import ProgressDisplay, output_line, report_table, tools_table
@@ -145,50 +145,33 @@ def _run(
     console = Console(stderr=True)
     run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name)
     stop = threading.Event()
-    interrupts: list[int] = []
-    running: list[Any] = []  # the dispatch system, once started (for an abort)
-    aborting: list[threading.Thread] = []  # the abort, after a second signal: it ends the process
     tally = CallTally(play.tools)
-
-    def on_signal(signum: int, frame: Any) -> None:
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            if not aborting:
-                aborting.append(threading.Thread(target=_abort, args=(running, out), name="tooldispatch-abort"))
-                aborting[0].start()
-            return
-        stop.set()
-        console.print(
-            f"interrupted ({signal.Signals(signum).name}): finishing the rows in flight "
-            "(interrupt again to abort: receipts not yet sent are released)",
-            highlight=False,
-            soft_wrap=True,
-        )
-
     try:
         out = open(output_path, "wb") if output_path else None  # noqa: SIM115 - closed below
     except OSError as exc:
         store.close()
         raise ConfigError(f"cannot write the output {output_path}: {exc.strerror or exc}") from None
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupts = Interrupts(stop, lambda line: console.print(line, highlight=False, soft_wrap=True), out)
+    interrupts.install()
     try:
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
-            running.append(system)
-            ctx = PlayContext(system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally)
+            interrupts.system = system
+            ctx = PlayContext(
+                system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally
+            )
             progress = ProgressDisplay(console, _count_rows(input_path), system.stats, tally=tally).start()
             summary = None
             try:
                 summary = run_rows(
-                    play, rows, ctx, concurrency=width, out=out, stop=stop, on_row=lambda _: progress.advance(),
+                    play, rows, ctx, concurrency=width, out=out, stop=stop,
+                    on_row=lambda _: progress.advance(),
                 )  # fmt: skip
             finally:
                 progress.close(final=summary is not None and summary.config_error is None)
-                for abort in aborting:  # the rows ended because the abort stopped the system:
-                    abort.join()  # let it finish releasing and exit 130 (nothing else closes the store)
+                interrupts.wait_for_abort()  # a second signal stopped the rows: it exits 130
             stats = system.stats()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        interrupts.restore()
         close_error = _close_quietly(out)
         store.close()
     if summary.config_error:
@@ -201,7 +184,9 @@ def _run(
     console.print(tools_table(stats, tally))
     if summary.interrupted:
         if output_path is not None:
-            console.print(f"interrupted: {output_line(summary, output_path)}", highlight=False, soft_wrap=True)
+            console.print(
+                f"interrupted: {output_line(summary, output_path)}", highlight=False, soft_wrap=True
+            )
         else:
             console.print(
                 f"interrupted: {summary.rows} rows done; run the same command again to resume "
@@ -229,30 +214,6 @@ def _first_rows(path: str) -> Any:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the input {path}: {exc}") from None
     return itertools.chain([first], rows)
-
-
-def _abort(running: list[Any], out: Any) -> None:
-    """A second interrupt: stop the dispatch system (calls not sent are refused and their
-    receipts released; calls already sent keep theirs), flush the output, exit 130. Gives
-    up waiting after :data:`ABORT_S` seconds."""
-    done = threading.Event()
-
-    def stop_system() -> None:
-        try:
-            for system in running:
-                system.stop(timeout_s=ABORT_S)
-        finally:
-            done.set()
-
-    threading.Thread(target=stop_system, name="tooldispatch-abort-stop", daemon=True).start()
-    done.wait(ABORT_S)
-    try:
-        if out is not None:
-            out.flush()
-    finally:
-        sys.stderr.write("aborted: receipts not yet sent were released; rerun the same command to resume\n")
-        sys.stderr.flush()
-        os._exit(130)
 
 
 def _close_quietly(out: Any) -> str | None:
@@ -389,8 +350,7 @@ def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], y
         click.echo(f"no {what} receipts{age} in {db} (outside a live lease): nothing to purge")
         return
     if not yes and not click.confirm(
-        f"delete {_plural(count, 'receipt')} ({what}{age}) from {db}? "
-        "(calls they cached will be paid again)"
+        f"delete {_plural(count, 'receipt')} ({what}{age}) from {db}? (calls they cached will be paid again)"
     ):
         store.close()
         click.echo("nothing deleted")

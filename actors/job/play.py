@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import orjson
+
 from stores import MAX_OUTPUT_BYTES
 
 from ..errors import DispatchError

@@ -17,8 +17,8 @@ import attrs
 import orjson
 
 from ..errors import UnknownToolError
-from ._ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
 from ._error_kinds import ErrorKinds
+from ._ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
 from .play import InputError, Play, PlayContext, RowError
 
 __all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
@@ -74,7 +74,9 @@ def encode_outcome(outcome: RowOutcome) -> tuple[bytes, str | None]:
     except TypeError:
         pass
     try:
-        return json.dumps(line, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode() + b"\n", None
+        return json.dumps(
+            line, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode() + b"\n", None
     except (TypeError, ValueError, RecursionError) as exc:
         error = f"ResultNotWritableError: the row's result has no JSON form ({type(exc).__name__}: {exc})"
     failed = {"index": outcome.index, "row": outcome.row, "result": None, "error": error}

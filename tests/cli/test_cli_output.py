@@ -32,8 +32,9 @@ def play(row, ctx):
 ROWS = 200
 PTY_TIMEOUT_S = 120.0
 REPORT_LABELS = (
-    "rows", "requests sent to square", "lookups billed (receipts completed this run)", "reused from earlier runs",
-    "reused within this run (calls)", "joined a lookup in flight (calls)", "calls failed", "retries",
+    "rows", "requests sent to square", "lookups billed (receipts completed this run)",
+    "reused from earlier runs", "reused within this run (calls)", "joined a lookup in flight (calls)",
+    "calls failed", "retries",
     "refused, provider down", "salvaged (paid, kept in the salvage file)", "wall time", "rows/s",
 )  # fmt: skip
 
@@ -104,7 +105,8 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     assert per_tool == {
         "square": {
             "calls": ROWS, "billed (ran)": ROWS, "joined in flight": 0, "reused this run": 0,
-            "reused, earlier runs": 0, "failed": 0, "requests sent": ROWS, "429s": 0, "refused, provider down": 0,
+            "reused, earlier runs": 0, "failed": 0, "requests sent": ROWS, "429s": 0,
+            "refused, provider down": 0,
         }
     }  # fmt: skip
     assert all(not label.startswith(("receipt_", "batch_", "group ", "drain ")) for label in report)

@@ -88,7 +88,9 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert report["rows"] == "10000 (10000 ok, 0 failed)"
     assert report["requests sent to local-provider"] == "0 (0 answered 429)"
     assert report[BILLED] == "0"
-    reused, calls = re.fullmatch(r"(\d+) receipts \((\d+) calls\)", report["reused from earlier runs"]).groups()
+    reused, calls = re.fullmatch(
+        r"(\d+) receipts \((\d+) calls\)", report["reused from earlier runs"]
+    ).groups()
     assert int(reused) == unique_calls and int(calls) >= len(domains)
     for tool, counts in cli.tools_report(second.stderr).items():
         assert counts["reused, earlier runs"] + counts["reused this run"] == counts["calls"] > 0, tool

@@ -114,7 +114,16 @@ def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     server = provider_factory("--rate", "4", "--burst", "1", "--latency", "0.2")
     db, err_path = tmp_path / "r.db", tmp_path / "run.stderr"
-    args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", tmp_path / "o.jsonl")
+    args = (
+        "run",
+        cli.examples / "domains_play.py",
+        "--input",
+        rows,
+        "--db",
+        db,
+        "--output",
+        tmp_path / "o.jsonl",
+    )
     args += ("--runtime", runtime)
     # one request per call, paced at the provider's 4/s: most receipts wait, claimed, to be sent
     env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url, TOOLDISPATCH_BATCH="0", TOOLDISPATCH_PROVIDER_RPS="4")
@@ -263,6 +272,8 @@ def test_cli_waits_on_another_live_run_are_shown(cli, provider_factory, tmp_path
     assert second.returncode == 0, second.stderr[-3000:]
     report = cli.report(second.stderr)
     if "waited on another run (calls)" not in report:
-        pytest.skip("the dispatch system does not report owner waits yet (stats keys owner_waits, waiting_on_owner)")
+        pytest.skip(
+            "the dispatch system does not report owner waits yet (stats keys owner_waits, waiting_on_owner)"
+        )
     assert int(report["waited on another run (calls)"]) > 0
     assert "waiting on another run" in second.stderr  # in the progress line

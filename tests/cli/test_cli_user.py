@@ -53,7 +53,9 @@ def _receipts(db):
 # -- input that never loses rows ------------------------------------------------------
 
 
-def test_cli_csv_quote_never_closed_names_its_line_and_sends_nothing_for_what_it_swallowed(cli, play, tmp_path):
+def test_cli_csv_quote_never_closed_names_its_line_and_sends_nothing_for_what_it_swallowed(
+    cli, play, tmp_path
+):
     rows = tmp_path / "rows.csv"
     rows.write_text(
         'domain,note\nexample.com,fine\nlemonde.fr,"unterminated note\nbbc.co.uk,after\nlast.it,end\n',
@@ -118,7 +120,9 @@ def test_cli_input_that_is_a_directory_says_so(cli, play, tmp_path):
     assert "not found" not in error
 
 
-@pytest.mark.parametrize(("name", "text"), [("empty.txt", ""), ("blank.txt", "\n\n"), ("header.csv", "domain\n")])
+@pytest.mark.parametrize(
+    ("name", "text"), [("empty.txt", ""), ("blank.txt", "\n\n"), ("header.csv", "domain\n")]
+)
 def test_cli_input_without_rows_says_so(cli, play, tmp_path, name, text):
     rows = tmp_path / name
     rows.write_text(text, encoding="utf-8")
@@ -169,8 +173,9 @@ def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_pa
     report = cli.report(done.stderr)
     errors = {k: v for k, v in report.items() if k.startswith("error")}
     assert errors == {
-        "error: ValueError: not a domain name: '…' (row N.fr) (7 rows)": "e.g. ValueError: not a domain name: "
-        "'bad0.fr' (row 0.fr)"
+        "error: ValueError: not a domain name: '…' (row N.fr) (7 rows)": (
+            "e.g. ValueError: not a domain name: 'bad0.fr' (row 0.fr)"
+        )
     }
 
 
