@@ -133,16 +133,17 @@ class ProgressDisplay:
 
 
 PHASE_NAMES = {
-    "admission": "waiting for a rate slot",
-    "provider": "provider request",
-    "receipt_prepare": "receipt lookup and claim",
-    "receipt_complete": "storing results",
     "group": "grouping calls for a batch",
-    "drain": "one dispatch round (claim, send, store)",
+    "receipt_prepare": "receipt lookup and claim",
+    "admission": "waiting for a rate slot",
     "batch_compile": "building batch requests",
+    "provider": "provider request",
+    "receipt_complete": "storing results",
     "recovery": "recovering a failed store write",
+    "drain": "one dispatch round (claim, send, store)",
 }
-"""The system's phase names (``stats()["phases"]``) in the user's words."""
+"""The system's phase names (``stats()["phases"]``) in the user's words, in the order
+a call meets them (the report's order)."""
 
 
 def report_table(
@@ -188,14 +189,16 @@ def report_table(
         table.add_row("calls failed", str(paid["failed"]))
         for tool, counts in sorted(tally.snapshot().items()):
             if tool in local:
-                table.add_row(f"local tool {tool} (free)", f"{counts['calls']} calls, ran {counts['billed']}")
+                runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
+                table.add_row(f"local tool {tool} (free)", f"{counts['calls']} calls, {runs} runs")
     table.add_row("retries", str(stats.get("retries", 0)))
     table.add_row("refused, provider down", str(stats.get("unavailable", 0)))
     table.add_row("salvaged (paid, kept in the salvage file)", str(stats.get("salvaged", 0)))
     if OWNER_WAITS_KEY in stats:
         table.add_row("waited on another run (calls)", str(stats[OWNER_WAITS_KEY]))
-    for phase, figures in sorted(stats.get("phases", {}).items()):
-        name = PHASE_NAMES.get(phase, phase)
+    phases = stats.get("phases", {})
+    for phase in [*[p for p in PHASE_NAMES if p in phases], *sorted(set(phases) - set(PHASE_NAMES))]:
+        figures, name = phases[phase], PHASE_NAMES.get(phase, phase)
         table.add_row(f"{name} p50 / p95", f"{figures['p50_ms']:.2f} / {figures['p95_ms']:.2f} ms")
     table.add_row("wall time", f"{summary.wall_s:.2f} s")
     table.add_row("rows/s", f"{summary.rows_per_s:.1f}")
@@ -260,6 +263,12 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
     for tool in tools:  # a column per tool: a few tools fit a terminal's width
         table.add_column(f"{tool} (local)" if tool in local else tool, justify="right")
     if tally is not None:
+        for t in local & set(counts):  # no receipts: a local tool's runs are its executions
+            mine = dict(counts[t])
+            mine["billed"] = int(per_tool.get(t, {}).get("provider_calls", 0))
+            others = mine["billed"] + mine["reused"] + mine["reused_this_run"] + mine["failed"]
+            mine["joined"] = max(0, mine["calls"] - others)
+            counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
     for key, label in _TOOL_STATS:

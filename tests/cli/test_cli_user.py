@@ -156,7 +156,7 @@ def test_cli_report_headline_counts_what_was_billed_and_reused_and_local_tools_a
     assert two[BILLED] == "10"
     assert two["reused from earlier runs"] == "10 receipts (10 calls)"
     assert two["requests sent to acme"] == "10 (0 answered 429)"  # the local tool's runs are not requests
-    assert two["local tool tidy (free)"] == "20 calls, ran 20"
+    assert two["local tool tidy (free)"] == "20 calls, 20 runs"
     assert "requests sent to tidy" not in two
     assert "in-flight" not in second.stderr  # named for what it is: calls that joined a lookup
     per_tool = cli.tools_report(second.stderr)
