@@ -19,17 +19,23 @@ _PATTERNS = (
     (re.compile(r"\d+(?:\.\d+)?"), "N"),  # numbers (line numbers, counts, codes)
 )
 
-MESSAGE_CHARS = 200
-"""Characters of an example message kept (a message can hold a whole row)."""
+MESSAGE_CHARS = 160
+"""Characters of a kind and of an example message shown (a message can hold a whole row)."""
+_READ_CHARS = 4000
+"""Characters of a message abstracted (values are replaced before the kind is cut)."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
 
 
 def error_kind(message: str) -> str:
-    """``message`` with its values abstracted: ``"ValueError: boom in row 2"`` ->
-    ``"ValueError: boom in row N"``."""
-    kind = message[:MESSAGE_CHARS]
+    """``message`` with its values abstracted, then cut to :data:`MESSAGE_CHARS`:
+    ``"ValueError: boom in row 2"`` -> ``"ValueError: boom in row N"``."""
+    kind = message[:_READ_CHARS]
     for pattern, placeholder in _PATTERNS:
         kind = pattern.sub(placeholder, kind)
-    return kind
+    return _cut(kind)
 
 
 class ErrorKinds:
@@ -44,7 +50,7 @@ class ErrorKinds:
         kind = error_kind(message)
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            self.examples.setdefault(kind, message[:MESSAGE_CHARS])
+            self.examples.setdefault(kind, _cut(message))
 
     def most_common(self, n: int) -> list[tuple[str, int, str]]:
         """The ``n`` most frequent kinds as ``(kind, rows, example message)``."""

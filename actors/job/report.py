@@ -217,7 +217,13 @@ def report_table(
             f"{_mib(summary.buffer_peak_bytes)} in memory at most, {_mib(summary.spilled_bytes)} on disk",
         )
     if output is not None:
-        table.add_row("output", output_line(summary, output))
+        held = f"{summary.written} {_plural(summary.written, 'row')}"
+        table.add_row(
+            "output",
+            f"{output}: only the {held} finished (see the last line)"
+            if summary.interrupted
+            else output_line(summary, output),
+        )
     if summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
     return table

@@ -142,7 +142,7 @@ def test_cli_run_interrupted_resumes_paying_only_for_the_rest(cli, provider_fact
     done_first_billed = int(report[BILLED])
     assert done_first_billed == paid_first  # every lookup paid for is counted, and stored
     # the report and a last line say what the output holds and how to complete it
-    assert report["output"].startswith(f"{out} holds only the {done_first} rows finished")
+    assert report["output"] == f"{out}: only the {done_first} rows finished (see the last line)"
     last = first_err.strip().splitlines()[-1]
     assert last.startswith(f"interrupted: {out} holds only the {done_first} rows"), last
     assert "run the same command again" in last

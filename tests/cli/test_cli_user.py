@@ -22,6 +22,8 @@ def play(row, ctx):
     value = row["domain"] if isinstance(row, dict) else row
     if value.startswith("bad"):
         raise ValueError(f"not a domain name: {value!r} (row {value[3:]})")
+    if value.startswith("long"):
+        raise LookupError(f"provider said {{'error': {'x' * 300!r}, 'row': {value!r}}}")
     return ctx.tool("lookup", {"domain": ctx.tool("tidy", {"v": value})})
 """
 
@@ -165,18 +167,22 @@ def test_cli_report_headline_counts_what_was_billed_and_reused_and_local_tools_a
 
 def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_path):
     rows = tmp_path / "rows.txt"
-    rows.write_text("".join(f"bad{n}.fr\n" for n in range(7)) + "good.fr\n", encoding="utf-8")
+    bad = [f"bad{n}.fr" for n in range(7)] + [f"long{n}.fr" for n in (1, 22, 333)]
+    rows.write_text("".join(f"{r}\n" for r in bad) + "good.fr\n", encoding="utf-8")
 
     done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db")
 
     assert done.returncode == 1, done.stderr
     report = cli.report(done.stderr)
     errors = {k: v for k, v in report.items() if k.startswith("error")}
-    assert errors == {
-        "error: ValueError: not a domain name: '…' (row N.fr) (7 rows)": (
-            "e.g. ValueError: not a domain name: 'bad0.fr' (row 0.fr)"
-        )
-    }
+    assert errors["error: ValueError: not a domain name: '…' (row N.fr) (7 rows)"] == (
+        "e.g. ValueError: not a domain name: 'bad0.fr' (row 0.fr)"
+    )
+    # a long message is abstracted whole, then cut: one kind, however its values differ
+    assert errors["error: LookupError: provider said {'…': '…', '…': '…'} (3 rows)"].startswith(
+        "e.g. LookupError: provider said"
+    )
+    assert len(errors) == 2
 
 
 # -- help, receipts, salvage ----------------------------------------------------------
