@@ -13,11 +13,12 @@ key and execution, so the CLI classifies each call itself, exactly:
   call in the same batch window).
 * ``reused_this_run``: ``cached`` for a key billed earlier in this run (the memo).
 * ``reused``: ``cached`` for a key not billed this run: a receipt from an earlier run
-  (``reused_receipts`` counts those receipts once each).
+  (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
+  cached answer seen before its key's live one is moved to ``reused_this_run`` then.
 * ``failed``: the call raised.
 
 Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
-Memory: one small integer per distinct receipt key billed or reused.
+Memory: two small integers per distinct receipt key billed or reused.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class CallTally:
         self.local = {t.tool_id for t in tools if not getattr(t, "durable", True)}
         self.counts: dict[str, collections.Counter[str]] = {}
         self._billed: dict[str, set[int]] = {}
-        self._reused: dict[str, set[int]] = {}
+        self._cached: dict[str, dict[int, int]] = {}
+        """tool -> key -> calls answered ``cached`` for it (a key billed later in this run
+        moves them from ``reused`` to ``reused_this_run``: rows finish in any order)."""
 
     def record(self, tool_id: str, result: Any) -> None:
         """Count one call's :class:`~actors.results.ToolResult`."""
@@ -60,22 +63,28 @@ class CallTally:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             billed = self._billed.setdefault(tool_id, set())
             counts["calls"] += 1
+            cached = self._cached.setdefault(tool_id, {})
             if result.execution == "live":
                 if key in billed:
                     counts["joined"] += 1
                 else:
                     billed.add(key)
                     counts["billed"] += 1
+                    moved = cached.get(key, 0)
+                    if moved:  # its cached answers were seen first: they were this run's
+                        counts["reused"] -= moved
+                        counts["reused_this_run"] += moved
+                        counts["reused_receipts"] -= 1
             elif result.execution == "in_flight":
                 counts["joined"] += 1
-            elif key in billed:
-                counts["reused_this_run"] += 1
             else:
-                counts["reused"] += 1
-                reused = self._reused.setdefault(tool_id, set())
-                if key not in reused:
-                    reused.add(key)
-                    counts["reused_receipts"] += 1
+                cached[key] = cached.get(key, 0) + 1
+                if key in billed:
+                    counts["reused_this_run"] += 1
+                else:
+                    counts["reused"] += 1
+                    if cached[key] == 1:
+                        counts["reused_receipts"] += 1
 
     def record_error(self, tool_id: str) -> None:
         """Count one call that raised."""
