@@ -1,16 +1,13 @@
 """The ``tooldispatch`` command line (click).
 
 ``tooldispatch run PLAY --input FILE`` runs a play over rows; ``receipts`` and
-``salvage`` inspect and maintain the receipt store. Exit codes of ``run``: 0 every row
-succeeded; 1 some rows failed (they are in the output and the report); 2 usage or
-configuration errors (one line, no traceback); 130 interrupted by Ctrl-C (rerun the
-same command to resume: completed calls are cached).
+``salvage`` inspect and maintain the receipt store. Exit codes of ``run``: see
+:data:`EXIT_CODES`. ``-h`` and ``--help`` work on every command.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import uuid
@@ -22,6 +19,16 @@ from rich.console import Console
 from rich.table import Table
 
 DEFAULT_DB = os.path.join(".tooldispatch", "receipts.db")
+EXIT_CODES = """\b
+Exit codes:
+  0    every row succeeded
+  1    some rows failed (each is in the output with its error; the report groups them)
+  2    usage or configuration error, or the input or output cannot be read or written
+       on (one line, no traceback)
+  130  interrupted (Ctrl-C or SIGTERM): rows in flight finished and were stored; run
+       the same command again to resume (finished calls are not paid again). A second
+       signal aborts at once, after releasing every receipt not yet sent."""
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 class ConfigError(click.ClickException):
@@ -33,7 +40,7 @@ class ConfigError(click.ClickException):
         click.echo(f"tooldispatch: error: {self.format_message()}", err=True)
 
 
-@click.group()
+@click.group(context_settings=CONTEXT)
 @click.version_option(package_name="tooldispatch")
 def main() -> None:
     """tooldispatch: durable, batched, rate-aware dispatch of paid tool calls."""
@@ -41,7 +48,9 @@ def main() -> None:
 
 def _reexec_under_gevent() -> NoReturn:
     os.environ["TOOLDISPATCH_REEXEC"] = "1"
-    os.execv(sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.job.cli", *sys.argv[1:]])
+    os.execv(
+        sys.executable, [sys.executable, "-m", "gevent.monkey", "--module", "actors.job.cli", *sys.argv[1:]]
+    )
 
 
 def _count_rows(path: str) -> int | None:
@@ -53,7 +62,7 @@ def _count_rows(path: str) -> int | None:
     return lines - 1 if path.lower().endswith(".csv") else lines
 
 
-@main.command()
+@main.command(short_help="Run a play over every row of an input file.", epilog=EXIT_CODES)
 @click.argument("play_spec", metavar="PLAY")
 @click.option("--input", "input_path", required=True, help="Rows: .csv, .jsonl, or one value per line.")
 @click.option("--output", "output_path", default=None, help="JSONL results in input order (default: none).")
@@ -87,8 +96,12 @@ def run(
         _reexec_under_gevent()
     if force_refresh and retry_failed:
         raise ConfigError("--force-refresh and --retry-failed exclude each other")
-    if not os.path.isfile(input_path):
+    if os.path.isdir(input_path):
+        raise ConfigError(f"--input {input_path} is a directory: give a .csv, .jsonl or text file")
+    if not os.path.exists(input_path):
         raise ConfigError(f"input file not found: {input_path}")
+    if not os.path.isfile(input_path):
+        raise ConfigError(f"--input {input_path} is not a regular file")
     if not org.strip() or (scope is not None and not scope.strip()):
         raise ConfigError("--org and --scope must not be empty")
     if output_path is not None:
@@ -111,14 +124,17 @@ def _run(
 
     from .. import DispatchSystem, RunInfo
     from .._runtime import runtime_name
-    from .play import PlayContext, PlayLoadError, load_play, read_rows
-    from .report import ProgressDisplay, report_table, tools_table
+    from ._signals import Interrupts
+    from ._tally import CallTally
+    from .play import PlayContext, PlayLoadError, load_play
+    from .report import ProgressDisplay, output_line, report_table, tools_table
     from .runner import run_rows
 
     try:
         play = load_play(play_spec)
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
+    rows = _first_rows(input_path)
     try:
         if db == DEFAULT_DB:  # the default's folder is ours to make; a given path's folder must exist
             os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
@@ -129,36 +145,33 @@ def _run(
     console = Console(stderr=True)
     run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name)
     stop = threading.Event()
-    interrupts = []
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            os._exit(130)
-        stop.set()
-        console.print("interrupted: finishing in-flight rows (Ctrl-C again to abort)", highlight=False)
-
+    tally = CallTally(play.tools)
     try:
         out = open(output_path, "wb") if output_path else None  # noqa: SIM115 - closed below
     except OSError as exc:
         store.close()
         raise ConfigError(f"cannot write the output {output_path}: {exc.strerror or exc}") from None
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    interrupts = Interrupts(stop, lambda line: console.print(line, highlight=False, soft_wrap=True), out)
+    interrupts.install()
     try:
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
-            ctx = PlayContext(system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed)
-            progress = ProgressDisplay(console, _count_rows(input_path), system.stats).start()
+            interrupts.system = system
+            ctx = PlayContext(
+                system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally
+            )
+            progress = ProgressDisplay(console, _count_rows(input_path), system.stats, tally=tally).start()
             summary = None
             try:
                 summary = run_rows(
-                    play, read_rows(input_path), ctx, concurrency=width, out=out, stop=stop,
+                    play, rows, ctx, concurrency=width, out=out, stop=stop,
                     on_row=lambda _: progress.advance(),
                 )  # fmt: skip
             finally:
                 progress.close(final=summary is not None and summary.config_error is None)
+                interrupts.wait_for_abort()  # a second signal stopped the rows: it exits 130
             stats = system.stats()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        interrupts.restore()
         close_error = _close_quietly(out)
         store.close()
     if summary.config_error:
@@ -167,11 +180,40 @@ def _run(
         raise ConfigError(f"cannot write the output {output_path}: {close_error}")
     if not console.is_terminal:  # a log, CI: rich would fit tables to 80 columns and cut names
         console = Console(stderr=True, width=max(console.width, 200))
-    console.print(report_table(stats, summary))
-    console.print(tools_table(stats))
+    console.print(report_table(stats, summary, tally, play.tools, output_path))
+    console.print(tools_table(stats, tally))
     if summary.interrupted:
+        if output_path is not None:
+            console.print(
+                f"interrupted: {output_line(summary, output_path)}", highlight=False, soft_wrap=True
+            )
+        else:
+            console.print(
+                f"interrupted: {summary.rows} rows done; run the same command again to resume "
+                "(finished calls are reused, not paid again)",
+                highlight=False,
+                soft_wrap=True,
+            )
         return 130
     return 1 if summary.failed else 0
+
+
+def _first_rows(path: str) -> Any:
+    """The rows of ``path``, after checking that it has one (a usage error otherwise)."""
+    import itertools
+
+    from .play import InputError, read_rows
+
+    rows = read_rows(path)
+    try:
+        first = next(rows)
+    except StopIteration:
+        raise ConfigError(f"input has no rows: {path}") from None
+    except InputError as exc:
+        raise ConfigError(f"cannot read the input: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the input {path}: {exc}") from None
+    return itertools.chain([first], rows)
 
 
 def _close_quietly(out: Any) -> str | None:
@@ -203,12 +245,27 @@ def _open(db: str) -> Any:
         raise ConfigError(str(exc)) from None
 
 
-@main.group()
+def _statuses(ctx: Any, param: Any, values: Any) -> Any:
+    """Check ``--status`` values against the receipt statuses (one line, exit 2)."""
+    from stores import ReceiptStatus
+
+    known = [s.value for s in ReceiptStatus]
+    for value in values if isinstance(values, tuple) else [values] if values else []:
+        if value not in known:
+            raise ConfigError(f"--status {value!r} is not a receipt status (one of {', '.join(known)})")
+    return values
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@main.group(short_help="Inspect and maintain the receipt store.")
 def receipts() -> None:
     """Inspect and maintain the receipt store."""
 
 
-@receipts.command("stats")
+@receipts.command("stats", short_help="Receipts per tool and status.")
 @_db_option
 def receipts_stats(db: str) -> None:
     """Receipts per tool and status."""
@@ -224,9 +281,9 @@ def receipts_stats(db: str) -> None:
     Console().print(table)
 
 
-@receipts.command("ls")
+@receipts.command("ls", short_help="The most recently updated receipts.")
 @_db_option
-@click.option("--status", default=None, help="Only this status.")
+@click.option("--status", default=None, callback=_statuses, help="Only this status.")
 @click.option("--limit", default=20, show_default=True)
 def receipts_ls(db: str, status: str | None, limit: int) -> None:
     """The most recently updated receipts."""
@@ -245,7 +302,7 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
     Console().print(table)
 
 
-@receipts.command("show")
+@receipts.command("show", short_help="One receipt as JSON.")
 @click.argument("key")
 @_db_option
 def receipts_show(key: str, db: str) -> None:
@@ -263,13 +320,14 @@ def receipts_show(key: str, db: str) -> None:
     click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
 
 
-@receipts.command("purge")
+@receipts.command("purge", short_help="Delete receipts (asks first).")
 @_db_option
 @click.option("--older-than-days", type=float, default=0.0, show_default=True)
 @click.option(
     "--status",
     "statuses",
     multiple=True,
+    callback=_statuses,
     help="Statuses to purge (default completed, failed, pending, skipped).",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -281,28 +339,49 @@ def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], y
     from stores import ReceiptStatus
 
     store = _open(db)
-    try:
-        chosen = [ReceiptStatus(s) for s in statuses] or None
-    except ValueError as exc:
+    chosen = [ReceiptStatus(s) for s in statuses] or None
+    wanted = [s.value for s in chosen] if chosen else ["completed", "failed", "pending", "skipped"]
+    older_than_s = older_than_days * 86400.0
+    count = _purgeable(db, wanted, older_than_s)
+    what = ", ".join(wanted[:-1]) + f" or {wanted[-1]}" if len(wanted) > 1 else wanted[0]
+    age = f" older than {older_than_days:g} days" if older_than_days else ""
+    if count == 0:
         store.close()
-        raise ConfigError(str(exc)) from None
-    if not yes:
-        what = ", ".join(s.value for s in chosen) if chosen else "completed, failed, pending and skipped"
-        age = f" older than {older_than_days:g} days" if older_than_days else ""
-        if not click.confirm(
-            f"delete {what} receipts{age} from {db}? (calls they cached will be paid again)"
-        ):
-            store.close()
-            raise click.Abort()
-    removed = store.purge(older_than_s=older_than_days * 86400.0, statuses=chosen)
+        click.echo(f"no {what} receipts{age} in {db} (outside a live lease): nothing to purge")
+        return
+    if not yes and not click.confirm(
+        f"delete {_plural(count, 'receipt')} ({what}{age}) from {db}? (calls they cached will be paid again)"
+    ):
+        store.close()
+        click.echo("nothing deleted")
+        return
+    removed = store.purge(older_than_s=older_than_s, statuses=chosen)
     store.close()
-    click.echo(f"purged {removed} receipts")
+    click.echo(f"purged {_plural(removed, 'receipt')}")
+
+
+def _purgeable(db: str, statuses: list[str], older_than_s: float) -> int:
+    """How many receipts ``purge`` would delete now (same rule: old enough, one of
+    ``statuses``, not under a live lease)."""
+    import time
+
+    import sqlite_utils
+
+    now = time.time()
+    row = next(
+        sqlite_utils.Database(db).query(
+            "select count(*) as n from receipts where updated_at <= ? and status in "
+            f"({', '.join('?' for _ in statuses)}) and not coalesce(lease_expires_at > ?, 0)",
+            [now - older_than_s, *statuses, now],
+        )
+    )
+    return int(row["n"])
 
 
 # -- salvage ------------------------------------------------------------------------
 
 
-@main.group()
+@main.group(short_help="Outputs paid for but not yet stored.")
 def salvage() -> None:
     """Outputs that were paid for but could not be stored."""
 
@@ -313,7 +392,7 @@ def _salvage_option(fn: Any) -> Any:
     )(fn)
 
 
-@salvage.command("ls")
+@salvage.command("ls", short_help="List salvaged outputs.")
 @_db_option
 @_salvage_option
 def salvage_ls(db: str, salvage_path: str | None) -> None:
@@ -341,7 +420,7 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
     )
 
 
-@salvage.command("replay")
+@salvage.command("replay", short_help="Write salvaged outputs into the store.")
 @_db_option
 @_salvage_option
 def salvage_replay(db: str, salvage_path: str | None) -> None:
@@ -350,6 +429,12 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
 
     store = _open(db)
     path = salvage_path or f"{db}.salvage.jsonl"
+    if not os.path.exists(path):  # a healthy store: nothing to replay, nothing to create
+        store.close()
+        if salvage_path is not None:
+            raise ConfigError(f"no salvage file at {salvage_path}")
+        click.echo(f"no salvage file at {path}: nothing to replay")
+        return
     try:
         report = SalvageLog(path).replay(store)
     except OSError as exc:
@@ -363,4 +448,4 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="tooldispatch")

@@ -22,9 +22,11 @@ from typing import Any
 import attrs
 import orjson
 
+from stores import MAX_OUTPUT_BYTES
+
 from ..errors import DispatchError
 
-__all__ = ["Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
+__all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
 
 
 class PlayLoadError(DispatchError):
@@ -33,6 +35,10 @@ class PlayLoadError(DispatchError):
 
 class RowError(DispatchError):
     """One input row could not be read (it fails alone)."""
+
+
+class InputError(DispatchError):
+    """The input cannot be read on from this point (its message names the line)."""
 
 
 @attrs.frozen
@@ -98,27 +104,23 @@ def read_rows(path: str) -> Iterator[Any]:
 
     The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
     is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
-    dropped). A row that cannot be read is yielded as a :class:`RowError` so it fails
-    alone and the rest go on.
+    dropped). A row that cannot be read is yielded as a :class:`RowError` naming its
+    line(s), so it fails alone and the rest go on. CSV fields may hold up to
+    :data:`stores.MAX_OUTPUT_BYTES` characters; a quoted field may span lines (RFC 4180),
+    so a row that a stray quote made swallow the lines after it is one row error naming
+    them all.
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: the CSV header is not UTF-8 (no row could be read right).
+        InputError: no row after this point can be read right: the CSV header is not
+            UTF-8, a quote is never closed before the end of the file, or a field is
+            larger than the limit (the message names the line where it opened).
     """
     ext = os.path.splitext(path)[1].lower()
     # surrogateescape: a byte that is not UTF-8 fails its own row, not the whole read
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
         if ext == ".csv":
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is not None and not _utf8(*reader.fieldnames):
-                raise ValueError("line 1 (the CSV header): not UTF-8")
-            for row in reader:
-                if None in row or any(v is None for v in row.values()):
-                    yield RowError(f"line {reader.line_num}: expected {len(reader.fieldnames or [])} fields")
-                elif not _utf8(*row, *row.values()):
-                    yield RowError(f"line {reader.line_num}: not UTF-8")
-                else:
-                    yield row
+            yield from _csv_rows(fh)
         elif ext in (".jsonl", ".ndjson"):
             for number, line in enumerate(fh, 1):
                 if not line.strip():
@@ -134,6 +136,54 @@ def read_rows(path: str) -> Iterator[Any]:
             for number, line in enumerate(fh, 1):
                 if line.strip():
                     yield line.strip() if _utf8(line) else RowError(f"line {number}: not UTF-8")
+
+
+def _lines(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+def _csv_rows(fh: Any) -> Iterator[Any]:
+    """The rows of a CSV file as dicts keyed by its header (see :func:`read_rows`)."""
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_OUTPUT_BYTES))
+    # strict: a quote left open up to the end of the file, or a closing quote not followed
+    # by a delimiter, is an error for that row (not a row that silently swallows the rest)
+    reader = csv.reader(fh, strict=True)
+    header: list[str] | None = None
+    while True:
+        first = reader.line_num + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            where = _lines(first, reader.line_num)
+            if "field larger than field limit" in str(exc):
+                raise InputError(
+                    f"line {first}: a field is larger than {MAX_OUTPUT_BYTES // 2**20} MiB "
+                    "(a quote opened on this line and never closed does this); nothing after it was read"
+                ) from None
+            if "unexpected end of data" in str(exc):
+                raise InputError(
+                    f"line {first}: a quote opened on this line is never closed; "
+                    f"{_lines(first, reader.line_num)} (to the end of the file) were not read as rows"
+                ) from None
+            yield RowError(f"{where}: {exc} (a stray quote makes a row swallow the lines after it)")
+            continue
+        if not fields:  # a blank line
+            continue
+        if header is None:
+            if not _utf8(*fields):
+                raise InputError("line 1 (the CSV header): not UTF-8")
+            header = fields
+            continue
+        where = _lines(first, reader.line_num)
+        if len(fields) != len(header):
+            spans = " (a quoted field spans lines: is a quote left open?)" if reader.line_num > first else ""
+            yield RowError(f"{where}: expected {len(header)} fields, found {len(fields)}{spans}")
+        elif not _utf8(*fields):
+            yield RowError(f"{where}: not UTF-8")
+        else:
+            yield dict(zip(header, fields, strict=True))
 
 
 def _utf8(*texts: str) -> bool:
@@ -153,6 +203,7 @@ class PlayContext:
         proxy: the dispatch system's proxy.
         force_refresh / retry_failed: applied to every call.
         timeout_s: how long one row waits for one call, seconds.
+        tally: counts each call's outcome for the report (see :mod:`._tally`), or None.
     """
 
     def __init__(
@@ -162,14 +213,24 @@ class PlayContext:
         force_refresh: bool = False,
         retry_failed: bool = False,
         timeout_s: float = 3600.0,
+        tally: Any = None,
     ) -> None:
         self.proxy = proxy
         self.force_refresh = force_refresh
         self.retry_failed = retry_failed
         self.timeout_s = timeout_s
+        self.tally = tally
 
     def tool(self, tool_id: str, input: Any, **options: Any) -> Any:
         """Run a tool and return its value; raises the call's error. Blocks this row only."""
         options.setdefault("force_refresh", self.force_refresh)
         options.setdefault("retry_failed", self.retry_failed)
-        return self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s).value
+        try:
+            result = self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s)
+        except Exception:
+            if self.tally is not None:
+                self.tally.record_error(tool_id)
+            raise
+        if self.tally is not None:
+            self.tally.record(tool_id, result)
+        return result.value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
@@ -17,24 +17,49 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ._tally import CallTally
 from .runner import RunSummary
 
-__all__ = ["ProgressDisplay", "progress_line", "report_table", "tools_table"]
+__all__ = ["PHASE_NAMES", "ProgressDisplay", "output_line", "progress_line", "report_table", "tools_table"]
 
 
-def progress_line(done: int, total: int | None, stats: dict[str, Any], elapsed_s: float) -> str:
-    """One line: rows done, calls live/cached/in-flight, provider calls, 429s, ETA."""
+OWNER_WAITING_KEY = "waiting_on_owner"
+"""``stats()`` gauge: calls now waiting for a receipt another live owner (another run
+or process) holds. Read defensively: absent, nothing is shown."""
+OWNER_WAITS_KEY = "owner_waits"
+"""``stats()`` counter: calls that waited for another live owner's receipt this run."""
+
+
+def progress_line(
+    done: int,
+    total: int | None,
+    stats: dict[str, Any],
+    elapsed_s: float,
+    tally: dict[str, int] | None = None,
+) -> str:
+    """One line: rows done; paid calls billed / reused / joined; requests sent; 429s;
+    calls waiting on another run (when the system reports it); rows/s; ETA."""
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
     if total:
         eta = f"{(total - done) / rate:.0f}s" if rate > 0 else "?"
         rows = f"rows {done}/{total} ({100.0 * done / total:.1f}%)"
     else:
         eta, rows = "?", f"rows {done}"
+    t = tally or {}
+    waiting = stats.get(OWNER_WAITING_KEY)
+    wait = f" | waiting on another run {waiting}" if waiting else ""
     return (
-        f"{rows} | live {stats.get('live', 0)} cached {stats.get('cached', 0)} "
-        f"in-flight {stats.get('in_flight', 0)} | provider calls {stats.get('provider_calls', 0)} "
-        f"| 429s {stats.get('backpressure', 0)} | {rate:.0f} rows/s | ETA {eta}"
+        f"{rows} | billed {t.get('billed', 0)} reused {t.get('reused', 0) + t.get('reused_this_run', 0)} "
+        f"joined {t.get('joined', 0)} | requests {_requests(stats)} | 429s {stats.get('backpressure', 0)}"
+        f"{wait} | {rate:.0f} rows/s | ETA {eta}"
     )
+
+
+def _requests(stats: dict[str, Any], local: set[str] | frozenset[str] = frozenset()) -> int:
+    tools = stats.get("tools")
+    if not isinstance(tools, dict):
+        return int(stats.get("provider_calls", 0))
+    return sum(int(c.get("provider_calls", 0)) for t, c in tools.items() if t not in local)
 
 
 class ProgressDisplay:
@@ -46,6 +71,7 @@ class ProgressDisplay:
         total: rows expected (None if unknown).
         stats: ``stats() -> dict`` of the dispatch system.
         interval_s: seconds between plain lines (non-terminal).
+        tally: the run's :class:`~._tally.CallTally` (billed, reused, joined), or None.
     """
 
     def __init__(
@@ -54,8 +80,10 @@ class ProgressDisplay:
         total: int | None,
         stats: Callable[[], dict[str, Any]],
         interval_s: float = 2.0,
+        tally: CallTally | None = None,
     ) -> None:
         self.console, self.total, self.stats, self.interval_s = console, total, stats, interval_s
+        self.tally = tally
         self.done = 0
         self.started = time.monotonic()
         self._stop = threading.Event()
@@ -74,7 +102,11 @@ class ProgressDisplay:
         self.done += 1
 
     def _line(self) -> str:
-        return progress_line(self.done, self.total, self.stats(), time.monotonic() - self.started)
+        stats = self.stats()
+        tally = self.tally.totals() if self.tally is not None else None
+        if self.tally is not None and isinstance(stats.get("tools"), dict):  # requests: paid tools only
+            stats = {**stats, "tools": {t: c for t, c in stats["tools"].items() if t not in self.tally.local}}
+        return progress_line(self.done, self.total, stats, time.monotonic() - self.started, tally)
 
     def _loop(self) -> None:
         interval = 0.125 if self._live is not None else self.interval_s
@@ -100,50 +132,151 @@ class ProgressDisplay:
             self.console.print(f"progress: {self._line()}", highlight=False, soft_wrap=True)
 
 
-_COUNTERS = (
-    ("calls", "calls"), ("live", "live"), ("cached", "cached"), ("in_flight", "in-flight"),
-    ("deduped", "deduped"), ("provider_calls", "provider calls"), ("batches", "batches"),
-    ("retries", "retries"), ("backpressure", "429s"), ("failures", "failures"), ("salvaged", "salvaged"),
-    ("unavailable", "refused, provider down"),
-)  # fmt: skip
+PHASE_NAMES = {
+    "group": "grouping calls for a batch",
+    "receipt_prepare": "receipt lookup and claim",
+    "admission": "waiting for a rate slot",
+    "batch_compile": "building batch requests",
+    "provider": "provider request",
+    "receipt_complete": "storing results",
+    "recovery": "recovering a failed store write",
+    "drain": "one dispatch round (claim, send, store)",
+}
+"""The system's phase names (``stats()["phases"]``) in the user's words, in the order
+a call meets them (the report's order)."""
 
 
-def report_table(stats: dict[str, Any], summary: RunSummary) -> Table:
-    """The end-of-run report: counters, p50/p95 per phase, wall time, rows/s."""
+def report_table(
+    stats: dict[str, Any],
+    summary: RunSummary,
+    tally: CallTally | None = None,
+    tools: Iterable[Any] = (),
+    output: str | None = None,
+) -> Table:
+    """The end-of-run report, headline first: what the run cost and what it reused.
+
+    Args:
+        stats: the dispatch system's ``stats()``.
+        summary: the rows' summary.
+        tally: what each call cost (billed, reused, joined); None shows the system's counters.
+        tools: the play's tools (their providers name the requests rows).
+        output: the ``--output`` path, or None.
+    """
     table = Table(title="tooldispatch run report", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("rows", f"{summary.rows} ({summary.ok} ok, {summary.failed} failed)")
-    for key, label in _COUNTERS:
-        table.add_row(label, str(stats.get(key, 0)))
-    for phase, figures in sorted(stats.get("phases", {}).items()):
-        table.add_row(f"{phase} p50 / p95", f"{figures['p50_ms']:.2f} / {figures['p95_ms']:.2f} ms")
+    local = tally.local if tally is not None else set()
+    per_tool = stats.get("tools", {}) if isinstance(stats.get("tools"), dict) else {}
+    providers: dict[str, list[str]] = {}
+    for tool in tools:
+        if tool.tool_id not in local:
+            providers.setdefault(tool.provider_name, []).append(tool.tool_id)
+    for provider, ids in sorted(providers.items()):
+        sent = sum(int(per_tool.get(t, {}).get("provider_calls", 0)) for t in ids)
+        limited = sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids)
+        table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")
+    if tally is not None:
+        paid = tally.totals()
+        table.add_row("lookups billed (receipts completed this run)", str(paid["billed"]))
+        if "receipts_created" in stats:
+            table.add_row("receipts created this run", str(stats["receipts_created"]))
+        table.add_row(
+            "reused from earlier runs", f"{paid['reused_receipts']} receipts ({paid['reused']} calls)"
+        )
+        table.add_row("reused within this run (calls)", str(paid["reused_this_run"]))
+        table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
+        table.add_row("calls failed", str(paid["failed"]))
+        for tool, counts in sorted(tally.snapshot().items()):
+            if tool in local:
+                runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
+                table.add_row(f"local tool {tool} (free)", f"{counts['calls']} calls, {runs} runs")
+    table.add_row("retries", str(stats.get("retries", 0)))
+    table.add_row("refused, provider down", str(stats.get("unavailable", 0)))
+    table.add_row("salvaged (paid, kept in the salvage file)", str(stats.get("salvaged", 0)))
+    if OWNER_WAITS_KEY in stats:
+        table.add_row("waited on another run (calls)", str(stats[OWNER_WAITS_KEY]))
+    phases = stats.get("phases", {})
+    for phase in [*[p for p in PHASE_NAMES if p in phases], *sorted(set(phases) - set(PHASE_NAMES))]:
+        figures, name = phases[phase], PHASE_NAMES.get(phase, phase)
+        table.add_row(f"{name} p50 / p95", f"{figures['p50_ms']:.2f} / {figures['p95_ms']:.2f} ms")
     table.add_row("wall time", f"{summary.wall_s:.2f} s")
     table.add_row("rows/s", f"{summary.rows_per_s:.1f}")
     if stats.get("latch_tripped"):
         table.add_row("latch", f"TRIPPED ({stats.get('latch_refused', 0)} calls refused)")
-    for error, count in summary.errors.most_common(3):
-        table.add_row(f"error ({count} rows)", error)
+    shown = 0
+    for kind, count, example in summary.errors.most_common(5):
+        table.add_row(f"error: {kind} ({count} {_plural(count, 'row')})", f"e.g. {example}")
+        shown += count
+    if summary.errors.total() > shown:
+        rest = summary.errors.total() - shown
+        table.add_row(f"error: {len(summary.errors) - 5} other kinds", f"{rest} {_plural(rest, 'row')}")
+    if summary.spilled_bytes:
+        table.add_row(
+            "rows waiting for an earlier row",
+            f"{_mib(summary.buffer_peak_bytes)} in memory at most, {_mib(summary.spilled_bytes)} on disk",
+        )
+    if output is not None:
+        held = f"{summary.written} {_plural(summary.written, 'row')}"
+        table.add_row(
+            "output",
+            f"{output}: only the {held} finished (see the last line)"
+            if summary.interrupted
+            else output_line(summary, output),
+        )
     if summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
     return table
 
 
-_TOOL_COLUMNS = (
-    ("calls", "calls"), ("live", "live"), ("cached", "cached"), ("in_flight", "in-flight"),
-    ("deduped", "deduped"), ("provider_calls", "provider calls"), ("backpressure", "429s"),
-    ("failures", "failures"), ("unavailable", "refused, provider down"),
+def output_line(summary: RunSummary, output: str) -> str:
+    """What the output file holds (a complete run: every row; else which rows)."""
+    if not summary.interrupted:
+        return f"{output}: {summary.written} {_plural(summary.written, 'row')}, in input order"
+    return (
+        f"{output} holds only the {summary.written} {_plural(summary.written, 'row')} finished before the "
+        "interrupt (each with its input index; rows not started are missing): run the same command "
+        "again to write it whole (finished calls are reused, not paid again)"
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+_TOOL_ROWS = (
+    ("calls", "calls"), ("billed", "billed (ran)"), ("joined", "joined in flight"),
+    ("reused_this_run", "reused this run"), ("reused", "reused, earlier runs"), ("failed", "failed"),
+)  # fmt: skip
+_TOOL_STATS = (
+    ("provider_calls", "requests sent"), ("backpressure", "429s"), ("unavailable", "refused, provider down"),
 )  # fmt: skip
 
 
-def tools_table(stats: dict[str, Any]) -> Table:
-    """Per tool: its calls and how they were served (``stats["tools"]``), so a local
-    tool's calls are not mistaken for a paid provider's."""
-    tools = sorted(stats.get("tools", {}).items())
+def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
+    """Per tool: its calls and what they cost (from ``tally``) and its requests
+    (``stats["tools"]``); local tools are marked so."""
+    per_tool = stats.get("tools", {}) if isinstance(stats.get("tools"), dict) else {}
+    counts = tally.snapshot() if tally is not None else {}
+    local = tally.local if tally is not None else set()
+    tools = sorted(set(per_tool) | set(counts))
     table = Table(title="per tool", show_header=True, header_style="bold")
     table.add_column("metric")
-    for tool, _ in tools:  # a column per tool: a few tools fit a terminal's width
-        table.add_column(tool, justify="right")
-    for key, label in _TOOL_COLUMNS:
-        table.add_row(label, *(str(counts.get(key, 0)) for _, counts in tools))
+    for tool in tools:  # a column per tool: a few tools fit a terminal's width
+        table.add_column(f"{tool} (local)" if tool in local else tool, justify="right")
+    if tally is not None:
+        for t in local & set(counts):  # no receipts: a local tool's runs are its executions
+            mine = dict(counts[t])
+            mine["billed"] = int(per_tool.get(t, {}).get("provider_calls", 0))
+            others = mine["billed"] + mine["reused"] + mine["reused_this_run"] + mine["failed"]
+            mine["joined"] = max(0, mine["calls"] - others)
+            counts[t] = mine
+        for key, label in _TOOL_ROWS:
+            table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
+    for key, label in _TOOL_STATS:
+        table.add_row(label, *(str(per_tool.get(t, {}).get(key, 0)) for t in tools))
     return table

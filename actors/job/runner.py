@@ -1,12 +1,13 @@
 """Runs a play over rows: rows concurrently, output in input order, stoppable.
 
 Threads: ``concurrency`` workers (OS threads, or greenlets under gevent) each take the
-next row, run ``play(row, ctx)`` and hand the outcome to the ordered writer.
+next row, run ``play(row, ctx)``, encode the outcome as one JSONL line and hand it to
+the ordered writer (:mod:`._ordered`), whose memory is bounded by bytes.
 """
 
 from __future__ import annotations
 
-import collections
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,9 +17,11 @@ import attrs
 import orjson
 
 from ..errors import UnknownToolError
-from .play import Play, PlayContext, RowError
+from ._error_kinds import ErrorKinds
+from ._ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
+from .play import InputError, Play, PlayContext, RowError
 
-__all__ = ["RowOutcome", "RunSummary", "run_rows"]
+__all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
 
 
 @attrs.frozen
@@ -43,63 +46,66 @@ class RunSummary:
     config_error: str | None = None
     """Set when the run cannot go on (a row named an unknown tool, the input cannot be
     read on, the output cannot be written): it stops."""
-    errors: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    """Row errors by text (first 160 characters), for the report."""
+    errors: ErrorKinds = attrs.field(factory=ErrorKinds)
+    """Row errors grouped by kind, for the report."""
+    written: int = 0
+    """Lines in the output file (0 without --output)."""
+    buffer_peak_bytes: int = 0
+    """Most bytes of finished rows held in memory waiting for an earlier row."""
+    spilled_bytes: int = 0
+    """Bytes of finished rows that waited on disk instead (the memory bound was reached)."""
 
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.wall_s if self.wall_s > 0 else 0.0
 
 
-class _OrderedWriter:
-    """Writes outcomes in input order; out-of-order ones wait in a buffer."""
+def encode_outcome(outcome: RowOutcome) -> tuple[bytes, str | None]:
+    """The outcome as one JSONL line, and the error that replaced its result (or None).
 
-    def __init__(self, out: IO[bytes] | None) -> None:
-        self.out = out
-        self.lock = threading.Lock()
-        self.next = 0
-        self.pending: dict[int, RowOutcome] = {}
-
-    def put(self, outcome: RowOutcome) -> None:
-        with self.lock:
-            self.pending[outcome.index] = outcome
-            while self.next in self.pending:
-                self._write(self.pending.pop(self.next))
-                self.next += 1
-
-    def close(self) -> None:
-        """Write what is left (rows after a gap left by an interruption), in order."""
-        with self.lock:
-            for index in sorted(self.pending):
-                self._write(self.pending.pop(index))
-
-    def _write(self, outcome: RowOutcome) -> None:
-        if self.out is not None:
-            line = {
-                "index": outcome.index,
-                "row": outcome.row,
-                "result": outcome.result,
-                "error": outcome.error,
-            }
-            self.out.write(orjson.dumps(line, default=repr) + b"\n")
+    orjson first; where it refuses (an integer beyond 64 bits, a lone surrogate, nesting
+    deeper than 255, non-string keys) the standard library's exact encoder (``\\uXXXX``
+    escapes, any integer). A result that neither can write (a set, bytes, NaN...) makes
+    the row fail alone: its line has ``result: null`` and says why.
+    """
+    line = {"index": outcome.index, "row": outcome.row, "result": outcome.result, "error": outcome.error}
+    try:
+        return orjson.dumps(line) + b"\n", None
+    except TypeError:
+        pass
+    try:
+        return json.dumps(
+            line, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode() + b"\n", None
+    except (TypeError, ValueError, RecursionError) as exc:
+        error = f"ResultNotWritableError: the row's result has no JSON form ({type(exc).__name__}: {exc})"
+    failed = {"index": outcome.index, "row": outcome.row, "result": None, "error": error}
+    try:
+        return orjson.dumps(failed) + b"\n", error
+    except TypeError:
+        failed["row"] = None
+        return orjson.dumps(failed) + b"\n", error
 
 
 def run_rows(
     play: Play,
     rows: Iterable[Any],
-    ctx: PlayContext,
+    ctx: PlayContext | None,
     *,
     concurrency: int,
     out: IO[bytes] | None,
     stop: threading.Event,
     on_row: Callable[[RowOutcome], None] | None = None,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
 ) -> RunSummary:
     """Run ``play`` over ``rows`` with ``concurrency`` workers until done or ``stop`` is set.
 
-    Rows not started when ``stop`` is set are skipped (a rerun resumes them).
+    Rows not started when ``stop`` is set are skipped (a rerun resumes them). Finished
+    rows wait for earlier ones in at most ``memory_bytes`` of memory, then in a
+    temporary file next to ``out`` (see :class:`OrderedWriter`).
     """
     summary = RunSummary()
-    writer = _OrderedWriter(out)
+    writer = OrderedWriter(out, memory_bytes=memory_bytes)
     source = iter(enumerate(rows))
     source_lock = threading.Lock()
     count_lock = threading.Lock()
@@ -112,9 +118,8 @@ def run_rows(
             try:
                 return next(source, None)
             except Exception as exc:  # the input cannot be read on: stop, say so (exit 2)
-                summary.config_error = (
-                    summary.config_error or f"cannot read the input: {type(exc).__name__}: {exc}"
-                )
+                reason = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+                summary.config_error = summary.config_error or f"cannot read the input: {reason}"
                 stop.set()
                 return None
 
@@ -141,14 +146,18 @@ def run_rows(
                     outcome = RowOutcome(index, row, error=f"UnknownToolError: {exc}")
                 except Exception as exc:
                     outcome = RowOutcome(index, row, error=f"{type(exc).__name__}: {exc}")
-            writer.put(outcome)
+            if out is not None:
+                line, unwritable = encode_outcome(outcome)
+                if unwritable is not None:
+                    outcome = attrs.evolve(outcome, result=None, error=unwritable)
+                writer.put(index, line)
             with count_lock:
                 summary.rows += 1
                 if outcome.error is None:
                     summary.ok += 1
                 else:
                     summary.failed += 1
-                    summary.errors[outcome.error[:160]] += 1
+                    summary.errors.add(outcome.error)
             if on_row is not None:
                 on_row(outcome)
 
@@ -163,6 +172,9 @@ def run_rows(
         writer.close()
     except Exception as exc:
         summary.config_error = summary.config_error or f"cannot write the output: {type(exc).__name__}: {exc}"
+    summary.written = writer.written
+    summary.buffer_peak_bytes = writer.peak_memory_bytes
+    summary.spilled_bytes = writer.spilled_bytes
     summary.interrupted = stop.is_set() and summary.config_error is None
     summary.wall_s = time.monotonic() - started
     return summary

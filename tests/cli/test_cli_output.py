@@ -32,8 +32,10 @@ def play(row, ctx):
 ROWS = 200
 PTY_TIMEOUT_S = 120.0
 REPORT_LABELS = (
-    "rows", "calls", "live", "cached", "in-flight", "deduped", "provider calls", "batches", "retries",
-    "429s", "failures", "salvaged", "wall time", "rows/s",
+    "rows", "requests sent to square", "lookups billed (receipts completed this run)",
+    "reused from earlier runs", "reused within this run (calls)", "joined a lookup in flight (calls)",
+    "calls failed", "retries",
+    "refused, provider down", "salvaged (paid, kept in the salvage file)", "wall time", "rows/s",
 )  # fmt: skip
 
 
@@ -102,10 +104,12 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     per_tool = cli.tools_report(done.stderr)
     assert per_tool == {
         "square": {
-            "calls": ROWS, "live": ROWS, "cached": 0, "in-flight": 0, "deduped": 0,
-            "provider calls": ROWS, "429s": 0, "failures": 0, "refused, provider down": 0,
+            "calls": ROWS, "billed (ran)": ROWS, "joined in flight": 0, "reused this run": 0,
+            "reused, earlier runs": 0, "failed": 0, "requests sent": ROWS, "429s": 0,
+            "refused, provider down": 0,
         }
     }  # fmt: skip
+    assert all(not label.startswith(("receipt_", "batch_", "group ", "drain ")) for label in report)
 
 
 def test_cli_output_report_off_a_terminal_keeps_long_tool_names_whole(cli, tmp_path):
@@ -218,6 +222,7 @@ def test_cli_output_receipts_purge_completed(cli, store_from_a_run):
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"purged {ROWS} receipts"
+    assert cli.run("receipts", "purge", "--db", store_from_a_run, "--yes").stdout.startswith("no completed")
     after = cli.run("receipts", "stats", "--db", store_from_a_run)
     assert after.returncode == 0
     assert "completed" not in after.stdout

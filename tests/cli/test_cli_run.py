@@ -3,6 +3,7 @@ SQLite receipts; a live run, a free rerun, and an interrupted run that resumes."
 
 from __future__ import annotations
 
+import re
 import signal
 import sqlite3
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 HALF_RUN_TIMEOUT_S = 120.0
+BILLED = "lookups billed (receipts completed this run)"
 
 
 def _receipt_counts(db: Path) -> dict[tuple[str, str], int]:
@@ -61,18 +63,21 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert served.get("rate_limited", 0) == 0
     report = cli.report(first.stderr)
     assert report["rows"] == "10000 (10000 ok, 0 failed)"
-    assert int(report["provider calls"]) == served["requests"]
-    assert int(report["live"]) >= unique_calls
-    assert int(report["failures"]) == 0
+    # the headline answers the paying user: requests sent, lookups billed, reuse
+    assert report["requests sent to local-provider"] == f"{served['requests']} (0 answered 429)"
+    assert int(report[BILLED]) == unique_calls == served["items"]
+    assert report["reused from earlier runs"] == "0 receipts (0 calls)"
+    assert report["calls failed"] == "0"
     per_tool = cli.tools_report(first.stderr)
     assert per_tool["inspect_domain"]["calls"] == len(domains)
-    for tool, counts in per_tool.items():  # each call's result is live, cached or in-flight
-        assert counts["calls"] == counts["live"] + counts["cached"] + counts["in-flight"], tool
-        assert counts["failures"] == counts["429s"] == 0, tool
-    assert per_tool["inspect_domain"]["live"] == len(domains)
-    assert per_tool["country"]["live"] >= countries  # followers share their owner's live result
-    provider_calls = per_tool["inspect_domain"]["provider calls"] + per_tool["country"]["provider calls"]
-    assert provider_calls == served["requests"]
+    for tool, counts in per_tool.items():  # each call is billed, joined or reused, once
+        parts = ("billed (ran)", "joined in flight", "reused this run", "reused, earlier runs", "failed")
+        assert counts["calls"] == sum(counts[p] for p in parts), tool
+        assert counts["failed"] == counts["429s"] == 0, tool
+    assert per_tool["inspect_domain"]["billed (ran)"] == len(set(domains))
+    assert per_tool["country"]["billed (ran)"] == countries
+    requests = per_tool["inspect_domain"]["requests sent"] + per_tool["country"]["requests sent"]
+    assert requests == served["requests"]
 
     provider.reset()
     second = cli.run(*args, env=env)
@@ -81,12 +86,15 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert provider.stats().get("requests", 0) == 0
     report = cli.report(second.stderr)
     assert report["rows"] == "10000 (10000 ok, 0 failed)"
-    assert int(report["calls"]) >= len(domains)
-    assert report["cached"] == report["calls"]  # 100% cached
-    assert report["live"] == report["provider calls"] == report["batches"] == "0"
+    assert report["requests sent to local-provider"] == "0 (0 answered 429)"
+    assert report[BILLED] == "0"
+    reused, calls = re.fullmatch(
+        r"(\d+) receipts \((\d+) calls\)", report["reused from earlier runs"]
+    ).groups()
+    assert int(reused) == unique_calls and int(calls) >= len(domains)
     for tool, counts in cli.tools_report(second.stderr).items():
-        assert counts["cached"] == counts["calls"] > 0, tool
-        assert counts["live"] == counts["provider calls"] == 0, tool
+        assert counts["reused, earlier runs"] + counts["reused this run"] == counts["calls"] > 0, tool
+        assert counts["billed (ran)"] == counts["requests sent"] == 0, tool
     assert _check_output(cli.read_jsonl(out), domains) == countries
 
 
@@ -131,6 +139,13 @@ def test_cli_run_interrupted_resumes_paying_only_for_the_rest(cli, provider_fact
     done_first = len(cli.read_jsonl(out))
     assert 0 < done_first < len(subset)
     paid_first = server.stats()["items"]
+    done_first_billed = int(report[BILLED])
+    assert done_first_billed == paid_first  # every lookup paid for is counted, and stored
+    # the report and a last line say what the output holds and how to complete it
+    assert report["output"] == f"{out}: only the {done_first} rows finished (see the last line)"
+    last = first_err.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted: {out} holds only the {done_first} rows"), last
+    assert "run the same command again" in last
 
     second = cli.run(*args, env=env)
 
@@ -146,7 +161,7 @@ def test_cli_run_interrupted_resumes_paying_only_for_the_rest(cli, provider_fact
     # provider served each unique lookup exactly once.
     assert server.stats()["items"] == unique_calls
     report = cli.report(second.stderr)
-    assert int(report["cached"]) > 0
+    assert int(report["reused from earlier runs"].split()[0]) == done_first_billed
     assert report["rows"] == f"{len(subset)} ({len(subset)} ok, 0 failed)"
 
 

