@@ -1,8 +1,19 @@
 """Receipt stores: the durable record of every tool call.
 
 The contract is :class:`ReceiptStore`; :class:`SqliteReceiptStore` is the embedded
-default. Keys come from :func:`receipt_key`. This package never imports ``actors``.
+default, :class:`PostgresReceiptStore` serves many workers (``pip install
+tooldispatch[postgres]``). :func:`open_store` picks one from a URL or path. Keys come
+from :func:`receipt_key`. This package never imports ``actors``.
+
+``PostgresReceiptStore`` is loaded lazily (module ``__getattr__``, PEP 562): importing
+``stores`` never imports psycopg, which a gevent process must import only after
+monkey-patching.
 """
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
 
 from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
 from .errors import (
@@ -32,6 +43,38 @@ from .types import (
     RefusalReason,
 )
 
+if TYPE_CHECKING:
+    from .postgres import PostgresReceiptStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresReceiptStore":
+        from .postgres import PostgresReceiptStore
+
+        return PostgresReceiptStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
+    """Open the receipt store ``target`` names.
+
+    Args:
+        target: a ``postgresql://`` (or ``postgres://``) URL opens a
+            :class:`PostgresReceiptStore`; anything else is a SQLite file path
+            (or ``":memory:"``).
+        kwargs: passed to the store's constructor.
+
+    Raises:
+        StoreUnavailableError: the store cannot be opened (no server, no directory).
+        StoreCorruptError, SchemaVersionError: as the store's constructor.
+    """
+    if isinstance(target, str) and target.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresReceiptStore
+
+        return PostgresReceiptStore(target, **kwargs)
+    return SqliteReceiptStore(target, **kwargs)
+
+
 __all__ = [
     "MAX_OUTPUT_BYTES",
     "Claim",
@@ -48,6 +91,7 @@ __all__ = [
     "LeaseRef",
     "Owner",
     "Receipt",
+    "PostgresReceiptStore",
     "ReceiptStatus",
     "ReceiptStore",
     "Refusal",
@@ -61,5 +105,6 @@ __all__ = [
     "canonical_json",
     "decide_disposition",
     "explain_key",
+    "open_store",
     "receipt_key",
 ]

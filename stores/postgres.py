@@ -1,0 +1,419 @@
+"""Postgres receipt store (psycopg 3 + psycopg_pool), for many workers on many hosts.
+
+Same contract as :class:`stores.base.ReceiptStore`; the SQL and its rules are in
+:mod:`stores._pg_sql`. What differs from SQLite:
+
+- Lease expiry, staleness and purge ages are judged by the DATABASE clock (``now()``)
+  inside the statement that decides, so a worker whose clock is off can never steal a
+  live lease. ``clock`` exists only as a test hook (the contract suite's FakeClock).
+- Each bulk call is one statement over arrays: one round trip whatever its size.
+- A connection pool serves every thread or greenlet; connections idle for a while are
+  checked before use, so after the database restarts the pool reconnects by itself.
+  A connection that drops mid-call raises :class:`~stores.errors.StoreUnavailableError`
+  (the caller's completion ladder and salvage handle it); the next call gets a fresh one.
+- :meth:`wait_for_change` is woken by LISTEN/NOTIFY (see :mod:`stores._pg_listen`).
+
+psycopg is imported when a store is made, never when :mod:`stores` is imported, so a
+gevent process that patches first gets psycopg's cooperative waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._codec import encode_output
+from ._pg_schema import migrate, quote_ident
+from ._pg_sql import Statements
+from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
+from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
+from .errors import StoreError, StoreUnavailableError
+from .types import (
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FailureKind,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    Refusal,
+    RefusalReason,
+)
+
+__all__ = ["PostgresReceiptStore", "is_postgres_url"]
+
+_IDLE_CHECK_S = 2.0
+"""A pooled connection idle longer than this is checked (one empty query) before use."""
+_RACED_RETRIES = 8
+
+
+def is_postgres_url(target: object) -> bool:
+    """True for ``postgresql://`` and ``postgres://`` URLs."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def _redact(url: str) -> str:
+    head, sep, tail = url.partition("@")
+    if not sep or "://" not in head:
+        return url
+    scheme, _, creds = head.partition("://")
+    return f"{scheme}://{creds.split(':', 1)[0]}@{tail}"
+
+
+class PostgresReceiptStore(ReceiptStore):
+    """Receipt store in a Postgres database (one schema).
+
+    Args:
+        url: libpq connection string or ``postgresql://`` URL.
+        schema: the Postgres schema holding the tables (created if missing).
+        clock: TEST HOOK ONLY: a fake "now" (epoch seconds) sent into every statement.
+            None (the default) means the database server's clock.
+        min_size: connections kept open.
+        max_size: most connections at once; size it for the drain (claims, mark
+            running, heartbeats, bulk completions and up to 25 recovery reads).
+        connect_timeout_s: how long to wait for a connection, seconds.
+        poll_s: longest a :meth:`wait_for_change` waits between re-reads, seconds.
+
+    Raises:
+        StoreUnavailableError: the server cannot be reached (or refused us).
+        SchemaVersionError: the schema was written by a newer tooldispatch.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "tooldispatch",
+        clock: Clock | None = None,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout_s: float = 10.0,
+        poll_s: float = 1.0,
+    ) -> None:
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self.url = url
+        self.schema = schema
+        self.clock = clock if clock is not None else time.time
+        self._fake_clock = clock
+        self._timeout_s = connect_timeout_s
+        self.poll_s = poll_s
+        self._channel = f"tooldispatch:{schema}"
+        self._sql = Statements(quote_ident(schema), self._channel)
+        self._listener: Any = None
+        self._closed = False
+        self._where = _redact(url)
+        self._pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout_s))},
+            check=self._check,
+            reset=self._returned,
+            timeout=connect_timeout_s,
+            name=f"tooldispatch-{schema}",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+            with self._pool.connection() as conn:
+                migrate(conn, schema, self._where)
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise StoreUnavailableError(
+                f"{self._where}: cannot open the receipt store: {exc}; check the server is up "
+                "and the URL (user, database) is right"
+            ) from exc
+        except Exception as exc:
+            self._pool.close()
+            if type(exc).__module__.startswith("psycopg_pool"):
+                raise StoreUnavailableError(
+                    f"{self._where}: cannot connect within {connect_timeout_s:g} s: {exc}"
+                ) from exc
+            raise
+
+    def __repr__(self) -> str:
+        return f"PostgresReceiptStore({self._where!r}, schema={self.schema!r})"
+
+    # -- connections -------------------------------------------------------------------
+
+    @staticmethod
+    def _returned(conn: Any) -> None:
+        conn._td_returned_at = time.monotonic()
+
+    @staticmethod
+    def _check(conn: Any) -> None:
+        if time.monotonic() - getattr(conn, "_td_returned_at", 0.0) > _IDLE_CHECK_S:
+            conn.execute("")  # raises on a dead connection: the pool discards it, makes another
+
+    def _now(self) -> float | None:
+        return self._fake_clock() if self._fake_clock is not None else None
+
+    def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
+        """Run one statement on a pooled connection; all its rows."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise StoreError(f"{self._where}: the receipt store is closed")
+        try:
+            with self._pool.connection() as conn:
+                cur = conn.execute(query, params)
+                return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
+        except PoolTimeout as exc:
+            raise StoreUnavailableError(f"{self._where}: no connection within {self._timeout_s:g} s") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailableError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+
+    def close(self) -> None:
+        """Close the pool and the listener; later calls raise StoreError."""
+        self._closed = True
+        if self._listener is not None:
+            self._listener.close()
+        self._pool.close()
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Run a read-only inspection query (``%s`` placeholders) in the store's schema.
+
+        For operators' tools (the CLI's ``receipts`` commands): rows as dicts.
+        """
+        import psycopg
+        from psycopg.rows import dict_row
+
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                conn.execute(f"SET LOCAL search_path TO {quote_ident(self.schema)}")
+                conn.execute("SET TRANSACTION READ ONLY")
+                return conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {exc}") from exc
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        rows = self._execute(self._sql.by_keys, (org_id, list(keys)))
+        found = {row[0]: receipt_from_row(row) for row in rows}
+        return [found.get(key) for key in keys]
+
+    # -- claims -----------------------------------------------------------------------
+
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> list[Claim]:
+        unique = {request.key: request for request in reversed(requests)}
+        pending = list(unique.values())
+        decided: dict[str, Claim] = {}
+        for _ in range(_RACED_RETRIES):
+            decided.update(self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s))
+            # Keys another transaction inserted after this statement's snapshot (or
+            # deleted under it) got no answer: ask again for them alone.
+            pending = [r for r in pending if r.key not in decided]
+            if not pending:
+                return [decided[request.key] for request in requests]
+        raise StoreError(f"{self._where}: {len(pending)} keys kept changing under {_RACED_RETRIES} claims")
+
+    def _claim(
+        self,
+        org_id: str,
+        requests: list[ClaimRequest],
+        owner: Owner,
+        lease_ttl_s: float,
+        mode: ClaimMode,
+        stale_after_s: float | None,
+    ) -> dict[str, Claim]:
+        if not requests:
+            return {}
+        random_hex = os.urandom(16 * len(requests)).hex()
+        params = {
+            "keys": [r.key for r in requests],
+            "scopes": [r.scope for r in requests],
+            "tools": [r.tool_id for r in requests],
+            "hashes": [r.input_hash for r in requests],
+            "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
+            "org": org_id,
+            "run": owner.run_id,
+            "attempt": owner.run_attempt,
+            "ttl": lease_ttl_s,
+            "now": self._now(),
+            "force": mode is ClaimMode.FORCE_REFRESH,
+            "retry": mode is not ClaimMode.NORMAL,
+            "stale": stale_after_s,
+        }
+        decided: dict[str, Claim] = {}
+        for row in self._execute(self._sql.claim, params):
+            claimed, now, receipt = row[0], row[1], receipt_from_row(row[2:])
+            if claimed:
+                decided[receipt.key] = Claim(ClaimDisposition.CLAIMED, receipt)
+                continue
+            disposition = decide_disposition(receipt, mode, now, stale_after_s)
+            if disposition is ClaimDisposition.CLAIMED:  # the SQL and the table disagree: a bug
+                raise StoreError(f"{self._where}: claim of {receipt.key} was not decided ({receipt.status})")
+            decided[receipt.key] = Claim(disposition, receipt)
+        return decided
+
+    # -- fenced writes ----------------------------------------------------------------
+
+    def _fenced(
+        self,
+        org_id: str,
+        owner: Owner,
+        op: str,
+        items: list[tuple[str, str, str | None, str | None]],
+        refused: dict[str, Refusal],
+        idempotent_status: ReceiptStatus | None = None,
+        ttl_s: float | None = None,
+    ) -> FenceReport:
+        keys = [item[0] for item in items]
+        applied: set[str] = set()
+        if items:
+            params = {
+                "keys": keys,
+                "leases": [item[1] for item in items],
+                "a": [item[2] for item in items],
+                "b": [item[3] for item in items],
+                "org": org_id,
+                "run": owner.run_id,
+                "attempt": owner.run_attempt,
+                "now": self._now(),
+                "ttl": ttl_s,
+                "channel": self._channel,
+            }
+            stored: dict[str, Receipt] = {}
+            for row in self._execute(self._sql.fence[op], params):
+                if row[0]:
+                    applied.add(row[1])
+                else:
+                    stored[row[1]] = receipt_from_row(row[1:])
+            lease_of = {item[0]: item[1] for item in items}
+            for key in keys:
+                if key in applied or key in refused:
+                    continue
+                why = _refusal(stored.get(key), lease_of[key], owner, idempotent_status)
+                if why is None:
+                    applied.add(key)
+                else:
+                    refused[key] = why
+        return FenceReport(tuple(k for k in keys if k in applied), refused)
+
+    @staticmethod
+    def _lease_items(leases: Sequence[LeaseRef]) -> list[tuple[str, str, str | None, str | None]]:
+        return [(lease.key, lease.lease_id, None, None) for lease in leases]
+
+    def mark_running_many(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+    ) -> FenceReport:
+        op = "running" if lease_ttl_s is None else "running_renew"
+        return self._fenced(org_id, owner, op, self._lease_items(leases), {}, ttl_s=lease_ttl_s)
+
+    def renew_leases(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
+    ) -> FenceReport:
+        return self._fenced(org_id, owner, "renew", self._lease_items(leases), {}, ttl_s=lease_ttl_s)
+
+    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
+        items: list[tuple[str, str, str | None, str | None]] = []
+        refused: dict[str, Refusal] = {}
+        for completion in completions:
+            try:
+                text = encode_output(completion.output)
+            except TypeError as exc:
+                refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
+                continue
+            if len(text) > MAX_OUTPUT_BYTES // 4 and len(text.encode()) > MAX_OUTPUT_BYTES:
+                refused[completion.key] = Refusal(
+                    RefusalReason.OUTPUT_TOO_LARGE,
+                    f"output is {len(text.encode())} bytes; the cap is {MAX_OUTPUT_BYTES} bytes",
+                )
+                continue
+            items.append((completion.key, completion.lease_id, text, None))
+        report = self._fenced(org_id, owner, "complete", items, refused, ReceiptStatus.COMPLETED)
+        applied = set(report.applied)
+        order = [c.key for c in completions if c.key in applied]
+        return FenceReport(tuple(order), report.refused)
+
+    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        items: list[tuple[str, str, str | None, str | None]] = [
+            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
+        ]
+        return self._fenced(org_id, owner, "fail", items, {}, ReceiptStatus.FAILED)
+
+    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+        return self._fenced(org_id, owner, "release", self._lease_items(leases), {})
+
+    # -- waiting on other owners --------------------------------------------------------
+
+    def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
+        """Wait until some of ``keys`` are no longer under a live lease (see the base class).
+
+        Woken by NOTIFY from completions, failures and releases on any worker, and
+        re-reads at least every ``poll_s`` seconds (a lease that simply expires sends
+        nothing). Runs on the calling thread or greenlet.
+        """
+        from ._pg_listen import Listener
+
+        if self._listener is None:
+            self._listener = Listener(self.url, self._channel)
+            self._listener.start()
+            self._listener.wait_connected(min(timeout_s, self._timeout_s))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = self._listener.version(org_id)
+            settled = self._settled(org_id, keys)
+            remaining = deadline - time.monotonic()
+            if settled or remaining <= 0:
+                return settled
+            self._listener.wait(org_id, seen, min(remaining, self.poll_s))
+
+    def _settled(self, org_id: str, keys: Sequence[str]) -> set[str]:
+        rows = self._execute(self._sql.in_flight, {"org": org_id, "keys": list(keys), "now": self._now()})
+        return set(keys) - {row[0] for row in rows}
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+        params = {"older": older_than_s, "statuses": wanted, "org": org_id, "now": self._now()}
+        ((count,),) = self._execute(self._sql.purge, params)
+        return int(count)
+
+
+def _refusal(
+    receipt: Receipt | None, lease_id: str, owner: Owner, idempotent_status: ReceiptStatus | None
+) -> Refusal | None:
+    """Why a fenced write changed nothing for this key (None: a retried write that landed)."""
+    if receipt is None:
+        return Refusal(RefusalReason.MISSING, "no such receipt in this org")
+    ours = receipt.lease_id == lease_id and receipt.owner == owner
+    if ours and receipt.status is idempotent_status:
+        return None
+    if receipt.status is ReceiptStatus.COMPLETED:
+        return Refusal(RefusalReason.COMPLETED_BY_OTHER, "already completed", receipt)
+    return Refusal(
+        RefusalReason.LEASE_LOST,
+        f"lease {lease_id} is not held by {owner.run_id}/{owner.run_attempt} "
+        f"(status {receipt.status.value}, lease {receipt.lease_id})",
+        receipt,
+    )
