@@ -29,12 +29,16 @@ class Listener:
 
     Args:
         conninfo: libpq connection string.
+        connect_kwargs: more connection parameters (application_name, connect_timeout).
         channel: the NOTIFY channel (an unquoted name; quoted here).
         probe_after_s: silence after which the connection is probed, seconds.
     """
 
-    def __init__(self, conninfo: str, channel: str, *, probe_after_s: float = 5.0) -> None:
+    def __init__(
+        self, conninfo: str, channel: str, connect_kwargs: dict[str, Any], *, probe_after_s: float = 5.0
+    ) -> None:
         self._conninfo = conninfo
+        self._connect_kwargs = connect_kwargs
         self._channel = channel
         self._probe_after_s = probe_after_s
         self._cond = threading.Condition()
@@ -104,7 +108,7 @@ class Listener:
         while not self._closed.is_set():
             conn: Any = None
             try:
-                conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+                conn = psycopg.connect(self._conninfo, autocommit=True, **self._connect_kwargs)
                 conn.execute(f'LISTEN "{self._channel.replace(chr(34), chr(34) * 2)}"')
                 self.backend_pid = conn.info.backend_pid
                 self._connected.set()

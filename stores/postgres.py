@@ -19,9 +19,11 @@ gevent process that patches first gets psycopg's cooperative waiting.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._codec import encode_output
@@ -80,6 +82,8 @@ class PostgresReceiptStore(ReceiptStore):
             running, heartbeats, bulk completions and up to 25 recovery reads).
         connect_timeout_s: how long to wait for a connection, seconds.
         poll_s: longest a :meth:`wait_for_change` waits between re-reads, seconds.
+        application_name: what ``pg_stat_activity`` shows for the store's connections
+            (default ``tooldispatch:SCHEMA``; the listener adds ``:listen``).
 
     Raises:
         StoreUnavailableError: the server cannot be reached (or refused us).
@@ -96,6 +100,7 @@ class PostgresReceiptStore(ReceiptStore):
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
         poll_s: float = 1.0,
+        application_name: str | None = None,
     ) -> None:
         import psycopg
         from psycopg_pool import ConnectionPool
@@ -105,19 +110,20 @@ class PostgresReceiptStore(ReceiptStore):
         self.clock = clock if clock is not None else time.time
         self._fake_clock = clock
         self._timeout_s = connect_timeout_s
+        self._max_size = max_size
         self.poll_s = poll_s
         self._channel = f"tooldispatch:{schema}"
         self._sql = Statements(quote_ident(schema), self._channel)
         self._listener: Any = None
         self._closed = False
         self._where = _redact(url)
+        app = (application_name or f"tooldispatch:{schema}")[:63]
+        self._connect_kwargs = {"application_name": app, "connect_timeout": max(1, int(connect_timeout_s))}
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout_s))},
-            check=self._check,
-            reset=self._returned,
+            kwargs={"autocommit": True, **self._connect_kwargs},
             timeout=connect_timeout_s,
             name=f"tooldispatch-{schema}",
             open=False,
@@ -145,14 +151,36 @@ class PostgresReceiptStore(ReceiptStore):
 
     # -- connections -------------------------------------------------------------------
 
-    @staticmethod
-    def _returned(conn: Any) -> None:
-        conn._td_returned_at = time.monotonic()
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """A pooled connection, probed first when it may be dead.
 
-    @staticmethod
-    def _check(conn: Any) -> None:
-        if time.monotonic() - getattr(conn, "_td_returned_at", 0.0) > _IDLE_CHECK_S:
-            conn.execute("")  # raises on a dead connection: the pool discards it, makes another
+        An idle connection in autocommit has nothing to read; a readable socket means
+        the server sent something (a termination notice, EOF), so it is probed, as is a
+        connection idle for more than ``_IDLE_CHECK_S`` (a server restarted while it
+        slept). A busy pool pays no round trip. A dead one is closed and handed back
+        (the pool replaces it) and the next is tried at once: the pool's own check
+        would sleep with a back-off between dead connections.
+        """
+        import psycopg
+
+        for _ in range(self._max_size + 1):
+            conn = self._pool.getconn()
+            idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
+            if idle_s > _IDLE_CHECK_S or select.select([conn.fileno()], [], [], 0)[0]:
+                try:
+                    conn.execute("")
+                except psycopg.Error:
+                    conn.close()
+                    self._pool.putconn(conn)
+                    continue
+            try:
+                yield conn
+            finally:
+                conn._td_returned_at = time.monotonic()
+                self._pool.putconn(conn)
+            return
+        raise psycopg.OperationalError("every pooled connection was dead")
 
     def _now(self) -> float | None:
         return self._fake_clock() if self._fake_clock is not None else None
@@ -165,7 +193,7 @@ class PostgresReceiptStore(ReceiptStore):
         if self._closed:
             raise StoreError(f"{self._where}: the receipt store is closed")
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 cur = conn.execute(query, params)
                 return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
         except PoolTimeout as exc:
@@ -191,7 +219,7 @@ class PostgresReceiptStore(ReceiptStore):
         from psycopg.rows import dict_row
 
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._connection() as conn, conn.transaction():
                 conn.execute(f"SET LOCAL search_path TO {quote_ident(self.schema)}")
                 conn.execute("SET TRANSACTION READ ONLY")
                 return conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
@@ -369,7 +397,8 @@ class PostgresReceiptStore(ReceiptStore):
         from ._pg_listen import Listener
 
         if self._listener is None:
-            self._listener = Listener(self.url, self._channel)
+            kwargs = {**self._connect_kwargs, "application_name": f"{self._connect_kwargs['application_name']}:listen"}
+            self._listener = Listener(self.url, self._channel, kwargs)
             self._listener.start()
             self._listener.wait_connected(min(timeout_s, self._timeout_s))
         deadline = time.monotonic() + timeout_s
