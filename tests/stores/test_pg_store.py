@@ -118,7 +118,7 @@ def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., A
     leases = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
     assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
     assert waiter._listener.wait_connected(10.0)
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 120.0))
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
 
     assert worker.complete_many(ORG, [Completion(leases[0].key, leases[0].lease_id, "out")], A).ok
 
@@ -152,7 +152,7 @@ def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[...,
     assert waiter.wait_for_change(ORG, ["k"], 0.0) == set()
     listener = waiter._listener
     assert listener.wait_connected(10.0)
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k"], 120.0))
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k"], 20.0))
     with raw(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
         # Completed while the listener may be down: its reconnect re-reads, or the new
