@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import stores
+from stores._offload import gevent_active
 from stores import (
     ClaimDisposition,
     ClaimRequest,
@@ -261,3 +262,26 @@ def test_importing_stores_does_not_import_psycopg(tmp_path: Any) -> None:
     code = "import sys, stores; print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.skipif(not gevent_active(), reason="needs a gevent monkey-patched run")
+def test_pg_store_waits_cooperatively_under_gevent(open_pg: Callable[..., Any], pg_url: str, pg_schema: str) -> None:
+    # The store's claim waits on a row lock that only a greenlet on this hub releases:
+    # if psycopg blocked the hub while waiting, that greenlet could never run.
+    import gevent
+
+    store = open_pg()
+    store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=-1.0)  # expired: the next claim locks the row
+    with raw(pg_url) as blocker, raw(pg_url) as admin:
+        blocker.execute("BEGIN")
+        blocker.execute(f'SELECT 1 FROM "{pg_schema}".receipts WHERE key = %s FOR UPDATE', ("k",))
+        claimer = gevent.spawn(store.claim_many, ORG, requests(["k"]), B, lease_ttl_s=60.0)
+        _wait_for(  # the claim is in flight, waiting on the lock; this greenlet still runs
+            lambda: admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (blocker.info.backend_pid,),
+            ).fetchone()
+        )
+        releaser = gevent.spawn(blocker.execute, "ROLLBACK")
+        assert gevent.joinall([claimer, releaser], timeout=30) and claimer.successful(), claimer.exception
+    assert claimer.value[0].disposition is ClaimDisposition.CLAIMED
