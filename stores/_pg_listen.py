@@ -51,6 +51,8 @@ class Listener:
         """The listening connection's server process id (for tests and operators)."""
         self.reconnects = 0
         """How many times the connection was re-established after a failure."""
+        self.waiting = 0
+        """How many waiters are blocked in :meth:`wait` now."""
 
     def start(self) -> None:
         """Start the listener thread once; returns at once."""
@@ -75,12 +77,16 @@ class Listener:
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (self._epoch, self._versions[org_id]) == seen:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closed.is_set():
-                    return False
-                self._cond.wait(remaining)
-            return True
+            self.waiting += 1
+            try:
+                while (self._epoch, self._versions[org_id]) == seen:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._closed.is_set():
+                        return False
+                    self._cond.wait(remaining)
+                return True
+            finally:
+                self.waiting -= 1
 
     def close(self) -> None:
         """Stop listening; the thread ends within about half a second."""

@@ -120,6 +120,7 @@ def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., A
     assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
     assert waiter._listener.wait_connected(10.0)
     thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
+    _wait_for(lambda: waiter._listener.waiting)  # the waiter has read "k1" (running) and now blocks
 
     assert worker.complete_many(ORG, [Completion(leases[0].key, leases[0].lease_id, "out")], A).ok
 
@@ -148,20 +149,27 @@ def test_pg_one_notify_per_bulk_write(open_pg: Callable[..., Any], pg_url: str, 
 
 
 def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[..., Any], pg_url: str) -> None:
-    worker, waiter = open_pg(), open_pg(poll_s=3600.0)
-    (lease,) = leases_of(worker.claim_many(ORG, requests(["k"]), A, lease_ttl_s=300.0))
-    assert waiter.wait_for_change(ORG, ["k"], 0.0) == set()
+    worker, waiter = open_pg(), open_pg(poll_s=3600.0)  # polling alone would never wake it
+    first, second = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
+    assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
     listener = waiter._listener
     assert listener.wait_connected(10.0)
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k"], 20.0))
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
+    _wait_for(lambda: listener.waiting)  # the waiter has read "k1" (running) and now blocks
     with raw(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
-        # Completed while the listener may be down: its reconnect re-reads, or the new
-        # connection hears the NOTIFY; polling (an hour) cannot be what wakes it.
-        assert worker.complete_many(ORG, [Completion(lease.key, lease.lease_id, "out")], A).ok
+        # Completed while the listener may be down: the waiter still wakes (the listener
+        # makes every waiter re-read when it loses or regains its connection).
+        assert worker.complete_many(ORG, [Completion(first.key, first.lease_id, "out")], A).ok
     thread.join(timeout=60.0)
-    assert result == [{"k"}]
-    assert listener.reconnects >= 1
+    assert result == [{"k1"}]
+    _wait_for(lambda: listener.reconnects)  # LISTEN re-established on a new connection...
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k2"], 20.0))
+    _wait_for(lambda: listener.waiting)
+    assert worker.complete_many(ORG, [Completion(second.key, second.lease_id, "out")], A).ok
+    thread.join(timeout=60.0)
+    assert result == [{"k2"}]  # ...which hears the next NOTIFY
+    assert listener.reconnects == 1
 
 
 def test_sqlite_wait_for_change_polls(tmp_path: Any) -> None:
@@ -223,7 +231,12 @@ def test_pg_pool_reconnects_after_every_connection_dropped(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
             (f"tooldispatch:{pg_schema}",),
         ).fetchone()[0]
-    assert killed >= 1
+        assert killed >= 1
+        _wait_for(  # pg_terminate_backend only signals: wait until they are gone
+            lambda: not admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", (f"tooldispatch:{pg_schema}",)
+            ).fetchone()
+        )
     for _ in range(3):  # every pooled connection is checked before use: no call fails
         assert store.get_many(ORG, ["k"])[0] is not None
         assert store.claim_many(ORG, requests(["k"]), B, lease_ttl_s=60)[0].disposition is ClaimDisposition.RUNNING
