@@ -50,7 +50,9 @@ _FENCE_SET = {
         "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = clk.now, "
         "completed_at = clk.now"
     ),
-    "fail": "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now",
+    "fail": (
+        "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now"
+    ),
     "release": (
         "status = 'pending', lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
         "lease_expires_at = NULL, updated_at = clk.now"

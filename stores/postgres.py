@@ -49,7 +49,7 @@ from .types import (
     RefusalReason,
 )
 
-__all__ = ["PostgresReceiptStore", "is_postgres_url"]
+__all__ = ["PostgresReceiptStore", "is_postgres_url", "split_schema"]
 
 _IDLE_CHECK_S = 2.0
 """A pooled connection idle longer than this is checked (one empty query) before use."""
@@ -59,6 +59,19 @@ _RACED_RETRIES = 8
 def is_postgres_url(target: object) -> bool:
     """True for ``postgresql://`` and ``postgres://`` URLs."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """Take a ``schema=NAME`` query parameter (ours, not libpq's) out of a URL."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if "schema=" not in url or "://" not in url:
+        return url, None
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in query if k == "schema"), None)
+    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
 
 
 def _redact(url: str) -> str:
@@ -73,8 +86,10 @@ class PostgresReceiptStore(ReceiptStore):
     """Receipt store in a Postgres database (one schema).
 
     Args:
-        url: libpq connection string or ``postgresql://`` URL.
-        schema: the Postgres schema holding the tables (created if missing).
+        url: libpq connection string or ``postgresql://`` URL; a ``schema=NAME`` query
+            parameter picks the schema (``postgresql://host/db?schema=fleet_a``).
+        schema: the Postgres schema holding the tables (created if missing); default
+            the URL's ``schema`` parameter, else ``tooldispatch``.
         clock: TEST HOOK ONLY: a fake "now" (epoch seconds) sent into every statement.
             None (the default) means the database server's clock.
         min_size: connections kept open.
@@ -94,7 +109,7 @@ class PostgresReceiptStore(ReceiptStore):
         self,
         url: str,
         *,
-        schema: str = "tooldispatch",
+        schema: str | None = None,
         clock: Clock | None = None,
         min_size: int = 1,
         max_size: int = 8,
@@ -105,6 +120,8 @@ class PostgresReceiptStore(ReceiptStore):
         import psycopg
         from psycopg_pool import ConnectionPool
 
+        url, url_schema = split_schema(url)
+        schema = schema or url_schema or "tooldispatch"
         self.url = url
         self.schema = schema
         self.clock = clock if clock is not None else time.time
@@ -118,7 +135,10 @@ class PostgresReceiptStore(ReceiptStore):
         self._closed = False
         self._where = _redact(url)
         app = (application_name or f"tooldispatch:{schema}")[:63]
-        self._connect_kwargs = {"application_name": app, "connect_timeout": max(1, int(connect_timeout_s))}
+        self._connect_kwargs: dict[str, Any] = {
+            "application_name": app,
+            "connect_timeout": max(1, int(connect_timeout_s)),
+        }
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
@@ -129,20 +149,23 @@ class PostgresReceiptStore(ReceiptStore):
             open=False,
         )
         try:
-            self._pool.open(wait=True, timeout=connect_timeout_s)
-            with self._pool.connection() as conn:
+            # One direct connection first: an unreachable server fails at once with
+            # libpq's own message (the pool would retry quietly until its timeout).
+            with psycopg.connect(url, autocommit=True, **self._connect_kwargs) as conn:
                 migrate(conn, schema, self._where)
+            self._pool.open(wait=True, timeout=connect_timeout_s)
         except psycopg.Error as exc:
             self._pool.close()
             raise StoreUnavailableError(
-                f"{self._where}: cannot open the receipt store: {exc}; check the server is up "
-                "and the URL (user, database) is right"
+                f"{self._where}: cannot open the receipt store: {str(exc).strip()}; check the server "
+                "is up and the URL (user, database) is right"
             ) from exc
-        except Exception as exc:
+        except BaseException as exc:
             self._pool.close()
             if type(exc).__module__.startswith("psycopg_pool"):
                 raise StoreUnavailableError(
-                    f"{self._where}: cannot connect within {connect_timeout_s:g} s: {exc}"
+                    f"{self._where}: cannot open the receipt store: no connection within "
+                    f"{connect_timeout_s:g} s ({exc})"
                 ) from exc
             raise
 
@@ -177,7 +200,7 @@ class PostgresReceiptStore(ReceiptStore):
             try:
                 yield conn
             finally:
-                conn._td_returned_at = time.monotonic()
+                conn._td_returned_at = time.monotonic()  # type: ignore[attr-defined]
                 self._pool.putconn(conn)
             return
         raise psycopg.OperationalError("every pooled connection was dead")
@@ -222,7 +245,10 @@ class PostgresReceiptStore(ReceiptStore):
             with self._connection() as conn, conn.transaction():
                 conn.execute(f"SET LOCAL search_path TO {quote_ident(self.schema)}")
                 conn.execute("SET TRANSACTION READ ONLY")
-                return conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
+                rows: list[dict[str, Any]] = (
+                    conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
+                )
+                return rows
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {exc}") from exc
 
@@ -397,7 +423,10 @@ class PostgresReceiptStore(ReceiptStore):
         from ._pg_listen import Listener
 
         if self._listener is None:
-            kwargs = {**self._connect_kwargs, "application_name": f"{self._connect_kwargs['application_name']}:listen"}
+            kwargs = {
+                **self._connect_kwargs,
+                "application_name": f"{self._connect_kwargs['application_name']}:listen",
+            }
             self._listener = Listener(self.url, self._channel, kwargs)
             self._listener.start()
             self._listener.wait_connected(min(timeout_s, self._timeout_s))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import stores
-from stores import ClaimDisposition, ClaimRequest, Owner, ReceiptStatus
+from stores import ClaimRequest, Owner, ReceiptStatus
 
 ORG = "org-a"
 KEYS = [hashlib.sha256(f"key-{i}".encode()).hexdigest() for i in range(600)]
@@ -151,9 +151,13 @@ def open_store(pg_url: str, schema: str, clock: float | None = None) -> Any:
 def test_pg_processes_claim_each_key_once(pg_url: str, pg_schema: str, children: Any, start: str) -> None:
     with open_store(pg_url, pg_schema) as store:
         if start == "expired":  # every claim is a racing reclaim; lease expired on the server's clock
-            store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in KEYS], Owner("crashed"), lease_ttl_s=-1)
+            store.claim_many(
+                ORG, [ClaimRequest(k, "play", "tool", k) for k in KEYS], Owner("crashed"), lease_ttl_s=-1
+            )
     runs = [f"proc-{i}" for i in range(WORKERS)]
-    reports = run_children(children, _CLAIMER, [[pg_url, pg_schema, run, KEYS, i, None] for i, run in enumerate(runs)])
+    reports = run_children(
+        children, _CLAIMER, [[pg_url, pg_schema, run, KEYS, i, None] for i, run in enumerate(runs)]
+    )
 
     assert [r["errors"] for r in reports] == [[]] * WORKERS
     assert [r["answered"] for r in reports] == [len(KEYS)] * WORKERS  # every key got a disposition
@@ -173,7 +177,9 @@ def test_pg_overlapping_bulk_writes_in_different_orders_never_deadlock(
 ) -> None:
     keys = KEYS[:300]
     with open_store(pg_url, pg_schema) as store:  # half the keys exist (new ones are inserted, racing)
-        store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys[::2]], Owner("old"), lease_ttl_s=-1)
+        store.claim_many(
+            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys[::2]], Owner("old"), lease_ttl_s=-1
+        )
     argvs = [[pg_url, pg_schema, f"proc-{i}", keys, i, None] for i in range(WORKERS)]
     reports = run_children(children, _MIXER, argvs)
     assert [r["errors"] for r in reports] == [[]] * WORKERS
@@ -182,7 +188,9 @@ def test_pg_overlapping_bulk_writes_in_different_orders_never_deadlock(
 def test_pg_completion_racing_reclaim_has_one_winner(pg_url: str, pg_schema: str, children: Any) -> None:
     keys = KEYS[:400]
     with open_store(pg_url, pg_schema, clock=T0) as store:
-        claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], Owner("slow"), lease_ttl_s=30)
+        claims = store.claim_many(
+            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], Owner("slow"), lease_ttl_s=30
+        )
         held = [[c.receipt.key, c.receipt.lease_id] for c in claims]
         store.mark_running_many(ORG, [stores.LeaseRef(k, lease) for k, lease in held], Owner("slow"))
     later = T0 + 60  # the slow owner's leases have expired: it completes while others reclaim

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 import stores
-from stores._offload import gevent_active
 from stores import (
     ClaimDisposition,
     ClaimRequest,
@@ -30,6 +29,7 @@ from stores import (
     StoreUnavailableError,
     open_store,
 )
+from stores._offload import gevent_active
 
 ORG = "org-a"
 A, B = Owner("run-a"), Owner("run-b")
@@ -81,7 +81,10 @@ def test_pg_expiry_judged_by_database_clock_not_client(
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)  # this worker's clock is an hour off
 
-    got = {c.receipt.key: c.disposition for c in store.claim_many(ORG, requests([live, expired]), B, lease_ttl_s=60)}
+    got = {
+        c.receipt.key: c.disposition
+        for c in store.claim_many(ORG, requests([live, expired]), B, lease_ttl_s=60)
+    }
 
     assert got == {live: ClaimDisposition.RUNNING, expired: ClaimDisposition.CLAIMED}
     assert store.wait_for_change(ORG, [live], 0.0) == set()  # still live by the server's clock
@@ -217,7 +220,9 @@ def test_pg_connection_killed_mid_write_raises_and_store_recovers(
         thread.join(timeout=60.0)
         blocker.execute("ROLLBACK")
     assert len(result) == 1 and isinstance(result[0], StoreUnavailableError), result
-    assert [r.status for r in store.get_many(ORG, ["k1", "k2"])] == [ReceiptStatus.QUEUED] * 2  # nothing half-done
+    assert [r.status for r in store.get_many(ORG, ["k1", "k2"])] == [
+        ReceiptStatus.QUEUED
+    ] * 2  # nothing half-done
     assert store.complete_many(ORG, completions, A).applied == ("k1", "k2")  # the pool made a new connection
 
 
@@ -233,13 +238,19 @@ def test_pg_pool_reconnects_after_every_connection_dropped(
         ).fetchone()[0]
         assert killed >= 1
         _wait_for(  # pg_terminate_backend only signals: wait until they are gone
-            lambda: not admin.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", (f"tooldispatch:{pg_schema}",)
-            ).fetchone()
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s",
+                    (f"tooldispatch:{pg_schema}",),
+                ).fetchone()
+            )
         )
     for _ in range(3):  # every pooled connection is checked before use: no call fails
         assert store.get_many(ORG, ["k"])[0] is not None
-        assert store.claim_many(ORG, requests(["k"]), B, lease_ttl_s=60)[0].disposition is ClaimDisposition.RUNNING
+        assert (
+            store.claim_many(ORG, requests(["k"]), B, lease_ttl_s=60)[0].disposition
+            is ClaimDisposition.RUNNING
+        )
 
 
 def test_pg_unreachable_server_raises_store_unavailable() -> None:
@@ -278,7 +289,9 @@ def test_importing_stores_does_not_import_psycopg(tmp_path: Any) -> None:
 
 
 @pytest.mark.skipif(not gevent_active(), reason="needs a gevent monkey-patched run")
-def test_pg_store_waits_cooperatively_under_gevent(open_pg: Callable[..., Any], pg_url: str, pg_schema: str) -> None:
+def test_pg_store_waits_cooperatively_under_gevent(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
     # The store's claim waits on a row lock that only a greenlet on this hub releases:
     # if psycopg blocked the hub while waiting, that greenlet could never run.
     import gevent
