@@ -51,9 +51,10 @@ class ToolContext:
 
     Attributes:
         tool_id: the tool.
-        idempotency_key: provider idempotency key: stable for one lease (a retry under
-            the same lease sends the same key), new for a forced refresh, aggregated
-            over the members for a batch. Send it as ``Idempotency-Key``.
+        idempotency_key: provider idempotency key (:func:`provider_idempotency_key`):
+            the same for in-call retries and for a re-claim after a lost owner, new
+            after a recorded failure or for a forced refresh, aggregated over the
+            members for a batch. Send it as ``Idempotency-Key``.
         receipt_keys: the receipt keys this provider call serves (one unless batched).
         credential_scope_digest: the credentials the call runs under.
         deadline: ``time.monotonic()`` value after which the call is timed out.
@@ -75,9 +76,22 @@ class ToolContext:
         return self.receipt_keys[0]
 
 
-def provider_idempotency_key(receipt_key: str, lease_id: str | None) -> str:
-    """sha256 hex of the receipt key and lease id: same lease, same key; new lease, new key."""
-    return hashlib.sha256(f"{receipt_key}:{lease_id or ''}".encode()).hexdigest()
+def provider_idempotency_key(receipt_key: str, generation: int | None) -> str:
+    """The provider idempotency key of one receipt's execution: sha256 hex.
+
+    Args:
+        receipt_key: the receipt key.
+        generation: the receipt's execution generation (``Receipt.generation``), or None
+            for a call without a receipt (a tool that is not durable).
+
+    The generation is unchanged when a lease is taken over from a lost owner (crash,
+    SIGKILL, expiry) or a released receipt is claimed again, so that retry sends the
+    crashed attempt's key and a provider that honours ``Idempotency-Key`` (IETF draft
+    "The Idempotency-Key HTTP Header Field") answers it from its records instead of
+    billing again. It grows after a recorded failure or for a forced (or stale)
+    re-run, which must reach the provider anew (SEMANTICS.md, Execution).
+    """
+    return hashlib.sha256(f"{receipt_key}:{'' if generation is None else generation}".encode()).hexdigest()
 
 
 def batch_idempotency_key(member_keys: Iterable[str]) -> str:

@@ -15,9 +15,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
+from ._codec import decode_output, encode_output, salvage_form, validate_output
+from ._process import ProcessIdentity, current_process_identity, process_gone
+from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition, next_generation
 from .errors import (
     InvalidInputError,
+    InvalidOutputError,
+    OutputNotStorableError,
     SchemaVersionError,
     StoreCorruptError,
     StoreError,
@@ -41,6 +45,7 @@ from .types import (
     ReceiptStatus,
     Refusal,
     RefusalReason,
+    ResolveAction,
 )
 
 if TYPE_CHECKING:
@@ -87,15 +92,19 @@ __all__ = [
     "FailureKind",
     "FenceReport",
     "InvalidInputError",
+    "InvalidOutputError",
     "KeyExplanation",
     "LeaseRef",
+    "OutputNotStorableError",
     "Owner",
     "PostgresReceiptStore",
+    "ProcessIdentity",
     "Receipt",
     "ReceiptStatus",
     "ReceiptStore",
     "Refusal",
     "RefusalReason",
+    "ResolveAction",
     "SchemaVersionError",
     "SqliteReceiptStore",
     "StoreCorruptError",
@@ -103,8 +112,15 @@ __all__ = [
     "StoreUnavailableError",
     "ToolDispatchError",
     "canonical_json",
+    "current_process_identity",
     "decide_disposition",
+    "decode_output",
+    "encode_output",
     "explain_key",
+    "next_generation",
     "open_store",
+    "process_gone",
     "receipt_key",
+    "salvage_form",
+    "validate_output",
 ]

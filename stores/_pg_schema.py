@@ -2,7 +2,8 @@
 
 Everything lives in one Postgres schema (default ``tooldispatch``): table ``receipts``
 with the columns of the SQLite store (see :mod:`stores._sqlite_schema`; times are epoch
-seconds, ``double precision``) and table ``meta`` holding ``schema_version``. Keys use
+seconds, ``double precision``) and table ``meta`` (``name``, ``value`` text) holding
+``schema_version`` and ``purge_epoch``. Keys use
 the "C" collation: byte order, the cheapest comparison, and the one fixed order every
 bulk statement locks rows in.
 
@@ -21,7 +22,7 @@ from .errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def quote_ident(name: str) -> str:
@@ -57,7 +58,16 @@ def _create_v1(schema: str) -> list[str]:
     ]
 
 
-_MIGRATIONS = {1: _create_v1}
+def _add_v2(schema: str) -> list[str]:
+    """Lease owner identity and execution generation (as SQLite's schema v2)."""
+    return [
+        f"ALTER TABLE {schema}.receipts ADD COLUMN generation integer NOT NULL DEFAULT 1, "
+        "ADD COLUMN lease_owner_host text, ADD COLUMN lease_owner_pid integer, "
+        "ADD COLUMN lease_owner_started_at double precision"
+    ]
+
+
+_MIGRATIONS = {1: _create_v1, 2: _add_v2}
 
 
 def lock_id(schema_name: str) -> int:

@@ -28,18 +28,44 @@ __all__ = ["Statements"]
 
 _NOW = "SELECT coalesce(%(now)s::float8, extract(epoch FROM now())::float8) AS now"
 _COLS = ", ".join(COLUMNS)
+_LEASE_COLUMNS = (
+    "lease_id", "lease_owner_run_id", "lease_owner_attempt", "lease_owner_host", "lease_owner_pid",
+    "lease_owner_started_at",
+)  # fmt: skip
 
 
-def _claimable(a: str) -> str:
-    """The claim table of SEMANTICS.md for row alias ``a``: true where a claim takes it."""
-    live = f"coalesce({a}.lease_expires_at > clk.now, false)"
-    return f"""(CASE {a}.status
-      WHEN 'completed' THEN %(force)s::boolean OR (%(stale)s::float8 IS NOT NULL
-           AND clk.now - coalesce({a}.completed_at, {a}.updated_at) > %(stale)s::float8)
-      WHEN 'queued' THEN NOT {live}
-      WHEN 'running' THEN NOT {live}
-      WHEN 'failed' THEN %(retry)s::boolean
-      ELSE true END)"""
+_KEEPS = "l.completed_at IS NOT NULL AND l.status IN ('completed', 'queued', 'running')"
+"""A claim of such a receipt keeps its output until a new one is stored (a refresh)."""
+
+
+def _cols(alias: str) -> str:
+    return ", ".join(f"{alias}.{c}" for c in COLUMNS)
+
+
+def _action(a: str) -> str:
+    """What a claim does to row alias ``a`` (joined to ``req``), as SEMANTICS.md's claim
+    table and :func:`stores.base.decide_disposition`: 'claim' (a new lease), 'restore' (a
+    lost refresh goes back to completed), 'uncertain' (a lost running call of a tool that
+    is not retry-safe) or 'none' (the answer is the row as it stands). A lease whose id
+    is in ``%(gone)s`` (its holder's process is known to be gone) counts as expired."""
+    live = (
+        f"(coalesce({a}.lease_expires_at > clk.now, false) "
+        f"AND NOT coalesce({a}.lease_id = ANY(%(gone)s::text[]), false))"
+    )
+    rerun = (
+        f"(%(force)s::boolean OR (%(stale)s::float8 IS NOT NULL "
+        f"AND clk.now - coalesce({a}.completed_at, {a}.updated_at) > %(stale)s::float8))"
+    )
+    return f"""(CASE
+      WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN 'claim' ELSE 'none' END
+      WHEN {a}.status IN ('queued', 'running') THEN CASE
+        WHEN {live} THEN 'none'
+        WHEN {a}.status = 'running' AND NOT req.safe THEN 'uncertain'
+        WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN 'claim' ELSE 'restore' END
+        ELSE 'claim' END
+      WHEN {a}.status = 'failed' THEN CASE WHEN %(retry)s::boolean THEN 'claim' ELSE 'none' END
+      WHEN {a}.status = 'uncertain' THEN 'none'
+      ELSE 'claim' END)"""
 
 
 _FENCE_SET = {
@@ -50,16 +76,40 @@ _FENCE_SET = {
         "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = clk.now, "
         "completed_at = clk.now"
     ),
-    "fail": (
-        "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now"
+    # A receipt holding a previous output (a refresh) goes back to completed, its lease
+    # dropped, so the lost owner's late writes are refused as completed by another.
+    "fail": ", ".join(
+        [
+            "status = CASE WHEN l.completed_at IS NULL THEN 'failed' ELSE 'completed' END",
+            "error = CASE WHEN l.completed_at IS NULL THEN j.a END",
+            "failure_kind = CASE WHEN l.completed_at IS NULL THEN j.b END",
+            "lease_expires_at = NULL",
+            "updated_at = clk.now",
+        ]
+        + [f"{c} = CASE WHEN l.completed_at IS NULL THEN l.{c} END" for c in _LEASE_COLUMNS]
+    ),
+    "uncertain": (
+        "status = 'uncertain', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now"
     ),
     "release": (
-        "status = 'pending', lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
-        "lease_expires_at = NULL, updated_at = clk.now"
+        "status = CASE WHEN l.completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        + ", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)
+        + ", lease_expires_at = NULL, updated_at = clk.now"
     ),
 }
-NOTIFYING = frozenset({"complete", "fail", "release"})
+NOTIFYING = frozenset({"complete", "fail", "uncertain", "release"})
 """Fenced writes that end leases, and so may wake a waiter."""
+
+_RESOLVE = {
+    "rerun": (
+        "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        "error = NULL, failure_kind = NULL"
+    ),
+    "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent'",
+    "complete": (
+        "status = 'completed', output = %(output)s, error = NULL, failure_kind = NULL, completed_at = clk.now"
+    ),
+}
 
 
 class Statements:
@@ -73,38 +123,62 @@ class Statements:
         self.claim = f"""
 WITH req AS (
   SELECT * FROM unnest(%(keys)s::text[], %(scopes)s::text[], %(tools)s::text[], %(hashes)s::text[],
-                       %(leases)s::text[]) AS r(key, scope, tool_id, input_hash, lease_id)
+                       %(leases)s::text[], %(safe)s::boolean[])
+    AS r(key, scope, tool_id, input_hash, lease_id, safe)
 ),
 clk AS ({_NOW}),
 ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
-                        lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at)
+                        lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, generation,
+                        lease_owner_host, lease_owner_pid, lease_owner_started_at)
   SELECT req.key, %(org)s, req.scope, req.tool_id, 'queued', req.input_hash, req.lease_id, %(run)s,
-         %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now
+         %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s
   FROM req, clk ORDER BY req.key
   ON CONFLICT (org_id, key) DO NOTHING
-  RETURNING {", ".join("r." + c for c in COLUMNS)}
+  RETURNING {_cols("r")}
 ),
-snap AS (SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)s::text[])),
-cand AS (SELECT s.key FROM snap s, clk WHERE {_claimable("s")}),
-locked AS (
+snap AS (
+  SELECT {_cols("s")}, {_action("s")} AS action
+  FROM {t} s JOIN req ON req.key = s.key, clk WHERE s.org_id = %(org)s
+),
+lk AS (
   SELECT {_COLS} FROM {t}
-  WHERE org_id = %(org)s AND key IN (SELECT key FROM cand) AND (SELECT count(*) FROM ins) >= 0
+  WHERE org_id = %(org)s AND key IN (SELECT key FROM snap WHERE action <> 'none')
+    AND (SELECT count(*) FROM ins) >= 0
   ORDER BY key FOR UPDATE
 ),
-upd AS (
-  UPDATE {t} AS r SET status = 'queued', output = NULL, error = NULL, failure_kind = NULL,
+la AS (SELECT {_cols("l")}, {_action("l")} AS action FROM lk l JOIN req ON req.key = l.key, clk),
+claimed AS (
+  UPDATE {t} AS r SET status = 'queued', error = NULL, failure_kind = NULL,
+    output = CASE WHEN {_KEEPS} THEN l.output END,
+    completed_at = CASE WHEN {_KEEPS} THEN l.completed_at END,
     scope = req.scope, tool_id = req.tool_id, input_hash = req.input_hash, lease_id = req.lease_id,
     lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = clk.now + %(ttl)s,
-    attempts = l.attempts + 1, updated_at = clk.now, completed_at = NULL
-  FROM locked l JOIN req ON req.key = l.key, clk
-  WHERE r.org_id = %(org)s AND r.key = l.key AND {_claimable("l")}
-  RETURNING {", ".join("r." + c for c in COLUMNS)}
+    attempts = l.attempts + 1, updated_at = clk.now,
+    generation = CASE WHEN l.status IN ('completed', 'failed') THEN l.generation + 1 ELSE l.generation END,
+    lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s
+  FROM la l JOIN req ON req.key = l.key, clk
+  WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'claim'
+  RETURNING {_cols("r")}
+),
+restored AS (
+  UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, updated_at = clk.now,
+    {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
+  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'restore'
+  RETURNING {_cols("r")}
+),
+lost AS (
+  UPDATE {t} AS r SET status = 'uncertain', error = %(lost)s, failure_kind = NULL,
+    lease_expires_at = NULL, updated_at = clk.now
+  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'uncertain'
+  RETURNING {_cols("r")}
 )
-SELECT true, clk.now, ins.* FROM ins, clk
-UNION ALL SELECT true, clk.now, upd.* FROM upd, clk
-UNION ALL SELECT false, clk.now, l.* FROM locked l, clk WHERE l.key NOT IN (SELECT key FROM upd)
-UNION ALL SELECT false, clk.now, s.* FROM snap s, clk WHERE s.key NOT IN (SELECT key FROM cand)
+SELECT 'claimed', clk.now, ins.* FROM ins, clk
+UNION ALL SELECT 'claimed', clk.now, claimed.* FROM claimed, clk
+UNION ALL SELECT 'restored', clk.now, restored.* FROM restored, clk
+UNION ALL SELECT 'uncertain', clk.now, lost.* FROM lost, clk
+UNION ALL SELECT 'read', clk.now, {_cols("l")} FROM la l, clk WHERE l.action = 'none'
+UNION ALL SELECT 'read', clk.now, {_cols("s")} FROM snap s, clk WHERE s.action = 'none'
 """
         self.fence = {op: self._fence(t, set_sql, op in NOTIFYING) for op, set_sql in _FENCE_SET.items()}
         self.in_flight = f"""
@@ -120,9 +194,25 @@ doomed AS (
     AND NOT coalesce(lease_expires_at > clk.now, false)
     AND (%(org)s::text IS NULL OR org_id = %(org)s::text)
   ORDER BY org_id, key FOR UPDATE
+),
+gone AS (DELETE FROM {t} r USING doomed d WHERE r.org_id = d.org_id AND r.key = d.key RETURNING 1),
+bump AS (
+  INSERT INTO {schema}.meta AS m (name, value) SELECT 'purge_epoch', '1' WHERE EXISTS (SELECT 1 FROM gone)
+  ON CONFLICT (name) DO UPDATE SET value = (m.value::bigint + 1)::text
 )
-DELETE FROM {t} r USING doomed d WHERE r.org_id = d.org_id AND r.key = d.key
+SELECT count(*) FROM gone
 """
+        self.purge_epoch = f"SELECT value FROM {schema}.meta WHERE name = 'purge_epoch'"
+        self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
+        self.resolve = {
+            action: f"""
+WITH clk AS ({_NOW})
+UPDATE {t} SET {assignments}, updated_at = clk.now FROM clk
+WHERE org_id = %(org)s AND key = %(key)s AND status = 'uncertain'
+RETURNING {_COLS}
+"""
+            for action, assignments in _RESOLVE.items()
+        }
 
     def _fence(self, t: str, set_sql: str, notify: bool) -> str:
         note = ""

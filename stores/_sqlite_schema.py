@@ -21,8 +21,16 @@ lease_expires_at       REAL     NULL unless a lease is held
 attempts               INTEGER  times the receipt was claimed for execution
 created_at             REAL     first claim
 updated_at             REAL     last change
-completed_at           REAL     last completion
+completed_at           REAL     last completion (kept while a refresh holds a lease)
+generation             INTEGER  execution generation (v2; see Receipt.generation)
+lease_owner_host       TEXT     lease holder's host and pid space (v2)
+lease_owner_pid        INTEGER  lease holder's process id (v2)
+lease_owner_started_at REAL     lease holder process's start time (v2)
 =====================  =======  ==================================================
+
+Table ``meta`` (v2): ``name`` TEXT primary key, ``value`` INTEGER; ``purge_epoch``
+counts purges that deleted receipts. ``output`` holds text from
+``stores._codec.encode_output`` (JSON, or one space then Python's exact JSON form).
 
 The schema version is SQLite's ``PRAGMA user_version``. Migrations run inside
 ``BEGIN IMMEDIATE``, so two processes opening a new file at once serialise: the
@@ -41,7 +49,7 @@ from .errors import SchemaVersionError
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "enable_wal", "migrate"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COLUMNS = (
     "key",
@@ -61,6 +69,10 @@ COLUMNS = (
     "created_at",
     "updated_at",
     "completed_at",
+    "generation",
+    "lease_owner_host",
+    "lease_owner_pid",
+    "lease_owner_started_at",
 )
 """Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
@@ -89,12 +101,22 @@ def _create_v1(db: sqlite_utils.Database) -> None:
         pk=("org_id", "key"),
         not_null={"key", "org_id", "scope", "tool_id", "status", "input_hash", "attempts"},
         defaults={"attempts": 0},
-        column_order=list(COLUMNS),
+        column_order=list(COLUMNS[:17]),
     )
     db.table("receipts").create_index(["status", "updated_at"], index_name="receipts_status_updated")
 
 
-_MIGRATIONS = {1: _create_v1}
+def _add_v2(db: sqlite_utils.Database) -> None:
+    """Lease owner identity, execution generation, the meta table."""
+    receipts = db.table("receipts")
+    receipts.add_column("generation", int, not_null_default=1)
+    receipts.add_column("lease_owner_host", str)
+    receipts.add_column("lease_owner_pid", int)
+    receipts.add_column("lease_owner_started_at", float)
+    db["meta"].create({"name": str, "value": int}, pk="name")  # type: ignore[union-attr]
+
+
+_MIGRATIONS = {1: _create_v1, 2: _add_v2}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

@@ -9,24 +9,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._codec import decode_json
+from ._codec import decode_output
 from ._sqlite_schema import COLUMNS
 from .types import FailureKind, Receipt, ReceiptStatus
 
+_KEEPS_OUTPUT = "receipts.completed_at IS NOT NULL AND receipts.status IN ('completed', 'queued', 'running')"
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
 _BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, 'queued', value->>3, NULL, NULL, NULL,
-       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
-  status = 'queued', output = NULL, error = NULL, failure_kind = NULL,
+  status = 'queued', error = NULL, failure_kind = NULL,
+  output = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.output END,
+  completed_at = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.completed_at END,
   scope = excluded.scope, tool_id = excluded.tool_id, input_hash = excluded.input_hash,
   lease_id = excluded.lease_id, lease_owner_run_id = excluded.lease_owner_run_id,
   lease_owner_attempt = excluded.lease_owner_attempt,
   lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
-  updated_at = excluded.updated_at, completed_at = NULL
+  updated_at = excluded.updated_at, generation = excluded.generation,
+  lease_owner_host = excluded.lease_owner_host, lease_owner_pid = excluded.lease_owner_pid,
+  lease_owner_started_at = excluded.lease_owner_started_at
+"""
+# Claims that change a receipt without taking a lease (decided in Python on the rows
+# read in the same transaction): a lost refresh goes back to completed, a lost running
+# call of a tool that is not retry-safe becomes uncertain.
+_RESTORE_COMPLETED = """
+UPDATE receipts SET status = 'completed', lease_expires_at = NULL, updated_at = ?,
+  lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL,
+  lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL
+WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
+"""
+_SET_UNCERTAIN_LOST = """
+UPDATE receipts SET status = 'uncertain', error = ?, failure_kind = NULL,
+  lease_expires_at = NULL, updated_at = ?
+WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
 """
 # The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
 # up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
@@ -46,10 +65,40 @@ _SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
 _SET_COMPLETE = (
     "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
 )
-_SET_FAIL = "status = 'failed', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = ?"
+# A receipt that still holds a previous output (a refresh) goes back to completed.
+# Its lease is dropped (lease id and owner too), so the lost owner's late completion is
+# refused as completed by another, never answered "applied".
+_LEASE_COLUMNS = (
+    "lease_id", "lease_owner_run_id", "lease_owner_attempt", "lease_owner_host", "lease_owner_pid",
+    "lease_owner_started_at",
+)  # fmt: skip
+_SET_FAIL = (
+    "status = CASE WHEN completed_at IS NULL THEN 'failed' ELSE 'completed' END, "
+    "error = CASE WHEN completed_at IS NULL THEN j.a END, "
+    "failure_kind = CASE WHEN completed_at IS NULL THEN j.b END, lease_expires_at = NULL, updated_at = ?, "
+    + ", ".join(f"{c} = CASE WHEN completed_at IS NULL THEN {c} END" for c in _LEASE_COLUMNS)
+)
+_SET_UNCERTAIN = (
+    "status = 'uncertain', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = ?"
+)
 _SET_RELEASE = (
-    "status = 'pending', lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
+    "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+    "lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
+    "lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL, "
     "lease_expires_at = NULL, updated_at = ?"
+)
+_RESOLVE = {
+    action: f"UPDATE receipts SET {assignments}, updated_at = ? WHERE org_id = ? AND key = ?"
+    for action, assignments in {
+        "rerun": "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        "error = NULL, failure_kind = NULL",
+        "fail": "status = 'failed', error = ?, failure_kind = 'permanent'",
+        "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?",
+    }.items()
+}
+_BUMP_PURGE_EPOCH = (
+    "INSERT INTO meta (name, value) VALUES ('purge_epoch', 1) "
+    "ON CONFLICT (name) DO UPDATE SET value = value + 1"
 )
 _DEFAULT_PURGE = (
     ReceiptStatus.COMPLETED,
@@ -72,7 +121,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     values = list(row)
     status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
     values[4] = status if status is not None else ReceiptStatus(values[4])
-    values[6] = decode_json(values[6])
+    values[6] = decode_output(values[6])
     if values[8] is not None:
         values[8] = FailureKind(values[8])
     return Receipt(*values)

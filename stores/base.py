@@ -37,9 +37,10 @@ from .types import (
     Owner,
     Receipt,
     ReceiptStatus,
+    ResolveAction,
 )
 
-__all__ = ["MAX_OUTPUT_BYTES", "Clock", "ReceiptStore", "decide_disposition"]
+__all__ = ["MAX_OUTPUT_BYTES", "Clock", "ReceiptStore", "decide_disposition", "next_generation"]
 
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
@@ -51,7 +52,13 @@ _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 
 
 def decide_disposition(
-    receipt: Receipt | None, mode: ClaimMode, now: float, stale_after_s: float | None
+    receipt: Receipt | None,
+    mode: ClaimMode,
+    now: float,
+    stale_after_s: float | None,
+    *,
+    holder_gone: bool = False,
+    retry_safe: bool = True,
 ) -> ClaimDisposition:
     """Decide a claim, exactly as the table in SEMANTICS.md (Claims).
 
@@ -60,9 +67,15 @@ def decide_disposition(
         mode: the claim mode.
         now: the store's clock, epoch seconds.
         stale_after_s: completed receipts older than this many seconds are re-run.
+        holder_gone: the lease holder's process is known to be gone
+            (:func:`stores._process.process_gone`): its lease counts as expired.
+        retry_safe: the claim request's ``retry_safe``.
 
     Returns:
-        The disposition; ``CLAIMED`` means the caller takes a new lease.
+        The disposition; ``CLAIMED`` means the caller takes a new lease. For a receipt
+        whose lease was lost, ``REUSED`` (a refresh's previous output, which the store
+        restores as ``completed``) and ``UNCERTAIN`` (running, not retry-safe: the store
+        records ``uncertain``) also change the stored receipt.
 
     Any live lease counts as running, even one held by the same owner: a run never
     runs one key twice at once.
@@ -71,21 +84,44 @@ def decide_disposition(
         return ClaimDisposition.CLAIMED
     status = receipt.status
     if status is ReceiptStatus.COMPLETED:
-        completed_at = receipt.completed_at or receipt.updated_at
-        if mode is ClaimMode.FORCE_REFRESH:
-            return ClaimDisposition.CLAIMED
-        if stale_after_s is not None and now - completed_at > stale_after_s:
-            return ClaimDisposition.CLAIMED
-        return ClaimDisposition.REUSED
+        return _completed(receipt, mode, now, stale_after_s)
     if status in _IN_FLIGHT:
-        if receipt.lease_live(now):
+        if receipt.lease_live(now) and not holder_gone:
             if mode is ClaimMode.FORCE_REFRESH:
                 return ClaimDisposition.BLOCKED_ACTIVE_LEASE
             return ClaimDisposition.RUNNING
+        if status is ReceiptStatus.RUNNING and not retry_safe:
+            return ClaimDisposition.UNCERTAIN
+        if receipt.completed_at is not None:  # a lost refresh: its previous output stands
+            return _completed(receipt, mode, now, stale_after_s)
         return ClaimDisposition.CLAIMED
     if status is ReceiptStatus.FAILED:
         return ClaimDisposition.FAILED if mode is ClaimMode.NORMAL else ClaimDisposition.CLAIMED
+    if status is ReceiptStatus.UNCERTAIN:
+        return ClaimDisposition.UNCERTAIN
     return ClaimDisposition.CLAIMED  # pending, skipped
+
+
+def _completed(
+    receipt: Receipt, mode: ClaimMode, now: float, stale_after_s: float | None
+) -> ClaimDisposition:
+    if mode is ClaimMode.FORCE_REFRESH:
+        return ClaimDisposition.CLAIMED
+    completed_at = receipt.completed_at or receipt.updated_at
+    if stale_after_s is not None and now - completed_at > stale_after_s:
+        return ClaimDisposition.CLAIMED
+    return ClaimDisposition.REUSED
+
+
+def next_generation(receipt: Receipt | None) -> int:
+    """The execution generation a new claim of ``receipt`` runs under: 1 for a new
+    receipt, +1 after a completion (forced or stale re-run) or a recorded failure, else
+    unchanged (a lost owner's lease taken over, a released or resolved receipt)."""
+    if receipt is None:
+        return 1
+    if receipt.status in (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED):
+        return receipt.generation + 1
+    return receipt.generation
 
 
 class ReceiptStore(abc.ABC):
@@ -122,6 +158,19 @@ class ReceiptStore(abc.ABC):
             list of Claim, same order as ``requests``. A ``CLAIMED`` receipt is
             ``queued`` under a new lease id owned by ``owner``; reclaiming an expired
             lease is a compare-and-set, so of two racing claimers exactly one wins.
+
+        Contract details (tests/stores/test_contract.py):
+
+        * the owner's process identity is recorded with the lease; when ``owner``
+          leaves it None the store records :func:`stores.current_process_identity`;
+        * a live lease whose holder ran on this host in a process that is gone is
+          taken over at once (``decide_disposition(holder_gone=True)``);
+        * claiming a completed receipt (force refresh, or stale) keeps its output and
+          ``completed_at``: failing, releasing or losing that lease restores it as
+          ``completed``, and a later normal claim of a lost refresh reuses it;
+        * ``generation`` follows :func:`next_generation`;
+        * a ``running`` receipt whose lease was lost, claimed with
+          ``retry_safe=False``, is recorded ``uncertain`` (answer ``UNCERTAIN``).
         """
 
     @abc.abstractmethod
@@ -152,11 +201,57 @@ class ReceiptStore(abc.ABC):
 
     @abc.abstractmethod
     def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        """Record failures (error text and kind) and drop the leases, fenced."""
+        """Record failures (error text and kind) and drop the leases, fenced.
+
+        A receipt holding a previous output (a refresh) goes back to ``completed``
+        with that output instead; no error is recorded.
+        """
+
+    @abc.abstractmethod
+    def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        """Record ``uncertain`` outcomes (error text, kind of the failure seen), fenced.
+
+        For a tool that is not retry-safe whose request may have reached the provider.
+        The lease is dropped; claims answer ``UNCERTAIN`` until :meth:`resolve`.
+        """
 
     @abc.abstractmethod
     def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
-        """Give receipts back (status ``pending``, no lease), fenced."""
+        """Give receipts back (status ``pending``, no lease), fenced.
+
+        A receipt holding a previous output (a refresh) goes back to ``completed``.
+        """
+
+    @abc.abstractmethod
+    def resolve(
+        self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
+    ) -> Receipt | None:
+        """Decide an ``uncertain`` receipt (an operator, or a reconcile hook).
+
+        Args:
+            org_id: the org.
+            key: the receipt key.
+            action: ``RERUN`` (claimable again, same generation), ``FAIL`` (failed,
+                kind permanent) or ``COMPLETE`` (stores ``output`` as completed).
+            output: the output for ``COMPLETE``.
+            note: text added to the recorded error for ``FAIL``.
+
+        Returns:
+            The receipt as it now stands (unchanged unless it was ``uncertain``), or
+            None when there is none.
+
+        Raises:
+            InvalidOutputError / OutputNotStorableError: ``COMPLETE`` with an output
+                the store cannot hold (nothing changes).
+        """
+
+    @abc.abstractmethod
+    def purge_epoch(self) -> int:
+        """How many purges have deleted receipts in this store, ever (a point read).
+
+        An in-process memo compares it with the value it last saw and drops what it
+        holds when it changed, so a purge by any process is noticed.
+        """
 
     @abc.abstractmethod
     def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
@@ -179,7 +274,8 @@ class ReceiptStore(abc.ABC):
             org_id: limit to one org (default every org).
 
         Returns:
-            The number of receipts deleted.
+            The number of receipts deleted. When it is not 0, :meth:`purge_epoch`
+            grows by one in the same transaction.
         """
 
     def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:

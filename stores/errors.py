@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "InvalidInputError",
+    "InvalidOutputError",
+    "OutputNotStorableError",
     "SchemaVersionError",
     "StoreCorruptError",
     "StoreError",
@@ -23,6 +25,20 @@ class ToolDispatchError(Exception):
 
 class InvalidInputError(ToolDispatchError, ValueError):
     """A call's input cannot be canonicalised as JSON (RFC 8785), so no key is made."""
+
+
+class InvalidOutputError(ToolDispatchError, TypeError):
+    """A tool returned a value that is not plain JSON (a set, bytes, a datetime, a tuple,
+    a dict with int keys...): stored, it would come back as a different value, so it is
+    refused for that call. The message names the path (``$['a'][0]``) and the type.
+    Permanent: the same tool code returns the same kind of value."""
+
+
+class OutputNotStorableError(ToolDispatchError, ValueError):
+    """A JSON output the store cannot hold exactly (nesting deeper than
+    ``stores._codec.MAX_OUTPUT_DEPTH``, an integer beyond Python's 4300-digit limit).
+    Not permanent and not the provider's fault: the answer is salvaged
+    (``stores._codec.salvage_form``) and the receipt is not recorded as failed."""
 
 
 class StoreError(ToolDispatchError):

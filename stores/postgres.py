@@ -29,8 +29,9 @@ from typing import Any
 from ._codec import encode_output
 from ._pg_schema import migrate, quote_ident
 from ._pg_sql import Statements
+from ._rules import IN_FLIGHT, LOST_WHILE_RUNNING, encode_for_store, holder_gone, owner_identity, resolved_as_failed
 from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
+from .base import Clock, ReceiptStore, decide_disposition
 from .errors import StoreError, StoreUnavailableError
 from .types import (
     Claim,
@@ -47,6 +48,7 @@ from .types import (
     ReceiptStatus,
     Refusal,
     RefusalReason,
+    ResolveAction,
 )
 
 __all__ = ["PostgresReceiptStore", "is_postgres_url", "split_schema"]
@@ -54,6 +56,13 @@ __all__ = ["PostgresReceiptStore", "is_postgres_url", "split_schema"]
 _IDLE_CHECK_S = 2.0
 """A pooled connection idle longer than this is checked (one empty query) before use."""
 _RACED_RETRIES = 8
+_WRITTEN = {
+    "claimed": ClaimDisposition.CLAIMED,
+    "restored": ClaimDisposition.REUSED,
+    "uncertain": ClaimDisposition.UNCERTAIN,
+}
+"""What the claim statement did to a row, as the claim's answer."""
+_LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
 
 
 def is_postgres_url(target: object) -> bool:
@@ -226,6 +235,23 @@ class PostgresReceiptStore(ReceiptStore):
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
 
+    def _in_transaction(self, fn: Any) -> Any:
+        """Run ``fn(conn)`` in one transaction on a pooled connection (rare, operator paths)."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise StoreError(f"{self._where}: the receipt store is closed")
+        try:
+            with self._connection() as conn, conn.transaction():
+                return fn(conn)
+        except PoolTimeout as exc:
+            raise StoreUnavailableError(f"{self._where}: no connection within {self._timeout_s:g} s") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailableError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+
     def close(self) -> None:
         """Close the pool and the listener; later calls raise StoreError."""
         self._closed = True
@@ -274,10 +300,12 @@ class PostgresReceiptStore(ReceiptStore):
         unique = {request.key: request for request in reversed(requests)}
         pending = list(unique.values())
         decided: dict[str, Claim] = {}
+        gone: set[str] = set()  # lease ids whose holder's process is known to be gone
         for _ in range(_RACED_RETRIES):
-            decided.update(self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s))
+            decided.update(self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone))
             # Keys another transaction inserted after this statement's snapshot (or
-            # deleted under it) got no answer: ask again for them alone.
+            # deleted under it) got no answer, nor did live leases of dead holders on
+            # this host: ask again for them alone (those leases now count as expired).
             pending = [r for r in pending if r.key not in decided]
             if not pending:
                 return [decided[request.key] for request in requests]
@@ -291,9 +319,11 @@ class PostgresReceiptStore(ReceiptStore):
         lease_ttl_s: float,
         mode: ClaimMode,
         stale_after_s: float | None,
+        gone: set[str],
     ) -> dict[str, Claim]:
         if not requests:
             return {}
+        host, pid, started_at = owner_identity(owner)
         random_hex = os.urandom(16 * len(requests)).hex()
         params = {
             "keys": [r.key for r in requests],
@@ -301,23 +331,42 @@ class PostgresReceiptStore(ReceiptStore):
             "tools": [r.tool_id for r in requests],
             "hashes": [r.input_hash for r in requests],
             "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
+            "safe": [r.retry_safe for r in requests],
             "org": org_id,
             "run": owner.run_id,
             "attempt": owner.run_attempt,
+            "host": host,
+            "pid": pid,
+            "started": started_at,
             "ttl": lease_ttl_s,
             "now": self._now(),
             "force": mode is ClaimMode.FORCE_REFRESH,
             "retry": mode is not ClaimMode.NORMAL,
             "stale": stale_after_s,
+            "gone": sorted(gone),
+            "lost": LOST_WHILE_RUNNING,
         }
+        safe = {r.key: r.retry_safe for r in requests}
         decided: dict[str, Claim] = {}
         for row in self._execute(self._sql.claim, params):
-            claimed, now, receipt = row[0], row[1], receipt_from_row(row[2:])
-            if claimed:
-                decided[receipt.key] = Claim(ClaimDisposition.CLAIMED, receipt)
+            kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
+            if kind != "read":
+                decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
                 continue
-            disposition = decide_disposition(receipt, mode, now, stale_after_s)
-            if disposition is ClaimDisposition.CLAIMED:  # the SQL and the table disagree: a bug
+            if receipt.lease_id not in gone and holder_gone(receipt, now):
+                gone.add(receipt.lease_id)  # type: ignore[arg-type]  # taken over on the next pass
+                continue
+            disposition = decide_disposition(
+                receipt,
+                mode,
+                now,
+                stale_after_s,
+                holder_gone=receipt.lease_id in gone,
+                retry_safe=safe[receipt.key],
+            )
+            if disposition is ClaimDisposition.CLAIMED or (
+                receipt.status in IN_FLIGHT and disposition not in _LEAVES_IN_FLIGHT
+            ):  # the SQL and the table disagree: a bug
                 raise StoreError(f"{self._where}: claim of {receipt.key} was not decided ({receipt.status})")
             decided[receipt.key] = Claim(disposition, receipt)
         return decided
@@ -385,16 +434,9 @@ class PostgresReceiptStore(ReceiptStore):
         items: list[tuple[str, str, str | None, str | None]] = []
         refused: dict[str, Refusal] = {}
         for completion in completions:
-            try:
-                text = encode_output(completion.output)
-            except TypeError as exc:
-                refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
-                continue
-            if len(text) > MAX_OUTPUT_BYTES // 4 and len(text.encode()) > MAX_OUTPUT_BYTES:
-                refused[completion.key] = Refusal(
-                    RefusalReason.OUTPUT_TOO_LARGE,
-                    f"output is {len(text.encode())} bytes; the cap is {MAX_OUTPUT_BYTES} bytes",
-                )
+            text, refusal = encode_for_store(completion.output)
+            if refusal is not None:
+                refused[completion.key] = refusal
                 continue
             items.append((completion.key, completion.lease_id, text, None))
         report = self._fenced(org_id, owner, "complete", items, refused, ReceiptStatus.COMPLETED)
@@ -408,8 +450,36 @@ class PostgresReceiptStore(ReceiptStore):
         ]
         return self._fenced(org_id, owner, "fail", items, {}, ReceiptStatus.FAILED)
 
+    def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        items: list[tuple[str, str, str | None, str | None]] = [
+            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
+        ]
+        return self._fenced(org_id, owner, "uncertain", items, {}, ReceiptStatus.UNCERTAIN)
+
     def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
         return self._fenced(org_id, owner, "release", self._lease_items(leases), {})
+
+    def resolve(
+        self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
+    ) -> Receipt | None:
+        action = ResolveAction(action)
+        text = encode_output(output) if action is ResolveAction.COMPLETE else None  # raises first
+
+        def work(conn: Any) -> Receipt | None:
+            row = conn.execute(self._sql.lock_one, {"org": org_id, "key": key}).fetchone()
+            receipt = receipt_from_row(row) if row else None
+            if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+                return receipt
+            params = {"org": org_id, "key": key, "now": self._now(), "output": text}
+            params["error"] = error_text(resolved_as_failed(receipt.error, note))
+            (new,) = conn.execute(self._sql.resolve[action.value], params).fetchall()
+            return receipt_from_row(new)
+
+        return self._in_transaction(work)  # type: ignore[no-any-return]
+
+    def purge_epoch(self) -> int:
+        rows = self._execute(self._sql.purge_epoch, {})
+        return int(rows[0][0]) if rows else 0
 
     # -- waiting on other owners --------------------------------------------------------
 

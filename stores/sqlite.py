@@ -17,27 +17,43 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import orjson
 
 from ._codec import encode_output
 from ._offload import BlockingRunner
-from ._sqlite_schema import enable_wal, migrate
+from ._rules import (
+    IN_FLIGHT,
+    KEEPS_OUTPUT,
+    LOST_WHILE_RUNNING,
+    NO_LEASE,
+    encode_for_store,
+    holder_gone,
+    owner_identity,
+    resolved_as_failed,
+)
+from ._sqlite_conn import bound_wal, open_connection
 from ._sqlite_sql import (
+    _BUMP_PURGE_EPOCH,
     _BY_KEYS,
     _DEFAULT_PURGE,
     _FENCE,
+    _RESOLVE,
+    _RESTORE_COMPLETED,
     _SET_COMPLETE,
     _SET_FAIL,
     _SET_RELEASE,
     _SET_RENEW,
     _SET_RUNNING,
     _SET_RUNNING_RENEW,
+    _SET_UNCERTAIN,
+    _SET_UNCERTAIN_LOST,
     _UPSERT_CLAIMS,
     error_text,
     receipt_from_row,
 )
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition
-from .errors import StoreCorruptError, StoreError, StoreUnavailableError
+from .base import Clock, ReceiptStore, decide_disposition, next_generation
+from .errors import StoreError
 from .types import (
     Claim,
     ClaimDisposition,
@@ -53,9 +69,13 @@ from .types import (
     ReceiptStatus,
     Refusal,
     RefusalReason,
+    ResolveAction,
 )
 
-__all__ = ["SqliteReceiptStore"]
+__all__ = ["WAL_SIZE_LIMIT_BYTES", "SqliteReceiptStore"]
+
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+"""Default bound on the WAL file once checkpoints resume (64 MiB)."""
 
 
 class SqliteReceiptStore(ReceiptStore):
@@ -65,6 +85,12 @@ class SqliteReceiptStore(ReceiptStore):
         path: the database file; created owner-read/write only (0600) if missing.
         clock: the store's clock, epoch seconds (injectable for tests).
         busy_timeout_s: how long a write waits for another process's lock, seconds.
+        wal_size_limit_bytes: the WAL file's size once checkpoints can run again. A long
+            reader (another connection holding a snapshot) makes the WAL grow past it;
+            the first write after the reader ends checkpoints and truncates it
+            (``PRAGMA wal_checkpoint(TRUNCATE)`` without waiting for readers), and
+            ``PRAGMA journal_size_limit`` caps what a reset WAL keeps (SQLite docs, "Write-Ahead
+            Logging" section 6, and the pragma's page).
 
     Raises:
         StoreUnavailableError: the directory is missing or not writable.
@@ -73,10 +99,18 @@ class SqliteReceiptStore(ReceiptStore):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Clock = time.time, busy_timeout_s: float = 30.0
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        busy_timeout_s: float = 30.0,
+        wal_size_limit_bytes: int = WAL_SIZE_LIMIT_BYTES,
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
+        self.wal_size_limit_bytes = wal_size_limit_bytes
+        self._wal_path = None if self.path == ":memory:" else self.path + "-wal"
+        self._busy_ms = int(busy_timeout_s * 1000)
         self._run = BlockingRunner()
         self._conn: sqlite3.Connection | None = None
         self._run(self._open, busy_timeout_s)
@@ -87,48 +121,7 @@ class SqliteReceiptStore(ReceiptStore):
     # -- connection -------------------------------------------------------------------
 
     def _open(self, busy_timeout_s: float) -> None:
-        memory = self.path == ":memory:"
-        if not memory:
-            self._create_private(self.path)
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"{self.path}: cannot open the receipt store: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            if not memory:
-                enable_wal(conn, busy_timeout_s)
-            conn.execute("PRAGMA synchronous = NORMAL")
-            migrate(conn, self.path)
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            if "not a database" in str(exc) or "malformed" in str(exc):
-                raise StoreCorruptError(
-                    f"{self.path}: not a tooldispatch receipt database ({exc}); "
-                    "move it aside or point --db at another path"
-                ) from exc
-            raise StoreUnavailableError(
-                f"{self.path}: cannot open the receipt store: {exc}; "
-                "check the directory exists and is writable"
-            ) from exc
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-
-    @staticmethod
-    def _create_private(path: str) -> None:
-        """Create the file 0600 so SQLite's -wal/-shm inherit owner-only permissions."""
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return
-        except OSError as exc:
-            raise StoreUnavailableError(
-                f"{path}: cannot create the receipt store ({exc.strerror}); "
-                "check the directory exists and is writable"
-            ) from exc
-        os.close(fd)
+        self._conn = open_connection(self.path, busy_timeout_s, self.wal_size_limit_bytes)
 
     def close(self) -> None:
         """Close the connection; later calls raise StoreError."""
@@ -146,6 +139,11 @@ class SqliteReceiptStore(ReceiptStore):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self._bound_wal(conn)
+
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        if self._wal_path is not None:
+            bound_wal(conn, self._wal_path, self.wal_size_limit_bytes, self._busy_ms)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -195,12 +193,15 @@ class SqliteReceiptStore(ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
     ) -> dict[str, Claim]:
+        host, pid, started_at = owner_identity(owner)
         with self._write() as conn:
             now = self.clock()
             expires = now + lease_ttl_s
             existing = self._rows(conn, org_id, (r.key for r in requests))
             decided: dict[str, Claim] = {}
             writes = []
+            restored: list[str] = []
+            lost: list[str] = []
             claimed, queued = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED
             run_id, run_attempt = owner.run_id, owner.run_attempt
             # One read of the OS's random source for every lease id this call may need:
@@ -209,27 +210,76 @@ class SqliteReceiptStore(ReceiptStore):
             for i, request in enumerate(requests):
                 key = request.key
                 old = existing.get(key)
-                disposition = decide_disposition(old, mode, now, stale_after_s)
+                disposition = decide_disposition(
+                    old,
+                    mode,
+                    now,
+                    stale_after_s,
+                    holder_gone=holder_gone(old, now),
+                    retry_safe=request.retry_safe,
+                )
                 if disposition is not claimed:
-                    decided[key] = Claim(disposition, old)  # type: ignore[arg-type]
+                    assert old is not None
+                    if old.status in IN_FLIGHT:  # a lost lease: restored, or uncertain
+                        if disposition is ClaimDisposition.REUSED:
+                            old = attrs.evolve(
+                                old, status=ReceiptStatus.COMPLETED, updated_at=now, **NO_LEASE
+                            )
+                            restored.append(key)
+                        elif disposition is ClaimDisposition.UNCERTAIN:
+                            old = attrs.evolve(
+                                old, status=ReceiptStatus.UNCERTAIN, error=LOST_WHILE_RUNNING,
+                                failure_kind=None, lease_expires_at=None, updated_at=now,
+                            )  # fmt: skip
+                            lost.append(key)
+                    decided[key] = Claim(disposition, old)
                     continue
                 lease_id = random_hex[32 * i : 32 * i + 32]
+                generation = next_generation(old)
                 if old is None:
-                    attempts, created = 1, now
+                    attempts, created, output, completed_at = 1, now, None, None
                 else:
                     attempts, created = old.attempts + 1, old.created_at
+                    keeps = old.completed_at is not None and old.status in KEEPS_OUTPUT
+                    output, completed_at = (old.output, old.completed_at) if keeps else (None, None)
                 writes.append(
-                    (key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created)
+                    (
+                        key,
+                        request.scope,
+                        request.tool_id,
+                        request.input_hash,
+                        lease_id,
+                        attempts,
+                        created,
+                        generation,
+                    )
                 )
                 receipt = Receipt(
-                    key, org_id, request.scope, request.tool_id, queued, request.input_hash, None, None,
-                    None, lease_id, run_id, run_attempt, expires, attempts, created, now, None,
+                    key, org_id, request.scope, request.tool_id, queued, request.input_hash, output, None,
+                    None, lease_id, run_id, run_attempt, expires, attempts, created, now, completed_at,
+                    generation, host, pid, started_at,
                 )  # fmt: skip
                 decided[key] = Claim(claimed, receipt)
             if writes:
                 conn.execute(
                     _UPSERT_CLAIMS,
-                    (org_id, owner.run_id, owner.run_attempt, expires, now, orjson.dumps(writes).decode()),
+                    (
+                        org_id,
+                        run_id,
+                        run_attempt,
+                        expires,
+                        now,
+                        host,
+                        pid,
+                        started_at,
+                        orjson.dumps(writes).decode(),
+                    ),
+                )
+            if restored:
+                conn.execute(_RESTORE_COMPLETED, (now, org_id, orjson.dumps(restored).decode()))
+            if lost:
+                conn.execute(
+                    _SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, orjson.dumps(lost).decode())
                 )
         return decided
 
@@ -310,16 +360,9 @@ class SqliteReceiptStore(ReceiptStore):
         items: list[tuple[Any, ...]] = []
         refused: dict[str, Refusal] = {}
         for completion in completions:
-            try:
-                text = encode_output(completion.output)
-            except TypeError as exc:
-                refused[completion.key] = Refusal(RefusalReason.INVALID_OUTPUT, f"output is not JSON: {exc}")
-                continue
-            if len(text) > MAX_OUTPUT_BYTES // 4 and len(text.encode()) > MAX_OUTPUT_BYTES:
-                refused[completion.key] = Refusal(
-                    RefusalReason.OUTPUT_TOO_LARGE,
-                    f"output is {len(text.encode())} bytes; the cap is {MAX_OUTPUT_BYTES} bytes",
-                )
+            text, refusal = encode_for_store(completion.output)
+            if refusal is not None:
+                refused[completion.key] = refusal
                 continue
             items.append((completion.key, completion.lease_id, text))
         now = self.clock()
@@ -337,9 +380,40 @@ class SqliteReceiptStore(ReceiptStore):
         now = self.clock()
         return self._fenced(org_id, owner, _SET_FAIL, (now,), items, {}, ReceiptStatus.FAILED)
 
+    def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
+        items = [
+            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
+        ]
+        now = self.clock()
+        return self._fenced(org_id, owner, _SET_UNCERTAIN, (now,), items, {}, ReceiptStatus.UNCERTAIN)
+
     def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
         now = self.clock()
         return self._fenced(org_id, owner, _SET_RELEASE, (now,), self._lease_items(leases), {})
+
+    def resolve(
+        self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
+    ) -> Receipt | None:
+        action = ResolveAction(action)
+        params: tuple[Any, ...] = ()
+        if action is ResolveAction.COMPLETE:
+            text = encode_output(output)  # raises before anything changes
+
+        def work() -> Receipt | None:
+            nonlocal params
+            with self._write() as conn:
+                now = self.clock()
+                receipt = self._rows(conn, org_id, [key]).get(key)
+                if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+                    return receipt
+                if action is ResolveAction.FAIL:
+                    params = (error_text(resolved_as_failed(receipt.error, note)),)
+                elif action is ResolveAction.COMPLETE:
+                    params = (text, now)
+                conn.execute(_RESOLVE[action.value], (*params, now, org_id, key))
+                return self._rows(conn, org_id, [key]).get(key)
+
+        return self._call(work)  # type: ignore[no-any-return]
 
     # -- maintenance ------------------------------------------------------------------
 
@@ -361,6 +435,15 @@ class SqliteReceiptStore(ReceiptStore):
                     "AND NOT coalesce(lease_expires_at > ?, 0) AND (? IS NULL OR org_id = ?)",
                     (now - older_than_s, orjson.dumps(wanted).decode(), now, org_id, org_id),
                 )
+                if cursor.rowcount:
+                    conn.execute(_BUMP_PURGE_EPOCH)
                 return cursor.rowcount
 
         return self._call(work)  # type: ignore[no-any-return]
+
+    def purge_epoch(self) -> int:
+        def read() -> int:
+            row = self._connection().execute("SELECT value FROM meta WHERE name = 'purge_epoch'").fetchone()
+            return int(row[0]) if row else 0
+
+        return self._call(read)  # type: ignore[no-any-return]

@@ -26,6 +26,7 @@ __all__ = [
     "ReceiptStatus",
     "Refusal",
     "RefusalReason",
+    "ResolveAction",
 ]
 
 
@@ -44,6 +45,10 @@ class ReceiptStatus(str, enum.Enum):
     """The call failed; ``error`` and ``failure_kind`` say why."""
     SKIPPED = "skipped"
     """Deliberately not run (treated like pending by claims)."""
+    UNCERTAIN = "uncertain"
+    """A call of a tool that is not retry-safe may have reached the provider (timed out
+    or cut off after sending, or its owner was lost while it ran): never re-run
+    silently. Claims answer ``UNCERTAIN`` until ``ReceiptStore.resolve``."""
 
 
 class ClaimMode(str, enum.Enum):
@@ -67,6 +72,9 @@ class ClaimDisposition(str, enum.Enum):
     """Force refresh met a live lease: wait, then claim again with force."""
     FAILED = "failed"
     """A failed receipt in normal mode: the recorded error is the answer."""
+    UNCERTAIN = "uncertain"
+    """An uncertain receipt (any mode; no lease): ask the tool's reconcile hook by the
+    receipt's idempotency key, or refuse the call until an operator resolves it."""
 
 
 class FailureKind(str, enum.Enum):
@@ -77,6 +85,10 @@ class FailureKind(str, enum.Enum):
     TRANSIENT = "transient"
     PERMANENT = "permanent"
     INVALID_INPUT = "invalid_input"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    """The provider answered, but the output is over ``MAX_OUTPUT_BYTES``: it went to
+    the salvage log, and the receipt holds no output. A normal claim answers FAILED
+    (the error text names the salvage); retry_failed and force_refresh run it again."""
 
     @property
     def retryable(self) -> bool:
@@ -86,12 +98,24 @@ class FailureKind(str, enum.Enum):
 
 @attrs.frozen
 class Owner:
-    """The run that holds a lease: fencing compares both fields."""
+    """The run that holds a lease: fencing (and ``==``) compares run id and attempt.
+
+    The process fields say where the holder runs. A claim that meets a live lease whose
+    holder ran on this host (same boot, same pid namespace) in a process that no
+    longer exists takes it over at once instead of waiting for the TTL. A store fills
+    them from :func:`stores.current_process_identity` when a claim leaves them None.
+    """
 
     run_id: str
     """The run's id."""
     run_attempt: int = 1
     """Which retry of the run (1 for the first)."""
+    host: str | None = attrs.field(default=None, eq=False)
+    """Host name plus a digest of the boot id and pid namespace (pids compare only there)."""
+    pid: int | None = attrs.field(default=None, eq=False)
+    """The holder's process id."""
+    started_at: float | None = attrs.field(default=None, eq=False)
+    """The holder process's start time, epoch seconds (tells a reused pid apart)."""
 
 
 @attrs.frozen
@@ -106,6 +130,10 @@ class ClaimRequest:
     """The tool the call runs."""
     input_hash: str
     """sha256 hex of the canonical input, to detect a mismatch under one key."""
+    retry_safe: bool = True
+    """False for a tool that must not be re-sent blindly: a receipt found ``running``
+    under a lost lease (expired, or its holder's process gone) is then recorded
+    ``uncertain`` and answered ``UNCERTAIN`` instead of being claimed."""
 
 
 @attrs.frozen
@@ -168,13 +196,34 @@ class Receipt:
     created_at: float = 0.0
     updated_at: float = 0.0
     completed_at: float | None = None
+    """When the output was stored. Kept while a force refresh (or a re-run of a stale
+    receipt) holds a lease: the previous output stays until a new one is persisted."""
+    generation: int = 1
+    """Execution generation: 1 for a new receipt, +1 when a completed (forced or stale)
+    or failed receipt is claimed again; unchanged when a lost owner's lease is taken
+    over or a released receipt is claimed. The provider idempotency key derives from
+    (key, generation), so a crashed attempt's retry sends the same key."""
+    lease_owner_host: str | None = None
+    lease_owner_pid: int | None = None
+    lease_owner_started_at: float | None = None
 
     @property
     def owner(self) -> Owner | None:
-        """The lease holder, or None."""
+        """The lease holder (with its process identity when recorded), or None."""
         if self.lease_owner_run_id is None:
             return None
-        return Owner(self.lease_owner_run_id, self.lease_owner_attempt or 0)
+        return Owner(
+            self.lease_owner_run_id,
+            self.lease_owner_attempt or 0,
+            self.lease_owner_host,
+            self.lease_owner_pid,
+            self.lease_owner_started_at,
+        )
+
+    @property
+    def holds_previous_output(self) -> bool:
+        """Queued or running while still holding an earlier output (a refresh)."""
+        return self.completed_at is not None and self.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 
     def lease_live(self, now: float) -> bool:
         """True while a lease is held and has not expired at ``now``."""
@@ -201,7 +250,21 @@ class RefusalReason(str, enum.Enum):
     OUTPUT_TOO_LARGE = "output_too_large"
     """The serialised output exceeds the store's per-output cap."""
     INVALID_OUTPUT = "invalid_output"
-    """The output cannot be serialised as JSON."""
+    """The output is not plain JSON (a set, bytes, a tuple...): permanent by nature."""
+    OUTPUT_NOT_STORABLE = "output_not_storable"
+    """JSON the store cannot hold exactly (too deep, too big an integer): salvage it."""
+
+
+class ResolveAction(str, enum.Enum):
+    """An operator's (or a reconcile hook's) decision on an ``uncertain`` receipt."""
+
+    RERUN = "rerun"
+    """Run it again: the receipt becomes claimable (same generation, so a provider that
+    honours idempotency keys answers a call that did go through from its records)."""
+    FAIL = "fail"
+    """Record it failed (kind permanent): later calls are refused with that error."""
+    COMPLETE = "complete"
+    """The provider did act: store the output it reported (reconcile hook)."""
 
 
 @attrs.frozen

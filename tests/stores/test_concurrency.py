@@ -52,6 +52,8 @@ for start in range(0, len(keys), batch):
             others += 1
 store.close()
 print(json.dumps({"claimed": claimed, "others": others, "errors": errors}), flush=True)
+sys.stdin.readline()  # stay alive until the parent has every answer: a lease whose
+# holder process is gone is taken over at once, which is not what this test races
 """
 
 

@@ -32,6 +32,7 @@ from stores import (
     StoreError,
     StoreUnavailableError,
 )
+from stores._sqlite_schema import SCHEMA_VERSION
 
 OWNER = Owner("run-1")
 ISSUE_COLUMNS = {
@@ -233,7 +234,7 @@ def test_sqlite_open_new_file_from_racing_processes(tmp_path: Path, children: An
         children.broadcast([str(p) for p in paths])
         failures += [a for answers in children.gather() for a in answers if a != "ok"]
         for path in paths:
-            assert user_version(path) == 1
+            assert user_version(path) == SCHEMA_VERSION
             assert sqlite_utils.Database(path)["receipts"].exists()
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert failures == []
@@ -256,7 +257,7 @@ def test_sqlite_open_waits_for_another_opener_of_a_new_file(tmp_path: Path) -> N
     finally:
         releaser.join()
         other.close()
-    assert user_version(path) == 1
+    assert user_version(path) == SCHEMA_VERSION
     assert sqlite_utils.Database(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -272,7 +273,7 @@ def test_sqlite_file_is_inspectable_with_sqlite_utils(tmp_path: Path) -> None:
         assert table.count == 3
         assert set(table.columns_dict) >= ISSUE_COLUMNS
         assert table.pks == ["org_id", "key"]
-        assert user_version(path) == 1
+        assert user_version(path) == SCHEMA_VERSION
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         row = table.get(("org", first.key))
         assert json.loads(row["output"]) == {"ok": 1} and row["status"] == "completed"
@@ -319,4 +320,4 @@ def test_sqlite_store_reopens_with_its_receipts(tmp_path: Path) -> None:
         (claim,) = store.claim_many("org", requests(1), OWNER, lease_ttl_s=60)
     with SqliteReceiptStore(path) as again:
         assert again.get_many("org", [claim.receipt.key]) == [claim.receipt]
-    assert user_version(path) == 1
+    assert user_version(path) == SCHEMA_VERSION

@@ -23,8 +23,14 @@ the same):
   queued or running; expiry alone does not fence (only "expired and taken" does).
 - Completed and failed receipts keep their last lease id and owner (expiry cleared),
   so a retried complete (or fail) by that same holder is answered "applied" and changes
-  nothing. A new claim clears output, error, failure kind and completed_at, and counts
-  an attempt; a release clears the lease.
+  nothing. A new claim clears error and failure kind, and counts an attempt; it keeps
+  output and completed_at of a completed receipt (force refresh, stale re-run) until a
+  new output is stored: failing or releasing that lease restores ``completed``, and a
+  claim that finds its lease expired treats it as the completed receipt it was (a
+  reuse restores ``completed``). A restored receipt holds no lease id or owner, so the
+  lost refresh's late writes are refused. A release clears the lease.
+- The execution generation starts at 1 and grows when a completed or failed receipt is
+  claimed again. Every lease records this process's identity (all owners live here).
 - Error text is stored with NUL and lone surrogates written as backslash escapes.
 - ``purge(older_than_s=x)`` deletes receipts with ``now - updated_at >= x`` whose
   status is listed and which are not under a live lease.
@@ -62,6 +68,7 @@ from stores import (
     ReceiptStatus,
     RefusalReason,
     SqliteReceiptStore,
+    current_process_identity,
 )
 
 S = ReceiptStatus
@@ -98,6 +105,7 @@ DISPOSITIONS: dict[str, dict[ClaimMode, ClaimDisposition]] = {
     },
 }
 
+HERE = current_process_identity()
 APPLY = "apply"
 ALREADY = "already"  # a retried complete/fail that already landed: applied, nothing changes
 
@@ -134,6 +142,7 @@ class ModelReceipt:
     error: str | None = None
     failure_kind: FailureKind | None = None
     completed_at: float | None = None
+    generation: int = 1
 
 
 def request_for(key: str) -> ClaimRequest:
@@ -161,6 +170,10 @@ def expected_receipt(org: str, key: str, m: ModelReceipt) -> Receipt:
         created_at=m.created_at,
         updated_at=m.updated_at,
         completed_at=m.completed_at,
+        generation=m.generation,
+        lease_owner_host=HERE.host if m.owner else None,
+        lease_owner_pid=HERE.pid if m.owner else None,
+        lease_owner_started_at=HERE.started_at if m.owner else None,
     )
 
 
@@ -174,7 +187,12 @@ def table_row(m: ModelReceipt | None, now: float, stale_after_s: float | None) -
         return "completed_stale" if stale else "completed_fresh"
     if m.status in (S.QUEUED, S.RUNNING):
         assert m.lease_expires_at is not None
-        return "in_flight_live" if m.lease_expires_at > now else "in_flight_expired"
+        if m.lease_expires_at > now:
+            return "in_flight_live"
+        if m.completed_at is not None:  # a lost refresh: the completed receipt it was
+            stale = stale_after_s is not None and now - m.completed_at > stale_after_s
+            return "completed_stale" if stale else "completed_fresh"
+        return "in_flight_expired"
     assert m.status is S.FAILED
     return "failed"
 
@@ -192,8 +210,11 @@ json_values = st.recursive(
         st.none(),
         st.booleans(),
         st.integers(-(2**53), 2**53),
-        st.floats(allow_nan=False, allow_infinity=False),
+        st.integers(2**64, 2**70),  # beyond 64 bits: the exact form
+        st.floats(allow_nan=False),  # Infinity: the exact form (NaN != NaN)
         st.text(no_surrogates, max_size=8),  # NUL included
+        # lone surrogates (never a high one right before a low one): the exact form
+        st.lists(st.sampled_from(["a", "\ud83d", "b\udc00"]), max_size=3).map("".join),
     ),
     lambda inner: st.one_of(
         st.lists(inner, max_size=3),
@@ -312,11 +333,22 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
             old = before.get(key)
             if claim.disposition is not D.CLAIMED:
                 assert old is not None
+                if claim.disposition is D.REUSED and old.status in (S.QUEUED, S.RUNNING):
+                    m = self.model[(org, key)]  # a lost refresh goes back to completed, no lease
+                    m.status, m.lease_expires_at, m.updated_at = S.COMPLETED, None, now
+                    m.lease_id = m.owner = None
+                    old = attrs.evolve(m)
                 assert claim.receipt == expected_receipt(org, key, old)
                 continue
             lease_id = claim.receipt.lease_id
             assert isinstance(lease_id, str) and lease_id not in granted, "a claim grants a new lease id"
             self.leases.append((org, key, lease_id, owner))
+            keeps = (
+                old is not None
+                and old.completed_at is not None
+                and old.status in (S.COMPLETED, S.QUEUED, S.RUNNING)
+            )
+            bumps = old is not None and old.status in (S.COMPLETED, S.FAILED)
             self.model[(org, key)] = ModelReceipt(
                 status=S.QUEUED,
                 lease_id=lease_id,
@@ -325,6 +357,9 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
                 attempts=(old.attempts if old else 0) + 1,
                 created_at=old.created_at if old else now,
                 updated_at=now,
+                output=old.output if keeps and old else None,
+                completed_at=old.completed_at if keeps and old else None,
+                generation=(old.generation + bumps) if old else 1,
             )
             assert claim.receipt == expected_receipt(org, key, self.model[(org, key)])
 
@@ -388,9 +423,13 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
         for f in failures:
             if verdicts[f.key] == APPLY:
                 m = self.model[(org, f.key)]
-                m.status = S.FAILED
-                m.error = stored_error(f.error)
-                m.failure_kind = f.failure_kind
+                if m.completed_at is None:
+                    m.status = S.FAILED
+                    m.error = stored_error(f.error)
+                    m.failure_kind = f.failure_kind
+                else:  # a failed refresh: the previous output stands, the lease is dropped
+                    m.status = S.COMPLETED
+                    m.lease_id = m.owner = None
                 m.lease_expires_at = None
                 m.updated_at = self.clock.now
         self.check_report(org, report, [f.key for f in failures], verdicts)
@@ -402,7 +441,7 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
         for key, verdict in verdicts.items():
             if verdict == APPLY:
                 m = self.model[(org, key)]
-                m.status = S.PENDING
+                m.status = S.PENDING if m.completed_at is None else S.COMPLETED
                 m.lease_id = m.owner = m.lease_expires_at = None
                 m.updated_at = self.clock.now
         self.check_report(org, report, [r.key for r in refs], verdicts)
