@@ -19,20 +19,26 @@ gevent process that patches first gets psycopg's cooperative waiting.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._codec import encode_output
-from ._pg_schema import migrate, quote_ident
+from ._pg_conn import PgConnections, is_postgres_url, split_schema
+from ._pg_schema import quote_ident
 from ._pg_sql import Statements
-from ._rules import IN_FLIGHT, LOST_WHILE_RUNNING, encode_for_store, holder_gone, owner_identity, resolved_as_failed
+from ._rules import (
+    IN_FLIGHT,
+    LOST_WHILE_RUNNING,
+    encode_for_store,
+    holder_gone,
+    owner_identity,
+    resolved_as_failed,
+)
 from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
 from .base import Clock, ReceiptStore, decide_disposition
-from .errors import StoreError, StoreUnavailableError
+from .errors import StoreError
 from .types import (
     Claim,
     ClaimDisposition,
@@ -53,8 +59,6 @@ from .types import (
 
 __all__ = ["PostgresReceiptStore", "is_postgres_url", "split_schema"]
 
-_IDLE_CHECK_S = 2.0
-"""A pooled connection idle longer than this is checked (one empty query) before use."""
 _RACED_RETRIES = 8
 _WRITTEN = {
     "claimed": ClaimDisposition.CLAIMED,
@@ -63,32 +67,6 @@ _WRITTEN = {
 }
 """What the claim statement did to a row, as the claim's answer."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
-
-
-def is_postgres_url(target: object) -> bool:
-    """True for ``postgresql://`` and ``postgres://`` URLs."""
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
-
-
-def split_schema(url: str) -> tuple[str, str | None]:
-    """Take a ``schema=NAME`` query parameter (ours, not libpq's) out of a URL."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-    if "schema=" not in url or "://" not in url:
-        return url, None
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((v for k, v in query if k == "schema"), None)
-    rest = urlencode([(k, v) for k, v in query if k != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
-
-
-def _redact(url: str) -> str:
-    head, sep, tail = url.partition("@")
-    if not sep or "://" not in head:
-        return url
-    scheme, _, creds = head.partition("://")
-    return f"{scheme}://{creds.split(':', 1)[0]}@{tail}"
 
 
 class PostgresReceiptStore(ReceiptStore):
@@ -126,157 +104,52 @@ class PostgresReceiptStore(ReceiptStore):
         poll_s: float = 1.0,
         application_name: str | None = None,
     ) -> None:
-        import psycopg
-        from psycopg_pool import ConnectionPool
-
         url, url_schema = split_schema(url)
         schema = schema or url_schema or "tooldispatch"
         self.url = url
         self.schema = schema
         self.clock = clock if clock is not None else time.time
         self._fake_clock = clock
-        self._timeout_s = connect_timeout_s
-        self._max_size = max_size
         self.poll_s = poll_s
         self._channel = f"tooldispatch:{schema}"
         self._sql = Statements(quote_ident(schema), self._channel)
         self._listener: Any = None
-        self._closed = False
-        self._where = _redact(url)
-        app = (application_name or f"tooldispatch:{schema}")[:63]
-        self._connect_kwargs: dict[str, Any] = {
-            "application_name": app,
-            "connect_timeout": max(1, int(connect_timeout_s)),
-        }
-        self._pool = ConnectionPool(
+        self._conns = PgConnections(
             url,
+            schema,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **self._connect_kwargs},
-            timeout=connect_timeout_s,
-            name=f"tooldispatch-{schema}",
-            open=False,
+            connect_timeout_s=connect_timeout_s,
+            application_name=application_name or f"tooldispatch:{schema}",
         )
-        try:
-            # One direct connection first: an unreachable server fails at once with
-            # libpq's own message (the pool would retry quietly until its timeout).
-            with psycopg.connect(url, autocommit=True, **self._connect_kwargs) as conn:
-                migrate(conn, schema, self._where)
-            self._pool.open(wait=True, timeout=connect_timeout_s)
-        except psycopg.Error as exc:
-            self._pool.close()
-            raise StoreUnavailableError(
-                f"{self._where}: cannot open the receipt store: {str(exc).strip()}; check the server "
-                "is up and the URL (user, database) is right"
-            ) from exc
-        except BaseException as exc:
-            self._pool.close()
-            if type(exc).__module__.startswith("psycopg_pool"):
-                raise StoreUnavailableError(
-                    f"{self._where}: cannot open the receipt store: no connection within "
-                    f"{connect_timeout_s:g} s ({exc})"
-                ) from exc
-            raise
+        self._where = self._conns.where
 
     def __repr__(self) -> str:
         return f"PostgresReceiptStore({self._where!r}, schema={self.schema!r})"
 
     # -- connections -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[Any]:
-        """A pooled connection, probed first when it may be dead.
-
-        An idle connection in autocommit has nothing to read; a readable socket means
-        the server sent something (a termination notice, EOF), so it is probed, as is a
-        connection idle for more than ``_IDLE_CHECK_S`` (a server restarted while it
-        slept). A busy pool pays no round trip. A dead one is closed and handed back
-        (the pool replaces it) and the next is tried at once: the pool's own check
-        would sleep with a back-off between dead connections.
-        """
-        import psycopg
-
-        for _ in range(self._max_size + 1):
-            conn = self._pool.getconn()
-            idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
-            if idle_s > _IDLE_CHECK_S or select.select([conn.fileno()], [], [], 0)[0]:
-                try:
-                    conn.execute("")
-                except psycopg.Error:
-                    conn.close()
-                    self._pool.putconn(conn)
-                    continue
-            try:
-                yield conn
-            finally:
-                conn._td_returned_at = time.monotonic()  # type: ignore[attr-defined]
-                self._pool.putconn(conn)
-            return
-        raise psycopg.OperationalError("every pooled connection was dead")
-
     def _now(self) -> float | None:
         return self._fake_clock() if self._fake_clock is not None else None
 
     def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
-        """Run one statement on a pooled connection; all its rows."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        if self._closed:
-            raise StoreError(f"{self._where}: the receipt store is closed")
-        try:
-            with self._connection() as conn:
-                cur = conn.execute(query, params)
-                return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
-        except PoolTimeout as exc:
-            raise StoreUnavailableError(f"{self._where}: no connection within {self._timeout_s:g} s") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
-
-    def _in_transaction(self, fn: Any) -> Any:
-        """Run ``fn(conn)`` in one transaction on a pooled connection (rare, operator paths)."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        if self._closed:
-            raise StoreError(f"{self._where}: the receipt store is closed")
-        try:
-            with self._connection() as conn, conn.transaction():
-                return fn(conn)
-        except PoolTimeout as exc:
-            raise StoreUnavailableError(f"{self._where}: no connection within {self._timeout_s:g} s") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"{self._where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+        return self._conns.execute(query, params)
 
     def close(self) -> None:
         """Close the pool and the listener; later calls raise StoreError."""
-        self._closed = True
         if self._listener is not None:
             self._listener.close()
-        self._pool.close()
+        self._conns.close()
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Run a read-only inspection query (``%s`` placeholders) in the store's schema.
 
         For operators' tools (the CLI's ``receipts`` commands): rows as dicts.
-        """
-        import psycopg
-        from psycopg.rows import dict_row
 
-        try:
-            with self._connection() as conn, conn.transaction():
-                conn.execute(f"SET LOCAL search_path TO {quote_ident(self.schema)}")
-                conn.execute("SET TRANSACTION READ ONLY")
-                rows: list[dict[str, Any]] = (
-                    conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
-                )
-                return rows
-        except psycopg.Error as exc:
-            raise StoreError(f"{self._where}: {exc}") from exc
+        Raises:
+            StoreError: the query failed (StoreUnavailableError: no connection).
+        """
+        return self._conns.query(self.schema, sql, params)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -475,7 +348,7 @@ class PostgresReceiptStore(ReceiptStore):
             (new,) = conn.execute(self._sql.resolve[action.value], params).fetchall()
             return receipt_from_row(new)
 
-        return self._in_transaction(work)  # type: ignore[no-any-return]
+        return self._conns.run(work, transaction=True)
 
     def purge_epoch(self) -> int:
         rows = self._execute(self._sql.purge_epoch, {})
@@ -493,13 +366,11 @@ class PostgresReceiptStore(ReceiptStore):
         from ._pg_listen import Listener
 
         if self._listener is None:
-            kwargs = {
-                **self._connect_kwargs,
-                "application_name": f"{self._connect_kwargs['application_name']}:listen",
-            }
+            app = self._conns.connect_kwargs["application_name"]
+            kwargs = {**self._conns.connect_kwargs, "application_name": f"{app}:listen"}
             self._listener = Listener(self.url, self._channel, kwargs)
             self._listener.start()
-            self._listener.wait_connected(min(timeout_s, self._timeout_s))
+            self._listener.wait_connected(min(timeout_s, self._conns.timeout_s))
         deadline = time.monotonic() + timeout_s
         while True:
             seen = self._listener.version(org_id)

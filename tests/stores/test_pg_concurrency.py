@@ -15,13 +15,15 @@ conftest.Children; one store and pool each) started together through a stdin bar
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 from collections import Counter
 from typing import Any
 
 import pytest
 
 import stores
-from stores import ClaimRequest, Owner, ReceiptStatus
+from stores import ClaimDisposition, ClaimRequest, Owner, ReceiptStatus
 
 ORG = "org-a"
 KEYS = [hashlib.sha256(f"key-{i}".encode()).hexdigest() for i in range(600)]
@@ -229,3 +231,45 @@ def test_pg_workers_starting_at_once_on_empty_database_all_start(
     argvs = [[pg_url, pg_schema, f"proc-{i}", KEYS[:10], i, None, "--open-late"] for i in range(WORKERS)]
     reports = run_children(children, _OPENER, argvs)
     assert reports == [{"answered": 10}] * WORKERS
+
+
+_HOLDER = """
+import json, sys
+from stores import ClaimRequest, LeaseRef, Owner, PostgresReceiptStore
+url, schema, keys = (json.loads(arg) for arg in sys.argv[1:])
+store = PostgresReceiptStore(url, schema=schema, max_size=1)
+owner = Owner("run-child")
+wanted = [ClaimRequest(k, "play", "tool", k) for k in keys]
+claims = store.claim_many("org-a", wanted, owner, lease_ttl_s=3600.0)
+store.mark_running_many("org-a", [LeaseRef(c.receipt.key, c.receipt.lease_id) for c in claims[:1]], owner)
+print(json.dumps([c.disposition.value for c in claims]), flush=True)
+sys.stdin.readline()  # hold the leases until told (or killed)
+"""
+
+
+@pytest.mark.parametrize("retry_safe", [True, False], ids=["retry-safe", "not-retry-safe"])
+def test_pg_lease_of_sigkilled_process_on_this_host_is_taken_over_at_once(
+    pg_url: str, pg_schema: str, children: Any, retry_safe: bool
+) -> None:
+    keys = KEYS[:3]
+    wanted = [ClaimRequest(k, "play", "tool", k, retry_safe=retry_safe) for k in keys]
+    child = children.start(_HOLDER, [pg_url, pg_schema, keys])
+    assert children.receive(child) == ["claimed"] * len(keys)
+    with open_store(pg_url, pg_schema) as store:
+        held = store.get_many(ORG, keys)
+        assert all(r is not None and r.lease_owner_pid == child.pid for r in held)
+        alive = store.claim_many(ORG, wanted, Owner("run-next"), lease_ttl_s=60.0)
+        assert [c.disposition for c in alive] == [ClaimDisposition.RUNNING] * len(keys)  # never taken
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        taken = store.claim_many(ORG, wanted, Owner("run-next"), lease_ttl_s=60.0)
+        after = store.get_many(ORG, keys)
+    # The first key was marked running: not retry-safe, its request may have gone out.
+    first = ClaimDisposition.CLAIMED if retry_safe else ClaimDisposition.UNCERTAIN
+    assert [c.disposition for c in taken] == [first, ClaimDisposition.CLAIMED, ClaimDisposition.CLAIMED]
+    assert [c.receipt for c in taken] == after
+    for before, claim in zip(held, taken, strict=True):
+        assert before is not None
+        assert claim.receipt.generation == before.generation == 1  # same provider idempotency key
+    assert after[0] is not None
+    assert after[0].status is (ReceiptStatus.QUEUED if retry_safe else ReceiptStatus.UNCERTAIN)
