@@ -10,14 +10,23 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 * other 5xx and transport errors → ProviderError with kind ``transient``;
 * timeouts → :class:`~actors.errors.ToolTimeoutError` (kind ``timeout``);
 * other 4xx → ProviderError with kind ``permanent``.
+
+Credential scope: receipts never cross credentials. An http_tool's credential-scope
+digest (part of every receipt key, see :func:`credential_scope_digest`) is a sha256
+over what authenticates its requests: its auth headers, every query-string parameter of
+its URLs, the shared client's auth headers, query parameters and ``auth``, and an
+explicit ``credentials=`` value; never the secret itself. Two runs with different
+``Authorization`` headers therefore never share receipts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
+import orjson
 
 from stores.types import FailureKind
 
@@ -26,7 +35,87 @@ from .errors import ProviderError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
-__all__ = ["HttpEndpoint", "http_tool"]
+__all__ = ["AUTH_HEADER_WORDS", "HttpEndpoint", "credential_scope_digest", "http_tool"]
+
+AUTH_HEADER_WORDS = (
+    "auth", "token", "key", "secret", "session", "cookie", "signature", "credential", "password",
+)  # fmt: skip
+"""A header whose lower-cased name holds one of these words is a credential
+(``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...)."""
+
+_SCOPE_TAG = "tooldispatch.credential-scope.v1"
+
+
+def credential_scope_digest(
+    *,
+    headers: Mapping[str, str] | None = None,
+    urls: Sequence[str] = (),
+    client: httpx.Client | None = None,
+    credentials: Any = None,
+) -> str:
+    """The credential-scope digest of HTTP requests: sha256 hex, or "" when nothing
+    authenticates them (so an open API's keys do not change).
+
+    Args:
+        headers: the request headers; those named with an :data:`AUTH_HEADER_WORDS` word
+            count (names compared case-insensitively).
+        urls: the endpoints; every query-string parameter counts (API keys often travel
+            as ``?key=``, ``?api_key=``, ``?token=``).
+        client: a shared ``httpx.Client``: its auth headers and query parameters count,
+            and the auth headers its ``auth`` adds before any answer (``httpx.BasicAuth``,
+            bearer tokens; an auth that signs only after a challenge, such as
+            ``httpx.DigestAuth``, needs ``credentials``).
+        credentials: any JSON value naming the account (say an account id plus a key
+            version) for credentials these rules cannot see.
+
+    Raises:
+        ValueError: the client has an ``auth`` of a kind that cannot be digested and
+            ``credentials`` is not given.
+    """
+    parts: dict[str, Any] = {}
+    found = [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)]
+    query = [(k, v) for url in urls for k, v in httpx.URL(url).params.multi_items()]
+    if client is not None:
+        found += [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)]
+        query += list(client.params.multi_items())
+        signed = _auth_headers(client.auth)
+        found += signed
+        if client.auth is not None and not signed and credentials is None:
+            raise ValueError(
+                f"the client's auth ({type(client.auth).__name__}) cannot be digested: pass credentials= "
+                "naming the account, so runs under other credentials never share receipts"
+            )
+    if found:
+        parts["headers"] = sorted(found)
+    if query:
+        parts["query"] = sorted(query)
+    if credentials is not None:
+        parts["credentials"] = credentials
+    if not parts:
+        return ""
+    text = orjson.dumps([_SCOPE_TAG, parts], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(text).hexdigest()
+
+
+def _auth_headers(auth: httpx.Auth | None) -> list[tuple[str, str]]:
+    """The auth headers ``auth`` puts on a request before any answer (``BasicAuth``,
+    a bearer-token ``Auth``...): the first step of its public ``auth_flow``."""
+    if auth is None:
+        return []
+    probe = httpx.Request("GET", "https://credential-scope.invalid/")
+    flow = auth.auth_flow(probe)
+    try:
+        signed = next(flow)
+    except StopIteration:
+        return []
+    finally:
+        flow.close()
+    return [(k.lower(), v) for k, v in signed.headers.items() if _is_auth_header(k)]
+
+
+def _is_auth_header(name: str) -> bool:
+    lowered = name.lower()
+    return lowered != "idempotency-key" and any(word in lowered for word in AUTH_HEADER_WORDS)
 
 
 def _items(body: Any, n: int) -> list[Any]:
@@ -124,6 +213,7 @@ def http_tool(
     build_batch: Callable[[list[Any]], Any] = lambda inputs: {"items": inputs},
     split_batch: Callable[[Any, int], list[Any]] = _items,
     durable: bool = True,
+    credentials: Any = None,
 ) -> Tool:
     """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
 
@@ -145,6 +235,14 @@ def http_tool(
         client: an httpx.Client to share between tools.
         build_batch / split_batch: batch body builder and answer splitter.
         durable: False skips receipts.
+        credentials: a JSON value naming the account, for credentials the headers,
+            URLs and client do not show (see :func:`credential_scope_digest`).
+
+    The tool's ``credentials()`` digests the endpoints' current headers each time it is
+    asked (after an ``AuthScopeChangedError`` too), so a changed key gives new receipts.
+
+    Raises:
+        ValueError: as :func:`credential_scope_digest`.
     """
     shared = client or httpx.Client()
     single = HttpEndpoint(url, client=shared, headers=headers)
@@ -166,6 +264,14 @@ def http_tool(
             split=split,
             batch_operation=batch_url,
         )
+    urls = [url] if batch_url is None else [url, batch_url]
+
+    def scope() -> str:
+        return credential_scope_digest(
+            headers=single.headers, urls=urls, client=shared, credentials=credentials
+        )
+
+    scope()  # refuse an undigestable client auth now, not at the first call
     return Tool(
         tool_id=tool_id,
         fn=single,
@@ -176,4 +282,5 @@ def http_tool(
         durable=durable,
         retry_safe=True,
         timeout_s=timeout_s,
+        credentials=scope,
     )

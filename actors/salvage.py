@@ -1,23 +1,32 @@
 """Salvage: results produced (money spent) that could not be persisted.
 
 An append-only JSONL file, created owner-read/write only (0600), each append flushed
-and fsynced. Entries are written through the one persistence converter
-(:mod:`stores._codec`). :func:`replay` puts them into a receipt store later.
+and fsynced. Entries are written with the store's exact output codec
+(:func:`stores.encode_output`: lone surrogates, integers beyond 64 bits, NaN and
+Infinity come back exactly). An output that is not JSON, or that no store can hold,
+is kept in :func:`stores.salvage_form` (a description with its repr, ``output_form``
+``"described"``) for an operator and never replayed. :func:`replay` puts the others
+into a receipt store later.
+
+Appends and replays hold a cross-process lock (``filelock.FileLock`` on
+``<path>.lock``, an OS ``flock``), so a replay in one process never loses what another
+process appends or replays at the same time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeGuard
 
 import attrs
 import cattrs
-import orjson
+import filelock
 
-from stores._codec import converter, encode_json
+from stores._codec import converter, decode_output, encode_output, salvage_form
 from stores.base import ReceiptStore
 from stores.types import (
     ClaimDisposition,
@@ -49,6 +58,10 @@ class SalvageEntry:
         error: the last error text.
         lease_id: the lease the output was produced under (None in older files);
             replay completes the receipt under it while the receipt still holds it.
+        output_form: ``"json"`` (``output`` is the answer, exactly), or ``"described"``
+            (the answer was not JSON or could not be stored: ``output`` describes it,
+            ``output_problem`` says why; replay keeps such entries for an operator).
+        output_problem: why the output is only described (None for ``"json"``).
     """
 
     receipt_key: str
@@ -61,6 +74,13 @@ class SalvageEntry:
     first_error_at: float
     error: str
     lease_id: str | None = None
+    output_form: str = "json"
+    output_problem: str | None = None
+
+
+def _encode(entry: SalvageEntry) -> str:
+    """One line of the file: the entry as a JSON object, the output in its exact form."""
+    return encode_output(attrs.asdict(entry, recurse=False))
 
 
 @attrs.frozen
@@ -80,13 +100,25 @@ class SalvageLog:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lock = _lock_for(self.path)
+        self._file_lock = filelock.FileLock(f"{self.path}.lock", mode=0o600)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """This process's lock for the file, then the cross-process one."""
+        with self._lock, self._file_lock:
+            yield
 
     def append(self, entries: Iterable[SalvageEntry]) -> int:
-        """Append entries, flushed and fsynced; returns how many were written."""
-        lines = [encode_json(entry) + "\n" for entry in entries]
+        """Append entries, flushed and fsynced; returns how many were written.
+
+        Raises:
+            InvalidOutputError / OutputNotStorableError: an entry built without
+                :func:`salvage_entry` holds an output with no exact form.
+        """
+        lines = [_encode(entry) + "\n" for entry in entries]
         if not lines:
             return 0
-        with self._lock:
+        with self._locked():
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 size = os.fstat(fd).st_size
@@ -119,7 +151,7 @@ class SalvageLog:
             if not line.strip():
                 continue
             try:
-                entries.append(converter.structure(orjson.loads(line), SalvageEntry))
+                entries.append(converter.structure(decode_output(line), SalvageEntry))
             except (
                 ValueError,
                 TypeError,
@@ -135,7 +167,7 @@ class SalvageLog:
         tmp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            body = "".join(encode_json(e) + "\n" for e in entries).encode("utf-8")
+            body = "".join(_encode(e) + "\n" for e in entries).encode("utf-8")
             body += b"".join(line + b"\n" for line in unreadable)
             try:
                 with open(self.path, "rb") as fh:
@@ -160,13 +192,14 @@ class SalvageLog:
         Raises:
             StoreError: the store failed (the file is left unchanged).
         """
-        with self._lock:
+        with self._locked():
             entries, unreadable, size = self._read()
-            kept: list[SalvageEntry] = []
+            kept: list[SalvageEntry] = [e for e in entries if e.output_form != "json"]
             completed = already = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
             for entry in entries:
-                by_org.setdefault(entry.org_id, {})[entry.receipt_key] = entry
+                if entry.output_form == "json":
+                    by_org.setdefault(entry.org_id, {})[entry.receipt_key] = entry
             for org_id, members in by_org.items():
                 keys = list(members)
                 stored = store.get_many(org_id, keys)
@@ -208,6 +241,8 @@ class SalvageLog:
                 )
                 completed += len(done.applied)
                 kept.extend(members[key] for key in done.refused)
+                refused = [lease for lease in leases if lease.key in done.refused]
+                store.release(org_id, refused, REPLAY_OWNER)  # leave no replay lease behind
             self._rewrite(kept, unreadable, carry_from=size)
             return ReplayReport(
                 completed=completed, already_completed=already, kept=len(kept), unreadable=len(unreadable)
@@ -240,16 +275,21 @@ def salvage_entry(
     *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
     first_error_at: float | None, error: str, lease_id: str | None = None,
 ) -> SalvageEntry:  # fmt: skip
-    """Build an entry (first_error_at defaults to now)."""
+    """Build an entry (first_error_at defaults to now). An output with no exact stored
+    form (not JSON, too deep, an integer beyond 4300 digits) is kept described
+    (:func:`stores.salvage_form`), so the salvage log can always write it."""
+    kept, problem = salvage_form(output)
     return SalvageEntry(
         receipt_key=key,
         org_id=org_id,
         scope=scope,
         tool_id=tool_id,
         input_hash=input_hash,
-        output=output,
+        output=kept,
         completion_attempts=attempts,
         first_error_at=first_error_at if first_error_at is not None else time.time(),
         error=error,
         lease_id=lease_id,
+        output_form="json" if problem is None else "described",
+        output_problem=problem,
     )

@@ -102,7 +102,15 @@ class Tool:
         lease_ttl_s: receipt lease TTL, seconds (None: the policy's default).
         non_semantic_fields: top-level input fields left out of the receipt key.
         credentials: ``credentials() -> str`` giving the credential-scope digest;
-            cached, and asked again after an :class:`AuthScopeChangedError`.
+            cached, and asked again after an :class:`AuthScopeChangedError`. The rule
+            for custom tools: a tool that authenticates must set it, and the digest
+            must change whenever the account or key changes (two accounts must never
+            share receipts, which they would with the default ""). Return a hash
+            (sha256 hex) of what authenticates the calls (keys, tokens, account ids,
+            for instance via :func:`actors.http.credential_scope_digest`), never the
+            secret itself: the digest is stored in no table but is hashed into every
+            receipt key and handed to the tool in ``ToolContext``. ``http_tool`` sets
+            it from its headers, query strings, client and ``credentials=``.
     """
 
     tool_id: str

@@ -50,7 +50,11 @@ from stores import (
     SqliteReceiptStore,
 )
 from stores._offload import gevent_active
-from stores._sqlite_schema import COLUMNS, migrate
+from stores._sqlite_schema import COLUMNS as _ALL_COLUMNS
+from stores._sqlite_schema import migrate
+
+COLUMNS = _ALL_COLUMNS[:17]
+"""The v1 columns the raw upserts write (later ones have defaults or stay NULL)."""
 
 T = TypeVar("T")
 

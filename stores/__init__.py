@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._codec import decode_output, encode_output, salvage_form, validate_output
 from ._process import ProcessIdentity, current_process_identity, process_gone
+from ._rules import output_too_large_error
 from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition, next_generation
 from .errors import (
     InvalidInputError,
@@ -119,6 +120,7 @@ __all__ = [
     "explain_key",
     "next_generation",
     "open_store",
+    "output_too_large_error",
     "process_gone",
     "receipt_key",
     "salvage_form",

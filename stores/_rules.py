@@ -21,6 +21,7 @@ __all__ = [
     "NO_LEASE",
     "encode_for_store",
     "holder_gone",
+    "output_too_large_error",
     "owner_identity",
     "resolved_as_failed",
 ]
@@ -51,11 +52,28 @@ def owner_identity(owner: Owner) -> tuple[str | None, int | None, float | None]:
     return here.host, here.pid, here.started_at
 
 
-def holder_gone(receipt: Receipt | None, now: float) -> bool:
-    """A live lease whose holder process is known to be gone (see ``process_gone``)."""
+def holder_gone(receipt: Receipt | None, now: float, seen: dict[Any, bool] | None = None) -> bool:
+    """A live lease whose holder process is known to be gone (see ``process_gone``).
+
+    ``seen`` caches answers per holder within one claim (one OS query per process).
+    """
     if receipt is None or receipt.status not in IN_FLIGHT or not receipt.lease_live(now):
         return False
-    return process_gone(receipt.lease_owner_host, receipt.lease_owner_pid, receipt.lease_owner_started_at)
+    holder = (receipt.lease_owner_host, receipt.lease_owner_pid, receipt.lease_owner_started_at)
+    if seen is None:
+        return process_gone(*holder)
+    if holder not in seen:
+        seen[holder] = process_gone(*holder)
+    return seen[holder]
+
+
+def output_too_large_error(size_bytes: int, salvage_path: str) -> str:
+    """The error text to record with ``FailureKind.OUTPUT_TOO_LARGE`` (it names the salvage)."""
+    return (
+        f"the provider's answer ({size_bytes} bytes) is over the {MAX_OUTPUT_BYTES}-byte output cap: "
+        f"it was salvaged to {salvage_path} (tooldispatch salvage ls); run with retry_failed or "
+        "force_refresh to call the provider again"
+    )
 
 
 def encode_for_store(output: Any) -> tuple[str, Refusal | None]:

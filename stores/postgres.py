@@ -220,13 +220,14 @@ class PostgresReceiptStore(ReceiptStore):
             "lost": LOST_WHILE_RUNNING,
         }
         safe = {r.key: r.retry_safe for r in requests}
+        seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
         decided: dict[str, Claim] = {}
         for row in self._execute(self._sql.claim, params):
             kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
             if kind != "read":
                 decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
                 continue
-            if receipt.lease_id not in gone and holder_gone(receipt, now):
+            if receipt.lease_id not in gone and holder_gone(receipt, now, seen):
                 gone.add(receipt.lease_id)  # type: ignore[arg-type]  # taken over on the next pass
                 continue
             disposition = decide_disposition(

@@ -202,6 +202,7 @@ class SqliteReceiptStore(ReceiptStore):
             writes = []
             restored: list[str] = []
             lost: list[str] = []
+            seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
             claimed, queued = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED
             run_id, run_attempt = owner.run_id, owner.run_attempt
             # One read of the OS's random source for every lease id this call may need:
@@ -215,7 +216,7 @@ class SqliteReceiptStore(ReceiptStore):
                     mode,
                     now,
                     stale_after_s,
-                    holder_gone=holder_gone(old, now),
+                    holder_gone=holder_gone(old, now, seen),
                     retry_safe=request.retry_safe,
                 )
                 if disposition is not claimed:

@@ -39,6 +39,7 @@ from stores import (
     RefusalReason,
     ResolveAction,
     current_process_identity,
+    output_too_large_error,
 )
 from stores._codec import MAX_OUTPUT_DEPTH
 
@@ -1084,7 +1085,8 @@ def test_output_too_large_recorded_failure_kind_decides_claims(store: ReceiptSto
     lease = lease_of(claim_one(store, key))
     refusal = complete(store, lease, "x" * MAX_OUTPUT_BYTES).refused[key]
     assert refusal.reason is RefusalReason.OUTPUT_TOO_LARGE and "output_too_large" in refusal.message
-    why = f"output of {MAX_OUTPUT_BYTES + 2} bytes is over the cap; salvaged to /tmp/salvage.jsonl"
+    why = output_too_large_error(MAX_OUTPUT_BYTES + 2, "/tmp/salvage.jsonl")
+    assert "/tmp/salvage.jsonl" in why and "retry_failed" in why
     assert store.fail_many(ORG, [Failure(key, lease.lease_id, why, FailureKind.OUTPUT_TOO_LARGE)], ME).ok
     stored = get(store, key)
     assert stored is not None

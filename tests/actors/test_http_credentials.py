@@ -1,0 +1,162 @@
+"""The credential scope of an http_tool derives from its credentials (issue 9, section 3).
+
+Two runs in one org and scope whose http_tools carry different ``Authorization`` headers
+never share receipts: checked end to end against a real HTTP server on 127.0.0.1 that
+answers with the account it was called for.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from actors import DispatchSystem, Policy, RunInfo
+from actors.http import credential_scope_digest, http_tool
+from stores import SqliteReceiptStore
+
+CALL_TIMEOUT_S = 60.0
+SECRET_A, SECRET_B = "Bearer sk-live-aaaaaaaaaaaaaaaa", "Bearer sk-live-bbbbbbbbbbbbbbbb"
+ACCOUNTS = {SECRET_A: "account-a", SECRET_B: "account-b"}
+
+
+class _Accounts(BaseHTTPRequestHandler):
+    seen: Counter[str]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"null")
+        auth = self.headers.get("Authorization", "")
+        account = ACCOUNTS.get(auth, "anonymous") + "|" + self.path
+        self.server.seen[account] += 1  # type: ignore[attr-defined]
+        answer = json.dumps({"account": account, "echo": body}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Accounts)
+    httpd.seen = Counter()  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+def _run(tmp_path: Path, url: str, run_id: str, **tool_kw: Any) -> Any:
+    tool = http_tool("lookup", url, **tool_kw)
+    store = SqliteReceiptStore(tmp_path / "receipts.db")
+    system = DispatchSystem.start(
+        tools=[tool], store=store, run=RunInfo(run_id=run_id, org_id="acme", scope="play"), policy=Policy()
+    )
+    try:
+        result = system.proxy().execute("lookup", {"q": "same input"}).get(timeout=CALL_TIMEOUT_S)
+    finally:
+        system.stop()
+        store.close()
+        tool.fn.close()
+    return result
+
+
+def test_http_tool_runs_with_other_authorization_never_share_receipts(
+    tmp_path: Path, server: ThreadingHTTPServer
+) -> None:
+    url = f"http://127.0.0.1:{server.server_port}/v1/lookup"
+    first = _run(tmp_path, url, "run-a", headers={"Authorization": SECRET_A})
+    second = _run(tmp_path, url, "run-b", headers={"Authorization": SECRET_B})
+    again = _run(tmp_path, url, "run-a2", headers={"Authorization": SECRET_A})
+    assert first.value["account"].startswith("account-a") and first.execution == "live"
+    assert second.value["account"].startswith("account-b") and second.execution == "live"
+    assert again.value == first.value and again.execution == "cached"  # same account: reused
+    assert first.receipt_key != second.receipt_key
+    assert sorted(server.seen.values()) == [1, 1]  # type: ignore[attr-defined]
+    assert SECRET_A.encode() not in (tmp_path / "receipts.db").read_bytes()
+
+
+def test_http_tool_api_key_in_query_string_scopes_receipts(
+    tmp_path: Path, server: ThreadingHTTPServer
+) -> None:
+    base = f"http://127.0.0.1:{server.server_port}/v1/lookup"
+    first = _run(tmp_path, f"{base}?key=k-111", "run-a")
+    second = _run(tmp_path, f"{base}?key=k-222", "run-b")
+    assert second.execution == "live" and first.receipt_key != second.receipt_key
+
+
+def test_http_tool_explicit_credentials_scope_receipts(tmp_path: Path, server: ThreadingHTTPServer) -> None:
+    url = f"http://127.0.0.1:{server.server_port}/v1/lookup"
+    _run(tmp_path, url, "run-a", credentials={"account": "acct-1"})
+    second = _run(tmp_path, url, "run-b", credentials={"account": "acct-2"})
+    third = _run(tmp_path, url, "run-c", credentials={"account": "acct-1"})
+    assert second.execution == "live" and third.execution == "cached"
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({"headers": {"Authorization": SECRET_A}}, {"headers": {"Authorization": SECRET_B}}),
+        ({"headers": {"X-Api-Key": "a"}}, {"headers": {"x-api-key": "b"}}),
+        ({"headers": {"Cookie": "sid=1"}}, {"headers": {"Cookie": "sid=2"}}),
+        ({"urls": ["https://p.example/v1?api_key=1"]}, {"urls": ["https://p.example/v1?api_key=2"]}),
+        ({"client": httpx.Client(headers={"Authorization": "a"})}, {"client": httpx.Client()}),
+        ({"client": httpx.Client(params={"token": "a"})}, {"client": httpx.Client(params={"token": "b"})}),
+        ({"client": httpx.Client(auth=("u", "p1"))}, {"client": httpx.Client(auth=("u", "p2"))}),
+        ({"credentials": "acct-1"}, {"credentials": "acct-2"}),
+        ({"headers": {"Authorization": "a"}}, {}),
+    ],
+    ids=[
+        "authorization",
+        "api-key-header",
+        "cookie",
+        "query",
+        "client-header",
+        "client-params",
+        "client-basic-auth",
+        "explicit",
+        "none",
+    ],
+)
+def test_credential_scope_digest_differs_per_credentials_and_hides_them(
+    one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    a, b = credential_scope_digest(**one), credential_scope_digest(**other)
+    assert a != b
+    assert a == credential_scope_digest(**one)
+    for digest in (a, b):
+        assert digest == "" or (len(digest) == 64 and int(digest, 16) >= 0)
+    assert "sk-live" not in a + b and "p1" not in a + b
+
+
+def test_credential_scope_digest_ignores_headers_that_do_not_authenticate() -> None:
+    assert credential_scope_digest(headers={"Accept": "application/json", "User-Agent": "x"}) == ""
+    assert credential_scope_digest(headers={"Authorization": "a", "Accept": "x"}) == credential_scope_digest(
+        headers={"authorization": "a", "Accept": "y"}
+    )
+
+
+def test_http_tool_refuses_client_auth_it_cannot_digest_without_credentials() -> None:
+    client = httpx.Client(auth=httpx.DigestAuth("user", "secret"))
+    try:
+        with pytest.raises(ValueError, match="credentials="):
+            http_tool("lookup", "http://127.0.0.1:9/x", client=client)
+        tool = http_tool("lookup", "http://127.0.0.1:9/x", client=client, credentials="acct-1")
+        assert tool.credentials is not None and len(tool.credentials()) == 64
+    finally:
+        client.close()
