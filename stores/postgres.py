@@ -20,6 +20,7 @@ gevent process that patches first gets psycopg's cooperative waiting.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from ._rules import (
 from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
 from .base import Clock, ReceiptStore, decide_disposition
 from .errors import StoreError
+from .sqlite import SqliteReceiptStore
 from .types import (
     Claim,
     ClaimDisposition,
@@ -53,7 +55,6 @@ from .types import (
     Receipt,
     ReceiptStatus,
     Refusal,
-    RefusalReason,
     ResolveAction,
 )
 
@@ -67,6 +68,7 @@ _WRITTEN = {
 }
 """What the claim statement did to a row, as the claim's answer."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
+_refusal = SqliteReceiptStore._refusal  # one rule for both backends (belongs in _rules.py)
 
 
 class PostgresReceiptStore(ReceiptStore):
@@ -114,6 +116,7 @@ class PostgresReceiptStore(ReceiptStore):
         self._channel = f"tooldispatch:{schema}"
         self._sql = Statements(quote_ident(schema), self._channel)
         self._listener: Any = None
+        self._listener_lock = threading.Lock()
         self._conns = PgConnections(
             url,
             schema,
@@ -364,22 +367,28 @@ class PostgresReceiptStore(ReceiptStore):
         re-reads at least every ``poll_s`` seconds (a lease that simply expires sends
         nothing). Runs on the calling thread or greenlet.
         """
-        from ._pg_listen import Listener
-
-        if self._listener is None:
-            app = self._conns.connect_kwargs["application_name"]
-            kwargs = {**self._conns.connect_kwargs, "application_name": f"{app}:listen"}
-            self._listener = Listener(self.url, self._channel, kwargs)
-            self._listener.start()
-            self._listener.wait_connected(min(timeout_s, self._conns.timeout_s))
+        listener = self._listener_started(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            seen = self._listener.version(org_id)
+            seen = listener.version(org_id)
             settled = self._settled(org_id, keys)
             remaining = deadline - time.monotonic()
             if settled or remaining <= 0:
                 return settled
-            self._listener.wait(org_id, seen, min(remaining, self.poll_s))
+            listener.wait(org_id, seen, min(remaining, self.poll_s))
+
+    def _listener_started(self, timeout_s: float) -> Any:
+        """The store's one listener, started by the first waiter."""
+        from ._pg_listen import Listener
+
+        with self._listener_lock:
+            if self._listener is None:
+                app = self._conns.connect_kwargs["application_name"]
+                kwargs = {**self._conns.connect_kwargs, "application_name": f"{app}:listen"}
+                self._listener = Listener(self.url, self._channel, kwargs)
+                self._listener.start()
+        self._listener.wait_connected(min(timeout_s, self._conns.timeout_s))
+        return self._listener
 
     def _settled(self, org_id: str, keys: Sequence[str]) -> set[str]:
         rows = self._execute(self._sql.in_flight, {"org": org_id, "keys": list(keys), "now": self._now()})
@@ -398,22 +407,3 @@ class PostgresReceiptStore(ReceiptStore):
         params = {"older": older_than_s, "statuses": wanted, "org": org_id, "now": self._now()}
         ((count,),) = self._execute(self._sql.purge, params)
         return int(count)
-
-
-def _refusal(
-    receipt: Receipt | None, lease_id: str, owner: Owner, idempotent_status: ReceiptStatus | None
-) -> Refusal | None:
-    """Why a fenced write changed nothing for this key (None: a retried write that landed)."""
-    if receipt is None:
-        return Refusal(RefusalReason.MISSING, "no such receipt in this org")
-    ours = receipt.lease_id == lease_id and receipt.owner == owner
-    if ours and receipt.status is idempotent_status:
-        return None
-    if receipt.status is ReceiptStatus.COMPLETED:
-        return Refusal(RefusalReason.COMPLETED_BY_OTHER, "already completed", receipt)
-    return Refusal(
-        RefusalReason.LEASE_LOST,
-        f"lease {lease_id} is not held by {owner.run_id}/{owner.run_attempt} "
-        f"(status {receipt.status.value}, lease {receipt.lease_id})",
-        receipt,
-    )
