@@ -40,6 +40,10 @@ _KEEPS = "l.completed_at IS NOT NULL AND l.status IN ('completed', 'queued', 'ru
 """A claim of such a receipt keeps its output until a new one is stored (a refresh)."""
 
 
+_NULLS = ", ".join("NULL" for _ in COLUMNS[1:])
+"""Padding for the rows a fenced write applied: only their key is sent back."""
+
+
 def _cols(alias: str) -> str:
     return ", ".join(f"{alias}.{c}" for c in COLUMNS)
 
@@ -129,19 +133,19 @@ WITH req AS (
     AS r(key, scope, tool_id, input_hash, lease_id, safe)
 ),
 clk AS ({_NOW}),
+snap AS (
+  SELECT {_cols("s")}, {_action("s")} AS action
+  FROM {t} s JOIN req ON req.key = s.key, clk WHERE s.org_id = %(org)s
+),
 ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
                         lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, generation,
                         lease_owner_host, lease_owner_pid, lease_owner_started_at)
   SELECT req.key, %(org)s, req.scope, req.tool_id, 'queued', req.input_hash, req.lease_id, %(run)s,
          %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s
-  FROM req, clk ORDER BY req.key
+  FROM req, clk WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.key = req.key) ORDER BY req.key
   ON CONFLICT (org_id, key) DO NOTHING
   RETURNING {_cols("r")}
-),
-snap AS (
-  SELECT {_cols("s")}, {_action("s")} AS action
-  FROM {t} s JOIN req ON req.key = s.key, clk WHERE s.org_id = %(org)s
 ),
 lk AS (
   SELECT {_COLS} FROM {t}
@@ -244,5 +248,6 @@ upd AS (
     AND l.status IN ('queued', 'running')
   RETURNING r.key
 ){note}
-SELECT l.key IN (SELECT key FROM upd), l.* FROM locked l{join}
+SELECT true, u.key, {_NULLS} FROM upd u{join}
+UNION ALL SELECT false, l.* FROM locked l WHERE l.key NOT IN (SELECT key FROM upd)
 """
