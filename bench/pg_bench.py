@@ -18,7 +18,7 @@ batch so every figure sees the same background load:
 
 It prints keys/s for each and the store-to-raw ratios side by side (issue 11 section 4
 targets: fresh at least 50% of the raw upsert, rerun at least 50% of a raw keyed read).
-Two schemas ``td_bench_*`` are created and dropped. See ``bench/README.md``.
+Two schemas ``td_bench_*`` are created and dropped.
 """
 
 from __future__ import annotations
