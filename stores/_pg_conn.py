@@ -52,6 +52,17 @@ def redact(url: str) -> str:
     return f"{scheme}://{creds.split(':', 1)[0]}@{tail}"
 
 
+def _readable(fd: int) -> bool:
+    """True when ``fd`` has something to read (or hung up), without waiting.
+
+    ``poll`` rather than ``select``: select refuses descriptors above 1023, which a
+    process serving many sockets (gevent) reaches.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class PgConnections:
     """A pool of autocommit connections to one database, for one store schema.
 
@@ -139,7 +150,7 @@ class PgConnections:
         for _ in range(self._max_size + 1):
             conn = self._pool.getconn()
             idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
-            if idle_s > _IDLE_CHECK_S or select.select([conn.fileno()], [], [], 0)[0]:
+            if idle_s > _IDLE_CHECK_S or _readable(conn.fileno()):
                 try:
                     conn.execute("")
                 except psycopg.Error:
