@@ -17,19 +17,14 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import attrs
 import orjson
 
+from ._claims import plan_claims
 from ._codec import encode_output
 from ._offload import BlockingRunner
 from ._rules import (
-    IN_FLIGHT,
-    KEEPS_OUTPUT,
     LOST_WHILE_RUNNING,
-    NO_LEASE,
     encode_for_store,
-    holder_gone,
-    owner_identity,
     resolved_as_failed,
 )
 from ._sqlite_conn import bound_wal, open_connection
@@ -52,11 +47,10 @@ from ._sqlite_sql import (
     error_text,
     receipt_from_row,
 )
-from .base import Clock, ReceiptStore, decide_disposition, next_generation
+from .base import Clock, ReceiptStore
 from .errors import StoreError
 from .types import (
     Claim,
-    ClaimDisposition,
     ClaimMode,
     ClaimRequest,
     Completion,
@@ -193,96 +187,29 @@ class SqliteReceiptStore(ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
     ) -> dict[str, Claim]:
-        host, pid, started_at = owner_identity(owner)
         with self._write() as conn:
             now = self.clock()
-            expires = now + lease_ttl_s
             existing = self._rows(conn, org_id, (r.key for r in requests))
-            decided: dict[str, Claim] = {}
-            writes = []
-            restored: list[str] = []
-            lost: list[str] = []
-            seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
-            claimed, queued = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED
-            run_id, run_attempt = owner.run_id, owner.run_attempt
-            # One read of the OS's random source for every lease id this call may need:
-            # 16 random bytes (32 hex digits) per request, as unique as uuid4().hex.
-            random_hex = os.urandom(16 * len(requests)).hex()
-            for i, request in enumerate(requests):
-                key = request.key
-                old = existing.get(key)
-                disposition = decide_disposition(
-                    old,
-                    mode,
+            plan = plan_claims(org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s)
+            if plan.writes:
+                host, pid, started_at = plan.identity
+                params = (
+                    org_id,
+                    owner.run_id,
+                    owner.run_attempt,
+                    now + lease_ttl_s,
                     now,
-                    stale_after_s,
-                    holder_gone=holder_gone(old, now, seen),
-                    retry_safe=request.retry_safe,
+                    host,
+                    pid,
+                    started_at,
                 )
-                if disposition is not claimed:
-                    assert old is not None
-                    if old.status in IN_FLIGHT:  # a lost lease: restored, or uncertain
-                        if disposition is ClaimDisposition.REUSED:
-                            old = attrs.evolve(
-                                old, status=ReceiptStatus.COMPLETED, updated_at=now, **NO_LEASE
-                            )
-                            restored.append(key)
-                        elif disposition is ClaimDisposition.UNCERTAIN:
-                            old = attrs.evolve(
-                                old, status=ReceiptStatus.UNCERTAIN, error=LOST_WHILE_RUNNING,
-                                failure_kind=None, lease_expires_at=None, updated_at=now,
-                            )  # fmt: skip
-                            lost.append(key)
-                    decided[key] = Claim(disposition, old)
-                    continue
-                lease_id = random_hex[32 * i : 32 * i + 32]
-                generation = next_generation(old)
-                if old is None:
-                    attempts, created, output, completed_at = 1, now, None, None
-                else:
-                    attempts, created = old.attempts + 1, old.created_at
-                    keeps = old.completed_at is not None and old.status in KEEPS_OUTPUT
-                    output, completed_at = (old.output, old.completed_at) if keeps else (None, None)
-                writes.append(
-                    (
-                        key,
-                        request.scope,
-                        request.tool_id,
-                        request.input_hash,
-                        lease_id,
-                        attempts,
-                        created,
-                        generation,
-                    )
-                )
-                receipt = Receipt(
-                    key, org_id, request.scope, request.tool_id, queued, request.input_hash, output, None,
-                    None, lease_id, run_id, run_attempt, expires, attempts, created, now, completed_at,
-                    generation, host, pid, started_at,
-                )  # fmt: skip
-                decided[key] = Claim(claimed, receipt)
-            if writes:
-                conn.execute(
-                    _UPSERT_CLAIMS,
-                    (
-                        org_id,
-                        run_id,
-                        run_attempt,
-                        expires,
-                        now,
-                        host,
-                        pid,
-                        started_at,
-                        orjson.dumps(writes).decode(),
-                    ),
-                )
-            if restored:
-                conn.execute(_RESTORE_COMPLETED, (now, org_id, orjson.dumps(restored).decode()))
-            if lost:
-                conn.execute(
-                    _SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, orjson.dumps(lost).decode())
-                )
-        return decided
+                conn.execute(_UPSERT_CLAIMS, (*params, orjson.dumps(plan.writes).decode()))
+            if plan.restored:
+                conn.execute(_RESTORE_COMPLETED, (now, org_id, orjson.dumps(plan.restored).decode()))
+            if plan.lost:
+                lost = orjson.dumps(plan.lost).decode()
+                conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+        return plan.decided
 
     # -- fenced writes ----------------------------------------------------------------
 

@@ -321,3 +321,31 @@ def test_sqlite_store_reopens_with_its_receipts(tmp_path: Path) -> None:
     with SqliteReceiptStore(path) as again:
         assert again.get_many("org", [claim.receipt.key]) == [claim.receipt]
     assert user_version(path) == SCHEMA_VERSION
+
+
+def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Path) -> None:
+    """A file written before issue 9 (schema 1) opens as schema 2: receipts kept, generation 1,
+    lease owner identity empty, purge epoch 0; its completed outputs are reused."""
+    from stores._sqlite_schema import _create_v1
+
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    _create_v1(sqlite_utils.Database(conn))
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute(
+        "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, output, lease_id, "
+        "lease_owner_run_id, lease_owner_attempt, attempts, created_at, updated_at, completed_at) "
+        "VALUES (?, 'org', 'play', 'tool', 'completed', ?, '{\"v\":1}', 'l1', 'run-0', 1, 1, 1.0, 1.0, 1.0)",
+        ("a" * 64, "0" * 64),
+    )
+    conn.close()
+    with SqliteReceiptStore(path) as store:
+        (receipt,) = store.get_many("org", ["a" * 64])
+        assert receipt is not None and receipt.output == {"v": 1}
+        assert (receipt.generation, receipt.lease_owner_host, receipt.lease_owner_pid) == (1, None, None)
+        assert store.purge_epoch() == 0
+        (claim,) = store.claim_many(
+            "org", [ClaimRequest("a" * 64, "play", "tool", "0" * 64)], OWNER, lease_ttl_s=5
+        )
+        assert claim.disposition.value == "reused"
+    assert user_version(path) == SCHEMA_VERSION == 2
