@@ -125,9 +125,13 @@ print(json.dumps(got), flush=True)
 _OPENER = (
     _PRELUDE
     + """
-claims = store.claim_many("org-a", reqs(keys), Owner(run_id), lease_ttl_s=3600.0)
+answered = [len(store.claim_many("org-a", reqs(keys), Owner(run_id), lease_ttl_s=3600.0))]
 store.close()
-print(json.dumps({"answered": len(claims)}), flush=True)
+for n in range(1, 5):  # four more empty schemas, raced in step
+    more = PostgresReceiptStore(url, schema=f"{schema}_{n}", max_size=1)
+    answered.append(len(more.claim_many("org-a", reqs(keys), Owner(run_id), lease_ttl_s=3600.0)))
+    more.close()
+print(json.dumps({"answered": answered}), flush=True)
 """
 )
 
@@ -229,8 +233,15 @@ def test_pg_workers_starting_at_once_on_empty_database_all_start(
     pg_url: str, pg_schema: str, children: Any
 ) -> None:
     argvs = [[pg_url, pg_schema, f"proc-{i}", KEYS[:10], i, None, "--open-late"] for i in range(WORKERS)]
-    reports = run_children(children, _OPENER, argvs)
-    assert reports == [{"answered": 10}] * WORKERS
+    try:
+        reports = run_children(children, _OPENER, argvs)
+    finally:
+        import psycopg
+
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for n in range(1, 5):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}_{n}" CASCADE')
+    assert reports == [{"answered": [10] * 5}] * WORKERS
 
 
 _HOLDER = """
