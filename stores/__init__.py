@@ -1,8 +1,19 @@
 """Receipt stores: the durable record of every tool call.
 
 The contract is :class:`ReceiptStore`; :class:`SqliteReceiptStore` is the embedded
-default. Keys come from :func:`receipt_key`. This package never imports ``actors``.
+default, :class:`PostgresReceiptStore` serves many workers (``pip install
+tooldispatch[postgres]``). :func:`open_store` picks one from a URL or path. Keys come
+from :func:`receipt_key`. This package never imports ``actors``.
+
+``PostgresReceiptStore`` is loaded lazily (module ``__getattr__``, PEP 562): importing
+``stores`` never imports psycopg, which a gevent process must import only after
+monkey-patching.
 """
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
 
 from ._codec import decode_output, encode_output, salvage_form, validate_output
 from ._process import ProcessIdentity, current_process_identity, process_gone
@@ -38,6 +49,38 @@ from .types import (
     ResolveAction,
 )
 
+if TYPE_CHECKING:
+    from .postgres import PostgresReceiptStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresReceiptStore":
+        from .postgres import PostgresReceiptStore
+
+        return PostgresReceiptStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
+    """Open the receipt store ``target`` names.
+
+    Args:
+        target: a ``postgresql://`` (or ``postgres://``) URL opens a
+            :class:`PostgresReceiptStore`; anything else is a SQLite file path
+            (or ``":memory:"``).
+        kwargs: passed to the store's constructor.
+
+    Raises:
+        StoreUnavailableError: the store cannot be opened (no server, no directory).
+        StoreCorruptError, SchemaVersionError: as the store's constructor.
+    """
+    if isinstance(target, str) and target.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresReceiptStore
+
+        return PostgresReceiptStore(target, **kwargs)
+    return SqliteReceiptStore(target, **kwargs)
+
+
 __all__ = [
     "MAX_OUTPUT_BYTES",
     "Claim",
@@ -55,6 +98,7 @@ __all__ = [
     "LeaseRef",
     "OutputNotStorableError",
     "Owner",
+    "PostgresReceiptStore",
     "ProcessIdentity",
     "Receipt",
     "ReceiptStatus",
@@ -75,6 +119,7 @@ __all__ = [
     "encode_output",
     "explain_key",
     "next_generation",
+    "open_store",
     "output_too_large_error",
     "process_gone",
     "receipt_key",

@@ -29,6 +29,16 @@ Exit codes:
        the same command again to resume (finished calls are not paid again). A second
        signal aborts at once, after releasing every receipt not yet sent."""
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+DB_HELP = "Receipt store: a SQLite file, or a postgresql:// URL (env TOOLDISPATCH_DB)."
+
+
+def _is_url(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def _salvage_default(db: str) -> str:
+    """Where a run on ``db`` salvages by default (as actors.system does for its store)."""
+    return os.path.abspath("tooldispatch-salvage.jsonl") if _is_url(db) else f"{db}.salvage.jsonl"
 
 
 class ConfigError(click.ClickException):
@@ -66,7 +76,7 @@ def _count_rows(path: str) -> int | None:
 @click.argument("play_spec", metavar="PLAY")
 @click.option("--input", "input_path", required=True, help="Rows: .csv, .jsonl, or one value per line.")
 @click.option("--output", "output_path", default=None, help="JSONL results in input order (default: none).")
-@click.option("--db", default=DEFAULT_DB, show_default=True, help="SQLite receipt store.")
+@click.option("--db", default=DEFAULT_DB, show_default=True, envvar="TOOLDISPATCH_DB", help=DB_HELP)
 @click.option("--run-id", default=None, help="This run's id (default: a new one).")
 @click.option("--org", default="default", show_default=True, help="Org id that scopes receipts.")
 @click.option("--scope", default=None, help="Receipt scope (default: the play's name).")
@@ -106,7 +116,7 @@ def run(
         raise ConfigError("--org and --scope must not be empty")
     if output_path is not None:
         taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
-        taken[os.path.realpath(f"{db}.salvage.jsonl")] = "the salvage file"
+        taken[os.path.realpath(_salvage_default(db))] = "the salvage file"
         clash = taken.get(os.path.realpath(output_path))
         if clash:
             raise ConfigError(f"--output {output_path} is also {clash}: writing it would destroy it")
@@ -120,7 +130,7 @@ def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
 ) -> int:  # fmt: skip
-    from stores import SqliteReceiptStore, StoreError
+    from stores import StoreError, open_store
 
     from .. import DispatchSystem, RunInfo
     from .._runtime import runtime_name
@@ -138,7 +148,7 @@ def _run(
     try:
         if db == DEFAULT_DB:  # the default's folder is ours to make; a given path's folder must exist
             os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-        store = SqliteReceiptStore(db)
+        store = open_store(db)
     except (OSError, StoreError) as exc:
         raise ConfigError(str(exc)) from None
     width = concurrency or (1000 if runtime_name() == "gevent" else 256)
@@ -231,16 +241,18 @@ def _close_quietly(out: Any) -> str | None:
 
 
 def _db_option(fn: Any) -> Any:
-    return click.option("--db", default=DEFAULT_DB, show_default=True, help="SQLite receipt store.")(fn)
+    return click.option(
+        "--db", default=DEFAULT_DB, show_default=True, envvar="TOOLDISPATCH_DB", help=DB_HELP
+    )(fn)
 
 
 def _open(db: str) -> Any:
-    from stores import SqliteReceiptStore, StoreError
+    from stores import StoreError, open_store
 
-    if not os.path.exists(db):
+    if not _is_url(db) and not os.path.exists(db):
         raise ConfigError(f"no receipt store at {db}")
     try:
-        return SqliteReceiptStore(db)
+        return open_store(db)
     except StoreError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -260,6 +272,19 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _query(db: str, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    """Rows of a read-only query (``?`` placeholders) on the receipts table of ``db``."""
+    store = _open(db)
+    try:
+        if _is_url(db):
+            return store.query(sql.replace("?", "%s"), params)  # type: ignore[no-any-return]
+    finally:
+        store.close()
+    import sqlite_utils
+
+    return list(sqlite_utils.Database(db).query(sql, params))
+
+
 @main.group(short_help="Inspect and maintain the receipt store.")
 def receipts() -> None:
     """Inspect and maintain the receipt store."""
@@ -269,11 +294,8 @@ def receipts() -> None:
 @_db_option
 def receipts_stats(db: str) -> None:
     """Receipts per tool and status."""
-    import sqlite_utils
-
-    _open(db).close()
-    rows = sqlite_utils.Database(db).query(
-        "select tool_id, status, count(*) as n from receipts group by tool_id, status order by 1, 2"
+    rows = _query(
+        db, "select tool_id, status, count(*) as n from receipts group by tool_id, status order by 1, 2", []
     )
     table = Table("tool", "status", "receipts")
     for row in rows:
@@ -287,11 +309,9 @@ def receipts_stats(db: str) -> None:
 @click.option("--limit", default=20, show_default=True)
 def receipts_ls(db: str, status: str | None, limit: int) -> None:
     """The most recently updated receipts."""
-    import sqlite_utils
-
-    _open(db).close()
     where, params = ("where status = ?", [status]) if status else ("", [])
-    rows = sqlite_utils.Database(db).query(
+    rows = _query(
+        db,
         f"select key, org_id, tool_id, status, attempts, updated_at from receipts {where} "
         "order by updated_at desc limit ?",
         [*params, limit],
@@ -307,12 +327,7 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
 @_db_option
 def receipts_show(key: str, db: str) -> None:
     """One receipt (KEY may be a unique prefix), as JSON."""
-    import sqlite_utils
-
-    _open(db).close()
-    rows = list(
-        sqlite_utils.Database(db).query("select * from receipts where key like ? limit 2", [f"{key}%"])
-    )
+    rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     row = dict(rows[0])
@@ -365,17 +380,14 @@ def _purgeable(db: str, statuses: list[str], older_than_s: float) -> int:
     ``statuses``, not under a live lease)."""
     import time
 
-    import sqlite_utils
-
     now = time.time()
-    row = next(
-        sqlite_utils.Database(db).query(
-            "select count(*) as n from receipts where updated_at <= ? and status in "
-            f"({', '.join('?' for _ in statuses)}) and not coalesce(lease_expires_at > ?, 0)",
-            [now - older_than_s, *statuses, now],
-        )
+    rows = _query(
+        db,
+        "select count(*) as n from receipts where updated_at <= ? and status in "
+        f"({', '.join('?' for _ in statuses)}) and not coalesce(lease_expires_at > ?, false)",
+        [now - older_than_s, *statuses, now],
     )
-    return int(row["n"])
+    return int(rows[0]["n"])
 
 
 # -- salvage ------------------------------------------------------------------------
@@ -399,11 +411,11 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
     """List salvaged outputs."""
     from ..salvage import SalvageLog
 
-    path = salvage_path or f"{db}.salvage.jsonl"
+    path = salvage_path or _salvage_default(db)
     if not os.path.exists(path):
         if salvage_path is not None:
             raise ConfigError(f"no salvage file at {salvage_path}")
-        if not os.path.exists(db):
+        if not _is_url(db) and not os.path.exists(db):
             raise ConfigError(f"no receipt store at {db} (and no salvage file at {path})")
     log = SalvageLog(path)
     try:
@@ -428,7 +440,7 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
     from ..salvage import SalvageLog
 
     store = _open(db)
-    path = salvage_path or f"{db}.salvage.jsonl"
+    path = salvage_path or _salvage_default(db)
     if not os.path.exists(path):  # a healthy store: nothing to replay, nothing to create
         store.close()
         if salvage_path is not None:

@@ -13,12 +13,14 @@ is its server's (Postgres ``now()``) needs a test hook that feeds it the fake ti
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,12 +65,58 @@ class Backend:
     """Builds a fresh, empty store in ``tmp_path`` driven by the fake clock."""
     unavailable: Callable[[], str | None] = lambda: None
     """Returns why the backend cannot run here (say, no server), or None."""
+    drop: Callable[[ReceiptStore], None] = lambda store: None
+    """Removes what ``make`` created outside tmp_path (a Postgres schema), after close."""
+
+
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+"""The Postgres the tests use; every test works in a schema of its own, dropped after."""
+
+
+@functools.cache
+def pg_unavailable() -> str | None:
+    """Why Postgres tests cannot run here, or None (probed once per process)."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed: pip install 'tooldispatch[postgres]' (or the test extra)"
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return (
+            f"cannot connect to {PG_URL} ({str(exc).strip()}); start PostgreSQL 15 on 127.0.0.1:5432 "
+            "(trust auth, database test) or point TOOLDISPATCH_TEST_PG at a postgresql:// URL"
+        )
+    return None
+
+
+def new_pg_schema() -> str:
+    """A fresh schema name for one test."""
+    return f"td_test_{uuid.uuid4().hex[:12]}"
+
+
+def drop_pg_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def make_pg_store(tmp: Path, clock: FakeClock) -> ReceiptStore:
+    from stores import PostgresReceiptStore
+
+    return PostgresReceiptStore(PG_URL, schema=new_pg_schema(), clock=clock, max_size=4)
 
 
 BACKENDS: list[Backend] = [
     Backend("sqlite-file", lambda tmp, clock: SqliteReceiptStore(tmp / "receipts.db", clock=clock)),
     Backend("sqlite-memory", lambda tmp, clock: SqliteReceiptStore(":memory:", clock=clock)),
-    # Postgres joins here: Backend("postgres", make_pg_store, unavailable=pg_probe).
+    Backend(
+        "postgres",
+        make_pg_store,
+        unavailable=pg_unavailable,
+        drop=lambda store: drop_pg_schema(store.schema),  # type: ignore[attr-defined]
+    ),
 ]
 
 
@@ -108,6 +156,24 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock)
         yield instance
     finally:
         instance.close()
+        backend.drop(instance)
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """The test Postgres URL; skips (fails in CI) when Postgres is not there."""
+    require_backend(next(b for b in BACKENDS if b.id == "postgres"))
+    return PG_URL
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[str]:
+    """A schema name of this test's own, dropped afterwards."""
+    schema = new_pg_schema()
+    try:
+        yield schema
+    finally:
+        drop_pg_schema(schema)
 
 
 class Children:

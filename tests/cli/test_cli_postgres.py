@@ -1,0 +1,100 @@
+"""The CLI on a Postgres receipt store: ``run --db postgresql://...`` (or TOOLDISPATCH_DB),
+then ``receipts`` and ``salvage`` on the same URL (issue 11 section 1).
+
+Each test uses a schema of its own (the URL's ``schema=`` parameter), dropped after.
+Without Postgres the tests skip (fail when CI is set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+
+import pytest
+
+PLAY = """
+from actors import Tool
+
+
+def square(input, ctx):
+    return {"n": input["n"], "square": input["n"] ** 2}
+
+
+tools = [Tool(tool_id="square", fn=square)]
+
+
+def play(row, ctx):
+    return ctx.tool("square", {"n": int(row)})
+"""
+ROWS = 40
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_db():
+    """A postgresql:// URL naming a fresh schema; the schema is dropped afterwards."""
+    reason = None
+    try:
+        import psycopg
+
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError or a connection error
+        reason = f"Postgres at {PG_URL} unavailable ({exc}); start it or set TOOLDISPATCH_TEST_PG"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    schema = f"td_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path, pg_db):
+    play = tmp_path / "square_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("".join(f"{n}\n" for n in range(ROWS)), encoding="utf-8")
+
+    first = cli.run("run", play, "--input", rows, "--db", pg_db)
+    assert first.returncode == 0, first.stderr
+    assert cli.report(first.stderr)["live"] == str(ROWS)
+
+    listed = cli.run("receipts", "ls", "--db", pg_db, "--limit", "5")
+    assert listed.returncode == 0, listed.stderr
+    keys = re.findall(r"│ ([0-9a-f]{16}) │ default\s+│ square\s+│ completed\s+│ 1\s+│", listed.stdout)
+    assert len(keys) == 5, listed.stdout
+
+    by_env = cli.env(TOOLDISPATCH_DB=pg_db)  # no --db: the URL comes from the environment
+    stats = cli.run("receipts", "stats", env=by_env)
+    assert stats.returncode == 0, stats.stderr
+    assert re.search(rf"│ square\s+│ completed\s+│ {ROWS}\s+│", stats.stdout), stats.stdout
+
+    shown = cli.run("receipts", "show", keys[0][:12], "--db", pg_db)
+    assert shown.returncode == 0, shown.stderr
+    receipt = json.loads(shown.stdout)
+    assert receipt["key"].startswith(keys[0])
+    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
+
+    salvaged = cli.run("salvage", "ls", "--db", pg_db)
+    assert salvaged.returncode == 0, salvaged.stderr
+    assert salvaged.stdout.splitlines()[-1] == "0 salvaged"
+
+    rerun = cli.run("run", play, "--input", rows, env=by_env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert (cli.report(rerun.stderr)["live"], cli.report(rerun.stderr)["cached"]) == ("0", str(ROWS))
+
+
+def test_cli_postgres_unreachable_server_is_one_line_error(cli, tmp_path):
+    play = tmp_path / "square_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("1\n", encoding="utf-8")
+    done = cli.run("receipts", "ls", "--db", "postgresql://postgres@127.0.0.1:1/test")
+    assert done.returncode == 2
+    assert done.stderr.startswith("tooldispatch: error: postgresql://postgres@127.0.0.1:1/test: cannot")
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,313 @@
+"""Postgres receipt store: what the contract suite cannot show (issue 11 section 1).
+
+The database clock decides expiry (a skewed worker clock changes nothing), one NOTIFY
+per bulk write wakes waiters on other workers' receipts, a LISTEN connection that dies
+is re-established, a connection killed mid-write raises cleanly and the store works on,
+and ``open_store`` picks the backend from the URL. Every test works in its own schema
+(``pg_schema``), dropped afterwards; without Postgres they skip (fail in CI).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import stores
+from stores import (
+    ClaimDisposition,
+    ClaimRequest,
+    Completion,
+    LeaseRef,
+    Owner,
+    ReceiptStatus,
+    SchemaVersionError,
+    SqliteReceiptStore,
+    StoreUnavailableError,
+    open_store,
+)
+from stores._offload import gevent_active
+
+ORG = "org-a"
+A, B = Owner("run-a"), Owner("run-b")
+
+
+def requests(keys: list[str]) -> list[ClaimRequest]:
+    return [ClaimRequest(k, "play", "tool", "h") for k in keys]
+
+
+@pytest.fixture
+def open_pg(pg_url: str, pg_schema: str) -> Iterator[Callable[..., Any]]:
+    """``open_pg(**kw)``: a production store (database clock) in this test's schema."""
+    opened: list[Any] = []
+
+    def make(**kw: Any) -> Any:
+        store = stores.PostgresReceiptStore(pg_url, schema=pg_schema, max_size=kw.pop("max_size", 3), **kw)
+        opened.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in opened:
+            store.close()
+
+
+def raw(pg_url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(pg_url, autocommit=True)
+
+
+def leases_of(claims: list[Any]) -> list[LeaseRef]:
+    return [LeaseRef(c.receipt.key, c.receipt.lease_id) for c in claims]
+
+
+# -- the database clock ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("skew_s", [-3600.0, 3600.0], ids=["client-behind", "client-ahead"])
+def test_pg_expiry_judged_by_database_clock_not_client(
+    open_pg: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    store = open_pg()
+    live, expired = "live-key", "expired-key"
+    assert store.claim_many(ORG, requests([live]), A, lease_ttl_s=300.0)[0].disposition.value == "claimed"
+    # A lease whose expiry is already past on the server's clock.
+    assert store.claim_many(ORG, requests([expired]), A, lease_ttl_s=-1.0)[0].disposition.value == "claimed"
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)  # this worker's clock is an hour off
+
+    got = {
+        c.receipt.key: c.disposition
+        for c in store.claim_many(ORG, requests([live, expired]), B, lease_ttl_s=60)
+    }
+
+    assert got == {live: ClaimDisposition.RUNNING, expired: ClaimDisposition.CLAIMED}
+    assert store.wait_for_change(ORG, [live], 0.0) == set()  # still live by the server's clock
+
+
+def test_pg_lease_times_are_server_times(open_pg: Callable[..., Any], pg_url: str) -> None:
+    store = open_pg()
+    with raw(pg_url) as conn:
+        before = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
+        (claim,) = store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=60.0)
+        after = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
+    assert before <= claim.receipt.updated_at <= after
+    assert claim.receipt.lease_expires_at == claim.receipt.updated_at + 60.0
+
+
+# -- LISTEN/NOTIFY -------------------------------------------------------------------------
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # reported by the test
+            result.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., Any]) -> None:
+    worker, waiter = open_pg(), open_pg(poll_s=3600.0)  # polling alone would never wake it
+    leases = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
+    assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
+    assert waiter._listener.wait_connected(10.0)
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
+    _wait_for(lambda: waiter._listener.waiting)  # the waiter has read "k1" (running) and now blocks
+
+    assert worker.complete_many(ORG, [Completion(leases[0].key, leases[0].lease_id, "out")], A).ok
+
+    thread.join(timeout=60.0)
+    assert result == [{"k1"}]
+
+
+def test_pg_one_notify_per_bulk_write(open_pg: Callable[..., Any], pg_url: str, pg_schema: str) -> None:
+    store = open_pg()
+    keys = [f"k{i}" for i in range(50)]
+    leases = leases_of(store.claim_many(ORG, requests(keys), A, lease_ttl_s=300.0))
+    channel = f"tooldispatch:{pg_schema}"
+    with raw(pg_url) as listener, raw(pg_url) as marker:
+        listener.execute(f'LISTEN "{channel}"')
+        assert store.mark_running_many(ORG, leases, A).ok  # ends no lease: no notification
+        assert store.complete_many(ORG, [Completion(le.key, le.lease_id, 1) for le in leases[:25]], A).ok
+        assert store.release(ORG, leases[25:], A).ok
+        assert not store.complete_many(ORG, [Completion(leases[0].key, "bogus", 1)], A).ok  # no change
+        marker.execute("SELECT pg_notify(%s, 'end-marker')", (channel,))
+        payloads = []
+        for note in listener.notifies(timeout=60.0):
+            if note.payload == "end-marker":
+                break
+            payloads.append(note.payload)
+    assert payloads == [ORG, ORG]  # one per bulk write that ended leases, not one per row
+
+
+def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[..., Any], pg_url: str) -> None:
+    worker, waiter = open_pg(), open_pg(poll_s=3600.0)  # polling alone would never wake it
+    first, second = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
+    assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
+    listener = waiter._listener
+    assert listener.wait_connected(10.0)
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
+    _wait_for(lambda: listener.waiting)  # the waiter has read "k1" (running) and now blocks
+    with raw(pg_url) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
+        # Completed while the listener may be down: the waiter still wakes (the listener
+        # makes every waiter re-read when it loses or regains its connection).
+        assert worker.complete_many(ORG, [Completion(first.key, first.lease_id, "out")], A).ok
+    thread.join(timeout=60.0)
+    assert result == [{"k1"}]
+    _wait_for(lambda: listener.reconnects)  # LISTEN re-established on a new connection...
+    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k2"], 20.0))
+    _wait_for(lambda: listener.waiting)
+    assert worker.complete_many(ORG, [Completion(second.key, second.lease_id, "out")], A).ok
+    thread.join(timeout=60.0)
+    assert result == [{"k2"}]  # ...which hears the next NOTIFY
+    assert listener.reconnects == 1
+
+
+def test_sqlite_wait_for_change_polls(tmp_path: Any) -> None:
+    with SqliteReceiptStore(tmp_path / "r.db") as store:
+        (lease,) = leases_of(store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=300.0))
+        assert store.wait_for_change(ORG, ["k", "absent"], 0.0) == {"absent"}
+        assert store.wait_for_change(ORG, ["k"], 0.0) == set()
+        thread, result = _in_thread(lambda: store.wait_for_change(ORG, ["k"], 120.0))
+        assert store.complete_many(ORG, [Completion(lease.key, lease.lease_id, "out")], A).ok
+        thread.join(timeout=60.0)
+    assert result == [{"k"}]
+
+
+# -- dropped connections ---------------------------------------------------------------------
+
+
+def _wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """Re-check ``predicate`` (a database query) until it is truthy; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        threading.Event().wait(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_pg_connection_killed_mid_write_raises_and_store_recovers(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
+    store = open_pg(max_size=1)
+    leases = leases_of(store.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
+    completions = [Completion(le.key, le.lease_id, {"paid": True}) for le in leases]
+    with raw(pg_url) as blocker, raw(pg_url) as admin:
+        blocker.execute("BEGIN")
+        blocker.execute(f'SELECT 1 FROM "{pg_schema}".receipts WHERE key = %s FOR UPDATE', ("k2",))
+        thread, result = _in_thread(lambda: store.complete_many(ORG, completions, A))
+        (pid,) = _wait_for(
+            lambda: admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (blocker.info.backend_pid,),
+            ).fetchone()
+        )  # the store's write is in flight, waiting on the row lock
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        thread.join(timeout=60.0)
+        blocker.execute("ROLLBACK")
+    assert len(result) == 1 and isinstance(result[0], StoreUnavailableError), result
+    assert [r.status for r in store.get_many(ORG, ["k1", "k2"])] == [
+        ReceiptStatus.QUEUED
+    ] * 2  # nothing half-done
+    assert store.complete_many(ORG, completions, A).applied == ("k1", "k2")  # the pool made a new connection
+
+
+def test_pg_pool_reconnects_after_every_connection_dropped(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
+    store = open_pg(max_size=3, min_size=3)
+    store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=300.0)
+    with raw(pg_url) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            (f"tooldispatch:{pg_schema}",),
+        ).fetchone()[0]
+        assert killed >= 1
+        _wait_for(  # pg_terminate_backend only signals: wait until they are gone
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s",
+                    (f"tooldispatch:{pg_schema}",),
+                ).fetchone()
+            )
+        )
+    for _ in range(3):  # every pooled connection is checked before use: no call fails
+        assert store.get_many(ORG, ["k"])[0] is not None
+        assert (
+            store.claim_many(ORG, requests(["k"]), B, lease_ttl_s=60)[0].disposition
+            is ClaimDisposition.RUNNING
+        )
+
+
+def test_pg_unreachable_server_raises_store_unavailable() -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(StoreUnavailableError, match="cannot"):
+        stores.PostgresReceiptStore("postgresql://postgres@127.0.0.1:1/test", connect_timeout_s=1.0)
+
+
+# -- schema and open_store -----------------------------------------------------------------
+
+
+def test_pg_newer_schema_refused(open_pg: Callable[..., Any], pg_url: str, pg_schema: str) -> None:
+    open_pg().close()
+    with raw(pg_url) as conn:
+        conn.execute(f"UPDATE \"{pg_schema}\".meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(SchemaVersionError, match="99"):
+        open_pg()
+
+
+def test_open_store_picks_backend(pg_url: str, pg_schema: str, tmp_path: Any) -> None:
+    with open_store(pg_url, schema=pg_schema) as pg:
+        assert type(pg).__name__ == "PostgresReceiptStore"
+    with open_store(str(tmp_path / "r.db")) as lite:
+        assert isinstance(lite, SqliteReceiptStore)
+    with open_store(tmp_path / "p.db") as lite:
+        assert isinstance(lite, SqliteReceiptStore)
+
+
+def test_importing_stores_does_not_import_psycopg(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, stores; print('psycopg' in sys.modules, 'psycopg_pool' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.skipif(not gevent_active(), reason="needs a gevent monkey-patched run")
+def test_pg_store_waits_cooperatively_under_gevent(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
+    # The store's claim waits on a row lock that only a greenlet on this hub releases:
+    # if psycopg blocked the hub while waiting, that greenlet could never run.
+    import gevent
+
+    store = open_pg()
+    store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=-1.0)  # expired: the next claim locks the row
+    with raw(pg_url) as blocker, raw(pg_url) as admin:
+        blocker.execute("BEGIN")
+        blocker.execute(f'SELECT 1 FROM "{pg_schema}".receipts WHERE key = %s FOR UPDATE', ("k",))
+        claimer = gevent.spawn(store.claim_many, ORG, requests(["k"]), B, lease_ttl_s=60.0)
+        _wait_for(  # the claim is in flight, waiting on the lock; this greenlet still runs
+            lambda: admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (blocker.info.backend_pid,),
+            ).fetchone()
+        )
+        releaser = gevent.spawn(blocker.execute, "ROLLBACK")
+        assert gevent.joinall([claimer, releaser], timeout=30) and claimer.successful(), claimer.exception
+    assert claimer.value[0].disposition is ClaimDisposition.CLAIMED
