@@ -246,7 +246,7 @@ class ToolQueueActor(pykka.ThreadingActor):
             elif isinstance(message, DrainDue):
                 self._drain(message.generation, now)
             elif isinstance(message, StopQueue):
-                self._stop(message, now)
+                self._stop_queue(message, now)
             else:
                 self.effects.dispatch(message, now)
         finally:
@@ -300,7 +300,7 @@ class ToolQueueActor(pykka.ThreadingActor):
             self._drain_pending = True
             self.actor_ref.tell(DrainDue(generation=-1))
 
-    def _stop(self, message: StopQueue, now: float) -> None:
+    def _stop_queue(self, message: StopQueue, now: float) -> None:
         calls = self.queue.cancel_queued()
         for call in calls:
             fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
         return {"n": inp["n"], "square": inp["n"] * inp["n"]}
 
     system = DispatchSystem.start(
-        tools=[Tool(tool_id="enrich", fn=provider)],
+        tools=[Tool(tool_id="enrich", fn=provider, retry_safe=True)],  # a lost call may run again
         store=SqliteReceiptStore(args.db),
         run=RunInfo(run_id=args.run_id, run_attempt=args.run_attempt, org_id="acme", scope="crash"),
         policy=Policy(max_concurrency=MAX_CONCURRENCY, lease_ttl_s=LEASE_TTL_S),
