@@ -70,6 +70,8 @@ class Decisions:
     """(org, provider) -> (rate to space sends at, pause them until or None)."""
     closed: dict[BucketKey, float] = attrs.field(factory=dict)
     """(org, provider) -> send nothing before this (its circuit opened)."""
+    bursts: dict[BucketKey, float] = attrs.field(factory=dict)
+    """(org, provider) -> its stated burst: requests its send gate lets go at once."""
 
 
 class Governor:
@@ -141,6 +143,8 @@ class Governor:
         out = self.wake(now)
         if new:
             out.gates[key] = (bucket.rate, None)
+            if bucket.burst is not None:
+                out.bursts[key] = bucket.burst
         return out
 
     def release(
@@ -330,6 +334,8 @@ class GovernorActor(pykka.ThreadingActor):
         return None
 
     def _perform(self, decisions: Decisions) -> None:
+        for (org_id, provider), burst in decisions.bursts.items():
+            self.gates.get(org_id, provider).set_burst(burst)
         for (org_id, provider), (rate, until) in decisions.gates.items():
             gate = self.gates.get(org_id, provider)
             if until is None:
