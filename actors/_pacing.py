@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 
 import attrs
 
+from ._plateau import LimitLearner
+
 __all__ = [
     "AIMD_CUT_COOLDOWN_S",
     "AIMD_DECREASE",
@@ -126,21 +128,20 @@ def _http_date_delta(text: str, now: float) -> float | None:
 
 @attrs.define
 class ProviderBucket:
-    """Pacing state of one (org, provider): token bucket, concurrency, pause, AIMD.
+    """Pacing state of one (org, provider): token bucket, concurrency, pause, rate.
 
-    Three phases (:class:`~actors.tool.Pacing` chooses where it starts):
+    :class:`~actors.tool.Pacing` chooses how the rate is set:
 
-    * unpaced (``rate`` None): no rate is known or assumed; only concurrency limits.
-      The first 429 starts slow start from half the rate calls were granted at
-      (never under :data:`SLOW_START_RPS`).
-    * slow start: the rate doubles every :data:`SLOW_START_DOUBLING_S` while it is what
-      holds calls back; the next congestion event cuts it to
-      :data:`SLOW_START_EXIT_DECREASE` of itself and ends slow start.
-    * congestion avoidance (from the start when the rate is stated, paced at
-      :data:`PACE_MARGIN` of it and never above): each congestion event (a 429 for a
-      request sent after the last cut; see :data:`AIMD_CUT_COOLDOWN_S`) cuts the rate to
-      :data:`AIMD_DECREASE` of itself; between events it grows by
-      :data:`AIMD_INCREASE_FRACTION` of its reference per second.
+    * stated (``ceiling_rps``): paced at :data:`PACE_MARGIN` of it and never above; each
+      congestion event (a 429 for a request sent after the last cut; see
+      :data:`AIMD_CUT_COOLDOWN_S`) cuts the rate to :data:`AIMD_DECREASE` of itself and
+      it grows back by :data:`AIMD_INCREASE_FRACTION` of its reference per second (AIMD).
+    * unknown, with ``start_rps``: learnt by a :class:`~actors._plateau.LimitLearner`:
+      slow start, then a plateau just under the limit estimated from the responses the
+      provider accepted, probed rarely and gently.
+    * unknown, without ``start_rps`` (unpaced): no rate until the first 429, which starts
+      slow start from half the rate calls were granted at (never under
+      :data:`SLOW_START_RPS`).
 
     Every 429 also closes the gate for its Retry-After.
 
@@ -152,6 +153,9 @@ class ProviderBucket:
         start_rps: where slow start begins when the rate is unknown (None: unpaced).
         rate: the current pacing rate, requests per second (None: unpaced).
         slow_start: whether the rate is in slow start.
+        learner: the unknown limit's state (None when the rate is stated).
+        admission_wait_s: seconds calls waited for this bucket's grants (pacing, pauses).
+        pauses: the last Retry-After pauses, ``(at, pause_s, raw Retry-After)``, newest last.
     """
 
     ceiling_rps: float | None
@@ -167,14 +171,18 @@ class ProviderBucket:
     gate_until: float = 0.0
     backpressure_events: int = 0
     last_cut_at: float = -math.inf
+    learner: LimitLearner | None = None
+    admission_wait_s: float = 0.0
+    pauses: list[tuple[float, float, str | None]] = attrs.field(factory=list)
     _used: float = 0.0
     _used_at: float = -math.inf
 
     def __attrs_post_init__(self) -> None:
         if self.ceiling_rps is not None:
             self.rate = self.ceiling_rps * PACE_MARGIN
-        elif self.start_rps is not None:
-            self.rate, self.slow_start = self.start_rps, True
+        else:
+            self.learner = LimitLearner(rate=self.start_rps)
+            self.rate, self.slow_start = self.start_rps, self.start_rps is not None
         self.reference_rps = self.rate
         self.tokens = self._burst()
 
@@ -232,6 +240,12 @@ class ProviderBucket:
 
     def on_success(self, now: float) -> None:
         """One successful call: grow the rate, if calls are admitted at a good share of it."""
+        learner = self.learner
+        if learner is not None:
+            in_use = self.rate is not None and self.used_rps(now) >= IN_USE_FRACTION * self.rate
+            learner.on_accepted(1, now, in_use)
+            self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
+            return
         if self.rate is None or self.used_rps(now) < IN_USE_FRACTION * self.rate:
             return
         if self.slow_start:
@@ -256,6 +270,19 @@ class ProviderBucket:
         """
         self.backpressure_events += 1
         self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
+        learner = self.learner
+        if learner is not None:
+            if learner.rate is None:
+                learner.start_slow(max(SLOW_START_RPS, self.used_rps(now) * SLOW_START_EXIT_DECREASE), now)
+                learner.last_cut_at, learner.measure_from = now, self.gate_until
+            else:
+                learner.on_congestion(now, self.gate_until, sent_at)
+            if learner.last_cut_at == now:
+                self.last_cut_at = now
+            self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
+            self.tokens = 0.0
+            self.refilled_at = self.gate_until
+            return
         new_event = (
             now >= self.last_cut_at + AIMD_CUT_COOLDOWN_S if sent_at is None else sent_at > self.last_cut_at
         )
