@@ -195,3 +195,8 @@ class SendGates:
             with self._lock:
                 gate = self._gates.setdefault(key, SendGate())
         return gate
+
+    def waited_s(self) -> dict[tuple[str, str], float]:
+        """(org, provider) -> seconds its senders were told to wait (see SendGate.waited_s)."""
+        with self._lock:
+            return {key: gate.waited_s for key, gate in self._gates.items()}

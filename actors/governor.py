@@ -24,7 +24,7 @@ import attrs
 import pykka
 
 from ._circuit import Circuit
-from ._pacing import ProviderBucket, parse_retry_after
+from ._pacing import ProviderBucket, pacing_report, parse_retry_after
 from ._runtime import Timers, fail, guarded
 from ._send_gate import SendGates
 from .errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
@@ -57,6 +57,8 @@ class _Waiter:
     reply: Any
     seq: int = 0
     """Arrival order, across every provider."""
+    since: float = 0.0
+    """When it began waiting (governor clock), for the time waited for pacing."""
 
 
 @attrs.define
@@ -138,7 +140,7 @@ class Governor:
         bucket = self.bucket(org_id, provider)
         if self.circuits[key].admits(now) == "refuse":
             return Decisions(refusals=[(reply, self._unavailable(key))])
-        waiter = _Waiter(max(1, want), reply, next(self._arrivals))
+        waiter = _Waiter(max(1, want), reply, next(self._arrivals), now)
         self.waiters.setdefault(key, collections.deque()).append(waiter)
         out = self.wake(now)
         if new:
@@ -202,7 +204,7 @@ class Governor:
         )
         jitter = self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
-        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at)
+        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at, retry_after=retry_after)
         out = self.wake(now)
         out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
         return out
@@ -241,6 +243,7 @@ class Governor:
                 out.refusals.append((waiter.reply, exc))
                 continue
             bucket.take(n, now)
+            bucket.admission_wait_s += max(0.0, now - waiter.since)
             self.in_flight += n
             out.grants.append((waiter.reply, n))
         wake_at: float | None = None
@@ -356,6 +359,12 @@ class GovernorActor(pykka.ThreadingActor):
     def stop_waiters(self) -> None:
         """Refuse all waiters (called through the proxy at system stop)."""
         self._perform(self.governor.stop())
+
+    def pacing_report(self) -> dict[str, dict[str, Any]]:
+        """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
+        429s, circuit state, time waited (see :func:`actors._pacing.pacing_report`)."""
+        gov = self.governor
+        return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
 
     def snapshot(self) -> dict[str, Any]:
         """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""
