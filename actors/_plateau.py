@@ -62,7 +62,7 @@ ACCEPT_WINDOW_S = 1.5
 """Window (seconds) of the accepted-rate measure at a 429."""
 MIN_MEASURE_S = 0.25
 """A window shorter than this (just after a pause) measures nothing."""
-HOLD_FRACTION = 0.92
+HOLD_FRACTION = 0.95
 """The plateau is this share of the limit estimate."""
 HOLD_S = 10.0
 """Seconds of use the plateau is held before probing."""
@@ -70,6 +70,8 @@ PROBE_SLOPE = 0.01
 """Probe: the rate grows by this share of the estimate per second of use."""
 FAR_BELOW = 0.2
 """...times ((rate at the last cut / rate - 1) / FAR_BELOW) ** 2 when that is more than one."""
+EXIT_WINDOW_S = 1.0
+"""At the end of slow start the limit is estimated from the last this many seconds."""
 FIRST_HOLD_S = 3.0
 """The plateau after slow start (a rougher estimate) is held this long before probing."""
 PROBE_ACCEL_S = 2.0
@@ -84,6 +86,8 @@ CUT_COOLDOWN_S = 1.0
 the cut's congestion event."""
 MIN_RPS = 0.1
 """The rate is never below this."""
+KEPT_CYCLES = 3
+"""Cycles kept for the fit (the one whose span differs most is used)."""
 FIT_SPREAD = 0.15
 """Two cycles are fitted only when their spans differ by this share of the longer."""
 
@@ -111,8 +115,10 @@ class LimitLearner:
     """The rate at the last cut (CUBIC's W_max)."""
     held_rps: float = 0.0
     """The plateau last held without a 429 (a lower bound of the limit)."""
-    cycle: tuple[int, float] | None = None
-    """The last cycle between pauses: (responses accepted, seconds), for the fit."""
+    cycles: collections.deque[tuple[int, float]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=KEPT_CYCLES)
+    )
+    """The last cycles between pauses: (responses accepted, seconds), for the fit."""
     _accepted: collections.deque[float] = attrs.field(factory=collections.deque)
     _cycle_count: int = 0
     _cycle_from: float | None = None
@@ -180,8 +186,8 @@ class LimitLearner:
         if self.phase == "slow_start":
             # everything was accepted until now: the last doubling's accepted rate is a
             # floor for the limit that the average over the whole cycle is not
-            recent = self._accepted_since(now - SLOW_START_DOUBLING_S)
-            estimate = max(self._estimate(now), min(self.rate, recent / SLOW_START_DOUBLING_S))
+            recent = self._accepted_since(now - EXIT_WINDOW_S)
+            estimate = max(self._estimate(now), min(self.rate, recent / EXIT_WINDOW_S))
         elif self.phase == "probe" and self.rate > (self.limit_rps or math.inf):
             # the probe crossed the estimate: the limit is between the plateau held
             # without a 429 and the rate of this one
@@ -214,10 +220,16 @@ class LimitLearner:
             return estimate
         count = self._cycle_count
         estimate = min(estimate, count / span)
-        last, self.cycle = self.cycle, (count, span)
-        if last is not None and abs(span - last[1]) >= FIT_SPREAD * max(span, last[1]):
+        if self.phase != "plateau":  # only cycles sent at one steady rate fit the model
+            self.cycles.clear()
+            return estimate
+        earlier = sorted(self.cycles, key=lambda c: -abs(span - c[1]))
+        self.cycles.append((count, span))
+        for accepted, seconds in earlier:
+            if abs(span - seconds) < FIT_SPREAD * max(span, seconds):
+                break
             # each cycle from a full provider bucket: accepted = limit x span + burst
-            fitted = (count - last[0]) / (span - last[1])
+            fitted = (count - accepted) / (span - seconds)
             if MAX_CUT * estimate <= fitted <= estimate:
-                estimate = fitted
+                return fitted
         return estimate
