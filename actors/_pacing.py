@@ -365,4 +365,3 @@ def pacing_report(
             "waited_s": bucket.admission_wait_s + (gate_waits or {}).get(key, 0.0),
         }
     return out
-

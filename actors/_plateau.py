@@ -72,7 +72,7 @@ FAR_BELOW = 0.2
 """...times ((rate at the last cut / rate - 1) / FAR_BELOW) ** 2 when that is more than one."""
 EXIT_WINDOW_S = 1.0
 """At the end of slow start the limit is estimated from the last this many seconds."""
-FIRST_HOLD_S = 3.0
+FIRST_HOLD_S = 6.0
 """The plateau after slow start (a rougher estimate) is held this long before probing."""
 PROBE_ACCEL_S = 2.0
 """Past the estimate without a 429, the probe's slope doubles every this many seconds."""

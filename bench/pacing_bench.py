@@ -44,10 +44,10 @@ except ImportError:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
     import actors  # noqa: F401
 
-from actors import DispatchSystem, Pacing, Policy, RunInfo
-from actors._runtime import runtime_name
-from actors.http import http_tool
-from stores import SqliteReceiptStore
+from actors import DispatchSystem, Pacing, Policy, RunInfo  # noqa: E402
+from actors._runtime import runtime_name  # noqa: E402
+from actors.http import http_tool  # noqa: E402
+from stores import SqliteReceiptStore  # noqa: E402
 
 STATED_TARGET, UNKNOWN_TARGET, UNKNOWN_429_MAX = 0.97, 0.85, 0.02
 TRACE = bool(os.environ.get("PACING_BENCH_TRACE"))
@@ -143,7 +143,10 @@ def _spawn(runtime: str, rates: list[float], seconds: float, burst_s: float) -> 
     for line in out.stdout.splitlines():
         if line.startswith("{"):
             results.append(json.loads(line))
-            print(f"  {runtime}: {_cell(results[-1])} ({results[-1]['mode']} R={results[-1]['rps']:g})", flush=True)
+            print(
+                f"  {runtime}: {_cell(results[-1])} ({results[-1]['mode']} R={results[-1]['rps']:g})",
+                flush=True,
+            )
     return results
 
 

@@ -16,7 +16,6 @@ from actors._pacing import (
     AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
-    AIMD_MAX_STEP_PER_CALL,
     AIMD_MIN_RPS,
     IN_USE_FRACTION,
     PACE_MARGIN,

@@ -31,7 +31,12 @@ def _closed_port() -> int:
 
 def _ctx() -> ToolContext:
     return ToolContext(
-        tool_id="t", idempotency_key="k", receipt_keys=("k",), credential_scope_digest="", deadline=0.0, timeout_s=5.0
+        tool_id="t",
+        idempotency_key="k",
+        receipt_keys=("k",),
+        credential_scope_digest="",
+        deadline=0.0,
+        timeout_s=5.0,
     )
 
 
@@ -46,7 +51,9 @@ def test_http_connection_refused_is_unreachable_and_not_retried_in_call() -> Non
 
 def test_provider_errors_are_retried_in_call_unless_they_say_otherwise() -> None:
     assert ProviderError("5xx", failure_kind=FailureKind.TRANSIENT).retry_in_call is True
-    assert ProviderError("down", failure_kind=FailureKind.TRANSIENT, retry_in_call=False).retry_in_call is False
+    assert (
+        ProviderError("down", failure_kind=FailureKind.TRANSIENT, retry_in_call=False).retry_in_call is False
+    )
     assert issubclass(ProviderUnreachableError, ProviderError)
 
 

@@ -17,7 +17,9 @@ def _report(gov: Governor, now: float, waits: dict[tuple[str, str], float] | Non
 
 
 def test_pacing_report_says_how_each_rate_was_set() -> None:
-    gov = Governor(Policy(), {"stated": Pacing(rps=10.0), "unknown": Pacing(start_rps=10.0), "local": Pacing()})
+    gov = Governor(
+        Policy(), {"stated": Pacing(rps=10.0), "unknown": Pacing(start_rps=10.0), "local": Pacing()}
+    )
     for provider in ("stated", "unknown", "local"):
         gov.acquire(ORG, provider, 1, provider, now=0.0)
     report = _report(gov, 0.0)
