@@ -6,31 +6,40 @@ the rate calls were asked for; the plateau is probed rarely and gently. The rule
 where they come from:
 
 * **Slow start** (RFC 5681 section 3.1, in rate form): from ``start_rps`` the rate
-  doubles every :data:`SLOW_START_DOUBLING_S` of accepted calls, until the first 429.
-* **Estimate from delivery, not from the send rate** (BBR, Cardwell et al., "BBR:
-  Congestion-Based Congestion Control", ACM Queue 2016, and draft-ietf-ccwg-bbr:
-  the bottleneck bandwidth is the *delivery* rate measured over a window). At a 429,
-  the limit estimate is the accepted responses per second over the last
-  :data:`ACCEPT_WINDOW_S` (since the end of the last pause), never above the rate
-  asked for. Whatever a provider's burst let through early on inflates the first
-  estimate a little (by burst / window); the plateau below it is then still over the
-  limit, its 429 comes while sending at a steady rate, and that second estimate is the
-  limit itself: each estimate is at most the plateau it was measured at, so they
-  converge from above in one or two cuts.
+  doubles every :data:`SLOW_START_DOUBLING_S` worth of accepted calls, until the first
+  429. Its limit estimate is what was accepted over the last :data:`EXIT_WINDOW_S`; a
+  provider's burst, drained during the ramp, inflates it (by up to burst / window), so
+  the first plateau is only :data:`FIRST_HOLD_FRACTION` of it.
+* **Estimate from delivery, not from the send rate** (BBR: Cardwell et al., "BBR:
+  Congestion-Based Congestion Control", ACM Queue 2016; draft-ietf-ccwg-bbr: the
+  bottleneck rate is the *delivery* rate over a window). Later 429s are estimated from
+  the responses accepted since the last pause ended, never above the rate asked for.
+  Before a provider's first 429 everything sent was accepted, so one cycle alone only
+  says "at most this"; but a token-bucket limiter (nginx ``limit_req``, most APIs)
+  starting each cycle full accepts ``limit x span + burst`` per cycle, so two cycles
+  sent at steady rates with different spans give the limit itself (the slope of that
+  line; :data:`FIT_SPREAD`). Each estimate is at most the plateau it was measured at,
+  so estimates converge from above.
 * **Plateau** (CUBIC's concave region around W_max, RFC 9438 section 4.2; BBR's cruise
   phase of ProbeBW): the rate is held at :data:`HOLD_FRACTION` of the estimate for
-  :data:`HOLD_S` of use. The margin absorbs send-time jitter without a 429: a provider's
-  token bucket refills while we send under it.
+  :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use. The margin absorbs
+  send-time jitter: the provider's bucket refills while we send under it.
 * **Probe** (CUBIC's convex region; BBR's ProbeBW_UP): then the rate grows by
-  :data:`PROBE_SLOPE` of the estimate per second of use: the limit it left is crossed
-  after about (1 - HOLD_FRACTION) / PROBE_SLOPE seconds, and the provider's burst has
-  to drain before its 429, so a probe against an unchanged limit costs one pause every
-  half a minute or so. Past the estimate without a 429, the accepted rate is the new
-  estimate and the slope doubles every :data:`PROBE_ACCEL_S` (up to
-  :data:`PROBE_SLOPE_MAX`), so a limit that rose is found in seconds.
+  :data:`PROBE_SLOPE` of the estimate per second of use, faster far under the rate of
+  the last cut (:data:`FAR_BELOW`); past the estimate without a 429 the slope doubles
+  every :data:`PROBE_ACCEL_S` (up to :data:`PROBE_SLOPE_MAX`), so a limit that rose is
+  found within tens of seconds. A 429 past the estimate places the limit between the
+  plateau held without one and the rate of that 429: the new estimate is their middle.
+  Against an unchanged limit the provider's burst drains before that 429, so a probe
+  costs one pause (one Retry-After) every 20 to 30 s.
 * **429**: one cut per congestion event (a 429 for a request sent after the last cut:
-  RFC 6582's one reduction per window); the Retry-After pause itself is the caller's
-  (:class:`actors._pacing.ProviderBucket`), and measuring restarts when it ends.
+  RFC 6582's one reduction per window), never below :data:`MAX_CUT` of the rate; the
+  Retry-After pause itself is the caller's (:class:`actors._pacing.ProviderBucket`),
+  and measuring restarts when it ends.
+
+Known weak spot: a provider with no burst at all (nginx ``burst=0``) refuses the first
+request over its rate, so slow start ends before it has seen the limit and the first
+estimate is about half of it; the probe then takes 10-20 s to climb back.
 
 Times are seconds on one clock, passed in as values; rates are requests per second.
 """
@@ -45,6 +54,11 @@ import attrs
 __all__ = [
     "ACCEPT_WINDOW_S",
     "CUT_COOLDOWN_S",
+    "EXIT_WINDOW_S",
+    "FAR_BELOW",
+    "FIRST_HOLD_FRACTION",
+    "FIRST_HOLD_S",
+    "FIT_SPREAD",
     "HOLD_FRACTION",
     "HOLD_S",
     "MAX_CUT",
@@ -72,6 +86,9 @@ FAR_BELOW = 0.2
 """...times ((rate at the last cut / rate - 1) / FAR_BELOW) ** 2 when that is more than one."""
 EXIT_WINDOW_S = 1.0
 """At the end of slow start the limit is estimated from the last this many seconds."""
+FIRST_HOLD_FRACTION = 0.85
+"""The plateau after slow start is this share of its estimate: what a provider's burst let
+through during the ramp inflates it by up to burst / :data:`EXIT_WINDOW_S`."""
 FIRST_HOLD_S = 6.0
 """The plateau after slow start (a rougher estimate) is held this long before probing."""
 PROBE_ACCEL_S = 2.0
@@ -182,7 +199,6 @@ class LimitLearner:
         )
         if not new_event or self.rate is None:
             return False
-        self.cut_from_rps = self.rate
         if self.phase == "slow_start":
             # everything was accepted until now: the last doubling's accepted rate is a
             # floor for the limit that the average over the whole cycle is not
@@ -195,9 +211,13 @@ class LimitLearner:
             self._estimate(now)  # keeps the cycle for a later fit
         else:
             estimate = self._estimate(now)
-        estimate = max(estimate, self.rate * MAX_CUT / HOLD_FRACTION, MIN_RPS)
+        hold = FIRST_HOLD_FRACTION if self.phase == "slow_start" else HOLD_FRACTION
+        estimate = max(estimate, self.rate * MAX_CUT / hold, MIN_RPS)
         self.limit_rps = estimate
-        self.rate = max(MIN_RPS, HOLD_FRACTION * estimate)
+        # the rate it was cut from (CUBIC's W_max), but never above the estimate: slow
+        # start overshoots by up to twice the limit before its 429 comes back
+        self.cut_from_rps = min(self.rate, estimate)
+        self.rate = max(MIN_RPS, hold * estimate)
         self.phase, self.phase_since, self.above_since = "plateau", resume_at, None
         self.measure_from = resume_at
         self._cycle_count, self._cycle_from = 0, None
