@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import email.utils
 import math
+from collections.abc import Mapping
 from datetime import datetime, timezone
+from typing import Any
 
 import attrs
+
+from ._plateau import LimitLearner
 
 __all__ = [
     "AIMD_CUT_COOLDOWN_S",
@@ -24,6 +28,7 @@ __all__ = [
     "SLOW_START_EXIT_DECREASE",
     "SLOW_START_RPS",
     "ProviderBucket",
+    "pacing_report",
     "parse_retry_after",
 ]
 
@@ -74,6 +79,8 @@ provider's calls are being admitted."""
 IN_USE_FRACTION = 0.5
 """The rate grows only while calls are admitted at no less than this share of it: a
 rate nobody uses is not raised (RFC 7661's rule for an unused congestion window)."""
+KEPT_PAUSES = 5
+"""How many of the last pauses a bucket keeps for :func:`pacing_report`."""
 TOKEN_EPSILON = 1e-9
 """Float slack when counting whole tokens (a refill may land at 0.99999999999994)."""
 MIN_WAKE_S = 1e-3
@@ -126,21 +133,20 @@ def _http_date_delta(text: str, now: float) -> float | None:
 
 @attrs.define
 class ProviderBucket:
-    """Pacing state of one (org, provider): token bucket, concurrency, pause, AIMD.
+    """Pacing state of one (org, provider): token bucket, concurrency, pause, rate.
 
-    Three phases (:class:`~actors.tool.Pacing` chooses where it starts):
+    :class:`~actors.tool.Pacing` chooses how the rate is set:
 
-    * unpaced (``rate`` None): no rate is known or assumed; only concurrency limits.
-      The first 429 starts slow start from half the rate calls were granted at
-      (never under :data:`SLOW_START_RPS`).
-    * slow start: the rate doubles every :data:`SLOW_START_DOUBLING_S` while it is what
-      holds calls back; the next congestion event cuts it to
-      :data:`SLOW_START_EXIT_DECREASE` of itself and ends slow start.
-    * congestion avoidance (from the start when the rate is stated, paced at
-      :data:`PACE_MARGIN` of it and never above): each congestion event (a 429 for a
-      request sent after the last cut; see :data:`AIMD_CUT_COOLDOWN_S`) cuts the rate to
-      :data:`AIMD_DECREASE` of itself; between events it grows by
-      :data:`AIMD_INCREASE_FRACTION` of its reference per second.
+    * stated (``ceiling_rps``): paced at :data:`PACE_MARGIN` of it and never above; each
+      congestion event (a 429 for a request sent after the last cut; see
+      :data:`AIMD_CUT_COOLDOWN_S`) cuts the rate to :data:`AIMD_DECREASE` of itself and
+      it grows back by :data:`AIMD_INCREASE_FRACTION` of its reference per second (AIMD).
+    * unknown, with ``start_rps``: learnt by a :class:`~actors._plateau.LimitLearner`:
+      slow start, then a plateau just under the limit estimated from the responses the
+      provider accepted, probed rarely and gently.
+    * unknown, without ``start_rps`` (unpaced): no rate until the first 429, which starts
+      slow start from half the rate calls were granted at (never under
+      :data:`SLOW_START_RPS`).
 
     Every 429 also closes the gate for its Retry-After.
 
@@ -152,6 +158,9 @@ class ProviderBucket:
         start_rps: where slow start begins when the rate is unknown (None: unpaced).
         rate: the current pacing rate, requests per second (None: unpaced).
         slow_start: whether the rate is in slow start.
+        learner: the unknown limit's state (None when the rate is stated).
+        admission_wait_s: seconds calls waited for this bucket's grants (pacing, pauses).
+        pauses: the last Retry-After pauses, ``(at, pause_s, raw Retry-After)``, newest last.
     """
 
     ceiling_rps: float | None
@@ -167,14 +176,19 @@ class ProviderBucket:
     gate_until: float = 0.0
     backpressure_events: int = 0
     last_cut_at: float = -math.inf
+    learner: LimitLearner | None = None
+    admission_wait_s: float = 0.0
+    stated_cuts: int = 0
+    pauses: list[tuple[float, float, str | None]] = attrs.field(factory=list)
     _used: float = 0.0
     _used_at: float = -math.inf
 
     def __attrs_post_init__(self) -> None:
         if self.ceiling_rps is not None:
             self.rate = self.ceiling_rps * PACE_MARGIN
-        elif self.start_rps is not None:
-            self.rate, self.slow_start = self.start_rps, True
+        else:
+            self.learner = LimitLearner(rate=self.start_rps)
+            self.rate, self.slow_start = self.start_rps, self.start_rps is not None
         self.reference_rps = self.rate
         self.tokens = self._burst()
 
@@ -232,6 +246,12 @@ class ProviderBucket:
 
     def on_success(self, now: float) -> None:
         """One successful call: grow the rate, if calls are admitted at a good share of it."""
+        learner = self.learner
+        if learner is not None:
+            in_use = self.rate is not None and self.used_rps(now) >= IN_USE_FRACTION * self.rate
+            learner.on_accepted(1, now, in_use)
+            self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
+            return
         if self.rate is None or self.used_rps(now) < IN_USE_FRACTION * self.rate:
             return
         if self.slow_start:
@@ -247,15 +267,36 @@ class ProviderBucket:
             self.rate = min(self.rate, self.ceiling_rps * PACE_MARGIN)
 
     def on_backpressure(
-        self, pause_s: float, jitter_s: float, now: float, sent_at: float | None = None
+        self,
+        pause_s: float,
+        jitter_s: float,
+        now: float,
+        sent_at: float | None = None,
+        retry_after: str | float | None = None,
     ) -> None:
         """Close the gate for ``pause_s`` (+ jitter); cut the rate once per congestion event.
 
         ``sent_at``: when the 429'd request was sent (same clock as ``now``); one sent
-        after the last cut is a new event.
+        after the last cut is a new event. ``retry_after``: the raw header, kept with the
+        pause for :func:`pacing_report`.
         """
         self.backpressure_events += 1
         self.gate_until = max(self.gate_until, now + pause_s + jitter_s)
+        self.pauses.append((now, pause_s + jitter_s, None if retry_after is None else str(retry_after)))
+        del self.pauses[:-KEPT_PAUSES]
+        learner = self.learner
+        if learner is not None:
+            if learner.rate is None:
+                learner.start_slow(max(SLOW_START_RPS, self.used_rps(now) * SLOW_START_EXIT_DECREASE), now)
+                learner.last_cut_at, learner.measure_from = now, self.gate_until
+            else:
+                learner.on_congestion(now, self.gate_until, sent_at)
+            if learner.last_cut_at == now:
+                self.last_cut_at = now
+            self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
+            self.tokens = 0.0
+            self.refilled_at = self.gate_until
+            return
         new_event = (
             now >= self.last_cut_at + AIMD_CUT_COOLDOWN_S if sent_at is None else sent_at > self.last_cut_at
         )
@@ -268,6 +309,59 @@ class ProviderBucket:
                 self.slow_start = False
                 self.reference_rps = self.rate
                 self.rate = max(AIMD_MIN_RPS, self.rate * decrease)
+                self.stated_cuts += 1
             self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until
+
+
+def how_learnt(bucket: ProviderBucket) -> str:
+    """How the bucket's rate was set: ``stated``, ``aimd`` (a stated rate cut by 429s and
+    growing back), ``unpaced``, ``slow_start``, ``plateau`` or ``probe``."""
+    if bucket.learner is not None:
+        return bucket.learner.phase
+    assert bucket.ceiling_rps is not None and bucket.rate is not None
+    return "stated" if bucket.rate >= bucket.ceiling_rps * PACE_MARGIN * (1 - 1e-9) else "aimd"
+
+
+def pacing_report(
+    buckets: Mapping[tuple[str, str], ProviderBucket],
+    circuits: Mapping[tuple[str, str], Any],
+    now: float,
+    gate_waits: Mapping[tuple[str, str], float] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Pacing per (org, provider), keyed ``"org/provider"`` (a pure snapshot).
+
+    Args:
+        buckets / circuits: the governor's state, keyed (org, provider).
+        now: the governor's clock (monotonic seconds).
+        gate_waits: (org, provider) -> seconds senders waited at its send gate.
+
+    Returns:
+        For each (org, provider): ``rate_rps`` (pacing rate now, None: unpaced),
+        ``learnt`` (:func:`how_learnt`), ``limit_rps`` (stated, or the estimate; None
+        before the first 429), ``rate_limited`` (429s), ``cuts`` (congestion events),
+        ``paused_for_s`` (seconds of pause left), ``pauses`` (the last few:
+        ``{"ago_s", "pause_s", "retry_after"}``, newest last), ``circuit`` (``closed``,
+        ``open``, ``half_open``), ``circuit_opened`` (times), ``waited_s`` (seconds calls
+        waited for pacing: for admission, plus at the send gate when known).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key, bucket in buckets.items():
+        learner = bucket.learner
+        circuit = circuits.get(key)
+        out[f"{key[0]}/{key[1]}"] = {
+            "rate_rps": bucket.rate,
+            "learnt": how_learnt(bucket),
+            "limit_rps": bucket.ceiling_rps if learner is None else learner.limit_rps,
+            "rate_limited": bucket.backpressure_events,
+            "cuts": learner.cuts if learner is not None else bucket.stated_cuts,
+            "paused_for_s": max(0.0, bucket.gate_until - now),
+            "pauses": [
+                {"ago_s": now - at, "pause_s": pause, "retry_after": raw} for at, pause, raw in bucket.pauses
+            ],
+            "circuit": getattr(circuit, "state", "closed"),
+            "circuit_opened": getattr(circuit, "opened", 0),
+            "waited_s": bucket.admission_wait_s + (gate_waits or {}).get(key, 0.0),
+        }
+    return out

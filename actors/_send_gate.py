@@ -31,6 +31,12 @@ class SendGate:
       one spacing: a sender woken late (a busy event loop, a GC pause) together with
       others goes at most two back-to-back; the rest wait their spacing again.
 
+    A stated ``burst`` B (the provider lets B requests through at once) is the GCRA
+    tolerance of both rules, ``(B - 1) / rps``: B senders go at once, later ones are
+    spaced at the rate, and after a quiet spell the allowance is back (one request per
+    spacing of quiet, up to B). After a pause the allowance starts empty (the provider's
+    429 said its own was spent).
+
     The governor keeps the rate current (:meth:`set_rate`) and, on a 429,
     :meth:`pause_until` re-books every sender still waiting, so requests granted before
     the 429 do not go out into the pause.
@@ -39,12 +45,16 @@ class SendGate:
     ``time.monotonic`` seconds unless a clock is given.
     """
 
-    def __init__(self, rps: float | None = None) -> None:
+    def __init__(self, rps: float | None = None, burst: float | None = None) -> None:
         self._lock = threading.Lock()
         self._rps = rps
-        self._next = 0.0
-        self._tat = 0.0
+        self._burst = max(1.0, burst or 1.0)
+        self._next = -math.inf
+        """Booking's theoretical time of the next slot (GCRA over bookings)."""
+        self._tat = -math.inf
         """GCRA's theoretical arrival time of the next send."""
+        self.waited_s = 0.0
+        """Seconds senders were told to wait for their booked slot (pacing, pauses)."""
         self._epoch = 0
         self._closed_until = -math.inf
         self._paused_until = -math.inf
@@ -54,19 +64,35 @@ class SendGate:
         """The spacing rate, requests per second (None: no spacing)."""
         return self._rps
 
+    @property
+    def burst(self) -> float:
+        """Requests that may go back to back at the rate (1: every one spaced)."""
+        return self._burst
+
     def set_rate(self, rps: float | None) -> None:
         """Space later bookings at ``rps`` (None: no spacing)."""
         with self._lock:
             self._rps = rps
+
+    def set_burst(self, burst: float | None) -> None:
+        """Let ``burst`` requests go at once (None or 1: space every one)."""
+        with self._lock:
+            self._burst = max(1.0, burst or 1.0)
+
+    def _tolerance(self) -> float:
+        """GCRA tolerance of bookings, seconds: ``(burst - 1)`` spacings."""
+        return (self._burst - 1.0) / self._rps if self._rps else 0.0
 
     def pause_until(self, until: float, rps: float | None) -> None:
         """No send before ``until``; senders already waiting book again from there."""
         with self._lock:
             self._epoch += 1
             self._paused_until = until
-            self._next = until
-            self._tat = until + (1.0 / rps if rps else 0.0)
             self._rps = rps
+            spacing = 1.0 / rps if rps else 0.0
+            # an empty allowance at ``until``: the first sender goes then, the rest spaced
+            self._next = until + self._tolerance()
+            self._tat = until + max(spacing, self._tolerance())
 
     def close(self, until: float) -> None:
         """Send nothing before ``until`` (the provider's circuit opened): senders waiting
@@ -94,9 +120,10 @@ class SendGate:
         with self._lock:
             if now < self._closed_until:
                 return math.inf, self._epoch
-            at = max(now, self._next)
+            at = max(now, self._next - self._tolerance())
             if self._rps is not None:
-                self._next = at + 1.0 / self._rps
+                self._next = max(at, self._next) + 1.0 / self._rps
+            self.waited_s += at - now
             return at - now, self._epoch
 
     def try_pass(self, now: float, epoch: int) -> float | None:
@@ -115,8 +142,9 @@ class SendGate:
             if self._rps is None:
                 return 0.0
             spacing = 1.0 / self._rps
-            if now < self._tat - spacing:
-                return self._tat - spacing - now
+            tolerance = max(spacing, self._tolerance())
+            if now < self._tat - tolerance:
+                return self._tat - tolerance - now
             self._tat = max(now, self._tat) + spacing
             return 0.0
 
@@ -181,3 +209,8 @@ class SendGates:
             with self._lock:
                 gate = self._gates.setdefault(key, SendGate())
         return gate
+
+    def waited_s(self) -> dict[tuple[str, str], float]:
+        """(org, provider) -> seconds its senders were told to wait (see SendGate.waited_s)."""
+        with self._lock:
+            return {key: gate.waited_s for key, gate in self._gates.items()}

@@ -18,6 +18,7 @@ __all__ = [
     "PersistenceCircuitOpenError",
     "ProviderError",
     "ProviderUnavailableError",
+    "ProviderUnreachableError",
     "RateLimitedError",
     "ReceiptPersistenceError",
     "ReceiptWaitTimeoutError",
@@ -81,14 +82,26 @@ class ProviderError(DispatchError):
     Args:
         message: what happened.
         failure_kind: how to record it (decides whether a later claim re-runs it).
+        retry_in_call: see below (default: the class's).
+
+    Attributes:
+        failure_kind: how it is recorded.
+        retry_in_call: whether another attempt within the same call may help (for a
+            transient kind). False when the failure says the provider is down rather than
+            busy: the call fails at once and the provider's circuit counts it.
     """
 
     failure_kind: FailureKind = FailureKind.PERMANENT
+    retry_in_call: bool = True
 
-    def __init__(self, message: str = "", *, failure_kind: FailureKind | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, failure_kind: FailureKind | None = None, retry_in_call: bool | None = None
+    ) -> None:
         super().__init__(message)
         if failure_kind is not None:
             self.failure_kind = failure_kind
+        if retry_in_call is not None:
+            self.retry_in_call = retry_in_call
 
 
 class RateLimitedError(ProviderError):
@@ -112,6 +125,16 @@ class ProviderUnavailableError(ProviderError):
     Its receipt stays pending: a later run calls it."""
 
     failure_kind = FailureKind.TRANSIENT
+
+
+class ProviderUnreachableError(ProviderError):
+    """The provider could not be reached at all (connection refused, no route, name not
+    resolved): nothing was sent. Transient, but not retried within the call (an attempt
+    a second later meets the same closed port); counted as unavailable by the
+    provider's circuit, which opens after a few such calls, from parallel calls at once."""
+
+    failure_kind = FailureKind.TRANSIENT
+    retry_in_call = False
 
 
 class ToolTimeoutError(ProviderError):

@@ -24,7 +24,7 @@ import attrs
 import pykka
 
 from ._circuit import Circuit
-from ._pacing import ProviderBucket, parse_retry_after
+from ._pacing import ProviderBucket, pacing_report, parse_retry_after
 from ._runtime import Timers, fail, guarded
 from ._send_gate import SendGates
 from .errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
@@ -59,6 +59,8 @@ class _Waiter:
     """Arrival order, across every provider."""
     exempt: bool = False
     """A nested call's request: no global ceiling, no provider max_concurrency."""
+    since: float = 0.0
+    """When it began waiting (governor clock), for the time waited for pacing."""
 
 
 @attrs.define
@@ -72,6 +74,8 @@ class Decisions:
     """(org, provider) -> (rate to space sends at, pause them until or None)."""
     closed: dict[BucketKey, float] = attrs.field(factory=dict)
     """(org, provider) -> send nothing before this (its circuit opened)."""
+    bursts: dict[BucketKey, float] = attrs.field(factory=dict)
+    """(org, provider) -> its stated burst: requests its send gate lets go at once."""
 
 
 class Governor:
@@ -146,11 +150,13 @@ class Governor:
         bucket = self.bucket(org_id, provider)
         if self.circuits[key].admits(now) == "refuse":
             return Decisions(refusals=[(reply, self._unavailable(key))])
-        waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt)
+        waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)
         self.waiters.setdefault((org_id, provider, exempt), collections.deque()).append(waiter)
         out = self.wake(now)
         if new:
             out.gates[key] = (bucket.rate, None)
+            if bucket.burst is not None:
+                out.bursts[key] = bucket.burst
         return out
 
     def release(
@@ -211,7 +217,7 @@ class Governor:
         )
         jitter = self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
-        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at)
+        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at, retry_after=retry_after)
         out = self.wake(now)
         out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
         return out
@@ -257,6 +263,7 @@ class Governor:
                 continue
             if verdict == "probe":
                 self.circuits[key].probe_sent()
+            bucket.admission_wait_s += max(0.0, now - waiter.since)
             if exempt:
                 if bucket.rate is not None:
                     bucket.tokens -= n
@@ -356,6 +363,8 @@ class GovernorActor(pykka.ThreadingActor):
         return None
 
     def _perform(self, decisions: Decisions) -> None:
+        for (org_id, provider), burst in decisions.bursts.items():
+            self.gates.get(org_id, provider).set_burst(burst)
         for (org_id, provider), (rate, until) in decisions.gates.items():
             gate = self.gates.get(org_id, provider)
             if until is None:
@@ -376,6 +385,12 @@ class GovernorActor(pykka.ThreadingActor):
     def stop_waiters(self) -> None:
         """Refuse all waiters (called through the proxy at system stop)."""
         self._perform(self.governor.stop())
+
+    def pacing_report(self) -> dict[str, dict[str, Any]]:
+        """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
+        429s, circuit state, time waited (see :func:`actors._pacing.pacing_report`)."""
+        gov = self.governor
+        return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
 
     def snapshot(self) -> dict[str, Any]:
         """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""

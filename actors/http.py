@@ -7,6 +7,9 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 
 * 429, and 503 with ``Retry-After`` → :class:`~actors.errors.RateLimitedError` carrying
   the raw Retry-After (RFC 9110 section 10.2.3): backpressure for the governor;
+* a connection that could not be made (refused, no route, name not resolved) →
+  :class:`~actors.errors.ProviderUnreachableError` (kind ``transient``, not retried
+  within the call: the provider is down, not busy; its circuit counts it);
 * other 5xx and transport errors → ProviderError with kind ``transient``;
 * timeouts → :class:`~actors.errors.ToolTimeoutError` (kind ``timeout``);
 * other 4xx → ProviderError with kind ``permanent``.
@@ -31,7 +34,7 @@ import orjson
 from stores.types import FailureKind
 
 from ._pacing import SLOW_START_RPS
-from .errors import ProviderError, RateLimitedError, ToolTimeoutError
+from .errors import ProviderError, ProviderUnreachableError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
@@ -162,6 +165,7 @@ class HttpEndpoint:
 
         Raises:
             RateLimitedError: 429, or 503 with Retry-After.
+            ProviderUnreachableError: no connection could be made (nothing was sent).
             ToolTimeoutError: no answer within ``ctx.timeout_s`` seconds.
             ProviderError: other failures (transient for 5xx/transport, else permanent).
         """
@@ -172,6 +176,8 @@ class HttpEndpoint:
             )
         except httpx.TimeoutException as exc:
             raise ToolTimeoutError(f"{self.url} timed out after {ctx.timeout_s} s: {exc}") from exc
+        except httpx.ConnectError as exc:
+            raise ProviderUnreachableError(f"{self.url} could not be reached: {exc}") from exc
         except httpx.TransportError as exc:
             raise ProviderError(f"{self.url}: {exc}", failure_kind=FailureKind.TRANSIENT) from exc
         status = response.status_code

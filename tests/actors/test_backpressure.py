@@ -84,10 +84,12 @@ def test_backpressure_429_pauses_every_tool_of_that_provider(make_system: Any, r
 def test_backpressure_429_holds_back_requests_already_waiting_to_be_sent(
     make_system: Any, recorder: Any, timeout_s: float
 ) -> None:
-    # Ten calls are granted at once (burst 10) and spaced 50 ms apart at the send gate; the
-    # third is answered 429. The ones still waiting at the gate must not go out into the
-    # pause: they are booked again after it. With a 0.5 s timeout the new turn comes after
-    # their deadline: they are given back unsent, re-admitted, and still succeed.
+    # Calls are granted two at once (burst 2, which the send gate also lets go together),
+    # then one per 50 ms; the third is answered 429. The ones granted or waiting at the
+    # gate must not go out into the pause: they are held or booked again after it. With a
+    # 0.5 s timeout a turn that comes after the deadline is given back unsent,
+    # re-admitted, and still succeeds. (A burst of 10 would send all ten before the 429
+    # came back: nothing would be left to hold.)
     limited_at: list[float] = []
     lock = threading.Lock()
 
@@ -101,7 +103,7 @@ def test_backpressure_429_holds_back_requests_already_waiting_to_be_sent(
             raise RateLimitedError("429 too many requests", retry_after=str(int(RETRY_AFTER_S)))
         return {"n": input["n"]}
 
-    tool = Tool(tool_id="api", fn=api, pacing=Pacing(rps=20.0, burst=10.0), timeout_s=timeout_s)
+    tool = Tool(tool_id="api", fn=api, pacing=Pacing(rps=20.0, burst=2.0), timeout_s=timeout_s)
     system = make_system([tool], policy=Policy(batch_grace_s=0.05))
     futures = [system.proxy().execute("api", {"n": n}) for n in range(10)]
     results = [f.get(timeout=WAIT_S) for f in futures]

@@ -16,7 +16,6 @@ from actors._pacing import (
     AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
-    AIMD_MAX_STEP_PER_CALL,
     AIMD_MIN_RPS,
     IN_USE_FRACTION,
     PACE_MARGIN,
@@ -226,23 +225,6 @@ def test_bucket_rate_nobody_uses_does_not_grow() -> None:
     assert bucket.rate == rate
 
 
-def test_bucket_additive_step_is_careful_only_near_the_last_limit() -> None:
-    bucket = _bucket(start_rps=40.0)
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=0.0)  # slow start ends: 20/s, reference 40
-    full = AIMD_INCREASE_FRACTION * 40.0  # per second at full step: 4/s
-    _use(bucket, 2.0)
-    bucket.on_success(2.0)
-    assert bucket.rate == pytest.approx(20.0 + full / 20.0)  # far below the limit: full step
-    bucket.rate = 38.0  # within [0.9, 1/0.9] of the reference: at most 0.2% per call
-    _use(bucket, 3.0)
-    bucket.on_success(3.0)
-    assert bucket.rate == pytest.approx(38.0 * (1 + AIMD_MAX_STEP_PER_CALL))
-    bucket.rate = 46.0  # past the band with no 429: the limit moved, full step again
-    _use(bucket, 4.0)
-    bucket.on_success(4.0)
-    assert bucket.rate == pytest.approx(46.0 + full / 46.0)
-
-
 def test_bucket_success_at_the_stated_rate_stays_there() -> None:
     bucket = _bucket(10.0, burst=1.0)
     _use(bucket, 0.0)
@@ -265,20 +247,6 @@ def test_slow_start_doubles_the_rate_every_period_while_it_is_used() -> None:
     # once the calls admitted fill the moving average, it doubles every period: x4 in two
     start = max(r for t, r in rates.items() if t <= 1.0)
     assert bucket.rate == pytest.approx(4 * start, rel=0.1)
-
-
-def test_slow_start_ends_at_the_first_429_with_a_halving_then_additive() -> None:
-    bucket = _bucket(start_rps=40.0)
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=3.0)
-    assert not bucket.slow_start
-    assert bucket.rate == pytest.approx(40.0 * SLOW_START_EXIT_DECREASE)
-    assert bucket.reference_rps == 40.0
-    _use(bucket, 4.0)
-    bucket.on_success(4.0)
-    step = AIMD_INCREASE_FRACTION * 40.0 / 20.0  # far under the last limit: the full step
-    assert bucket.rate == pytest.approx(20.0 + step)  # additive now
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=3.0 + 2 * AIMD_CUT_COOLDOWN_S)
-    assert bucket.rate == pytest.approx((20.0 + step) * AIMD_DECREASE)
 
 
 def test_unpaced_bucket_starts_slow_start_from_half_the_admitted_rate_at_its_first_429() -> None:

@@ -1,0 +1,197 @@
+"""Learning an unknown limit (:class:`actors._plateau.LimitLearner`), driven with a fake
+clock against a simulated provider: nginx's ``limit_req`` (rate R, burst B, nodelay)
+answering 429 with ``Retry-After: 1``, a sender that always has calls waiting."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+
+from actors._pacing import SLOW_START_RPS
+from actors._plateau import FIRST_HOLD_S, HOLD_FRACTION, LimitLearner
+
+
+@attrs.define
+class Limiter:
+    """nginx limit_req: a request is refused when more than ``burst`` are in excess."""
+
+    rps: float
+    burst: float
+    excess: float = 0.0
+    at: float = 0.0
+
+    def accepts(self, now: float) -> bool:
+        self.excess = max(0.0, self.excess - (now - self.at) * self.rps)
+        self.at = now
+        if self.excess + 1.0 > self.burst + 1.0:
+            return False
+        self.excess += 1.0
+        return True
+
+
+@attrs.define
+class Run:
+    accepted: list[float] = attrs.field(factory=list)
+    refused: list[float] = attrs.field(factory=list)
+    rates: list[tuple[float, float]] = attrs.field(factory=list)
+
+    def accepted_between(self, start: float, end: float) -> int:
+        return sum(1 for t in self.accepted if start <= t < end)
+
+    def refused_between(self, start: float, end: float) -> int:
+        return sum(1 for t in self.refused if start <= t < end)
+
+    def rate_at(self, when: float) -> float:
+        return [r for t, r in self.rates if t <= when][-1]
+
+
+def simulate(
+    learner: LimitLearner,
+    limiter: Limiter,
+    until: float,
+    *,
+    rtt_s: float = 0.005,
+    change: tuple[float, float] | None = None,
+) -> Run:
+    """Send at the learner's rate (paced, no jitter) from 0 to ``until``; each answer
+    reaches the learner ``rtt_s`` after its send; a 429 pauses sending for 1 s (its
+    Retry-After). ``change``: (when, new limit)."""
+    run = Run()
+    next_send, resume = 0.0, 0.0
+    pending: list[tuple[float, float, bool]] = []  # (answer time, sent at, accepted), in order
+    while True:
+        answer_at = pending[0][0] if pending else math.inf
+        now = min(answer_at, max(next_send, resume))
+        if now >= until:
+            return run
+        if change is not None and now >= change[0]:
+            limiter.rps, change = change[1], None
+        if answer_at <= now:
+            _, sent, ok = pending.pop(0)
+            if ok:
+                learner.on_accepted(1, now)
+            else:
+                learner.on_congestion(now, now + 1.0, sent)
+                resume = max(resume, now + 1.0)
+            continue
+        ok = limiter.accepts(now)
+        (run.accepted if ok else run.refused).append(now)
+        pending.append((now + rtt_s, now, ok))
+        assert learner.rate is not None
+        run.rates.append((now, learner.rate))
+        next_send = now + 1.0 / learner.rate
+
+
+@pytest.mark.parametrize(
+    ("rps", "seconds", "share"),
+    [(20.0, 30.0, 0.84), (50.0, 30.0, 0.82), (200.0, 30.0, 0.79), (50.0, 120.0, 0.88), (200.0, 120.0, 0.88)],
+)
+def test_learner_finds_an_unknown_limit(rps: float, seconds: float, share: float) -> None:
+    limiter = Limiter(rps, burst=rps / 5)  # a burst of 0.2 s inflates the first measure
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, seconds)
+    accepted, refused = len(run.accepted), len(run.refused)
+    # slow start from 10/s and the first pauses are part of the run
+    assert accepted >= share * rps * seconds
+    assert refused <= 0.02 * (accepted + refused)
+    assert learner.limit_rps is not None and learner.limit_rps == pytest.approx(rps, rel=0.15)
+
+
+def test_learner_burst_inflated_first_cut_converges_from_above() -> None:
+    limiter = Limiter(50.0, burst=25.0)  # half a second of burst
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 12.0)
+    assert learner.cuts >= 1
+    first = learner.limit_rps
+    assert first is not None
+    # estimates only come down towards the limit; the plateau ends under it
+    assert learner.rate is not None and learner.rate < 50.0
+    assert learner.limit_rps == pytest.approx(50.0, rel=0.12)
+    assert run.refused_between(4.0, 12.0) <= 10
+
+
+def test_learner_steady_state_holds_a_plateau_and_probes_rarely() -> None:
+    limiter = Limiter(50.0, burst=10.0)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 130.0)
+    learnt_cuts = learner.cuts
+    assert run.accepted_between(10.0, 130.0) >= 0.9 * 50.0 * 120.0
+    # probing against an unchanged limit: at most one congestion event every 20 s
+    events = learner.cuts
+    assert events - min(learnt_cuts, events) >= 0
+    assert events <= 3 + 120 // 20
+    assert run.refused_between(10.0, 130.0) <= 0.01 * 50.0 * 120.0
+    plateau = [r for t, r in run.rates if t > 10.0]
+    assert min(plateau) >= 0.85 * 50.0
+
+
+def test_learner_finds_a_limit_that_rose_later() -> None:
+    limiter = Limiter(50.0, burst=10.0)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 130.0, change=(40.0, 100.0))
+    assert run.accepted_between(30.0, 40.0) <= 50.0 * 10.0 + 10.0
+    assert run.accepted_between(100.0, 130.0) >= 0.85 * 100.0 * 30.0
+    assert learner.limit_rps is not None and learner.limit_rps >= 90.0
+    assert run.refused_between(40.0, 130.0) <= 0.01 * 100.0 * 90.0
+
+
+def test_learner_follows_a_limit_that_dropped() -> None:
+    limiter = Limiter(100.0, burst=20.0)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 60.0, change=(30.0, 50.0))
+    assert learner.limit_rps is not None and learner.limit_rps == pytest.approx(50.0, rel=0.12)
+    assert max(r for t, r in run.rates if 36.0 <= t < 44.0) < 50.0  # the plateau under the new limit
+    assert run.refused_between(35.0, 60.0) <= 10
+    assert run.accepted_between(40.0, 60.0) >= 0.85 * 50.0 * 20.0
+
+
+def test_learner_estimates_from_what_was_accepted_not_what_was_asked() -> None:
+    learner = LimitLearner(rate=70.0)
+    learner.phase = "plateau"  # asked for 70/s, the provider accepted 40/s of them
+    for i in range(60):
+        learner.on_accepted(1, 10.0 + i / 40.0, in_use=False)
+    assert learner.on_congestion(11.5, 12.5, sent_at=11.49) is True
+    assert learner.limit_rps == pytest.approx(40.0, rel=0.05)
+    assert learner.rate == pytest.approx(HOLD_FRACTION * learner.limit_rps)
+
+
+def test_learner_cuts_once_per_congestion_event() -> None:
+    learner = LimitLearner(rate=100.0)
+    for i in range(150):
+        learner.on_accepted(1, i / 100.0, in_use=False)
+    assert learner.on_congestion(1.5, 2.5, sent_at=1.49) is True
+    rate = learner.rate
+    assert learner.on_congestion(1.51, 2.51, sent_at=1.495) is False  # sent before the cut
+    assert learner.rate == rate and learner.cuts == 1
+    assert learner.on_congestion(5.0, 6.0, sent_at=4.0) is True  # sent after it: a new event
+    assert learner.cuts == 2
+
+
+def test_learner_never_cuts_below_half_on_a_thin_measure() -> None:
+    learner = LimitLearner(rate=100.0)
+    learner.on_accepted(1, 0.0, in_use=False)  # one answer in the window
+    learner.on_congestion(1.0, 2.0, sent_at=0.9)
+    assert learner.rate == pytest.approx(50.0)
+
+
+def test_learner_plateau_is_held_before_probing_and_only_while_used() -> None:
+    learner = LimitLearner(rate=100.0)
+    for i in range(150):
+        learner.on_accepted(1, i / 100.0, in_use=False)
+    learner.on_congestion(1.5, 2.5, sent_at=1.49)
+    plateau = learner.rate
+    learner.on_accepted(1, 2.5 + FIRST_HOLD_S / 2)
+    assert learner.rate == plateau and learner.phase == "plateau"
+    learner.on_accepted(1, 2.5 + FIRST_HOLD_S + 0.1, in_use=False)
+    assert learner.rate == plateau  # not used: not raised
+    learner.on_accepted(1, 2.5 + FIRST_HOLD_S + 0.2)
+    assert learner.phase == "probe" and learner.rate is not None and learner.rate > plateau
+
+
+def test_learner_slow_start_doubles_per_period_of_accepted_calls() -> None:
+    learner = LimitLearner(rate=10.0)
+    assert learner.phase == "slow_start"
+    learner.on_accepted(5, 0.5)  # half a second's worth at 10/s
+    assert learner.rate == pytest.approx(20.0)
