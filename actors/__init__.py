@@ -14,8 +14,10 @@ from .errors import (
     BudgetExceededError,
     CallCancelledError,
     DispatchError,
+    InvalidOutputError,
     LeaseLostError,
     NotSentError,
+    OutputNotStorableError,
     PersistenceCircuitOpenError,
     ProviderError,
     ProviderUnavailableError,
@@ -26,6 +28,7 @@ from .errors import (
     RecordedFailureError,
     SuspendedError,
     ToolTimeoutError,
+    UncertainOutcomeError,
     UnknownToolError,
 )
 from .results import ToolContext, ToolResult
@@ -43,8 +46,10 @@ __all__ = [
     "DispatchSystem",
     "FailureKind",
     "InvalidInputError",
+    "InvalidOutputError",
     "LeaseLostError",
     "NotSentError",
+    "OutputNotStorableError",
     "Pacing",
     "PersistenceCircuitOpenError",
     "Policy",
@@ -65,5 +70,6 @@ __all__ = [
     "ToolDispatchError",
     "ToolResult",
     "ToolTimeoutError",
+    "UncertainOutcomeError",
     "UnknownToolError",
 ]

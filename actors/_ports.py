@@ -34,6 +34,7 @@ from .messages import (
     DeadlineDue,
     FailuresRecorded,
     FlushCompletions,
+    LatchTripped,
     PollDue,
     ReceiptsClaimed,
     ReceiptsRead,
@@ -128,6 +129,8 @@ class ActorEffects:
             life.on_marked(message.batch, message.value, message.error, now)
         elif isinstance(message, FailuresRecorded):
             life.on_failures_recorded(message.batch, message.value, message.error, now)
+        elif isinstance(message, LatchTripped):
+            life.on_latch_tripped(message.batch, now)
         elif isinstance(message, ReceiptsRead):
             life.on_read(message.batch, message.value, message.error, now)
         elif isinstance(message, PollDue):
@@ -206,7 +209,6 @@ class ActorEffects:
                 org_id=self.org_id, provider=self.tool.provider_name, retry_after=retry_after, sent_at=sent_at
             )
         )
-        self.ports.stats.add("backpressure", tool=self.tool.tool_id)
 
     def mark_running(self, batch: int, leases: list[LeaseRef]) -> None:
         self._store(
@@ -275,8 +277,12 @@ class ActorEffects:
         latch = self.ports.latch
         return latch.reason or "tripped" if latch.tripped else None
 
-    def trip_latch(self, reason: str) -> None:
-        self.ports.flusher.tell(TripLatch(reason=reason))
+    def trip_latch(self, reason: str, batch: int) -> None:
+        reply = Reply(self.ref, LatchTripped, batch=batch)
+        try:
+            self.ports.flusher.tell(TripLatch(reason=reason, reply=reply))
+        except pykka.ActorDeadError as exc:
+            reply.set_exception((type(exc), exc, None))
 
     def answer(self, call: Call, outcome: Any) -> None:
         future = call.future

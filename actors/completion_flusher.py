@@ -181,6 +181,8 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 self._write_guarded(retry)
         elif isinstance(message, TripLatch):
             self.latch.trip(message.reason)
+            if message.reply is not None:
+                message.reply.set(None)
         return None
 
     def _write_guarded(self, chunk: _Chunk) -> None:

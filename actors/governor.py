@@ -40,12 +40,13 @@ BucketKey = tuple[str, str]
 def suggested_parallelism(pacing: Pacing, ceiling: int) -> int:
     """How wide a tool's calls are launched: from its pacing, floored at 1, capped by ``ceiling``.
 
-    max_concurrency when known, else one second's worth of its rate, else the ceiling.
+    max_concurrency when known, else one second's worth of its rate (or its stated burst,
+    which may all go at once, when larger), else the ceiling.
     """
     if pacing.max_concurrency is not None:
         width = pacing.max_concurrency
     elif pacing.rps is not None:
-        width = math.ceil(pacing.rps)
+        width = max(math.ceil(pacing.rps), math.ceil(pacing.burst or 0))
     else:
         width = ceiling
     return max(1, min(width, ceiling))

@@ -90,7 +90,7 @@ class Effects(Protocol):
     def later(self, delay_s: float, message: Any) -> None: ...
     def blocked_until(self, now: float) -> tuple[float, bool] | None: ...
     def latch_reason(self) -> str | None: ...
-    def trip_latch(self, reason: str) -> None: ...
+    def trip_latch(self, reason: str, batch: int) -> None: ...
     def answer(self, call: Call, outcome: Any) -> None: ...
     def requeue(self, call: Call, error: BaseException) -> None: ...
     def salvage(self, group: Group, output: Any, error: str) -> None: ...
@@ -490,6 +490,7 @@ class Lifecycle:
                 self.fx.release_slots(0, exempt=unit.exempt, answered=1)
                 if unit.readmissions < policy.retry_attempts and not self.stopping and not unit.timed_out:
                     unit.readmissions += 1
+                    unit.deadline = None  # not served: its next send gets a whole timeout
                     self._charge_then(unit)
                     return
             elif (
@@ -548,8 +549,8 @@ class Lifecycle:
         """A unit's deadline passed: a running call's callers time out now (the call keeps
         its slot, lease and heartbeat until it returns); a call not running ends here."""
         unit = self.units.get(unit_id)
-        if unit is None or unit.timed_out:
-            return
+        if unit is None or unit.timed_out or unit.deadline is None or now < unit.deadline - 1e-3:
+            return  # an older deadline (re-admitted after a 429: it has a new one)
         error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {unit.timeout_s} s")
         if unit.out:
             unit.timed_out = True
@@ -669,11 +670,22 @@ class Lifecycle:
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""
         failed: list[tuple[Group, BaseException]] = self._batches.pop(batch, [])
-        if error is not None:
-            self.fx.trip_latch(f"recording failures failed: {error}")
+        if error is not None:  # callers hear back once the latch is tripped (no new call starts)
+            failed = [
+                (g, ReceiptPersistenceError(f"recording the failure of {g.key} failed: {error}", cause=exc))
+                for g, exc in failed
+            ]
+            self._batches[batch] = failed
+            self.fx.trip_latch(f"recording failures failed: {error}", batch)
+            return
+        self._settle_failed(failed)
+
+    def on_latch_tripped(self, batch: int, now: float) -> None:
+        """The flusher tripped the latch: answer the callers of the failed write."""
+        self._settle_failed(self._batches.pop(batch, []))
+
+    def _settle_failed(self, failed: list[tuple[Group, BaseException]]) -> None:
         for group, exc in failed:
-            if error is not None:
-                exc = ReceiptPersistenceError(f"recording the failure of {group.key} failed: {error}", cause=exc)
             self._settle(group, exc)
             self._persisted_one(group)
 

@@ -39,6 +39,7 @@ __all__ = [
     "GovernorWake",
     "GroupsSettled",
     "HeartbeatTick",
+    "LatchTripped",
     "LeasesLost",
     "RegisterLeases",
     "ReleaseSlots",
@@ -401,3 +402,17 @@ class TripLatch:
 
     reason: str
     """Why."""
+    reply: Any = None
+    """Told :class:`LatchTripped` once the latch is tripped (or None)."""
+
+
+@attrs.frozen(kw_only=True)
+class LatchTripped:
+    """Fact: the flusher tripped the latch (callers of the failed write may be answered)."""
+
+    batch: int
+    """Which failed write."""
+    value: Any
+    """None."""
+    error: BaseException | None
+    """None."""

@@ -151,13 +151,13 @@ def test_lease_without_heartbeats_is_reclaimed_once_and_late_completion_salvaged
         return {"by": "second", "x": inp["x"]}
 
     first = DispatchSystem.start(
-        tools=[Tool(tool_id="enrich", fn=slow)],
+        tools=[Tool(tool_id="enrich", fn=slow, retry_safe=True)],  # a lost call may run again
         store=SqliteReceiptStore(db),
         run=_run("r1"),
         policy=Policy(lease_ttl_s=LEASE_TTL_S, heartbeats=False, salvage_path=salvage_path),
     )
     second = DispatchSystem.start(
-        tools=[Tool(tool_id="enrich", fn=reclaimer)],
+        tools=[Tool(tool_id="enrich", fn=reclaimer, retry_safe=True)],
         store=SqliteReceiptStore(db),
         run=_run("r2"),
         policy=_waiting_policy(salvage_path=str(tmp_path / "second-salvage.jsonl")),

@@ -73,10 +73,6 @@ def test_circuit_opens_on_failures_gathered_by_parallel_calls() -> None:
     assert later.grants == [] and isinstance(dict(later.refusals)["late"], ProviderUnavailableError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs actors/_waves.py to honour ProviderError.retry_in_call in its tenacity retry predicate",
-)
 def test_dead_provider_calls_are_not_retried_and_the_circuit_refuses_the_rest(make_system: Any) -> None:
     tool = http_tool("verify", f"http://127.0.0.1:{_closed_port()}/call", provider="dead")
     system = make_system([tool], policy=Policy(batch_grace_s=0.05))

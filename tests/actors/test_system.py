@@ -20,6 +20,7 @@ import pytest
 
 import actors
 from actors import (
+    InvalidOutputError,
     AuthScopeChangedError,
     BatchStrategy,
     BudgetExceededError,
@@ -217,13 +218,13 @@ def test_completion_output_without_json_form_fails_that_call_alone(
 
     tool = Tool(tool_id="parse", fn=fn)
     system = make_system([tool])
-    with pytest.raises(ReceiptPersistenceError, match="no JSON form"):
+    with pytest.raises(InvalidOutputError, match="builtins.object"):
         system.proxy().execute("parse", {"n": 1}).get(timeout=WAIT_S)
     assert system.proxy().execute("parse", {"n": 2}).get(timeout=WAIT_S).value == {"parsed": 2}
     system.stop(timeout_s=WAIT_S)
 
     bad, good = read_receipts([key_of(tool, {"n": 1}), key_of(tool, {"n": 2})])
-    assert bad.status is ReceiptStatus.FAILED and "no JSON form" in bad.error  # not left held
+    assert bad.status is ReceiptStatus.FAILED and "builtins.object" in bad.error  # not left held
     assert good.status is ReceiptStatus.COMPLETED
 
 
