@@ -119,11 +119,11 @@ def _encode(value: Any) -> tuple[str | None, BaseException | None]:
     try:
         return encode_output(value), None
     except (InvalidOutputError, OutputNotStorableError) as exc:
-        exc.raw_output = value  # type: ignore[attr-defined]  # salvaged in a described form
+        exc.raw_output = value  # salvaged in a described form
         return None, exc
     except Exception as exc:  # anything a value raises while serialised fails its member alone
         error = InvalidOutputError(f"the tool's output cannot be serialised: {type(exc).__name__}: {exc}")
-        error.raw_output = value  # type: ignore[attr-defined]
+        error.raw_output = value
         return None, error
 
 
@@ -165,7 +165,9 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
     )  # fmt: skip
 
 
-def attempt(spec: AttemptSpec, tell: Callable[[Any], None], clock: Callable[[], float] = time.monotonic) -> None:
+def attempt(
+    spec: AttemptSpec, tell: Callable[[Any], None], clock: Callable[[], float] = time.monotonic
+) -> None:
     """Run one attempt on the calling worker and ``tell`` the outcome (never raises)."""
     tool = spec.tool
     sent_at = clock()
@@ -180,6 +182,7 @@ def attempt(spec: AttemptSpec, tell: Callable[[Any], None], clock: Callable[[], 
         if not isinstance(exc, Exception):
             raise
         return
+    members: list[tuple[Any, BaseException | None]]
     if spec.durable:
         members = [_encode(v) for v in values]
     else:

@@ -43,7 +43,6 @@ from .messages import (
     RetryCharged,
     RetryDue,
     RunningMarked,
-    SlotsGranted,
     StoreCall,
     TripLatch,
     UnitFinished,
@@ -169,16 +168,19 @@ class ActorEffects:
 
     # -- effects out --------------------------------------------------------------------
 
-    def _store(self, method: str, reply: Reply, *args: Any, **kwargs: Any) -> None:
+    def _store(self, method: str, reply: Any, *args: Any, **kwargs: Any) -> None:
         try:
             self.ports.store.tell(StoreCall(method=method, args=args, kwargs=kwargs, reply=reply))
         except pykka.ActorDeadError as exc:
             reply.set_exception((type(exc), exc, None))
 
-    def claim(self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]) -> None:
+    def claim(
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
+    ) -> None:
         self._sent[f"receipt_prepare:{batch}"] = time.monotonic()
         self._store(
-            "claim_many", Reply(self.ref, ReceiptsClaimed, batch=batch), self.org_id, requests, self.ports.owner,
+            "claim_many", Reply(self.ref, ReceiptsClaimed, batch=batch), self.org_id, requests,
+            self.ports.owner,
             lease_ttl_s=self.lease_ttl_s, mode=mode, stale_after_s=stale_after_s,
         )  # fmt: skip
 
@@ -189,7 +191,13 @@ class ActorEffects:
         reply = Reply(self.ref, _SlotsReply, exempt=exempt)
         try:
             self.ports.governor.tell(
-                AcquireSlots(org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt)
+                AcquireSlots(
+                    org_id=self.org_id,
+                    provider=self.tool.provider_name,
+                    want=want,
+                    reply=reply,
+                    exempt=exempt,
+                )
             )
         except pykka.ActorDeadError as exc:
             reply.set_exception((type(exc), exc, None))
@@ -238,7 +246,11 @@ class ActorEffects:
 
     def record_failures(self, batch: int, failures: list[Failure]) -> None:
         self._store(
-            "fail_many", Reply(self.ref, FailuresRecorded, batch=batch), self.org_id, failures, self.ports.owner
+            "fail_many",
+            Reply(self.ref, FailuresRecorded, batch=batch),
+            self.org_id,
+            failures,
+            self.ports.owner,
         )
 
     def release_receipts(self, leases: list[LeaseRef]) -> None:
@@ -263,7 +275,9 @@ class ActorEffects:
         self._settled_keys.update(keys)
 
     def charge_retry(self, unit: int) -> None:
-        self.ports.governor.tell(ChargeBudget(kind="retries", amount=1, reply=Reply(self.ref, RetryCharged, unit=unit)))
+        self.ports.governor.tell(
+            ChargeBudget(kind="retries", amount=1, reply=Reply(self.ref, RetryCharged, unit=unit))
+        )
 
     def later(self, delay_s: float, message: Any) -> None:
         ref = self.ref

@@ -109,7 +109,7 @@ class LightFuture(pykka.Future[Any]):
             if callbacks is None:
                 callbacks = self._callbacks = []
             callbacks.append(fn)
-            if not self.done:
+            if not self._is_done():
                 return
             # set meanwhile: run it here unless the setter already took it
             with contextlib.suppress(ValueError):
@@ -117,6 +117,9 @@ class LightFuture(pykka.Future[Any]):
                 fn(self)
             return
         fn(self)
+
+    def _is_done(self) -> bool:
+        return self.done
 
     def _run_callbacks(self) -> None:
         callbacks, self._callbacks = self._callbacks, None

@@ -225,8 +225,15 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                     size = len(encode_output(completion.output)) if self.policy.completion_max_bytes else 0
                 except Exception as exc:  # no JSON form (anything it raises): refuse this member alone
                     member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
-                    reason = "output_not_storable" if type(exc).__name__ == "OutputNotStorableError" else "invalid_output"
-                    self._settle(member, FlushOutcome("refused", error=f"output has no JSON form: {exc}", reason=reason))
+                    reason = (
+                        "output_not_storable"
+                        if type(exc).__name__ == "OutputNotStorableError"
+                        else "invalid_output"
+                    )
+                    self._settle(
+                        member,
+                        FlushOutcome("refused", error=f"output has no JSON form: {exc}", reason=reason),
+                    )
                     continue
                 group = (message.org_id, message.owner)
                 current = open_chunks.get(group)
@@ -280,7 +287,9 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 salvage.append(self._entry(chunk, member, refusal.message))
                 settled.append((member, FlushOutcome("lease_lost", error=refusal.message)))
             else:
-                settled.append((member, FlushOutcome("refused", error=refusal.message, reason=refusal.reason.value)))
+                settled.append(
+                    (member, FlushOutcome("refused", error=refusal.message, reason=refusal.reason.value))
+                )
         try:
             self.salvage.append(salvage)  # on disk before any caller hears back
         finally:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorableError, StoreError, ToolDispatchError
+from stores.errors import (
+    InvalidInputError,
+    InvalidOutputError,
+    OutputNotStorableError,
+    StoreError,
+    ToolDispatchError,
+)
 from stores.types import FailureKind
 
 __all__ = [
@@ -12,9 +18,9 @@ __all__ = [
     "DispatchError",
     "InvalidInputError",
     "InvalidOutputError",
-    "OutputNotStorableError",
     "LeaseLostError",
     "NotSentError",
+    "OutputNotStorableError",
     "PersistenceCircuitOpenError",
     "ProviderError",
     "ProviderUnavailableError",

@@ -335,7 +335,9 @@ class GovernorActor(pykka.ThreadingActor):
         if isinstance(message, AcquireSlots):
             gov = self.governor
             self._perform(
-                gov.acquire(message.org_id, message.provider, message.want, message.reply, now, message.exempt)
+                gov.acquire(
+                    message.org_id, message.provider, message.want, message.reply, now, message.exempt
+                )
             )
         elif isinstance(message, ReleaseSlots):
             gov = self.governor
@@ -414,4 +416,4 @@ def _rate_room(bucket: ProviderBucket, now: float) -> int:
     bucket.refill(now)
     if bucket.rate is None:
         return 1 << 30
-    return int(math.floor(bucket.tokens + 1e-9))
+    return math.floor(bucket.tokens + 1e-9)

@@ -160,7 +160,9 @@ class HeartbeatActor(pykka.ThreadingActor):
                 ).get()
             except Exception as exc:  # a store hiccup: retried well before the lease lapses
                 self.failures += 1
-                log.warning("lease renewal of %d receipts failed (retrying soon): %s", len(renewal.leases), exc)
+                log.warning(
+                    "lease renewal of %d receipts failed (retrying soon): %s", len(renewal.leases), exc
+                )
                 self.leases.retry_soon(renewal.token, now)
                 continue
             self.leases.renewals += 1

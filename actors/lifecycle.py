@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from stores._codec import EncodedOutput, decode_output, encode_output, salvage_form
 from stores import output_too_large_error
+from stores._codec import EncodedOutput, decode_output, encode_output, salvage_form
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -45,12 +45,12 @@ from ._calls import Call, Group, GroupState, Role, Unit
 from ._execute import AttemptSpec, failure_kind_for, plain_value, retry_in_call, spec_for, transient
 from .errors import (
     AuthScopeChangedError,
-    InvalidOutputError,
-    OutputNotStorableError,
     BudgetExceededError,
     CallCancelledError,
+    InvalidOutputError,
     LeaseLostError,
     NotSentError,
+    OutputNotStorableError,
     PersistenceCircuitOpenError,
     ProviderUnavailableError,
     RateLimitedError,
@@ -67,17 +67,27 @@ from .tool import Policy, Tool
 
 __all__ = ["Effects", "Lifecycle"]
 
-_RELEASE_ON = (SuspendedError, AuthScopeChangedError, BudgetExceededError, OutputNotStorableError, NotSentError)
+_RELEASE_ON = (
+    SuspendedError,
+    AuthScopeChangedError,
+    BudgetExceededError,
+    OutputNotStorableError,
+    NotSentError,
+)
 """Errors after which a receipt is given back (pending), not failed."""
 
 
 class Effects(Protocol):
     """What the lifecycle asks its actor to do. Each answer comes back as a message."""
 
-    def claim(self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]) -> None: ...
+    def claim(
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
+    ) -> None: ...
     def read(self, batch: int, keys: list[str]) -> None: ...
     def acquire(self, want: int, exempt: bool) -> None: ...
-    def release_slots(self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0) -> None: ...
+    def release_slots(
+        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0
+    ) -> None: ...
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
     def mark_running(self, batch: int, leases: list[LeaseRef]) -> None: ...
     def start(self, spec: AttemptSpec) -> None: ...
@@ -97,7 +107,6 @@ class Effects(Protocol):
     def count(self, name: str, n: int = 1) -> None: ...
     def remember(self, key: str, text: str, cached: bool) -> None: ...
     def salvage_path(self) -> str: ...
-    # fmt: skip
 
 
 class Lifecycle:
@@ -154,10 +163,15 @@ class Lifecycle:
             batch = next(self._ids)
             self._batches[batch] = members
             safe = self.tool.retry_safe
-            requests = [ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe) for g in members]
+            requests = [
+                ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
+                for g in members
+            ]
             self.fx.claim(batch, mode, stale, requests)
 
-    def on_claimed(self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float) -> None:
+    def on_claimed(
+        self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
         """A bulk claim answered: sort the dispositions."""
         members: list[Group] = self._batches.pop(batch, [])
         if error is not None or claims is None:
@@ -193,7 +207,12 @@ class Lifecycle:
             elif disposition.value == "uncertain":
                 self._settle(group, self._uncertain(group, receipt))
             elif group.polls >= self.policy.receipt_wait_max_attempts:
-                self._settle(group, ReceiptWaitTimeoutError(f"receipt {group.key} is still held by another owner's live lease"))
+                self._settle(
+                    group,
+                    ReceiptWaitTimeoutError(
+                        f"receipt {group.key} is still held by another owner's live lease"
+                    ),
+                )
             else:  # running, blocked_active_lease: another owner holds it
                 group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
@@ -233,7 +252,7 @@ class Lifecycle:
         from . import errors
 
         cls = getattr(errors, "UncertainOutcomeError", RecordedFailureError)
-        return cls(  # type: ignore[no-any-return]
+        return cls(
             f"the outcome of {group.key} is uncertain (its request may have reached the provider); "
             "resolve it with `tooldispatch receipts resolve KEY --rerun | --fail`",
             failure_kind=receipt.failure_kind,
@@ -268,7 +287,9 @@ class Lifecycle:
         self._batches[batch] = groups
         self.fx.read(batch, [g.key for g in groups])
 
-    def on_read(self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float) -> None:
+    def on_read(
+        self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
         """A poll's read answered: take completed outputs; claim what may be free; wait on."""
         groups: list[Group] = self._batches.pop(batch, [])
         groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
@@ -279,7 +300,7 @@ class Lifecycle:
             group.polls += 1
             receipt = None if receipts is None else receipts[i]
             status = None if receipt is None else receipt.status.value
-            if error is None and status == "completed":
+            if error is None and receipt is not None and status == "completed":
                 if group.force_after_wait:
                     force.append(group)
                 else:
@@ -347,7 +368,9 @@ class Lifecycle:
         while queue and not queue[0].groups:
             self.units.pop(queue.popleft().id, None)
 
-    def on_granted(self, n: int | None, error: BaseException | None, now: float, exempt: bool = False) -> None:
+    def on_granted(
+        self, n: int | None, error: BaseException | None, now: float, exempt: bool = False
+    ) -> None:
         """The governor answered: start up to ``n`` units, or refuse every waiting one."""
         self.acquiring[exempt] = False
         queue = self.pending_exempt if exempt else self.pending
@@ -435,7 +458,9 @@ class Lifecycle:
             until, closed = blocked
             if closed:
                 self.fx.count("unavailable", sum(len(g.calls) for g in unit.groups))
-                self._give_back(unit, ProviderUnavailableError(f"provider {self.tool.provider_name!r} is unavailable"))
+                self._give_back(
+                    unit, ProviderUnavailableError(f"provider {self.tool.provider_name!r} is unavailable")
+                )
                 return
             if unit.deadline is not None and until > unit.deadline:
                 self._not_sent(unit, now)
@@ -562,7 +587,9 @@ class Lifecycle:
             return  # admitted again; checked before it is sent
         self._conclude(unit, None, unit.last_error or error, now)
 
-    def _conclude(self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float) -> None:
+    def _conclude(
+        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
         """The unit's last attempt is over: persist values, record or release the rest."""
         for queue in (self.pending, self.pending_exempt):
             if unit in queue:
@@ -573,6 +600,8 @@ class Lifecycle:
             if error is not None:
                 failed.append((group, error))
                 continue
+            text: Any
+            member_error: BaseException | None
             text, member_error = members[i] if members is not None else (None, StoreError("no result"))
             if member_error is not None:
                 failed.append((group, member_error))
@@ -597,12 +626,16 @@ class Lifecycle:
     def _persist(self, values: list[tuple[Group, str]]) -> None:
         batch = next(self._ids)
         self._batches[batch] = values
-        entries = [Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt]
+        entries = [
+            Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
+        ]
         for group, _ in values:
             group.state = GroupState.PERSISTING
         self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
 
-    def on_persisted(self, batch: int, outcomes: dict[str, Any] | None, error: BaseException | None, now: float) -> None:
+    def on_persisted(
+        self, batch: int, outcomes: dict[str, Any] | None, error: BaseException | None, now: float
+    ) -> None:
         """The flusher settled outputs: answer callers; the slot is free once all are written."""
         values: list[tuple[Group, str]] = self._batches.pop(batch, [])
         refused: list[tuple[Group, BaseException]] = []
@@ -611,6 +644,7 @@ class Lifecycle:
             kind = "salvaged" if outcome is None else outcome.kind
             if outcome is None:
                 self.fx.salvage(group, decode_output(text), f"the completion flusher failed: {error}")
+                outcome = _FLUSHER_FAILED
             if kind in ("persisted", "salvaged"):
                 if kind == "salvaged":
                     self.fx.count("salvaged")
@@ -628,7 +662,14 @@ class Lifecycle:
                 if outcome.reason == "output_too_large":
                     refused.append((group, _TooLarge(len(text.encode("utf-8")))))
                 else:
-                    refused.append((group, OutputNotStorableError(f"receipt {group.key} refused the output: {outcome.error}")))
+                    refused.append(
+                        (
+                            group,
+                            OutputNotStorableError(
+                                f"receipt {group.key} refused the output: {outcome.error}"
+                            ),
+                        )
+                    )
                 continue
             self._persisted_one(group)
         if refused:
@@ -643,7 +684,7 @@ class Lifecycle:
             if raw is not _MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, salvage_form(raw)[0], str(exc))
                 self.fx.count("salvaged")
-            if isinstance(exc, _RELEASE_ON) or isinstance(exc, LeaseLostError) or group.receipt is None:
+            if isinstance(exc, (_RELEASE_ON, LeaseLostError)) or group.receipt is None:
                 released.append(group)
                 outcome[group.key] = exc
                 continue
@@ -657,12 +698,16 @@ class Lifecycle:
             self._release_group(group, exc, lease_lost=isinstance(exc, LeaseLostError))
         if records:
             batch = next(self._ids)
-            self._batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in {r.key for r in records}]
+            self._batches[batch] = [
+                (g, outcome[g.key]) for g, _ in failed if g.key in {r.key for r in records}
+            ]
             self.fx.record_failures(batch, records)
 
     def _failure_text(self, exc: BaseException) -> tuple[str, Any]:
         if isinstance(exc, _TooLarge):
-            return output_too_large_error(exc.size_bytes, self.fx.salvage_path()), FailureKind.OUTPUT_TOO_LARGE
+            return output_too_large_error(
+                exc.size_bytes, self.fx.salvage_path()
+            ), FailureKind.OUTPUT_TOO_LARGE
         if isinstance(exc, InvalidOutputError):
             return str(exc), FailureKind.PERMANENT
         return str(exc) or type(exc).__name__, failure_kind_for(exc)
@@ -854,14 +899,23 @@ class Lifecycle:
         if not isinstance(outcome, _Done):
             return outcome
         execution = outcome.execution
-        if execution == "live":
-            if call.role is not Role.OWNER or not group.ran:
-                execution = "in_flight"
+        if execution == "live" and (call.role is not Role.OWNER or not group.ran):
+            execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
         return ToolResult.of(value, execution, group.key, self.tool.tool_id)  # type: ignore[arg-type]
 
 
 _MISSING = object()
+
+
+class _FlusherFailed:
+    kind = "salvaged"
+    output: Any = None
+    error = "the completion flusher failed"
+    reason = ""
+
+
+_FLUSHER_FAILED: Any = _FlusherFailed()
 
 
 class _TooLarge(Exception):

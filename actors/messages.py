@@ -10,30 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import pykka
 
 from stores.types import LeaseRef, Owner
 
 __all__ = [
     "AcquireSlots",
-    "CallCancelled",
-    "CompletionsPersisted",
-    "DeadlineDue",
-    "FailuresRecorded",
-    "PollDue",
-    "ReceiptsClaimed",
-    "ReceiptsRead",
-    "RetryDue",
-    "RunningMarked",
-    "SlotsGranted",
-    "StoreCall",
-    "SubmitCalls",
-    "TripLatch",
-    "UnitFinished",
     "BackpressureReported",
+    "CallCancelled",
     "ChargeBudget",
     "CompletionsFlushed",
+    "CompletionsPersisted",
+    "DeadlineDue",
     "DrainDue",
+    "FailuresRecorded",
     "FlushCompletions",
     "FlushDue",
     "GovernorWake",
@@ -41,11 +30,21 @@ __all__ = [
     "HeartbeatTick",
     "LatchTripped",
     "LeasesLost",
+    "PollDue",
+    "ReceiptsClaimed",
+    "ReceiptsRead",
     "RegisterLeases",
     "ReleaseSlots",
+    "RetryDue",
     "RetryWrite",
+    "RunningMarked",
+    "SlotsGranted",
     "StopQueue",
+    "StoreCall",
     "SubmitCall",
+    "SubmitCalls",
+    "TripLatch",
+    "UnitFinished",
     "UnregisterLeases",
 ]
 
@@ -78,7 +77,7 @@ class GroupsSettled:
 class StopQueue:
     """Reject everything still queued with a cancellation error."""
 
-    reply: pykka.Future[Any]
+    reply: Any
     """Resolved with the number of calls rejected."""
     idle: Any = None
     """Resolved once nothing of this tool is running, persisting or held (or None)."""
@@ -98,7 +97,7 @@ class AcquireSlots:
     """A nested call (made by a running tool): not counted against the global ceiling
     nor the provider's max_concurrency (it borrows its waiting parent's slot); the
     provider's rate still applies."""
-    reply: pykka.Future[int]
+    reply: Any
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 
 
@@ -144,7 +143,7 @@ class ChargeBudget:
     """Which budget."""
     amount: int
     """How much."""
-    reply: pykka.Future[bool]
+    reply: Any
     """Resolved True, or with BudgetExceededError."""
 
 
@@ -213,7 +212,7 @@ class FlushCompletions:
     """The tool (for salvage entries)."""
     input_hashes: dict[str, str]
     """Receipt key -> input hash (for salvage entries)."""
-    reply: pykka.Future[Any]
+    reply: Any
     """Resolved with dict key -> FlushOutcome."""
 
 

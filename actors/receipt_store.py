@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from .messages import StoreCall
-
 from stores.base import ReceiptStore
 from stores.types import (
     Claim,
@@ -28,6 +26,8 @@ from stores.types import (
     Receipt,
     ReceiptStatus,
 )
+
+from .messages import StoreCall
 
 __all__ = ["ReceiptStoreActor", "ReceiptStoreProxy"]
 

@@ -16,6 +16,7 @@ alone.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
@@ -33,7 +34,7 @@ from stores.types import ClaimMode, Owner
 
 from ._calls import Call
 from ._ports import Ports
-from ._runtime import LightFuture, Timers, WorkerPool, fail, in_tool, new_future, runtime_name
+from ._runtime import Timers, WorkerPool, fail, in_tool, new_future, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
@@ -145,18 +146,29 @@ class DispatchSystem:
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
-            self.store_proxy, policy, self.latch, self.salvage, self.timers, run.scope, deadline, stats=self.stats_
+            self.store_proxy,
+            policy,
+            self.latch,
+            self.salvage,
+            self.timers,
+            run.scope,
+            deadline,
+            stats=self.stats_,
         )
         self._pool = WorkerPool("tooldispatch-tool")
         self.ports = Ports(
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
-            requeue=self._requeue, width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
+            requeue=self._requeue,
+            width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
         )  # fmt: skip
-        self._memos = {tool_id: Memo(policy.memo_max_bytes if t.durable else 0) for tool_id, t in self.tools.items()}
+        self._memos = {
+            tool_id: Memo(policy.memo_max_bytes if t.durable else 0) for tool_id, t in self.tools.items()
+        }
         self._queues = {
-            tool_id: ToolQueueActor.start(tool, self.ports, self._memos[tool_id]) for tool_id, tool in self.tools.items()
+            tool_id: ToolQueueActor.start(tool, self.ports, self._memos[tool_id])
+            for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
 
@@ -200,7 +212,13 @@ class DispatchSystem:
         futures: list[pykka.Future[Any]] = []
         calls: list[Call] = []
         tool = self.tools.get(tool_id)
-        mode = ClaimMode.FORCE_REFRESH if force_refresh else ClaimMode.RETRY_FAILED if retry_failed else ClaimMode.NORMAL
+        mode = (
+            ClaimMode.FORCE_REFRESH
+            if force_refresh
+            else ClaimMode.RETRY_FAILED
+            if retry_failed
+            else ClaimMode.NORMAL
+        )
         memo = self._memos.get(tool_id)
         nested = in_tool()
         now = time.monotonic()
@@ -212,7 +230,9 @@ class DispatchSystem:
                 if self._stopping.is_set():
                     raise CallCancelledError("the dispatcher is stopped")
                 if tool is None:
-                    raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
+                    raise UnknownToolError(
+                        f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}"
+                    )
                 if timeout_s is not None and not timeout_s > 0:
                     raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
                 call = self._call(tool, input, mode, stale_after_s, timeout_s, future, now=now)
@@ -334,10 +354,8 @@ class DispatchSystem:
             except pykka.ActorDeadError:
                 continue
             idle.append(done)
-        try:
+        with contextlib.suppress(Exception):
             self._governor.proxy().stop_waiters().get(timeout=max(0.0, end - time.monotonic()))
-        except Exception:
-            pass
         for done in idle:
             try:
                 done.get(timeout=max(0.0, end - time.monotonic()))
@@ -345,10 +363,8 @@ class DispatchSystem:
                 break
         self._pool.shutdown()
         for ref in [*self._queues.values(), self._heartbeat, self._governor, self._flusher, self._store_ref]:
-            try:
+            with contextlib.suppress(Exception):
                 ref.stop(timeout=max(0.1, end - time.monotonic()))
-            except Exception:
-                pass
         self.timers.stop()
 
     def __enter__(self) -> DispatchSystem:
@@ -372,10 +388,8 @@ def _snapshot(value: Any) -> Any:
 
 def _cancel_hook(ref: Any, call: Call) -> Any:
     def cancel() -> None:
-        try:
+        with contextlib.suppress(pykka.ActorDeadError):
             ref.tell(CallCancelled(call=call))
-        except pykka.ActorDeadError:
-            pass
 
     return cancel
 

@@ -28,7 +28,7 @@ from stores._codec import decode_output
 from stores.types import ClaimMode
 
 from ._calls import Call, Group, Role, mode_covers
-from ._runtime import Timers, fail, guarded
+from ._runtime import fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, StopQueue, SubmitCalls
 from .results import ToolResult
@@ -117,7 +117,11 @@ class ToolQueue:
     """
 
     def __init__(
-        self, tool: Tool, batch_grace_s: float, inflight: dict[str, Group] | None = None, memo: Memo | None = None
+        self,
+        tool: Tool,
+        batch_grace_s: float,
+        inflight: dict[str, Group] | None = None,
+        memo: Memo | None = None,
     ) -> None:
         self.tool = tool
         self.batch_grace_s = batch_grace_s
@@ -291,7 +295,9 @@ class ToolQueueActor(pykka.ThreadingActor):
             groups = self.queue.drain(generation)
         if groups:
             calls = sum(len(g.calls) for g in groups)
-            self.ports.stats.record("group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls)
+            self.ports.stats.record(
+                "group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls
+            )
             self.lifecycle.drained(groups, now)
 
     def drain_held(self, key: str, now: float) -> None:

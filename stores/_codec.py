@@ -43,8 +43,8 @@ from .errors import InvalidOutputError, OutputNotStorableError
 
 __all__ = [
     "EXACT_PREFIX",
-    "EncodedOutput",
     "MAX_OUTPUT_DEPTH",
+    "EncodedOutput",
     "converter",
     "decode_json",
     "decode_output",

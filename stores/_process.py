@@ -80,7 +80,7 @@ def process_gone(host: str | None, pid: int | None, started_at: float | None) ->
         proc = psutil.Process(pid)
         if abs(proc.create_time() - started_at) > _START_TOLERANCE_S:
             return True
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:

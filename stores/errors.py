@@ -33,12 +33,18 @@ class InvalidOutputError(ToolDispatchError, TypeError):
     refused for that call. The message names the path (``$['a'][0]``) and the type.
     Permanent: the same tool code returns the same kind of value."""
 
+    raw_output: object = None
+    """The value that was refused (set by the dispatcher, for salvage)."""
+
 
 class OutputNotStorableError(ToolDispatchError, ValueError):
     """A JSON output the store cannot hold exactly (nesting deeper than
     ``stores._codec.MAX_OUTPUT_DEPTH``, an integer beyond Python's 4300-digit limit).
     Not permanent and not the provider's fault: the answer is salvaged
     (``stores._codec.salvage_form``) and the receipt is not recorded as failed."""
+
+    raw_output: object = None
+    """The value that could not be stored (set by the dispatcher, for salvage)."""
 
 
 class StoreError(ToolDispatchError):

@@ -20,16 +20,15 @@ import pytest
 
 import actors
 from actors import (
-    InvalidOutputError,
     AuthScopeChangedError,
     BatchStrategy,
     BudgetExceededError,
     CallCancelledError,
     FailureKind,
     InvalidInputError,
+    InvalidOutputError,
     Policy,
     ProviderError,
-    ReceiptPersistenceError,
     RecordedFailureError,
     SuspendedError,
     Tool,
@@ -218,7 +217,7 @@ def test_completion_output_without_json_form_fails_that_call_alone(
 
     tool = Tool(tool_id="parse", fn=fn)
     system = make_system([tool])
-    with pytest.raises(InvalidOutputError, match="builtins.object"):
+    with pytest.raises(InvalidOutputError, match=r"builtins\.object"):
         system.proxy().execute("parse", {"n": 1}).get(timeout=WAIT_S)
     assert system.proxy().execute("parse", {"n": 2}).get(timeout=WAIT_S).value == {"parsed": 2}
     system.stop(timeout_s=WAIT_S)
