@@ -85,6 +85,8 @@ class GroupState(str, enum.Enum):
     """Its unit's provider call is out (or being retried)."""
     PERSISTING = "persisting"
     """The output (or failure) is being written."""
+    RELEASING = "releasing"
+    """Its receipt is being given back (pending); then its callers hear why."""
     SETTLED = "settled"
     """Every caller was answered and nothing is held."""
 

@@ -38,6 +38,7 @@ from .messages import (
     PollDue,
     ReceiptsClaimed,
     ReceiptsRead,
+    ReceiptsReleased,
     RegisterLeases,
     ReleaseSlots,
     RetryCharged,
@@ -130,6 +131,8 @@ class ActorEffects:
             life.on_failures_recorded(message.batch, message.value, message.error, now)
         elif isinstance(message, LatchTripped):
             life.on_latch_tripped(message.batch, now)
+        elif isinstance(message, ReceiptsReleased):
+            life.on_released(message.batch, now)
         elif isinstance(message, ReceiptsRead):
             life.on_read(message.batch, message.value, message.error, now)
         elif isinstance(message, PollDue):
@@ -253,9 +256,10 @@ class ActorEffects:
             self.ports.owner,
         )
 
-    def release_receipts(self, leases: list[LeaseRef]) -> None:
+    def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
         # best effort: a lease the store cannot release now simply expires
-        self._store("release", _Ignore(), self.org_id, leases, self.ports.owner)
+        reply = Reply(self.ref, ReceiptsReleased, batch=batch)
+        self._store("release", reply, self.org_id, leases, self.ports.owner)
 
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         if not self.ports.policy.heartbeats or not leases:
@@ -334,18 +338,6 @@ class ActorEffects:
 @attrs.frozen(kw_only=True)
 class _LeasesLostFact:
     keys: tuple[str, ...]
-
-
-class _Ignore:
-    """A reply nobody reads."""
-
-    done = False
-
-    def set(self, value: Any = None) -> None:
-        self.done = True
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        self.done = True
 
 
 def _token(tool_id: str, batch: int) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "PollDue",
     "ReceiptsClaimed",
     "ReceiptsRead",
+    "ReceiptsReleased",
     "RegisterLeases",
     "ReleaseSlots",
     "RetryDue",
@@ -280,6 +281,18 @@ class ReceiptsRead:
     """list of stores.Receipt or None, request order (None on error)."""
     error: BaseException | None
     """Why the read failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsReleased:
+    """Fact: receipts were given back (pending), or the release failed (leases expire)."""
+
+    batch: int
+    """Which release."""
+    value: Any
+    """stores.FenceReport (None on error)."""
+    error: BaseException | None
+    """Why the release failed, or None."""
 
 
 @attrs.frozen(kw_only=True)

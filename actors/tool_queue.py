@@ -27,7 +27,7 @@ import pykka
 from stores._codec import decode_output
 from stores.types import ClaimMode
 
-from ._calls import Call, Group, Role, mode_covers
+from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._runtime import fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, StopQueue, SubmitCalls
@@ -141,7 +141,12 @@ class ToolQueue:
             if self.recalled is not None:
                 return Submitted.MEMO
         running = self.inflight.get(key)
-        if running is not None and mode_covers(running.mode, call.mode) and not running.lease_lost:
+        if (
+            running is not None
+            and mode_covers(running.mode, call.mode)
+            and not running.lease_lost
+            and running.state is not GroupState.RELEASING
+        ):
             running.join(call, Role.ATTACHED)
             return Submitted.ATTACHED
         queued = self.queued.get(key)
@@ -254,6 +259,7 @@ class ToolQueueActor(pykka.ThreadingActor):
             else:
                 self.effects.dispatch(message, now)
         finally:
+            self.lifecycle.flush()
             self.effects.flush()
             if self._stop_replies and self.lifecycle.idle:
                 replies, self._stop_replies = self._stop_replies, []

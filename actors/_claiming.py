@@ -1,0 +1,218 @@
+"""Claims and waits: a drained group's receipt claimed in bulk, its disposition sorted,
+another owner's receipt waited on with timers and plain reads (no thread held).
+
+Rules: SEMANTICS.md, Claims (the disposition table; a retryable failure re-claimed in
+``retry_failed`` mode so a receipt completed meanwhile is reused; a live lease never
+stolen: after the last poll, ReceiptWaitTimeoutError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from stores._codec import encode_output
+from stores.types import (
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Receipt,
+)
+
+from ._calls import Group, GroupState
+from ._lifecycle_base import Done, LifecycleBase
+from .errors import (
+    CallCancelledError,
+    ReceiptWaitTimeoutError,
+    RecordedFailureError,
+    StoreError,
+)
+from .messages import PollDue
+
+__all__ = ["Claiming"]
+
+
+class Claiming(LifecycleBase):
+    """The claiming and waiting transitions of :class:`actors.lifecycle.Lifecycle`."""
+
+    # -- from the queue -----------------------------------------------------------------
+
+    def drained(self, groups: list[Group], now: float) -> None:
+        """Groups leave the batch grace window: claim (durable) or run (not durable)."""
+        for group in groups:
+            self.groups[group.key] = group
+        if self.stopping:
+            self._cancel(groups)
+            return
+        if not self.tool.durable:
+            self._enqueue(self._compile(groups))
+            self.pump(now)
+            return
+        self._claim(groups, None)
+
+    def _claim(self, groups: list[Group], force: ClaimMode | None) -> None:
+        buckets: dict[tuple[ClaimMode, float | None], list[Group]] = {}
+        for group in groups:
+            group.state = GroupState.CLAIMING
+            buckets.setdefault((force or group.mode, group.stale_after_s), []).append(group)
+        for (mode, stale), members in buckets.items():
+            batch = next(self._ids)
+            self._batches[batch] = members
+            safe = self.tool.retry_safe
+            requests = [
+                ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
+                for g in members
+            ]
+            self.fx.claim(batch, mode, stale, requests)
+
+    def on_claimed(
+        self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
+        """A bulk claim answered: sort the dispositions."""
+        members: list[Group] = self._batches.pop(batch, [])
+        if error is not None or claims is None:
+            for group in members:
+                self._settle(group, error or StoreError("the claim returned nothing"))
+            self.pump(now)
+            return
+        claimed: list[Group] = []
+        again: list[Group] = []
+        waiting: list[Group] = []
+        for group, claim in zip(members, claims, strict=True):
+            disposition, receipt = claim.disposition, claim.receipt
+            if disposition is ClaimDisposition.CLAIMED:
+                self._stop_waiting(group)
+                group.receipt = receipt
+                if receipt.attempts <= 1 and receipt.generation <= 1:
+                    self.fx.count("receipts_created")
+                group.state = GroupState.CLAIMED
+                if not group.calls or self.stopping:  # every caller gave up meanwhile
+                    self._release_group(
+                        group, CallCancelledError("the call was cancelled before it was sent")
+                    )
+                    continue
+                claimed.append(group)
+            elif disposition is ClaimDisposition.REUSED:
+                self._settle(group, self._reused(group, receipt, "in_flight" if group.polls else "cached"))
+            elif disposition is ClaimDisposition.FAILED:
+                kind = receipt.failure_kind
+                if kind is not None and kind.retryable and group.mode is ClaimMode.NORMAL:
+                    group.mode = ClaimMode.RETRY_FAILED  # reuses a receipt completed meanwhile
+                    again.append(group)
+                else:
+                    self._settle(group, self._recorded_failure(group, receipt))
+            elif disposition.value == "uncertain":
+                self._settle(group, self._uncertain(group, receipt))
+            elif group.polls >= self.policy.receipt_wait_max_attempts:
+                self._settle(
+                    group,
+                    ReceiptWaitTimeoutError(
+                        f"receipt {group.key} is still held by another owner's live lease"
+                    ),
+                )
+            else:  # running, blocked_active_lease: another owner holds it
+                group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
+                waiting.append(group)
+        if claimed:
+            leases = [g.lease for g in claimed if g.lease is not None]
+            self.fx.beat(batch, leases)
+            for group in claimed:
+                group.beating = True
+            self._enqueue(self._compile(claimed))
+        if again:
+            self._claim(again, None)
+        if waiting:
+            self._wait(waiting, now)
+        self.pump(now)
+
+    def _reused(self, group: Group, receipt: Receipt, execution: str) -> Any:
+        if receipt.input_hash != group.input_hash:
+            return StoreError(
+                f"receipt {group.key} holds input hash {receipt.input_hash}, not {group.input_hash}: "
+                "a receipt key collision or a corrupted receipt"
+            )
+        try:
+            text = encode_output(receipt.output)
+        except Exception as exc:
+            return StoreError(f"receipt {group.key} holds an output that cannot be read back: {exc}")
+        return Done(text, execution)
+
+    @staticmethod
+    def _recorded_failure(group: Group, receipt: Receipt) -> BaseException:
+        return RecordedFailureError(
+            f"durable tool call {group.key} failed earlier: {receipt.error or 'unknown error'}",
+            failure_kind=receipt.failure_kind,
+        )
+
+    @staticmethod
+    def _uncertain(group: Group, receipt: Receipt) -> BaseException:
+        from . import errors
+
+        cls = getattr(errors, "UncertainOutcomeError", RecordedFailureError)
+        return cls(
+            f"the outcome of {group.key} is uncertain (its request may have reached the provider); "
+            "resolve it with `tooldispatch receipts resolve KEY --rerun | --fail`",
+            failure_kind=receipt.failure_kind,
+        )
+
+    # -- waiting on another owner (timers and plain reads, no thread held) -------------
+
+    def _wait(self, groups: list[Group], now: float) -> None:
+        policy = self.policy
+        for group in groups:
+            group.state = GroupState.WAITING
+            if group.polls == 0:
+                group.poll_delay_s = policy.receipt_poll_initial_s
+                self.fx.count("owner_waits", len(group.calls))
+            if not group.waiting_counted:
+                group.waiting_counted = len(group.calls)
+                self.fx.count("waiting_on_owner", group.waiting_counted)
+        delay = min(g.poll_delay_s for g in groups)
+        for group in groups:
+            group.poll_delay_s = min(group.poll_delay_s * 2, policy.receipt_poll_max_s)
+        self.fx.later(delay, PollDue(keys=tuple(g.key for g in groups)))
+
+    def on_poll(self, keys: Iterable[str], now: float) -> None:
+        """A poll timer fired: read the receipts still waited on."""
+        groups = [g for k in keys if (g := self.groups.get(k)) is not None and g.state is GroupState.WAITING]
+        if not groups:
+            return
+        if self.stopping:
+            self._cancel(groups)
+            return
+        batch = next(self._ids)
+        self._batches[batch] = groups
+        self.fx.read(batch, [g.key for g in groups])
+
+    def on_read(
+        self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
+        """A poll's read answered: take completed outputs; claim what may be free; wait on."""
+        groups: list[Group] = self._batches.pop(batch, [])
+        groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
+        reclaim: list[Group] = []
+        force: list[Group] = []
+        still: list[Group] = []
+        for i, group in enumerate(groups):
+            group.polls += 1
+            receipt = None if receipts is None else receipts[i]
+            status = None if receipt is None else receipt.status.value
+            if error is None and receipt is not None and status == "completed":
+                if group.force_after_wait:
+                    force.append(group)
+                else:
+                    self._settle(group, self._reused(group, receipt, "in_flight"))
+                continue
+            free = error is None and status not in ("queued", "running")
+            # the store judges leases: claim when the read says free, now and then (the
+            # owner may have died), and after the last poll (a live lease then times out)
+            if free or group.polls % 8 == 0 or group.polls >= self.policy.receipt_wait_max_attempts:
+                (force if group.force_after_wait else reclaim).append(group)
+            else:
+                still.append(group)
+        if reclaim:
+            self._claim(reclaim, None)
+        if force:
+            self._claim(force, ClaimMode.FORCE_REFRESH)
+        if still:
+            self._wait(still, now)

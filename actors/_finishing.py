@@ -1,0 +1,287 @@
+"""After a provider call returns: retries, re-admission, persistence and failure records.
+
+A retry-safe tool's transient error is retried after a back-off (charging the retry
+budget, within the unit's deadline); a 429 re-admits the unit; values are persisted
+through the completion flusher (the slot is free once every member is written); errors
+are recorded in bulk, or the receipt released when the error says it was never the
+call's fault (suspension, credentials changed, budget spent, not storable, not sent).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stores import output_too_large_error
+from stores._codec import EncodedOutput, decode_output, encode_output, salvage_form
+from stores.types import (
+    Completion,
+    Failure,
+    FailureKind,
+)
+
+from ._calls import Group, GroupState, Unit
+from ._execute import failure_kind_for, plain_value, retry_in_call, transient
+from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
+from .errors import (
+    InvalidOutputError,
+    LeaseLostError,
+    NotSentError,
+    OutputNotStorableError,
+    RateLimitedError,
+    ReceiptPersistenceError,
+    StoreError,
+    ToolTimeoutError,
+)
+from .messages import RetryDue, UnitFinished
+
+__all__ = ["Finishing"]
+
+
+class Finishing(LifecycleBase):
+    """The finishing transitions of :class:`actors.lifecycle.Lifecycle`."""
+
+    # -- a provider call returned ---------------------------------------------------------
+
+    def on_finished(self, msg: UnitFinished, now: float) -> None:
+        """A worker reported an attempt: retry, re-admit, or persist / record per member."""
+        unit = self.units.get(msg.unit)
+        if unit is None or not unit.out or msg.attempt != unit.attempt:
+            return
+        unit.out = False
+        error = msg.error
+        policy = self.policy
+        if error is not None:
+            if isinstance(error, RateLimitedError):
+                self.fx.backpressure(error.retry_after, msg.sent_at)
+                self.fx.count("backpressure")
+                unit.last_error = error
+                self.fx.release_slots(0, exempt=unit.exempt, answered=1)
+                if unit.readmissions < policy.retry_attempts and not self.stopping and not unit.timed_out:
+                    unit.readmissions += 1
+                    unit.deadline = None  # not served: its next send gets a whole timeout
+                    self._charge_then(unit)
+                    return
+            elif (
+                self.tool.retry_safe and retry_in_call(error) and unit.attempt < policy.retry_attempts
+                and not self.stopping and not unit.timed_out and now < (unit.deadline or math.inf)
+            ):  # fmt: skip
+                unit.last_error = error
+                self._charge_then(unit)
+                return
+            self._report(unit, error)
+            self._conclude(unit, None, error, now)
+            return
+        self._report(unit, None)
+        self._conclude(unit, msg.members, None, now)
+
+    def _report(self, unit: Unit, error: BaseException | None) -> None:
+        if error is None:
+            self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1)
+        elif transient(error):
+            self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
+        elif not isinstance(error, (RateLimitedError, NotSentError)):
+            self.fx.release_slots(0, exempt=unit.exempt, answered=1)
+
+    def _charge_then(self, unit: Unit) -> None:
+        """Charge the retry budget; the next attempt is re-admitted after its back-off."""
+        self._free_slot(unit)
+        for group in unit.groups:
+            group.state = GroupState.CLAIMED
+        self.fx.charge_retry(unit.id)
+
+    def on_retry_charged(self, unit_id: int, error: BaseException | None, now: float) -> None:
+        """The retry budget answered: back off, or give up (not recorded as a failure)."""
+        unit = self.units.get(unit_id)
+        if unit is None:
+            return
+        if error is not None:
+            self._conclude(unit, None, error, now)
+            return
+        self.fx.count("retries")
+        if isinstance(unit.last_error, RateLimitedError):
+            self._enqueue([unit], front=True)  # the governor holds it until the pause ends
+            self.pump(now)
+            return
+        backoff = self.policy.retry_backoff_s * (2 ** max(0, unit.attempt - 1))
+        self.fx.later(backoff, RetryDue(unit=unit.id))
+
+    def on_retry_due(self, unit_id: int, now: float) -> None:
+        """A retry's back-off elapsed: queue it for admission (its deadline still holds)."""
+        unit = self.units.get(unit_id)
+        if unit is None or unit.out or unit.slot:
+            return
+        self._enqueue([unit], front=True)
+        self.pump(now)
+
+    def on_deadline(self, unit_id: int, now: float) -> None:
+        """A unit's deadline passed: a running call's callers time out now (the call keeps
+        its slot, lease and heartbeat until it returns); a call not running ends here."""
+        unit = self.units.get(unit_id)
+        if unit is None or unit.timed_out or unit.deadline is None or now < unit.deadline - 1e-3:
+            return  # an older deadline (re-admitted after a 429: it has a new one)
+        error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {unit.timeout_s} s")
+        if unit.out:
+            unit.timed_out = True
+            self.fx.count("timed_out")
+            for group in unit.groups:
+                self._answer_early(group, error)
+            return
+        if unit.slot or unit in self.pending or unit in self.pending_exempt:
+            return  # admitted again; checked before it is sent
+        self._conclude(unit, None, unit.last_error or error, now)
+
+    def _conclude(
+        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
+        """The unit's last attempt is over: persist values, record or release the rest."""
+        for queue in (self.pending, self.pending_exempt):
+            if unit in queue:
+                queue.remove(unit)
+        values: list[tuple[Group, str]] = []
+        failed: list[tuple[Group, BaseException]] = []
+        for i, group in enumerate(unit.groups):
+            if error is not None:
+                failed.append((group, error))
+                continue
+            text: Any
+            member_error: BaseException | None
+            text, member_error = members[i] if members is not None else (None, StoreError("no result"))
+            if member_error is not None:
+                failed.append((group, member_error))
+            elif not self.tool.durable:
+                self._settle(group, Done(plain_value(text), "live"))
+            else:
+                values.append((group, text))
+        if not self.tool.durable:
+            for group, exc in failed:
+                self.fx.count("failures")
+                self._settle(group, exc)
+            self._leave(unit)
+            return
+        unit.persisting = len(values) + len(failed)
+        if values:
+            self._persist(values)
+        if failed:
+            self._fail(failed)
+        if unit.persisting == 0:
+            self._leave(unit)
+
+    def _persist(self, values: list[tuple[Group, str]]) -> None:
+        batch = next(self._ids)
+        self._batches[batch] = values
+        entries = [
+            Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
+        ]
+        for group, _ in values:
+            group.state = GroupState.PERSISTING
+        self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
+
+    def on_persisted(
+        self, batch: int, outcomes: dict[str, Any] | None, error: BaseException | None, now: float
+    ) -> None:
+        """The flusher settled outputs: answer callers; the slot is free once all are written."""
+        values: list[tuple[Group, str]] = self._batches.pop(batch, [])
+        refused: list[tuple[Group, BaseException]] = []
+        for group, text in values:
+            outcome = None if outcomes is None else outcomes.get(group.key)
+            kind = "salvaged" if outcome is None else outcome.kind
+            if outcome is None:
+                self.fx.salvage(group, decode_output(text), f"the completion flusher failed: {error}")
+                outcome = FLUSHER_FAILED
+            if kind in ("persisted", "salvaged"):
+                if kind == "salvaged":
+                    self.fx.count("salvaged")
+                self._settle(group, Done(text, "live"))
+            elif kind == "completed_by_other":
+                self._settle(group, Done(encode_output(outcome.output), "cached"))
+            elif kind == "lease_lost":
+                self.fx.count("lease_lost")
+                self.fx.count("salvaged")
+                self._settle(group, LeaseLostError(f"lease on {group.key} was lost; output salvaged"))
+            else:  # refused by the store: the caller still gets what was paid for; salvaged
+                self.fx.salvage(group, EncodedOutput(text), outcome.error)
+                self.fx.count("salvaged")
+                self._answer_early(group, Done(text, "live"))
+                if outcome.reason == "output_too_large":
+                    refused.append((group, TooLarge(len(text.encode("utf-8")))))
+                else:
+                    refused.append(
+                        (
+                            group,
+                            OutputNotStorableError(
+                                f"receipt {group.key} refused the output: {outcome.error}"
+                            ),
+                        )
+                    )
+                continue
+            self._persisted_one(group)
+        if refused:
+            self._fail(refused, counted=False)
+
+    def _fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None:
+        records: list[Failure] = []
+        released: list[Group] = []
+        outcome: dict[str, BaseException] = {}
+        for group, exc in failed:
+            raw = getattr(exc, "raw_output", MISSING)
+            if raw is not MISSING:  # paid for but not storable: kept in a described form
+                self.fx.salvage(group, salvage_form(raw)[0], str(exc))
+                self.fx.count("salvaged")
+            if isinstance(exc, (RELEASE_ON, LeaseLostError)) or group.receipt is None:
+                released.append(group)
+                outcome[group.key] = exc
+                continue
+            if counted:
+                self.fx.count("failures")
+            outcome[group.key] = exc
+            records.append(Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc)))
+            group.state = GroupState.PERSISTING
+        for group in released:
+            exc = outcome[group.key]
+            self._release_group(group, exc, lease_lost=isinstance(exc, LeaseLostError))
+        if records:
+            batch = next(self._ids)
+            self._batches[batch] = [
+                (g, outcome[g.key]) for g, _ in failed if g.key in {r.key for r in records}
+            ]
+            self.fx.record_failures(batch, records)
+
+    def _failure_text(self, exc: BaseException) -> tuple[str, Any]:
+        if isinstance(exc, TooLarge):
+            return output_too_large_error(
+                exc.size_bytes, self.fx.salvage_path()
+            ), FailureKind.OUTPUT_TOO_LARGE
+        if isinstance(exc, InvalidOutputError):
+            return str(exc), FailureKind.PERMANENT
+        return str(exc) or type(exc).__name__, failure_kind_for(exc)
+
+    def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
+        """Failures written (or the write failed: the latch trips, callers hear both causes)."""
+        failed: list[tuple[Group, BaseException]] = self._batches.pop(batch, [])
+        if error is not None:  # callers hear back once the latch is tripped (no new call starts)
+            failed = [
+                (g, ReceiptPersistenceError(f"recording the failure of {g.key} failed: {error}", cause=exc))
+                for g, exc in failed
+            ]
+            self._batches[batch] = failed
+            self.fx.trip_latch(f"recording failures failed: {error}", batch)
+            return
+        self._settle_failed(failed)
+
+    def on_latch_tripped(self, batch: int, now: float) -> None:
+        """The flusher tripped the latch: answer the callers of the failed write."""
+        self._settle_failed(self._batches.pop(batch, []))
+
+    def _settle_failed(self, failed: list[tuple[Group, BaseException]]) -> None:
+        for group, exc in failed:
+            self._settle(group, exc)
+            self._persisted_one(group)
+
+    def _persisted_one(self, group: Group) -> None:
+        unit = group.unit
+        if unit is None:
+            return
+        unit.persisting -= 1
+        if unit.persisting <= 0:
+            self._leave(unit)

@@ -1,0 +1,305 @@
+"""What every part of the call lifecycle shares: the effects port, the state, the exits.
+
+:class:`LifecycleBase` holds the state of one tool's groups and units, and the exit
+actions every path ends in (:meth:`~LifecycleBase._settle` for a group: heartbeat off,
+out of the in-flight map, callers answered; :meth:`~LifecycleBase._leave` for a unit:
+its slot back). The transitions live in :mod:`actors._claiming` (claims and waits),
+:mod:`actors._finishing` (attempts returned, persistence) and :mod:`actors.lifecycle`
+(admission, sending, cancellation, stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from stores._codec import decode_output
+from stores.types import (
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    LeaseRef,
+)
+
+from ._calls import Call, Group, GroupState, Role, Unit
+from ._execute import AttemptSpec
+from .errors import (
+    AuthScopeChangedError,
+    BudgetExceededError,
+    CallCancelledError,
+    NotSentError,
+    OutputNotStorableError,
+    PersistenceCircuitOpenError,
+    SuspendedError,
+)
+from .results import ToolResult
+from .tool import Policy, Tool
+
+__all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Effects", "LifecycleBase", "TooLarge"]
+
+RELEASE_ON = (
+    SuspendedError,
+    AuthScopeChangedError,
+    BudgetExceededError,
+    OutputNotStorableError,
+    NotSentError,
+)
+"""Errors after which a receipt is given back (pending), not failed."""
+
+
+class Effects(Protocol):
+    """What the lifecycle asks its actor to do. Each answer comes back as a message."""
+
+    def claim(
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
+    ) -> None: ...
+    def read(self, batch: int, keys: list[str]) -> None: ...
+    def acquire(self, want: int, exempt: bool) -> None: ...
+    def release_slots(
+        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0
+    ) -> None: ...
+    def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
+    def mark_running(self, batch: int, leases: list[LeaseRef]) -> None: ...
+    def start(self, spec: AttemptSpec) -> None: ...
+    def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None: ...
+    def record_failures(self, batch: int, failures: list[Failure]) -> None: ...
+    def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None: ...
+    def beat(self, batch: int, leases: list[LeaseRef]) -> None: ...
+    def unbeat(self, keys: list[str]) -> None: ...
+    def charge_retry(self, unit: int) -> None: ...
+    def later(self, delay_s: float, message: Any) -> None: ...
+    def blocked_until(self, now: float) -> tuple[float, bool] | None: ...
+    def latch_reason(self) -> str | None: ...
+    def trip_latch(self, reason: str, batch: int) -> None: ...
+    def answer(self, call: Call, outcome: Any) -> None: ...
+    def requeue(self, call: Call, error: BaseException) -> None: ...
+    def salvage(self, group: Group, output: Any, error: str) -> None: ...
+    def count(self, name: str, n: int = 1) -> None: ...
+    def remember(self, key: str, text: str, cached: bool) -> None: ...
+    def salvage_path(self) -> str: ...
+
+
+class LifecycleBase:
+    """The state of one tool's call groups and units, and their exit actions.
+
+    Args:
+        tool: the tool.
+        policy: timeouts, retries, receipt waits.
+        org_id / scope: the run's org and scope (claim requests).
+        fx: the effects port (the actor, or a recorder in tests).
+        width: most units of this tool holding slots at once (suggested parallelism).
+    """
+
+    def __init__(self, tool: Tool, policy: Policy, org_id: str, scope: str, fx: Effects, width: int) -> None:
+        self.tool = tool
+        self.policy = policy
+        self.org_id = org_id
+        self.scope = scope
+        self.fx = fx
+        self.width = max(1, width)
+        self.groups: dict[str, Group] = {}
+        """Receipt key -> group past its queue and not settled (calls of that key attach)."""
+        self.pending: collections.deque[Unit] = collections.deque()
+        self.pending_exempt: collections.deque[Unit] = collections.deque()
+        self.units: dict[int, Unit] = {}
+        self.holding = 0
+        """Units holding a non-exempt slot."""
+        self.acquiring = {False: False, True: False}
+        self.stopping = False
+        self._batches: dict[int, Any] = {}
+        self._releasing: list[tuple[Group, BaseException | None, LeaseRef]] = []
+        self._ids = itertools.count(1)
+
+    # -- provided by the parts ---------------------------------------------------------
+
+    def pump(self, now: float) -> None:
+        """Ask for slots for what waits (:class:`actors.lifecycle.Lifecycle`)."""
+        raise NotImplementedError
+
+    def _conclude(
+        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+    ) -> None:
+        """End a unit's last attempt (:class:`actors._finishing.Finishing`)."""
+        raise NotImplementedError
+
+    def _compile(self, groups: list[Group]) -> list[Unit]:
+        batch = self.tool.batch
+        size = batch.max_batch_size if batch is not None else 1
+        out: list[Unit] = []
+        for exempt in (False, True):
+            chosen = [g for g in groups if g.nested is exempt]
+            for i in range(0, len(chosen), size):
+                unit = Unit(next(self._ids), chosen[i : i + size], exempt=exempt)
+                for group in unit.groups:
+                    group.unit = unit
+                    group.state = GroupState.CLAIMED
+                self.units[unit.id] = unit
+                out.append(unit)
+        if batch is not None and len(out) > 0:
+            self.fx.count("batches_compiled", sum(1 for u in out if len(u.groups) > 1))
+        return out
+
+    def _enqueue(self, units: Iterable[Unit], front: bool = False) -> None:
+        for unit in units:
+            queue = self.pending_exempt if unit.exempt else self.pending
+            if front:
+                queue.appendleft(unit)
+            else:
+                queue.append(unit)
+
+    # -- exits: every path ends here ------------------------------------------------------
+
+    def _cancel(self, groups: list[Group]) -> None:
+        for group in groups:
+            self._settle(group, CallCancelledError("the dispatcher stopped"))
+
+    def _refuse_latch(self, units: list[Unit], reason: str) -> None:
+        for unit in units:
+            self.fx.count("refused_by_latch", sum(len(g.calls) for g in unit.groups))
+            self._give_back(unit, PersistenceCircuitOpenError(f"latch tripped: {reason}"))
+
+    def _give_back(self, unit: Unit, error: BaseException) -> None:
+        """Release a unit not sent: its receipts go back to pending, callers get ``error``."""
+        for queue in (self.pending, self.pending_exempt):
+            if unit in queue:
+                queue.remove(unit)
+        for group in list(unit.groups):
+            self._release_group(group, error)
+        self._leave(unit)
+
+    def _release_group(self, group: Group, error: BaseException | None, lease_lost: bool = False) -> None:
+        """Give a group's receipt back (pending); its callers hear ``error`` once the store
+        has done it, so a refused call's receipt is already free when its caller learns."""
+        lease = group.lease
+        self._drop_from_unit(group)
+        if lease is not None and self.tool.durable and not lease_lost and not group.lease_lost:
+            group.state = GroupState.RELEASING
+            self._releasing.append((group, error, lease))
+            return
+        self._released(group, error)
+
+    def flush(self) -> None:
+        """End of a message: send the releases it gathered as one store request."""
+        if self._releasing:
+            items, self._releasing = self._releasing, []
+            batch = next(self._ids)
+            self._batches[batch] = items
+            self.fx.release_receipts(batch, [lease for _, _, lease in items])
+
+    def on_released(self, batch: int, now: float) -> None:
+        """The store released receipts (or could not: their leases simply expire)."""
+        for group, error, _ in self._batches.pop(batch, []):
+            self._released(group, error)
+
+    def _released(self, group: Group, error: BaseException | None) -> None:
+        if isinstance(error, AuthScopeChangedError):
+            calls, group.calls = group.calls, []
+            self._settle(group, None)
+            for call in calls:
+                self.fx.requeue(call, error)
+            return
+        self._settle(group, error)
+
+    def _drop_from_unit(self, group: Group) -> None:
+        unit = group.unit
+        if unit is not None and group in unit.groups:
+            unit.groups.remove(group)
+            if unit.persisting > 0:
+                unit.persisting -= 1
+            if not unit.groups:
+                self._leave(unit)
+
+    def _free_slot(self, unit: Unit) -> None:
+        if unit.slot:
+            unit.slot = False
+            if not unit.exempt:
+                self.holding -= 1
+            self.fx.release_slots(1, exempt=unit.exempt)
+
+    def _leave(self, unit: Unit) -> None:
+        """A unit's exit action: its slot back, forgotten."""
+        self._free_slot(unit)
+        if unit.out:
+            return  # its worker still runs: it leaves when the worker reports
+        self.units.pop(unit.id, None)
+
+    def _stop_waiting(self, group: Group) -> None:
+        if group.waiting_counted:
+            self.fx.count("waiting_on_owner", -group.waiting_counted)
+            group.waiting_counted = 0
+
+    def _unbeat(self, group: Group) -> bool:
+        if group.beating:
+            self.fx.unbeat([group.key])
+        return False
+
+    def _answer_early(self, group: Group, outcome: Any) -> None:
+        """Answer the callers now; the group goes on (a late result is still persisted)."""
+        calls, group.calls = group.calls, []
+        group.answered = True
+        for call in calls:
+            self.fx.answer(call, self._outcome_for(call, group, outcome))
+
+    def _settle(self, group: Group, outcome: Any) -> None:
+        """A group's exit action: heartbeat off, out of the in-flight map, callers answered."""
+        if group.state is GroupState.SETTLED:
+            return
+        group.beating = self._unbeat(group)
+        self._stop_waiting(group)
+        group.state = GroupState.SETTLED
+        if self.groups.get(group.key) is group:
+            del self.groups[group.key]
+        if isinstance(outcome, Done):
+            if outcome.execution == "live" and group.ran:
+                self.fx.count("live")
+            if self.tool.durable:
+                self.fx.remember(group.key, outcome.value, outcome.execution == "cached")
+        calls, group.calls = group.calls, []
+        if outcome is None:
+            return
+        for call in calls:
+            self.fx.answer(call, self._outcome_for(call, group, outcome))
+
+    def _outcome_for(self, call: Call, group: Group, outcome: Any) -> Any:
+        if not isinstance(outcome, Done):
+            return outcome
+        execution = outcome.execution
+        if execution == "live" and (call.role is not Role.OWNER or not group.ran):
+            execution = "in_flight"
+        value = decode_output(outcome.value) if self.tool.durable else outcome.value
+        return ToolResult.of(value, execution, group.key, self.tool.tool_id)  # type: ignore[arg-type]
+
+
+MISSING = object()
+
+
+class _FlusherFailed:
+    kind = "salvaged"
+    output: Any = None
+    error = "the completion flusher failed"
+    reason = ""
+
+
+FLUSHER_FAILED: Any = _FlusherFailed()
+
+
+class TooLarge(Exception):
+    """An output over the store's cap: the caller got it, it is salvaged, and the receipt
+    records failure kind ``output_too_large`` (not retried by a normal claim)."""
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(f"output of {size_bytes} bytes is over the store's cap")
+        self.size_bytes = size_bytes
+
+
+class Done:
+    """A successful outcome: the encoded output (durable) or the value, and how it came."""
+
+    __slots__ = ("execution", "value")
+
+    def __init__(self, value: Any, execution: str) -> None:
+        self.value = value
+        self.execution = execution
