@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from stores._codec import encode_output
+from stores._codec import EncodedOutput, encode_output
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -26,8 +26,10 @@ from .errors import (
     ReceiptWaitTimeoutError,
     RecordedFailureError,
     StoreError,
+    UncertainOutcomeError,
 )
 from .messages import PollDue
+from .tool import NOT_DONE
 
 __all__ = ["Claiming"]
 
@@ -102,7 +104,14 @@ class Claiming(LifecycleBase):
                 else:
                     self._settle(group, self._recorded_failure(group, receipt))
             elif disposition.value == "uncertain":
-                self._settle(group, self._uncertain(group, receipt))
+                if self.tool.reconcile is None:
+                    self._settle(group, self._uncertain(group, receipt))
+                else:  # ask the provider whether the uncertain attempt acted
+                    group.receipt = receipt
+                    group.state = GroupState.CLAIMING
+                    batch = next(self._ids)
+                    self._batches[batch] = group
+                    self.fx.reconcile(batch, group)
             elif group.polls >= self.policy.receipt_wait_max_attempts:
                 self._settle(
                     group,
@@ -144,12 +153,45 @@ class Claiming(LifecycleBase):
             failure_kind=receipt.failure_kind,
         )
 
+    def on_reconciled(self, batch: int, value: Any, error: BaseException | None, now: float) -> None:
+        """The reconcile hook answered: store what the provider did, or run it again."""
+        group: Group | None = self._batches.pop(batch, None)
+        if group is None:
+            return
+        if error is not None or group.receipt is None:
+            self._settle(group, UncertainOutcomeError(
+                f"the outcome of {group.key} is uncertain and reconciling it failed: {error}",
+                failure_kind=None,
+            ))  # fmt: skip
+            return
+        try:
+            text = None if value is NOT_DONE else encode_output(value)
+        except Exception as exc:
+            self._settle(group, exc)
+            return
+        batch = next(self._ids)
+        self._batches[batch] = (group, text)
+        if text is None:
+            self.fx.resolve(batch, group.key, "rerun")
+        else:
+            self.fx.resolve(batch, group.key, "complete", EncodedOutput(text))
+
+    def on_resolved(self, batch: int, error: BaseException | None, now: float) -> None:
+        """The store took the reconcile hook's answer: reuse the output, or claim again."""
+        found = self._batches.pop(batch, None)
+        if found is None:
+            return
+        group, text = found
+        if error is not None:
+            self._settle(group, error)
+        elif text is None:
+            self._claim([group], None)
+        else:
+            self._settle(group, Done(text, "cached"))
+
     @staticmethod
     def _uncertain(group: Group, receipt: Receipt) -> BaseException:
-        from . import errors
-
-        cls = getattr(errors, "UncertainOutcomeError", RecordedFailureError)
-        return cls(
+        return UncertainOutcomeError(
             f"the outcome of {group.key} is uncertain (its request may have reached the provider); "
             "resolve it with `tooldispatch receipts resolve KEY --rerun | --fail`",
             failure_kind=receipt.failure_kind,

@@ -28,6 +28,8 @@ from .errors import (
     LeaseLostError,
     NotSentError,
     OutputNotStorableError,
+    ProviderError,
+    ProviderUnreachableError,
     RateLimitedError,
     ReceiptPersistenceError,
     StoreError,
@@ -221,6 +223,7 @@ class Finishing(LifecycleBase):
 
     def _fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None:
         records: list[Failure] = []
+        uncertain: list[Failure] = []
         released: list[Group] = []
         outcome: dict[str, BaseException] = {}
         for group, exc in failed:
@@ -235,17 +238,30 @@ class Finishing(LifecycleBase):
             if counted:
                 self.fx.count("failures")
             outcome[group.key] = exc
-            records.append(Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc)))
+            record = Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc))
+            (uncertain if self._may_have_acted(exc) else records).append(record)
             group.state = GroupState.PERSISTING
         for group in released:
             exc = outcome[group.key]
             self._release_group(group, exc, lease_lost=isinstance(exc, LeaseLostError))
-        if records:
-            batch = next(self._ids)
-            self._batches[batch] = [
-                (g, outcome[g.key]) for g, _ in failed if g.key in {r.key for r in records}
-            ]
-            self.fx.record_failures(batch, records)
+        for chosen, is_uncertain in ((records, False), (uncertain, True)):
+            if chosen:
+                batch = next(self._ids)
+                keys = {r.key for r in chosen}
+                self._batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
+                self.fx.record_failures(batch, chosen, uncertain=is_uncertain)
+
+    def _may_have_acted(self, exc: BaseException) -> bool:
+        """A tool that is not retry-safe whose request may have reached the provider: it
+        timed out, or its connection broke, after sending (a refused connection sent
+        nothing). Recorded ``uncertain``: never re-run silently (SEMANTICS.md)."""
+        if self.tool.retry_safe:
+            return False
+        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
+            return False
+        if isinstance(exc, ProviderError):
+            return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))
+        return isinstance(exc, (TimeoutError, ConnectionError))
 
     def _failure_text(self, exc: BaseException) -> tuple[str, Any]:
         if isinstance(exc, TooLarge):

@@ -39,8 +39,10 @@ from .messages import (
     ReceiptsClaimed,
     ReceiptsRead,
     ReceiptsReleased,
+    Reconciled,
     RegisterLeases,
     ReleaseSlots,
+    Resolved,
     RetryCharged,
     RetryDue,
     RunningMarked,
@@ -49,7 +51,7 @@ from .messages import (
     UnitFinished,
     UnregisterLeases,
 )
-from .results import ToolResult
+from .results import ToolContext, ToolResult, provider_idempotency_key
 from .salvage import SalvageLog, salvage_entry
 from .stats import Stats
 from .tool import Policy, RunInfo, Tool
@@ -133,6 +135,10 @@ class ActorEffects:
             life.on_latch_tripped(message.batch, now)
         elif isinstance(message, ReceiptsReleased):
             life.on_released(message.batch, now)
+        elif isinstance(message, Reconciled):
+            life.on_reconciled(message.batch, message.value, message.error, now)
+        elif isinstance(message, Resolved):
+            life.on_resolved(message.batch, message.error, now)
         elif isinstance(message, ReceiptsRead):
             life.on_read(message.batch, message.value, message.error, now)
         elif isinstance(message, PollDue):
@@ -247,14 +253,43 @@ class ActorEffects:
         except pykka.ActorDeadError as exc:
             reply.set_exception((type(exc), exc, None))
 
-    def record_failures(self, batch: int, failures: list[Failure]) -> None:
+    def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
+        method = "mark_uncertain_many" if uncertain else "fail_many"
+        reply = Reply(self.ref, FailuresRecorded, batch=batch)
+        self._store(method, reply, self.org_id, failures, self.ports.owner)
+
+    def reconcile(self, batch: int, group: Group) -> None:
+        hook = self.tool.reconcile
+        assert hook is not None
+        receipt = group.receipt
+        context = ToolContext(
+            tool_id=self.tool.tool_id,
+            idempotency_key=provider_idempotency_key(group.key, receipt.generation if receipt else None),
+            receipt_keys=(group.key,), credential_scope_digest=group.credential_digest,
+            deadline=time.monotonic() + group.timeout_s, timeout_s=group.timeout_s,
+        )  # fmt: skip
+        reply = Reply(self.ref, Reconciled, batch=batch)
+        inp = group.input
+
+        def ask() -> None:
+            try:
+                reply.set(hook(inp, context))
+            except Exception as exc:
+                reply.set_exception((type(exc), exc, exc.__traceback__))
+
+        try:
+            self.ports.pool.submit(ask)
+        except RuntimeError as exc:
+            reply.set_exception((type(exc), exc, None))
+
+    def resolve(self, batch: int, key: str, action: str, output: Any = None) -> None:
+        from stores.types import ResolveAction
+
+        reply = Reply(self.ref, Resolved, batch=batch)
         self._store(
-            "fail_many",
-            Reply(self.ref, FailuresRecorded, batch=batch),
-            self.org_id,
-            failures,
-            self.ports.owner,
-        )
+            "resolve", reply, self.org_id, key, ResolveAction(action), output=output,
+            note="reconciled with the provider",
+        )  # fmt: skip
 
     def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
         # best effort: a lease the store cannot release now simply expires

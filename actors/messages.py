@@ -25,6 +25,7 @@ __all__ = [
     "FailuresRecorded",
     "FlushCompletions",
     "FlushDue",
+    "ForgetMemo",
     "GovernorWake",
     "GroupsSettled",
     "HeartbeatTick",
@@ -34,8 +35,10 @@ __all__ = [
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
+    "Reconciled",
     "RegisterLeases",
     "ReleaseSlots",
+    "Resolved",
     "RetryDue",
     "RetryWrite",
     "RunningMarked",
@@ -252,6 +255,11 @@ class SubmitCalls:
 
 
 @attrs.frozen(kw_only=True)
+class ForgetMemo:
+    """Drop the tool's memo: receipts were purged (by this process or another)."""
+
+
+@attrs.frozen(kw_only=True)
 class CallCancelled:
     """The caller gave up on a call (``future.cancel()``, an asyncio cancellation)."""
 
@@ -281,6 +289,30 @@ class ReceiptsRead:
     """list of stores.Receipt or None, request order (None on error)."""
     error: BaseException | None
     """Why the read failed, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class Reconciled:
+    """Fact: a tool's reconcile hook answered for an uncertain receipt."""
+
+    batch: int
+    """Which request."""
+    value: Any
+    """The output the provider reports, or ``actors.tool.NOT_DONE``."""
+    error: BaseException | None
+    """What the hook raised, or None."""
+
+
+@attrs.frozen(kw_only=True)
+class Resolved:
+    """Fact: the store decided an uncertain receipt (rerun or complete)."""
+
+    batch: int
+    """Which request."""
+    value: Any
+    """The receipt as it now stands."""
+    error: BaseException | None
+    """Why the store refused, or None."""
 
 
 @attrs.frozen(kw_only=True)

@@ -40,7 +40,7 @@ from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
 from .governor import GovernorActor, suggested_parallelism
 from .heartbeat import HeartbeatActor
-from .messages import CallCancelled, StopQueue, SubmitCalls
+from .messages import CallCancelled, ForgetMemo, StopQueue, StoreCall, SubmitCalls
 from .receipt_store import ReceiptStoreActor
 from .results import ToolResult
 from .salvage import ReplayReport, SalvageLog
@@ -171,6 +171,28 @@ class DispatchSystem:
             for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
+        self._purge_epoch: Any = None
+        if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
+            self.timers.call_later(0.0, self._watch_purges)
+
+    def _watch_purges(self) -> None:
+        """Every ``PURGE_POLL_S``: read the store's purge epoch (a point read on the store
+        actor); when a purge (from any process) changed it, every tool's memo is dropped, so
+        a purged receipt is never answered ``cached`` from memory."""
+        if self._stopping.is_set():
+            return
+        try:
+            self._store_ref.tell(StoreCall(method="purge_epoch", args=(), kwargs={}, reply=_EpochReply(self)))
+        except pykka.ActorDeadError:
+            return
+        self.timers.call_later(PURGE_POLL_S, self._watch_purges)
+
+    def _epoch_read(self, epoch: Any) -> None:
+        if self._purge_epoch is not None and epoch != self._purge_epoch:
+            for ref in self._queues.values():
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(ForgetMemo())
+        self._purge_epoch = epoch
 
     @classmethod
     def start(
@@ -312,9 +334,13 @@ class DispatchSystem:
     def stats(self) -> dict[str, Any]:
         """Counters: calls, live (executions of a tool), cached, in_flight, deduped,
         provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
-        refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, waits;
-        plus ``latch_tripped``, ``phases`` (p50/p95 ms) and ``tools`` (tool id -> its own
-        counters).
+        refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, requests
+        (every attempt sent), owner_waits (calls that waited on another live owner's
+        receipt), waiting_on_owner (calls waiting so right now), receipts_created; plus
+        ``latch_tripped``, ``phases`` (p50/p95 ms), ``tools`` (tool id -> its own
+        counters) and ``pacing`` ("org/provider" -> current rate and how it was learnt,
+        limit estimate, pauses with their Retry-After, 429s, circuit state, time waited;
+        see :func:`actors._pacing.pacing_report`).
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["tools"] = self.stats_.snapshot_tools()
@@ -322,6 +348,10 @@ class DispatchSystem:
         out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()
         out["runtime"] = self.runtime
+        try:
+            out["pacing"] = self._governor.proxy().pacing_report().get(timeout=2.0)
+        except Exception:  # stopped, or busy past the bound: stats never hang
+            out["pacing"] = {}
         return out
 
     def replay_salvage(self) -> ReplayReport:
@@ -372,6 +402,25 @@ class DispatchSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+PURGE_POLL_S = 0.5
+"""How often a running system looks for purges made by anyone (seconds)."""
+
+
+class _EpochReply:
+    """The store's answer to a purge-epoch read (runs on the store actor's thread)."""
+
+    done = False
+
+    def __init__(self, system: DispatchSystem) -> None:
+        self.system = system
+
+    def set(self, value: Any = None) -> None:
+        self.system._epoch_read(value)
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        pass  # a store hiccup: the next read tells
 
 
 def _snapshot(value: Any) -> Any:

@@ -7,7 +7,16 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
+__all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
+
+
+class _NotDone:
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+NOT_DONE: Any = _NotDone()
+"""What a tool's ``reconcile`` hook returns when the provider did not act on the call."""
 
 
 def _split_list(result: Any, n: int) -> list[Any]:
@@ -101,6 +110,11 @@ class Tool:
         timeout_s: per-call timeout, seconds (None: the policy's default).
         lease_ttl_s: receipt lease TTL, seconds (None: the policy's default).
         non_semantic_fields: top-level input fields left out of the receipt key.
+        reconcile: ``reconcile(input, ctx) -> output or NOT_DONE``: asks the provider
+            (by ``ctx.idempotency_key``, the key the uncertain attempt sent) whether a call
+            whose outcome is uncertain did act. An output is stored as the receipt's
+            result (``cached``); :data:`NOT_DONE` runs the call again; an exception
+            leaves it uncertain (UncertainOutcomeError). Runs on the worker pool.
         credentials: ``credentials() -> str`` giving the credential-scope digest;
             cached, and asked again after an :class:`AuthScopeChangedError`. The rule
             for custom tools: a tool that authenticates must set it, and the digest
@@ -125,6 +139,7 @@ class Tool:
     lease_ttl_s: float | None = None
     non_semantic_fields: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     credentials: Callable[[], str] | None = None
+    reconcile: Callable[[Any, Any], Any] | None = None
 
     @property
     def provider_name(self) -> str:

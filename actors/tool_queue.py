@@ -30,7 +30,7 @@ from stores.types import ClaimMode
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._runtime import fail, guarded
 from .errors import CallCancelledError
-from .messages import DrainDue, StopQueue, SubmitCalls
+from .messages import DrainDue, ForgetMemo, StopQueue, SubmitCalls
 from .results import ToolResult
 from .tool import Tool
 
@@ -256,6 +256,8 @@ class ToolQueueActor(pykka.ThreadingActor):
                 self._drain(message.generation, now)
             elif isinstance(message, StopQueue):
                 self._stop_queue(message, now)
+            elif isinstance(message, ForgetMemo):
+                self.queue.memo.forget()
             else:
                 self.effects.dispatch(message, now)
         finally:
