@@ -330,9 +330,52 @@ def receipts_show(key: str, db: str) -> None:
     rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
+    from stores._codec import decode_output
+
     row = dict(rows[0])
-    row["output"] = orjson.loads(row["output"]) if row["output"] else None
-    click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
+    row["output"] = decode_output(row["output"]) if row["output"] else None
+    try:
+        click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
+    except TypeError:  # an exact-form output orjson cannot write (NaN, a lone surrogate...)
+        import json
+
+        click.echo(json.dumps(row, indent=2))
+
+
+@receipts.command("resolve", short_help="Decide an uncertain receipt: --rerun or --fail.")
+@click.argument("key")
+@_db_option
+@click.option("--rerun", "action", flag_value="rerun", help="Claimable again (same idempotency key).")
+@click.option("--fail", "action", flag_value="fail", help="Record it failed (later calls are refused).")
+@click.option("--note", default="", help="Text kept with the decision.")
+def receipts_resolve(key: str, db: str, action: str | None, note: str) -> None:
+    """Decide a receipt whose outcome is uncertain (KEY may be a unique prefix).
+
+    A call to a tool that is not retry-safe whose request may have reached the provider
+    (it timed out or lost its connection after sending, or its process died while it
+    ran) is recorded uncertain and never re-run silently. Check with the provider (the
+    call sent the receipt's idempotency key), then --rerun (the next run calls it again,
+    with the same Idempotency-Key, so a provider that honours it answers from its records)
+    or --fail (later calls are refused with the recorded error).
+    """
+    from stores.types import ResolveAction
+
+    if action is None:
+        raise ConfigError("say what to do: --rerun or --fail")
+    rows = _query(db, "select org_id, key, status from receipts where key like ? limit 2", [f"{key}%"])
+    if len(rows) != 1:
+        raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
+    row = rows[0]
+    if row["status"] != "uncertain":
+        raise ConfigError(f"receipt {row['key'][:16]} is {row['status']}, not uncertain: nothing to resolve")
+    store = _open(db)
+    try:
+        store.resolve(
+            row["org_id"], row["key"], ResolveAction(action), note=note or "resolved by an operator"
+        )
+    finally:
+        store.close()
+    click.echo(f"receipt {row['key'][:16]}: {'claimable again' if action == 'rerun' else 'failed'}")
 
 
 @receipts.command("purge", short_help="Delete receipts (asks first).")
