@@ -273,7 +273,8 @@ class ToolQueueActor(pykka.ThreadingActor):
         if self.lifecycle.stopping:
             fail(call.future, CallCancelledError("the dispatcher is stopped"))
             return
-        if call.future.cancelled:
+        if call.future.cancelled:  # gave up before its call reached the queue
+            self.ports.stats.add("cancelled", tool=self.queue.tool.tool_id)
             fail(call.future, CallCancelledError("the call was cancelled"))
             return
         decision = self.queue.submit(call)
