@@ -15,7 +15,6 @@ from typing import Any
 from stores import output_too_large_error
 from stores._codec import EncodedOutput, decode_output, encode_output, salvage_form
 from stores.types import (
-    Completion,
     Failure,
     FailureKind,
 )
@@ -170,14 +169,11 @@ class Finishing(LifecycleBase):
             self._leave(unit)
 
     def _persist(self, values: list[tuple[Group, str]]) -> None:
-        batch = next(self._ids)
-        self._batches[batch] = values
-        entries = [
-            Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
-        ]
+        """Queue outputs for the flusher; sent by :meth:`flush` (many units' outputs in
+        one request when many finish together: larger transactions under load)."""
         for group, _ in values:
             group.state = GroupState.PERSISTING
-        self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
+        self._persisting.extend(values)
 
     def on_persisted(
         self, batch: int, outcomes: dict[str, Any] | None, error: BaseException | None, now: float

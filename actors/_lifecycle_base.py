@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from stores._codec import decode_output
+from stores._codec import EncodedOutput, decode_output
 from stores.types import (
     ClaimMode,
     ClaimRequest,
@@ -84,6 +84,10 @@ class Effects(Protocol):
     def salvage_path(self) -> str: ...
 
 
+PERSIST_BATCH = 500
+"""Most outputs held back for one flusher request while more messages are waiting."""
+
+
 class LifecycleBase:
     """The state of one tool's call groups and units, and their exit actions.
 
@@ -113,6 +117,7 @@ class LifecycleBase:
         self.stopping = False
         self._batches: dict[int, Any] = {}
         self._releasing: list[tuple[Group, BaseException | None, LeaseRef]] = []
+        self._persisting: list[tuple[Group, str]] = []
         self._ids = itertools.count(1)
 
     # -- provided by the parts ---------------------------------------------------------
@@ -183,8 +188,22 @@ class LifecycleBase:
             return
         self._released(group, error)
 
-    def flush(self) -> None:
-        """End of a message: send the releases it gathered as one store request."""
+    def flush(self, idle: bool = True) -> None:
+        """End of a message: send the outputs and releases gathered as one request each.
+
+        Args:
+            idle: no other message is waiting. Outputs wait for the next message while
+                more are coming (up to ``PERSIST_BATCH`` members), so units finishing
+                together are written together.
+        """
+        if self._persisting and (idle or len(self._persisting) >= PERSIST_BATCH):
+            values, self._persisting = self._persisting, []
+            batch = next(self._ids)
+            self._batches[batch] = values
+            entries = [
+                Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
+            ]
+            self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
         if self._releasing:
             items, self._releasing = self._releasing, []
             batch = next(self._ids)

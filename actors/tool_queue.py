@@ -261,7 +261,8 @@ class ToolQueueActor(pykka.ThreadingActor):
             else:
                 self.effects.dispatch(message, now)
         finally:
-            self.lifecycle.flush()
+            idle = self.actor_inbox.empty()
+            self.lifecycle.flush(idle)
             self.effects.flush()
             if self._stop_replies and self.lifecycle.idle:
                 replies, self._stop_replies = self._stop_replies, []
