@@ -168,6 +168,8 @@ class Unit:
     """Times put back for admission (429, not sent)."""
     slot: bool = False
     """Holds a governor slot."""
+    queued: bool = False
+    """Waits in the lifecycle's admission queue."""
     exempt: bool = False
     """Its slot is a nested call's (not counted against the ceiling)."""
     deadline: float | None = None

@@ -128,7 +128,7 @@ class Finishing(LifecycleBase):
             for group in unit.groups:
                 self._answer_early(group, error)
             return
-        if unit.slot or unit in self.pending or unit in self.pending_exempt:
+        if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
         self._conclude(unit, None, unit.last_error or error, now)
 
@@ -137,7 +137,7 @@ class Finishing(LifecycleBase):
     ) -> None:
         """The unit's last attempt is over: persist values, record or release the rest."""
         for queue in (self.pending, self.pending_exempt):
-            if unit in queue:
+            if unit.queued and unit in queue:
                 queue.remove(unit)
         values: list[tuple[Group, str]] = []
         failed: list[tuple[Group, BaseException]] = []

@@ -152,6 +152,9 @@ class LifecycleBase:
     def _enqueue(self, units: Iterable[Unit], front: bool = False) -> None:
         for unit in units:
             queue = self.pending_exempt if unit.exempt else self.pending
+            if unit.queued:
+                continue
+            unit.queued = True
             if front:
                 queue.appendleft(unit)
             else:
@@ -171,7 +174,7 @@ class LifecycleBase:
     def _give_back(self, unit: Unit, error: BaseException) -> None:
         """Release a unit not sent: its receipts go back to pending, callers get ``error``."""
         for queue in (self.pending, self.pending_exempt):
-            if unit in queue:
+            if unit.queued and unit in queue:
                 queue.remove(unit)
         for group in list(unit.groups):
             self._release_group(group, error)

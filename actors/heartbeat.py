@@ -32,7 +32,8 @@ class _Entry:
     reg: RegisterLeases
     interval_s: float
     next_due: float
-    leases: list[LeaseRef]
+    leases: dict[str, LeaseRef]
+    """Receipt key -> lease, still renewed."""
 
 
 @attrs.frozen
@@ -56,24 +57,33 @@ class LeaseSet:
     def __init__(self, interval_for: Callable[[float], float]) -> None:
         self.interval_for = interval_for
         self.entries: dict[int, _Entry] = {}
+        self.token_of: dict[str, int] = {}
+        """Receipt key -> the registration that renews it."""
         self.renewals = 0
         self.lost_keys: list[str] = []
 
     def register(self, reg: RegisterLeases, now: float) -> None:
         """Start renewing ``reg.leases`` one interval from ``now``."""
         interval = self.interval_for(reg.lease_ttl_s)
-        self.entries[reg.token] = _Entry(reg, interval, now + interval, list(reg.leases))
+        self.entries[reg.token] = _Entry(
+            reg, interval, now + interval, {lease.key: lease for lease in reg.leases}
+        )
+        for lease in reg.leases:
+            self.token_of[lease.key] = reg.token
 
     def unregister(self, token: int, keys: tuple[str, ...] | None = None) -> None:
         """Stop renewing a registration (its call ended), or only ``keys`` of any registration."""
         if keys is None:
-            self.entries.pop(token, None)
+            entry = self.entries.pop(token, None)
+            for key in entry.leases if entry is not None else ():
+                self.token_of.pop(key, None)
             return
-        drop = set(keys)
-        for token_, entry in list(self.entries.items()):
-            entry.leases = [lease for lease in entry.leases if lease.key not in drop]
-            if not entry.leases:
-                del self.entries[token_]
+        for key in keys:  # O(1) a key: the index says which registration holds it
+            found = self.entries.get(self.token_of.pop(key, -1))
+            if found is not None:
+                found.leases.pop(key, None)
+                if not found.leases:
+                    del self.entries[found.reg.token]
 
     def retry_soon(self, token: int, now: float) -> None:
         """A renewal failed (a store hiccup): try again in a quarter interval, well before
@@ -92,7 +102,9 @@ class LeaseSet:
             if now >= entry.next_due:
                 entry.next_due = now + entry.interval_s
                 reg = entry.reg
-                out.append(Renewal(token, reg.org_id, reg.owner, tuple(entry.leases), reg.lease_ttl_s))
+                out.append(
+                    Renewal(token, reg.org_id, reg.owner, tuple(entry.leases.values()), reg.lease_ttl_s)
+                )
         return out
 
     def refused(self, token: int, keys: set[str]) -> RegisterLeases | None:
@@ -100,7 +112,9 @@ class LeaseSet:
         entry = self.entries.get(token)
         if entry is None or not keys:
             return None
-        entry.leases = [lease for lease in entry.leases if lease.key not in keys]
+        for key in keys:
+            entry.leases.pop(key, None)
+            self.token_of.pop(key, None)
         self.lost_keys.extend(sorted(keys))
         if not entry.leases:
             del self.entries[token]

@@ -62,8 +62,11 @@ class Lifecycle(Claiming, Finishing):
                 continue
             reason = self.fx.latch_reason()
             if reason is not None:
-                self._refuse_latch(list(queue), reason)
+                refused = list(queue)
                 queue.clear()
+                for unit in refused:
+                    unit.queued = False
+                self._refuse_latch(refused, reason)
                 continue
             want = len(queue) if exempt else min(len(queue), self.width - self.holding)
             if want < 1:
@@ -73,7 +76,9 @@ class Lifecycle(Claiming, Finishing):
 
     def _drop_empty(self, queue: collections.deque[Unit]) -> None:
         while queue and not queue[0].groups:
-            self.units.pop(queue.popleft().id, None)
+            dropped = queue.popleft()
+            dropped.queued = False
+            self.units.pop(dropped.id, None)
 
     def on_granted(
         self, n: int | None, error: BaseException | None, now: float, exempt: bool = False
@@ -84,6 +89,8 @@ class Lifecycle(Claiming, Finishing):
         if error is not None or not n:
             units = list(queue)
             queue.clear()
+            for unit in units:
+                unit.queued = False
             if isinstance(error, ProviderUnavailableError):
                 self.fx.count("unavailable", sum(len(g.calls) for u in units for g in u.groups))
             for unit in units:
@@ -93,6 +100,7 @@ class Lifecycle(Claiming, Finishing):
         admitted: list[Unit] = []
         while n > 0 and queue:
             unit = queue.popleft()
+            unit.queued = False
             if not unit.groups:
                 self.units.pop(unit.id, None)
                 continue
@@ -246,10 +254,12 @@ class Lifecycle(Claiming, Finishing):
         self.stopping = True
         refused = 0
         for queue in (self.pending, self.pending_exempt):
-            for unit in list(queue):
+            units = list(queue)
+            queue.clear()
+            for unit in units:
+                unit.queued = False
                 refused += sum(len(g.calls) for g in unit.groups)
                 self._give_back(unit, CallCancelledError("the dispatcher stopped before the call started"))
-            queue.clear()
         waiting = [g for g in self.groups.values() if g.state is GroupState.WAITING]
         refused += sum(len(g.calls) for g in waiting)
         self._cancel(waiting)

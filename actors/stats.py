@@ -60,7 +60,10 @@ class Stats:
         with self._lock:
             self.counters[name] += n
             if tool is not None:
-                self.per_tool.setdefault(tool, collections.Counter())[name] += n
+                counts = self.per_tool.get(tool)
+                if counts is None:
+                    counts = self.per_tool[tool] = collections.Counter()
+                counts[name] += n
 
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
