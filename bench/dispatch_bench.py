@@ -31,6 +31,7 @@ calibration; compare runs only at similar values. See ``bench/README.md``.
 from __future__ import annotations
 
 import cProfile
+import functools
 import hashlib
 import json
 import os
@@ -49,7 +50,9 @@ import click
 
 try:
     import actors
-except ImportError:  # run as a script from a checkout: put the repository root on the path
+except (
+    ImportError
+):  # run as a script from a checkout: put the repository root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import actors  # noqa: F401
 
@@ -104,7 +107,10 @@ def raw_limit(path: str, n: int, batch: int) -> tuple[float, float]:
          "run-bench", 1, now + 60, 1, now, now, None, 1, "bench-host", os.getpid(), now)
         for k in keys
     ]  # fmt: skip
-    updates = [(json.dumps({"ok": True, "i": i}), now, now, ORG_ID, k) for i, k in enumerate(keys)]
+    updates = [
+        (json.dumps({"ok": True, "i": i}), now, now, ORG_ID, k)
+        for i, k in enumerate(keys)
+    ]
     t0 = time.perf_counter()
     for first in range(0, n, batch):
         conn.execute("BEGIN IMMEDIATE")
@@ -129,7 +135,9 @@ def raw_limit(path: str, n: int, batch: int) -> tuple[float, float]:
 # -- b, c, d. the system --------------------------------------------------------------------
 
 
-def _run_calls(system: DispatchSystem, inputs: list[Any]) -> tuple[float, dict[str, int]]:
+def _run_calls(
+    system: DispatchSystem, inputs: list[Any]
+) -> tuple[float, dict[str, int]]:
     t0 = time.perf_counter()
     futures = system.proxy().execute_many("noop", inputs)
     results = [f.get(timeout=900) for f in futures]
@@ -140,18 +148,29 @@ def _run_calls(system: DispatchSystem, inputs: list[Any]) -> tuple[float, dict[s
     return wall, kinds
 
 
-def bench_system(path: str, n: int, profile: str | None) -> dict[str, tuple[float, dict[str, int]]]:
+def bench_system(
+    path: str, n: int, profile: str | None
+) -> dict[str, tuple[float, dict[str, int]]]:
     """fresh on a new store; rerun (new system, same store); memo (the rerun's system again)."""
     inputs = [{"i": i} for i in range(n)]
     out: dict[str, tuple[float, dict[str, int]]] = {}
     store = SqliteReceiptStore(path)
     try:
-        for run_id, sections in (("bench-fresh", ("fresh",)), ("bench-rerun", ("rerun", "memo"))):
+        for run_id, sections in (
+            ("bench-fresh", ("fresh",)),
+            ("bench-rerun", ("rerun", "memo")),
+        ):
             run = RunInfo(run_id=run_id, org_id=ORG_ID, scope=SCOPE)
-            system = DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run)
+            system = DispatchSystem.start(
+                tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run
+            )
             try:
                 for name in sections:
-                    out[name] = _profiled(name == profile, lambda: _run_calls(system, inputs))
+                    out[name] = _profiled(
+                        name == profile,
+                        functools.partial(_run_calls, system, inputs),
+                        n,
+                    )
             finally:
                 system.stop()
     finally:
@@ -159,30 +178,60 @@ def bench_system(path: str, n: int, profile: str | None) -> dict[str, tuple[floa
     return out
 
 
-def _profiled(on: bool, fn: Callable[[], Any]) -> Any:
-    """Run ``fn``, under cProfile when ``on`` (the caller's thread only: the memo path runs
-    there entirely; for the actors' threads use yappi, see bench/README.md)."""
+def _profiled(on: bool, fn: Callable[[], Any], n: int = 1, top: int = 40) -> Any:
+    """Run ``fn``; when ``on``, under yappi (CPU clock, every thread: caller, actors,
+    pools) if installed, else cProfile (the caller's thread only). Prints the top
+    functions by own time and by inclusive time, in µs per call of the section."""
     if not on:
         return fn()
-    prof = cProfile.Profile()
-    prof.enable()
+    try:
+        import yappi  # type: ignore[import-untyped]
+    except ImportError:
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return fn()
+        finally:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    yappi.set_clock_type("cpu")
+    yappi.clear_stats()
+    yappi.start(builtins=True, profile_threads=True)
     try:
         return fn()
     finally:
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        yappi.stop()
+        stats = list(yappi.get_func_stats())
+        threads = yappi.get_thread_stats()
+        total = sum(t.ttot for t in threads) or 1.0
+        click.echo(
+            f"\nprofile (yappi, CPU of all threads {total:.2f} s = {total / n * 1e6:.0f} µs/call)"
+        )
+        for t in sorted(threads, key=lambda t: -t.ttot)[:12]:
+            click.echo(
+                f"  thread {t.name:<28}{t.ttot:7.2f} s {t.ttot / n * 1e6:8.1f} µs/call"
+            )
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        for title, key in (("own", "tsub"), ("inclusive", "ttot")):
+            click.echo(f"top by {title} time: µs/call-of-section, calls, function")
+            for s in sorted(stats, key=lambda s: -getattr(s, key))[:top]:
+                where = f"{s.module.replace(root, '').split('site-packages/')[-1]}:{s.lineno} {s.name}"
+                click.echo(
+                    f"  {getattr(s, key) / n * 1e6:8.1f}{s.ncall:10,}  {where[-90:]}"
+                )
+        yappi.clear_stats()
 
 
 def bench_diskcache(directory: str, n: int) -> tuple[float, float] | None:
     """diskcache ``memoize`` on a no-op: calls/s of ``n`` misses, then of the same as hits."""
     try:
-        from diskcache import Cache
+        from diskcache import Cache  # type: ignore[import-untyped]
     except ImportError:
         return None
     inputs = [{"i": i} for i in range(n)]
     with Cache(directory) as cache:
 
-        @cache.memoize()
+        @cache.memoize()  # type: ignore[untyped-decorator]
         def noop(input: dict[str, Any]) -> dict[str, Any]:
             return {"ok": True, "i": input["i"]}
 
@@ -213,7 +262,9 @@ def bench_latency(path: str, rounds: int) -> tuple[float, float, float]:
     store = SqliteReceiptStore(path)
     try:
         run = RunInfo(run_id="bench-latency", org_id=ORG_ID, scope=SCOPE)
-        with DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run) as system:
+        with DispatchSystem.start(
+            tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run
+        ) as system:
             proxy = system.proxy()
             for i in range(20):  # warm up: pools start their workers
                 proxy.execute("noop", {"i": -1 - i}).get(timeout=30)
@@ -243,9 +294,13 @@ def gevent_child(n: int, directory: str) -> None:
         run = RunInfo(run_id="bench-gevent", org_id=ORG_ID, scope=SCOPE)
         tool = Tool(tool_id="sleepy", fn=sleepy, pacing=Pacing(max_concurrency=n))
         policy = Policy(max_concurrency=n)
-        with DispatchSystem.start(tools=[tool], store=store, run=run, policy=policy) as system:
+        with DispatchSystem.start(
+            tools=[tool], store=store, run=run, policy=policy
+        ) as system:
             t0 = time.perf_counter()
-            futures = system.proxy().execute_many("sleepy", [{"i": i} for i in range(n)])
+            futures = system.proxy().execute_many(
+                "sleepy", [{"i": i} for i in range(n)]
+            )
             done = sum(1 for f in futures if f.get(timeout=600).execution == "live")
             wall = time.perf_counter() - t0
     finally:
@@ -255,11 +310,20 @@ def gevent_child(n: int, directory: str) -> None:
 
 
 def bench_gevent(directory: str, n: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "gevent.monkey", os.path.abspath(__file__), "--gevent-child", str(n)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gevent.monkey",
+        os.path.abspath(__file__),
+        "--gevent-child",
+        str(n),
+    ]
     cmd += ["--dir", directory]
     env = {**os.environ, "TOOLDISPATCH_RUNTIME": "gevent"}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, check=False, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"error": "no result within 600 s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -283,15 +347,29 @@ def _calibrate() -> str:
 
 
 @click.command()
-@click.option("--calls", default=20_000, show_default=True, help="Calls for fresh, rerun, memo, diskcache.")
-@click.option("--latency-rounds", default=300, show_default=True, help="Sequential calls for the latency.")
+@click.option(
+    "--calls",
+    default=20_000,
+    show_default=True,
+    help="Calls for fresh, rerun, memo, diskcache.",
+)
+@click.option("--raw-keys", default=0, help="Keys for the raw limit (default: --calls; the rate falls as the "
+              "file outgrows SQLite's page cache: ~7k/~21k keys/s at 100,000 keys here).")  # fmt: skip
+@click.option(
+    "--latency-rounds",
+    default=300,
+    show_default=True,
+    help="Sequential calls for the latency.",
+)
 @click.option("--profile", type=click.Choice(["fresh", "rerun", "memo"]), default=None,
               help="Profile one section (cProfile, the caller's thread) and print the top functions.")  # fmt: skip
 @click.option("--no-gevent", is_flag=True, help="Skip the gevent child.")
-@click.option("--dir", "directory", default=None, help="Where to put the temporary files.")
+@click.option(
+    "--dir", "directory", default=None, help="Where to put the temporary files."
+)
 @click.option("--gevent-child", default=0, hidden=True)
 def main(
-    calls: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,
+    calls: int, raw_keys: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,
     gevent_child: int,
 ) -> None:  # fmt: skip
     """Time the dispatch system against the raw SQLite limit and diskcache."""
@@ -302,44 +380,84 @@ def main(
     click.echo(f"load average {_load()}, {_calibrate()}; Python {platform.python_version()}, "
                f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
-        raw500, read500 = raw_limit(os.path.join(tmp, "raw500.db"), calls, 500)
-        raw5k, read5k = raw_limit(os.path.join(tmp, "raw5k.db"), calls, 5_000)
+        raw500, read500 = raw_limit(
+            os.path.join(tmp, "raw500.db"), raw_keys or calls, 500
+        )
+        raw5k, read5k = raw_limit(
+            os.path.join(tmp, "raw5k.db"), raw_keys or calls, 5_000
+        )
         system = bench_system(os.path.join(tmp, "receipts.db"), calls, profile)
         dc = bench_diskcache(os.path.join(tmp, "diskcache"), calls)
-        lat50, lat95, direct50 = bench_latency(os.path.join(tmp, "latency.db"), latency_rounds)
-        gev = {"error": "skipped"} if no_gevent else bench_gevent(tmp, GEVENT_CALLS)
+        lat50, lat95, direct50 = bench_latency(
+            os.path.join(tmp, "latency.db"), latency_rounds
+        )
+        gev: dict[str, Any] = (
+            {"error": "skipped"} if no_gevent else bench_gevent(tmp, GEVENT_CALLS)
+        )
     raw_write, raw_read = max(raw500, raw5k), max(read500, read5k)
-    fresh, rerun, memo = (_rate(calls, system[k][0]) for k in ("fresh", "rerun", "memo"))
+    fresh, rerun, memo = (
+        _rate(calls, system[k][0]) for k in ("fresh", "rerun", "memo")
+    )
     miss, hit = dc if dc else (float("nan"), float("nan"))
 
-    click.echo(f"\n{'what':<52}{'calls/s':>11}{'µs/call':>9}")
-    click.echo("-" * 72)
+    click.echo(
+        f"\nraw limit on {raw_keys or calls:,} keys; system sections on {calls:,} calls"
+    )
+    click.echo(f"\n{'what':<62}{'calls/s':>11}{'µs/call':>9}")
+    click.echo("-" * 82)
     for name, rate in (
         ("a. raw INSERT+UPDATE, random sha256 keys, 500/txn", raw500),
         ("a. raw INSERT+UPDATE, random sha256 keys, 5,000/txn", raw5k),
-        ("a. raw read, same keys, 500/SELECT (500-row file)", read500),
-        ("a. raw read, same keys, 500/SELECT (5,000-row file)", read5k),
+        ("a. raw read, same keys, 500/SELECT (file of the 500/txn run)", read500),
+        ("a. raw read, same keys, 500/SELECT (file of the 5,000/txn run)", read5k),
         ("   diskcache memoize miss", miss),
         ("   diskcache memoize hit", hit),
         (f"b. fresh, execute_many {system['fresh'][1]}", fresh),
         (f"c. cold rerun, new system {system['rerun'][1]}", rerun),
         (f"d. warm memo, same system {system['memo'][1]}", memo),
     ):
-        click.echo(f"{name:<52}{rate:>11,.0f}{1e6 / rate:>9.1f}")
-    click.echo("-" * 72)
+        click.echo(f"{name:<62}{rate:>11,.0f}{1e6 / rate:>9.1f}")
+    click.echo("-" * 82)
     added = lat50 - direct50
-    click.echo(f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs")
+    click.echo(
+        f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs"
+    )
     if "error" in gev:
         click.echo(f"f. gevent: n/a ({gev['error']})")
     else:
         click.echo(f"f. gevent: {gev['n']:,} calls of a 1 s tool in {gev['wall_s']:.2f} s, "
                    f"peak RSS {gev['rss_mb']:.0f} MB")  # fmt: skip
     verdicts = [
-        (f"b. fresh / raw limit (best batch) >= {FRESH_VS_RAW:.0%}", fresh / raw_write, FRESH_VS_RAW, "x"),
-        (f"b. fresh / raw limit at 500/txn >= {FRESH_VS_RAW:.0%}", fresh / raw500, FRESH_VS_RAW, "x"),
-        (f"b. fresh / diskcache miss >= {FRESH_VS_DISKCACHE:g}x", fresh / miss, FRESH_VS_DISKCACHE, "x"),
-        (f"c. rerun / raw read >= {RERUN_VS_RAW_READ:.0%}", rerun / raw_read, RERUN_VS_RAW_READ, "x"),
-        (f"c. rerun / diskcache hit >= {RERUN_VS_DISKCACHE:g}x", rerun / hit, RERUN_VS_DISKCACHE, "x"),
+        (
+            f"b. fresh / raw limit (best batch) >= {FRESH_VS_RAW:.0%}",
+            fresh / raw_write,
+            FRESH_VS_RAW,
+            "x",
+        ),
+        (
+            f"b. fresh / raw limit at 500/txn >= {FRESH_VS_RAW:.0%}",
+            fresh / raw500,
+            FRESH_VS_RAW,
+            "x",
+        ),
+        (
+            f"b. fresh / diskcache miss >= {FRESH_VS_DISKCACHE:g}x",
+            fresh / miss,
+            FRESH_VS_DISKCACHE,
+            "x",
+        ),
+        (
+            f"c. rerun / raw read >= {RERUN_VS_RAW_READ:.0%}",
+            rerun / raw_read,
+            RERUN_VS_RAW_READ,
+            "x",
+        ),
+        (
+            f"c. rerun / diskcache hit >= {RERUN_VS_DISKCACHE:g}x",
+            rerun / hit,
+            RERUN_VS_DISKCACHE,
+            "x",
+        ),
         (f"d. memo >= {MEMO_TARGET:,.0f} calls/s", memo, MEMO_TARGET, "/s"),
     ]
     click.echo(f"\n{'target':<48}{'measured':>12}")
@@ -349,10 +467,16 @@ def main(
     click.echo(f"{'e. idle call adds p50 <= 0.5 ms':<48}{added:>10.3f}ms  "
                f"{'met' if added <= LATENCY_TARGET_MS else 'MISSED'}")  # fmt: skip
     if "error" not in gev:
-        ok = gev["wall_s"] <= GEVENT_WALL_S and gev["rss_mb"] <= GEVENT_RSS_MB and gev["n"] == GEVENT_CALLS
+        ok = (
+            gev["wall_s"] <= GEVENT_WALL_S
+            and gev["rss_mb"] <= GEVENT_RSS_MB
+            and gev["n"] == GEVENT_CALLS
+        )
         click.echo(f"{'f. gevent 5,000 x 1 s <= 1.5 s, RSS <= 200 MB':<48}"
                    f"{gev['wall_s']:>6.2f}s/{gev['rss_mb']:.0f}MB  {'met' if ok else 'MISSED'}")  # fmt: skip
-    click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
+    click.echo(
+        f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}"
+    )
 
 
 if __name__ == "__main__":
