@@ -108,6 +108,7 @@ class ActorEffects:
         self._release: dict[bool, list[int]] = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
+        self._unbeat: list[str] = []
         self._tell = self.ref.tell
 
     # -- messages back in ---------------------------------------------------------------
@@ -163,8 +164,18 @@ class ActorEffects:
         if started is not None:
             self.ports.stats.record(phase, (now - started) * 1000.0, tool_id=self.tool.tool_id)
 
-    def flush(self) -> None:
-        """Send the slot releases gathered while handling one message, as one message each queue."""
+    def flush(self, idle: bool = True) -> None:
+        """Send the slot releases and heartbeat unregistrations gathered, one message each.
+
+        Args:
+            idle: no other message waits for this actor; while more are coming, they are
+                gathered a little longer (up to ``_GATHER`` each) so one message carries many.
+        """
+        if self._unbeat and (idle or len(self._unbeat) >= _GATHER):
+            keys, self._unbeat = tuple(self._unbeat), []
+            self.ports.heartbeat.tell(UnregisterLeases(token=-1, keys=keys))
+        if not idle and sum(self._release[False]) + sum(self._release[True]) < _GATHER:
+            return
         for exempt, (count, successes, unavailable, answered) in self._release.items():
             if count or successes or unavailable or answered:
                 self.ports.governor.tell(
@@ -310,7 +321,7 @@ class ActorEffects:
 
     def unbeat(self, keys: list[str]) -> None:
         if self.ports.policy.heartbeats:
-            self.ports.heartbeat.tell(UnregisterLeases(token=-1, keys=tuple(keys)))
+            self._unbeat.extend(keys)
         self._settled_keys.update(keys)
 
     def charge_retry(self, unit: int) -> None:
@@ -368,6 +379,10 @@ class ActorEffects:
 
     def remember(self, key: str, text: str, cached: bool) -> None:
         self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
+
+
+_GATHER = 64
+"""Most slot releases (or unregistrations) held back while more messages wait."""
 
 
 @attrs.frozen(kw_only=True)

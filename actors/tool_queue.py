@@ -263,7 +263,7 @@ class ToolQueueActor(pykka.ThreadingActor):
         finally:
             idle = self.actor_inbox.empty()
             self.lifecycle.flush(idle)
-            self.effects.flush()
+            self.effects.flush(idle)
             if self._stop_replies and self.lifecycle.idle:
                 replies, self._stop_replies = self._stop_replies, []
                 for reply in replies:
