@@ -14,6 +14,8 @@ suite runs both. Keys:
   moving average of grants ``used``/``used_at``, the pause ``pause``, and the circuit:
   consecutive unavailable outcomes ``c_fail``, open until ``c_open`` (0 = closed),
   period ``c_period``, half-open probe lease ``c_probe``.
+  A rate change keeps the tokens owed, not the time: the part of ``tat`` still ahead is
+  rescaled by old rate / new rate, so a new rate applies from the moment it is set.
 * ``KEYS[2]``: a sorted set of worker ids scored by their last take (how many workers
   share the bucket; their local share when Redis is away).
 
@@ -66,6 +68,9 @@ local function save()
   local extra = 0
   if last > now then extra = math.ceil((last - now) * 1000) end
   redis.call('PEXPIRE', key, ttl_ms + extra)
+end
+local function rescale(old)
+  if old > 0 and s.rate > 0 and s.tat > now then s.tat = now + (s.tat - now) * old / s.rate end
 end
 local function state(extra)
   local out = {fmt(now), fmt(s.rate), fmt(s.ref), tostring(s.ver), tostring(s.ss)}
@@ -121,6 +126,7 @@ elseif op == 'pause' then
   local pause_s, cut_ver = tonumber(ARGV[7]), tonumber(ARGV[8])
   local dec, ss_dec, min_rps, start_rps = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
   local cut = 0
+  local old = s.rate
   if cut_ver >= 0 and cut_ver == s.ver then
     cut = 1
     s.ver = s.ver + 1
@@ -133,6 +139,7 @@ elseif op == 'pause' then
       s.rate = math.max(min_rps, s.rate * d)
     end
   end
+  rescale(old)
   s.pause = math.max(s.pause, now + pause_s)
   if s.rate > 0 then s.tat = math.max(s.tat, s.pause + burst() / s.rate) end
   save()
@@ -144,12 +151,16 @@ elseif op == 'grow' then
     local rate = s.rate * mul + add
     if max_rps > 0 then rate = math.min(rate, max_rps) end
     if rate ~= s.rate then grown = 1 end
+    local old = s.rate
     s.rate = rate
+    rescale(old)
     save()
   end
   return state({tostring(grown)})
 elseif op == 'set' then
+  local old = s.rate
   s.rate, s.ref, s.ss, s.ver = tonumber(ARGV[7]), tonumber(ARGV[7]), tonumber(ARGV[8]), s.ver + 1
+  rescale(old)
   save()
   return state({})
 elseif op == 'record' then

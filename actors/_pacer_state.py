@@ -60,8 +60,9 @@ class BucketState:
         if op == "grow":
             return self._grow(now, *(float(a) for a in args[:4]))
         if op == "set":
-            self.rate = self.ref = float(args[0])
-            self.ss, self.ver = int(args[1]), self.ver + 1
+            old, self.rate = self.rate, float(args[0])
+            self.ref, self.ss, self.ver = self.rate, int(args[1]), self.ver + 1
+            self._rescale(old, now)
             return self._state(now, [])
         if op == "record":
             return self._record(now, *(float(a) for a in args[:5]))
@@ -71,6 +72,10 @@ class BucketState:
 
     def _state(self, now: float, extra: list[str]) -> Reply:
         return [_fmt(now), _fmt(self.rate), _fmt(self.ref), str(self.ver), str(self.ss), *extra]
+
+    def _rescale(self, old: float, now: float) -> None:
+        if old > 0 and self.rate > 0 and self.tat > now:
+            self.tat = now + (self.tat - now) * old / self.rate
 
     def _burst(self) -> float:
         b = self._burst_arg if self._burst_arg >= 0 else 1 + self.rate / 100
@@ -116,7 +121,7 @@ class BucketState:
         self, now: float, pause_s: float, cut_ver: float, dec: float, ss_dec: float, min_rps: float,
         start_rps: float,
     ) -> Reply:  # fmt: skip
-        cut = 0
+        cut, old = 0, self.rate
         if cut_ver >= 0 and cut_ver == self.ver:
             cut, self.ver = 1, self.ver + 1
             if self.rate <= 0:
@@ -125,6 +130,7 @@ class BucketState:
                 d = ss_dec if self.ss == 1 else dec
                 self.ss, self.ref = 0, self.rate
                 self.rate = max(min_rps, self.rate * d)
+        self._rescale(old, now)
         self.pause = max(self.pause, now + pause_s)
         if self.rate > 0:
             self.tat = max(self.tat, self.pause + self._burst() / self.rate)
@@ -136,8 +142,9 @@ class BucketState:
             rate = self.rate * mul + add
             if max_rps > 0:
                 rate = min(rate, max_rps)
-            grown = int(rate != self.rate)
+            grown, old = int(rate != self.rate), self.rate
             self.rate = rate
+            self._rescale(old, now)
         return self._state(now, [str(grown)])
 
     def _record(
