@@ -146,6 +146,8 @@ class RedisPacer(Pacer):
         now = self.clock()
         if self._degraded_since is None or now >= self._retry_at:
             try:
+                if self._degraded_since is not None:
+                    self._hand_over()
                 reply = self._run(org_id, provider, argv)
             except self._down_errors as exc:
                 self._degrade(exc, now)
@@ -191,19 +193,18 @@ class RedisPacer(Pacer):
             self.url, self.last_error, self.expected_workers, self.retry_s,
         )  # fmt: skip
 
+    def _hand_over(self) -> None:
+        """Pauses taken while degraded go to Redis first (raises if it is still away)."""
+        for (org_id, provider), left_s in self._fallback.pending_pauses():
+            self._run(org_id, provider, self._argv(provider, "pause", repr(left_s), "-1", "0", "0", "0", "0"))
+
     def _rejoin(self) -> None:
         with self._lock:
             if self._degraded_since is None:
                 return
-            pauses = self._fallback.pending_pauses()
             self._degraded_since = None
             self._seeded.clear()
             self._fallback.forget()
-        for (org_id, provider), left_s in pauses:
-            try:
-                self._run(org_id, provider, self._argv(provider, "pause", repr(left_s), "-1", "0", "0", "0", "0"))
-            except self._down_errors:
-                break
         log.info("pacer %s answers again: workers share its pacing state again", self.url)
 
     def snapshot(self) -> dict[str, Any]:
