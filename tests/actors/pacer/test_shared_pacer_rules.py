@@ -157,7 +157,7 @@ def make_workers(redis_server: RedisServer, prefix: str) -> Iterator[Any]:
 
     def make(open_s: float = 30.0) -> list[Pacer]:
         settings = PacerSettings(circuit_failures=1, circuit_open_s=open_s)
-        limits = {"p": ProviderLimits(rate_rps=50.0)}
+        limits = {"p": ProviderLimits(rate_rps=50.0, burst=20)}  # the rate never masks the probe rule
         pacers = [open_pacer(f"{redis_server.url}?prefix={prefix}", limits, settings) for _ in range(8)]
         made.extend(pacers)
         return pacers
