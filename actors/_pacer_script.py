@@ -17,7 +17,9 @@ suite runs both. Keys:
   A rate change keeps the tokens owed, not the time: the part of ``tat`` still ahead is
   rescaled by old rate / new rate, so a new rate applies from the moment it is set.
 * ``KEYS[2]``: a sorted set of worker ids scored by their last take (how many workers
-  share the bucket; their local share when Redis is away).
+  share the bucket; their local share when Redis is away). A take updates it only when
+  it names its worker (the client does every ``presence_s / 4``); otherwise it answers
+  -1 workers (unchanged).
 
 Arguments: ``op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate),
 ttl_ms, use_window_s``, then the operation's own (see ``_OPS`` in the client).
@@ -40,7 +42,8 @@ local names = {'tat', 'rate', 'ref', 'ver', 'ss', 'used', 'used_at', 'pause',
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, name in ipairs(names) do s[name] = tonumber(raw[i]) end
-if s.rate == nil then
+local absent = s.rate == nil
+if absent then
   s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = 0,
        used_at = now, pause = 0, c_fail = 0, c_open = 0, c_period = 0, c_probe = 0}
 end
@@ -57,9 +60,12 @@ local function used_rps()
   if age < 0 then age = 0 end
   return s.used * math.exp(-age / use_window) / use_window
 end
-local function save()
+local fresh = absent
+local function save(only)
   local flat = {}
-  for _, name in ipairs(names) do
+  local which = names
+  if only and not fresh then which = only end
+  for _, name in ipairs(which) do
     flat[#flat + 1] = name
     flat[#flat + 1] = fmt(s[name])
   end
@@ -82,10 +88,13 @@ if op == 'take' then
   local n, partial = tonumber(ARGV[7]), ARGV[8] == '1'
   local worker, presence_s = ARGV[9], tonumber(ARGV[10])
   local probe_lease = tonumber(ARGV[11])
-  redis.call('ZADD', wkey, now, worker)
-  redis.call('ZREMRANGEBYSCORE', wkey, '-inf', now - presence_s)
-  redis.call('PEXPIRE', wkey, math.ceil(presence_s * 2000))
-  local workers = redis.call('ZCARD', wkey)
+  local workers = -1
+  if worker ~= '' then
+    redis.call('ZADD', wkey, now, worker)
+    redis.call('ZREMRANGEBYSCORE', wkey, '-inf', now - presence_s)
+    redis.call('PEXPIRE', wkey, math.ceil(presence_s * 2000))
+    workers = redis.call('ZCARD', wkey)
+  end
   local verdict = 'go'
   if s.c_open > 0 then
     if now < s.c_open then
@@ -119,8 +128,12 @@ if op == 'take' then
   end
   s.used = s.used * math.exp(-math.max(0, now - s.used_at) / use_window) + k
   s.used_at = now
-  if verdict == 'probe' then s.c_probe = now + probe_lease end
-  save()
+  if verdict == 'probe' then
+    s.c_probe = now + probe_lease
+    save({'tat', 'used', 'used_at', 'c_probe'})
+  else
+    save({'tat', 'used', 'used_at'})
+  end
   return state({tostring(k), fmt(wait), verdict, tostring(workers)})
 elseif op == 'pause' then
   local pause_s, cut_ver = tonumber(ARGV[7]), tonumber(ARGV[8])

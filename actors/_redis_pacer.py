@@ -8,6 +8,7 @@ patched the socket module (redis-py's sockets then yield to the hub).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -110,6 +111,7 @@ class RedisPacer(Pacer):
         self.clock = clock
         self._sha: str | None = None
         self._lock = threading.Lock()
+        self._presence_at: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, str], tuple[float | None, int, int]] = {}
         self._fallback = LocalPacer({}, self.settings, clock)
         self._seeded: set[tuple[str, str]] = set()
@@ -126,8 +128,12 @@ class RedisPacer(Pacer):
 
     def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
         keys = self.keys(org_id, provider)
-        if argv[0] == "take":
-            argv = [*argv[:8], self.worker_id, *argv[9:]]
+        if argv[0] == "take":  # name this worker in the workers set every presence_s / 4
+            now, key = self.clock(), (org_id, provider)
+            due = now >= self._presence_at.get(key, -math.inf) + self.settings.presence_s / 4
+            if due:
+                self._presence_at[key] = now
+            argv = [*argv[:8], self.worker_id if due else "", *argv[9:]]
         if self._sha is None:
             self._load()
         try:
@@ -154,8 +160,11 @@ class RedisPacer(Pacer):
             else:
                 if self._degraded_since is not None:
                     self._rejoin()
-                rate = float(reply[1])
-                workers = int(reply[8]) if argv[0] == "take" else self._seen.get(key, (None, 0, 1))[2]
+                rate, workers = float(reply[1]), self._seen.get(key, (None, 0, 1))[2]
+                if argv[0] == "take":
+                    if reply[8] == "-1":
+                        reply[8] = str(workers)
+                    workers = int(reply[8])
                 self._seen[key] = (rate if rate > 0 else None, int(float(reply[3])), workers)
                 return reply, False
         return self._local(org_id, provider, argv), True
