@@ -137,7 +137,8 @@ if op == 'take' then
   return state({tostring(k), fmt(wait), verdict, tostring(workers)})
 elseif op == 'pause' then
   local pause_s, cut_ver = tonumber(ARGV[7]), tonumber(ARGV[8])
-  local dec, ss_dec, min_rps, start_rps = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+  local dec, ss_dec = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local min_rps, start_rps = tonumber(ARGV[11]), tonumber(ARGV[12])
   local cut = 0
   local old = s.rate
   if cut_ver >= 0 and cut_ver == s.ver then
@@ -158,7 +159,8 @@ elseif op == 'pause' then
   save()
   return state({tostring(cut), fmt(s.pause - now)})
 elseif op == 'grow' then
-  local add, mul, max_rps, in_use = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local add, mul = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local max_rps, in_use = tonumber(ARGV[9]), tonumber(ARGV[10])
   local grown = 0
   if s.rate > 0 and used_rps() >= in_use * s.rate then
     local rate = s.rate * mul + add

@@ -134,18 +134,18 @@ class RedisPacer(Pacer):
             if due:
                 self._presence_at[key] = now
             argv = [*argv[:8], self.worker_id if due else "", *argv[9:]]
-        if self._sha is None:
-            self._load()
+        sha = self._sha or self._load()
         try:
-            reply = self._client.evalsha(self._sha, 2, *keys, *argv)
+            reply = self._client.evalsha(sha, 2, *keys, *argv)
         except self._noscript:  # the script cache was flushed (restart, failover, SCRIPT FLUSH)
-            self._load()
-            reply = self._client.evalsha(self._sha, 2, *keys, *argv)
+            reply = self._client.evalsha(self._load(), 2, *keys, *argv)
         return [str(x) for x in reply]
 
-    def _load(self) -> None:
-        self._sha = self._client.script_load(SCRIPT)
+    def _load(self) -> str:
+        sha: str = self._client.script_load(SCRIPT)
+        self._sha = sha
         self.script_loads += 1
+        return sha
 
     def _reply(self, org_id: str, provider: str, argv: list[str]) -> tuple[list[str], bool]:
         key = (org_id, provider)

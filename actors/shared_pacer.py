@@ -230,7 +230,7 @@ class Pacer(abc.ABC):
     def _reply(self, org_id: str, provider: str, argv: list[str]) -> tuple[list[str], bool]:
         return self._run(org_id, provider, argv), False
 
-    def take(self, org_id: str, provider: str, n: int = 1, *, partial: bool = False, worker: str = "") -> Grant:
+    def take(self, org_id: str, provider: str, n: int = 1, *, partial: bool = False) -> Grant:
         """Take ``n`` tokens of (org, provider)'s bucket, all or none (``partial``: as many
         as there are, up to ``n``), unless it is paused or its circuit refuses.
 
@@ -240,7 +240,7 @@ class Pacer(abc.ABC):
         if n < 1:
             raise ValueError(f"take needs n >= 1, got {n}")
         s = self.settings
-        argv = self._argv(provider, "take", str(n), "1" if partial else "0", worker, repr(s.presence_s))
+        argv = self._argv(provider, "take", str(n), "1" if partial else "0", "", repr(s.presence_s))
         argv.append(repr(s.probe_lease_s))
         reply, degraded = self._reply(org_id, provider, argv)
         wait = float(reply[6])
@@ -306,7 +306,7 @@ class Pacer(abc.ABC):
         """What the pacer is (for stats): ``backend``, ``degraded``."""
         return {"backend": self.backend, "degraded": False}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: only pacers with connections need it
         """Release connections (idempotent)."""
 
 

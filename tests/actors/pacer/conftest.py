@@ -20,7 +20,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -91,7 +91,9 @@ class RedisServer:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A started private Redis; killed at teardown (thawed first if frozen)."""
     if shutil.which("redis-server") is None:
-        message = "redis-server is not installed: `apt-get install redis-server` to run the shared pacer tests"
+        message = (
+            "redis-server is not installed: `apt-get install redis-server` to run the shared pacer tests"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -123,7 +125,7 @@ class Candidate:
     """
 
     name = "abstract"
-    gaps: dict[str, str] = {}
+    gaps: ClassVar[dict[str, str]] = {}
     local = False
 
     def __init__(self, url: str, prefix: str, rate: float, burst: int) -> None:
@@ -192,7 +194,7 @@ class LimitsCandidate(Candidate):
     with the worker's ``time.time()``)."""
 
     name = "limits"
-    gaps = {
+    gaps: ClassVar[dict[str, str]] = {
         "no_fresh_burst_on_cut": "a rate is part of the key: a new rate starts an empty window",
         "within_bound": "no burst apart from the window: a whole window's worth (rate x 1 s) goes at once",
         "one_round_trip": "hit() returns a bool: when refused, the wait needs get_window_stats()",
@@ -229,7 +231,7 @@ class ThrottledCandidate(Candidate):
     """``throttled-py``: its GCRA on Redis."""
 
     name = "throttled-py"
-    gaps = {
+    gaps: ClassVar[dict[str, str]] = {
         "rate_change": "the theoretical arrival time is kept in time, not tokens: a raised rate "
         "waits out the backlog of the old one",
         "no_fresh_burst_on_cut": "(same cause) a cut rate owes fewer tokens: part of the burst is free again",
@@ -264,7 +266,7 @@ class PyrateCandidate(Candidate):
     """``pyrate-limiter``: GCRA in a :class:`StateBucket` on a ``RedisStateStore``."""
 
     name = "pyrate-limiter"
-    gaps = {
+    gaps: ClassVar[dict[str, str]] = {
         "redis_clock": "the arrival time comes from the worker's clock (WallClock)",
         "rate_change": "the theoretical arrival time is kept in time, not tokens",
         "no_fresh_burst_on_cut": "(same cause) a cut rate owes fewer tokens: part of the burst is free again",

@@ -95,7 +95,9 @@ def test_redis_pacer_rejoins_when_redis_returns_and_hands_over_its_pause(
     pacer.close()
 
 
-def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(redis_server: RedisServer, prefix: str) -> None:
+def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
+    redis_server: RedisServer, prefix: str
+) -> None:
     from actors._redis_pacer import RedisPacer
 
     clock = FakeClock()

@@ -132,7 +132,9 @@ def test_open_pacer_parses_the_pacer_option() -> None:
     assert isinstance(open_pacer(None), LocalPacer)
     assert isinstance(open_pacer("local"), LocalPacer)
     pytest.importorskip("redis")
-    pacer: Any = open_pacer("redis://:secret@127.0.0.1:1/3?prefix=a:b&workers=8&timeout=0.2&connect_timeout=0.1")
+    pacer: Any = open_pacer(
+        "redis://:secret@127.0.0.1:1/3?prefix=a:b&workers=8&timeout=0.2&connect_timeout=0.1"
+    )
     try:
         assert pacer.backend == "redis" and pacer.prefix == "a:b" and pacer.expected_workers == 8
         assert "secret" not in pacer.url and "secret" not in str(pacer.snapshot())
