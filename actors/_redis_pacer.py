@@ -48,7 +48,8 @@ class RedisPacer(Pacer):
 
     **Redis away.** Connecting and reading time out after ``connect_timeout_s`` /
     ``timeout_s`` and are never retried inside a call, so no call waits longer than
-    that. A call that fails that way is answered by a :class:`LocalPacer` instead, and
+    that. A Redis that answers but cannot take writes (READONLY: the address now names a
+    replica after a failover; CLUSTERDOWN) counts as away too. A call that fails that way is answered by a :class:`LocalPacer` instead, and
     the pacer says so: one warning in the ``tooldispatch`` log, ``degraded=True`` on
     every reply and in :meth:`snapshot`. The local pacer paces each bucket at a
     conservative share of the last shared rate this worker saw:
@@ -102,7 +103,11 @@ class RedisPacer(Pacer):
             )
         else:
             self.url, self._client = repr(url), url
-        self._down_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        errors = redis.exceptions
+        # away, or unable to take writes (a replica after a failover, a cluster without a master)
+        self._down_errors = (
+            errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.ClusterDownError, OSError,
+        )  # fmt: skip
         self._noscript = redis.exceptions.NoScriptError
         self.prefix = prefix
         self.expected_workers = max(1, expected_workers)

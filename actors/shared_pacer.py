@@ -34,7 +34,7 @@ import attrs
 from ._pacer_state import BucketState
 from ._pacing import AIMD_DECREASE, AIMD_MIN_RPS, PACE_MARGIN, SLOW_START_EXIT_DECREASE, SLOW_START_RPS
 from .errors import DispatchError
-from .tool import Pacing
+from .tool import Pacing, Policy
 
 __all__ = [
     "CircuitRecorded",
@@ -114,6 +114,16 @@ class PacerSettings:
     """Idle buckets are forgotten (Redis keys expire) this long after their last write."""
     presence_s: float = 10.0
     """A worker counts as sharing a bucket for this long after its last take."""
+
+    @classmethod
+    def from_policy(cls, policy: Policy, **overrides: Any) -> PacerSettings:
+        """The circuit settings of a dispatcher's :class:`~actors.tool.Policy`, the rest default."""
+        return cls(
+            circuit_failures=policy.circuit_failures,
+            circuit_open_s=policy.circuit_open_s,
+            circuit_open_max_s=policy.circuit_open_max_s,
+            **overrides,
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -108,3 +108,19 @@ def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
     assert local.degraded and local.rate_rps == pytest.approx(5.0)  # unpaced_start_rps / 2
     assert local.granted == 1
     pacer.close()
+
+
+def test_redis_pacer_treats_a_read_only_replica_as_an_outage(redis_server: RedisServer, prefix: str) -> None:
+    """After a failover the pacer's address may name a replica: READONLY to every write."""
+    clock = FakeClock()
+    pacer = _pacer(redis_server, prefix, clock)
+    pacer.take("o", "p")
+    admin = redis_server.client()
+    admin.replicaof("127.0.0.1", "1")  # a replica of a master that is not there
+    try:
+        assert pacer.take("o", "p").degraded
+    finally:
+        admin.replicaof("NO", "ONE")
+    clock.now += 1.0
+    assert not pacer.take("o", "p").degraded
+    pacer.close()

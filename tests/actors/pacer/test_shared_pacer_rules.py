@@ -23,7 +23,7 @@ from actors.shared_pacer import (
     ProviderLimits,
     open_pacer,
 )
-from actors.tool import Pacing
+from actors.tool import Pacing, Policy
 
 from .conftest import RedisServer
 
@@ -126,6 +126,11 @@ def test_provider_limits_from_pacing_start_as_the_governor_does() -> None:
     unknown = ProviderLimits.from_pacing(Pacing(start_rps=10.0))
     assert unknown.slow_start and unknown.rate_rps == 10.0 and unknown.max_rps is None
     assert ProviderLimits.from_pacing(Pacing()).rate_rps is None
+
+
+def test_pacer_settings_from_policy_take_its_circuit() -> None:
+    settings = PacerSettings.from_policy(Policy(circuit_failures=3, circuit_open_s=2.0), presence_s=5.0)
+    assert (settings.circuit_failures, settings.circuit_open_s, settings.presence_s) == (3, 2.0, 5.0)
 
 
 def test_open_pacer_parses_the_pacer_option() -> None:
