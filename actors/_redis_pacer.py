@@ -49,10 +49,10 @@ class RedisPacer(Pacer):
     **Redis away.** Connecting and reading time out after ``connect_timeout_s`` /
     ``timeout_s`` and are never retried inside a call, so no call waits longer than
     that. A Redis that answers but cannot take writes (READONLY: the address now names a
-    replica after a failover; CLUSTERDOWN) counts as away too. A call that fails that way is answered by a :class:`LocalPacer` instead, and
-    the pacer says so: one warning in the ``tooldispatch`` log, ``degraded=True`` on
-    every reply and in :meth:`snapshot`. The local pacer paces each bucket at a
-    conservative share of the last shared rate this worker saw:
+    replica after a failover; CLUSTERDOWN) counts as away too. A call that fails that
+    way is answered by a :class:`LocalPacer` instead, and the pacer says so: one warning
+    in the ``tooldispatch`` log, ``degraded=True`` on every reply and in :meth:`snapshot`.
+    The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
     ``share = 1 / max(expected_workers, workers seen taking from that bucket)``, with
     the burst scaled the same way (at least one token); a bucket with no rate yet
     (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. Every
@@ -105,9 +105,12 @@ class RedisPacer(Pacer):
             self.url, self._client = repr(url), url
         errors = redis.exceptions
         # away, or unable to take writes (a replica after a failover, a cluster without a master)
-        self._down_errors = (
-            errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.ClusterDownError, OSError,
-        )  # fmt: skip
+        away = (errors.ConnectionError, errors.TimeoutError, OSError)
+        self._down_errors: tuple[type[BaseException], ...] = (
+            *away,
+            errors.ReadOnlyError,
+            errors.ClusterDownError,
+        )
         self._noscript = redis.exceptions.NoScriptError
         self.prefix = prefix
         self.expected_workers = max(1, expected_workers)
