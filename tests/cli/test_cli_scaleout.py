@@ -22,20 +22,21 @@ PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1
 REDIS_URL = os.environ.get("TOOLDISPATCH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RATE = 50
 """R: the provider's limit, requests/s (one request per key: no batching)."""
-BURST = 20
-"""The provider's bucket (0.4 s at R): room for the moments a worker or the provider is
-starved of CPU on a shared 2-core machine and sends (or serves) several granted requests
-at once; with a bucket of 5 (0.1 s) a few 429s in 600 requests were seen there."""
-COLD_START_429S = 1
-"""429s allowed per run: one worker alone, pacing locally (no shared pacer), was seen to
-get one 429 in its first run against a freshly started provider at R = 50, burst 20 (a
-cold-start spike, the same on both paths; left to the pacing owner). Without the shared
-pacer the 4 workers get 20+."""
+BURST = 5
+"""The provider's bucket (0.1 s at R)."""
+MAX_429_SHARE = 0.02
+"""429s allowed, as a share of the keys. The target is none (measured against nginx in
+bench/scaleout_bench.py); here the provider is one gevent process sharing 2 cores with 4
+workers, Postgres and Redis, and a starved provider admits a backlog of requests at once:
+3 to 6 429s in 600 were seen with the shared pacer (one worker pacing alone has also been
+seen to get one), against 15 to 24 with the 4 workers pacing alone."""
 KEYS = 600
 WORKERS = 4
 CONCURRENCY = 64
 """Rows at once per worker: bounds the calls a killed worker had in flight."""
-LEASE_S = 3.0
+LEASE_S = 10.0
+"""Receipt lease TTL: short, so the dead worker's rows are reclaimed soon; a 3 s lease
+(heartbeat each 1 s) was once stolen from a live, CPU-starved worker (LeaseLostError)."""
 
 PLAY = """
 import os
@@ -149,7 +150,7 @@ def test_four_workers_on_the_same_keys_pay_once_and_share_the_rate(cli, tmp_path
     stats = provider.stats()
     assert stats.get("unique_items") == KEYS, stats
     assert stats.get("repeated_items", 0) == 0, stats  # no key billed twice
-    assert stats.get("rate_limited", 0) <= COLD_START_429S, stats  # 4 workers together stayed under R
+    assert stats.get("rate_limited", 0) <= MAX_429_SHARE * KEYS, stats  # 4 workers together stayed under R
     for i in range(WORKERS):
         assert len(cli.read_jsonl(tmp_path / f"w{i}.jsonl")) == KEYS
     requests = stats["requests"]
@@ -180,7 +181,7 @@ def test_kill_9_one_worker_the_others_finish_and_redo_at_most_its_calls_in_fligh
     assert stats.get("unique_items") == KEYS, stats
     # a key the dead worker had sent may be sent again once its lease lapses: at most its rows at once
     assert stats.get("repeated_items", 0) <= CONCURRENCY, stats
-    assert stats.get("rate_limited", 0) <= COLD_START_429S, stats
+    assert stats.get("rate_limited", 0) <= MAX_429_SHARE * KEYS, stats
     requests = stats["requests"]
     again = cli.run(
         "run", play, "--input", rows, "--db", pg_db, "--pacer", pacer_url,
