@@ -29,9 +29,16 @@ import bisect
 import collections
 import random
 from collections.abc import Callable
+from typing import Any
 
-from ._pacing import AIMD_INCREASE_FRACTION, AIMD_MIN_RPS, MIN_WAKE_S, SLOW_START_DOUBLING_S, parse_retry_after
 from ._pacer_values import ProviderLimits
+from ._pacing import (
+    AIMD_INCREASE_FRACTION,
+    AIMD_MIN_RPS,
+    MIN_WAKE_S,
+    SLOW_START_DOUBLING_S,
+    parse_retry_after,
+)
 from .errors import BudgetExceededError
 from .governor import BucketKey, Decisions, Governor
 from .shared_pacer import Pacer
@@ -127,7 +134,7 @@ class SharedGovernor(Governor):
         self,
         org_id: str,
         provider: str,
-        retry_after: object,
+        retry_after: Any,
         now: float,
         wall: float,
         sent_at: float | None = None,
@@ -180,7 +187,9 @@ class SharedGovernor(Governor):
         if successes and rate is not None and not capped:
             if slow:
                 grown = self.pacer.grow(
-                    org_id, provider, mul=2.0 ** (successes / (max(rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S))
+                    org_id,
+                    provider,
+                    mul=2.0 ** (successes / (max(rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S)),
                 )
             else:
                 step = AIMD_INCREASE_FRACTION * (ref or rate) / max(rate, AIMD_MIN_RPS)
@@ -201,9 +210,7 @@ class SharedGovernor(Governor):
         woken.gates = {**out.gates, **woken.gates}
         return woken
 
-    def _saw(
-        self, key: BucketKey, rate: float | None, ref: float | None, slow: bool, out: Decisions
-    ) -> None:
+    def _saw(self, key: BucketKey, rate: float | None, ref: float | None, slow: bool, out: Decisions) -> None:
         """Keep the pacer's rate; retime this process's send gate when it changed."""
         before = self.shared.get(key)
         self.shared[key] = (rate, ref, slow)

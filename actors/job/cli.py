@@ -148,10 +148,9 @@ def _run(
 ) -> int:  # fmt: skip
     from stores import StoreError, open_store
 
-    from ..shared_pacer import InvalidPacerURLError, open_pacer
-
     from .. import DispatchSystem, RunInfo
     from .._runtime import runtime_name
+    from ..shared_pacer import InvalidPacerURLError, open_pacer
     from ._signals import Interrupts
     from ._tally import CallTally
     from .play import PlayContext, PlayLoadError, load_play

@@ -138,7 +138,9 @@ def _finish(cli, proc, name, timeout_s: float = 240.0) -> int:
     return code
 
 
-def test_four_workers_on_the_same_keys_pay_once_and_share_the_rate(cli, tmp_path, pg_db, pacer_url, provider_factory):
+def test_four_workers_on_the_same_keys_pay_once_and_share_the_rate(
+    cli, tmp_path, pg_db, pacer_url, provider_factory
+):
     provider = provider_factory("--rate", str(RATE), "--burst", str(BURST), "--latency", "0.01")
     play, rows, backwards = _setup(tmp_path)
     procs = [
@@ -171,7 +173,9 @@ def test_kill_9_one_worker_the_others_finish_and_redo_at_most_its_calls_in_fligh
         _start(cli, play, rows if i % 2 == 0 else backwards, pg_db, pacer_url, provider, f"w{i}")
         for i in range(WORKERS)
     ]
-    cli.poll_until(lambda: provider.stats().get("items", 0) >= KEYS // 3, timeout_s=120, what="a third billed")
+    cli.poll_until(
+        lambda: provider.stats().get("items", 0) >= KEYS // 3, timeout_s=120, what="a third billed"
+    )
     procs[0].send_signal(signal.SIGKILL)
     assert _finish(cli, procs[0], "w0") == -signal.SIGKILL
     for i, proc in enumerate(procs[1:], start=1):
@@ -207,7 +211,11 @@ def test_shard_runs_the_rows_whose_index_mod_n_is_i(cli, tmp_path, provider_fact
 
 @pytest.mark.parametrize(
     ("option", "value", "says"),
-    [("--pacer", "http://127.0.0.1:6379", "--pacer"), ("--shard", "4/4", "--shard"), ("--shard", "x", "--shard")],
+    [
+        ("--pacer", "http://127.0.0.1:6379", "--pacer"),
+        ("--shard", "4/4", "--shard"),
+        ("--shard", "x", "--shard"),
+    ],
 )
 def test_bad_pacer_or_shard_is_a_usage_error(cli, tmp_path, option, value, says):
     play, rows, _ = _setup(tmp_path, keys=2)
