@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from ._pacer_values import ProviderLimits
+from ._pacer_values import PacerSettings, ProviderLimits
 from ._pacing import (
     AIMD_INCREASE_FRACTION,
     AIMD_MIN_RPS,
@@ -72,10 +72,23 @@ class SharedGovernor(Governor):
         self.pacer = pacer
         for name, pacing in pacings.items():
             pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
+        if pacer.settings == PacerSettings():  # not chosen by its maker: the policy's circuit
+            pacer.settings = PacerSettings.from_policy(policy)
         self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
         """(org, provider) -> (grant time, rate version), oldest first."""
         self.shared: dict[BucketKey, tuple[float | None, float | None, bool]] = {}
         """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
+
+    def acquire(
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
+    ) -> Decisions:
+        """As :meth:`Governor.acquire`; a first request during another worker's pause
+        starts this process's send gate paused too."""
+        out = super().acquire(org_id, provider, want, reply, now, exempt)
+        bucket = self.buckets.get((org_id, provider))
+        if bucket is not None and bucket.gate_until > now:
+            out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
+        return out
 
     def wake(self, now: float) -> Decisions:
         """Grant what the pacer grants, oldest waiter first across providers."""
