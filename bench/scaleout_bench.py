@@ -86,7 +86,9 @@ def child_throughput(shard: str, schema: str, n_keys: int) -> None:
     print(json.dumps({"start": start, "end": end, "n": len(keys)}), flush=True)
 
 
-def run_child_pacing(shard: str, schema: str, mode: str, url: str, rps: float, calls: int, prefix: str) -> None:
+def run_child_pacing(
+    shard: str, schema: str, mode: str, url: str, rps: float, calls: int, prefix: str
+) -> None:
     from actors import DispatchSystem, Pacing, RunInfo
     from actors.http import http_tool
     from actors.shared_pacer import open_pacer
@@ -95,7 +97,9 @@ def run_child_pacing(shard: str, schema: str, mode: str, url: str, rps: float, c
     index, count = (int(x) for x in shard.split("/"))
     store = open_store(_url(schema))
     pacer = open_pacer(f"{REDIS}?prefix={prefix}")
-    tool = http_tool("call", url, provider="nginx", pacing=Pacing(rps=rps) if mode == "stated" else None, timeout_s=30.0)
+    tool = http_tool(
+        "call", url, provider="nginx", pacing=Pacing(rps=rps) if mode == "stated" else None, timeout_s=30.0
+    )
     run = RunInfo(run_id=uuid.uuid4().hex[:12], org_id="bench", scope=f"pacing-{mode}")
     system = DispatchSystem.start(tools=[tool], store=store, run=run, pacer=pacer)
     print("ready", flush=True)
@@ -105,7 +109,7 @@ def run_child_pacing(shard: str, schema: str, mode: str, url: str, rps: float, c
     for f in futures:  # the parent kills this process after its window
         try:
             f.get(timeout=600)
-        except Exception:  # noqa: BLE001, S110 - a bench: the figures come from nginx
+        except Exception:
             pass
 
 
@@ -161,7 +165,10 @@ def _go(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def workers_rate(workers: int, schema: str, n_keys: int) -> float:
-    procs = [_spawn("--child-throughput", f"{i}/{workers}", "--schema", schema, "--keys", str(n_keys)) for i in range(workers)]
+    procs = [
+        _spawn("--child-throughput", f"{i}/{workers}", "--schema", schema, "--keys", str(n_keys))
+        for i in range(workers)
+    ]
     _ready(procs)
     _go(procs)
     results = []
@@ -188,7 +195,9 @@ def raw_rates(keys: list[str], schema: str) -> tuple[float, float]:
         upsert = len(keys) / (time.perf_counter() - start)
         start = time.perf_counter()
         for at in range(0, len(keys), 500):
-            conn.execute(f"SELECT key, output FROM {table} WHERE key = ANY(%s)", (keys[at : at + 500],)).fetchall()
+            conn.execute(
+                f"SELECT key, output FROM {table} WHERE key = ANY(%s)", (keys[at : at + 500],)
+            ).fetchall()
         read = len(keys) / (time.perf_counter() - start)
     return upsert, read
 
@@ -202,7 +211,7 @@ def dbos_rate(n: int) -> tuple[float | None, str]:
         p = _spawn("--child-dbos", str(n), "--schema", f"{base}/{name}")
         out, _ = p.communicate(timeout=300)
         return n / json.loads(out.strip().splitlines()[-1])["wall_s"], ""
-    except Exception as exc:  # noqa: BLE001 - n/a with the reason
+    except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     finally:
         with psycopg.connect(PG.split("?")[0], autocommit=True) as conn:
@@ -288,7 +297,10 @@ def main(
         upsert, read = raw_rates(keys, raw_schema)
     finally:
         _drop(raw_schema)
-    rows += [("raw upsert, 500 keys a statement (the limit)", upsert, ""), ("raw keyed read, 500 a statement", read, "")]
+    rows += [
+        ("raw upsert, 500 keys a statement (the limit)", upsert, ""),
+        ("raw keyed read, 500 a statement", read, ""),
+    ]
     for n in (int(x) for x in workers.split(",")):
         s = f"td_bench_{uuid.uuid4().hex[:10]}"
         try:
@@ -313,7 +325,9 @@ def main(
         print(f"| {name} | {'n/a' if rate is None else f'{rate:,.0f}'} | {extra} |")
     if no_pacing:
         return None
-    print(f"\npacing, 4 workers sharing a Redis pacer, nginx R = {rps:g}/s, burst {burst_s:g} s, {seconds:g} s window")
+    print(
+        f"\npacing, 4 workers sharing a Redis pacer, nginx R = {rps:g}/s, burst {burst_s:g} s, {seconds:g} s window"
+    )
     print("| rate | accepted/s / R | accepted | 429s |\n|---|---:|---:|---:|")
     for m in ("stated", "unknown"):
         r = pacing_case(m, rps, seconds, burst_s, 4)
