@@ -40,7 +40,7 @@ def test_one_governors_429_pauses_the_other():
     now[0] += 1.0
     out = two.acquire("org", "p", 1, "b", now[0])
     assert out.grants == []
-    rate, until = out.gates[("org", "p")]
+    _, until = out.gates[("org", "p")]
     assert until is not None and until > now[0]  # its senders hold too
     assert out.wake_at is not None and out.wake_at >= now[0] + 0.9
 
