@@ -311,7 +311,9 @@ class GovernorActor(pykka.ThreadingActor):
 
     ``gates`` are the send gates the tool pool waits at before each request; the
     actor keeps their rate and pauses in step with the buckets (its clock must be
-    ``time.monotonic``, the gates' clock, when gates are shared).
+    ``time.monotonic``, the gates' clock, when gates are shared). With ``pacer`` (an
+    :class:`~actors.shared_pacer.Pacer`, closed by its owner), rates, pauses and circuits
+    are those of the pacer (:class:`~actors._shared_governor.SharedGovernor`).
     """
 
     def __init__(
@@ -321,9 +323,16 @@ class GovernorActor(pykka.ThreadingActor):
         timers: Timers,
         gates: SendGates | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pacer: Any = None,
     ) -> None:
         super().__init__()
-        self.governor = Governor(policy, pacings)
+        if pacer is None:
+            self.governor = Governor(policy, pacings)
+        else:  # pacing shared through a Pacer (issue 11); imported here: it imports this module
+            from ._shared_governor import SharedGovernor
+
+            self.governor = SharedGovernor(policy, pacings, pacer)
+        self.pacer = pacer
         self.timers = timers
         self.gates = gates if gates is not None else SendGates()
         self.clock = clock
@@ -406,6 +415,7 @@ class GovernorActor(pykka.ThreadingActor):
                 f"{org}/{provider}": {"rate": b.rate, "in_flight": b.in_flight, "gate_until": b.gate_until}
                 for (org, provider), b in gov.buckets.items()
             },
+            **({"pacer": self.pacer.snapshot()} if self.pacer is not None else {}),
         }
 
 

@@ -121,7 +121,9 @@ class DispatchSystem:
     and report back by message; no thread waits on another actor.
     """
 
-    def __init__(self, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy) -> None:
+    def __init__(
+        self, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy, pacer: Any = None
+    ) -> None:
         self.tools = {t.tool_id: t for t in tools}
         if not self.tools:
             raise ValueError("DispatchSystem needs at least one tool")
@@ -143,7 +145,7 @@ class DispatchSystem:
         self.store_proxy = self._store_ref.proxy()
         pacings = {t.provider_name: t.pacing for t in self.tools.values()}
         self.gates = SendGates()
-        self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates)
+        self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
         self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
         self._flusher = CompletionFlusherActor.start(
             self.store_proxy,
@@ -196,7 +198,13 @@ class DispatchSystem:
 
     @classmethod
     def start(
-        cls, *, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy | None = None
+        cls,
+        *,
+        tools: Iterable[Tool],
+        store: ReceiptStore,
+        run: RunInfo,
+        policy: Policy | None = None,
+        pacer: Any = None,
     ) -> DispatchSystem:
         """Start every actor and return the system.
 
@@ -205,8 +213,12 @@ class DispatchSystem:
             store: the receipt store (the system does not close it).
             run: the run's identity (run id, attempt, org, scope).
             policy: settings (default :class:`~actors.tool.Policy`).
+            pacer: an :class:`~actors.shared_pacer.Pacer` to pace providers with (e.g. one
+                shared through Redis by several worker processes, from
+                :func:`~actors.shared_pacer.open_pacer`); None: this process paces alone.
+                The system does not close it.
         """
-        return cls(tools, store, run, policy or Policy())
+        return cls(tools, store, run, policy or Policy(), pacer)
 
     def proxy(self) -> DispatchProxy:
         """The handle whose ``execute`` returns futures."""

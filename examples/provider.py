@@ -55,6 +55,8 @@ class Provider:
         self.buckets: dict[str, tuple[float, float]] = {}
         self.counts: Counter[str] = Counter()
         self.replies: dict[str, tuple[str, bytes]] = {}
+        self.billed: Counter[str] = Counter()
+        """Items served (billed), by their JSON: ``unique_items`` / ``repeated_items`` in /stats."""
         self.first_at = self.last_at = 0.0
 
     def admit(self, api_key: str) -> float:
@@ -116,13 +118,19 @@ def make_app(p: Provider) -> Any:
 
         if path == "/stats":
             with p.lock:
-                return reply("200 OK", {**p.counts, "first_at": p.first_at, "last_at": p.last_at})
+                repeated = sum(n - 1 for n in p.billed.values())
+                return reply(
+                    "200 OK",
+                    {**p.counts, "unique_items": len(p.billed), "repeated_items": repeated,
+                     "first_at": p.first_at, "last_at": p.last_at},
+                )  # fmt: skip
         if path == "/reset" and method == "POST":
             with p.lock:
                 p.counts.clear()
                 p.first_at = p.last_at = 0.0
                 p.replies.clear()
                 p.buckets.clear()
+                p.billed.clear()
             return reply("200 OK", {"ok": True})
         op_path = path[: -len("/batch")] if path.endswith("/batch") else path
         op = ops.get(op_path)
@@ -162,6 +170,7 @@ def make_app(p: Provider) -> Any:
         else:
             answer = op(body)
             counted = ("requests", "single_requests", ("items", 1))
+            items = [body]
             if answer.get("error"):  # the lookup failed: say so, as a batch member's error does
                 status = "422 Unprocessable Content"
         data = json.dumps(answer).encode()
@@ -172,6 +181,8 @@ def make_app(p: Provider) -> Any:
                 else:
                     p.counts[name] += 1
             p.counts[f"requests:{op_path}"] += 1
+            for item in items:
+                p.billed[f"{op_path} {json.dumps(item, sort_keys=True)}"] += 1
             now = time.time()
             p.first_at = p.first_at or now
             p.last_at = now

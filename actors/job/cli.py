@@ -89,9 +89,23 @@ def _count_rows(path: str) -> int | None:
     default=None,
     help="Rows at once (default 256; 1000 under gevent).",
 )
+@click.option(
+    "--pacer",
+    default=None,
+    envvar="TOOLDISPATCH_PACER",
+    help="Pacing shared by every worker: redis://host:port/db[?prefix=NAME] (env TOOLDISPATCH_PACER; "
+    "default: this process paces alone).",
+)
+@click.option(
+    "--shard",
+    default=None,
+    metavar="I/N",
+    help="Worker I of N (0 <= I < N): run only the rows whose 0-based index % N == I.",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
+    pacer: str | None, shard: str | None,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -121,19 +135,22 @@ def run(
         if clash:
             raise ConfigError(f"--output {output_path} is also {clash}: writing it would destroy it")
     code = _run(
-        play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency
-    )
+        play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
+        pacer, _parse_shard(shard),
+    )  # fmt: skip
     sys.exit(code)
 
 
 def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
+    pacer_url: str | None = None, shard: tuple[int, int] | None = None,
 ) -> int:  # fmt: skip
     from stores import StoreError, open_store
 
     from .. import DispatchSystem, RunInfo
     from .._runtime import runtime_name
+    from ..shared_pacer import InvalidPacerURLError, open_pacer
     from ._signals import Interrupts
     from ._tally import CallTally
     from .play import PlayContext, PlayLoadError, load_play
@@ -145,11 +162,19 @@ def _run(
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
     rows = _first_rows(input_path)
+    if shard is not None:
+        rows = _shard_rows(rows, *shard)
+    try:
+        pacer = open_pacer(pacer_url) if pacer_url else None
+    except InvalidPacerURLError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         if db == DEFAULT_DB:  # the default's folder is ours to make; a given path's folder must exist
             os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
         store = open_store(db)
     except (OSError, StoreError) as exc:
+        if pacer is not None:
+            pacer.close()
         raise ConfigError(str(exc)) from None
     width = concurrency or (1000 if runtime_name() == "gevent" else 256)
     console = Console(stderr=True)
@@ -164,12 +189,15 @@ def _run(
     interrupts = Interrupts(stop, lambda line: console.print(line, highlight=False, soft_wrap=True), out)
     interrupts.install()
     try:
-        with DispatchSystem.start(tools=play.tools, store=store, run=run_info) as system:
+        with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
             interrupts.system = system
             ctx = PlayContext(
                 system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally
             )
-            progress = ProgressDisplay(console, _count_rows(input_path), system.stats, tally=tally).start()
+            total = _count_rows(input_path)
+            if total is not None and shard is not None:
+                total = len(range(shard[0], total, shard[1]))
+            progress = ProgressDisplay(console, total, system.stats, tally=tally).start()
             summary = None
             try:
                 summary = run_rows(
@@ -184,6 +212,8 @@ def _run(
         interrupts.restore()
         close_error = _close_quietly(out)
         store.close()
+        if pacer is not None:
+            pacer.close()
     if summary.config_error:
         raise ConfigError(summary.config_error)
     if close_error:
@@ -206,6 +236,24 @@ def _run(
             )
         return 130
     return 1 if summary.failed else 0
+
+
+def _parse_shard(shard: str | None) -> tuple[int, int] | None:
+    """``"I/N"`` -> (I, N); a usage error unless 0 <= I < N."""
+    if shard is None:
+        return None
+    try:
+        i, n = (int(part) for part in shard.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard {shard!r}: expected I/N, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ConfigError(f"--shard {shard!r}: needs 0 <= I < N")
+    return i, n
+
+
+def _shard_rows(rows: Any, index: int, count: int) -> Any:
+    """The rows whose 0-based position in the input is ``index`` modulo ``count``."""
+    return (row for at, row in enumerate(rows) if at % count == index)
 
 
 def _first_rows(path: str) -> Any:

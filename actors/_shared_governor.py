@@ -1,0 +1,234 @@
+"""The governor's pacing done by a :class:`~actors.shared_pacer.Pacer` (shared through Redis).
+
+:class:`SharedGovernor` is a :class:`~actors.governor.Governor` whose rate, Retry-After
+pauses and circuit live in the pacer, so every worker process pointed at the same pacer
+paces one provider together (issue 11, section 2). What stays in this process: budgets,
+the global ceiling (``Policy.max_concurrency``) and each provider's ``max_concurrency``
+(both are per process), the send gates, and the counters of the pacing report.
+
+Mapping (the shared pacer's author's proposal, checked against the pacer's replies):
+
+* ``wake``: the local circuit, ``bucket.available`` and ``bucket.take`` are replaced by
+  ``pacer.take(org, provider, n, partial=True)``; ``refuse`` refuses the waiters and
+  closes the send gate; nothing granted blocks the waiters until ``now + wait_s`` (and a
+  ``paused`` verdict pauses this process's send gate, so senders respect another worker's
+  pause); a grant is charged and its rate version remembered.
+* ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last grant
+  made at or before the 429'd request was sent (several 429s of one congestion event, from
+  any worker, cut once).
+* ``release``: ``pacer.grow`` (AIMD additive increase, or slow start's doubling, summed
+  over the successes) and ``pacer.record`` (the circuit); when it opens, waiters are
+  refused and the gate closed.
+
+Every method runs on the governor actor's thread; each pacer call is one round trip.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ._pacer_values import PacerSettings, ProviderLimits
+from ._pacing import (
+    AIMD_INCREASE_FRACTION,
+    AIMD_MIN_RPS,
+    MIN_WAKE_S,
+    SLOW_START_DOUBLING_S,
+    parse_retry_after,
+)
+from .errors import BudgetExceededError
+from .governor import BucketKey, Decisions, Governor
+from .shared_pacer import Pacer
+from .tool import Pacing, Policy
+
+__all__ = ["SharedGovernor"]
+
+KEPT_VERSIONS = 64
+"""Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
+
+
+class SharedGovernor(Governor):
+    """A governor pacing through ``pacer`` (see the module docstring).
+
+    Args:
+        policy: as :class:`~actors.governor.Governor`.
+        pacings: provider name -> Pacing; a provider the pacer has no limits for gets
+            :meth:`ProviderLimits.from_pacing` of its Pacing.
+        pacer: the pacer (the caller closes it).
+        rng: jitter source.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        pacings: dict[str, Pacing],
+        pacer: Pacer,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(policy, pacings, rng)
+        self.pacer = pacer
+        for name, pacing in pacings.items():
+            pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
+        if pacer.settings == PacerSettings():  # not chosen by its maker: the policy's circuit
+            pacer.settings = PacerSettings.from_policy(policy)
+        self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
+        """(org, provider) -> (grant time, rate version), oldest first."""
+        self.shared: dict[BucketKey, tuple[float | None, float | None, bool]] = {}
+        """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
+
+    def acquire(
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
+    ) -> Decisions:
+        """As :meth:`Governor.acquire`; a first request during another worker's pause
+        starts this process's send gate paused too."""
+        out = super().acquire(org_id, provider, want, reply, now, exempt)
+        bucket = self.buckets.get((org_id, provider))
+        if bucket is not None and bucket.gate_until > now:
+            out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
+        return out
+
+    def wake(self, now: float) -> Decisions:
+        """Grant what the pacer grants, oldest waiter first across providers."""
+        out = Decisions()
+        blocked: set[tuple[str, str, bool]] = set()
+        wake_at: float | None = None
+        while True:
+            heads = [(q[0].seq, wkey) for wkey, q in self.waiters.items() if q and wkey not in blocked]
+            if not heads:
+                break
+            wkey = min(heads)[1]
+            key = (wkey[0], wkey[1])
+            queue, bucket = self.waiters[wkey], self.buckets[key]
+            want = queue[0].want
+            if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
+                free = self.ceiling - self.in_flight
+                if bucket.max_concurrency is not None:
+                    free = min(free, bucket.max_concurrency - bucket.in_flight)
+                want = min(want, free)
+            if want < 1:
+                blocked.add(wkey)  # only a release can help
+                continue
+            grant = self.pacer.take(key[0], key[1], want, partial=True)
+            self._saw(key, grant.rate_rps, grant.reference_rps, grant.slow_start, out)
+            if grant.verdict == "refuse":
+                out.refusals.extend((w.reply, self._unavailable(key)) for w in queue)
+                queue.clear()
+                out.closed[key] = now + grant.wait_s
+                continue
+            if grant.granted < 1:
+                blocked.add(wkey)
+                again = now + max(grant.wait_s, MIN_WAKE_S)
+                wake_at = again if wake_at is None else min(wake_at, again)
+                if grant.verdict == "paused":  # another worker's 429: hold this process's senders too
+                    bucket.gate_until = max(bucket.gate_until, again)
+                    out.gates[key] = (grant.rate_rps, bucket.gate_until)
+                continue
+            waiter = queue.popleft()
+            try:
+                n = self._charge_calls(grant.granted)
+            except BudgetExceededError as exc:
+                out.refusals.append((waiter.reply, exc))
+                continue
+            bucket.admission_wait_s += max(0.0, now - waiter.since)
+            if not wkey[2]:
+                bucket.in_flight += n
+                self.in_flight += n
+            seen = self.grants_at.setdefault(key, [])
+            seen.append((now, grant.version))
+            del seen[:-KEPT_VERSIONS]
+            out.grants.append((waiter.reply, n))
+        out.wake_at = wake_at
+        return out
+
+    def backpressure(
+        self,
+        org_id: str,
+        provider: str,
+        retry_after: Any,
+        now: float,
+        wall: float,
+        sent_at: float | None = None,
+    ) -> Decisions:
+        """Pause (org, provider) for every worker and cut the shared rate once per event."""
+        key = (org_id, provider)
+        pause = parse_retry_after(
+            retry_after,
+            wall,
+            default_s=self.policy.retry_after_default_s,
+            max_s=self.policy.retry_after_max_s,
+            min_s=self.policy.retry_after_min_s,
+        )
+        pause += self.rng() * min(1.0, 0.1 * pause)
+        bucket = self.bucket(org_id, provider)
+        seen = self.grants_at.get(key, [])
+        at = len(seen) if sent_at is None else bisect.bisect_right(seen, (sent_at, 1 << 62))
+        cut_version = seen[at - 1][1] if at else None
+        paused = self.pacer.pause(org_id, provider, pause, cut_version=cut_version)
+        bucket.backpressure_events += 1
+        bucket.pauses.append((now, paused.pause_s, None if retry_after is None else str(retry_after)))
+        del bucket.pauses[:-16]
+        bucket.gate_until = max(bucket.gate_until, now + paused.pause_s)
+        out = self.wake(now)
+        self._saw(key, paused.rate_rps, paused.reference_rps, paused.slow_start, out)
+        out.gates[key] = (paused.rate_rps, bucket.gate_until)
+        return out
+
+    def release(
+        self,
+        org_id: str,
+        provider: str,
+        count: int,
+        successes: int,
+        now: float,
+        unavailable: int = 0,
+        answered: int | None = None,
+        exempt: bool = False,
+    ) -> Decisions:
+        """Return slots; grow the shared rate by ``successes``; feed the shared circuit."""
+        key = (org_id, provider)
+        bucket = self.bucket(org_id, provider)
+        if not exempt:
+            bucket.in_flight = max(0, bucket.in_flight - count)
+            self.in_flight = max(0, self.in_flight - count)
+        out = Decisions()
+        rate, ref, slow = self.shared.get(key, (bucket.rate, None, bucket.slow_start))
+        limits = self.pacer.limits.get(provider) or ProviderLimits()
+        capped = limits.max_rps is not None and rate is not None and rate >= limits.max_rps
+        if successes and rate is not None and not capped:
+            if slow:
+                grown = self.pacer.grow(
+                    org_id,
+                    provider,
+                    mul=2.0 ** (successes / (max(rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S)),
+                )
+            else:
+                step = AIMD_INCREASE_FRACTION * (ref or rate) / max(rate, AIMD_MIN_RPS)
+                grown = self.pacer.grow(org_id, provider, add_rps=successes * step)
+            self._saw(key, grown.rate_rps, grown.reference_rps, grown.slow_start, out)
+        answered_n = successes if answered is None else answered
+        refusals = []
+        if answered_n or unavailable:
+            recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
+            if recorded.opened:
+                for nested in (False, True):
+                    queue = self.waiters.get((org_id, provider, nested), collections.deque())
+                    refusals += [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
+                out.closed[key] = now + recorded.open_s
+        woken = self.wake(now)
+        woken.refusals.extend(refusals)
+        woken.closed.update(out.closed)
+        woken.gates = {**out.gates, **woken.gates}
+        return woken
+
+    def _saw(self, key: BucketKey, rate: float | None, ref: float | None, slow: bool, out: Decisions) -> None:
+        """Keep the pacer's rate; retime this process's send gate when it changed."""
+        before = self.shared.get(key)
+        self.shared[key] = (rate, ref, slow)
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            bucket.rate, bucket.slow_start = rate, slow
+        if before is None or before[0] != rate:
+            out.gates.setdefault(key, (rate, None))

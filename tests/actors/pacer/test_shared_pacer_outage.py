@@ -1,0 +1,126 @@
+"""Redis going away mid-run: a local share of the rate, said out loud, then rejoining.
+
+Each test runs its own ``redis-server`` (conftest.py), kills or freezes it mid-run and
+restarts it on the same port. The pacer's own clock is a fake one, so the local
+fallback's pacing and the retry schedule are checked without sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from actors.shared_pacer import Pacer, ProviderLimits, open_pacer
+
+from .conftest import RedisServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pacer(server: RedisServer, prefix: str, clock: FakeClock, workers: int = 4) -> Any:
+    from actors._redis_pacer import RedisPacer
+
+    limits = {"p": ProviderLimits(rate_rps=40.0, burst=4)}
+    return RedisPacer(server.url, limits, prefix=prefix, expected_workers=workers, clock=clock, retry_s=1.0)
+
+
+def test_redis_pacer_paces_a_local_share_while_redis_is_down(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    pacer = _pacer(redis_server, prefix, clock)
+    assert not pacer.take("o", "p").degraded
+    pacer.set_rate("o", "p", 20.0)  # the shared rate this worker last saw
+    redis_server.kill()
+    with caplog.at_level(logging.WARNING, logger="tooldispatch"):
+        first = pacer.take("o", "p", 5, partial=True)
+    assert first.degraded and pacer.snapshot()["degraded"]
+    assert first.rate_rps == pytest.approx(20.0 / 4)  # a quarter of the last shared rate
+    assert first.granted == 1  # the burst shrinks with the share: 4 / 4
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "pacing locally at 1/4" in caplog.text
+    again = pacer.take("o", "p")
+    assert (again.granted, again.verdict) == (0, "wait")  # paced, never unpaced
+    assert again.wait_s == pytest.approx(1 / 5.0)
+    clock.now += 0.2
+    assert pacer.take("o", "p").granted == 1
+    pacer.close()
+
+
+def test_redis_pacer_never_waits_on_a_frozen_redis_longer_than_its_timeout(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    clock = FakeClock()
+    pacer = _pacer(redis_server, prefix, clock)
+    pacer.take("o", "p")
+    redis_server.freeze()
+    try:
+        grant = pacer.take("o", "p")  # read timeout (0.5 s), then the local share
+        assert grant.degraded
+        assert pacer.take("o", "p").degraded  # no new attempt before retry_s: no new wait
+    finally:
+        redis_server.thaw()
+    pacer.close()
+
+
+def test_redis_pacer_rejoins_when_redis_returns_and_hands_over_its_pause(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    pacer = _pacer(redis_server, prefix, clock)
+    pacer.take("o", "p")
+    redis_server.kill()
+    assert pacer.pause("o", "p", 60.0).degraded  # a 429 while Redis is away
+    redis_server.start()  # same port, empty (a restart: no state, no scripts)
+    assert pacer.take("o", "p").degraded  # before retry_s: still local
+    clock.now += 1.0
+    with caplog.at_level(logging.INFO, logger="tooldispatch"):
+        back = pacer.take("o", "p")
+    assert not back.degraded and not pacer.snapshot()["degraded"]
+    assert back.verdict == "paused" and back.wait_s > 50  # the local pause went to Redis
+    assert "answers again" in caplog.text
+    snap = pacer.snapshot()
+    assert (snap["outages"], snap["script_loads"]) == (1, 2)  # NOSCRIPT after the restart: reloaded
+    other: Pacer = open_pacer(f"{redis_server.url}?prefix={prefix}", {"p": ProviderLimits(rate_rps=40.0)})
+    assert other.take("o", "p").verdict == "paused"  # every worker sees it
+    other.close()
+    pacer.close()
+
+
+def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    from actors._redis_pacer import RedisPacer
+
+    clock = FakeClock()
+    pacer = RedisPacer(redis_server.url, {}, prefix=prefix, expected_workers=2, clock=clock)
+    assert pacer.take("o", "free", 100).granted == 100  # unpaced while shared
+    redis_server.kill()
+    local = pacer.take("o", "free", 100, partial=True)
+    assert local.degraded and local.rate_rps == pytest.approx(5.0)  # unpaced_start_rps / 2
+    assert local.granted == 1
+    pacer.close()
+
+
+def test_redis_pacer_treats_a_read_only_replica_as_an_outage(redis_server: RedisServer, prefix: str) -> None:
+    """After a failover the pacer's address may name a replica: READONLY to every write."""
+    clock = FakeClock()
+    pacer = _pacer(redis_server, prefix, clock)
+    pacer.take("o", "p")
+    admin = redis_server.client()
+    admin.replicaof("127.0.0.1", "1")  # a replica of a master that is not there
+    try:
+        assert pacer.take("o", "p").degraded
+    finally:
+        admin.replicaof("NO", "ONE")
+    clock.now += 1.0
+    assert not pacer.take("o", "p").degraded
+    pacer.close()

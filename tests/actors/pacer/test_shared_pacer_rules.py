@@ -1,0 +1,231 @@
+"""The pacer's rules: on LocalPacer with a fake clock, and across two RedisPacers.
+
+The plain rules (GCRA spacing, n tokens, pause and once-per-event cut, AIMD growth in
+use only, the circuit's single probe) are driven on :class:`LocalPacer` with a fake
+clock; the cross-worker ones (one cut per congestion event, one half-open probe, every
+key with a TTL) on several :class:`RedisPacer` instances of one private Redis.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from actors.shared_pacer import (
+    InvalidPacerURLError,
+    LocalPacer,
+    Pacer,
+    PacerSettings,
+    ProviderLimits,
+    open_pacer,
+)
+from actors.tool import Pacing, Policy
+
+from .conftest import RedisServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _local(limits: ProviderLimits, settings: PacerSettings | None = None) -> tuple[LocalPacer, FakeClock]:
+    clock = FakeClock()
+    return LocalPacer({"p": limits}, settings, clock=clock), clock
+
+
+def test_local_pacer_spaces_grants_at_the_rate() -> None:
+    pacer, clock = _local(ProviderLimits(rate_rps=10.0, burst=1))
+    assert pacer.take("o", "p").granted == 1
+    clock.now += 0.05
+    refused = pacer.take("o", "p")
+    assert (refused.granted, refused.verdict) == (0, "wait")
+    assert refused.wait_s == pytest.approx(0.05)
+    clock.now += 0.05
+    assert pacer.take("o", "p").granted == 1
+
+
+def test_local_pacer_takes_up_to_n_when_partial_and_never_more_than_the_burst() -> None:
+    pacer, _ = _local(ProviderLimits(rate_rps=1.0, burst=5))
+    assert pacer.take("o", "p", 10, partial=True).granted == 5
+    whole, _ = _local(ProviderLimits(rate_rps=1.0, burst=5))
+    never = whole.take("o", "p", 6)
+    assert never.granted == 0 and math.isinf(never.wait_s)
+
+
+def test_local_pacer_unpaced_provider_grants_everything_until_a_429() -> None:
+    pacer, _ = _local(ProviderLimits())
+    assert pacer.take("o", "p", 500).granted == 500
+    paused = pacer.pause("o", "p", 1.0, cut_version=0)
+    assert paused.cut and paused.slow_start
+    assert paused.rate_rps == pytest.approx(max(10.0, 500 / 0.5 * 0.5))
+
+
+def test_local_pacer_cuts_once_per_congestion_event() -> None:
+    pacer, clock = _local(ProviderLimits(rate_rps=10.0, burst=1))
+    version = pacer.take("o", "p").version
+    first = pacer.pause("o", "p", 1.0, cut_version=version)
+    second = pacer.pause("o", "p", 1.0, cut_version=version)  # another 429 of the same event
+    assert (first.cut, second.cut) == (True, False)
+    assert second.rate_rps == pytest.approx(8.0)
+    assert pacer.take("o", "p").verdict == "paused"
+    clock.now += 2.0
+    grant = pacer.take("o", "p")
+    assert grant.granted == 1 and grant.version == version + 1
+    assert pacer.pause("o", "p", 0.5, cut_version=grant.version).rate_rps == pytest.approx(6.4)
+
+
+def test_local_pacer_leaves_slow_start_at_half_the_rate() -> None:
+    pacer, _ = _local(ProviderLimits(rate_rps=40.0, slow_start=True))
+    state = pacer.pause("o", "p", 0.1, cut_version=0)
+    assert state.rate_rps == pytest.approx(20.0) and not state.slow_start
+
+
+def test_local_pacer_grows_only_a_rate_in_use_and_never_past_its_cap() -> None:
+    pacer, clock = _local(ProviderLimits(rate_rps=10.0, burst=10, max_rps=10.5))
+    assert not pacer.grow("o", "p", add_rps=1.0).grown  # nobody takes: no growth
+    pacer.take("o", "p", 10)
+    grown = pacer.grow("o", "p", add_rps=1.0)
+    assert grown.grown and grown.rate_rps == pytest.approx(10.5)
+    clock.now += 10.0  # use decays
+    assert not pacer.grow("o", "p", mul=2.0).grown
+
+
+def test_local_pacer_circuit_opens_once_then_lets_one_probe_through() -> None:
+    settings = PacerSettings(circuit_failures=3, circuit_open_s=5.0, circuit_open_max_s=60.0)
+    pacer, clock = _local(ProviderLimits(rate_rps=100.0, burst=10), settings)
+    assert not pacer.record("o", "p", answered=0, unavailable=2).opened
+    opened = pacer.record("o", "p", answered=0, unavailable=1)
+    assert opened.opened and opened.open_s == pytest.approx(5.0)
+    assert not pacer.record("o", "p", answered=0, unavailable=1).opened  # same outage
+    assert pacer.take("o", "p").verdict == "refuse"
+    clock.now += 5.0
+    probe = pacer.take("o", "p", 3)
+    assert (probe.verdict, probe.granted) == ("probe", 1)
+    assert pacer.take("o", "p").verdict == "wait"  # one probe at a time
+    again = pacer.record("o", "p", answered=0, unavailable=1)  # the probe failed
+    assert again.opened and again.open_s == pytest.approx(10.0)
+    clock.now += 10.0
+    assert pacer.take("o", "p").verdict == "probe"
+    clock.now += settings.probe_lease_s  # the prober died: its claim lapses
+    assert pacer.take("o", "p").verdict == "probe"
+    assert not pacer.record("o", "p", answered=1, unavailable=0).opened
+    assert pacer.take("o", "p").verdict == "go"
+
+
+def test_provider_limits_from_pacing_start_as_the_governor_does() -> None:
+    stated = ProviderLimits.from_pacing(Pacing(rps=50.0))
+    assert stated.rate_rps == pytest.approx(49.0) and stated.max_rps == pytest.approx(49.0)
+    unknown = ProviderLimits.from_pacing(Pacing(start_rps=10.0))
+    assert unknown.slow_start and unknown.rate_rps == 10.0 and unknown.max_rps is None
+    assert ProviderLimits.from_pacing(Pacing()).rate_rps is None
+
+
+def test_pacer_settings_from_policy_take_its_circuit() -> None:
+    settings = PacerSettings.from_policy(Policy(circuit_failures=3, circuit_open_s=2.0), presence_s=5.0)
+    assert (settings.circuit_failures, settings.circuit_open_s, settings.presence_s) == (3, 2.0, 5.0)
+
+
+def test_open_pacer_parses_the_pacer_option() -> None:
+    assert isinstance(open_pacer(None), LocalPacer)
+    assert isinstance(open_pacer("local"), LocalPacer)
+    pytest.importorskip("redis")
+    pacer: Any = open_pacer(
+        "redis://:secret@127.0.0.1:1/3?prefix=a:b&workers=8&timeout=0.2&connect_timeout=0.1"
+    )
+    try:
+        assert pacer.backend == "redis" and pacer.prefix == "a:b" and pacer.expected_workers == 8
+        assert "secret" not in pacer.url and "secret" not in str(pacer.snapshot())
+        kwargs = pacer._client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["db"]) == (0.2, 0.1, 3)
+    finally:
+        pacer.close()
+    for bad in ("postgresql://x/y", "redis://h?workers=0", "redis://h?timeout=soon"):
+        with pytest.raises(InvalidPacerURLError):
+            open_pacer(bad)
+
+
+# --- across workers, on a real Redis ------------------------------------------------------
+
+
+@pytest.fixture
+def make_workers(redis_server: RedisServer, prefix: str) -> Iterator[Any]:
+    """``make_workers(open_s)``: eight RedisPacers (each its own connections) on one
+    bucket, circuits opening at the first unavailable outcome for ``open_s``; the keys
+    are deleted after."""
+    made: list[Pacer] = []
+
+    def make(open_s: float = 30.0) -> list[Pacer]:
+        settings = PacerSettings(circuit_failures=1, circuit_open_s=open_s)
+        limits = {"p": ProviderLimits(rate_rps=50.0, burst=20)}  # the rate never masks the probe rule
+        pacers = [open_pacer(f"{redis_server.url}?prefix={prefix}", limits, settings) for _ in range(8)]
+        made.extend(pacers)
+        return pacers
+
+    yield make
+    for pacer in made:
+        pacer.close()
+    client = redis_server.client()
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+def _together(pacers: list[Pacer], call: Any) -> list[Any]:
+    """Run ``call(pacer)`` on every pacer at once (threads; greenlets under gevent)."""
+    out: list[Any] = [None] * len(pacers)
+    barrier = threading.Barrier(len(pacers))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        out[i] = call(pacers[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(pacers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_redis_pacer_workers_cut_once_for_one_congestion_event(make_workers: Any) -> None:
+    workers = make_workers()
+    version = workers[0].take("o", "p").version
+    replies = _together(workers, lambda w: w.pause("o", "p", 1.0, cut_version=version))
+    assert sum(r.cut for r in replies) == 1
+    assert workers[3].state("o", "p").rate_rps == pytest.approx(40.0)
+
+
+def test_redis_pacer_workers_open_the_circuit_once(make_workers: Any) -> None:
+    workers = make_workers(open_s=30.0)
+    opened = _together(workers, lambda w: w.record("o", "p", answered=0, unavailable=1))
+    assert sum(r.opened for r in opened) == 1  # one opening, whoever saw it
+    assert {g.verdict for g in _together(workers, lambda w: w.take("o", "p"))} == {"refuse"}
+
+
+def test_redis_pacer_workers_send_one_half_open_probe(make_workers: Any) -> None:
+    workers = make_workers(open_s=0.0)  # half-open as soon as it opened
+    assert workers[0].record("o", "p", answered=0, unavailable=1).opened
+    grants = _together(workers, lambda w: w.take("o", "p"))
+    assert sorted(g.verdict for g in grants) == ["probe"] + ["wait"] * 7
+
+
+def test_redis_pacer_keys_all_expire_and_outlive_a_long_pause(
+    make_workers: Any, redis_server: RedisServer, prefix: str
+) -> None:
+    pacer = make_workers()[0]
+    pacer.take("o", "p")
+    pacer.grow("o", "p", add_rps=1.0)
+    pacer.record("o", "q", answered=0, unavailable=0)
+    pacer.set_rate("o", "r", 5.0)
+    pacer.pause("o", "p", 7200.0)
+    client = redis_server.client()
+    ttls = {key: client.pttl(key) for key in client.scan_iter(f"{prefix}:*")}
+    assert len(ttls) == 4 and all(ttl > 0 for ttl in ttls.values())
+    assert ttls[f"{prefix}:{{o/p}}:state"] > 7200 * 1000
