@@ -50,9 +50,7 @@ import click
 
 try:
     import actors
-except (
-    ImportError
-):  # run as a script from a checkout: put the repository root on the path
+except ImportError:  # run as a script from a checkout: put the repository root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import actors  # noqa: F401
 
@@ -107,10 +105,7 @@ def raw_limit(path: str, n: int, batch: int) -> tuple[float, float]:
          "run-bench", 1, now + 60, 1, now, now, None, 1, "bench-host", os.getpid(), now)
         for k in keys
     ]  # fmt: skip
-    updates = [
-        (json.dumps({"ok": True, "i": i}), now, now, ORG_ID, k)
-        for i, k in enumerate(keys)
-    ]
+    updates = [(json.dumps({"ok": True, "i": i}), now, now, ORG_ID, k) for i, k in enumerate(keys)]
     t0 = time.perf_counter()
     for first in range(0, n, batch):
         conn.execute("BEGIN IMMEDIATE")
@@ -135,9 +130,7 @@ def raw_limit(path: str, n: int, batch: int) -> tuple[float, float]:
 # -- b, c, d. the system --------------------------------------------------------------------
 
 
-def _run_calls(
-    system: DispatchSystem, inputs: list[Any]
-) -> tuple[float, dict[str, int]]:
+def _run_calls(system: DispatchSystem, inputs: list[Any]) -> tuple[float, dict[str, int]]:
     t0 = time.perf_counter()
     futures = system.proxy().execute_many("noop", inputs)
     results = [f.get(timeout=900) for f in futures]
@@ -148,9 +141,7 @@ def _run_calls(
     return wall, kinds
 
 
-def bench_system(
-    path: str, n: int, profile: str | None
-) -> dict[str, tuple[float, dict[str, int]]]:
+def bench_system(path: str, n: int, profile: str | None) -> dict[str, tuple[float, dict[str, int]]]:
     """fresh on a new store; rerun (new system, same store); memo (the rerun's system again)."""
     inputs = [{"i": i} for i in range(n)]
     out: dict[str, tuple[float, dict[str, int]]] = {}
@@ -161,9 +152,7 @@ def bench_system(
             ("bench-rerun", ("rerun", "memo")),
         ):
             run = RunInfo(run_id=run_id, org_id=ORG_ID, scope=SCOPE)
-            system = DispatchSystem.start(
-                tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run
-            )
+            system = DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run)
             try:
                 for name in sections:
                     out[name] = _profiled(
@@ -204,21 +193,15 @@ def _profiled(on: bool, fn: Callable[[], Any], n: int = 1, top: int = 40) -> Any
         stats = list(yappi.get_func_stats())
         threads = yappi.get_thread_stats()
         total = sum(t.ttot for t in threads) or 1.0
-        click.echo(
-            f"\nprofile (yappi, CPU of all threads {total:.2f} s = {total / n * 1e6:.0f} µs/call)"
-        )
+        click.echo(f"\nprofile (yappi, CPU of all threads {total:.2f} s = {total / n * 1e6:.0f} µs/call)")
         for t in sorted(threads, key=lambda t: -t.ttot)[:12]:
-            click.echo(
-                f"  thread {t.name:<28}{t.ttot:7.2f} s {t.ttot / n * 1e6:8.1f} µs/call"
-            )
+            click.echo(f"  thread {t.name:<28}{t.ttot:7.2f} s {t.ttot / n * 1e6:8.1f} µs/call")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
         for title, key in (("own", "tsub"), ("inclusive", "ttot")):
             click.echo(f"top by {title} time: µs/call-of-section, calls, function")
             for s in sorted(stats, key=lambda s: -getattr(s, key))[:top]:
                 where = f"{s.module.replace(root, '').split('site-packages/')[-1]}:{s.lineno} {s.name}"
-                click.echo(
-                    f"  {getattr(s, key) / n * 1e6:8.1f}{s.ncall:10,}  {where[-90:]}"
-                )
+                click.echo(f"  {getattr(s, key) / n * 1e6:8.1f}{s.ncall:10,}  {where[-90:]}")
         yappi.clear_stats()
 
 
@@ -262,9 +245,7 @@ def bench_latency(path: str, rounds: int) -> tuple[float, float, float]:
     store = SqliteReceiptStore(path)
     try:
         run = RunInfo(run_id="bench-latency", org_id=ORG_ID, scope=SCOPE)
-        with DispatchSystem.start(
-            tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run
-        ) as system:
+        with DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run) as system:
             proxy = system.proxy()
             for i in range(20):  # warm up: pools start their workers
                 proxy.execute("noop", {"i": -1 - i}).get(timeout=30)
@@ -294,13 +275,9 @@ def gevent_child(n: int, directory: str) -> None:
         run = RunInfo(run_id="bench-gevent", org_id=ORG_ID, scope=SCOPE)
         tool = Tool(tool_id="sleepy", fn=sleepy, pacing=Pacing(max_concurrency=n))
         policy = Policy(max_concurrency=n)
-        with DispatchSystem.start(
-            tools=[tool], store=store, run=run, policy=policy
-        ) as system:
+        with DispatchSystem.start(tools=[tool], store=store, run=run, policy=policy) as system:
             t0 = time.perf_counter()
-            futures = system.proxy().execute_many(
-                "sleepy", [{"i": i} for i in range(n)]
-            )
+            futures = system.proxy().execute_many("sleepy", [{"i": i} for i in range(n)])
             done = sum(1 for f in futures if f.get(timeout=600).execution == "live")
             wall = time.perf_counter() - t0
     finally:
@@ -321,9 +298,7 @@ def bench_gevent(directory: str, n: int) -> dict[str, Any]:
     cmd += ["--dir", directory]
     env = {**os.environ, "TOOLDISPATCH_RUNTIME": "gevent"}
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=600, check=False, env=env
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
     except subprocess.TimeoutExpired:
         return {"error": "no result within 600 s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -362,14 +337,12 @@ def _calibrate() -> str:
     help="Sequential calls for the latency.",
 )
 @click.option("--profile", type=click.Choice(["fresh", "rerun", "memo"]), default=None,
-              help="Profile one section (cProfile, the caller's thread) and print the top functions.")  # fmt: skip
+              help="Profile one section (cProfile, the caller's thread) and print the top functions.")  # fmt: skip  # noqa: E501
 @click.option("--no-gevent", is_flag=True, help="Skip the gevent child.")
-@click.option(
-    "--dir", "directory", default=None, help="Where to put the temporary files."
-)
+@click.option("--dir", "directory", default=None, help="Where to put the temporary files.")
 @click.option("--gevent-child", default=0, hidden=True)
 def main(
-    calls: int, raw_keys: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,
+    calls: int, raw_keys: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,  # noqa: E501
     gevent_child: int,
 ) -> None:  # fmt: skip
     """Time the dispatch system against the raw SQLite limit and diskcache."""
@@ -380,29 +353,17 @@ def main(
     click.echo(f"load average {_load()}, {_calibrate()}; Python {platform.python_version()}, "
                f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
-        raw500, read500 = raw_limit(
-            os.path.join(tmp, "raw500.db"), raw_keys or calls, 500
-        )
-        raw5k, read5k = raw_limit(
-            os.path.join(tmp, "raw5k.db"), raw_keys or calls, 5_000
-        )
+        raw500, read500 = raw_limit(os.path.join(tmp, "raw500.db"), raw_keys or calls, 500)
+        raw5k, read5k = raw_limit(os.path.join(tmp, "raw5k.db"), raw_keys or calls, 5_000)
         system = bench_system(os.path.join(tmp, "receipts.db"), calls, profile)
         dc = bench_diskcache(os.path.join(tmp, "diskcache"), calls)
-        lat50, lat95, direct50 = bench_latency(
-            os.path.join(tmp, "latency.db"), latency_rounds
-        )
-        gev: dict[str, Any] = (
-            {"error": "skipped"} if no_gevent else bench_gevent(tmp, GEVENT_CALLS)
-        )
+        lat50, lat95, direct50 = bench_latency(os.path.join(tmp, "latency.db"), latency_rounds)
+        gev: dict[str, Any] = {"error": "skipped"} if no_gevent else bench_gevent(tmp, GEVENT_CALLS)
     raw_write, raw_read = max(raw500, raw5k), max(read500, read5k)
-    fresh, rerun, memo = (
-        _rate(calls, system[k][0]) for k in ("fresh", "rerun", "memo")
-    )
+    fresh, rerun, memo = (_rate(calls, system[k][0]) for k in ("fresh", "rerun", "memo"))
     miss, hit = dc if dc else (float("nan"), float("nan"))
 
-    click.echo(
-        f"\nraw limit on {raw_keys or calls:,} keys; system sections on {calls:,} calls"
-    )
+    click.echo(f"\nraw limit on {raw_keys or calls:,} keys; system sections on {calls:,} calls")
     click.echo(f"\n{'what':<62}{'calls/s':>11}{'µs/call':>9}")
     click.echo("-" * 82)
     for name, rate in (
@@ -419,9 +380,7 @@ def main(
         click.echo(f"{name:<62}{rate:>11,.0f}{1e6 / rate:>9.1f}")
     click.echo("-" * 82)
     added = lat50 - direct50
-    click.echo(
-        f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs"
-    )
+    click.echo(f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs")
     if "error" in gev:
         click.echo(f"f. gevent: n/a ({gev['error']})")
     else:
@@ -467,16 +426,10 @@ def main(
     click.echo(f"{'e. idle call adds p50 <= 0.5 ms':<48}{added:>10.3f}ms  "
                f"{'met' if added <= LATENCY_TARGET_MS else 'MISSED'}")  # fmt: skip
     if "error" not in gev:
-        ok = (
-            gev["wall_s"] <= GEVENT_WALL_S
-            and gev["rss_mb"] <= GEVENT_RSS_MB
-            and gev["n"] == GEVENT_CALLS
-        )
+        ok = gev["wall_s"] <= GEVENT_WALL_S and gev["rss_mb"] <= GEVENT_RSS_MB and gev["n"] == GEVENT_CALLS
         click.echo(f"{'f. gevent 5,000 x 1 s <= 1.5 s, RSS <= 200 MB':<48}"
                    f"{gev['wall_s']:>6.2f}s/{gev['rss_mb']:.0f}MB  {'met' if ok else 'MISSED'}")  # fmt: skip
-    click.echo(
-        f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}"
-    )
+    click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
 
 
 if __name__ == "__main__":

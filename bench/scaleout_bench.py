@@ -27,6 +27,7 @@ nginx logged in those seconds: accepted/s / R, and 429s. Targets (issue 11): acc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -107,10 +108,8 @@ def run_child_pacing(
     futures = [system.proxy().execute("call", {"i": i}) for i in range(index, calls, count)]
     print("sent", flush=True)
     for f in futures:  # the parent kills this process after its window
-        try:
+        with contextlib.suppress(Exception):
             f.get(timeout=600)
-        except Exception:
-            pass
 
 
 def run_child_dbos(n: int, db_url: str) -> None:
@@ -189,7 +188,7 @@ def raw_rates(keys: list[str], schema: str) -> tuple[float, float]:
         start = time.perf_counter()
         for at in range(0, len(keys), 500):
             conn.execute(
-                f"INSERT INTO {table} SELECT k, %s, 'completed' FROM unnest(%s::text[]) k ON CONFLICT (key) DO NOTHING",
+                f"INSERT INTO {table} SELECT k, %s, 'completed' FROM unnest(%s::text[]) k ON CONFLICT (key) DO NOTHING",  # noqa: E501
                 ('{"k": 1}', keys[at : at + 500]),
             )
         upsert = len(keys) / (time.perf_counter() - start)
@@ -229,7 +228,7 @@ def pacing_case(mode: str, rps: float, seconds: float, burst_s: float, workers: 
     calls = int(rps * seconds * 1.5) + 100
     with nginx.NginxLimiter(rps, max(0, round(rps * burst_s))) as limiter:
         procs = [
-            _spawn("--child-pacing", f"{i}/{workers}", "--schema", schema, "--mode", mode, "--url", limiter.url,
+            _spawn("--child-pacing", f"{i}/{workers}", "--schema", schema, "--mode", mode, "--url", limiter.url,  # noqa: E501
                    "--rps", str(rps), "--keys", str(calls), "--prefix", prefix)
             for i in range(workers)
         ]  # fmt: skip
@@ -326,7 +325,7 @@ def main(
     if no_pacing:
         return None
     print(
-        f"\npacing, 4 workers sharing a Redis pacer, nginx R = {rps:g}/s, burst {burst_s:g} s, {seconds:g} s window"
+        f"\npacing, 4 workers sharing a Redis pacer, nginx R = {rps:g}/s, burst {burst_s:g} s, {seconds:g} s window"  # noqa: E501
     )
     print("| rate | accepted/s / R | accepted | 429s |\n|---|---:|---:|---:|")
     for m in ("stated", "unknown"):
