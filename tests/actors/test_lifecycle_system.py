@@ -102,7 +102,7 @@ class Running:
             )
 
 
-# -- (1) timeouts hold -------------------------------------------------------------------------
+# -- (1) timeouts hold
 
 
 def test_lifecycle_timed_out_call_keeps_its_slot_and_its_late_result_is_reused(
@@ -131,7 +131,7 @@ def test_lifecycle_timed_out_call_keeps_its_slot_and_its_late_result_is_reused(
     assert len(gauge.spans) == runs
 
 
-# -- (2) a store error at every step: every caller answered, every slot back -----------------
+# -- (2) a store error at every step: every caller answered, every slot back
 
 
 class FlakyStore(SqliteReceiptStore):
@@ -197,7 +197,7 @@ def test_lifecycle_store_error_at_each_step_answers_and_gives_every_slot_back(
         store.close()
 
 
-# -- (3) stop races ----------------------------------------------------------------------------
+# -- (3) stop races
 
 
 def test_lifecycle_stop_with_a_hung_tool_returns_and_later_calls_are_cancelled(make_system: Any) -> None:
@@ -298,7 +298,7 @@ def test_lifecycle_process_with_a_hung_tool_exits_after_stop(tmp_path: Path) -> 
     assert "stopped" in out, err[-2000:]
 
 
-# -- (6) waits hold no threads -------------------------------------------------------------------
+# -- (6) waits hold no threads
 
 
 def test_lifecycle_a_paced_provider_never_delays_an_unrelated_tool(make_system: Any) -> None:
@@ -332,7 +332,7 @@ def test_lifecycle_a_paced_provider_never_delays_an_unrelated_tool(make_system: 
     system.stop(timeout_s=1.0)
 
 
-# -- (7) tools calling tools ------------------------------------------------------------------------
+# -- (7) tools calling tools
 
 
 def test_lifecycle_nested_calls_complete_at_the_concurrency_ceiling(make_system: Any) -> None:
@@ -355,7 +355,7 @@ def test_lifecycle_nested_calls_complete_at_the_concurrency_ceiling(make_system:
     assert [getattr(r, "value", r) for r in results] == [{"parent": {"child": i}} for i in range(4)]
 
 
-# -- (8) await never blocks the loop ------------------------------------------------------------------
+# -- (8) await never blocks the loop
 
 
 def test_lifecycle_await_of_a_thousand_futures_keeps_the_loop_ticking(make_system: Any) -> None:
@@ -397,7 +397,7 @@ async def _await(future: Any) -> Any:
     return await future
 
 
-# -- (9) half-open probe with a refused budget charge ---------------------------------------------------
+# -- (9) half-open probe with a refused budget charge
 
 
 def test_lifecycle_half_open_probe_refused_by_the_budget_leaves_no_waiter_stuck() -> None:
@@ -414,7 +414,7 @@ def test_lifecycle_half_open_probe_refused_by_the_budget_leaves_no_waiter_stuck(
     assert isinstance(refused["after"], (BudgetExceededError, ProviderUnavailableError))
 
 
-# -- (10) the latch stops calls already waiting for admission -----------------------------------------------
+# -- (10) the latch stops calls already waiting for admission
 
 
 class BrokenCompletions(SqliteReceiptStore):
@@ -447,7 +447,7 @@ def test_lifecycle_tripped_latch_refuses_calls_waiting_for_admission(make_system
         store.close()
 
 
-# -- (11) an output that raises while serialised fails its own call only ----------------------------------------
+# -- (11) an output that raises while serialised fails its own call only
 
 
 class Poisoned:
@@ -475,7 +475,7 @@ def test_lifecycle_output_that_raises_when_serialised_fails_alone(make_system: A
     assert stopped.wait(WAIT_S * 2), "stop() hung"
 
 
-# -- (12) slots free only once results are persisted ------------------------------------------------------
+# -- (12) slots free only once results are persisted
 
 
 class SlowCompletions(SqliteReceiptStore):
@@ -512,7 +512,7 @@ def test_lifecycle_slots_free_only_once_results_are_persisted(make_system: Any, 
         store.close()
 
 
-# -- (13) continuous admission -------------------------------------------------------------------------------
+# -- (13) continuous admission
 
 
 def test_lifecycle_admission_is_continuous_whatever_the_latency(make_system: Any) -> None:
