@@ -94,7 +94,7 @@ class Finishing(LifecycleBase):
     def on_retry_charged(self, unit_id: int, error: BaseException | None, now: float) -> None:
         """The retry budget answered: back off, or give up (not recorded as a failure)."""
         unit = self.units.get(unit_id)
-        if unit is None:
+        if unit is None or unit.persisting:  # concluded meanwhile (its deadline passed)
             return
         if error is not None:
             self._conclude(unit, None, error, now)
@@ -110,7 +110,7 @@ class Finishing(LifecycleBase):
     def on_retry_due(self, unit_id: int, now: float) -> None:
         """A retry's back-off elapsed: queue it for admission (its deadline still holds)."""
         unit = self.units.get(unit_id)
-        if unit is None or unit.out or unit.slot:
+        if unit is None or unit.out or unit.slot or unit.persisting:
             return
         self._enqueue([unit], front=True)
         self.pump(now)
