@@ -97,6 +97,11 @@ class FakeEffects:
         self.salvaged: list[tuple[str, str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
         self.memo: dict[str, tuple[str, bool]] = {}
+        self.release_batches: list[int] = []
+        self.trip_batches: list[int] = []
+        self.uncertain: set[str] = set()
+        self.reconciles: list[tuple[int, str]] = []
+        self.resolves: list[tuple[int, str, str]] = []
 
     def claim(self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[Any]) -> None:
         self.claims[batch] = (mode, requests)
@@ -125,11 +130,20 @@ class FakeEffects:
     def persist(self, batch: int, entries: list[Any], input_hashes: dict[str, str]) -> None:
         self.persists[batch] = entries
 
-    def record_failures(self, batch: int, failures: list[Any]) -> None:
+    def record_failures(self, batch: int, failures: list[Any], uncertain: bool = False) -> None:
         self.failures[batch] = failures
+        if uncertain:
+            self.uncertain.update(f.key for f in failures)
 
-    def release_receipts(self, leases: list[LeaseRef]) -> None:
+    def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
         self.released.extend(leases)
+        self.release_batches.append(batch)
+
+    def reconcile(self, batch: int, group: Group) -> None:
+        self.reconciles.append((batch, group.key))
+
+    def resolve(self, batch: int, key: str, action: str, output: Any = None) -> None:
+        self.resolves.append((batch, key, action))
 
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         self.registered.update(lease.key for lease in leases)
@@ -149,8 +163,9 @@ class FakeEffects:
     def latch_reason(self) -> str | None:
         return self.latch
 
-    def trip_latch(self, reason: str) -> None:
+    def trip_latch(self, reason: str, batch: int) -> None:
         self.tripped.append(reason)
+        self.trip_batches.append(batch)
 
     def answer(self, call: Call, outcome: Any) -> None:
         self.answers[id(call)].append(outcome)
@@ -203,7 +218,7 @@ class Driver:
         """One call per key leaves the queue (``Lifecycle.drained``)."""
         calls = [self.call(k, **kwargs) for k in keys]
         self.life.drained([Group.of(c) for c in calls], self.now)
-        self.life.pump(self.now)
+        self.pump()
         return calls
 
     def attach(self, key: str) -> Call:
@@ -218,7 +233,21 @@ class Driver:
         self.now += seconds
 
     def pump(self) -> None:
+        """The end of an actor message: ask for slots, send what was gathered (outputs,
+        releases), and let the store and the flusher acknowledge releases and latch trips."""
         self.life.pump(self.now)
+        for _ in range(20):
+            self.life.flush()
+            progressed = False
+            while self.fx.release_batches:
+                self.life.on_released(self.fx.release_batches.pop(0), self.now)
+                progressed = True
+            while self.fx.trip_batches:
+                self.life.on_latch_tripped(self.fx.trip_batches.pop(0), self.now)
+                progressed = True
+            if not progressed:
+                break
+            self.life.pump(self.now)
 
     # -- answers -------------------------------------------------------------------------
 
@@ -830,22 +859,25 @@ def test_lifecycle_deadline_while_running_keeps_the_slot_until_the_late_result_i
     d.assert_nothing_held()
 
 
-def test_lifecycle_deadline_passing_before_a_readmitted_send_is_never_sent() -> None:
+def test_lifecycle_a_429_readmission_gets_a_whole_timeout_at_its_next_send() -> None:
+    # a 429 means the call was not served: its deadline starts again when it is next sent
     d = Driver()
     (call,) = _run_to_running(d, "a")
     d.finish(error=RateLimitedError(retry_after="1"))
     d.retry_charged()
-    d.tick(TIMEOUT_S + 1)  # the pause outlasts the deadline
+    d.tick(TIMEOUT_S + 1)  # the pause outlasted the first deadline
+    d.fire(DeadlineDue)  # that old deadline is void now
+    assert not d.answered(call)
     d.grant()
     d.mark()
-    assert len(d.fx.starts) == 1  # never sent again
-    d.fire(DeadlineDue)  # its timer arrives after: nothing to do twice
-    d.failures_recorded()
-    assert isinstance(d.outcome(call), RateLimitedError)
+    assert len(d.fx.starts) == 2 and d.fx.starts[-1].context.timeout_s == TIMEOUT_S
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(call)) == {"v": "a"}
     d.assert_nothing_held()
 
 
-def test_lifecycle_send_gate_paused_past_the_deadline_is_released_not_sent() -> None:
+def test_lifecycle_send_gate_paused_after_a_429_readmission_waits_for_the_pause() -> None:
     d = Driver()
     (call,) = _run_to_running(d, "a")
     d.finish(error=RateLimitedError(retry_after="30"))
@@ -853,9 +885,15 @@ def test_lifecycle_send_gate_paused_past_the_deadline_is_released_not_sent() -> 
     d.fx.blocked = (d.now + 60.0, False)  # the provider paused after this grant
     d.grant()
     d.mark()
-    assert len(d.fx.starts) == 1
-    d.failures_recorded()
-    assert isinstance(d.outcome(call), RateLimitedError)
+    assert len(d.fx.starts) == 1 and d.open_acquires() == 1  # not sent: asked again
+    d.fx.blocked = None
+    d.tick(60.0)
+    d.grant()
+    d.mark()
+    assert len(d.fx.starts) == 2
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(call)) == {"v": "a"}
     d.assert_nothing_held()
 
 
