@@ -55,6 +55,14 @@ def transient(exc: BaseException) -> bool:
     )
 
 
+def error_text(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"
+
+
 def retry_in_call(exc: BaseException) -> bool:
     """Whether another in-call attempt may help: transient, and not marked otherwise
     (an error with ``retry_in_call = False``, such as a refused connection, is evidence
@@ -158,7 +166,7 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
     )
     batched = tool.batch is not None and len(groups) > 1
     inputs = [g.input for g in groups]
-    payload = tool.batch.build(inputs) if batched and tool.batch is not None else inputs[0]
+    payload = None if batched else inputs[0]  # a batch payload is built on the worker
     return AttemptSpec(
         unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
         context=context, durable=tool.durable,
@@ -173,7 +181,7 @@ def attempt(
     sent_at = clock()
     try:
         if spec.batched and tool.batch is not None:
-            raw = tool.batch.batch_fn(spec.payload, spec.context)
+            raw = tool.batch.batch_fn(tool.batch.build(spec.inputs), spec.context)
             values = split_members(tool, spec.inputs, raw)
         else:
             values = [tool.fn(spec.payload, spec.context)]

@@ -20,7 +20,7 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Unit
-from ._execute import failure_kind_for, plain_value, retry_in_call, transient
+from ._execute import error_text, failure_kind_for, plain_value, retry_in_call, transient
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from .errors import (
     InvalidOutputError,
@@ -225,7 +225,7 @@ class Finishing(LifecycleBase):
         for group, exc in failed:
             raw = getattr(exc, "raw_output", MISSING)
             if raw is not MISSING:  # paid for but not storable: kept in a described form
-                self.fx.salvage(group, salvage_form(raw)[0], str(exc))
+                self.fx.salvage(group, _described(raw), error_text(exc))
                 self.fx.count("salvaged")
             if isinstance(exc, (RELEASE_ON, LeaseLostError)) or group.receipt is None:
                 released.append(group)
@@ -265,8 +265,8 @@ class Finishing(LifecycleBase):
                 exc.size_bytes, self.fx.salvage_path()
             ), FailureKind.OUTPUT_TOO_LARGE
         if isinstance(exc, InvalidOutputError):
-            return str(exc), FailureKind.PERMANENT
-        return str(exc) or type(exc).__name__, failure_kind_for(exc)
+            return error_text(exc), FailureKind.PERMANENT
+        return error_text(exc), failure_kind_for(exc)
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""
@@ -297,3 +297,11 @@ class Finishing(LifecycleBase):
         unit.persisting -= 1
         if unit.persisting <= 0:
             self._leave(unit)
+
+
+def _described(raw: Any) -> Any:
+    """What salvage keeps of an output that cannot be stored (even one whose repr raises)."""
+    try:
+        return salvage_form(raw)[0]
+    except Exception as exc:
+        return {"type": type(raw).__qualname__, "reason": "no description", "repr": f"<{type(exc).__name__}>"}

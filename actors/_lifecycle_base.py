@@ -21,6 +21,7 @@ from stores.types import (
     ClaimRequest,
     Completion,
     Failure,
+    FailureKind,
     LeaseRef,
 )
 
@@ -33,6 +34,7 @@ from .errors import (
     NotSentError,
     OutputNotStorableError,
     PersistenceCircuitOpenError,
+    RecordedFailureError,
     SuspendedError,
 )
 from .results import ToolResult
@@ -310,12 +312,16 @@ class _FlusherFailed:
 FLUSHER_FAILED: Any = _FlusherFailed()
 
 
-class TooLarge(Exception):
+class TooLarge(RecordedFailureError):
     """An output over the store's cap: the caller got it, it is salvaged, and the receipt
-    records failure kind ``output_too_large`` (not retried by a normal claim)."""
+    records failure kind ``output_too_large`` (not retried by a normal claim). A call
+    that joined the execution meanwhile gets this error."""
 
     def __init__(self, size_bytes: int) -> None:
-        super().__init__(f"output of {size_bytes} bytes is over the store's cap")
+        super().__init__(
+            f"output of {size_bytes} bytes is over the store's cap; it was salvaged",
+            failure_kind=FailureKind.OUTPUT_TOO_LARGE,
+        )
         self.size_bytes = size_bytes
 
 

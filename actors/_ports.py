@@ -114,46 +114,20 @@ class ActorEffects:
     # -- messages back in ---------------------------------------------------------------
 
     def dispatch(self, message: Any, now: float) -> None:
+        """Hand a fact (an answer, a timer, a cancel) to the lifecycle, then ask for slots."""
         life = self.actor.lifecycle
-        stats = self.ports.stats
-        if isinstance(message, UnitFinished):
-            if message.sent_at is not None:
-                stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
-            life.on_finished(message, now)
-        elif isinstance(message, _SlotsReply):
-            life.on_granted(message.value, message.error, now, exempt=message.exempt)
-        elif isinstance(message, ReceiptsClaimed):
-            self._timed("receipt_prepare", message.batch, now)
-            life.on_claimed(message.batch, message.value, message.error, now)
-        elif isinstance(message, CompletionsPersisted):
-            self._timed("receipt_complete", message.batch, now)
-            life.on_persisted(message.batch, message.value, message.error, now)
-        elif isinstance(message, RunningMarked):
-            life.on_marked(message.batch, message.value, message.error, now)
-        elif isinstance(message, FailuresRecorded):
-            life.on_failures_recorded(message.batch, message.value, message.error, now)
-        elif isinstance(message, LatchTripped):
-            life.on_latch_tripped(message.batch, now)
-        elif isinstance(message, ReceiptsReleased):
-            life.on_released(message.batch, now)
-        elif isinstance(message, Reconciled):
-            life.on_reconciled(message.batch, message.value, message.error, now)
-        elif isinstance(message, Resolved):
-            life.on_resolved(message.batch, message.error, now)
-        elif isinstance(message, ReceiptsRead):
-            life.on_read(message.batch, message.value, message.error, now)
-        elif isinstance(message, PollDue):
-            life.on_poll(message.keys, now)
-        elif isinstance(message, DeadlineDue):
-            life.on_deadline(message.unit, now)
-        elif isinstance(message, RetryCharged):
-            life.on_retry_charged(message.unit, message.error, now)
-        elif isinstance(message, RetryDue):
-            life.on_retry_due(message.unit, now)
-        elif isinstance(message, _LeasesLostFact):
-            life.on_leases_lost(message.keys, now)
-        elif isinstance(message, CallCancelled):
+        kind = type(message)
+        if kind is UnitFinished and message.sent_at is not None:
+            self.ports.stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
+        phase = _TIMED.get(kind)
+        if phase is not None:
+            self._timed(phase, message.batch, now)
+        if kind is CallCancelled:
             self.actor.cancel(message.call)
+        else:
+            handler = _HANDLERS.get(kind)
+            if handler is not None:
+                handler(life, message, now)
         life.pump(now)  # a slot freed or a unit queued by any of the above: ask for more
         for key in list(self._settled_keys):
             self.actor.drain_held(key, now)
@@ -381,6 +355,27 @@ class ActorEffects:
         self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
 
 
+_HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
+    UnitFinished: lambda life, m, now: life.on_finished(m, now),
+    ReceiptsClaimed: lambda life, m, now: life.on_claimed(m.batch, m.value, m.error, now),
+    CompletionsPersisted: lambda life, m, now: life.on_persisted(m.batch, m.value, m.error, now),
+    RunningMarked: lambda life, m, now: life.on_marked(m.batch, m.value, m.error, now),
+    FailuresRecorded: lambda life, m, now: life.on_failures_recorded(m.batch, m.value, m.error, now),
+    LatchTripped: lambda life, m, now: life.on_latch_tripped(m.batch, now),
+    ReceiptsReleased: lambda life, m, now: life.on_released(m.batch, now),
+    Reconciled: lambda life, m, now: life.on_reconciled(m.batch, m.value, m.error, now),
+    Resolved: lambda life, m, now: life.on_resolved(m.batch, m.error, now),
+    ReceiptsRead: lambda life, m, now: life.on_read(m.batch, m.value, m.error, now),
+    PollDue: lambda life, m, now: life.on_poll(m.keys, now),
+    DeadlineDue: lambda life, m, now: life.on_deadline(m.unit, now),
+    RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
+    RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
+}
+"""Fact message type -> the lifecycle transition it drives."""
+
+_TIMED = {ReceiptsClaimed: "receipt_prepare", CompletionsPersisted: "receipt_complete"}
+"""Fact message type -> the phase whose time (since the request) it ends."""
+
 _GATHER = 64
 """Most slot releases (or unregistrations) held back while more messages wait."""
 
@@ -397,3 +392,7 @@ def _token(tool_id: str, batch: int) -> int:
 def _tell_quietly(ref: Any, message: Any) -> None:
     with contextlib.suppress(pykka.ActorDeadError):
         ref.tell(message)
+
+
+_HANDLERS[_SlotsReply] = lambda life, m, now: life.on_granted(m.value, m.error, now, exempt=m.exempt)
+_HANDLERS[_LeasesLostFact] = lambda life, m, now: life.on_leases_lost(m.keys, now)

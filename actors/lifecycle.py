@@ -46,12 +46,7 @@ __all__ = ["Effects", "Lifecycle"]
 class Lifecycle(Claiming, Finishing):
     """Every call group of one tool past its batch grace window (see the module doc).
 
-    Args:
-        tool: the tool.
-        policy: timeouts, retries, receipt waits.
-        org_id / scope: the run's org and scope (claim requests).
-        fx: the effects port (the actor, or a recorder in tests).
-        width: most units of this tool holding slots at once (suggested parallelism).
+    Built as :class:`~actors._lifecycle_base.LifecycleBase` (same arguments).
     """
 
     def pump(self, now: float) -> None:
@@ -247,6 +242,21 @@ class Lifecycle(Claiming, Finishing):
         elif group.state is GroupState.WAITING:
             self._settle(group, None)
         return True
+
+    def nested_joined(self, key: str) -> None:
+        """A nested call joined a group still waiting for a slot: its unit borrows the
+        parent's slot too (else the parent, holding the slot, waits on it forever)."""
+        group = self.groups.get(key)
+        unit = group.unit if group is not None else None
+        if unit is None or unit.exempt or unit.slot or unit.out:
+            return
+        if unit.queued and unit in self.pending:
+            self.pending.remove(unit)
+            unit.queued = False
+            unit.exempt = True
+            self._enqueue([unit], front=True)
+        else:
+            unit.exempt = True
 
     def stop(self, now: float) -> int:
         """Refuse everything not yet sent (claims answered later are released); running

@@ -398,7 +398,21 @@ class DispatchSystem:
             idle.append(done)
         with contextlib.suppress(Exception):
             self._governor.proxy().stop_waiters().get(timeout=max(0.0, end - time.monotonic()))
-        for done in idle:
+        # running calls finish and are persisted; a write waiting on the completion ladder
+        # (1 s, 3 s, 9 s) is not waited out past half the bound: it is given up (latch,
+        # read-back, salvage), so a paid result is stored or salvaged before stop returns
+        halfway = time.monotonic() + (end - time.monotonic()) / 2
+        pending = list(idle)
+        while pending:
+            try:
+                pending[0].get(timeout=max(0.0, halfway - time.monotonic()))
+                pending.pop(0)
+            except pykka.Timeout:
+                break
+        if pending:
+            with contextlib.suppress(Exception):
+                self._flusher.proxy().give_up_now().get(timeout=max(0.1, end - time.monotonic()))
+        for done in pending:
             try:
                 done.get(timeout=max(0.0, end - time.monotonic()))
             except pykka.Timeout:

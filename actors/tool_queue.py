@@ -37,6 +37,10 @@ from .tool import Tool
 __all__ = ["Submitted", "ToolQueue", "ToolQueueActor"]
 
 
+HELD = -2
+"""DrainDue generation: drain what waited behind a key that just settled."""
+
+
 class Submitted(enum.Enum):
     """What the queue decided for a submitted call."""
 
@@ -189,7 +193,8 @@ class ToolQueue:
                 self.queued = {g.key: g for g in left + held}
                 return groups
         self.queued = {g.key: g for g in held}
-        self.window_opened_at = None if not held else self.window_opened_at
+        # held groups go when their key settles (drain_held); later calls open a new window
+        self.window_opened_at = None
         self.generation += 1
         return groups
 
@@ -286,6 +291,8 @@ class ToolQueueActor(pykka.ThreadingActor):
             self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
+            if call.nested and decision is Submitted.ATTACHED:
+                self.lifecycle.nested_joined(call.key)
         elif decision is Submitted.DRAIN_NOW:
             if not self._drain_pending:
                 self._drain_pending = True
@@ -301,6 +308,8 @@ class ToolQueueActor(pykka.ThreadingActor):
         if generation == -1:
             self._drain_pending = False
             groups = self.queue.drain(whole_batches=True)
+        elif generation == HELD:
+            groups = self.queue.drain()
         else:
             groups = self.queue.drain(generation)
         if groups:
@@ -311,10 +320,9 @@ class ToolQueueActor(pykka.ThreadingActor):
             self.lifecycle.drained(groups, now)
 
     def drain_held(self, key: str, now: float) -> None:
-        """A key settled: calls queued behind it (a forced refresh) may go now."""
-        if key in self.queue.queued and not self._drain_pending:
-            self._drain_pending = True
-            self.actor_ref.tell(DrainDue(generation=-1))
+        """A key settled: calls queued behind it (a forced refresh) go now."""
+        if key in self.queue.queued:
+            self.actor_ref.tell(DrainDue(generation=HELD))
 
     def _stop_queue(self, message: StopQueue, now: float) -> None:
         calls = self.queue.cancel_queued()
