@@ -293,6 +293,7 @@ class ToolQueueActor(pykka.ThreadingActor):
             self.ports.stats.add("deduped", tool=tool_id)
             if call.nested and decision is Submitted.ATTACHED:
                 self.lifecycle.nested_joined(call.key)
+                self.lifecycle.pump(now)
         elif decision is Submitted.DRAIN_NOW:
             if not self._drain_pending:
                 self._drain_pending = True

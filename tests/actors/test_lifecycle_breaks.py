@@ -1,0 +1,171 @@
+"""Faults found by trying to break the lifecycle: each left a caller waiting forever, a slot
+held, or a paid result unsaved. Real SQLite files; both runtimes."""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import DispatchSystem, Policy, RecordedFailureError, RunInfo, Tool, ToolDispatchError
+from actors.tool import BatchStrategy
+from stores import SqliteReceiptStore
+
+WAIT_S = 15.0
+ONE_SLOT = Policy(max_concurrency=1, batch_grace_s=0.05)
+
+
+class _BadMessage(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("the response is gone")
+
+
+class _BadKey:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __hash__(self) -> int:
+        return 1
+
+
+def _after(make_system: Any, fn: Any, policy: Policy = ONE_SLOT, batch: BatchStrategy | None = None) -> Any:
+    """Run one bad call, then check the only slot came back: a later call succeeds."""
+    tools = [
+        Tool(tool_id="bad", fn=fn, provider="p", batch=batch),
+        Tool(tool_id="ok", fn=lambda i, c: i, provider="p"),
+    ]
+    system = make_system(tools, policy=policy)
+    with pytest.raises(Exception):  # noqa: B017 - whatever it is, the call is answered
+        system.proxy().execute("bad", {"n": 0}).get(timeout=WAIT_S)
+    assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+    return system
+
+
+def test_break_an_error_whose_message_raises_is_answered_and_frees_its_slot(make_system: Any) -> None:
+    def fn(i: Any, c: Any) -> Any:
+        raise _BadMessage()
+
+    _after(make_system, fn)
+
+
+def test_break_an_output_whose_key_repr_raises_is_answered_and_frees_its_slot(make_system: Any) -> None:
+    _after(make_system, lambda i, c: {_BadKey(): 1})
+
+
+def test_break_a_batch_build_that_raises_fails_its_calls_and_frees_the_slot(make_system: Any) -> None:
+    def build(inputs: list[Any]) -> Any:
+        raise ValueError("cannot build payload")
+
+    batch = BatchStrategy(batch_fn=lambda p, c: p, max_batch_size=5, build=build)
+    system = make_system(
+        [
+            Tool(tool_id="bad", fn=lambda i, c: i, provider="p", batch=batch),
+            Tool(tool_id="ok", fn=lambda i, c: i, provider="p"),
+        ],
+        policy=ONE_SLOT,
+    )
+    futures = [system.proxy().execute("bad", {"n": n}) for n in range(2)]
+    for future in futures:
+        with pytest.raises(ValueError, match="cannot build"):
+            future.get(timeout=WAIT_S)
+    assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+
+
+def test_break_a_forced_refresh_behind_a_running_call_never_stalls_a_batch_tool(make_system: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def fn(i: Any, c: Any) -> Any:
+        if i["k"] == 1 and not started.is_set():
+            started.set()
+            release.wait(WAIT_S)
+        return {"v": i["k"]}
+
+    batch = BatchStrategy(batch_fn=lambda p, c: [fn(i, c) for i in p], max_batch_size=10)
+    system = make_system([Tool(tool_id="t", fn=fn, batch=batch)], policy=Policy(batch_grace_s=0.05))
+    normal = system.proxy().execute("t", {"k": 1})
+    assert started.wait(WAIT_S)
+    forced = system.proxy().execute("t", {"k": 1}, force_refresh=True)
+    release.set()
+    assert normal.get(timeout=WAIT_S).value == {"v": 1}
+    assert forced.get(timeout=WAIT_S).execution == "live"
+    assert system.proxy().execute("t", {"k": 2}).get(timeout=WAIT_S).value == {"v": 2}  # not wedged
+
+
+def test_break_a_nested_call_joining_a_waiting_group_borrows_the_parents_slot(make_system: Any) -> None:
+    holder: dict[str, Any] = {}
+    host_call_queued = threading.Event()
+
+    def parent(i: Any, c: Any) -> Any:
+        host_call_queued.wait(WAIT_S)  # the host's own call of the child's key waits for our slot
+        return holder["proxy"].execute("child", {"n": 1}).get(timeout=WAIT_S).value
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="P"),
+        Tool(tool_id="child", fn=lambda i, c: i, provider="C"),
+    ]
+    system = make_system(tools, policy=Policy(max_concurrency=1))
+    holder["proxy"] = system.proxy()
+    parent_future = system.proxy().execute("parent", {"n": 0})
+    child_future = system.proxy().execute("child", {"n": 1})
+    threading.Timer(0.3, host_call_queued.set).start()
+    assert parent_future.get(timeout=WAIT_S).value == {"n": 1}
+    assert child_future.get(timeout=WAIT_S).value == {"n": 1}
+
+
+def test_break_an_oversized_outputs_joiner_gets_a_dispatch_error(make_system: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def huge(i: Any, c: Any) -> Any:
+        started.set()
+        release.wait(WAIT_S)
+        return {"blob": "x" * (33 * 1024 * 1024)}
+
+    system = make_system([Tool(tool_id="h", fn=huge)])
+    first = system.proxy().execute("h", {"n": 1})
+    assert started.wait(WAIT_S)
+    joiner = system.proxy().execute("h", {"n": 1})
+    release.set()
+    assert len(first.get(timeout=WAIT_S * 4).value["blob"]) == 33 * 1024 * 1024  # the caller gets it
+    try:
+        result = joiner.get(timeout=WAIT_S * 4)
+    except ToolDispatchError as exc:  # never an internal type
+        assert isinstance(exc, RecordedFailureError)
+    else:
+        assert len(result.value["blob"]) == 33 * 1024 * 1024
+
+
+def test_break_stop_during_the_completion_ladder_salvages_before_it_returns(tmp_path: Path) -> None:
+    class Down(SqliteReceiptStore):
+        def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+            raise OSError("disk I/O error")
+
+    paid = threading.Event()
+
+    def fn(i: Any, c: Any) -> Any:
+        paid.set()
+        return {"k": i["k"], "paid": True}
+
+    db = tmp_path / "ladder.db"
+    store = Down(db)
+    system = DispatchSystem.start(
+        tools=[Tool(tool_id="t", fn=fn)], store=store, run=RunInfo(run_id="r", org_id="o", scope="s")
+    )
+    try:
+        future = system.proxy().execute("t", {"k": 1})
+        assert paid.wait(WAIT_S)
+        threading.Event().wait(0.3)  # the first write failed; the next is 1 s away on the ladder
+    finally:
+        system.stop(timeout_s=2.0)
+        store.close()
+    salvaged = [
+        line
+        for path in glob.glob(str(tmp_path / "*salvage*.jsonl"))
+        for line in Path(path).read_text().splitlines()
+    ]
+    assert len(salvaged) == 1 and '"paid":true' in salvaged[0].replace(" ", "")
+    assert future.get(timeout=1.0).value == {"k": 1, "paid": True}  # answered: salvaged, not lost
+    assert os.path.exists(str(db))
