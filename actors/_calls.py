@@ -170,6 +170,8 @@ class Unit:
     """Holds a governor slot."""
     queued: bool = False
     """Waits in the lifecycle's admission queue."""
+    sent_on_slot: bool = False
+    """A request went out under the slot it holds now (else the slot's charge is refunded)."""
     exempt: bool = False
     """Its slot is a nested call's (not counted against the ceiling)."""
     deadline: float | None = None

@@ -61,8 +61,9 @@ class Effects(Protocol):
     def read(self, batch: int, keys: list[str]) -> None: ...
     def acquire(self, want: int, exempt: bool) -> None: ...
     def release_slots(
-        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0
-    ) -> None: ...
+        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
+        refunds: int = 0,
+    ) -> None: ...  # fmt: skip
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
     def mark_running(self, batch: int, leases: list[LeaseRef]) -> None: ...
     def start(self, spec: AttemptSpec) -> None: ...
@@ -243,7 +244,9 @@ class LifecycleBase:
             unit.slot = False
             if not unit.exempt:
                 self.holding -= 1
-            self.fx.release_slots(1, exempt=unit.exempt)
+            # a slot under which nothing was sent gives its provider_calls charge back
+            self.fx.release_slots(1, exempt=unit.exempt, refunds=0 if unit.sent_on_slot else 1)
+            unit.sent_on_slot = False
 
     def _leave(self, unit: Unit) -> None:
         """A unit's exit action: its slot back, forgotten."""

@@ -105,7 +105,7 @@ class ActorEffects:
         self.ref = actor.actor_ref
         self.org_id = ports.run.org_id
         self.lease_ttl_s = tool.lease_ttl_s or ports.policy.lease_ttl_s
-        self._release: dict[bool, list[int]] = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}
+        self._release: dict[bool, list[int]] = {False: [0, 0, 0, 0, 0], True: [0, 0, 0, 0, 0]}
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
@@ -150,15 +150,16 @@ class ActorEffects:
             self.ports.heartbeat.tell(UnregisterLeases(token=-1, keys=keys))
         if not idle and sum(self._release[False]) + sum(self._release[True]) < _GATHER:
             return
-        for exempt, (count, successes, unavailable, answered) in self._release.items():
-            if count or successes or unavailable or answered:
+        for exempt, (count, successes, unavailable, answered, refunds) in self._release.items():
+            if count or successes or unavailable or answered or refunds:
                 self.ports.governor.tell(
                     ReleaseSlots(
                         org_id=self.org_id, provider=self.tool.provider_name, count=count,
                         successes=successes, unavailable=unavailable, answered=answered, exempt=exempt,
+                        refunds=refunds,
                     )
                 )  # fmt: skip
-                self._release[exempt] = [0, 0, 0, 0]
+                self._release[exempt] = [0, 0, 0, 0, 0]
 
     # -- effects out --------------------------------------------------------------------
 
@@ -197,13 +198,15 @@ class ActorEffects:
             reply.set_exception((type(exc), exc, None))
 
     def release_slots(
-        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0
-    ) -> None:
+        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
+        refunds: int = 0,
+    ) -> None:  # fmt: skip
         totals = self._release[exempt]
         totals[0] += count
         totals[1] += successes
         totals[2] += unavailable
         totals[3] += answered
+        totals[4] += refunds
 
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
         self.ports.governor.tell(

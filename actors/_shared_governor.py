@@ -186,6 +186,7 @@ class SharedGovernor(Governor):
         unavailable: int = 0,
         answered: int | None = None,
         exempt: bool = False,
+        refunds: int = 0,
     ) -> Decisions:
         """Return slots; grow the shared rate by ``successes``; feed the shared circuit."""
         key = (org_id, provider)
@@ -193,6 +194,8 @@ class SharedGovernor(Governor):
         if not exempt:
             bucket.in_flight = max(0, bucket.in_flight - count)
             self.in_flight = max(0, self.in_flight - count)
+        if refunds:
+            self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
         out = Decisions()
         rate, ref, slow = self.shared.get(key, (bucket.rate, None, bucket.slow_start))
         limits = self.pacer.limits.get(provider) or ProviderLimits()

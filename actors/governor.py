@@ -170,6 +170,7 @@ class Governor:
         unavailable: int = 0,
         answered: int | None = None,
         exempt: bool = False,
+        refunds: int = 0,
     ) -> Decisions:
         """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase;
         ``unavailable`` ones (and ``answered``: any answer from the provider, successes
@@ -180,6 +181,8 @@ class Governor:
         if not exempt:
             bucket.in_flight = max(0, bucket.in_flight - count)
             self.in_flight = max(0, self.in_flight - count)
+        if refunds:  # granted but never sent (stop, latch, a pause, its deadline): not spent
+            self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
         rate = bucket.rate
         for _ in range(successes):
             bucket.on_success(now)
@@ -354,6 +357,7 @@ class GovernorActor(pykka.ThreadingActor):
                 gov.release(
                     message.org_id, message.provider, message.count, message.successes, now,
                     unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
+                    refunds=message.refunds,
                 )
             )  # fmt: skip
         elif isinstance(message, BackpressureReported):

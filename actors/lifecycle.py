@@ -185,6 +185,7 @@ class Lifecycle(Claiming, Finishing):
             self.fx.later(unit.timeout_s, DeadlineDue(unit=unit.id))
         unit.attempt += 1
         unit.out = True
+        unit.sent_on_slot = True
         for group in unit.groups:
             group.state = GroupState.RUNNING
             group.ran = True

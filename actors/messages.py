@@ -123,6 +123,8 @@ class ReleaseSlots:
     """How many the provider answered, successes included (None: ``successes``)."""
     exempt: bool = False
     """The slots were nested calls' (see AcquireSlots.exempt)."""
+    refunds: int = 0
+    """Slots under which nothing was sent: their provider_calls charge is given back."""
 
 
 @attrs.frozen(kw_only=True)

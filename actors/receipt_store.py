@@ -39,10 +39,15 @@ class ReceiptStoreActor(pykka.ThreadingActor):
     can see them.
     """
 
-    def __init__(self, store: ReceiptStore) -> None:
+    def __init__(self, store: ReceiptStore, max_ops: int | None = None) -> None:
         super().__init__()
         self.store = store
         self.ops = 0
+        self.max_ops = max_ops
+        """The ``receipt_ops`` budget (Policy.max_receipt_ops): every operation is charged;
+        once spent, new claims are refused with BudgetExceededError. Writes that settle
+        work already claimed (complete, fail, release, renew) always go: a paid result is
+        never dropped for a budget."""
 
     def on_receive(self, message: Any) -> Any:
         """Run a :class:`~actors.messages.StoreCall`; its reply gets the result or the error.
@@ -51,6 +56,12 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         the requesting actor as a message: nobody waits on this actor.
         """
         if isinstance(message, StoreCall):
+            if message.method == "claim_many" and self.max_ops is not None and self.ops >= self.max_ops:
+                from .errors import BudgetExceededError
+
+                exc = BudgetExceededError(f"receipt_ops budget of {self.max_ops} is spent")
+                message.reply.set_exception((type(exc), exc, None))
+                return None
             self.ops += 1
             try:
                 value = getattr(self.store, message.method)(*message.args, **message.kwargs)

@@ -141,7 +141,7 @@ class DispatchSystem:
         self._stopped = False
         self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
-        self._store_ref = ReceiptStoreActor.start(store)
+        self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
         self.store_proxy = self._store_ref.proxy()
         pacings = {t.provider_name: t.pacing for t in self.tools.values()}
         self.gates = SendGates()

@@ -213,3 +213,28 @@ def test_call_memo_notices_a_purge_made_while_the_system_runs(
         assert time.monotonic() < deadline, "the memo kept answering a purged receipt"
         threading.Event().wait(0.05)
     assert recorder.count("fn") == 2
+
+
+def test_call_receipt_ops_budget_refuses_new_claims_never_a_paid_write(
+    make_system: Any, read_receipts: Any, key_of: Any
+) -> None:
+    tool = Tool(tool_id="t", fn=lambda i, c: {"ok": i["n"]})
+    system = make_system([tool], policy=Policy(max_receipt_ops=3))  # claim, mark running, complete
+    assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"ok": 1}
+    with pytest.raises(BudgetExceededError, match="receipt_ops"):
+        system.proxy().execute("t", {"n": 2}).get(timeout=WAIT_S)
+    first, second = read_receipts([key_of(tool, {"n": 1}), key_of(tool, {"n": 2})])
+    assert first is not None and first.status is ReceiptStatus.COMPLETED
+    assert second is None  # refused before anything was claimed
+
+
+def test_call_provider_calls_charged_for_a_call_never_sent_are_refunded() -> None:
+    from actors.governor import Governor
+    from actors.tool import Pacing
+
+    gov = Governor(Policy(max_provider_calls=1), {"p": Pacing()})
+    granted = gov.acquire("acme", "p", 1, "first", now=0.0)
+    assert granted.grants == [("first", 1)]
+    gov.release("acme", "p", count=1, successes=0, now=0.1, refunds=1)  # never sent
+    again = gov.acquire("acme", "p", 1, "second", now=0.2)
+    assert again.grants == [("second", 1)] and gov.spent["provider_calls"] == 1

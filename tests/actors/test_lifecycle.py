@@ -98,6 +98,7 @@ class FakeEffects:
         self.counts: collections.Counter[str] = collections.Counter()
         self.memo: dict[str, tuple[str, bool]] = {}
         self.release_batches: list[int] = []
+        self.refunds = 0
         self.trip_batches: list[int] = []
         self.uncertain: set[str] = set()
         self.reconciles: list[tuple[int, str]] = []
@@ -113,9 +114,11 @@ class FakeEffects:
         self.acquires.append((want, exempt))
 
     def release_slots(
-        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0
-    ) -> None:
+        self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
+        refunds: int = 0,
+    ) -> None:  # fmt: skip
         self.slots_released[exempt] += count
+        self.refunds += refunds
         self.reports.append({"successes": successes, "unavailable": unavailable, "answered": answered})
 
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
@@ -905,6 +908,7 @@ def test_lifecycle_send_gate_paused_before_the_first_send_readmits() -> None:
     d.grant()
     d.mark()
     assert d.fx.starts == [] and d.fx.slots_released[False] == 1  # slot back, asked again
+    assert d.fx.refunds == 1  # nothing went out under it: its provider_calls charge comes back
     assert d.open_acquires() == 1
     d.fx.blocked = None
     d.tick(1.0)
