@@ -275,6 +275,20 @@ class ToolQueueActor(pykka.ThreadingActor):
                     reply.set(0)
         return None
 
+    def on_stop(self) -> None:
+        """Calls that reached the inbox as the actor stopped are answered, never dropped
+        (pykka discards told messages left in a stopped actor's inbox)."""
+        while not self.actor_inbox.empty():  # this thread is the inbox's only reader
+            envelope = self.actor_inbox.get()
+            message = getattr(envelope, "message", None)
+            if isinstance(message, SubmitCalls):
+                for call in message.calls:
+                    fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
+            reply_to = getattr(envelope, "reply_to", None)
+            if reply_to is not None:
+                exc = pykka.ActorDeadError(f"{self.actor_ref} stopped before handling the message")
+                fail(reply_to, exc)
+
     def _submit(self, call: Call, now: float) -> None:
         if self.lifecycle.stopping:
             fail(call.future, CallCancelledError("the dispatcher is stopped"))
