@@ -278,8 +278,7 @@ class ToolQueueActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
         (pykka discards told messages left in a stopped actor's inbox)."""
-        while not self.actor_inbox.empty():  # this thread is the inbox's only reader
-            envelope = self.actor_inbox.get()
+        for envelope in _left_in(self.actor_inbox):
             message = getattr(envelope, "message", None)
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
@@ -357,3 +356,12 @@ class ToolQueueActor(pykka.ThreadingActor):
             fail(call.future, CallCancelledError("the call was cancelled"))
             return
         self.lifecycle.cancel(call, now)
+
+
+def _left_in(inbox: Any) -> list[Any]:
+    """What is left in a stopping actor's inbox (its own thread is the only reader, so
+    nothing here waits: every get follows a non-empty check)."""
+    left = []
+    while not inbox.empty():
+        left.append(inbox.get())
+    return left
