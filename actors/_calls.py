@@ -4,7 +4,7 @@ A :class:`Call` is one ``execute``. Calls sharing a receipt key form a :class:`G
 (one execution, one receipt). A :class:`Unit` is one provider call: a single group,
 or the members of one compiled batch. What a group or unit holds (a lease, a slot, a
 heartbeat registration) is recorded on it, so the lifecycle can release it in one
-place whichever way it leaves (STYLE.md, the life of a call).
+place whichever way it leaves (the house style: the life of a call).
 """
 
 from __future__ import annotations

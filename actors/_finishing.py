@@ -250,7 +250,7 @@ class Finishing(LifecycleBase):
     def _may_have_acted(self, exc: BaseException) -> bool:
         """A tool that is not retry-safe whose request may have reached the provider: it
         timed out, or its connection broke, after sending (a refused connection sent
-        nothing). Recorded ``uncertain``: never re-run silently (SEMANTICS.md)."""
+        nothing). Recorded ``uncertain``: never re-run silently (docs/how-it-works.md)."""
         if self.tool.retry_safe:
             return False
         if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):

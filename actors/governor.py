@@ -4,7 +4,7 @@
 in); :class:`GovernorActor` feeds it messages and performs the decisions (resolving
 reply futures, arming the wake-up timer).
 
-Rules (SEMANTICS.md, Admission): one provider call (a batch included) takes one slot;
+Rules (docs/how-it-works.md, Admission): one provider call (a batch included) takes one slot;
 waiting for pacing holds no global slot and never blocks another provider's waiters;
 a 429 closes that (org, provider) gate for the Retry-After (plus jitter, so waiters are
 not all released at once) and cuts its rate (AIMD, see :mod:`actors._pacing`).

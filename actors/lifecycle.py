@@ -14,7 +14,7 @@ leaves (see :mod:`actors._lifecycle_base`). Claims and waits are in
 :mod:`actors._claiming`, what follows a provider call in :mod:`actors._finishing`;
 admission, sending, lease loss, cancellation and stop are here.
 
-Rules (SEMANTICS.md): claims in bulk per claim mode; dispositions as its table says; a
+Rules (docs/how-it-works.md): claims in bulk per claim mode; dispositions as its table says; a
 slot per provider call, free when its result is persisted; the latch, a stop and a
 paused or closed provider are checked right before each send; a unit whose deadline
 passes before it is sent is never sent; one that times out while running keeps its

@@ -22,7 +22,7 @@ PHASES = (
     "batch_compile",
     "recovery",
 )
-"""Phases timed (SEMANTICS.md, Observability)."""
+"""Phases timed (docs/how-it-works.md, Observability)."""
 
 _KEEP = 50_000
 """Timings kept per phase for percentiles (the newest)."""

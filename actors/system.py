@@ -451,7 +451,7 @@ class _EpochReply:
 
 def _snapshot(value: Any) -> Any:
     """A private copy of a caller's input, taken at ``execute``: later changes by the
-    caller are not seen by the tool (SEMANTICS.md, Execution)."""
+    caller are not seen by the tool (docs/how-it-works.md, Execution)."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value

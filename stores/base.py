@@ -46,7 +46,7 @@ Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
 
 MAX_OUTPUT_BYTES = 32 * 1024 * 1024
-"""Largest serialised output one receipt may hold (32 MiB, SEMANTICS.md Completion)."""
+"""Largest serialised output one receipt may hold (32 MiB, docs/how-it-works.md Completion)."""
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 
@@ -60,7 +60,7 @@ def decide_disposition(
     holder_gone: bool = False,
     retry_safe: bool = True,
 ) -> ClaimDisposition:
-    """Decide a claim, exactly as the table in SEMANTICS.md (Claims).
+    """Decide a claim, exactly as the table in docs/how-it-works.md (Claims).
 
     Args:
         receipt: the stored receipt, or None when there is none.
