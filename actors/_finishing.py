@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from stores import output_too_large_error
-from stores._codec import EncodedOutput, decode_output, encode_output, salvage_form
+from stores._codec import EncodedOutput, decode_output, encode_output
 from stores.types import (
     Failure,
     FailureKind,
@@ -225,7 +225,7 @@ class Finishing(LifecycleBase):
         for group, exc in failed:
             raw = getattr(exc, "raw_output", MISSING)
             if raw is not MISSING:  # paid for but not storable: kept in a described form
-                self.fx.salvage(group, _described(raw), error_text(exc))
+                self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")
             if isinstance(exc, (RELEASE_ON, LeaseLostError)) or group.receipt is None:
                 released.append(group)
@@ -297,11 +297,3 @@ class Finishing(LifecycleBase):
         unit.persisting -= 1
         if unit.persisting <= 0:
             self._leave(unit)
-
-
-def _described(raw: Any) -> Any:
-    """What salvage keeps of an output that cannot be stored (even one whose repr raises)."""
-    try:
-        return salvage_form(raw)[0]
-    except Exception as exc:
-        return {"type": type(raw).__qualname__, "reason": "no description", "repr": f"<{type(exc).__name__}>"}

@@ -22,7 +22,7 @@ from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef,
 
 from ._calls import Call, Group
 from ._execute import AttemptSpec, attempt
-from ._runtime import Reply, Timers, WorkerPool, fail
+from ._runtime import Reply, Timers, WorkerPool, fail, log
 from ._send_gate import SendGates
 from .completion_flusher import Latch
 from .messages import (
@@ -340,11 +340,21 @@ class ActorEffects:
         self.ports.requeue(call, error)
 
     def salvage(self, group: Group, output: Any, error: str) -> None:
+        try:
+            self._salvage(group, output, error)
+        except Exception:  # an output whose very description fails: keep what can be kept
+            log.exception("salvaging %s", group.key)
+            stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
+            self._salvage(group, stand_in, error, described=True)
+
+    def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:
         entry = salvage_entry(
             key=group.key, org_id=self.org_id, scope=self.ports.run.scope, tool_id=self.tool.tool_id,
             input_hash=group.input_hash, output=output, attempts=1, first_error_at=None, error=error,
             lease_id=group.receipt.lease_id if group.receipt else None,
         )  # fmt: skip
+        if described:  # a stand-in: kept for an operator, never replayed into the store
+            entry = attrs.evolve(entry, output_form="described", output_problem=error)
         self.ports.salvage.append([entry])
 
     def count(self, name: str, n: int = 1) -> None:

@@ -194,6 +194,11 @@ class SalvageLog:
         """
         with self._locked():
             entries, unreadable, size = self._read()
+            if unreadable and not entries:  # never rewrite (or re-permission) someone else's file
+                lines = len(unreadable)
+                raise NotASalvageFileError(
+                    f"{self.path} is not a salvage file: none of its {lines} lines is one"
+                )
             kept: list[SalvageEntry] = [e for e in entries if e.output_form != "json"]
             completed = already = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
@@ -269,6 +274,10 @@ def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Recei
         and receipt.lease_id == entry.lease_id
         and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
     )
+
+
+class NotASalvageFileError(ValueError):
+    """``replay`` was pointed at a file that holds no salvage entry at all (it is left as it is)."""
 
 
 def salvage_entry(

@@ -528,7 +528,7 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
 @_salvage_option
 def salvage_replay(db: str, salvage_path: str | None) -> None:
     """Write salvaged outputs into the receipt store; keep what cannot be replayed yet."""
-    from ..salvage import SalvageLog
+    from ..salvage import NotASalvageFileError, SalvageLog
 
     store = _open(db)
     path = salvage_path or _salvage_default(db)
@@ -540,6 +540,8 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
         return
     try:
         report = SalvageLog(path).replay(store)
+    except NotASalvageFileError as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"cannot replay the salvage file {path}: {exc.strerror or exc}") from None
     finally:
