@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import threading
 import time
@@ -267,8 +268,8 @@ class DispatchSystem:
                     raise UnknownToolError(
                         f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}"
                     )
-                if timeout_s is not None and not timeout_s > 0:
-                    raise InvalidInputError(f"timeout_s must be > 0, got {timeout_s!r}")
+                _check_seconds("timeout_s", timeout_s, positive=True)
+                _check_seconds("stale_after_s", stale_after_s, positive=False)
                 call = self._call(tool, input, mode, stale_after_s, timeout_s, future, now=now)
             except Exception as exc:
                 stats.add("calls", tool=tool_id if tool is not None else None)
@@ -428,6 +429,20 @@ class DispatchSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _check_seconds(name: str, value: Any, *, positive: bool) -> None:
+    """A duration option: None, or a finite number of seconds (> 0, or >= 0).
+
+    Raises:
+        InvalidInputError: anything else (a string, a bool, NaN, a negative number).
+    """
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
 
 
 PURGE_POLL_S = 0.5

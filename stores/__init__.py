@@ -75,6 +75,14 @@ def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
         StoreCorruptError, SchemaVersionError: as the store's constructor.
     """
     if isinstance(target, str) and target.startswith(("postgresql://", "postgres://")):
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool  # noqa: F401
+        except ImportError as exc:
+            raise StoreUnavailableError(
+                f"a postgresql:// store needs psycopg ({exc.name} is not installed): "
+                "pip install 'tooldispatch[postgres]'"
+            ) from None
         from .postgres import PostgresReceiptStore
 
         return PostgresReceiptStore(target, **kwargs)

@@ -354,7 +354,7 @@ def receipts_stats(db: str) -> None:
 @receipts.command("ls", short_help="The most recently updated receipts.")
 @_db_option
 @click.option("--status", default=None, callback=_statuses, help="Only this status.")
-@click.option("--limit", default=20, show_default=True)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
 def receipts_ls(db: str, status: str | None, limit: int) -> None:
     """The most recently updated receipts."""
     where, params = ("where status = ?", [status]) if status else ("", [])
@@ -393,10 +393,10 @@ def receipts_show(key: str, db: str) -> None:
 @receipts.command("resolve", short_help="Decide an uncertain receipt: --rerun or --fail.")
 @click.argument("key")
 @_db_option
-@click.option("--rerun", "action", flag_value="rerun", help="Claimable again (same idempotency key).")
-@click.option("--fail", "action", flag_value="fail", help="Record it failed (later calls are refused).")
+@click.option("--rerun", is_flag=True, help="Claimable again (same idempotency key).")
+@click.option("--fail", "fail_", is_flag=True, help="Record it failed (later calls are refused).")
 @click.option("--note", default="", help="Text kept with the decision.")
-def receipts_resolve(key: str, db: str, action: str | None, note: str) -> None:
+def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> None:
     """Decide a receipt whose outcome is uncertain (KEY may be a unique prefix).
 
     A call to a tool that is not retry-safe whose request may have reached the provider
@@ -408,8 +408,9 @@ def receipts_resolve(key: str, db: str, action: str | None, note: str) -> None:
     """
     from stores.types import ResolveAction
 
-    if action is None:
-        raise ConfigError("say what to do: --rerun or --fail")
+    if rerun == fail_:
+        raise ConfigError("say what to do: --rerun or --fail (one of them)")
+    action = "rerun" if rerun else "fail"
     rows = _query(db, "select org_id, key, status from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
@@ -428,7 +429,7 @@ def receipts_resolve(key: str, db: str, action: str | None, note: str) -> None:
 
 @receipts.command("purge", short_help="Delete receipts (asks first).")
 @_db_option
-@click.option("--older-than-days", type=float, default=0.0, show_default=True)
+@click.option("--older-than-days", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
 @click.option(
     "--status",
     "statuses",
@@ -455,9 +456,14 @@ def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], y
         store.close()
         click.echo(f"no {what} receipts{age} in {db} (outside a live lease): nothing to purge")
         return
-    if not yes and not click.confirm(
+    question = (
         f"delete {_plural(count, 'receipt')} ({what}{age}) from {db}? (calls they cached will be paid again)"
-    ):
+    )
+    try:
+        agreed = yes or click.confirm(question)
+    except click.Abort:  # no answer (stdin closed): the same as no
+        agreed = False
+    if not agreed:
         store.close()
         click.echo("nothing deleted")
         return

@@ -238,3 +238,16 @@ def test_call_provider_calls_charged_for_a_call_never_sent_are_refunded() -> Non
     gov.release("acme", "p", count=1, successes=0, now=0.1, refunds=1)  # never sent
     again = gov.acquire("acme", "p", 1, "second", now=0.2)
     assert again.grants == [("second", 1)] and gov.spent["provider_calls"] == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("timeout_s", "5"), ("timeout_s", True), ("timeout_s", float("nan")), ("stale_after_s", -1)],
+)
+def test_call_a_bad_duration_option_fails_that_call_alone(make_system: Any, option: str, value: Any) -> None:
+    from actors import InvalidInputError
+
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: i)])
+    with pytest.raises(InvalidInputError, match=option):
+        system.proxy().execute("t", {"n": 1}, **{option: value}).get(timeout=WAIT_S)
+    assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}

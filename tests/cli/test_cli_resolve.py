@@ -56,3 +56,29 @@ def test_cli_resolve_uncertain_receipt_rerun_then_paid_once(cli, tmp_path):
     assert len(sent) == 2 and sent[0] == sent[1]  # the rerun sent the same Idempotency-Key
     done = cli.run("receipts", "resolve", key, "--db", db, "--fail")
     assert done.returncode == 2 and "not uncertain" in done.stderr
+
+
+def test_cli_receipts_arguments_out_of_range_are_usage_errors(cli, tmp_path):
+    db = tmp_path / "receipts.db"
+    from stores import SqliteReceiptStore
+
+    SqliteReceiptStore(db).close()
+    for args in (
+        ("receipts", "ls", "--db", db, "--limit", "-1"),
+        ("receipts", "purge", "--db", db, "--older-than-days", "-5", "--yes"),
+        ("receipts", "resolve", "abc", "--db", db, "--rerun", "--fail"),
+    ):
+        done = cli.run(*args)
+        assert done.returncode == 2, (args, done.stderr)
+
+
+def test_cli_purge_with_no_answer_deletes_nothing_and_is_not_an_error(cli, tmp_path):
+    play = tmp_path / "charge_play.py"
+    play.write_text(PLAY.replace("if not os.path.exists(MARK):", "if False:"), encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("1\n", encoding="utf-8")
+    db = tmp_path / "receipts.db"
+    assert cli.run("run", play, "--input", rows, "--db", db).returncode == 0
+    declined = cli.run("receipts", "purge", "--db", db)  # stdin is closed: no answer
+    assert declined.returncode == 0, declined.stderr
+    assert "nothing deleted" in declined.stdout
