@@ -110,13 +110,18 @@ def run_rows(
     source_lock = threading.Lock()
     count_lock = threading.Lock()
     started = time.monotonic()
+    exhausted = threading.Event()
+    """Every input row was taken: a stop after that interrupts nothing (the run completes)."""
 
     def take() -> tuple[int, Any] | None:
         with source_lock:
             if stop.is_set():
                 return None
             try:
-                return next(source, None)
+                item = next(source, None)
+                if item is None:
+                    exhausted.set()
+                return item
             except Exception as exc:  # the input cannot be read on: stop, say so (exit 2)
                 reason = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
                 summary.config_error = summary.config_error or f"cannot read the input: {reason}"
@@ -175,6 +180,6 @@ def run_rows(
     summary.written = writer.written
     summary.buffer_peak_bytes = writer.peak_memory_bytes
     summary.spilled_bytes = writer.spilled_bytes
-    summary.interrupted = stop.is_set() and summary.config_error is None
+    summary.interrupted = stop.is_set() and not exhausted.is_set() and summary.config_error is None
     summary.wall_s = time.monotonic() - started
     return summary
