@@ -216,6 +216,10 @@ class Lifecycle(Claiming, Finishing):
             group = self.groups.get(key)
             if group is None or group.lease_lost:
                 continue
+            if group.state in (GroupState.PERSISTING, GroupState.RELEASING):
+                # its write is out: a renewal that raced it (the receipt already completed,
+                # failed or released) is no loss; a real one shows in the write's report
+                continue
             group.lease_lost = True
             group.beating = False
             self.fx.count("lease_lost")
