@@ -3,6 +3,10 @@
 Commands are imperative, facts past tense. A reply, when there is one, travels as a
 pykka future inside the message (never a ``.get()`` inside ``on_receive`` on an actor
 that may wait on the sender).
+
+The actor-to-actor commands live here; the call lifecycle's own messages (calls
+submitted, facts answering its requests, its timers) live in
+:mod:`actors._lifecycle_messages` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,8 +17,33 @@ import attrs
 
 from stores.types import LeaseRef, Owner
 
+from ._lifecycle_messages import (
+    Answered,
+    CallCancelled,
+    CompletionsPersisted,
+    DeadlineDue,
+    FailuresRecorded,
+    ForgetMemo,
+    LatchTripped,
+    PollDue,
+    ReceiptsClaimed,
+    ReceiptsRead,
+    ReceiptsReleased,
+    Reconciled,
+    Resolved,
+    RetryCharged,
+    RetryDue,
+    RunningMarked,
+    SlotsGranted,
+    StoreCall,
+    SubmitCalls,
+    TripLatch,
+    UnitFinished,
+)
+
 __all__ = [
     "AcquireSlots",
+    "Answered",
     "BackpressureReported",
     "CallCancelled",
     "ChargeBudget",
@@ -39,6 +68,7 @@ __all__ = [
     "RegisterLeases",
     "ReleaseSlots",
     "Resolved",
+    "RetryCharged",
     "RetryDue",
     "RetryWrite",
     "RunningMarked",
@@ -243,222 +273,3 @@ class RetryWrite:
 
     chunk_id: int
     """Which pending write."""
-
-
-# -- the call lifecycle (tool queue actor) -----------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class SubmitCalls:
-    """Queue calls of one tool (``execute`` sends one, ``execute_many`` many)."""
-
-    calls: tuple[Any, ...]
-    """:class:`actors._calls.Call` each (input snapshot, key, mode, reply future)."""
-
-
-@attrs.frozen(kw_only=True)
-class ForgetMemo:
-    """Drop the tool's memo: receipts were purged (by this process or another)."""
-
-
-@attrs.frozen(kw_only=True)
-class CallCancelled:
-    """The caller gave up on a call (``future.cancel()``, an asyncio cancellation)."""
-
-    call: Any
-    """The :class:`actors._calls.Call`."""
-
-
-@attrs.frozen(kw_only=True)
-class ReceiptsClaimed:
-    """Fact: a bulk claim answered."""
-
-    batch: int
-    """Which claim request."""
-    value: Any
-    """list of stores.Claim, request order (None on error)."""
-    error: BaseException | None
-    """Why the claim failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class ReceiptsRead:
-    """Fact: a poll of other owners' receipts answered (a plain read)."""
-
-    batch: int
-    """Which poll."""
-    value: Any
-    """list of stores.Receipt or None, request order (None on error)."""
-    error: BaseException | None
-    """Why the read failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class Reconciled:
-    """Fact: a tool's reconcile hook answered for an uncertain receipt."""
-
-    batch: int
-    """Which request."""
-    value: Any
-    """The output the provider reports, or ``actors.tool.NOT_DONE``."""
-    error: BaseException | None
-    """What the hook raised, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class Resolved:
-    """Fact: the store decided an uncertain receipt (rerun or complete)."""
-
-    batch: int
-    """Which request."""
-    value: Any
-    """The receipt as it now stands."""
-    error: BaseException | None
-    """Why the store refused, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class ReceiptsReleased:
-    """Fact: receipts were given back (pending), or the release failed (leases expire)."""
-
-    batch: int
-    """Which release."""
-    value: Any
-    """stores.FenceReport (None on error)."""
-    error: BaseException | None
-    """Why the release failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class RunningMarked:
-    """Fact: admitted units' receipts were marked running (fenced)."""
-
-    batch: int
-    """Which admission."""
-    value: Any
-    """stores.FenceReport (None on error)."""
-    error: BaseException | None
-    """Why the write failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class FailuresRecorded:
-    """Fact: failures were recorded (fenced bulk write)."""
-
-    batch: int
-    """Which write."""
-    value: Any
-    """stores.FenceReport (None on error)."""
-    error: BaseException | None
-    """Why the write failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class SlotsGranted:
-    """Fact: the governor granted slots (or refused: budget, stop, provider down)."""
-
-    value: Any
-    """Number of slots granted (None on refusal)."""
-    error: BaseException | None
-    """Why nothing was granted, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class RetryCharged:
-    """Fact: the retry budget was charged for a unit's next attempt (or refused)."""
-
-    unit: int
-    """The unit id."""
-    value: Any
-    """True when charged."""
-    error: BaseException | None
-    """BudgetExceededError, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class UnitFinished:
-    """Fact: a provider call returned on the worker pool."""
-
-    unit: int
-    """The unit id."""
-    attempt: int
-    """Which attempt (1 first)."""
-    members: Any
-    """Per group, in unit order: (encoded output text, None) or (None, exception); None
-    when the whole call failed."""
-    error: BaseException | None
-    """The call's error (for every member), or None."""
-    sent_at: float | None = None
-    """``time.monotonic()`` when the request went out."""
-
-
-@attrs.frozen(kw_only=True)
-class CompletionsPersisted:
-    """Fact: the completion flusher settled outputs (persisted, salvaged, ...)."""
-
-    batch: int
-    """Which request."""
-    value: Any
-    """receipt key -> FlushOutcome (None on error)."""
-    error: BaseException | None
-    """Why the flusher failed, or None."""
-
-
-@attrs.frozen(kw_only=True)
-class PollDue:
-    """Timer: look at the receipts other owners hold again."""
-
-    keys: tuple[str, ...]
-    """The waiting groups' receipt keys."""
-
-
-@attrs.frozen(kw_only=True)
-class DeadlineDue:
-    """Timer: a running unit's deadline passed."""
-
-    unit: int
-    """The unit id."""
-
-
-@attrs.frozen(kw_only=True)
-class RetryDue:
-    """Timer: a unit's back-off before its next attempt elapsed."""
-
-    unit: int
-    """The unit id."""
-
-
-@attrs.frozen(kw_only=True)
-class StoreCall:
-    """Run one receipt store method on the store actor; the answer goes to ``reply``."""
-
-    method: str
-    """The :class:`stores.ReceiptStore` method name."""
-    args: tuple[Any, ...]
-    """Positional arguments."""
-    kwargs: dict[str, Any]
-    """Keyword arguments."""
-    reply: Any
-    """A future or :class:`actors._runtime.Reply`."""
-
-
-@attrs.frozen(kw_only=True)
-class TripLatch:
-    """Open the persistence latch (recording a failure itself failed)."""
-
-    reason: str
-    """Why."""
-    reply: Any = None
-    """Told :class:`LatchTripped` once the latch is tripped (or None)."""
-
-
-@attrs.frozen(kw_only=True)
-class LatchTripped:
-    """Fact: the flusher tripped the latch (callers of the failed write may be answered)."""
-
-    batch: int
-    """Which failed write."""
-    value: Any
-    """None."""
-    error: BaseException | None
-    """None."""
