@@ -5,7 +5,8 @@ the latch and gate snapshots, stats). :class:`ActorEffects` implements
 :class:`~actors.lifecycle.Effects` for one actor: requests to the store, governor,
 heartbeat and flusher carry a :class:`~actors._runtime.Reply` that comes back to the
 actor as a fact message, which :meth:`ActorEffects.dispatch` hands to the lifecycle.
-Slot releases are coalesced into one governor message per handled message.
+Slot releases are coalesced into one governor message per handled message. The effects
+that stay in the process (attempts, callers, salvage, memo) are :class:`LocalEffects`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import pykka
 
 from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner
 
-from ._calls import Call, Group
-from ._execute import AttemptSpec, attempt
-from ._runtime import Reply, Timers, WorkerPool, fail, log
+from ._calls import Call
+from ._local_effects import LocalEffects
+from ._runtime import Reply, Timers, WorkerPool
 from ._send_gate import SendGates
 from .completion_flusher import Latch
 from .messages import (
@@ -51,8 +52,7 @@ from .messages import (
     UnitFinished,
     UnregisterLeases,
 )
-from .results import ToolContext, ToolResult, provider_idempotency_key
-from .salvage import SalvageLog, salvage_entry
+from .salvage import SalvageLog
 from .stats import Stats
 from .tool import Policy, RunInfo, Tool
 
@@ -95,7 +95,7 @@ class _SlotsReply:
     exempt: bool
 
 
-class ActorEffects:
+class ActorEffects(LocalEffects):
     """The lifecycle's effects for one tool queue actor (runs on that actor's thread)."""
 
     def __init__(self, actor: Any, tool: Tool, ports: Ports) -> None:
@@ -164,10 +164,7 @@ class ActorEffects:
     # -- effects out --------------------------------------------------------------------
 
     def _store(self, method: str, reply: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            self.ports.store.tell(StoreCall(method=method, args=args, kwargs=kwargs, reply=reply))
-        except pykka.ActorDeadError as exc:
-            reply.set_exception((type(exc), exc, None))
+        _ask(self.ports.store, StoreCall(method=method, args=args, kwargs=kwargs, reply=reply), reply)
 
     def claim(
         self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
@@ -184,18 +181,10 @@ class ActorEffects:
 
     def acquire(self, want: int, exempt: bool) -> None:
         reply = Reply(self.ref, _SlotsReply, exempt=exempt)
-        try:
-            self.ports.governor.tell(
-                AcquireSlots(
-                    org_id=self.org_id,
-                    provider=self.tool.provider_name,
-                    want=want,
-                    reply=reply,
-                    exempt=exempt,
-                )
-            )
-        except pykka.ActorDeadError as exc:
-            reply.set_exception((type(exc), exc, None))
+        message = AcquireSlots(
+            org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt
+        )
+        _ask(self.ports.governor, message, reply)
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
@@ -221,54 +210,19 @@ class ActorEffects:
             self.ports.owner, lease_ttl_s=self.lease_ttl_s,
         )  # fmt: skip
 
-    def start(self, spec: AttemptSpec) -> None:
-        tell = self._tell
-        try:
-            self.ports.pool.submit(lambda: attempt(spec, tell))
-        except RuntimeError as exc:  # the pool is shut down: the system stopped
-            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
-
     def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None:
         self._sent[f"receipt_complete:{batch}"] = time.monotonic()
         reply = Reply(self.ref, CompletionsPersisted, batch=batch)
-        try:
-            self.ports.flusher.tell(
-                FlushCompletions(
-                    org_id=self.org_id, owner=self.ports.owner, entries=tuple(entries),
-                    tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply,
-                )
-            )  # fmt: skip
-        except pykka.ActorDeadError as exc:
-            reply.set_exception((type(exc), exc, None))
+        message = FlushCompletions(
+            org_id=self.org_id, owner=self.ports.owner, entries=tuple(entries),
+            tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply,
+        )  # fmt: skip
+        _ask(self.ports.flusher, message, reply)
 
     def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
         method = "mark_uncertain_many" if uncertain else "fail_many"
         reply = Reply(self.ref, FailuresRecorded, batch=batch)
         self._store(method, reply, self.org_id, failures, self.ports.owner)
-
-    def reconcile(self, batch: int, group: Group) -> None:
-        hook = self.tool.reconcile
-        assert hook is not None
-        receipt = group.receipt
-        context = ToolContext(
-            tool_id=self.tool.tool_id,
-            idempotency_key=provider_idempotency_key(group.key, receipt.generation if receipt else None),
-            receipt_keys=(group.key,), credential_scope_digest=group.credential_digest,
-            deadline=time.monotonic() + group.timeout_s, timeout_s=group.timeout_s,
-        )  # fmt: skip
-        reply = Reply(self.ref, Reconciled, batch=batch)
-        inp = group.input
-
-        def ask() -> None:
-            try:
-                reply.set(hook(inp, context))
-            except Exception as exc:
-                reply.set_exception((type(exc), exc, exc.__traceback__))
-
-        try:
-            self.ports.pool.submit(ask)
-        except RuntimeError as exc:
-            reply.set_exception((type(exc), exc, None))
 
     def resolve(self, batch: int, key: str, action: str, output: Any = None) -> None:
         from stores.types import ResolveAction
@@ -320,52 +274,7 @@ class ActorEffects:
 
     def trip_latch(self, reason: str, batch: int) -> None:
         reply = Reply(self.ref, LatchTripped, batch=batch)
-        try:
-            self.ports.flusher.tell(TripLatch(reason=reason, reply=reply))
-        except pykka.ActorDeadError as exc:
-            reply.set_exception((type(exc), exc, None))
-
-    def answer(self, call: Call, outcome: Any) -> None:
-        future = call.future
-        if isinstance(outcome, ToolResult):
-            with contextlib.suppress(Exception):
-                future.set(outcome)
-            if outcome.execution != "live":
-                self.ports.stats.add(outcome.execution, tool=self.tool.tool_id)
-            return
-        fail(future, outcome)
-        self.ports.stats.add("errors", tool=self.tool.tool_id)
-
-    def requeue(self, call: Call, error: BaseException) -> None:
-        self.ports.requeue(call, error)
-
-    def salvage(self, group: Group, output: Any, error: str) -> None:
-        try:
-            self._salvage(group, output, error)
-        except Exception:  # an output whose very description fails: keep what can be kept
-            log.exception("salvaging %s", group.key)
-            stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
-            self._salvage(group, stand_in, error, described=True)
-
-    def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:
-        entry = salvage_entry(
-            key=group.key, org_id=self.org_id, scope=self.ports.run.scope, tool_id=self.tool.tool_id,
-            input_hash=group.input_hash, output=output, attempts=1, first_error_at=None, error=error,
-            lease_id=group.receipt.lease_id if group.receipt else None,
-        )  # fmt: skip
-        if described:  # a stand-in: kept for an operator, never replayed into the store
-            entry = attrs.evolve(entry, output_form="described", output_problem=error)
-        self.ports.salvage.append([entry])
-
-    def count(self, name: str, n: int = 1) -> None:
-        if n:  # n < 0 for gauges (waiting_on_owner)
-            self.ports.stats.add(name, n, tool=self.tool.tool_id)
-
-    def salvage_path(self) -> str:
-        return str(self.ports.salvage.path)
-
-    def remember(self, key: str, text: str, cached: bool) -> None:
-        self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
+        _ask(self.ports.flusher, TripLatch(reason=reason, reply=reply), reply)
 
 
 _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
@@ -400,6 +309,14 @@ class _LeasesLostFact:
 
 def _token(tool_id: str, batch: int) -> int:
     return hash((tool_id, batch)) & 0x7FFFFFFFFFFF
+
+
+def _ask(ref: Any, message: Any, reply: Any) -> None:
+    """Send a request whose answer comes back through ``reply``; a dead actor answers it at once."""
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError as exc:
+        reply.set_exception((type(exc), exc, None))
 
 
 def _tell_quietly(ref: Any, message: Any) -> None:

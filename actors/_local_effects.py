@@ -1,0 +1,112 @@
+"""The lifecycle's effects that stay in the process: tool attempts, callers, salvage, memo.
+
+:class:`LocalEffects` is the half of :class:`actors._ports.ActorEffects` that talks to no
+other actor: it submits attempts and reconcile hooks to the worker pool (each reports
+back to the tool queue actor as a message), answers callers' futures, appends to the
+salvage file, counts, and fills the tool's memo. It runs on the tool queue actor's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._calls import Call, Group
+from ._execute import AttemptSpec, attempt
+from ._runtime import Reply, fail, log
+from .messages import Reconciled, UnitFinished
+from .results import ToolContext, ToolResult, provider_idempotency_key
+from .salvage import salvage_entry
+
+if TYPE_CHECKING:
+    from ._ports import Ports
+    from .tool import Tool
+
+__all__ = ["LocalEffects"]
+
+
+class LocalEffects:
+    """Effects on the worker pool, the callers, the salvage file and the memo."""
+
+    actor: Any
+    tool: Tool
+    ports: Ports
+    ref: Any
+    org_id: str
+    _tell: Any
+
+    def start(self, spec: AttemptSpec) -> None:
+        tell = self._tell
+        try:
+            self.ports.pool.submit(lambda: attempt(spec, tell))
+        except RuntimeError as exc:  # the pool is shut down: the system stopped
+            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
+
+    def reconcile(self, batch: int, group: Group) -> None:
+        hook = self.tool.reconcile
+        assert hook is not None
+        receipt = group.receipt
+        context = ToolContext(
+            tool_id=self.tool.tool_id,
+            idempotency_key=provider_idempotency_key(group.key, receipt.generation if receipt else None),
+            receipt_keys=(group.key,), credential_scope_digest=group.credential_digest,
+            deadline=time.monotonic() + group.timeout_s, timeout_s=group.timeout_s,
+        )  # fmt: skip
+        reply = Reply(self.ref, Reconciled, batch=batch)
+        inp = group.input
+
+        def ask() -> None:
+            try:
+                reply.set(hook(inp, context))
+            except Exception as exc:
+                reply.set_exception((type(exc), exc, exc.__traceback__))
+
+        try:
+            self.ports.pool.submit(ask)
+        except RuntimeError as exc:
+            reply.set_exception((type(exc), exc, None))
+
+    def answer(self, call: Call, outcome: Any) -> None:
+        future = call.future
+        if isinstance(outcome, ToolResult):
+            with contextlib.suppress(Exception):
+                future.set(outcome)
+            if outcome.execution != "live":
+                self.ports.stats.add(outcome.execution, tool=self.tool.tool_id)
+            return
+        fail(future, outcome)
+        self.ports.stats.add("errors", tool=self.tool.tool_id)
+
+    def requeue(self, call: Call, error: BaseException) -> None:
+        self.ports.requeue(call, error)
+
+    def salvage(self, group: Group, output: Any, error: str) -> None:
+        try:
+            self._salvage(group, output, error)
+        except Exception:  # an output whose very description fails: keep what can be kept
+            log.exception("salvaging %s", group.key)
+            stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
+            self._salvage(group, stand_in, error, described=True)
+
+    def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:
+        entry = salvage_entry(
+            key=group.key, org_id=self.org_id, scope=self.ports.run.scope, tool_id=self.tool.tool_id,
+            input_hash=group.input_hash, output=output, attempts=1, first_error_at=None, error=error,
+            lease_id=group.receipt.lease_id if group.receipt else None,
+        )  # fmt: skip
+        if described:  # a stand-in: kept for an operator, never replayed into the store
+            entry = attrs.evolve(entry, output_form="described", output_problem=error)
+        self.ports.salvage.append([entry])
+
+    def count(self, name: str, n: int = 1) -> None:
+        if n:  # n < 0 for gauges (waiting_on_owner)
+            self.ports.stats.add(name, n, tool=self.tool.tool_id)
+
+    def salvage_path(self) -> str:
+        return str(self.ports.salvage.path)
+
+    def remember(self, key: str, text: str, cached: bool) -> None:
+        self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
