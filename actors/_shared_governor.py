@@ -26,7 +26,6 @@ Every method runs on the governor actor's thread; each pacer call is one round t
 from __future__ import annotations
 
 import bisect
-import collections
 import random
 from collections.abc import Callable
 from typing import Any
@@ -37,9 +36,8 @@ from ._pacing import (
     AIMD_MIN_RPS,
     MIN_WAKE_S,
     SLOW_START_DOUBLING_S,
-    parse_retry_after,
+    ProviderBucket,
 )
-from .errors import BudgetExceededError
 from .governor import BucketKey, Decisions, Governor
 from .shared_pacer import Pacer
 from .tool import Pacing, Policy
@@ -76,6 +74,8 @@ class SharedGovernor(Governor):
             pacer.settings = PacerSettings.from_policy(policy)
         self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
         """(org, provider) -> (grant time, rate version), oldest first."""
+        self._version = 0
+        """The rate version of the grant :meth:`_grantable` last made."""
         self.shared: dict[BucketKey, tuple[float | None, float | None, bool]] = {}
         """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
 
@@ -90,58 +90,45 @@ class SharedGovernor(Governor):
             out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
         return out
 
-    def wake(self, now: float) -> Decisions:
-        """Grant what the pacer grants, oldest waiter first across providers."""
-        out = Decisions()
-        blocked: set[tuple[str, str, bool]] = set()
-        wake_at: float | None = None
-        while True:
-            heads = [(q[0].seq, wkey) for wkey, q in self.waiters.items() if q and wkey not in blocked]
-            if not heads:
-                break
-            wkey = min(heads)[1]
-            key = (wkey[0], wkey[1])
-            queue, bucket = self.waiters[wkey], self.buckets[key]
-            want = queue[0].want
-            if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
-                free = self.ceiling - self.in_flight
-                if bucket.max_concurrency is not None:
-                    free = min(free, bucket.max_concurrency - bucket.in_flight)
-                want = min(want, free)
-            if want < 1:
-                blocked.add(wkey)  # only a release can help
-                continue
-            grant = self.pacer.take(key[0], key[1], want, partial=True)
-            self._saw(key, grant.rate_rps, grant.reference_rps, grant.slow_start, out)
-            if grant.verdict == "refuse":
-                out.refusals.extend((w.reply, self._unavailable(key)) for w in queue)
-                queue.clear()
-                out.closed[key] = now + grant.wait_s
-                continue
-            if grant.granted < 1:
-                blocked.add(wkey)
-                again = now + max(grant.wait_s, MIN_WAKE_S)
-                wake_at = again if wake_at is None else min(wake_at, again)
-                if grant.verdict == "paused":  # another worker's 429: hold this process's senders too
-                    bucket.gate_until = max(bucket.gate_until, again)
-                    out.gates[key] = (grant.rate_rps, bucket.gate_until)
-                continue
-            waiter = queue.popleft()
-            try:
-                n = self._charge_calls(grant.granted)
-            except BudgetExceededError as exc:
-                out.refusals.append((waiter.reply, exc))
-                continue
-            bucket.admission_wait_s += max(0.0, now - waiter.since)
-            if not wkey[2]:
-                bucket.in_flight += n
-                self.in_flight += n
-            seen = self.grants_at.setdefault(key, [])
-            seen.append((now, grant.version))
-            del seen[:-KEPT_VERSIONS]
-            out.grants.append((waiter.reply, n))
-        out.wake_at = wake_at
-        return out
+    def _grantable(
+        self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
+    ) -> int | None:
+        """What the pacer grants (one round trip); None when its circuit is open."""
+        key = (wkey[0], wkey[1])
+        if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
+            free = self.ceiling - self.in_flight
+            if bucket.max_concurrency is not None:
+                free = min(free, bucket.max_concurrency - bucket.in_flight)
+            want = min(want, free)
+        if want < 1:
+            return 0  # only a release can help
+        grant = self.pacer.take(key[0], key[1], want, partial=True)
+        self._saw(key, grant.rate_rps, grant.reference_rps, grant.slow_start, out)
+        if grant.verdict == "refuse":
+            out.closed[key] = now + grant.wait_s
+            return None
+        if grant.granted < 1:
+            again = now + max(grant.wait_s, MIN_WAKE_S)
+            out.wake_at = again if out.wake_at is None else min(out.wake_at, again)
+            if grant.verdict == "paused":  # another worker's 429: hold this process's senders too
+                bucket.gate_until = max(bucket.gate_until, again)
+                out.gates[key] = (grant.rate_rps, bucket.gate_until)
+            return 0
+        self._version = grant.version
+        return grant.granted
+
+    def _take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
+        """Count the grant against this process's ceilings; remember its rate version."""
+        if not wkey[2]:
+            bucket.in_flight += n
+            self.in_flight += n
+        seen = self.grants_at.setdefault((wkey[0], wkey[1]), [])
+        seen.append((now, self._version))
+        del seen[:-KEPT_VERSIONS]
+
+    def _next_wake(self, now: float, out: Decisions) -> float | None:
+        """The earliest time the pacer said to ask again (gathered by :meth:`_grantable`)."""
+        return out.wake_at
 
     def backpressure(
         self,
@@ -154,13 +141,7 @@ class SharedGovernor(Governor):
     ) -> Decisions:
         """Pause (org, provider) for every worker and cut the shared rate once per event."""
         key = (org_id, provider)
-        pause = parse_retry_after(
-            retry_after,
-            wall,
-            default_s=self.policy.retry_after_default_s,
-            max_s=self.policy.retry_after_max_s,
-            min_s=self.policy.retry_after_min_s,
-        )
+        pause = self._pause_s(retry_after, wall)
         pause += self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
         seen = self.grants_at.get(key, [])
@@ -191,11 +172,7 @@ class SharedGovernor(Governor):
         """Return slots; grow the shared rate by ``successes``; feed the shared circuit."""
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
-        if not exempt:
-            bucket.in_flight = max(0, bucket.in_flight - count)
-            self.in_flight = max(0, self.in_flight - count)
-        if refunds:
-            self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
+        self._return_slots(bucket, count, exempt, refunds)
         out = Decisions()
         rate, ref, slow = self.shared.get(key, (bucket.rate, None, bucket.slow_start))
         limits = self.pacer.limits.get(provider) or ProviderLimits()
@@ -216,9 +193,7 @@ class SharedGovernor(Governor):
         if answered_n or unavailable:
             recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
             if recorded.opened:
-                for nested in (False, True):
-                    queue = self.waiters.get((org_id, provider, nested), collections.deque())
-                    refusals += [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
+                refusals = self._refuse_waiters(key)
                 out.closed[key] = now + recorded.open_s
         woken = self.wake(now)
         woken.refusals.extend(refusals)

@@ -1,8 +1,8 @@
 """The governor: budgets, the global concurrency ceiling, per-provider pacing, backpressure.
 
 :class:`Governor` is the plain state machine (messages in, decisions out, time passed
-in); :class:`GovernorActor` feeds it messages and performs the decisions (resolving
-reply futures, arming the wake-up timer).
+in); :class:`~actors.governor_actor.GovernorActor` feeds it messages and performs the
+decisions (resolving reply futures, arming the wake-up timer).
 
 Rules (docs/how-it-works.md, Admission): one provider call (a batch included) takes one slot;
 waiting for pacing holds no global slot and never blocks another provider's waiters;
@@ -16,22 +16,17 @@ import collections
 import itertools
 import math
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-import pykka
 
 from ._circuit import Circuit
-from ._pacing import ProviderBucket, pacing_report, parse_retry_after
-from ._runtime import Timers, fail, guarded
-from ._send_gate import SendGates
+from ._pacing import ProviderBucket, parse_retry_after
 from .errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
-from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy
 
-__all__ = ["BUDGET_KINDS", "Decisions", "Governor", "GovernorActor", "suggested_parallelism"]
+__all__ = ["BUDGET_KINDS", "BucketKey", "Decisions", "Governor", "suggested_parallelism"]
 
 BUDGET_KINDS = ("provider_calls", "retries", "receipt_ops")
 BucketKey = tuple[str, str]
@@ -178,21 +173,13 @@ class Governor:
         every waiter of (org, provider) is refused with ProviderUnavailableError."""
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
-        if not exempt:
-            bucket.in_flight = max(0, bucket.in_flight - count)
-            self.in_flight = max(0, self.in_flight - count)
-        if refunds:  # granted but never sent (stop, latch, a pause, its deadline): not spent
-            self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
+        self._return_slots(bucket, count, exempt, refunds)
         rate = bucket.rate
         for _ in range(successes):
             bucket.on_success(now)
-        refusals = []
         circuit = self.circuits[key]
         opened = circuit.record(successes if answered is None else answered, unavailable, now)
-        if opened:
-            for nested in (False, True):
-                queue = self.waiters.get((org_id, provider, nested), collections.deque())
-                refusals += [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
+        refusals = self._refuse_waiters(key) if opened else []
         out = self.wake(now)
         out.refusals.extend(refusals)
         if opened:
@@ -212,13 +199,7 @@ class Governor:
     ) -> Decisions:
         """Pause (org, provider) for the parsed Retry-After and cut its rate (once per
         congestion event; ``sent_at``, when the 429'd request was sent, tells events apart)."""
-        pause = parse_retry_after(
-            retry_after,
-            wall,
-            default_s=self.policy.retry_after_default_s,
-            max_s=self.policy.retry_after_max_s,
-            min_s=self.policy.retry_after_min_s,
-        )
+        pause = self._pause_s(retry_after, wall)
         jitter = self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
         bucket.on_backpressure(pause, jitter, now, sent_at=sent_at, retry_after=retry_after)
@@ -231,8 +212,9 @@ class Governor:
 
         Waiters are granted oldest first across providers, skipping a provider whose
         bucket cannot grant yet, so a busy provider's stream of waiters never starves
-        another provider's waiters at the global ceiling. A half-open circuit's probe is
-        marked sent only once its budget charge went through.
+        another provider's waiters at the global ceiling. A grant is charged to the
+        ``provider_calls`` budget before it is taken (a refused charge refuses that waiter
+        alone); a half-open circuit's probe is marked sent only once its charge went through.
         """
         out = Decisions()
         blocked: set[tuple[str, str, bool]] = set()
@@ -243,19 +225,11 @@ class Governor:
             wkey = min(heads)[1]
             key = (wkey[0], wkey[1])
             queue, bucket = self.waiters[wkey], self.buckets[key]
-            exempt = wkey[2]
-            verdict = self.circuits[key].admits(now)
-            if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
+            n = self._grantable(wkey, queue[0].want, bucket, now, out)
+            if n is None:  # the provider's circuit is open: every waiter of it is refused
                 out.refusals.extend((w.reply, self._unavailable(key)) for w in queue)
                 queue.clear()
                 continue
-            want = 1 if verdict == "probe" else queue[0].want
-            if verdict == "wait":
-                n = 0
-            elif exempt:
-                n = min(want, _rate_room(bucket, now))
-            else:
-                n = min(want, bucket.available(now), self.ceiling - self.in_flight)
             if n < 1:
                 blocked.add(wkey)
                 continue
@@ -265,24 +239,75 @@ class Governor:
             except BudgetExceededError as exc:
                 out.refusals.append((waiter.reply, exc))
                 continue
-            if verdict == "probe":
-                self.circuits[key].probe_sent()
             bucket.admission_wait_s += max(0.0, now - waiter.since)
-            if exempt:
-                if bucket.rate is not None:
-                    bucket.tokens -= n
-            else:
-                bucket.take(n, now)
-                self.in_flight += n
+            self._take(wkey, bucket, n, now)
             out.grants.append((waiter.reply, n))
+        out.wake_at = self._next_wake(now, out)
+        return out
+
+    def _grantable(
+        self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
+    ) -> int | None:
+        """Slots the head waiter of ``wkey`` may have now (0: wait), or None: refuse them all."""
+        verdict = self.circuits[(wkey[0], wkey[1])].admits(now)
+        if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
+            return None
+        if verdict == "wait":
+            return 0
+        if verdict == "probe":
+            want = 1
+        if wkey[2]:  # exempt: the provider's rate only
+            return min(want, _rate_room(bucket, now))
+        return min(want, bucket.available(now), self.ceiling - self.in_flight)
+
+    def _take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
+        """Take ``n`` granted (and charged) slots from the bucket and the ceiling."""
+        circuit = self.circuits[(wkey[0], wkey[1])]
+        if circuit.admits(now) == "probe":
+            circuit.probe_sent()
+        if wkey[2]:
+            if bucket.rate is not None:
+                bucket.tokens -= n
+        else:
+            bucket.take(n, now)
+            self.in_flight += n
+
+    def _next_wake(self, now: float, out: Decisions) -> float | None:
+        """When a waiter left waiting may be granted (the earliest bucket refill), or None."""
         wake_at: float | None = None
         for wkey, queue in self.waiters.items():
             if queue:
                 ready = self.buckets[(wkey[0], wkey[1])].ready_at(now)
                 if ready is not None and ready > now:
                     wake_at = ready if wake_at is None else min(wake_at, ready)
-        out.wake_at = wake_at
-        return out
+        return wake_at
+
+    def _return_slots(self, bucket: ProviderBucket, count: int, exempt: bool, refunds: int) -> None:
+        """Give back ``count`` slots (an exempt grant took none) and ``refunds`` unsent charges."""
+        if not exempt:
+            bucket.in_flight = max(0, bucket.in_flight - count)
+            self.in_flight = max(0, self.in_flight - count)
+        if refunds:  # granted but never sent (stop, latch, a pause, its deadline): not spent
+            self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
+
+    def _refuse_waiters(self, key: BucketKey) -> list[tuple[Any, BaseException]]:
+        """Take every waiter of ``key`` (nested ones too) off its queue, refused: unavailable."""
+        refusals: list[tuple[Any, BaseException]] = []
+        for nested in (False, True):
+            queue = self.waiters.get((key[0], key[1], nested), collections.deque())
+            refusals += [(queue.popleft().reply, self._unavailable(key)) for _ in range(len(queue))]
+        return refusals
+
+    def _pause_s(self, retry_after: Any, wall: float) -> float:
+        """A Retry-After (any form) as seconds within the policy's bounds (see parse_retry_after)."""
+        policy = self.policy
+        return parse_retry_after(
+            retry_after,
+            wall,
+            default_s=policy.retry_after_default_s,
+            max_s=policy.retry_after_max_s,
+            min_s=policy.retry_after_min_s,
+        )
 
     def _unavailable(self, key: BucketKey) -> ProviderUnavailableError:
         return ProviderUnavailableError(
@@ -307,120 +332,6 @@ class Governor:
             while queue:
                 out.refusals.append((queue.popleft().reply, CallCancelledError("the dispatcher is stopping")))
         return out
-
-
-class GovernorActor(pykka.ThreadingActor):
-    """Runs the :class:`Governor`; all its methods run on this actor's thread.
-
-    ``gates`` are the send gates the tool pool waits at before each request; the
-    actor keeps their rate and pauses in step with the buckets (its clock must be
-    ``time.monotonic``, the gates' clock, when gates are shared). With ``pacer`` (an
-    :class:`~actors.shared_pacer.Pacer`, closed by its owner), rates, pauses and circuits
-    are those of the pacer (:class:`~actors._shared_governor.SharedGovernor`).
-    """
-
-    def __init__(
-        self,
-        policy: Policy,
-        pacings: dict[str, Pacing],
-        timers: Timers,
-        gates: SendGates | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        pacer: Any = None,
-    ) -> None:
-        super().__init__()
-        if pacer is None:
-            self.governor = Governor(policy, pacings)
-        else:  # pacing shared through a Pacer (issue 11); imported here: it imports this module
-            from ._shared_governor import SharedGovernor
-
-            self.governor = SharedGovernor(policy, pacings, pacer)
-        self.pacer = pacer
-        self.timers = timers
-        self.gates = gates if gates is not None else SendGates()
-        self.clock = clock
-        self._armed: float | None = None
-
-    @guarded
-    def on_receive(self, message: Any) -> Any:
-        now = self.clock()
-        if isinstance(message, AcquireSlots):
-            gov = self.governor
-            self._perform(
-                gov.acquire(
-                    message.org_id, message.provider, message.want, message.reply, now, message.exempt
-                )
-            )
-        elif isinstance(message, ReleaseSlots):
-            gov = self.governor
-            self._perform(
-                gov.release(
-                    message.org_id, message.provider, message.count, message.successes, now,
-                    unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
-                    refunds=message.refunds,
-                )
-            )  # fmt: skip
-        elif isinstance(message, BackpressureReported):
-            gov = self.governor
-            self._perform(
-                gov.backpressure(
-                    message.org_id, message.provider, message.retry_after, now, time.time(), message.sent_at
-                )
-            )
-        elif isinstance(message, GovernorWake):
-            self._armed = None
-            self._perform(self.governor.wake(now))
-        elif isinstance(message, ChargeBudget):
-            try:
-                self.governor.charge(message.kind, message.amount)
-                message.reply.set(True)
-            except BudgetExceededError as exc:
-                fail(message.reply, exc)
-        return None
-
-    def _perform(self, decisions: Decisions) -> None:
-        for (org_id, provider), burst in decisions.bursts.items():
-            self.gates.get(org_id, provider).set_burst(burst)
-        for (org_id, provider), (rate, until) in decisions.gates.items():
-            gate = self.gates.get(org_id, provider)
-            if until is None:
-                gate.set_rate(rate)
-            else:
-                gate.pause_until(until, rate)
-        for (org_id, provider), until in decisions.closed.items():
-            self.gates.get(org_id, provider).close(until)
-        for reply, n in decisions.grants:
-            reply.set(n)
-        for reply, exc in decisions.refusals:
-            fail(reply, exc)
-        if decisions.wake_at is not None and (self._armed is None or decisions.wake_at < self._armed):
-            self._armed = decisions.wake_at
-            ref = self.actor_ref
-            self.timers.call_later(decisions.wake_at - self.clock(), lambda: ref.tell(GovernorWake()))
-
-    def stop_waiters(self) -> None:
-        """Refuse all waiters (called through the proxy at system stop)."""
-        self._perform(self.governor.stop())
-
-    def pacing_report(self) -> dict[str, dict[str, Any]]:
-        """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
-        429s, circuit state, time waited (see :func:`actors._pacing.pacing_report`)."""
-        gov = self.governor
-        return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
-
-    def snapshot(self) -> dict[str, Any]:
-        """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""
-        gov = self.governor
-        return {
-            "in_flight": gov.in_flight,
-            "spent": dict(gov.spent),
-            "backpressure": sum(b.backpressure_events for b in gov.buckets.values()),
-            "buckets": {
-                f"{org}/{provider}": {"rate": b.rate, "in_flight": b.in_flight, "gate_until": b.gate_until}
-                for (org, provider), b in gov.buckets.items()
-            },
-            **({"pacer": self.pacer.snapshot()} if self.pacer is not None else {}),
-        }
 
 
 def _rate_room(bucket: ProviderBucket, now: float) -> int:

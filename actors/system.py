@@ -39,7 +39,8 @@ from ._runtime import Timers, WorkerPool, fail, in_tool, new_future, runtime_nam
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
-from .governor import GovernorActor, suggested_parallelism
+from .governor import suggested_parallelism
+from .governor_actor import GovernorActor
 from .heartbeat import HeartbeatActor
 from .messages import CallCancelled, ForgetMemo, StopQueue, StoreCall, SubmitCalls
 from .receipt_store import ReceiptStoreActor
