@@ -35,6 +35,7 @@ from stores.types import ClaimMode, Owner
 
 from ._calls import Call
 from ._ports import Ports
+from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, fail, in_tool, new_future, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
@@ -42,7 +43,8 @@ from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
 from .heartbeat import HeartbeatActor
-from .messages import CallCancelled, ForgetMemo, StopQueue, StoreCall, SubmitCalls
+from .messages import CallCancelled, StopQueue, SubmitCalls
+from .proxy import DispatchProxy
 from .receipt_store import ReceiptStoreActor
 from .results import ToolResult
 from .salvage import ReplayReport, SalvageLog
@@ -51,67 +53,6 @@ from .tool import Policy, RunInfo, Tool
 from .tool_queue import Memo, ToolQueueActor
 
 __all__ = ["DispatchProxy", "DispatchSystem"]
-
-
-class DispatchProxy:
-    """The host's handle for submitting calls; every method is thread-safe."""
-
-    def __init__(self, system: DispatchSystem) -> None:
-        self._system = system
-
-    def execute(
-        self,
-        tool_id: str,
-        input: Any,
-        *,
-        force_refresh: bool = False,
-        retry_failed: bool = False,
-        stale_after_s: float | None = None,
-        timeout_s: float | None = None,
-    ) -> pykka.Future[Any]:
-        """Queue one call.
-
-        Args:
-            tool_id: a tool the system was started with.
-            input: the call's JSON input.
-            force_refresh: re-run even if a completed receipt exists.
-            retry_failed: re-run a receipt that failed.
-            stale_after_s: completed receipts older than this (seconds) are re-run.
-            timeout_s: this call's timeout (default the tool's, then the policy's).
-
-        Returns:
-            A pykka future (awaitable) of :class:`~actors.results.ToolResult`. It fails
-            with UnknownToolError, InvalidInputError, the tool's error,
-            RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
-            BudgetExceededError, PersistenceCircuitOpenError or CallCancelledError.
-        """
-        return self._system._execute_many(
-            tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s
-        )[0]
-
-    def execute_many(
-        self,
-        tool_id: str,
-        inputs: Iterable[Any],
-        *,
-        force_refresh: bool = False,
-        retry_failed: bool = False,
-        stale_after_s: float | None = None,
-        timeout_s: float | None = None,
-    ) -> list[pykka.Future[Any]]:
-        """Queue many calls of one tool in one message (same options as :meth:`execute`).
-
-        Returns:
-            list of futures, same order as ``inputs``. An input that is not JSON fails
-            its own future alone.
-        """
-        return self._system._execute_many(
-            tool_id, tuple(inputs), force_refresh, retry_failed, stale_after_s, timeout_s
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """See :meth:`DispatchSystem.stats`."""
-        return self._system.stats()
 
 
 class DispatchSystem:
@@ -175,28 +116,8 @@ class DispatchSystem:
             for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
-        self._purge_epoch: Any = None
         if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
-            self.timers.call_later(0.0, self._watch_purges)
-
-    def _watch_purges(self) -> None:
-        """Every ``PURGE_POLL_S``: read the store's purge epoch (a point read on the store
-        actor); when a purge (from any process) changed it, every tool's memo is dropped, so
-        a purged receipt is never answered ``cached`` from memory."""
-        if self._stopping.is_set():
-            return
-        try:
-            self._store_ref.tell(StoreCall(method="purge_epoch", args=(), kwargs={}, reply=_EpochReply(self)))
-        except pykka.ActorDeadError:
-            return
-        self.timers.call_later(PURGE_POLL_S, self._watch_purges)
-
-    def _epoch_read(self, epoch: Any) -> None:
-        if self._purge_epoch is not None and epoch != self._purge_epoch:
-            for ref in self._queues.values():
-                with contextlib.suppress(pykka.ActorDeadError):
-                    ref.tell(ForgetMemo())
-        self._purge_epoch = epoch
+            PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
 
     @classmethod
     def start(
@@ -444,25 +365,6 @@ def _check_seconds(name: str, value: Any, *, positive: bool) -> None:
     if not ok or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
-
-
-PURGE_POLL_S = 0.5
-"""How often a running system looks for purges made by anyone (seconds)."""
-
-
-class _EpochReply:
-    """The store's answer to a purge-epoch read (runs on the store actor's thread)."""
-
-    done = False
-
-    def __init__(self, system: DispatchSystem) -> None:
-        self.system = system
-
-    def set(self, value: Any = None) -> None:
-        self.system._epoch_read(value)
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        pass  # a store hiccup: the next read tells
 
 
 def _snapshot(value: Any) -> Any:
