@@ -1,0 +1,68 @@
+"""What the ``tooldispatch`` commands share: defaults, the ``--db`` option, one-line errors."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+__all__ = [
+    "CONTEXT",
+    "DB_HELP",
+    "DEFAULT_DB",
+    "EXIT_CODES",
+    "ConfigError",
+    "db_option",
+    "is_url",
+    "open_db",
+    "salvage_default",
+]
+
+DEFAULT_DB = os.path.join(".tooldispatch", "receipts.db")
+EXIT_CODES = """\b
+Exit codes:
+  0    every row succeeded
+  1    some rows failed (each is in the output with its error; the report groups them)
+  2    usage or configuration error, or the input or output cannot be read or written
+       on (one line, no traceback)
+  130  interrupted (Ctrl-C or SIGTERM): rows in flight finished and were stored; run
+       the same command again to resume (finished calls are not paid again). A second
+       signal aborts at once, after releasing every receipt not yet sent."""
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+DB_HELP = "Receipt store: a SQLite file, or a postgresql:// URL (env TOOLDISPATCH_DB)."
+
+
+def is_url(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def salvage_default(db: str) -> str:
+    """Where a run on ``db`` salvages by default (as actors.system does for its store)."""
+    return os.path.abspath("tooldispatch-salvage.jsonl") if is_url(db) else f"{db}.salvage.jsonl"
+
+
+class ConfigError(click.ClickException):
+    """A usage or configuration error: one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tooldispatch: error: {self.format_message()}", err=True)
+
+
+def db_option(fn: Any) -> Any:
+    return click.option(
+        "--db", default=DEFAULT_DB, show_default=True, envvar="TOOLDISPATCH_DB", help=DB_HELP
+    )(fn)
+
+
+def open_db(db: str) -> Any:
+    from stores import StoreError, open_store
+
+    if not is_url(db) and not os.path.exists(db):
+        raise ConfigError(f"no receipt store at {db}")
+    try:
+        return open_store(db)
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
