@@ -26,13 +26,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._codec import encode_output
+from ._fenced import FencedWrites, FenceItem, refusal
 from ._pg_conn import PgConnections, is_postgres_url, split_schema
 from ._pg_schema import quote_ident
 from ._pg_sql import Statements
 from ._rules import (
     IN_FLIGHT,
     LOST_WHILE_RUNNING,
-    encode_for_store,
     holder_gone,
     owner_identity,
     resolved_as_failed,
@@ -40,17 +40,12 @@ from ._rules import (
 from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
 from .base import Clock, ReceiptStore, decide_disposition
 from .errors import StoreError
-from .sqlite import SqliteReceiptStore
 from .types import (
     Claim,
     ClaimDisposition,
     ClaimMode,
     ClaimRequest,
-    Completion,
-    Failure,
-    FailureKind,
     FenceReport,
-    LeaseRef,
     Owner,
     Receipt,
     ReceiptStatus,
@@ -68,10 +63,9 @@ _WRITTEN = {
 }
 """What the claim statement did to a row, as the claim's answer."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
-_refusal = SqliteReceiptStore._refusal  # one rule for both backends (belongs in _rules.py)
 
 
-class PostgresReceiptStore(ReceiptStore):
+class PostgresReceiptStore(FencedWrites, ReceiptStore):
     """Receipt store in a Postgres database (one schema).
 
     Args:
@@ -250,12 +244,12 @@ class PostgresReceiptStore(ReceiptStore):
 
     # -- fenced writes ----------------------------------------------------------------
 
-    def _fenced(
+    def _fence(
         self,
         org_id: str,
         owner: Owner,
         op: str,
-        items: list[tuple[str, str, str | None, str | None]],
+        items: list[FenceItem],
         refused: dict[str, Refusal],
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
@@ -285,56 +279,12 @@ class PostgresReceiptStore(ReceiptStore):
             for key in keys:
                 if key in applied or key in refused:
                     continue
-                why = _refusal(stored.get(key), lease_of[key], owner, idempotent_status)
+                why = refusal(stored.get(key), lease_of[key], owner, idempotent_status)
                 if why is None:
                     applied.add(key)
                 else:
                     refused[key] = why
         return FenceReport(tuple(k for k in keys if k in applied), refused)
-
-    @staticmethod
-    def _lease_items(leases: Sequence[LeaseRef]) -> list[tuple[str, str, str | None, str | None]]:
-        return [(lease.key, lease.lease_id, None, None) for lease in leases]
-
-    def mark_running_many(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
-    ) -> FenceReport:
-        op = "running" if lease_ttl_s is None else "running_renew"
-        return self._fenced(org_id, owner, op, self._lease_items(leases), {}, ttl_s=lease_ttl_s)
-
-    def renew_leases(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
-    ) -> FenceReport:
-        return self._fenced(org_id, owner, "renew", self._lease_items(leases), {}, ttl_s=lease_ttl_s)
-
-    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
-        items: list[tuple[str, str, str | None, str | None]] = []
-        refused: dict[str, Refusal] = {}
-        for completion in completions:
-            text, refusal = encode_for_store(completion.output)
-            if refusal is not None:
-                refused[completion.key] = refusal
-                continue
-            items.append((completion.key, completion.lease_id, text, None))
-        report = self._fenced(org_id, owner, "complete", items, refused, ReceiptStatus.COMPLETED)
-        applied = set(report.applied)
-        order = [c.key for c in completions if c.key in applied]
-        return FenceReport(tuple(order), report.refused)
-
-    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        items: list[tuple[str, str, str | None, str | None]] = [
-            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
-        ]
-        return self._fenced(org_id, owner, "fail", items, {}, ReceiptStatus.FAILED)
-
-    def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        items: list[tuple[str, str, str | None, str | None]] = [
-            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
-        ]
-        return self._fenced(org_id, owner, "uncertain", items, {}, ReceiptStatus.UNCERTAIN)
-
-    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
-        return self._fenced(org_id, owner, "release", self._lease_items(leases), {})
 
     def resolve(
         self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""

@@ -21,10 +21,10 @@ import orjson
 
 from ._claims import plan_claims
 from ._codec import encode_output
+from ._fenced import FencedWrites, FenceItem, refusal
 from ._offload import BlockingRunner
 from ._rules import (
     LOST_WHILE_RUNNING,
-    encode_for_store,
     resolved_as_failed,
 )
 from ._sqlite_conn import bound_wal, open_connection
@@ -53,16 +53,11 @@ from .types import (
     Claim,
     ClaimMode,
     ClaimRequest,
-    Completion,
-    Failure,
-    FailureKind,
     FenceReport,
-    LeaseRef,
     Owner,
     Receipt,
     ReceiptStatus,
     Refusal,
-    RefusalReason,
     ResolveAction,
 )
 
@@ -72,7 +67,20 @@ WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 """Default bound on the WAL file once checkpoints resume (64 MiB)."""
 
 
-class SqliteReceiptStore(ReceiptStore):
+_SET = {
+    "running": (_SET_RUNNING, 1),
+    "running_renew": (_SET_RUNNING_RENEW, 3),
+    "renew": (_SET_RENEW, 3),
+    "complete": (_SET_COMPLETE, 2),
+    "fail": (_SET_FAIL, 1),
+    "uncertain": (_SET_UNCERTAIN, 1),
+    "release": (_SET_RELEASE, 1),
+}
+"""Fenced write -> (its SET clause, how many time parameters it takes: now; now, now;
+now, ttl, now)."""
+
+
+class SqliteReceiptStore(FencedWrites, ReceiptStore):
     """Receipt store in one SQLite file (or ``":memory:"``).
 
     Args:
@@ -213,17 +221,20 @@ class SqliteReceiptStore(ReceiptStore):
 
     # -- fenced writes ----------------------------------------------------------------
 
-    def _fenced(
+    def _fence(
         self,
         org_id: str,
         owner: Owner,
-        set_sql: str,
-        set_params: tuple[Any, ...],
-        items: list[tuple[Any, ...]],
+        op: str,
+        items: list[FenceItem],
         refused: dict[str, Refusal],
         idempotent_status: ReceiptStatus | None = None,
+        ttl_s: float | None = None,
     ) -> FenceReport:
         keys = [item[0] for item in items]
+        set_sql, arity = _SET[op]
+        now = self.clock()
+        set_params = (now,) if arity == 1 else (now, now) if arity == 2 else (now, ttl_s, now)
 
         def work() -> FenceReport:
             with self._write() as conn:
@@ -237,7 +248,7 @@ class SqliteReceiptStore(ReceiptStore):
                 if missed:
                     stored = self._rows(conn, org_id, (item[0] for item in missed))
                     for item in missed:
-                        why = self._refusal(stored.get(item[0]), item[1], owner, idempotent_status)
+                        why = refusal(stored.get(item[0]), item[1], owner, idempotent_status)
                         if why is None:
                             applied.add(item[0])
                         else:
@@ -245,79 +256,6 @@ class SqliteReceiptStore(ReceiptStore):
             return FenceReport(tuple(k for k in keys if k in applied), refused)
 
         return self._call(work)  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _refusal(
-        receipt: Receipt | None, lease_id: str, owner: Owner, idempotent_status: ReceiptStatus | None
-    ) -> Refusal | None:
-        if receipt is None:
-            return Refusal(RefusalReason.MISSING, "no such receipt in this org")
-        ours = receipt.lease_id == lease_id and receipt.owner == owner
-        if ours and receipt.status is idempotent_status:
-            return None  # a retried write that already landed
-        if receipt.status is ReceiptStatus.COMPLETED:
-            return Refusal(RefusalReason.COMPLETED_BY_OTHER, "already completed", receipt)
-        return Refusal(
-            RefusalReason.LEASE_LOST,
-            f"lease {lease_id} is not held by {owner.run_id}/{owner.run_attempt} "
-            f"(status {receipt.status.value}, lease {receipt.lease_id})",
-            receipt,
-        )
-
-    @staticmethod
-    def _lease_items(leases: Sequence[LeaseRef]) -> list[tuple[Any, ...]]:
-        return [(lease.key, lease.lease_id) for lease in leases]
-
-    def mark_running_many(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
-    ) -> FenceReport:
-        now = self.clock()
-        if lease_ttl_s is None:
-            return self._fenced(org_id, owner, _SET_RUNNING, (now,), self._lease_items(leases), {})
-        params = (now, lease_ttl_s, now)
-        return self._fenced(org_id, owner, _SET_RUNNING_RENEW, params, self._lease_items(leases), {})
-
-    def renew_leases(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
-    ) -> FenceReport:
-        now = self.clock()
-        params = (now, lease_ttl_s, now)
-        return self._fenced(org_id, owner, _SET_RENEW, params, self._lease_items(leases), {})
-
-    def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
-        items: list[tuple[Any, ...]] = []
-        refused: dict[str, Refusal] = {}
-        for completion in completions:
-            text, refusal = encode_for_store(completion.output)
-            if refusal is not None:
-                refused[completion.key] = refusal
-                continue
-            items.append((completion.key, completion.lease_id, text))
-        now = self.clock()
-        report = self._fenced(
-            org_id, owner, _SET_COMPLETE, (now, now), items, refused, ReceiptStatus.COMPLETED
-        )
-        applied = set(report.applied)
-        order = [c.key for c in completions if c.key in applied]
-        return FenceReport(tuple(order), report.refused)
-
-    def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        items = [
-            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
-        ]
-        now = self.clock()
-        return self._fenced(org_id, owner, _SET_FAIL, (now,), items, {}, ReceiptStatus.FAILED)
-
-    def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
-        items = [
-            (f.key, f.lease_id, error_text(f.error), FailureKind(f.failure_kind).value) for f in failures
-        ]
-        now = self.clock()
-        return self._fenced(org_id, owner, _SET_UNCERTAIN, (now,), items, {}, ReceiptStatus.UNCERTAIN)
-
-    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
-        now = self.clock()
-        return self._fenced(org_id, owner, _SET_RELEASE, (now,), self._lease_items(leases), {})
 
     def resolve(
         self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
