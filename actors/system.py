@@ -267,7 +267,8 @@ class DispatchSystem:
     # -- observation ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters: calls, live (executions of a tool), cached, in_flight, deduped,
+        """Counters: calls, live (executions of a tool), cached, in_flight (calls answered
+        by joining an execution already running, a count, not a gauge), deduped,
         provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
         refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, requests
         (every attempt sent), owner_waits (calls that waited on another live owner's

@@ -277,6 +277,6 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
             counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
-    for key, label in _TOOL_STATS:
-        table.add_row(label, *(str(per_tool.get(t, {}).get(key, 0)) for t in tools))
+    for key, label in _TOOL_STATS:  # a local tool sends no requests: no provider rows
+        table.add_row(label, *("-" if t in local else str(per_tool.get(t, {}).get(key, 0)) for t in tools))
     return table

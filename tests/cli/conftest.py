@@ -263,12 +263,12 @@ class Cli:
         return rows
 
     @staticmethod
-    def tools_report(text: str) -> dict[str, dict[str, int]]:
-        """The per-tool table (a column per tool) as ``{tool: {metric: count}}``."""
+    def tools_report(text: str) -> dict[str, dict[str, int | None]]:
+        """The per-tool table (a column per tool) as ``{tool: {metric: count}}`` (None: "-")."""
         lines = text.splitlines()
         start = next(i for i, line in enumerate(lines) if line.strip() == "per tool")
         header: list[str] = []
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, dict[str, int | None]] = {}
         for line in lines[start + 1 :]:
             stripped = line.strip()
             if not stripped or stripped[0] not in "┃│":
@@ -281,7 +281,7 @@ class Cli:
                 out = {tool: {} for tool in header[1:]}
             else:
                 for tool, value in zip(header[1:], cells[1:], strict=True):
-                    out[tool][cells[0]] = int(value)
+                    out[tool][cells[0]] = None if value == "-" else int(value)
         return out
 
 

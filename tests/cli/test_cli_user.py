@@ -163,6 +163,9 @@ def test_cli_report_headline_counts_what_was_billed_and_reused_and_local_tools_a
     assert "in-flight" not in second.stderr  # named for what it is: calls that joined a lookup
     per_tool = cli.tools_report(second.stderr)
     assert set(per_tool) == {"lookup", "tidy (local)"}
+    assert per_tool["lookup"]["requests sent"] == 10
+    assert per_tool["tidy (local)"]["requests sent"] is None  # no provider: no request rows, not 0 or runs
+    assert per_tool["tidy (local)"]["429s"] is None
 
 
 def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_path):
