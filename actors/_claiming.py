@@ -73,6 +73,7 @@ class Claiming(LifecycleBase):
         """A bulk claim answered: sort the dispositions."""
         members: list[Group] = self._batches.pop(batch, [])
         if error is not None or claims is None:
+            self._claim_failed([group.key for group in members])
             for group in members:
                 self._settle(group, error or StoreError("the claim returned nothing"))
             self.pump(now)

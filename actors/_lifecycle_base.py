@@ -23,6 +23,7 @@ from stores.types import (
     Failure,
     FailureKind,
     LeaseRef,
+    Owner,
 )
 
 from ._calls import Call, Group, GroupState, Role, Unit
@@ -100,10 +101,22 @@ class LifecycleBase:
         org_id / scope: the run's org and scope (claim requests).
         fx: the effects port (the actor, or a recorder in tests).
         width: most units of this tool holding slots at once (suggested parallelism).
+        owner: this process's lease owner (for the leases a failed claim may leave).
     """
 
-    def __init__(self, tool: Tool, policy: Policy, org_id: str, scope: str, fx: Effects, width: int) -> None:
+    def __init__(
+        self,
+        tool: Tool,
+        policy: Policy,
+        org_id: str,
+        scope: str,
+        fx: Effects,
+        width: int,
+        owner: Owner | None = None,
+    ) -> None:
         self.tool = tool
+        self.owner = owner
+        """This process's lease owner (None: leases left by a failed claim are not looked for)."""
         self.policy = policy
         self.org_id = org_id
         self.scope = scope
@@ -119,6 +132,8 @@ class LifecycleBase:
         self.acquiring = {False: False, True: False}
         self.stopping = False
         self._batches: dict[int, Any] = {}
+        self._cleanups: dict[int, Any] = {}
+        """Batch -> a lease cleanup in flight (:mod:`actors._cleanup`)."""
         self._releasing: list[tuple[Group, BaseException | None, LeaseRef]] = []
         self._persisting: list[tuple[Group, str]] = []
         self._ids = itertools.count(1)
@@ -216,10 +231,8 @@ class LifecycleBase:
             self._batches[batch] = items
             self.fx.release_receipts(batch, [lease for _, _, lease in items])
 
-    def on_released(self, batch: int, now: float) -> None:
-        """The store released receipts (or could not: their leases simply expire)."""
-        for group, error, _ in self._batches.pop(batch, []):
-            self._released(group, error)
+    def _claim_failed(self, keys: list[str]) -> None:
+        """A claim raised after it may have committed (see :mod:`actors._cleanup`)."""
 
     def _released(self, group: Group, error: BaseException | None) -> None:
         if isinstance(error, AuthScopeChangedError):

@@ -15,6 +15,7 @@ import attrs
 __all__ = [
     "Answered",
     "CallCancelled",
+    "CleanupDue",
     "CompletionsPersisted",
     "DeadlineDue",
     "FailuresRecorded",
@@ -235,3 +236,15 @@ class LatchTripped(Answered):
 
     ``batch``: which failed write. ``value``: None. ``error``: None.
     """
+
+
+@attrs.frozen(kw_only=True)
+class CleanupDue:
+    """Timer: try again to give back leases a failed store write left this process holding."""
+
+    keys: tuple[str, ...]
+    """Receipts to read back for leases a failed claim left (empty: see ``leases``)."""
+    leases: tuple[Any, ...]
+    """stores.LeaseRef each, to release again (empty: see ``keys``)."""
+    attempt: int
+    """Which attempt this is (1 the first retry)."""

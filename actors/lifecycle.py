@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._calls import Call, GroupState, Unit
-from ._claiming import Claiming
+from ._cleanup import Cleanup
 from ._execute import spec_for
 from ._finishing import Finishing
 from ._lifecycle_base import Effects
@@ -43,7 +43,7 @@ from .messages import DeadlineDue
 __all__ = ["Effects", "Lifecycle"]
 
 
-class Lifecycle(Claiming, Finishing):
+class Lifecycle(Cleanup, Finishing):
     """Every call group of one tool past its batch grace window (see the module doc).
 
     Built as :class:`~actors._lifecycle_base.LifecycleBase` (same arguments).

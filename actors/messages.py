@@ -20,6 +20,7 @@ from stores.types import LeaseRef, Owner
 from ._lifecycle_messages import (
     Answered,
     CallCancelled,
+    CleanupDue,
     CompletionsPersisted,
     DeadlineDue,
     FailuresRecorded,
@@ -47,6 +48,7 @@ __all__ = [
     "BackpressureReported",
     "CallCancelled",
     "ChargeBudget",
+    "CleanupDue",
     "CompletionsFlushed",
     "CompletionsPersisted",
     "DeadlineDue",

@@ -43,7 +43,7 @@ class Stats:
     COUNTERS = (
         "calls", "live", "cached", "in_flight", "deduped", "provider_calls", "batches",
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
-        "requeued", "cancelled", "errors", "unavailable",
+        "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

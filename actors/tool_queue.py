@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pykka
 
 from stores._codec import decode_output
-from stores.types import ClaimMode
+from stores._process import current_process_identity
+from stores.types import ClaimMode, Owner
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._runtime import fail, guarded
@@ -239,7 +241,13 @@ class ToolQueueActor(pykka.ThreadingActor):
         self.clock = clock
         self.effects = ActorEffects(self, tool, ports)
         self.lifecycle = Lifecycle(
-            tool, ports.policy, ports.run.org_id, ports.run.scope, self.effects, ports.width(tool)
+            tool,
+            ports.policy,
+            ports.run.org_id,
+            ports.run.scope,
+            self.effects,
+            ports.width(tool),
+            _this_process(ports.owner),
         )
         self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
         self._drain_pending = False
@@ -365,3 +373,15 @@ def _left_in(inbox: Any) -> list[Any]:
     while not inbox.empty():
         left.append(inbox.get())
     return left
+
+
+def _this_process(owner: Owner) -> Owner | None:
+    """``owner`` with this process's identity, as the store records it on a claim (None
+    when the OS does not tell: leases a failed claim left are then not looked for)."""
+    if owner.pid is not None:
+        return owner
+    try:
+        me = current_process_identity()
+    except Exception:
+        return None
+    return attrs.evolve(owner, host=me.host, pid=me.pid, started_at=me.started_at)

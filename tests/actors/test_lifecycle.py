@@ -39,7 +39,7 @@ from actors.errors import (
     ToolTimeoutError,
 )
 from actors.lifecycle import Lifecycle
-from actors.messages import DeadlineDue, PollDue, RetryDue, UnitFinished
+from actors.messages import CleanupDue, DeadlineDue, PollDue, RetryDue, UnitFinished
 from actors.results import ToolResult
 from actors.tool import BatchStrategy, Policy, Tool
 from stores._codec import encode_output
@@ -50,6 +50,7 @@ from stores.types import (
     FailureKind,
     FenceReport,
     LeaseRef,
+    Owner,
     Receipt,
     ReceiptStatus,
     Refusal,
@@ -192,12 +193,16 @@ class FakeEffects:
 class Driver:
     """A lifecycle, its fake effects and a fake clock, answered like the real actors would."""
 
-    def __init__(self, tool: Tool = TOOL, policy: Policy | None = None, width: int = 4) -> None:
+    def __init__(
+        self, tool: Tool = TOOL, policy: Policy | None = None, width: int = 4, owner: Owner | None = None
+    ) -> None:
         self.tool = tool
         self.now = 100.0
         self.fx = FakeEffects()
         self.policy = policy or Policy(timeout_s=TIMEOUT_S, retry_backoff_s=0.5)
-        self.life = Lifecycle(tool, self.policy, ORG, SCOPE, self.fx, width)  # type: ignore[arg-type]
+        self.life = Lifecycle(tool, self.policy, ORG, SCOPE, self.fx, width, owner)  # type: ignore[arg-type]
+        self.release_errors: list[BaseException] = []
+        """Errors the store answers the next releases with (then they succeed)."""
         self.calls: list[Call] = []
         self.granted = {False: 0, True: 0}
         self.grants_answered = 0
@@ -243,7 +248,8 @@ class Driver:
             self.life.flush()
             progressed = False
             while self.fx.release_batches:
-                self.life.on_released(self.fx.release_batches.pop(0), self.now)
+                error = self.release_errors.pop(0) if self.release_errors else None
+                self.life.on_released(self.fx.release_batches.pop(0), self.now, error)
                 progressed = True
             while self.fx.trip_batches:
                 self.life.on_latch_tripped(self.fx.trip_batches.pop(0), self.now)
@@ -1106,3 +1112,114 @@ def test_lifecycle_not_sent_error_releases_the_receipt() -> None:
     assert isinstance(d.outcome(call), NotSentError)
     assert [lease.key for lease in d.fx.released] == ["a"]
     d.assert_nothing_held()
+
+
+# -- leases a failed store write left held (actors/_cleanup.py) ----------------------------
+
+ME = Owner("r1", 1, "host-a", 4242, 1.0)
+
+
+def _held_by(
+    d: Driver, key: str, lease: str, owner: Owner = ME, status: ReceiptStatus = ReceiptStatus.QUEUED
+) -> Receipt:
+    return d.receipt(
+        key, status, lease_id=lease, lease_owner_run_id=owner.run_id, lease_owner_attempt=owner.run_attempt,
+        lease_owner_host=owner.host, lease_owner_pid=owner.pid, lease_owner_started_at=owner.started_at,
+    )  # fmt: skip
+
+
+def _cleanup_timer(d: Driver) -> tuple[float, CleanupDue]:
+    (found,) = [(delay, m) for delay, m in d.fx.timers if isinstance(m, CleanupDue)]
+    d.fx.timers.remove(found)
+    return found
+
+
+def _fire_cleanup(d: Driver) -> float:
+    delay, message = _cleanup_timer(d)
+    d.tick(delay)
+    d.life.on_cleanup_due(message.keys, message.leases, message.attempt, d.now)
+    d.pump()
+    return delay
+
+
+def _refused_at_send(d: Driver) -> tuple[Call, LeaseRef]:
+    """A call claimed, then refused at send (its provider's circuit is open): released."""
+    (call,) = d.drain("a")
+    d.answer_claim()
+    d.fx.blocked = (d.now + 5.0, True)
+    d.grant()
+    d.mark()
+    return call, d.claimed_leases["a"]
+
+
+def test_lifecycle_a_failed_release_answers_at_once_and_is_retried_until_it_lands() -> None:
+    d = Driver(owner=ME)
+    d.release_errors = [StoreError("database is locked"), StoreError("database is locked")]
+    call, lease = _refused_at_send(d)
+    assert isinstance(d.outcome(call), ProviderUnavailableError)  # nobody waits on the cleanup
+    assert d.fx.released == [lease]
+    assert [_fire_cleanup(d), _fire_cleanup(d)] == [1.0, 3.0]  # the ladder: 1 s, then 3 s
+    assert d.fx.released == [lease] * 3  # the third release landed: no more timers
+    assert not [m for _, m in d.fx.timers if isinstance(m, CleanupDue)]
+    assert d.fx.counts["lease_cleanup_failed"] == 0
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_release_that_keeps_failing_is_given_up_after_the_ladder() -> None:
+    d = Driver(owner=ME)
+    d.release_errors = [StoreError("disk I/O error")] * 10
+    _refused_at_send(d)
+    assert [_fire_cleanup(d) for _ in range(3)] == [1.0, 3.0, 9.0]
+    assert not [m for _, m in d.fx.timers if isinstance(m, CleanupDue)]
+    assert d.fx.counts["lease_cleanup_failed"] == 1  # the lease then lapses at its TTL
+    assert len(d.fx.released) == 4
+
+
+def test_lifecycle_a_claim_that_raised_reads_back_and_releases_what_it_left_us() -> None:
+    d = Driver(owner=ME)
+    calls = d.drain("a", "b", "c", "d")
+    d.fail_claim(StoreError("connection lost after COMMIT"))
+    assert all(isinstance(d.outcome(c), StoreError) for c in calls)  # answered at once
+    assert sorted(d.fx.reads[max(d.fx.reads)]) == ["a", "b", "c", "d"]
+    other_run = Owner("r2", 1, "host-a", 4242, 1.0)
+    other_process = Owner("r1", 1, "host-a", 999, 1.0)  # a worker started with our run id
+    d.read(
+        a=_held_by(d, "a", "L-a"),
+        b=_held_by(d, "b", "L-b", other_run),
+        c=_held_by(d, "c", "L-c", other_process),
+        d=d.receipt("d", ReceiptStatus.COMPLETED, output={"v": 1}),
+    )
+    assert d.fx.released == [LeaseRef("a", "L-a")]  # only ours, from this process
+    assert d.fx.counts["orphan_leases_released"] == 1
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_read_back_never_releases_a_lease_a_live_group_holds() -> None:
+    d = Driver(owner=ME)
+    d.drain("a")
+    d.fail_claim(StoreError("connection lost after COMMIT"))
+    orphan_read = max(d.fx.reads)
+    d.drain("a")  # the caller asks again before the read-back is answered: claimed anew
+    d.answer_claim()
+    fresh = d.claimed_leases["a"]
+    d.life.on_read(orphan_read, [_held_by(d, "a", fresh.lease_id)], None, d.now)
+    d.pump()
+    assert d.fx.released == []
+
+
+def test_lifecycle_a_read_back_that_fails_is_retried() -> None:
+    d = Driver(owner=ME)
+    d.drain("a")
+    d.fail_claim(StoreError("connection lost after COMMIT"))
+    d.life.on_read(max(d.fx.reads), None, StoreError("still down"), d.now)
+    d.pump()
+    assert _fire_cleanup(d) == 1.0
+    d.read(a=_held_by(d, "a", "L-a", status=ReceiptStatus.RUNNING))
+    assert d.fx.released == [LeaseRef("a", "L-a")]
+
+
+def test_lifecycle_without_an_owner_a_failed_claim_reads_nothing_back() -> None:
+    d = Driver()
+    d.drain("a")
+    d.fail_claim(StoreError("connection lost after COMMIT"))
+    assert d.fx.reads == {}
