@@ -8,9 +8,12 @@ The lease TTL is two minutes, so only a released lease explains a prompt answer.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +121,65 @@ def test_a_release_that_failed_is_retried_so_the_next_worker_does_not_wait_out_t
         assert system.stats()["lease_cleanup_failed"] == 0
     finally:
         store.close()
+
+
+# -- the same on Postgres: a claim whose connection is killed after it committed ------------
+
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A schema of this test's own on the test Postgres, dropped after (skip without a
+    server; fail in CI)."""
+    try:
+        import psycopg
+
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError or psycopg.Error
+        if os.environ.get("CI"):
+            pytest.fail(f"Postgres unavailable in CI: {exc}", pytrace=False)
+        pytest.skip(f"needs PostgreSQL at {PG_URL} (TOOLDISPATCH_TEST_PG): {exc}")
+    schema = f"td_test_{uuid.uuid4().hex[:12]}"
+    yield schema
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_a_postgres_claim_killed_after_commit_leaves_no_lease_behind(
+    make_system: Any, pg_schema: str
+) -> None:
+    import psycopg
+
+    from stores import PostgresReceiptStore
+
+    class KilledAfterCommit(PostgresReceiptStore):
+        armed = False
+
+        def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+            claims = super().claim_many(*args, **kwargs)
+            if self.armed:
+                self.armed = False
+                raise psycopg.OperationalError("injected: server closed the connection unexpectedly")
+            return claims
+
+    runs: list[Any] = []
+    store = KilledAfterCommit(PG_URL, schema=pg_schema)
+    observer = PostgresReceiptStore(PG_URL, schema=pg_schema)
+    try:
+        system = make_system([_counting(runs)], policy=LONG_LEASE, store=store)  # type: ignore[arg-type]
+        store.armed = True
+        with pytest.raises(psycopg.OperationalError, match="closed the connection"):
+            system.proxy().execute("api", {"x": 1}).get(timeout=WAIT_S)
+        end = time.monotonic() + WAIT_S
+        rows = observer.query("SELECT status, lease_id FROM receipts")
+        while rows and rows[0]["lease_id"] is not None and time.monotonic() < end:
+            threading.Event().wait(0.1)
+            rows = observer.query("SELECT status, lease_id FROM receipts")
+        assert [(r["status"], r["lease_id"]) for r in rows] == [(ReceiptStatus.PENDING.value, None)]
+        other = make_system([_counting(runs)], run_id="r2", policy=LONG_LEASE, store=observer)  # type: ignore[arg-type]
+        assert other.proxy().execute("api", {"x": 1}).get(timeout=WAIT_S).execution == "live"
+        assert runs == [{"x": 1}]
+    finally:
+        for each in (store, observer):
+            each.close()
