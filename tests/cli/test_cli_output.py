@@ -15,10 +15,14 @@ import time
 import pytest
 
 LOCAL_PLAY = """
+import time
+
 from actors import Tool
 
 
 def square(input, ctx):
+    if input["n"] == 0:  # one slow row keeps the run on screen long enough to be redrawn
+        time.sleep(0.6)
     return {"n": input["n"], "square": input["n"] ** 2}
 
 
