@@ -462,3 +462,26 @@ class LatchTripped:
     """None."""
     error: BaseException | None
     """None."""
+
+
+@attrs.frozen(kw_only=True)
+class WatchReceipts:
+    """To the receipt store actor: ``ref`` waits on (or, ``watch`` False, no longer waits on)
+    other owners' receipts ``keys`` of ``org_id``; tell it when the store hears of a change."""
+
+    org_id: str
+    keys: tuple[str, ...]
+    ref: Any
+    """The tool queue actor told :class:`ReceiptsChanged`."""
+    watch: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsChanged:
+    """Fact: the store heard that receipts waited on may have changed: read them now."""
+
+    keys: tuple[str, ...]
+    """Receipt keys this actor watches, in the org that changed."""
+
+
+__all__ += ["ReceiptsChanged", "WatchReceipts"]
