@@ -1,7 +1,8 @@
 """A call waiting on another worker's running receipt is woken by NOTIFY (issue 11).
 
 Worker A is a dispatch system on a Postgres store; worker B is a second store owner on
-the same schema (its own pool and connections, as another process would be): B holds
+the same schema (in this process with its own pool and connections, or a child
+process): B holds
 the receipt running, A's call of the same key waits, B completes, and A's call is
 answered from B's result. A's poll fallback is :data:`FALLBACK_S` (its first and every
 poll), so only the notification can answer it within :data:`ANSWER_S`: the bound proves
@@ -130,6 +131,45 @@ def test_waiter_is_answered_after_the_listener_connection_is_killed(workers: Wor
 
     assert (result.value, result.execution) == ({"by": "b"}, "in_flight")
     _wait_for(lambda: listener.reconnects)
+
+
+_WORKER_B = """
+import json, sys
+from stores import ClaimRequest, Completion, LeaseRef, Owner, PostgresReceiptStore
+url, schema, org, scope, tool_id, key, input_hash = (json.loads(arg) for arg in sys.argv[1:])
+store = PostgresReceiptStore(url, schema=schema, max_size=1)
+owner = Owner("run-b-process")
+(claim,) = store.claim_many(org, [ClaimRequest(key, scope, tool_id, input_hash)], owner, lease_ttl_s=300.0)
+lease = LeaseRef(key, claim.receipt.lease_id)
+assert store.mark_running_many(org, [lease], owner).ok
+print(json.dumps("held"), flush=True)
+sys.stdin.readline()  # complete when told
+assert store.complete_many(org, [Completion(key, lease.lease_id, {"by": "process b"})], owner).ok
+print(json.dumps("completed"), flush=True)
+sys.stdin.readline()  # exit when told (an exited holder's lease would be taken over at once)
+store.close()
+"""
+
+
+def test_waiter_is_answered_when_another_process_completes(
+    workers: Workers, pg_url: str, children: Any
+) -> None:
+    input = {"email": "c@example.com"}
+    key, input_hash = key_and_input_hash(
+        org_id=ORG, scope=SCOPE, tool_id=TOOL.tool_id, input=input, version=TOOL.version
+    )
+    schema = workers.store_a.schema
+    worker_b = children.start(_WORKER_B, [pg_url, schema, ORG, SCOPE, TOOL.tool_id, key, input_hash])
+    assert children.receive(worker_b) == "held"
+    future = workers.a_waits(input)
+
+    children.send(worker_b, "complete")
+    assert children.receive(worker_b) == "completed"
+    result = future.get(timeout=ANSWER_S)  # the poll fallback would take FALLBACK_S
+
+    assert (result.value, result.execution) == ({"by": "process b"}, "in_flight")
+    children.send(worker_b, "exit")
+    children.finish()
 
 
 # -- a LISTEN connection that silently stops -------------------------------------------------
