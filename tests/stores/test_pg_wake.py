@@ -55,8 +55,8 @@ def _wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
 class Workers:
     """Worker A (a dispatch system) and worker B (a bare store owner) on one schema."""
 
-    def __init__(self, pg_url: str, schema: str) -> None:
-        self.store_a = stores.PostgresReceiptStore(pg_url, schema=schema, max_size=3)
+    def __init__(self, pg_url: str, schema: str, *, url_a: str | None = None) -> None:
+        self.store_a = stores.PostgresReceiptStore(url_a or pg_url, schema=schema, max_size=3)
         self.store_b = stores.PostgresReceiptStore(pg_url, schema=schema, max_size=2)
         policy = Policy(batch_grace_s=0.0, receipt_poll_initial_s=FALLBACK_S, receipt_poll_max_s=FALLBACK_S)
         self.system = DispatchSystem.start(
@@ -176,22 +176,30 @@ def test_waiter_is_answered_when_another_process_completes(
 
 
 class FreezingProxy:
-    """A TCP relay to Postgres whose open connections can be frozen (bytes held, sockets
-    open: a dead path that sends no reset). Connections made after a freeze relay again."""
+    """A TCP relay to Postgres whose open connections can be frozen (bytes swallowed,
+    sockets open: a dead path that sends no reset). Connections made later relay again.
+    Use ``sslmode=disable`` through it, so it can tell which connection sent ``LISTEN``."""
 
     def __init__(self, host: str, port: int) -> None:
         self._target = (host, port)
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
-        self._frozen: set[int] = set()
-        self._generation = 0
+        self._paths: list[dict[str, Any]] = []
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def freeze(self) -> None:
-        """Stop relaying on every connection open now."""
-        self._frozen.add(self._generation)
-        self._generation += 1
+    def conninfo(self, pg_url: str) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(pg_url, host="127.0.0.1", port=self.port, sslmode="disable")
+
+    def freeze(self, *, listening_only: bool = False) -> int:
+        """Stop relaying on the connections open now (only those that sent LISTEN);
+        returns how many were frozen."""
+        chosen = [p for p in self._paths if p["listens"] or not listening_only]
+        for path in chosen:
+            path["frozen"] = True
+        return len(chosen)
 
     def close(self) -> None:
         for sock in [self._server, *self._sockets]:
@@ -205,11 +213,14 @@ class FreezingProxy:
                 return
             upstream = socket.create_connection(self._target)
             self._sockets += [client, upstream]
-            generation = self._generation
+            path = {"frozen": False, "listens": False}
+            self._paths.append(path)
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._relay, args=(src, dst, generation), daemon=True).start()
+                threading.Thread(
+                    target=self._relay, args=(src, dst, path, src is client), daemon=True
+                ).start()
 
-    def _relay(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+    def _relay(self, src: socket.socket, dst: socket.socket, path: dict[str, Any], from_client: bool) -> None:
         while True:
             try:
                 data = src.recv(65536)
@@ -217,7 +228,9 @@ class FreezingProxy:
                 return
             if not data:
                 return
-            if generation in self._frozen:
+            if from_client and b"LISTEN " in data:
+                path["listens"] = True
+            if path["frozen"]:
                 continue  # swallowed: the other end hears nothing, and no reset
             try:
                 dst.sendall(data)
@@ -225,27 +238,32 @@ class FreezingProxy:
                 return
 
 
-def test_listener_notices_a_silent_connection_and_listens_again(pg_url: str, pg_schema: str) -> None:
+@pytest.fixture
+def proxy(pg_url: str) -> Iterator[FreezingProxy]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    target = conninfo_to_dict(pg_url)
+    relay = FreezingProxy(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def test_listener_notices_a_silent_connection_and_listens_again(
+    pg_url: str, pg_schema: str, proxy: FreezingProxy
+) -> None:
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from stores._pg_listen import Listener
 
-    target = conninfo_to_dict(pg_url)
-    proxy = FreezingProxy(str(target.get("host", "127.0.0.1")), int(target.get("port", 5432)))
     channel = f"tooldispatch:{pg_schema}"
-    listener = Listener(
-        make_conninfo(pg_url, host="127.0.0.1", port=proxy.port),
-        channel,
-        {},
-        probe_after_s=0.2,
-        probe_timeout_s=1.0,
-    )
+    listener = Listener(proxy.conninfo(pg_url), channel, {}, probe_after_s=0.2, probe_timeout_s=1.0)
     try:
         listener.start()
         assert listener.wait_connected(ANSWER_S)
         seen = listener.version(ORG)
-        proxy.freeze()
+        assert proxy.freeze() == 1
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (channel, ORG))  # lost on the frozen path
             # the probe finds the path silent, the listener reconnects (a new path) and
@@ -257,4 +275,23 @@ def test_listener_notices_a_silent_connection_and_listens_again(pg_url: str, pg_
             assert listener.wait(ORG, seen, ANSWER_S)  # and the new connection listens
     finally:
         listener.close()
-        proxy.close()
+
+
+def test_waiter_is_answered_after_the_listener_connection_goes_silent(
+    pg_url: str, pg_schema: str, proxy: FreezingProxy
+) -> None:
+    pair = Workers(pg_url, pg_schema, url_a=proxy.conninfo(pg_url))  # A's connections go through the relay
+    try:
+        lease = pair.hold({"email": "d@example.com"})
+        future = pair.a_waits({"email": "d@example.com"})
+        listener = pair.store_a._listener
+        listener._probe_after_s, listener._probe_timeout_s = 0.2, 1.0  # the defaults are 5 s and 5 s
+        assert proxy.freeze(listening_only=True) == 1  # A's pool still works, its LISTEN hears nothing
+        assert pair.store_b.complete_many(ORG, [Completion(lease.key, lease.lease_id, {"by": "b"})], B).ok
+
+        result = future.get(timeout=ANSWER_S)  # the poll fallback would take FALLBACK_S
+
+        assert (result.value, result.execution) == ({"by": "b"}, "in_flight")
+        _wait_for(lambda: listener.reconnects, ANSWER_S)  # and it listens again
+    finally:
+        pair.close()
