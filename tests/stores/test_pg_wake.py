@@ -82,9 +82,13 @@ class Workers:
         """A's call of ``lookup(input)``, once it waits on B and A's listener is live."""
         future = self.system.proxy().execute("lookup", input)
         _wait_for(lambda: self.system.stats_.snapshot().get("waiting_on_owner"))
-        _wait_for(lambda: self.store_a._listener is not None)
+        _wait_for(self._watching)  # A's store actor watches the key (else only a poll could tell)
         assert self.store_a._listener.wait_connected(ANSWER_S)
         return future
+
+    def _watching(self) -> bool:
+        watch = self.system._store_ref.proxy().watch.get(timeout=ANSWER_S)
+        return watch is not None and watch.watched > 0
 
     def close(self) -> None:
         try:
