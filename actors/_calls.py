@@ -120,6 +120,8 @@ class Group:
     """Its key is registered for change notifications while it waits on another owner."""
     rereading: bool = False
     """A read woken by a change notification is out."""
+    reread_again: bool = False
+    """Another notification came while that read was out: read once more after it."""
     force_after_wait: bool = False
     """A force refresh that met a live lease: claim with force once it is free."""
     lease_lost: bool = False

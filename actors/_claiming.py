@@ -227,11 +227,17 @@ class Claiming(LifecycleBase):
         self.fx.later(delay, PollDue(keys=tuple(g.key for g in timed)))
 
     def on_changed(self, keys: Iterable[str], now: float) -> None:
-        """The store heard that some of ``keys`` may have changed: read them now."""
-        groups = [
-            g for k in keys
-            if (g := self.groups.get(k)) is not None and g.state is GroupState.WAITING and not g.rereading
-        ]  # fmt: skip
+        """The store heard that some of ``keys`` may have changed: read them now (a key
+        whose woken read is still out is read once more when it answers)."""
+        groups: list[Group] = []
+        for key in keys:
+            group = self.groups.get(key)
+            if group is None or group.state is not GroupState.WAITING:
+                continue
+            if group.rereading:
+                group.reread_again = True
+            else:
+                groups.append(group)
         if not groups or self.stopping:
             return
         for group in groups:
@@ -266,9 +272,13 @@ class Claiming(LifecycleBase):
         woken = batch in self._woken
         self._woken.discard(batch)
         groups: list[Group] = self._batches.pop(batch, [])
+        again: list[str] = []
         if woken:
             for group in groups:
                 group.rereading = False
+                if group.reread_again:
+                    group.reread_again = False
+                    again.append(group.key)
         read = {id(g): i for i, g in enumerate(groups)}
         groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
         reclaim: list[Group] = []
@@ -301,3 +311,5 @@ class Claiming(LifecycleBase):
             self._claim(force, ClaimMode.FORCE_REFRESH)
         if still:
             self._wait(still, now)
+        if again:  # the read may predate the change last heard of
+            self.on_changed(again, now)

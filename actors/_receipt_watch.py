@@ -35,9 +35,9 @@ __all__ = ["ReceiptWatch"]
 IDLE_WAIT_S = 0.25
 """Longest the watcher blocks on the feed before looking at its registrations again."""
 
-GATHER_S = 0.05
-"""Pause after telling the waiters, so a burst of notifications makes one re-read
-(at most about 20 woken reads a second per tool queue, whatever the write rate)."""
+GATHER_S = 0.01
+"""Pause after telling the waiters, so a burst of notifications makes one message (a
+tool queue also keeps at most one woken read out per key, plus one more to follow)."""
 
 
 class ReceiptWatch:

@@ -65,11 +65,12 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         if self.watch is None:
             if self._feedless or not message.watch:
                 return
+            feed = None
+            make = getattr(self.store, "change_feed", None)  # a store of another make may lack it
             try:
-                feed = self.store.change_feed()
+                feed = make() if make is not None else None
             except Exception:  # no feed: waiters poll, as they do without one
                 log.exception("the store's change feed did not start")
-                feed = None
             if feed is None:
                 self._feedless = True
                 return

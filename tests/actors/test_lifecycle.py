@@ -1118,14 +1118,17 @@ def test_lifecycle_change_notification_reads_at_once_and_counts_no_attempt() -> 
     assert [m for _, m in d.fx.timers if isinstance(m, PollDue)] == [PollDue(keys=("a",))]  # no new timer
     assert not d.answered(call)  # no attempt spent: the wait has not timed out
     d.life.on_changed(["a"], d.now)
-    d.life.on_changed(["a"], d.now)  # a read is already out: no second one
+    d.life.on_changed(["a"], d.now)  # a read is already out: no second one now...
+    d.life.on_changed(["a"], d.now)
     assert len(d.fx.reads) == 6
+    d.read(a=running)  # ...but one more after it (it may predate the change)
+    assert len(d.fx.reads) == 7
     d.read(a=d.receipt("a", ReceiptStatus.COMPLETED, output={"theirs": 1}))
     outcome = d.outcome(call)
     assert (_value(outcome), outcome.execution) == ({"theirs": 1}, "in_flight")
     assert d.fx.watched == set()
     d.fire(PollDue)  # the fallback timer finds nothing to read
-    assert len(d.fx.reads) == 6
+    assert len(d.fx.reads) == 7
     d.assert_nothing_held()
 
 
