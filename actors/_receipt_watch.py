@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,8 +107,11 @@ class ReceiptWatch:
         feed = self._feed
         seen = feed.changes()
         while not self._closed.is_set():
+            started = time.monotonic()
             now = feed.wait_any(seen, IDLE_WAIT_S)
             if now == seen or self._closed.is_set():
+                if time.monotonic() - started < IDLE_WAIT_S / 2:  # a closed feed returns at once
+                    self._closed.wait(IDLE_WAIT_S)
                 continue
             seen = now
             for ref, keys in self._due():
