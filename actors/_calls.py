@@ -114,6 +114,14 @@ class Group:
     """Its lease is registered with the heartbeat."""
     polls: int = 0
     poll_delay_s: float = 0.0
+    timer_armed: bool = False
+    """A poll timer (PollDue) is pending for its key."""
+    watched: bool = False
+    """Its key is registered for change notifications while it waits on another owner."""
+    rereading: bool = False
+    """A read woken by a change notification is out."""
+    reread_again: bool = False
+    """Another notification came while that read was out: read once more after it."""
     force_after_wait: bool = False
     """A force refresh that met a live lease: claim with force once it is free."""
     lease_lost: bool = False

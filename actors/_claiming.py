@@ -199,9 +199,12 @@ class Claiming(LifecycleBase):
         )
 
     # -- waiting on another owner (timers and plain reads, no thread held) -------------
+    # A change notification (ReceiptsChanged, when the store has a change feed) makes an
+    # extra read at once; the timer polls go on as the fallback and alone count attempts.
 
     def _wait(self, groups: list[Group], now: float) -> None:
         policy = self.policy
+        watch: list[str] = []
         for group in groups:
             group.state = GroupState.WAITING
             if group.polls == 0:
@@ -210,13 +213,46 @@ class Claiming(LifecycleBase):
             if not group.waiting_counted:
                 group.waiting_counted = len(group.calls)
                 self.fx.count("waiting_on_owner", group.waiting_counted)
-        delay = min(g.poll_delay_s for g in groups)
-        for group in groups:
+            if not group.watched:
+                group.watched = True
+                watch.append(group.key)
+        if watch:  # before the timer: its read then sees any change the feed did not hear
+            self.fx.watch(watch)
+        timed = [g for g in groups if not g.timer_armed]  # left a wait early: its timer still runs
+        if not timed:
+            return
+        delay = min(g.poll_delay_s for g in timed)
+        for group in timed:
+            group.timer_armed = True
             group.poll_delay_s = min(group.poll_delay_s * 2, policy.receipt_poll_max_s)
-        self.fx.later(delay, PollDue(keys=tuple(g.key for g in groups)))
+        self.fx.later(delay, PollDue(keys=tuple(g.key for g in timed)))
+
+    def on_changed(self, keys: Iterable[str], now: float) -> None:
+        """The store heard that some of ``keys`` may have changed: read them now (a key
+        whose woken read is still out is read once more when it answers)."""
+        groups: list[Group] = []
+        for key in keys:
+            group = self.groups.get(key)
+            if group is None or group.state is not GroupState.WAITING:
+                continue
+            if group.rereading:
+                group.reread_again = True
+            else:
+                groups.append(group)
+        if not groups or self.stopping:
+            return
+        for group in groups:
+            group.rereading = True
+        batch = next(self._ids)
+        self._batches[batch] = groups
+        self._woken.add(batch)
+        self.fx.read(batch, [g.key for g in groups])
 
     def on_poll(self, keys: Iterable[str], now: float) -> None:
         """A poll timer fired: read the receipts still waited on."""
+        for key in keys:
+            if (group := self.groups.get(key)) is not None:
+                group.timer_armed = False
         groups = [g for k in keys if (g := self.groups.get(k)) is not None and g.state is GroupState.WAITING]
         if not groups:
             return
@@ -230,14 +266,29 @@ class Claiming(LifecycleBase):
     def on_read(
         self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
-        """A poll's read answered: take completed outputs; claim what may be free; wait on."""
+        """A poll's read answered: take completed outputs; claim what may be free; wait on.
+
+        A read woken by a notification counts no attempt and arms no timer: what is
+        still held waits on for the timer already pending."""
+        woken = batch in self._woken
+        self._woken.discard(batch)
         groups: list[Group] = self._batches.pop(batch, [])
+        again: list[str] = []
+        if woken:
+            for group in groups:
+                group.rereading = False
+                if group.reread_again:
+                    group.reread_again = False
+                    again.append(group.key)
+        read = {id(g): i for i, g in enumerate(groups)}
         groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
         reclaim: list[Group] = []
         force: list[Group] = []
         still: list[Group] = []
-        for i, group in enumerate(groups):
-            group.polls += 1
+        for group in groups:
+            i = read[id(group)]
+            if not woken:
+                group.polls += 1
             receipt = None if receipts is None else receipts[i]
             status = None if receipt is None else receipt.status.value
             if error is None and receipt is not None and status == "completed":
@@ -249,6 +300,8 @@ class Claiming(LifecycleBase):
             free = error is None and status not in ("queued", "running")
             # the store judges leases: claim when the read says free, now and then (the
             # owner may have died), and after the last poll (a live lease then times out)
+            if woken and not free:
+                continue  # the pending timer polls it
             if free or group.polls % 8 == 0 or group.polls >= self.policy.receipt_wait_max_attempts:
                 (force if group.force_after_wait else reclaim).append(group)
             else:
@@ -259,3 +312,5 @@ class Claiming(LifecycleBase):
             self._claim(force, ClaimMode.FORCE_REFRESH)
         if still:
             self._wait(still, now)
+        if again:  # the read may predate the change last heard of
+            self.on_changed(again, now)

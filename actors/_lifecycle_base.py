@@ -77,6 +77,8 @@ class Effects(Protocol):
     def unbeat(self, keys: list[str]) -> None: ...
     def charge_retry(self, unit: int) -> None: ...
     def later(self, delay_s: float, message: Any) -> None: ...
+    def watch(self, keys: list[str]) -> None: ...
+    def unwatch(self, keys: list[str]) -> None: ...
     def blocked_until(self, now: float) -> tuple[float, bool] | None: ...
     def latch_reason(self) -> str | None: ...
     def trip_latch(self, reason: str, batch: int) -> None: ...
@@ -136,6 +138,9 @@ class LifecycleBase:
         """Batch -> a lease cleanup in flight (:mod:`actors._cleanup`)."""
         self._releasing: list[tuple[Group, BaseException | None, LeaseRef]] = []
         self._persisting: list[tuple[Group, str]] = []
+        self._unwatching: list[str] = []
+        self._woken: set[int] = set()
+        """Read batches asked for by a change notification (not timer polls)."""
         self._ids = itertools.count(1)
 
     # -- provided by the parts ---------------------------------------------------------
@@ -225,6 +230,9 @@ class LifecycleBase:
                 Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
             ]
             self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
+        if self._unwatching:
+            keys, self._unwatching = self._unwatching, []
+            self.fx.unwatch(keys)
         if self._releasing:
             items, self._releasing = self._releasing, []
             batch = next(self._ids)
@@ -269,6 +277,9 @@ class LifecycleBase:
         self.units.pop(unit.id, None)
 
     def _stop_waiting(self, group: Group) -> None:
+        if group.watched:
+            group.watched = False
+            self._unwatching.append(group.key)
         if group.waiting_counted:
             self.fx.count("waiting_on_owner", -group.waiting_counted)
             group.waiting_counted = 0

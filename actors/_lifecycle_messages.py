@@ -22,6 +22,7 @@ __all__ = [
     "ForgetMemo",
     "LatchTripped",
     "PollDue",
+    "ReceiptsChanged",
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
@@ -248,3 +249,11 @@ class CleanupDue:
     """stores.LeaseRef each, to release again (empty: see ``keys``)."""
     attempt: int
     """Which attempt this is (1 the first retry)."""
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsChanged:
+    """Fact: the store heard that receipts waited on may have changed: read them now."""
+
+    keys: tuple[str, ...]
+    """Receipt keys this actor watches, in the org that changed."""

@@ -38,6 +38,7 @@ from .messages import (
     FlushCompletions,
     LatchTripped,
     PollDue,
+    ReceiptsChanged,
     ReceiptsClaimed,
     ReceiptsRead,
     ReceiptsReleased,
@@ -52,6 +53,7 @@ from .messages import (
     TripLatch,
     UnitFinished,
     UnregisterLeases,
+    WatchReceipts,
 )
 from .salvage import SalvageLog
 from .stats import Stats
@@ -265,6 +267,15 @@ class ActorEffects(LocalEffects):
         ref = self.ref
         self.ports.timers.call_later(delay_s, lambda: ref.tell(message))
 
+    def watch(self, keys: list[str], watch: bool = True) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # stopped: the timers still poll
+            self.ports.store.tell(
+                WatchReceipts(org_id=self.org_id, keys=tuple(keys), ref=self.ref, watch=watch)
+            )
+
+    def unwatch(self, keys: list[str]) -> None:
+        self.watch(keys, watch=False)
+
     def blocked_until(self, now: float) -> tuple[float, bool] | None:
         gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
         return gate.blocked(now)
@@ -328,3 +339,4 @@ def _tell_quietly(ref: Any, message: Any) -> None:
 
 _HANDLERS[_SlotsReply] = lambda life, m, now: life.on_granted(m.value, m.error, now, exempt=m.exempt)
 _HANDLERS[_LeasesLostFact] = lambda life, m, now: life.on_leases_lost(m.keys, now)
+_HANDLERS[ReceiptsChanged] = lambda life, m, now: life.on_changed(m.keys, now)

@@ -27,6 +27,7 @@ from ._lifecycle_messages import (
     ForgetMemo,
     LatchTripped,
     PollDue,
+    ReceiptsChanged,
     ReceiptsClaimed,
     ReceiptsRead,
     ReceiptsReleased,
@@ -63,6 +64,7 @@ __all__ = [
     "LatchTripped",
     "LeasesLost",
     "PollDue",
+    "ReceiptsChanged",
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
@@ -82,6 +84,7 @@ __all__ = [
     "TripLatch",
     "UnitFinished",
     "UnregisterLeases",
+    "WatchReceipts",
 ]
 
 
@@ -275,3 +278,15 @@ class RetryWrite:
 
     chunk_id: int
     """Which pending write."""
+
+
+@attrs.frozen(kw_only=True)
+class WatchReceipts:
+    """To the receipt store actor: ``ref`` waits on (or, ``watch`` False, no longer waits on)
+    other owners' receipts ``keys`` of ``org_id``; tell it when the store hears of a change."""
+
+    org_id: str
+    keys: tuple[str, ...]
+    ref: Any
+    """The tool queue actor told :class:`ReceiptsChanged`."""
+    watch: bool = True

@@ -3,7 +3,10 @@
 It serialises every store operation on its own thread (a greenlet under gevent; the
 SQLite store then runs the work on gevent's threadpool, so the hub never blocks).
 Callers use its typed proxy: each method returns a pykka future. It never waits on
-another actor, so any actor may wait on its futures.
+another actor, so any actor may wait on its futures. It also keeps the keys tool queue
+actors wait on for other owners (:class:`~actors.messages.WatchReceipts`), and when the
+store has a change feed, a :class:`~actors._receipt_watch.ReceiptWatch` tells them of
+changes.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from stores.types import (
     ReceiptStatus,
 )
 
-from .messages import StoreCall
+from ._receipt_watch import ReceiptWatch
+from ._runtime import log
+from .messages import StoreCall, WatchReceipts
 
 __all__ = ["ReceiptStoreActor", "ReceiptStoreProxy"]
 
@@ -48,6 +53,32 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         once spent, new claims are refused with BudgetExceededError. Writes that settle
         work already claimed (complete, fail, release, renew) always go: a paid result is
         never dropped for a budget."""
+        self.watch: ReceiptWatch | None = None
+        """Started by the first :class:`WatchReceipts` when the store has a change feed."""
+        self._feedless = False
+
+    def on_stop(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+    def _watched(self, message: WatchReceipts) -> None:
+        if self.watch is None:
+            if self._feedless or not message.watch:
+                return
+            feed = None
+            make = getattr(self.store, "change_feed", None)  # a store of another make may lack it
+            try:
+                feed = make() if make is not None else None
+            except Exception:  # no feed: waiters poll, as they do without one
+                log.exception("the store's change feed did not start")
+            if feed is None:
+                self._feedless = True
+                return
+            self.watch = ReceiptWatch(feed)
+        if message.watch:
+            self.watch.watch(message.org_id, message.keys, message.ref)
+        else:
+            self.watch.unwatch(message.org_id, message.keys, message.ref)
 
     def on_receive(self, message: Any) -> Any:
         """Run a :class:`~actors.messages.StoreCall`; its reply gets the result or the error.
@@ -55,6 +86,9 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         The reply is usually an :class:`~actors._runtime.Reply`, so the answer reaches
         the requesting actor as a message: nobody waits on this actor.
         """
+        if isinstance(message, WatchReceipts):
+            self._watched(message)
+            return None
         if isinstance(message, StoreCall):
             if message.method == "claim_many" and self.max_ops is not None and self.ops >= self.max_ops:
                 from .errors import BudgetExceededError

@@ -7,15 +7,25 @@ where psycopg 3.1.14+ waits cooperatively when imported after patching: psycopg 
 org's counter and wakes every waiter, which re-reads its own keys.
 
 A connection that dies raises in ``notifies()``; one that silently stops answering is
-caught by a probe (``SELECT 1``) after ``probe_after_s`` without traffic. Either way the
-listener reconnects with a capped back-off, and on every (re)connect it bumps every
-org's counter: waiters re-read, so a completion sent while nobody listened is not
-missed. Waiters also poll (the caller's poll interval), so a listener that is down only
-makes wake-ups slower, never lost.
+caught by a probe after ``probe_after_s`` without traffic: it asks the server which
+channels the session listens on, and a probe unanswered after ``probe_timeout_s`` shuts
+the socket down (a silent connection would otherwise block the probe for as long as
+TCP takes to give up). Either way the listener reconnects with a capped back-off, and
+on every (re)connect it bumps every org's counter: waiters re-read, so a completion
+sent while nobody listened is not missed. Waiters also poll (the caller's poll
+interval), so a listener that is down only makes wake-ups slower, never lost.
+
+Two ways to wait: :meth:`Listener.wait` blocks one waiter on one org (the store's
+``wait_for_change``); :meth:`Listener.wait_any` blocks until anything changed (one
+watcher thread serving every waiting call of a dispatch system,
+:mod:`actors._receipt_watch`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -32,18 +42,27 @@ class Listener:
         connect_kwargs: more connection parameters (application_name, connect_timeout).
         channel: the NOTIFY channel (an unquoted name; quoted here).
         probe_after_s: silence after which the connection is probed, seconds.
+        probe_timeout_s: a probe unanswered this long means the connection is dead, seconds.
     """
 
     def __init__(
-        self, conninfo: str, channel: str, connect_kwargs: dict[str, Any], *, probe_after_s: float = 5.0
+        self,
+        conninfo: str,
+        channel: str,
+        connect_kwargs: dict[str, Any],
+        *,
+        probe_after_s: float = 5.0,
+        probe_timeout_s: float = 5.0,
     ) -> None:
         self._conninfo = conninfo
         self._connect_kwargs = connect_kwargs
         self._channel = channel
         self._probe_after_s = probe_after_s
+        self._probe_timeout_s = probe_timeout_s
         self._cond = threading.Condition()
         self._versions: dict[str, int] = defaultdict(int)
         self._epoch = 0  # bumped on every (re)connect: every org counts as changed
+        self._changes = 0  # bumped on every notification and (re)connect
         self._closed = threading.Event()
         self._connected = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,6 +88,31 @@ class Listener:
         """A token that changes when ``org_id`` may have changed."""
         with self._cond:
             return (self._epoch, self._versions[org_id])
+
+    @property
+    def live(self) -> bool:
+        """True while the listener holds a live LISTEN."""
+        return self._connected.is_set()
+
+    def changes(self) -> int:
+        """A counter that grows on every notification and every (re)connect."""
+        with self._cond:
+            return self._changes
+
+    def wait_any(self, seen: int, timeout_s: float) -> int:
+        """Block until :meth:`changes` differs from ``seen``, at most ``timeout_s`` seconds.
+
+        Returns:
+            The counter now (``seen`` on timeout or once closed).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._changes == seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed.is_set():
+                    break
+                self._cond.wait(remaining)
+            return self._changes
 
     def wait(self, org_id: str, seen: tuple[int, int], timeout_s: float) -> bool:
         """Block until ``version(org_id)`` differs from ``seen``, at most ``timeout_s`` seconds.
@@ -104,6 +148,7 @@ class Listener:
                 self._epoch += 1
             else:
                 self._versions[org_id] += 1
+            self._changes += 1
             self._cond.notify_all()
 
     def _loop(self) -> None:
@@ -145,5 +190,34 @@ class Listener:
             if got:
                 quiet_since = now
             elif now - quiet_since >= self._probe_after_s:
-                conn.execute("SELECT 1")  # raises if the connection silently died
-                quiet_since = now
+                self._probe(conn)  # raises if the connection died, even silently
+                quiet_since = time.monotonic()
+
+    def _probe(self, conn: Any) -> None:
+        """Ask the server whether this session still listens; give up after the timeout.
+
+        Raises:
+            psycopg.OperationalError: no answer in time (the socket was shut down), or the
+                connection is gone; the session no longer listens on the channel.
+        """
+        import psycopg
+
+        watchdog = threading.Timer(self._probe_timeout_s, _shut_down, (conn,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            row = conn.execute("SELECT %s = ANY(pg_listening_channels())", (self._channel,)).fetchone()
+        finally:
+            watchdog.cancel()
+        if not row or not row[0]:
+            raise psycopg.OperationalError(f"the session no longer listens on {self._channel}")
+
+
+def _shut_down(conn: Any) -> None:
+    """Shut a silent connection's socket down: a read blocked on it ends with an error."""
+    with contextlib.suppress(Exception):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from .types import (
     Claim,
@@ -40,7 +41,7 @@ from .types import (
     ResolveAction,
 )
 
-__all__ = ["MAX_OUTPUT_BYTES", "Clock", "ReceiptStore", "decide_disposition", "next_generation"]
+__all__ = ["MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptStore", "decide_disposition", "next_generation"]
 
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
@@ -49,6 +50,33 @@ MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 """Largest serialised output one receipt may hold (32 MiB, docs/how-it-works.md Completion)."""
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+
+class ChangeFeed(Protocol):
+    """Tells that receipts of an org may have changed (see :meth:`ReceiptStore.change_feed`).
+
+    Tokens only grow; a waiter compares them, then re-reads its own keys. A feed may
+    say "changed" for nothing (another key, a reconnect), never "unchanged" wrongly
+    while it is :attr:`live`.
+    """
+
+    @property
+    def live(self) -> bool:
+        """True while changes are being heard (False: waiters must rely on polling)."""
+        ...
+
+    def changes(self) -> int:
+        """A counter that grows whenever any org's token changes."""
+        ...
+
+    def version(self, org_id: str) -> tuple[int, int]:
+        """A token that changes whenever receipts of ``org_id`` may have changed."""
+        ...
+
+    def wait_any(self, seen: int, timeout_s: float) -> int:
+        """Block until :meth:`changes` differs from ``seen`` (at most ``timeout_s``
+        seconds); returns the counter now. Runs on the calling thread or greenlet."""
+        ...
 
 
 def decide_disposition(
@@ -316,6 +344,17 @@ class ReceiptStore(abc.ABC):
                 return settled
             time.sleep(min(pause_s, remaining))
             pause_s = min(pause_s * 2, 0.5)
+
+    def change_feed(self) -> ChangeFeed | None:
+        """What tells waiters on other owners' receipts that something changed, if anything.
+
+        A store that can hear other workers' writes (Postgres: LISTEN/NOTIFY) returns its
+        feed, started; it never blocks (the feed connects in the background). None (this
+        default, and SQLite): nothing is heard, waiters poll; a same-process completion is
+        known to its dispatch system without the store. Either way polling stays the
+        fallback, since a lease that simply expires sends nothing.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Further calls raise :class:`~stores.errors.StoreError`."""

@@ -327,6 +327,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 return settled
             listener.wait(org_id, seen, min(remaining, self.poll_s))
 
+    def change_feed(self) -> Any:
+        """The store's listener, started (see the base class); returns at once."""
+        return self._listener_started(0.0)
+
     def _listener_started(self, timeout_s: float) -> Any:
         """The store's one listener, started by the first waiter."""
         from ._pg_listen import Listener

@@ -90,6 +90,7 @@ class FakeEffects:
         self.unregistered: collections.Counter[str] = collections.Counter()
         self.retry_charges: list[int] = []
         self.timers: list[tuple[float, Any]] = []
+        self.watched: set[str] = set()
         self.blocked: tuple[float, bool] | None = None
         self.latch: str | None = None
         self.tripped: list[str] = []
@@ -160,6 +161,12 @@ class FakeEffects:
 
     def later(self, delay_s: float, message: Any) -> None:
         self.timers.append((delay_s, message))
+
+    def watch(self, keys: list[str]) -> None:
+        self.watched.update(keys)
+
+    def unwatch(self, keys: list[str]) -> None:
+        self.watched.difference_update(keys)
 
     def blocked_until(self, now: float) -> tuple[float, bool] | None:
         return self.blocked
@@ -1090,6 +1097,60 @@ def test_lifecycle_wait_times_out_after_its_attempts() -> None:
     d.read(a=running)  # the last poll claims (the store judges the lease)
     d.answer_claim({"a": ClaimDisposition.RUNNING}, a=running)
     assert isinstance(d.outcome(call), ReceiptWaitTimeoutError)
+    d.assert_nothing_held()
+
+
+def test_lifecycle_read_answer_goes_to_its_own_key_when_a_waiter_left_meanwhile() -> None:
+    d = Driver()
+    first, second = d.drain("a", "b")
+    d.answer_claim({"a": ClaimDisposition.RUNNING, "b": ClaimDisposition.RUNNING})
+    d.fire(PollDue)  # one read of a and b
+    assert d.cancel(first)  # a leaves before the read answers
+    d.read(a=d.receipt("a", ReceiptStatus.RUNNING, lease_id="theirs"),
+           b=d.receipt("b", ReceiptStatus.COMPLETED, output={"b": 1}))  # fmt: skip
+    assert _value(d.outcome(second)) == {"b": 1}
+    d.assert_nothing_held()
+
+
+def test_lifecycle_change_notification_reads_at_once_and_counts_no_attempt() -> None:
+    d = Driver(policy=Policy(timeout_s=TIMEOUT_S, receipt_wait_max_attempts=2))
+    (call,) = d.drain("a")
+    d.answer_claim({"a": ClaimDisposition.RUNNING})
+    assert d.fx.watched == {"a"}
+    running = d.receipt("a", ReceiptStatus.RUNNING, lease_id="theirs")
+    for _ in range(5):  # other keys of the org changed: a is still held
+        d.life.on_changed(["a"], d.now)
+        d.read(a=running)
+    assert [m for _, m in d.fx.timers if isinstance(m, PollDue)] == [PollDue(keys=("a",))]  # no new timer
+    assert not d.answered(call)  # no attempt spent: the wait has not timed out
+    d.life.on_changed(["a"], d.now)
+    d.life.on_changed(["a"], d.now)  # a read is already out: no second one now...
+    d.life.on_changed(["a"], d.now)
+    assert len(d.fx.reads) == 6
+    d.read(a=running)  # ...but one more after it (it may predate the change)
+    assert len(d.fx.reads) == 7
+    d.read(a=d.receipt("a", ReceiptStatus.COMPLETED, output={"theirs": 1}))
+    outcome = d.outcome(call)
+    assert (_value(outcome), outcome.execution) == ({"theirs": 1}, "in_flight")
+    assert d.fx.watched == set()
+    d.fire(PollDue)  # the fallback timer finds nothing to read
+    assert len(d.fx.reads) == 7
+    d.assert_nothing_held()
+
+
+def test_lifecycle_woken_reclaim_that_waits_again_keeps_one_timer() -> None:
+    d = Driver()
+    (call,) = d.drain("a")
+    d.answer_claim({"a": ClaimDisposition.RUNNING})
+    d.life.on_changed(["a"], d.now)
+    d.read(a=d.receipt("a", ReceiptStatus.PENDING))  # released: claim again
+    d.answer_claim({"a": ClaimDisposition.RUNNING})  # someone else took it first
+    assert len([m for _, m in d.fx.timers if isinstance(m, PollDue)]) == 1
+    assert d.fx.watched == {"a"}
+    d.fire(PollDue)
+    d.read(a=d.receipt("a", ReceiptStatus.COMPLETED, output={"theirs": 2}))
+    assert _value(d.outcome(call)) == {"theirs": 2}
+    assert d.fx.watched == set()
     d.assert_nothing_held()
 
 

@@ -21,6 +21,8 @@ from stores import (
     ClaimDisposition,
     ClaimRequest,
     Completion,
+    Failure,
+    FailureKind,
     LeaseRef,
     Owner,
     ReceiptStatus,
@@ -133,14 +135,21 @@ def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., A
 
 def test_pg_one_notify_per_bulk_write(open_pg: Callable[..., Any], pg_url: str, pg_schema: str) -> None:
     store = open_pg()
-    keys = [f"k{i}" for i in range(50)]
+    keys = [f"k{i}" for i in range(80)]
     leases = leases_of(store.claim_many(ORG, requests(keys), A, lease_ttl_s=300.0))
     channel = f"tooldispatch:{pg_schema}"
+
+    def failed(some: list[LeaseRef]) -> list[Failure]:
+        return [Failure(le.key, le.lease_id, "boom", FailureKind.TRANSIENT) for le in some]
+
     with raw(pg_url) as listener, raw(pg_url) as marker:
         listener.execute(f'LISTEN "{channel}"')
         assert store.mark_running_many(ORG, leases, A).ok  # ends no lease: no notification
-        assert store.complete_many(ORG, [Completion(le.key, le.lease_id, 1) for le in leases[:25]], A).ok
-        assert store.release(ORG, leases[25:], A).ok
+        assert store.renew_leases(ORG, leases, A, lease_ttl_s=300.0).ok  # nor does this
+        assert store.complete_many(ORG, [Completion(le.key, le.lease_id, 1) for le in leases[:20]], A).ok
+        assert store.fail_many(ORG, failed(leases[20:40]), A).ok
+        assert store.mark_uncertain_many(ORG, failed(leases[40:60]), A).ok
+        assert store.release(ORG, leases[60:], A).ok
         assert not store.complete_many(ORG, [Completion(leases[0].key, "bogus", 1)], A).ok  # no change
         marker.execute("SELECT pg_notify(%s, 'end-marker')", (channel,))
         payloads = []
@@ -148,7 +157,7 @@ def test_pg_one_notify_per_bulk_write(open_pg: Callable[..., Any], pg_url: str, 
             if note.payload == "end-marker":
                 break
             payloads.append(note.payload)
-    assert payloads == [ORG, ORG]  # one per bulk write that ended leases, not one per row
+    assert payloads == [ORG] * 4  # one per bulk write that ended leases, not one per row
 
 
 def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[..., Any], pg_url: str) -> None:
