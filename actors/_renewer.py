@@ -131,6 +131,8 @@ class Renewer:
         self._wake = _Wake()
         self._started = False
         self._stopped = False
+        self._wake_at = 0.0
+        """When the thread will look at the lease set next (monotonic seconds)."""
         self._done = native("_thread", "allocate_lock")()
 
     # -- called from the heartbeat actor ------------------------------------------------
@@ -140,12 +142,18 @@ class Renewer:
         with self._lock:
             if self._stopped:
                 return
-            self.leases.register(reg, self.clock())
+            now = self.clock()
+            self.leases.register(reg, now)
             if not self._started:
                 self._started = True
                 self._done.acquire()
                 native("_thread", "start_new_thread")(self._run, ())
-        self._wake.set()
+            due_at = min(now + self.leases.interval_for(reg.lease_ttl_s), reg.deadline)
+            wake = due_at < self._wake_at
+            if wake:  # sooner than the thread means to look: wake it to plan again
+                self._wake_at = due_at
+        if wake:
+            self._wake.set()
 
     def unregister(self, token: int, keys: tuple[str, ...] | None = None) -> None:
         """Stop renewing a registration, or only ``keys`` of any (see :meth:`LeaseSet.unregister`)."""
@@ -193,8 +201,10 @@ class Renewer:
                     if handle is not None:
                         self._renew(handle, renewal, now)
                 with self._lock:
-                    at = self.leases.next_tick(self.clock())
-                self._wake.wait(_IDLE_WAIT_S if at is None else at - self.clock())  # stop() wakes it
+                    now = self.clock()
+                    at = self.leases.next_tick(now)
+                    self._wake_at = now + _IDLE_WAIT_S if at is None else at
+                self._wake.wait(self._wake_at - now)  # register() and stop() wake it sooner
         finally:
             if handle is not None and handle is not self.store:
                 with contextlib.suppress(Exception):

@@ -1,7 +1,9 @@
-"""The receipt store actor: the only owner of the store inside a dispatch system.
+"""The receipt store actor: the owner of the store inside a dispatch system.
 
-It serialises every store operation on its own thread (a greenlet under gevent; the
-SQLite store then runs the work on gevent's threadpool, so the hub never blocks).
+It serialises every store operation on its own thread, a greenlet under gevent (the
+SQLite store then runs the work on gevent's threadpool, so the hub never blocks). Lease
+renewals are the exception: the heartbeat's renewer thread makes them on a store handle
+of its own (see :mod:`actors._renewer`), so a tool starving the hub cannot stop them.
 Callers use its typed proxy: each method returns a pykka future. It never waits on
 another actor, so any actor may wait on its futures.
 """
