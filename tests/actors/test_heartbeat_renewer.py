@@ -141,3 +141,25 @@ def _open_fds(path: Path) -> int:
         except OSError:
             continue
     return count
+
+
+def test_heartbeat_renews_an_in_memory_store_through_the_store_itself() -> None:
+    """``:memory:`` is one database per connection: the renewer shares the store's
+    (its work then runs inline on the renewer's thread, under the store's lock)."""
+    store = SqliteReceiptStore(":memory:")
+    assert store.renewal_handle() is store
+    lease = _claim(store, "k1")
+    (before,) = store.get_many(ORG, ["k1"])
+    ref = HeartbeatActor.start(store, Policy().heartbeat_for)
+    try:
+        _register(ref, lease)
+        renewer = ref.proxy().renewer.get(timeout=WAIT_S)
+        _until(lambda: renewer.leases.renewals >= 2)
+    finally:
+        ref.stop(timeout=WAIT_S)
+    (after,) = store.get_many(ORG, ["k1"])
+    store.close()
+    assert before is not None and after is not None
+    assert after.lease_expires_at is not None and before.lease_expires_at is not None
+    assert after.lease_expires_at > before.lease_expires_at
+    assert renewer.running is False
