@@ -59,10 +59,7 @@ __all__ = [
     "FlushDue",
     "ForgetMemo",
     "GovernorWake",
-    "GroupsSettled",
-    "HeartbeatTick",
     "LatchTripped",
-    "LeasesLost",
     "PollDue",
     "ReceiptsChanged",
     "ReceiptsClaimed",
@@ -79,7 +76,6 @@ __all__ = [
     "SlotsGranted",
     "StopQueue",
     "StoreCall",
-    "SubmitCall",
     "SubmitCalls",
     "TripLatch",
     "UnitFinished",
@@ -89,27 +85,11 @@ __all__ = [
 
 
 @attrs.frozen(kw_only=True)
-class SubmitCall:
-    """Queue one call on its tool's queue."""
-
-    call: Any
-    """The :class:`actors._calls.Call` (input, key, mode, reply future)."""
-
-
-@attrs.frozen(kw_only=True)
 class DrainDue:
     """The batch grace window ended (or a drain is wanted now)."""
 
     generation: int
     """Which window this timer belongs to; stale timers are ignored."""
-
-
-@attrs.frozen(kw_only=True)
-class GroupsSettled:
-    """A drain finished some groups: resolve their owners and followers."""
-
-    outcomes: list[tuple[str, Any]]
-    """(receipt key, ToolResult-producing outcome or exception) per group."""
 
 
 @attrs.frozen(kw_only=True)
@@ -224,19 +204,6 @@ class UnregisterLeases:
     """The handle given at registration."""
     keys: tuple[str, ...] | None = None
     """Only these receipt keys (None: the whole registration)."""
-
-
-@attrs.frozen(kw_only=True)
-class HeartbeatTick:
-    """Time to renew leases."""
-
-
-@attrs.frozen(kw_only=True)
-class LeasesLost:
-    """A renewal found these leases gone (expired and taken)."""
-
-    keys: tuple[str, ...]
-    """Receipt keys whose lease is lost."""
 
 
 @attrs.frozen(kw_only=True)

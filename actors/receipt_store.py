@@ -1,7 +1,9 @@
-"""The receipt store actor: the only owner of the store inside a dispatch system.
+"""The receipt store actor: the owner of the store inside a dispatch system.
 
-It serialises every store operation on its own thread (a greenlet under gevent; the
-SQLite store then runs the work on gevent's threadpool, so the hub never blocks).
+It serialises every store operation on its own thread, a greenlet under gevent (the
+SQLite store then runs the work on gevent's threadpool, so the hub never blocks). Lease
+renewals are the exception: the heartbeat's renewer thread makes them on a store handle
+of its own (see :mod:`actors._renewer`), so a tool starving the hub cannot stop them.
 Callers use its typed proxy: each method returns a pykka future. It never waits on
 another actor, so any actor may wait on its futures. It also keeps the keys tool queue
 actors wait on for other owners (:class:`~actors.messages.WatchReceipts`), and when the
@@ -126,12 +128,6 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         self.ops += 1
         return self.store.mark_running_many(org_id, leases, owner, lease_ttl_s=lease_ttl_s)
 
-    def renew_leases(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
-    ) -> FenceReport:
-        self.ops += 1
-        return self.store.renew_leases(org_id, leases, owner, lease_ttl_s=lease_ttl_s)
-
     def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
         self.ops += 1
         return self.store.complete_many(org_id, completions, owner)
@@ -167,7 +163,6 @@ if TYPE_CHECKING:
 
         claim_many = proxy_method(ReceiptStoreActor.claim_many)
         mark_running_many = proxy_method(ReceiptStoreActor.mark_running_many)
-        renew_leases = proxy_method(ReceiptStoreActor.renew_leases)
         complete_many = proxy_method(ReceiptStoreActor.complete_many)
         fail_many = proxy_method(ReceiptStoreActor.fail_many)
         release = proxy_method(ReceiptStoreActor.release)

@@ -89,7 +89,7 @@ class DispatchSystem:
         pacings = {t.provider_name: t.pacing for t in self.tools.values()}
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
-        self._heartbeat = HeartbeatActor.start(self.store_proxy, policy.heartbeat_for, self.timers)
+        self._heartbeat = HeartbeatActor.start(store, policy.heartbeat_for)
         self._flusher = CompletionFlusherActor.start(
             self.store_proxy,
             policy,

@@ -3,7 +3,9 @@
 Under gevent monkey-patching, sqlite3 calls would block the whole hub, and a busy
 wait on a database lock would deadlock it. When ``threading`` is patched, work is
 handed to the hub's threadpool (real OS threads) and guarded by an unpatched lock;
-otherwise it runs inline under an ordinary lock.
+otherwise it runs inline under an ordinary lock. On an OS thread that has no hub (a
+native thread such as the lease renewer, which must never wait for a hub) it runs inline
+too: no greenlet lives there to be blocked.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ class BlockingRunner:
             self._lock = threading.RLock()
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` under the lock; on a real thread when gevent is active."""
+        """Run ``fn(*args)`` under the lock; off the hub when gevent is active and this
+        thread runs one."""
         if self._gevent:
-            import gevent
+            from gevent._hub_local import get_hub_if_exists
 
-            return gevent.get_hub().threadpool.apply(self._locked, (fn, *args))  # type: ignore[no-any-return]
+            hub = get_hub_if_exists()
+            if hub is not None:
+                return hub.threadpool.apply(self._locked, (fn, *args))  # type: ignore[no-any-return]
         return self._locked(fn, *args)
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:

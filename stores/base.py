@@ -356,6 +356,18 @@ class ReceiptStore(abc.ABC):
         """
         return None
 
+    def renewal_handle(self) -> ReceiptStore:
+        """A handle for renewing leases from one native OS thread (the lease renewer).
+
+        Called on that thread; the renewer calls only :meth:`renew_leases` on it and
+        closes it when it ends (unless it is ``self``). It must not need a gevent hub:
+        a tool that never yields starves the hub, and renewals must go on regardless.
+        The default is ``self``, for a store whose methods are thread-safe and never
+        wait for a hub; SQLite opens its own connection on the calling thread, Postgres
+        its own connection.
+        """
+        return self
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Further calls raise :class:`~stores.errors.StoreError`."""
 

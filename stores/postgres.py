@@ -132,6 +132,12 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
     def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
         return self._conns.execute(query, params)
 
+    def renewal_handle(self) -> PostgresReceiptStore:
+        """A copy of this store on one connection of its own (see :mod:`stores._pg_renewal`)."""
+        from ._pg_renewal import renewal_copy
+
+        return renewal_copy(self)  # type: ignore[no-any-return]
+
     def close(self) -> None:
         """Close the pool and the listener; later calls raise StoreError."""
         if self._listener is not None:

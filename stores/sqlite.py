@@ -125,6 +125,19 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
     def _open(self, busy_timeout_s: float) -> None:
         self._conn = open_connection(self.path, busy_timeout_s, self.wal_size_limit_bytes)
 
+    def renewal_handle(self) -> SqliteReceiptStore:
+        """A new store on the same file with its own connection, opened on the calling
+        thread (which, under gevent, has no hub: its work then runs inline there). An
+        in-memory store has one database per connection: it is shared (``self``)."""
+        if self.path == ":memory:":
+            return self
+        return SqliteReceiptStore(
+            self.path,
+            clock=self.clock,
+            busy_timeout_s=self._busy_ms / 1000.0,
+            wal_size_limit_bytes=self.wal_size_limit_bytes,
+        )
+
     def close(self) -> None:
         """Close the connection; later calls raise StoreError."""
         if self._conn is not None:
