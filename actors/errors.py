@@ -95,10 +95,13 @@ class ProviderError(DispatchError):
         retry_in_call: whether another attempt within the same call may help (for a
             transient kind). False when the failure says the provider is down rather than
             busy: the call fails at once and the provider's circuit counts it.
+        sent: True when the request may have reached the provider (its connection broke
+            after sending): for a tool that is not retry-safe the outcome is ``uncertain``.
     """
 
     failure_kind: FailureKind = FailureKind.PERMANENT
     retry_in_call: bool = True
+    sent: bool = False
 
     def __init__(
         self, message: str = "", *, failure_kind: FailureKind | None = None, retry_in_call: bool | None = None

@@ -10,7 +10,9 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 * a connection that could not be made (refused, no route, name not resolved) →
   :class:`~actors.errors.ProviderUnreachableError` (kind ``transient``, not retried
   within the call: the provider is down, not busy; its circuit counts it);
-* other 5xx and transport errors → ProviderError with kind ``transient``;
+* other 5xx and transport errors → ProviderError with kind ``transient`` (a connection
+  broken after it was made, reset or closed with no answer, is marked ``sent``: the
+  request may have reached the provider);
 * timeouts → :class:`~actors.errors.ToolTimeoutError` (kind ``timeout``);
 * other 4xx → ProviderError with kind ``permanent``.
 
@@ -179,7 +181,11 @@ class HttpEndpoint:
         except httpx.ConnectError as exc:
             raise ProviderUnreachableError(f"{self.url} could not be reached: {exc}") from exc
         except httpx.TransportError as exc:
-            raise ProviderError(f"{self.url}: {exc}", failure_kind=FailureKind.TRANSIENT) from exc
+            error = ProviderError(f"{self.url}: {exc}", failure_kind=FailureKind.TRANSIENT)
+            # the connection broke after it was made (reset, closed with no answer): the
+            # request may have reached the provider (uncertain for a tool not retry-safe)
+            error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
+            raise error from exc
         status = response.status_code
         retry_after = response.headers.get("Retry-After")
         if status == 429 or (status == 503 and retry_after is not None):
