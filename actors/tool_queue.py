@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,13 +68,17 @@ class Memo:
     can change what another caller sees. Written only by its tool queue actor; read
     from any thread (``recall``) without a lock (single dict reads are atomic).
 
+    An entry counts the memory its text takes (:func:`held_bytes`): a byte per character
+    of ASCII text; up to four per character of other text, plus its UTF-8 copy once the
+    store wrote it (1 MiB of emoji, as UTF-8, occupies 2 MiB).
+
     Args:
         max_bytes: most bytes of output text kept (older entries are dropped first).
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.entries: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
+        self.entries: collections.OrderedDict[str, tuple[float, str, int]] = collections.OrderedDict()
         self.bytes = 0
         self.epoch: Any = None
 
@@ -83,23 +88,24 @@ class Memo:
         found = self.entries.get(key)
         if found is None:
             return None
-        at, text = found
+        at, text, _ = found
         if stale_after_s is not None and now - at > stale_after_s:
             return None
         return text
 
     def remember(self, key: str, text: str, at: float) -> None:
         """Keep ``key``'s output text, dropping the oldest entries past ``max_bytes``."""
-        if self.max_bytes <= 0 or len(text) > self.max_bytes:
+        size = held_bytes(text)
+        if self.max_bytes <= 0 or size > self.max_bytes:
             return
         old = self.entries.pop(key, None)
         if old is not None:
-            self.bytes -= len(old[1])
-        self.entries[key] = (at, text)
-        self.bytes += len(text)
+            self.bytes -= old[2]
+        self.entries[key] = (at, text, size)
+        self.bytes += size
         while self.bytes > self.max_bytes and self.entries:
-            _, (_, dropped) = self.entries.popitem(last=False)
-            self.bytes -= len(dropped)
+            _, (_, _, dropped) = self.entries.popitem(last=False)
+            self.bytes -= dropped
 
     def forget(self, key: str | None = None) -> None:
         """Drop one key, or everything (after a purge)."""
@@ -109,7 +115,16 @@ class Memo:
             return
         old = self.entries.pop(key, None)
         if old is not None:
-            self.bytes -= len(old[1])
+            self.bytes -= old[2]
+
+
+_EMPTY_TEXT_BYTES = sys.getsizeof("")
+
+
+def held_bytes(text: str) -> int:
+    """Bytes ``text`` occupies in memory beyond an empty string's header (``len(text)``
+    for ASCII text)."""
+    return sys.getsizeof(text) - _EMPTY_TEXT_BYTES
 
 
 class ToolQueue:
