@@ -24,13 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stores.types import LeaseRef, Receipt, ReceiptStatus
+import attrs
+
+from stores._process import current_process_identity
+from stores.types import LeaseRef, Owner, Receipt, ReceiptStatus
 
 from ._claiming import Claiming
 from ._runtime import log
 from .messages import CleanupDue
 
-__all__ = ["CLEANUP_RETRY_S", "Cleanup"]
+__all__ = ["CLEANUP_RETRY_S", "Cleanup", "owner_here"]
 
 CLEANUP_RETRY_S = (1.0, 3.0, 9.0)
 """Delays before each new attempt of a failed release or orphan read (seconds); then give up."""
@@ -120,3 +123,15 @@ class _Retry:
 
     def __init__(self, keys: tuple[str, ...], leases: tuple[LeaseRef, ...], attempt: int) -> None:
         self.keys, self.leases, self.attempt = keys, leases, attempt
+
+
+def owner_here(owner: Owner) -> Owner | None:
+    """``owner`` with this process's identity, as the store records it on a claim (None
+    when the OS does not tell: leases a failed claim left are then not looked for)."""
+    if owner.pid is not None:
+        return owner
+    try:
+        me = current_process_identity()
+    except Exception:
+        return None
+    return attrs.evolve(owner, host=me.host, pid=me.pid, started_at=me.started_at)

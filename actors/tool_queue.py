@@ -23,14 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import pykka
 
 from stores._codec import decode_output
-from stores._process import current_process_identity
-from stores.types import ClaimMode, Owner
+from stores.types import ClaimMode
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
+from ._cleanup import owner_here
 from ._runtime import fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, ForgetMemo, StopQueue, SubmitCalls
@@ -262,7 +261,7 @@ class ToolQueueActor(pykka.ThreadingActor):
             ports.run.scope,
             self.effects,
             ports.width(tool),
-            _this_process(ports.owner),
+            owner_here(ports.owner),
         )
         self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
         self._drain_pending = False
@@ -388,15 +387,3 @@ def _left_in(inbox: Any) -> list[Any]:
     while not inbox.empty():
         left.append(inbox.get())
     return left
-
-
-def _this_process(owner: Owner) -> Owner | None:
-    """``owner`` with this process's identity, as the store records it on a claim (None
-    when the OS does not tell: leases a failed claim left are then not looked for)."""
-    if owner.pid is not None:
-        return owner
-    try:
-        me = current_process_identity()
-    except Exception:
-        return None
-    return attrs.evolve(owner, host=me.host, pid=me.pid, started_at=me.started_at)
