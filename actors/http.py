@@ -7,13 +7,17 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 
 * 429, and 503 with ``Retry-After`` → :class:`~actors.errors.RateLimitedError` carrying
   the raw Retry-After (RFC 9110 section 10.2.3): backpressure for the governor;
-* a connection that could not be made (refused, no route, name not resolved) →
+* a connection that could not be made (refused, no route, name not resolved, or not
+  made within the timeout) →
   :class:`~actors.errors.ProviderUnreachableError` (kind ``transient``, not retried
   within the call: the provider is down, not busy; its circuit counts it);
 * other 5xx and transport errors → ProviderError with kind ``transient`` (a connection
   broken after it was made, reset or closed with no answer, is marked ``sent``: the
   request may have reached the provider);
-* timeouts → :class:`~actors.errors.ToolTimeoutError` (kind ``timeout``);
+* no connection of the client's pool free in time → :class:`~actors.errors.NotSentError`
+  (nothing was sent: re-admitted);
+* other timeouts (the request went out) → :class:`~actors.errors.ToolTimeoutError`
+  (kind ``timeout``; uncertain for a tool that is not retry-safe);
 * other 4xx → ProviderError with kind ``permanent``.
 
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
@@ -36,7 +40,7 @@ import orjson
 from stores.types import FailureKind
 
 from ._pacing import SLOW_START_RPS
-from .errors import ProviderError, ProviderUnreachableError, RateLimitedError, ToolTimeoutError
+from .errors import NotSentError, ProviderError, ProviderUnreachableError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
@@ -167,8 +171,12 @@ class HttpEndpoint:
 
         Raises:
             RateLimitedError: 429, or 503 with Retry-After.
-            ProviderUnreachableError: no connection could be made (nothing was sent).
-            ToolTimeoutError: no answer within ``ctx.timeout_s`` seconds.
+            ProviderUnreachableError: no connection could be made, refused or not within
+                ``ctx.timeout_s`` (nothing was sent).
+            NotSentError: no connection of the client's pool was free within
+                ``ctx.timeout_s`` (nothing was sent).
+            ToolTimeoutError: no answer within ``ctx.timeout_s`` seconds (the request
+                may have reached the provider).
             ProviderError: other failures (transient for 5xx/transport, else permanent).
         """
         headers = {**self.headers, "Idempotency-Key": ctx.idempotency_key}
@@ -176,6 +184,12 @@ class HttpEndpoint:
             response = self.client.request(
                 self.method, self.url, json=body, headers=headers, timeout=ctx.timeout_s
             )
+        except httpx.ConnectTimeout as exc:  # no connection was made: nothing was sent
+            raise ProviderUnreachableError(
+                f"{self.url} could not be reached within {ctx.timeout_s} s"
+            ) from exc
+        except httpx.PoolTimeout as exc:  # every pooled connection stayed busy: nothing was sent
+            raise NotSentError(f"{self.url}: no connection of the client's pool was free in time") from exc
         except httpx.TimeoutException as exc:
             raise ToolTimeoutError(f"{self.url} timed out after {ctx.timeout_s} s: {exc}") from exc
         except httpx.ConnectError as exc:

@@ -6,6 +6,7 @@ outcome of a tool that is not retry-safe uncertain. Both runtimes."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -247,3 +248,64 @@ def test_modes_http_connection_dropped_after_sending_is_uncertain_for_a_tool_not
         assert seen == [b'{"card":1}']  # the provider got it once, never again
     finally:
         endpoint.close()
+
+
+@pytest.fixture
+def never_accepts() -> Iterator[str]:
+    """A port whose accept queue is full: a new connection is never made (the SYN is
+    dropped), so a client's connect times out. Yields its URL."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(3):  # fill the accept queue
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    yield f"http://127.0.0.1:{port}/charge"
+    for each in (*fillers, server):
+        each.close()
+
+
+def test_modes_http_connect_timeout_sent_nothing_so_is_not_uncertain(
+    make_system: Any, read_receipts: Any, key_of: Any, never_accepts: str
+) -> None:
+    endpoint = HttpEndpoint(never_accepts)
+    tool = Tool(tool_id="charge", fn=endpoint, timeout_s=0.3)  # not retry-safe
+    system = make_system([tool])
+    try:
+        with pytest.raises(ProviderError):  # the call's deadline, or the connect timeout
+            system.proxy().execute("charge", {"card": 1}).get(timeout=WAIT_S)
+        end = time.monotonic() + WAIT_S
+        (receipt,) = read_receipts([key_of(tool, {"card": 1})])
+        while receipt is not None and receipt.status.value == "running" and time.monotonic() < end:
+            threading.Event().wait(0.05)  # the attempt keeps its lease until it returns
+            (receipt,) = read_receipts([key_of(tool, {"card": 1})])
+        assert receipt is not None and receipt.status.value == "failed", receipt  # not uncertain
+        assert "could not be reached" in (receipt.error or "")
+    finally:
+        endpoint.close()
+
+
+def test_modes_http_pool_timeout_sent_nothing() -> None:
+    import httpx
+
+    from actors.errors import NotSentError
+    from actors.results import ToolContext
+
+    client = httpx.Client(limits=httpx.Limits(max_connections=1))
+    endpoint = HttpEndpoint("http://127.0.0.1:9/charge", client=client)
+    context = ToolContext(
+        tool_id="charge", idempotency_key="k", receipt_keys=("k",), credential_scope_digest="",
+        deadline=time.monotonic() + 0.2, timeout_s=0.2,
+    )  # fmt: skip
+    pool = client._transport._pool  # type: ignore[attr-defined]
+    pool._max_connections = 0  # every connection busy: the request waits for the pool
+    try:
+        with pytest.raises(NotSentError, match="pool"):
+            endpoint({"card": 1}, context)
+    finally:
+        client.close()
