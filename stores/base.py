@@ -144,7 +144,7 @@ class ReceiptStore(abc.ABC):
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
     ) -> list[Claim]:
-        """Claim receipts in one transaction.
+        """Claim receipts: one read, then one transaction for the keys it did not settle.
 
         Args:
             org_id: the org; receipts of other orgs are never read or written.
@@ -160,6 +160,11 @@ class ReceiptStore(abc.ABC):
             lease is a compare-and-set, so of two racing claimers exactly one wins.
 
         Contract details (tests/stores/test_contract.py):
+
+        * receipts a plain read settles (completed and reused, failed in normal mode,
+          uncertain: :func:`stores._claims.settled_by_read`) are answered by a read
+          without the write lock; only the other keys are claimed in the transaction
+          (a rerun of settled keys never waits for another writer);
 
         * the owner's process identity is recorded with the lease; when ``owner``
           leaves it None the store records :func:`stores.current_process_identity`;

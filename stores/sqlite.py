@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ._claims import plan_claims
+from ._claims import plan_claims, settled_by_read
 from ._codec import encode_output
 from ._offload import BlockingRunner
 from ._rules import (
@@ -187,6 +187,13 @@ class SqliteReceiptStore(ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
     ) -> dict[str, Claim]:
+        decided: dict[str, Claim] = {}
+        if mode is not ClaimMode.FORCE_REFRESH:  # settled receipts: a plain read, no lock
+            existing = self._rows(self._connection(), org_id, (r.key for r in requests))
+            if existing:
+                decided, requests = settled_by_read(requests, existing, self.clock(), mode, stale_after_s)
+                if not requests:
+                    return decided
         with self._write() as conn:
             now = self.clock()
             existing = self._rows(conn, org_id, (r.key for r in requests))
@@ -209,6 +216,9 @@ class SqliteReceiptStore(ReceiptStore):
             if plan.lost:
                 lost = orjson.dumps(plan.lost).decode()
                 conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+        if decided:
+            decided.update(plan.decided)
+            return decided
         return plan.decided
 
     # -- fenced writes ----------------------------------------------------------------
