@@ -30,6 +30,7 @@ __all__ = [
     "guarded",
     "in_tool",
     "new_future",
+    "resolved_future",
     "runtime_name",
 ]
 
@@ -172,6 +173,24 @@ def _resolve(waiter: asyncio.Future[Any]) -> None:
 def new_future() -> LightFuture:
     """A fresh :class:`LightFuture`."""
     return LightFuture()
+
+
+class _Resolved(LightFuture):
+    """A :class:`LightFuture` made already set (a memo hit): no lock is ever taken."""
+
+    def __init__(self, value: Any) -> None:  # every attribute of LightFuture, set
+        self._get_hook = None
+        self._value = value
+        self._exc_info = None
+        self._callbacks = None
+        self.done = True
+        self.cancelled = False
+        self.on_cancel = None
+
+
+def resolved_future(value: Any) -> LightFuture:
+    """A :class:`LightFuture` already resolved with ``value``."""
+    return _Resolved(value)
 
 
 def fail(future: Any, exc: BaseException) -> None:

@@ -28,22 +28,21 @@ from typing import Any
 import orjson
 import pykka
 
-from stores._codec import decode_output
 from stores.base import ReceiptStore
 from stores.keys import key_and_input_hash
 from stores.types import ClaimMode, Owner
 
 from ._calls import Call
+from ._memo_path import Intake
 from ._ports import Ports
-from ._runtime import Timers, WorkerPool, fail, in_tool, new_future, runtime_name
+from ._runtime import Timers, WorkerPool, fail, new_future, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
-from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
+from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError
 from .governor import GovernorActor, suggested_parallelism
 from .heartbeat import HeartbeatActor
 from .messages import CallCancelled, ForgetMemo, StopQueue, StoreCall, SubmitCalls
 from .receipt_store import ReceiptStoreActor
-from .results import ToolResult
 from .salvage import ReplayReport, SalvageLog
 from .stats import Stats
 from .tool import Policy, RunInfo, Tool
@@ -174,6 +173,7 @@ class DispatchSystem:
             for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
+        self._intake = Intake(self)
         self._purge_epoch: Any = None
         if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
             self.timers.call_later(0.0, self._watch_purges)
@@ -244,50 +244,9 @@ class DispatchSystem:
         stale_after_s: float | None,
         timeout_s: float | None,
     ) -> list[pykka.Future[Any]]:
-        futures: list[pykka.Future[Any]] = []
-        calls: list[Call] = []
-        tool = self.tools.get(tool_id)
-        mode = (
-            ClaimMode.FORCE_REFRESH
-            if force_refresh
-            else ClaimMode.RETRY_FAILED
-            if retry_failed
-            else ClaimMode.NORMAL
+        return self._intake.execute_many(
+            tool_id, inputs, force_refresh, retry_failed, stale_after_s, timeout_s
         )
-        memo = self._memos.get(tool_id)
-        nested = in_tool()
-        now = time.monotonic()
-        stats = self.stats_
-        for input in inputs:
-            future = new_future()
-            futures.append(future)
-            try:
-                if self._stopping.is_set():
-                    raise CallCancelledError("the dispatcher is stopped")
-                if tool is None:
-                    raise UnknownToolError(
-                        f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}"
-                    )
-                _check_seconds("timeout_s", timeout_s, positive=True)
-                _check_seconds("stale_after_s", stale_after_s, positive=False)
-                call = self._call(tool, input, mode, stale_after_s, timeout_s, future, now=now)
-            except Exception as exc:
-                stats.add("calls", tool=tool_id if tool is not None else None)
-                stats.add("errors", tool=tool_id if tool is not None else None)
-                fail(future, exc)
-                continue
-            stats.add("calls", tool=tool_id)
-            if memo is not None and mode is ClaimMode.NORMAL:
-                text = memo.recall(call.key, stale_after_s, now)
-                if text is not None:  # answered here, from a read-only view (a copy per call)
-                    future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
-                    stats.add("cached", tool=tool_id)
-                    continue
-            call.nested = nested
-            calls.append(call)
-        if calls:
-            self._submit(tool_id, calls)
-        return futures
 
     def _submit(self, tool_id: str, calls: list[Call]) -> None:
         ref = self._queues[tool_id]

@@ -1,0 +1,156 @@
+"""The caller's side of ``execute`` / ``execute_many``: keys, memo hits, and the hand-off.
+
+Runs on the caller's thread. Every call's receipt key is computed here (the parts that
+do not depend on the input are checked and hashed once per tool, credentials digest and
+staleness: :func:`stores.keys.key_maker`); a call whose key this system completed is
+answered at once from the tool's memo, a read-only view of encoded JSON text (each hit
+decodes its own copy, so no caller can change what another sees), with a future that is
+resolved when it is made. The rest are queued on the tool's queue actor in one message.
+
+Rules (docs/how-it-works.md, Life of a call): the memo answers normal calls only (a
+forced refresh or a retry of a failure goes to the store), never past the call's
+``stale_after_s``; an error that concerns one call (input that is not JSON) fails that
+call's future alone; an unknown tool, a bad option or a stopped system fails them all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from stores._codec import decode_output
+from stores.keys import key_maker
+from stores.types import ClaimMode
+
+from ._calls import Call
+from ._runtime import fail, in_tool, new_future, resolved_future
+from .errors import CallCancelledError, UnknownToolError
+from .results import ToolResult
+
+if TYPE_CHECKING:
+    from .system import DispatchSystem
+    from .tool import Tool
+
+__all__ = ["Intake"]
+
+_MODES = {
+    (False, False): ClaimMode.NORMAL,
+    (False, True): ClaimMode.RETRY_FAILED,
+    (True, False): ClaimMode.FORCE_REFRESH,
+    (True, True): ClaimMode.FORCE_REFRESH,
+}
+
+
+class Intake:
+    """Takes calls for one :class:`~actors.system.DispatchSystem` (any thread).
+
+    Args:
+        system: the system (its tools, memos, stats, run, policy, queues).
+    """
+
+    def __init__(self, system: DispatchSystem) -> None:
+        self.system = system
+        self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str]]] = {}
+
+    def _maker(
+        self, tool: Tool, digest: str, stale_after_s: float | None
+    ) -> Callable[[Any], tuple[str, str]]:
+        """The key function of ``tool`` under ``digest`` and ``stale_after_s`` (cached; a
+        few entries per tool: one per credentials digest and staleness seen)."""
+        cache_key = (tool.tool_id, digest, stale_after_s)
+        make = self._makers.get(cache_key)
+        if make is None:
+            run = self.system.run
+            make = key_maker(
+                org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id, credential_scope_digest=digest,
+                version=tool.version, stale_after_s=stale_after_s, ignore_fields=tool.non_semantic_fields,
+            )  # fmt: skip
+            if len(self._makers) >= 256:  # many staleness values: keep the cache bounded
+                self._makers.clear()
+            self._makers[cache_key] = make
+        return make
+
+    def execute_many(
+        self,
+        tool_id: str,
+        inputs: Sequence[Any],
+        force_refresh: bool,
+        retry_failed: bool,
+        stale_after_s: float | None,
+        timeout_s: float | None,
+    ) -> list[Any]:
+        """One future per input, same order (see :meth:`DispatchProxy.execute_many`)."""
+        from .system import _check_seconds, _snapshot
+
+        system = self.system
+        stats = system.stats_
+        tool = system.tools.get(tool_id)
+        try:
+            if system._stopping.is_set():
+                raise CallCancelledError("the dispatcher is stopped")
+            if tool is None:
+                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(system.tools))}")
+            _check_seconds("timeout_s", timeout_s, positive=True)
+            _check_seconds("stale_after_s", stale_after_s, positive=False)
+            digest = system._digest(tool)
+            make = self._maker(tool, digest, stale_after_s)
+        except Exception as exc:
+            failed = [new_future() for _ in inputs]
+            for future in failed:
+                fail(future, exc)
+            known = tool_id if tool is not None else None
+            stats.add("calls", len(failed), tool=known)
+            stats.add("errors", len(failed), tool=known)
+            return failed
+        mode = _MODES[force_refresh, retry_failed]
+        memo = system._memos.get(tool_id)
+        recall = memo.recall if memo is not None and memo.max_bytes and mode is ClaimMode.NORMAL else None
+        nested = in_tool()
+        now = time.monotonic()
+        timeout = timeout_s or tool.timeout_s or system.policy.timeout_s
+        futures: list[Any] = []
+        calls: list[Call] = []
+        errors = cached = 0
+        for input in inputs:
+            try:
+                key, input_hash = make(input)
+            except Exception as exc:
+                future = new_future()
+                fail(future, exc)
+                futures.append(future)
+                errors += 1
+                continue
+            if recall is not None:
+                text = recall(key, stale_after_s, now)
+                if text is not None:  # answered here, from a read-only view (a copy per call)
+                    futures.append(
+                        resolved_future(ToolResult.of(decode_output(text), "cached", key, tool_id))
+                    )
+                    cached += 1
+                    continue
+            future = new_future()
+            futures.append(future)
+            calls.append(
+                Call(
+                    tool=tool,
+                    input=_snapshot(input),
+                    key=key,
+                    input_hash=input_hash,
+                    credential_digest=digest,
+                    mode=mode,
+                    stale_after_s=stale_after_s,
+                    timeout_s=timeout,
+                    future=future,
+                    submitted_at=now,
+                    nested=nested,
+                )
+            )
+        stats.add("calls", len(futures), tool=tool_id)
+        if errors:
+            stats.add("errors", errors, tool=tool_id)
+        if cached:
+            stats.add("cached", cached, tool=tool_id)
+        if calls:
+            system._submit(tool_id, calls)
+        return futures

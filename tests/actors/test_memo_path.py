@@ -1,0 +1,66 @@
+"""Calls answered on the caller's thread (actors/_memo_path.py): memo hits, per-call errors.
+
+A memo hit's future is resolved when ``execute`` returns (no message, no wait) and
+behaves like any other future; each hit gets its own copy of the output. Real systems
+on SQLite files, both runtimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from actors import CallCancelledError, InvalidInputError, Tool, UnknownToolError
+
+WAIT_S = 10.0
+
+
+def test_memo_hit_is_a_resolved_future_with_its_own_copy(make_system: Any, recorder: Any) -> None:
+    tool = Tool(tool_id="t", fn=lambda x, ctx: recorder.record("t", x, ctx) and {"n": [x["i"]]})
+    system = make_system([tool])
+    proxy = system.proxy()
+    first = proxy.execute("t", {"i": 1}).get(timeout=WAIT_S)
+    assert first.execution == "live"
+    hits = proxy.execute_many("t", [{"i": 1}, {"i": 1}])
+    assert all(f.done for f in hits)  # answered on the caller's thread
+    a, b = (f.get(timeout=0) for f in hits)
+    assert (
+        a.execution == b.execution == "cached"
+        and a.value == {"n": [1]}
+        and a.receipt_key == first.receipt_key
+    )
+    a.value["n"].append(2)  # a caller changing its copy changes nobody else's
+    assert b.value == {"n": [1]}
+    assert proxy.execute("t", {"i": 1}).get(timeout=0).value == {"n": [1]}
+    assert not hits[0].cancel()
+    seen: list[Any] = []
+    hits[0].add_done_callback(seen.append)
+    assert seen == [hits[0]]
+
+    async def wait() -> Any:
+        return await proxy.execute("t", {"i": 1})
+
+    assert asyncio.run(wait()).value == {"n": [1]}
+    assert recorder.count("t") == 1
+    stats = system.stats()
+    assert stats["calls"] == 5 and stats["cached"] == 4 and stats["tools"]["t"]["cached"] == 4
+
+
+def test_errors_fail_their_own_calls(make_system: Any, recorder: Any) -> None:
+    tool = Tool(tool_id="t", fn=lambda x, ctx: recorder.record("t", x, ctx) and {"ok": True})
+    system = make_system([tool])
+    proxy = system.proxy()
+    good, bad = proxy.execute_many("t", [{"i": 1}, {"i": float("nan")}])
+    assert good.get(timeout=WAIT_S).value == {"ok": True}
+    with pytest.raises(InvalidInputError):
+        bad.get(timeout=WAIT_S)
+    for future in proxy.execute_many("nope", [{"i": 1}, {"i": 2}]):
+        with pytest.raises(UnknownToolError):
+            future.get(timeout=WAIT_S)
+    stats = system.stats()
+    assert stats["calls"] == 4 and stats["errors"] == 3
+    system.stop()
+    with pytest.raises(CallCancelledError):
+        proxy.execute("t", {"i": 1}).get(timeout=WAIT_S)
