@@ -358,8 +358,10 @@ class Timers:
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` once, ``delay_s`` seconds from now."""
         with self._cond:
-            heapq.heappush(self._heap, (self._clock() + max(0.0, delay_s), next(self._seq), fn))
-            self._cond.notify()
+            entry = (self._clock() + max(0.0, delay_s), next(self._seq), fn)
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:  # a later one leaves the thread's wait as it is
+                self._cond.notify()
 
     def stop(self) -> None:
         """Stop the thread; pending callbacks are dropped."""

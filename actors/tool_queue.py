@@ -243,6 +243,8 @@ class ToolQueueActor(pykka.ThreadingActor):
         )
         self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
         self._drain_pending = False
+        """A DrainDue(-1) is in the inbox."""
+        self._drain_wanted = False
         self._stop_replies: list[Any] = []
 
     @property
@@ -257,6 +259,15 @@ class ToolQueueActor(pykka.ThreadingActor):
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     self._submit(call, now)
+                if self._drain_wanted:  # drain once the calls already sent are queued
+                    self._drain_wanted = False
+                    if self._drain_pending:
+                        pass  # a DrainDue in the inbox takes them
+                    elif self.actor_inbox.empty():
+                        self._drain(-1, now)  # nothing else sent: now, without a message
+                    else:
+                        self._drain_pending = True
+                        self.actor_ref.tell(DrainDue(generation=-1))
             elif isinstance(message, DrainDue):
                 self._drain(message.generation, now)
             elif isinstance(message, StopQueue):
@@ -308,9 +319,7 @@ class ToolQueueActor(pykka.ThreadingActor):
                 self.lifecycle.nested_joined(call.key)
                 self.lifecycle.pump(now)
         elif decision is Submitted.DRAIN_NOW:
-            if not self._drain_pending:
-                self._drain_pending = True
-                self.actor_ref.tell(DrainDue(generation=-1))
+            self._drain_wanted = True  # at the end of this message (on_receive)
         elif decision is Submitted.ARM:
             ref, generation = self.actor_ref, self.queue.generation
             self.ports.timers.call_later(
