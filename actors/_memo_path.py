@@ -5,7 +5,11 @@ do not depend on the input are checked and hashed once per tool, credentials dig
 staleness: :func:`stores.keys.key_maker`); a call whose key this system completed is
 answered at once from the tool's memo, a read-only view of encoded JSON text (each hit
 decodes its own copy, so no caller can change what another sees), with a future that is
-resolved when it is made. The rest are queued on the tool's queue actor in one message.
+resolved when it is made. When many calls are left (:data:`READ_FIRST`), their receipts
+are read from the store in one plain read (no lock, no write: ``read_settled``) and the
+completed ones answered here too (the stored text, decoded per call), so a cold rerun
+never reaches the actors. The rest are
+queued on the tool's queue actor in one message.
 
 Rules (docs/how-it-works.md, Life of a call): the memo answers normal calls only (a
 forced refresh or a retry of a failure goes to the store), never past the call's
@@ -15,9 +19,12 @@ call's future alone; an unknown tool, a bad option or a stopped system fails the
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import pykka
 
 from stores._codec import decode_output
 from stores.keys import key_maker
@@ -26,13 +33,19 @@ from stores.types import ClaimMode
 from ._calls import Call
 from ._runtime import fail, in_tool, new_future, resolved_future
 from .errors import CallCancelledError, UnknownToolError
+from .messages import RememberOutputs
 from .results import ToolResult
 
 if TYPE_CHECKING:
     from .system import DispatchSystem
     from .tool import Tool
 
-__all__ = ["Intake"]
+__all__ = ["READ_FIRST", "Intake"]
+
+READ_FIRST = 32
+"""Fewest calls (left after the memo) of one ``execute_many`` whose receipts are read on the
+caller's thread before they are queued: a cold rerun is then answered without the actors,
+while a lone call (or a few) goes straight to its queue, which claims it."""
 
 _MODES = {
     (False, False): ClaimMode.NORMAL,
@@ -110,7 +123,7 @@ class Intake:
         now = time.monotonic()
         timeout = timeout_s or tool.timeout_s or system.policy.timeout_s
         futures: list[Any] = []
-        calls: list[Call] = []
+        misses: list[tuple[int, Any, str, str]] = []  # (index, input, key, input hash)
         errors = cached = 0
         for input in inputs:
             try:
@@ -129,8 +142,15 @@ class Intake:
                     )
                     cached += 1
                     continue
-            future = new_future()
-            futures.append(future)
+            misses.append((len(futures), input, key, input_hash))
+            futures.append(None)
+        if len(misses) >= READ_FIRST and tool.durable and mode is not ClaimMode.FORCE_REFRESH:
+            before = len(misses)
+            misses = self._from_store(tool, misses, futures, stale_after_s)
+            cached += before - len(misses)
+        calls: list[Call] = []
+        for index, input, key, input_hash in misses:
+            future = futures[index] = new_future()
             calls.append(
                 Call(
                     tool=tool,
@@ -154,3 +174,50 @@ class Intake:
         if calls:
             system._submit(tool_id, calls)
         return futures
+
+    def _from_store(
+        self,
+        tool: Tool,
+        misses: list[tuple[int, Any, str, str]],
+        futures: list[Any],
+        stale_after_s: float | None,
+    ) -> list[tuple[int, Any, str, str]]:
+        """Answer the calls whose receipts a plain read of the store finds completed (a
+        cold rerun): their ``futures`` slots get resolved futures; returns the misses left
+        for the tool's queue.
+
+        Only completed receipts a normal claim would reuse are taken here
+        (``read_reusable``: a recorded failure, an uncertain receipt or anything to claim
+        goes to the queue, whose lifecycle decides it); a read that fails answers nothing
+        (the claim will meet the error). Under a receipt-op budget every read must be
+        charged by the store actor, so none is made here.
+        """
+        system = self.system
+        if system.policy.max_receipt_ops is not None:
+            return misses
+        tool_id = tool.tool_id
+        try:
+            found = system.store.read_reusable(
+                system.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
+            )
+        except Exception:
+            return misses
+        texts: dict[str, str] = {}
+        left: list[tuple[int, Any, str, str]] = []
+        for miss in misses:
+            index, _, key, input_hash = miss
+            stored = found.get(key)
+            if stored is None or stored[0] != input_hash or stored[1] is None:
+                left.append(miss)  # a collision or a corrupted receipt: the lifecycle reports it
+                continue
+            try:
+                value = decode_output(stored[1])
+            except Exception:
+                left.append(miss)
+                continue
+            texts[key] = stored[1]
+            futures[index] = resolved_future(ToolResult.of(value, "cached", key, tool_id))
+        if texts and system._memos[tool_id].max_bytes:
+            with contextlib.suppress(pykka.ActorDeadError):
+                system._queues[tool_id].tell(RememberOutputs(entries=tuple(texts.items())))
+        return left

@@ -38,6 +38,7 @@ __all__ = [
     "Reconciled",
     "RegisterLeases",
     "ReleaseSlots",
+    "RememberOutputs",
     "Resolved",
     "RetryDue",
     "RetryWrite",
@@ -462,3 +463,11 @@ class LatchTripped:
     """None."""
     error: BaseException | None
     """None."""
+
+
+@attrs.frozen(kw_only=True)
+class RememberOutputs:
+    """Outputs a caller read from the store (completed receipts): keep them in the memo."""
+
+    entries: tuple[tuple[str, str], ...]
+    """(receipt key, encoded output text) per receipt."""

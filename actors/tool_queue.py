@@ -30,7 +30,7 @@ from stores.types import ClaimMode
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._runtime import fail, guarded
 from .errors import CallCancelledError
-from .messages import DrainDue, ForgetMemo, StopQueue, SubmitCalls
+from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls
 from .results import ToolResult
 from .tool import Tool
 
@@ -274,6 +274,9 @@ class ToolQueueActor(pykka.ThreadingActor):
                 self._stop_queue(message, now)
             elif isinstance(message, ForgetMemo):
                 self.queue.memo.forget()
+            elif isinstance(message, RememberOutputs):
+                for key, text in message.entries:  # read from the store: no known age
+                    self.queue.memo.remember(key, text, -float("inf"))
             else:
                 self.effects.dispatch(message, now)
         finally:

@@ -188,6 +188,12 @@ class PostgresReceiptStore(ReceiptStore):
                 return [decided[request.key] for request in requests]
         raise StoreError(f"{self._where}: {len(pending)} keys kept changing under {_RACED_RETRIES} claims")
 
+    def read_settled(
+        self, org_id: str, requests: Sequence[ClaimRequest], *, mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> tuple[dict[str, Claim], list[ClaimRequest]]:  # fmt: skip
+        return read_settled(self, org_id, list(requests), mode, stale_after_s)  # the database's clock
+
     def _claim(
         self,
         org_id: str,

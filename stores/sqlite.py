@@ -35,6 +35,7 @@ from ._sqlite_sql import (
     _FENCE,
     _RESOLVE,
     _RESTORE_COMPLETED,
+    _REUSABLE,
     _SET_COMPLETE,
     _SET_FAIL,
     _SET_RELEASE,
@@ -159,6 +160,20 @@ class SqliteReceiptStore(ReceiptStore):
     def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
         found = self._call(lambda: self._rows(self._connection(), org_id, keys))
         return [found.get(key) for key in keys]
+
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        def read() -> dict[str, tuple[str, str]]:
+            rows = self._connection().execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
+            now = self.clock()
+            return {
+                key: (input_hash, text)
+                for key, input_hash, text, at in rows
+                if stale_after_s is None or now - at <= stale_after_s
+            }
+
+        return self._call(read)  # type: ignore[no-any-return]
 
     # -- claims -----------------------------------------------------------------------
 

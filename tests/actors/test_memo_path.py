@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from actors import CallCancelledError, InvalidInputError, Tool, UnknownToolError
+from actors import CallCancelledError, InvalidInputError, RecordedFailureError, Tool, UnknownToolError
+from actors._memo_path import READ_FIRST
 
 WAIT_S = 10.0
 
@@ -64,3 +65,34 @@ def test_errors_fail_their_own_calls(make_system: Any, recorder: Any) -> None:
     system.stop()
     with pytest.raises(CallCancelledError):
         proxy.execute("t", {"i": 1}).get(timeout=WAIT_S)
+
+
+def test_cold_rerun_of_many_calls_is_answered_from_one_read(make_system: Any, recorder: Any) -> None:
+    def fn(x: Any, ctx: Any) -> Any:
+        recorder.record("t", x, ctx)
+        if x["i"] == 3:
+            raise ValueError("bad input")  # a permanent failure: recorded
+        return {"i": x["i"]}
+
+    tool = Tool(tool_id="t", fn=fn)
+    first = make_system([tool], run_id="r1").proxy()
+    n = READ_FIRST + 8
+    for i, future in enumerate(first.execute_many("t", [{"i": i} for i in range(n)])):
+        if i != 3:
+            assert future.get(timeout=WAIT_S).execution == "live"
+        else:
+            with pytest.raises(Exception, match="bad input"):
+                future.get(timeout=WAIT_S)
+    calls = recorder.count("t")
+    second = make_system([tool], run_id="r2")
+    futures = second.proxy().execute_many("t", [{"i": i} for i in range(n + 2)])  # two new keys
+    cached = [f for i, f in enumerate(futures) if i < n and i != 3]
+    assert all(f.done for f in cached)  # answered on the caller's thread
+    assert [f.get(timeout=0).value for f in cached] == [{"i": i} for i in range(n) if i != 3]
+    assert {f.get(timeout=0).execution for f in cached} == {"cached"}
+    with pytest.raises(RecordedFailureError):  # a recorded failure still goes through the claim
+        futures[3].get(timeout=WAIT_S)
+    assert [f.get(timeout=WAIT_S).execution for f in futures[n:]] == ["live", "live"]
+    assert recorder.count("t") == calls + 2
+    stats = second.stats()
+    assert stats["cached"] == n - 1 and stats["calls"] == n + 2

@@ -114,3 +114,27 @@ def test_postgres_rerun_claim_does_not_wait_for_a_table_writer(pg_url: str, pg_s
         assert [c.disposition for c in got["claims"]] == [ClaimDisposition.REUSED, ClaimDisposition.CLAIMED]
     finally:
         store.close()
+
+
+def test_read_settled_and_read_reusable_answer_as_a_claim_would(store: Any, fake_clock: Any) -> None:
+    _settle(store)  # k-done completed {"n": 1}, k-fail failed (permanent)
+    held = store.claim_many(ORG, _requests(["k-held"]), OWNER, lease_ttl_s=60)[0].receipt
+    keys = ["k-done", "k-fail", "k-held", "k-new"]
+    answers, rest = store.read_settled(ORG, _requests(keys))
+    assert {k: c.disposition for k, c in answers.items()} == {
+        "k-done": ClaimDisposition.REUSED, "k-fail": ClaimDisposition.FAILED,
+    }  # fmt: skip
+    assert [r.key for r in rest] == ["k-held", "k-new"]  # a lease to judge, or nothing stored
+    answers, rest = store.read_settled(ORG, _requests(keys), mode=ClaimMode.RETRY_FAILED)
+    assert list(answers) == ["k-done"] and [r.key for r in rest] == ["k-fail", "k-held", "k-new"]
+    answers, rest = store.read_settled(ORG, _requests(keys), mode=ClaimMode.FORCE_REFRESH)
+    assert answers == {} and len(rest) == 4
+    assert store.read_reusable(ORG, keys) == {"k-done": ("h", '{"n":1}')}
+    fake_clock.advance(30)
+    assert store.read_reusable(ORG, keys, stale_after_s=10) == {}  # the store's clock judges
+    assert store.read_reusable(ORG, keys, stale_after_s=60) == {"k-done": ("h", '{"n":1}')}
+    answers, rest = store.read_settled(ORG, _requests(["k-done"]), stale_after_s=10)
+    assert answers == {} and [r.key for r in rest] == ["k-done"]
+    assert store.read_reusable("org-b", keys) == {}  # never another org's
+    # nothing was written: the held lease is as it was, the rest still absent
+    assert store.get_many(ORG, ["k-held", "k-new"]) == [held, None]
