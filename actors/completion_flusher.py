@@ -160,21 +160,16 @@ class CompletionFlusherActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, FlushCompletions):
             self._buffer.append(message)
-            if not self._due:
+            if self._due:  # a FlushDue in the inbox takes it
+                return None
+            if self.actor_inbox.empty():
+                self._flush()  # nothing else sent: now, without a message
+            else:  # more is coming (other tools' outputs): gather it, write once
                 self._due = True
                 self.actor_ref.tell(FlushDue())
         elif isinstance(message, FlushDue):
             self._due = False
-            buffered, self._buffer = self._buffer, []
-            chunks: list[_Chunk] = []
-            try:
-                chunks = self._chunks(buffered)
-            except Exception as exc:  # never leave a request unanswered
-                for request in buffered:
-                    if not getattr(request.reply, "done", False):
-                        request.reply.set_exception((type(exc), exc, exc.__traceback__))
-            for chunk in chunks:
-                self._write_guarded(chunk)
+            self._flush()
         elif isinstance(message, RetryWrite):
             retry = self._retrying.pop(message.chunk_id, None)
             if retry is not None:
@@ -184,6 +179,19 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             if message.reply is not None:
                 message.reply.set(None)
         return None
+
+    def _flush(self) -> None:
+        """Write everything buffered, in chunks."""
+        buffered, self._buffer = self._buffer, []
+        chunks: list[_Chunk] = []
+        try:
+            chunks = self._chunks(buffered)
+        except Exception as exc:  # never leave a request unanswered
+            for request in buffered:
+                if not getattr(request.reply, "done", False):
+                    request.reply.set_exception((type(exc), exc, exc.__traceback__))
+        for chunk in chunks:
+            self._write_guarded(chunk)
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
