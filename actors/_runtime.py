@@ -92,6 +92,7 @@ class LightFuture(pykka.Future[Any]):
             raise queue.Full
         self._value = value
         self.done = True
+        self.on_cancel = None  # never called once set; it holds the call (a cycle)
         self._lock.release()
         self._run_callbacks()
 
@@ -100,6 +101,7 @@ class LightFuture(pykka.Future[Any]):
             raise queue.Full
         self._exc_info = exc_info or sys.exc_info()
         self.done = True
+        self.on_cancel = None
         self._lock.release()
         self._run_callbacks()
 
