@@ -124,7 +124,7 @@ class Claiming(LifecycleBase):
                 group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
         if claimed:
-            leases = [g.lease for g in claimed if g.lease is not None]
+            leases = [lease for g in claimed if (lease := g.lease) is not None]
             self.fx.beat(batch, leases)
             for group in claimed:
                 group.beating = True

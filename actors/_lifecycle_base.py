@@ -275,6 +275,9 @@ class LifecycleBase:
         if unit.out:
             return  # its worker still runs: it leaves when the worker reports
         self.units.pop(unit.id, None)
+        for group in unit.groups:  # settled groups let go of it (no cycle left to collect)
+            if group.unit is unit and group.state is GroupState.SETTLED:
+                group.unit = None
 
     def _stop_waiting(self, group: Group) -> None:
         if group.watched:

@@ -27,6 +27,7 @@ __all__ = [
     "ReceiptsRead",
     "ReceiptsReleased",
     "Reconciled",
+    "RememberOutputs",
     "Resolved",
     "RetryCharged",
     "RetryDue",
@@ -257,3 +258,11 @@ class ReceiptsChanged:
 
     keys: tuple[str, ...]
     """Receipt keys this actor watches, in the org that changed."""
+
+
+@attrs.frozen(kw_only=True)
+class RememberOutputs:
+    """Outputs a caller read from the store (completed receipts): keep them in the memo."""
+
+    entries: tuple[tuple[str, str], ...]
+    """(receipt key, encoded output text) per receipt."""

@@ -21,6 +21,8 @@ from typing import Any
 
 import pykka
 
+from .errors import CallCancelledError
+
 __all__ = [
     "LightFuture",
     "Reply",
@@ -30,6 +32,7 @@ __all__ = [
     "guarded",
     "in_tool",
     "new_future",
+    "resolved_future",
     "runtime_name",
 ]
 
@@ -91,6 +94,7 @@ class LightFuture(pykka.Future[Any]):
             raise queue.Full
         self._value = value
         self.done = True
+        self.on_cancel = None  # never called once set; it holds the call (a cycle)
         self._lock.release()
         self._run_callbacks()
 
@@ -99,6 +103,7 @@ class LightFuture(pykka.Future[Any]):
             raise queue.Full
         self._exc_info = exc_info or sys.exc_info()
         self.done = True
+        self.on_cancel = None
         self._lock.release()
         self._run_callbacks()
 
@@ -174,10 +179,53 @@ def new_future() -> LightFuture:
     return LightFuture()
 
 
+class _Resolved(LightFuture):
+    """A :class:`LightFuture` made already set (a memo hit): no lock is ever taken."""
+
+    def __init__(self, value: Any) -> None:  # every attribute of LightFuture, set
+        self._get_hook = None
+        self._value = value
+        self._exc_info = None
+        self._callbacks = None
+        self.done = True
+        self.cancelled = False
+        self.on_cancel = None
+
+
+def resolved_future(value: Any) -> LightFuture:
+    """A :class:`LightFuture` already resolved with ``value``."""
+    return _Resolved(value)
+
+
 def fail(future: Any, exc: BaseException) -> None:
     """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
     with contextlib.suppress(queue.Full):
         future.set_exception((type(exc), exc, exc.__traceback__))
+
+
+def left_in(inbox: Any) -> list[Any]:
+    """The messages left in a stopping actor's inbox (called from its ``on_stop``; its own
+    thread is the only reader, so nothing here waits: every get follows a non-empty check).
+
+    pykka discards what a stopped actor leaves unread, answering only ``ask`` futures;
+    a request whose reply slot travels inside a told message would never be answered.
+    """
+    left = []
+    while not inbox.empty():
+        envelope = inbox.get()
+        reply_to = getattr(envelope, "reply_to", None)
+        if reply_to is not None:
+            fail(reply_to, CallCancelledError("the dispatcher stopped before handling the request"))
+        left.append(getattr(envelope, "message", envelope))
+    return left
+
+
+def answer_left(messages: list[Any], exc: BaseException) -> None:
+    """Fail the reply slot (``message.reply``) of every message left unhandled."""
+    for message in messages:
+        reply = getattr(message, "reply", None)
+        if reply is not None and not getattr(reply, "done", False):
+            fail(reply, exc)
 
 
 class Reply:
@@ -339,8 +387,10 @@ class Timers:
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` once, ``delay_s`` seconds from now."""
         with self._cond:
-            heapq.heappush(self._heap, (self._clock() + max(0.0, delay_s), next(self._seq), fn))
-            self._cond.notify()
+            entry = (self._clock() + max(0.0, delay_s), next(self._seq), fn)
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:  # a later one leaves the thread's wait as it is
+                self._cond.notify()
 
     def stop(self) -> None:
         """Stop the thread; pending callbacks are dropped."""

@@ -25,7 +25,8 @@ import pykka
 from stores._codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus, RefusalReason
 
-from ._runtime import Timers, guarded, log
+from ._runtime import Timers, answer_left, guarded, left_in, log
+from .errors import CallCancelledError
 from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from .salvage import SalvageLog, salvage_entry
 from .tool import Policy
@@ -160,21 +161,16 @@ class CompletionFlusherActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, FlushCompletions):
             self._buffer.append(message)
-            if not self._due:
+            if self._due:  # a FlushDue in the inbox takes it
+                return None
+            if self.actor_inbox.empty():
+                self._flush()  # nothing else sent: now, without a message
+            else:  # more is coming (other tools' outputs): gather it, write once
                 self._due = True
                 self.actor_ref.tell(FlushDue())
         elif isinstance(message, FlushDue):
             self._due = False
-            buffered, self._buffer = self._buffer, []
-            chunks: list[_Chunk] = []
-            try:
-                chunks = self._chunks(buffered)
-            except Exception as exc:  # never leave a request unanswered
-                for request in buffered:
-                    if not getattr(request.reply, "done", False):
-                        request.reply.set_exception((type(exc), exc, exc.__traceback__))
-            for chunk in chunks:
-                self._write_guarded(chunk)
+            self._flush()
         elif isinstance(message, RetryWrite):
             retry = self._retrying.pop(message.chunk_id, None)
             if retry is not None:
@@ -184,6 +180,19 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             if message.reply is not None:
                 message.reply.set(None)
         return None
+
+    def _flush(self) -> None:
+        """Write everything buffered, in chunks."""
+        buffered, self._buffer = self._buffer, []
+        chunks: list[_Chunk] = []
+        try:
+            chunks = self._chunks(buffered)
+        except Exception as exc:  # never leave a request unanswered
+            for request in buffered:
+                if not getattr(request.reply, "done", False):
+                    request.reply.set_exception((type(exc), exc, exc.__traceback__))
+        for chunk in chunks:
+            self._write_guarded(chunk)
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
@@ -205,6 +214,32 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         return sum(len(m.entries) for m in self._buffer) + sum(
             len(c.members) for c in self._retrying.values()
         )
+
+    def on_stop(self) -> None:
+        """Outputs not yet stored when the flusher stops (stop's bound ran out) are
+        salvaged, never dropped: buffered, waiting on the ladder, or left in the inbox."""
+        left = left_in(self.actor_inbox)
+        for message in left:
+            if isinstance(message, TripLatch):
+                self.latch.trip(message.reason)
+        self._buffer += [m for m in left if isinstance(m, FlushCompletions)]
+        reason = "the dispatcher stopped before this result was stored"
+        chunks = list(self._retrying.values())
+        self._retrying.clear()
+        try:
+            chunks += self._chunks(self._buffer)
+        except Exception:
+            log.exception("salvaging at stop")
+        self._buffer = []
+        for chunk in chunks:
+            members = [m for m in chunk.members if m.completion.key in m.request.remaining]
+            try:
+                self.salvage.append([self._entry(chunk, m, chunk.error or reason) for m in members])
+            except Exception:
+                log.exception("salvaging at stop")
+            for member in members:
+                self._settle(member, FlushOutcome("salvaged", error=chunk.error or reason))
+        answer_left(left, CallCancelledError("the completion flusher stopped"))
 
     def give_up_now(self) -> None:
         """Stop retrying: give up every write waiting on the ladder (used at stop)."""

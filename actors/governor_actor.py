@@ -14,10 +14,10 @@ from typing import Any
 import pykka
 
 from ._pacing import pacing_report
-from ._runtime import Timers, fail, guarded
+from ._runtime import Timers, answer_left, fail, guarded, left_in
 from ._send_gate import SendGates
 from ._shared_governor import SharedGovernor
-from .errors import BudgetExceededError
+from .errors import BudgetExceededError, CallCancelledError
 from .governor import Decisions, Governor
 from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
 from .tool import Pacing, Policy
@@ -108,6 +108,10 @@ class GovernorActor(pykka.ThreadingActor):
             self._armed = decisions.wake_at
             ref = self.actor_ref
             self.timers.call_later(decisions.wake_at - self.clock(), lambda: ref.tell(GovernorWake()))
+
+    def on_stop(self) -> None:
+        """Requests left unread are refused (their requesters wait on each), never dropped."""
+        answer_left(left_in(self.actor_inbox), CallCancelledError("the dispatcher is stopping"))
 
     def stop_waiters(self) -> None:
         """Refuse all waiters (called through the proxy at system stop)."""

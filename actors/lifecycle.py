@@ -117,7 +117,7 @@ class Lifecycle(Cleanup, Finishing):
         for unit in units:
             if unit not in marking:
                 self._send(unit, now)
-        leases = [g.lease for u in marking for g in u.groups if g.lease is not None]
+        leases = [lease for u in marking for g in u.groups if (lease := g.lease) is not None]
         if leases:
             batch = next(self._ids)
             self._batches[batch] = marking
@@ -181,8 +181,9 @@ class Lifecycle(Cleanup, Finishing):
             self._not_sent(unit, now)
             return
         if unit.deadline is None:
-            unit.deadline = now + unit.timeout_s
-            self.fx.later(unit.timeout_s, DeadlineDue(unit=unit.id))
+            timeout_s = unit.timeout_s
+            unit.deadline = now + timeout_s
+            self.fx.later(timeout_s, DeadlineDue(unit=unit.id))
         unit.attempt += 1
         unit.out = True
         unit.sent_on_slot = True
@@ -283,6 +284,15 @@ class Lifecycle(Cleanup, Finishing):
                 refused += sum(len(g.calls) for g in unit.groups)
                 self._give_back(unit, CallCancelledError("the dispatcher stopped before the call started"))
         return refused
+
+    def abandon(self, error: BaseException) -> None:
+        """The actor is gone (stop's bound ran out): answer every caller still waiting with
+        ``error``. Nothing else is done: the store and the flusher have stopped; leases
+        lapse at their TTL, a result still to come is not kept."""
+        for group in list(self.groups.values()):
+            calls, group.calls = group.calls, []
+            for call in calls:
+                self.fx.answer(call, error)
 
     @property
     def idle(self) -> bool:

@@ -33,7 +33,8 @@ from stores.types import (
 )
 
 from ._receipt_watch import ReceiptWatch
-from ._runtime import log
+from ._runtime import answer_left, left_in, log
+from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 
 __all__ = ["ReceiptStoreActor", "ReceiptStoreProxy"]
@@ -60,8 +61,10 @@ class ReceiptStoreActor(pykka.ThreadingActor):
         self._feedless = False
 
     def on_stop(self) -> None:
+        """Requests left unread are answered (the lifecycle waits on each), never dropped."""
         if self.watch is not None:
             self.watch.close()
+        answer_left(left_in(self.actor_inbox), CallCancelledError("the receipt store stopped"))
 
     def _watched(self, message: WatchReceipts) -> None:
         if self.watch is None:

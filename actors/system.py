@@ -17,36 +17,32 @@ alone.
 from __future__ import annotations
 
 import contextlib
-import copy
-import math
 import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
 import pykka
 
-from stores._codec import decode_output
 from stores.base import ReceiptStore
 from stores.keys import key_and_input_hash
 from stores.types import ClaimMode, Owner
 
 from ._calls import Call
+from ._memo_path import Intake, snapshot
 from ._ports import Ports
 from ._purge_watch import PurgeWatcher
-from ._runtime import Timers, WorkerPool, fail, in_tool, new_future, runtime_name
+from ._runtime import Timers, WorkerPool, fail, new_future, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import CompletionFlusherActor, Latch
-from .errors import AuthScopeChangedError, CallCancelledError, InvalidInputError, UnknownToolError
+from .errors import AuthScopeChangedError, CallCancelledError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
 from .heartbeat import HeartbeatActor
 from .messages import CallCancelled, StopQueue, SubmitCalls
 from .proxy import DispatchProxy
 from .receipt_store import ReceiptStoreActor
-from .results import ToolResult
 from .salvage import ReplayReport, SalvageLog
 from .stats import Stats
 from .tool import Policy, RunInfo, Tool
@@ -116,6 +112,7 @@ class DispatchSystem:
             for tool_id, tool in self.tools.items()
         }
         self._proxy = DispatchProxy(self)
+        self._intake = Intake(self)
         if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
             PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
 
@@ -166,50 +163,9 @@ class DispatchSystem:
         stale_after_s: float | None,
         timeout_s: float | None,
     ) -> list[pykka.Future[Any]]:
-        futures: list[pykka.Future[Any]] = []
-        calls: list[Call] = []
-        tool = self.tools.get(tool_id)
-        mode = (
-            ClaimMode.FORCE_REFRESH
-            if force_refresh
-            else ClaimMode.RETRY_FAILED
-            if retry_failed
-            else ClaimMode.NORMAL
+        return self._intake.execute_many(
+            tool_id, inputs, force_refresh, retry_failed, stale_after_s, timeout_s
         )
-        memo = self._memos.get(tool_id)
-        nested = in_tool()
-        now = time.monotonic()
-        stats = self.stats_
-        for input in inputs:
-            future = new_future()
-            futures.append(future)
-            try:
-                if self._stopping.is_set():
-                    raise CallCancelledError("the dispatcher is stopped")
-                if tool is None:
-                    raise UnknownToolError(
-                        f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}"
-                    )
-                _check_seconds("timeout_s", timeout_s, positive=True)
-                _check_seconds("stale_after_s", stale_after_s, positive=False)
-                call = self._call(tool, input, mode, stale_after_s, timeout_s, future, now=now)
-            except Exception as exc:
-                stats.add("calls", tool=tool_id if tool is not None else None)
-                stats.add("errors", tool=tool_id if tool is not None else None)
-                fail(future, exc)
-                continue
-            stats.add("calls", tool=tool_id)
-            if memo is not None and mode is ClaimMode.NORMAL:
-                text = memo.recall(call.key, stale_after_s, now)
-                if text is not None:  # answered here, from a read-only view (a copy per call)
-                    future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
-                    stats.add("cached", tool=tool_id)
-                    continue
-            call.nested = nested
-            calls.append(call)
-        if calls:
-            self._submit(tool_id, calls)
-        return futures
 
     def _submit(self, tool_id: str, calls: list[Call]) -> None:
         ref = self._queues[tool_id]
@@ -232,7 +188,7 @@ class DispatchSystem:
             ignore_fields=tool.non_semantic_fields,
         )  # fmt: skip
         return Call(
-            tool=tool, input=input if requeued else _snapshot(input), key=key, input_hash=input_hash,
+            tool=tool, input=input if requeued else snapshot(input), key=key, input_hash=input_hash,
             credential_digest=digest, mode=mode, stale_after_s=stale_after_s,
             timeout_s=timeout_s or tool.timeout_s or self.policy.timeout_s,
             future=future, submitted_at=now if now is not None else time.monotonic(), requeued=requeued,
@@ -354,32 +310,6 @@ class DispatchSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _check_seconds(name: str, value: Any, *, positive: bool) -> None:
-    """A duration option: None, or a finite number of seconds (> 0, or >= 0).
-
-    Raises:
-        InvalidInputError: anything else (a string, a bool, NaN, a negative number).
-    """
-    if value is None:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
-
-
-def _snapshot(value: Any) -> Any:
-    """A private copy of a caller's input, taken at ``execute``: later changes by the
-    caller are not seen by the tool (docs/how-it-works.md, Execution)."""
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value
-    try:
-        return orjson.loads(orjson.dumps(value))
-    except (TypeError, orjson.JSONDecodeError):
-        return copy.deepcopy(value)
 
 
 def _cancel_hook(ref: Any, call: Call) -> Any:

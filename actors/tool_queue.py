@@ -30,9 +30,9 @@ from stores.types import ClaimMode
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._cleanup import owner_here
-from ._runtime import fail, guarded
+from ._runtime import answer_left, fail, guarded, left_in
 from .errors import CallCancelledError
-from .messages import DrainDue, ForgetMemo, StopQueue, SubmitCalls
+from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls
 from .results import ToolResult
 from .tool import Tool
 
@@ -265,6 +265,8 @@ class ToolQueueActor(pykka.ThreadingActor):
         )
         self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
         self._drain_pending = False
+        """A DrainDue(-1) is in the inbox."""
+        self._drain_wanted = False
         self._stop_replies: list[Any] = []
 
     @property
@@ -279,12 +281,24 @@ class ToolQueueActor(pykka.ThreadingActor):
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     self._submit(call, now)
+                if self._drain_wanted:  # drain once the calls already sent are queued
+                    self._drain_wanted = False
+                    if self._drain_pending:
+                        pass  # a DrainDue in the inbox takes them
+                    elif self.actor_inbox.empty():
+                        self._drain(-1, now)  # nothing else sent: now, without a message
+                    else:
+                        self._drain_pending = True
+                        self.actor_ref.tell(DrainDue(generation=-1))
             elif isinstance(message, DrainDue):
                 self._drain(message.generation, now)
             elif isinstance(message, StopQueue):
                 self._stop_queue(message, now)
             elif isinstance(message, ForgetMemo):
                 self.queue.memo.forget()
+            elif isinstance(message, RememberOutputs):
+                for key, text in message.entries:  # read from the store: no known age
+                    self.queue.memo.remember(key, text, -float("inf"))
             else:
                 self.effects.dispatch(message, now)
         finally:
@@ -300,15 +314,19 @@ class ToolQueueActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
         (pykka discards told messages left in a stopped actor's inbox)."""
-        for envelope in _left_in(self.actor_inbox):
-            message = getattr(envelope, "message", None)
+        left = left_in(self.actor_inbox)
+        for message in left:
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
-            reply_to = getattr(envelope, "reply_to", None)
-            if reply_to is not None:
-                exc = pykka.ActorDeadError(f"{self.actor_ref} stopped before handling the message")
-                fail(reply_to, exc)
+            elif isinstance(message, StopQueue):
+                for slot in (message.reply, message.idle):
+                    if slot is not None:
+                        slot.set(0)
+        answer_left(left, CallCancelledError("the dispatcher stopped"))
+        # stop's bound ran out before these finished (answers the other actors never sent,
+        # since they stopped too): every caller still hears back
+        self.lifecycle.abandon(CallCancelledError("the dispatcher stopped before the call finished"))
 
     def _submit(self, call: Call, now: float) -> None:
         if self.lifecycle.stopping:
@@ -330,9 +348,7 @@ class ToolQueueActor(pykka.ThreadingActor):
                 self.lifecycle.nested_joined(call.key)
                 self.lifecycle.pump(now)
         elif decision is Submitted.DRAIN_NOW:
-            if not self._drain_pending:
-                self._drain_pending = True
-                self.actor_ref.tell(DrainDue(generation=-1))
+            self._drain_wanted = True  # at the end of this message (on_receive)
         elif decision is Submitted.ARM:
             ref, generation = self.actor_ref, self.queue.generation
             self.ports.timers.call_later(
@@ -378,12 +394,3 @@ class ToolQueueActor(pykka.ThreadingActor):
             fail(call.future, CallCancelledError("the call was cancelled"))
             return
         self.lifecycle.cancel(call, now)
-
-
-def _left_in(inbox: Any) -> list[Any]:
-    """What is left in a stopping actor's inbox (its own thread is the only reader, so
-    nothing here waits: every get follows a non-empty check)."""
-    left = []
-    while not inbox.empty():
-        left.append(inbox.get())
-    return left

@@ -19,7 +19,10 @@ from ._rules import IN_FLIGHT, KEEPS_OUTPUT, LOST_WHILE_RUNNING, NO_LEASE, holde
 from .base import decide_disposition, next_generation
 from .types import Claim, ClaimDisposition, ClaimMode, ClaimRequest, Owner, Receipt, ReceiptStatus
 
-__all__ = ["ClaimPlan", "plan_claims"]
+__all__ = ["ClaimPlan", "plan_claims", "settled_by_read"]
+
+_SETTLED = (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN)
+"""Statuses whose claim answer a plain read decides alone (no lease to judge)."""
 
 
 @attrs.define
@@ -38,6 +41,42 @@ class ClaimPlan:
     """Keys of lost refreshes to set ``completed`` with no lease (status, lease fields)."""
     lost: list[str] = attrs.Factory(list)
     """Keys to set ``uncertain`` (error :data:`LOST_WHILE_RUNNING`, no lease expiry)."""
+
+
+def settled_by_read(
+    requests: Sequence[ClaimRequest],
+    existing: Mapping[str, Receipt],
+    now: float,
+    mode: ClaimMode,
+    stale_after_s: float | None,
+) -> tuple[dict[str, Claim], list[ClaimRequest]]:
+    """Split a claim on a plain read (no write transaction): (answers, misses).
+
+    A receipt read ``completed``, ``failed`` or ``uncertain`` holds no lease, so the
+    table of :func:`~stores.base.decide_disposition` answers it from the read alone
+    when the answer writes nothing (``REUSED``, ``FAILED``, ``UNCERTAIN``): what a claim
+    transaction would answer at the read's instant. Everything else (no receipt, a
+    lease to judge, ``CLAIMED``: a refresh, a stale output, a retried failure) is a miss
+    for the claim transaction, which reads its rows again.
+
+    Args:
+        requests: unique keys.
+        existing: key -> receipt, from a read of the store (missing keys absent).
+        now: the store's clock at the read, epoch seconds.
+        mode / stale_after_s: the claim's.
+    """
+    answered: dict[str, Claim] = {}
+    misses: list[ClaimRequest] = []
+    claimed = ClaimDisposition.CLAIMED
+    for request in requests:
+        old = existing.get(request.key)
+        if old is not None and old.status in _SETTLED:
+            disposition = decide_disposition(old, mode, now, stale_after_s)
+            if disposition is not claimed:
+                answered[request.key] = Claim(disposition, old)
+                continue
+        misses.append(request)
+    return answered, misses
 
 
 def plan_claims(

@@ -24,6 +24,7 @@ call costs one round trip whatever its size. The rules every statement keeps:
 
 from __future__ import annotations
 
+from ._pg_claims import read_settled_sql
 from ._sqlite_schema import COLUMNS
 
 __all__ = ["Statements"]
@@ -126,6 +127,7 @@ class Statements:
         self.table = t
         self.channel = channel
         self.by_keys = f"SELECT {_COLS} FROM {t} WHERE org_id = %s AND key = ANY(%b::text[])"
+        self.read_settled = read_settled_sql(t, _COLS, _NOW)
         self.claim = f"""
 WITH req AS (
   SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],

@@ -172,7 +172,7 @@ class ReceiptStore(abc.ABC):
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
     ) -> list[Claim]:
-        """Claim receipts in one transaction.
+        """Claim receipts: one read, then one transaction for the keys it did not settle.
 
         Args:
             org_id: the org; receipts of other orgs are never read or written.
@@ -188,6 +188,11 @@ class ReceiptStore(abc.ABC):
             lease is a compare-and-set, so of two racing claimers exactly one wins.
 
         Contract details (tests/stores/test_contract.py):
+
+        * receipts a plain read settles (completed and reused, failed in normal mode,
+          uncertain: :func:`stores._claims.settled_by_read`) are answered by a read
+          without the write lock; only the other keys are claimed in the transaction
+          (a rerun of settled keys never waits for another writer);
 
         * the owner's process identity is recorded with the lease; when ``owner``
           leaves it None the store records :func:`stores.current_process_identity`;
@@ -305,6 +310,73 @@ class ReceiptStore(abc.ABC):
             The number of receipts deleted. When it is not 0, :meth:`purge_epoch`
             grows by one in the same transaction.
         """
+
+    def read_settled(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        *,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> tuple[dict[str, Claim], list[ClaimRequest]]:
+        """Answer from one plain read (no lock, no write) the claims it settles.
+
+        Args:
+            org_id: the org.
+            requests: one per key (unique keys).
+            mode / stale_after_s: as :meth:`claim_many`.
+
+        Returns:
+            (key -> Claim answered ``REUSED``, ``FAILED`` or ``UNCERTAIN`` exactly as
+            :meth:`claim_many` would at the read's instant, the other requests in order).
+            Nothing is written: a caller claims the rest. A forced refresh settles nothing.
+
+        Raises:
+            StoreError: the read failed.
+
+        This default reads with :meth:`get_many` and judges by :attr:`clock`; a store
+        whose clock is its server's (Postgres) overrides it.
+        """
+        from ._claims import settled_by_read
+
+        if mode is ClaimMode.FORCE_REFRESH or not requests:
+            return {}, list(requests)
+        found = self.get_many(org_id, [r.key for r in requests])
+        existing = {r.key: receipt for r, receipt in zip(requests, found) if receipt is not None}  # noqa: B905
+        if not existing:
+            return {}, list(requests)
+        return settled_by_read(requests, existing, self.clock(), mode, stale_after_s)
+
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        """The stored outputs a normal claim of ``keys`` would reuse, by one plain read.
+
+        Args:
+            org_id: the org.
+            keys: receipt keys.
+            stale_after_s: as :meth:`claim_many` (older completions are not returned).
+
+        Returns:
+            key -> (input hash, output text as :func:`stores._codec.encode_output` writes
+            it) for every ``completed`` receipt fresh enough; other keys are absent (a
+            caller claims them). Nothing is written.
+
+        Raises:
+            StoreError: the read failed.
+
+        This default goes through :meth:`read_settled`; a store may read the text directly.
+        """
+        from ._codec import encode_output
+
+        requests = [ClaimRequest(key, "", "", "") for key in dict.fromkeys(keys)]
+        answers, _ = self.read_settled(org_id, requests, stale_after_s=stale_after_s)
+        return {
+            key: (claim.receipt.input_hash, encode_output(claim.receipt.output))
+            for key, claim in answers.items()
+            if claim.disposition is ClaimDisposition.REUSED
+            and claim.receipt.status is ReceiptStatus.COMPLETED
+        }
 
     def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
         """Wait until some of ``keys`` are no longer held under a live lease.

@@ -25,7 +25,7 @@ org id.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -40,6 +40,7 @@ __all__ = [
     "canonical_json",
     "explain_key",
     "key_and_input_hash",
+    "key_maker",
     "receipt_key",
 ]
 
@@ -221,3 +222,50 @@ def key_and_input_hash(
 def receipt_key(**parts: Any) -> str:
     """Return only the key of :func:`explain_key` (same arguments, same errors)."""
     return explain_key(**parts).key
+
+
+def key_maker(
+    *,
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    credential_scope_digest: str = "",
+    version: str = "",
+    stale_after_s: float | None = None,
+    ignore_fields: Collection[str] = (),
+) -> Callable[[Any], tuple[str, str]]:
+    """``make(input) -> (key, input hash)``, equal to :func:`key_and_input_hash` with these
+    parts, for many inputs: the parts are checked once and the envelope before the input
+    hash is hashed once (each key then hashes only the input hash on a copy).
+
+    Raises:
+        InvalidInputError: a part is not a string (here), or an input is not plain JSON
+            (from ``make``).
+    """
+    _, _, envelope, _ = _build(
+        org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
+    )
+    head = envelope.encode("utf-8")
+    cut = len(_sha256("null")) + 3  # the input hash, its quotes and the closing bracket
+    prefix = hashlib.sha256(head[: len(head) - cut + 1])  # through the opening quote
+    ignored = frozenset(ignore_fields)
+    sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
+
+    def make(input: Any) -> tuple[str, str]:
+        data: bytes | None = None
+        value = input
+        if ignored and isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k not in ignored}
+        if _orjson_is_jcs(value):
+            try:
+                data = dumps(value, option=sort)
+            except orjson.JSONEncodeError:
+                data = None
+        if data is None:
+            data = canonical_json(value).encode("utf-8")
+        input_hash = sha256(data).hexdigest()
+        digest = prefix.copy()
+        digest.update(f'{input_hash}"]'.encode("ascii"))
+        return digest.hexdigest(), input_hash
+
+    return make

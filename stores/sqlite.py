@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ._claims import plan_claims
+from ._claims import plan_claims, settled_by_read
 from ._codec import encode_output
 from ._fenced import FencedWrites, FenceItem, refusal
 from ._offload import BlockingRunner
@@ -35,6 +35,7 @@ from ._sqlite_sql import (
     _FENCE,
     _RESOLVE,
     _RESTORE_COMPLETED,
+    _REUSABLE,
     _SET_COMPLETE,
     _SET_FAIL,
     _SET_RELEASE,
@@ -181,6 +182,20 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
         found = self._call(lambda: self._rows(self._connection(), org_id, keys))
         return [found.get(key) for key in keys]
 
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        def read() -> dict[str, tuple[str, str]]:
+            rows = self._connection().execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
+            now = self.clock()
+            return {
+                key: (input_hash, text)
+                for key, input_hash, text, at in rows
+                if stale_after_s is None or now - at <= stale_after_s
+            }
+
+        return self._call(read)  # type: ignore[no-any-return]
+
     # -- claims -----------------------------------------------------------------------
 
     def claim_many(
@@ -208,6 +223,13 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
     ) -> dict[str, Claim]:
+        decided: dict[str, Claim] = {}
+        if mode is not ClaimMode.FORCE_REFRESH:  # settled receipts: a plain read, no lock
+            existing = self._rows(self._connection(), org_id, (r.key for r in requests))
+            if existing:
+                decided, requests = settled_by_read(requests, existing, self.clock(), mode, stale_after_s)
+                if not requests:
+                    return decided
         with self._write() as conn:
             now = self.clock()
             existing = self._rows(conn, org_id, (r.key for r in requests))
@@ -230,6 +252,9 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
             if plan.lost:
                 lost = orjson.dumps(plan.lost).decode()
                 conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+        if decided:
+            decided.update(plan.decided)
+            return decided
         return plan.decided
 
     # -- fenced writes ----------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""A stop whose bound runs out still answers every caller (defect 3's kind: never a future
+that never resolves). pykka drops the told messages a stopped actor leaves unread, and
+the lifecycle's requests travel as told messages with their reply slot inside: a store
+or flusher that stopped with requests queued left those calls unanswered for good.
+Real SQLite files; both runtimes."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from actors import Policy, Tool
+from stores import SqliteReceiptStore
+
+WAIT_S = 15.0
+
+
+class SlowClaims(SqliteReceiptStore):
+    """A real store whose claims take a while (a busy database), so requests queue up."""
+
+    def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        threading.Event().wait(0.2)
+        return super().claim_many(*args, **kwargs)
+
+
+class SlowWrites(SqliteReceiptStore):
+    """A real store whose completions take a while, so outputs queue at the flusher."""
+
+    def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+        threading.Event().wait(0.3)
+        return super().complete_many(*args, **kwargs)
+
+
+def _outcomes(futures: list[Any]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    end = time.monotonic() + WAIT_S  # one bound for all: a caller never answered fails fast
+    for future in futures:
+        try:
+            kind = type(future.get(timeout=max(0.0, end - time.monotonic()))).__name__
+        except Exception as exc:
+            kind = type(exc).__name__
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+@pytest.mark.parametrize("store_class", [SlowClaims, SlowWrites], ids=["claims-queued", "writes-queued"])
+def test_stop_past_its_bound_answers_every_caller(make_system: Any, db_path: Path, store_class: Any) -> None:
+    store = store_class(db_path)
+    try:
+        tool = Tool(tool_id="api", fn=lambda i, c: i)
+        system = make_system([tool], policy=Policy(batch_grace_s=0.0, max_concurrency=8), store=store)
+        futures = []
+        for n in range(40):  # one message each: a claim request each, queued at the store
+            futures.append(system.proxy().execute("api", {"n": n}))
+            threading.Event().wait(0.002)
+        system.stop(timeout_s=0.2)  # runs out while requests wait at the store or flusher
+        kinds = _outcomes(futures)
+        assert "Timeout" not in kinds, f"callers never answered: {kinds}"
+        assert set(kinds) <= {"ToolResult", "CallCancelledError"}, kinds
+        assert sum(kinds.values()) == 40
+    finally:
+        store.close()
+
+
+def test_stop_past_its_bound_keeps_every_paid_output_stored_or_salvaged(
+    make_system: Any, db_path: Path
+) -> None:
+    runs: list[int] = []
+
+    def fn(input: Any, ctx: Any) -> Any:
+        runs.append(input["n"])
+        return input
+
+    store = SlowWrites(db_path)
+    try:
+        system = make_system([Tool(tool_id="api", fn=fn)], policy=Policy(batch_grace_s=0.0), store=store)
+        futures = []
+        for n in range(20):  # outputs arrive one by one and queue behind slow writes
+            futures.append(system.proxy().execute("api", {"n": n}))
+            threading.Event().wait(0.01)
+        system.stop(timeout_s=0.2)
+        kinds = _outcomes(futures)
+        assert "Timeout" not in kinds, f"callers never answered: {kinds}"
+        conn = sqlite3.connect(db_path)
+        try:
+            completed = {
+                row[0] for row in conn.execute("SELECT output FROM receipts WHERE status = 'completed'")
+            }
+        finally:
+            conn.close()
+        kept = {orjson.loads(text)["n"] for text in completed}
+        kept |= {entry.output["n"] for entry in system.salvage.entries()}
+        assert set(runs) <= kept, f"paid and lost: {sorted(set(runs) - kept)}"
+    finally:
+        store.close()
