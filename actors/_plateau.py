@@ -21,9 +21,10 @@ where they come from:
   line; :data:`FIT_SPREAD`). Each estimate is at most the plateau it was measured at,
   so estimates converge from above.
 * **Plateau** (CUBIC's concave region around W_max, RFC 9438 section 4.2; BBR's cruise
-  phase of ProbeBW): the rate is held at :data:`HOLD_FRACTION` of the estimate for
-  :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use. The margin absorbs
-  send-time jitter: the provider's bucket refills while we send under it.
+  phase of ProbeBW, at 1.0 of its estimate): the rate is held at :data:`HOLD_FRACTION`
+  of the estimate for :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use.
+  The margin absorbs the estimate's error (high by up to burst / span) and send-time
+  jitter: the provider's bucket refills while we send under it.
 * **Probe** (CUBIC's convex region; BBR's ProbeBW_UP): then the rate grows by
   :data:`PROBE_SLOPE` of the estimate per second of use, faster far under the rate of
   the last cut (:data:`FAR_BELOW`); past the estimate without a 429 the slope doubles
@@ -76,8 +77,12 @@ ACCEPT_WINDOW_S = 1.5
 """Window (seconds) of the accepted-rate measure at a 429."""
 MIN_MEASURE_S = 0.25
 """A window shorter than this (just after a pause) measures nothing."""
-HOLD_FRACTION = 0.95
-"""The plateau is this share of the limit estimate."""
+HOLD_FRACTION = 0.96
+"""The plateau is this share of the limit estimate. BBR cruises at a pacing gain of 1.0
+of its delivery-rate estimate (ProbeBW_CRUISE); ours err high by up to a provider's
+burst / the measured span (they converge from above), and a plateau above the limit
+costs a pause (a Retry-After) when the burst runs out: 4% covers both. At 0.95 the
+margin alone cost 5% of the limit between probes."""
 HOLD_S = 10.0
 """Seconds of use the plateau is held before probing."""
 PROBE_SLOPE = 0.01

@@ -86,7 +86,15 @@ def simulate(
 
 @pytest.mark.parametrize(
     ("rps", "seconds", "share"),
-    [(20.0, 30.0, 0.84), (50.0, 30.0, 0.82), (200.0, 30.0, 0.79), (50.0, 120.0, 0.88), (200.0, 120.0, 0.88)],
+    [
+        (20.0, 30.0, 0.84),
+        (50.0, 30.0, 0.82),
+        (200.0, 30.0, 0.79),
+        # the plateau at HOLD_FRACTION 0.96 (0.95 gave 94.0%, 93.5% and 92.7%)
+        (20.0, 120.0, 0.945),
+        (50.0, 120.0, 0.94),
+        (200.0, 120.0, 0.93),
+    ],
 )
 def test_learner_finds_an_unknown_limit(rps: float, seconds: float, share: float) -> None:
     limiter = Limiter(rps, burst=rps / 5)  # a burst of 0.2 s inflates the first measure
