@@ -55,6 +55,8 @@ class SendGate:
         """GCRA's theoretical arrival time of the next send."""
         self.waited_s = 0.0
         """Seconds senders were told to wait for their booked slot (pacing, pauses)."""
+        self.passed = 0
+        """Sends this gate let go while it spaced them (at a rate, or after a pause)."""
         self._epoch = 0
         self._closed_until = -math.inf
         self._paused_until = -math.inf
@@ -140,12 +142,14 @@ class SendGate:
             if now < self._closed_until:
                 return math.inf
             if self._rps is None:
+                self.passed += 1
                 return 0.0
             spacing = 1.0 / self._rps
             tolerance = max(spacing, self._tolerance())
             if now < self._tat - tolerance:
                 return self._tat - tolerance - now
             self._tat = max(now, self._tat) + spacing
+            self.passed += 1
             return 0.0
 
     def wait_turn(
