@@ -26,7 +26,7 @@ from actors._pacing import (
     ProviderBucket,
     parse_retry_after,
 )
-from actors._send_gate import SendGate, SendGates
+from actors._send_gate import HEADROOM, SendGate, SendGates
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
@@ -420,6 +420,15 @@ def test_send_gate_unpaused_sender_goes_at_its_booking() -> None:
     gate.book(0.0)
     assert gate.wait_turn(clock=fake.clock, sleep=fake.sleep) is True
     assert fake.slept == [pytest.approx(0.25)]
+
+
+def test_send_gates_space_sends_a_little_faster_than_the_governor_grants() -> None:
+    # a second pacer at the same rate would be a queue at full utilisation (its delay
+    # never drains); a stated rate paced at 98% is sent at no more than the rate itself
+    gate = SendGates().get("org", "p")
+    gate.set_rate(100.0 * PACE_MARGIN)
+    assert [gate.book(0.0)[0] for _ in range(2)] == pytest.approx([0.0, 1 / (100.0 * PACE_MARGIN * HEADROOM)])
+    assert 100.0 * PACE_MARGIN * HEADROOM <= 100.0
 
 
 def test_send_gates_are_one_per_org_and_provider() -> None:
