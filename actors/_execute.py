@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -28,6 +28,9 @@ from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
 from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
 from .tool import Tool
+
+if TYPE_CHECKING:
+    from ._send_gate import SendGate
 
 __all__ = ["attempt", "failure_kind_for", "split_members", "transient"]
 
@@ -174,10 +177,24 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
 
 
 def attempt(
-    spec: AttemptSpec, tell: Callable[[Any], None], clock: Callable[[], float] = time.monotonic
+    spec: AttemptSpec,
+    tell: Callable[[Any], None],
+    clock: Callable[[], float] = time.monotonic,
+    gate: SendGate | None = None,
 ) -> None:
-    """Run one attempt on the calling worker and ``tell`` the outcome (never raises)."""
+    """Run one attempt on the calling worker and ``tell`` the outcome (never raises).
+
+    ``gate``: the provider's send gate; the request waits there for its turn (spaced at
+    the governor's rate: the steps between a grant and the send, such as marking a batch
+    of receipts running, would otherwise let granted calls go out in bunches larger
+    than the provider's burst). A turn that would come after the call's deadline, or a
+    gate closed meanwhile, sends nothing: :class:`~actors.errors.NotSentError`.
+    """
     tool = spec.tool
+    if gate is not None and not gate.wait_turn(latest=spec.context.deadline, clock=clock):
+        error = NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+        return
     sent_at = clock()
     try:
         if spec.batched and tool.batch is not None:

@@ -40,8 +40,9 @@ class LocalEffects:
 
     def start(self, spec: AttemptSpec) -> None:
         tell = self._tell
+        gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
         try:
-            self.ports.pool.submit(lambda: attempt(spec, tell))
+            self.ports.pool.submit(lambda: attempt(spec, tell, gate=gate))
         except RuntimeError as exc:  # the pool is shut down: the system stopped
             tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
 

@@ -75,7 +75,8 @@ RFC 5681): doubling overshoots the provider's limit by up to a third before its 
 comes back, and 80% of that would still be over it."""
 USE_WINDOW_S = 0.5
 """Time constant (seconds) of the moving average of grants that tells how fast a
-provider's calls are being admitted."""
+provider's calls are being admitted. It starts, at a provider's first grant, at the
+rate itself (in use)."""
 IN_USE_FRACTION = 0.5
 """The rate grows only while calls are admitted at no less than this share of it: a
 rate nobody uses is not raised (RFC 7661's rule for an unused congestion window)."""
@@ -222,6 +223,11 @@ class ProviderBucket:
         if self.rate is not None:
             self.tokens -= n
         self.in_flight += n
+        if self._used_at == -math.inf and self.rate is not None:
+            # the first grant: no history is no evidence of an idle provider (RFC 7661's
+            # rule is for a sender with nothing to send); an average starting at zero
+            # would hold slow start back for a time constant (~0.3 s of its ramp)
+            self._used, self._used_at = self.rate * USE_WINDOW_S, now
         self._used = self._decayed(now) + n
         self._used_at = max(self._used_at, now)
 

@@ -9,7 +9,9 @@ where they come from:
   doubles every :data:`SLOW_START_DOUBLING_S` worth of accepted calls, until the first
   429. Its limit estimate is what was accepted over the last :data:`EXIT_WINDOW_S`; a
   provider's burst, drained during the ramp, inflates it (by up to burst / window), so
-  the first plateau is only :data:`FIRST_HOLD_FRACTION` of it.
+  the first plateau is only :data:`FIRST_HOLD_FRACTION` of it, and never under half
+  the rate the provider saw (the rate calls were delivered at, which lags the rate
+  asked for by the way from grant to provider: RFC 5681 halves FlightSize, not cwnd).
 * **Estimate from delivery, not from the send rate** (BBR: Cardwell et al., "BBR:
   Congestion-Based Congestion Control", ACM Queue 2016; draft-ietf-ccwg-bbr: the
   bottleneck rate is the *delivery* rate over a window). Later 429s are estimated from
@@ -21,9 +23,10 @@ where they come from:
   line; :data:`FIT_SPREAD`). Each estimate is at most the plateau it was measured at,
   so estimates converge from above.
 * **Plateau** (CUBIC's concave region around W_max, RFC 9438 section 4.2; BBR's cruise
-  phase of ProbeBW): the rate is held at :data:`HOLD_FRACTION` of the estimate for
-  :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use. The margin absorbs
-  send-time jitter: the provider's bucket refills while we send under it.
+  phase of ProbeBW, at 1.0 of its estimate): the rate is held at :data:`HOLD_FRACTION`
+  of the estimate for :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use.
+  The margin absorbs the estimate's error (high by up to burst / span) and send-time
+  jitter: the provider's bucket refills while we send under it.
 * **Probe** (CUBIC's convex region; BBR's ProbeBW_UP): then the rate grows by
   :data:`PROBE_SLOPE` of the estimate per second of use, faster far under the rate of
   the last cut (:data:`FAR_BELOW`); past the estimate without a 429 the slope doubles
@@ -76,8 +79,12 @@ ACCEPT_WINDOW_S = 1.5
 """Window (seconds) of the accepted-rate measure at a 429."""
 MIN_MEASURE_S = 0.25
 """A window shorter than this (just after a pause) measures nothing."""
-HOLD_FRACTION = 0.95
-"""The plateau is this share of the limit estimate."""
+HOLD_FRACTION = 0.96
+"""The plateau is this share of the limit estimate. BBR cruises at a pacing gain of 1.0
+of its delivery-rate estimate (ProbeBW_CRUISE); ours err high by up to a provider's
+burst / the measured span (they converge from above), and a plateau above the limit
+costs a pause (a Retry-After) when the burst runs out: 4% covers both. At 0.95 the
+margin alone cost 5% of the limit between probes."""
 HOLD_S = 10.0
 """Seconds of use the plateau is held before probing."""
 PROBE_SLOPE = 0.01
@@ -103,6 +110,8 @@ CUT_COOLDOWN_S = 1.0
 the cut's congestion event."""
 MIN_RPS = 0.1
 """The rate is never below this."""
+MIN_SENT_ANSWERS = 8
+"""Slow start's send rate is measured from at least this many answers (else its rate)."""
 KEPT_CYCLES = 3
 """Cycles kept for the fit (the one whose span differs most is used)."""
 FIT_SPREAD = 0.15
@@ -199,6 +208,7 @@ class LimitLearner:
         )
         if not new_event or self.rate is None:
             return False
+        sent_rps = self._sent_rps(now) if self.phase == "slow_start" else self.rate
         if self.phase == "slow_start":
             # everything was accepted until now: the last doubling's accepted rate is a
             # floor for the limit that the average over the whole cycle is not
@@ -212,11 +222,11 @@ class LimitLearner:
         else:
             estimate = self._estimate(now)
         hold = FIRST_HOLD_FRACTION if self.phase == "slow_start" else HOLD_FRACTION
-        estimate = max(estimate, self.rate * MAX_CUT / hold, MIN_RPS)
+        estimate = max(estimate, sent_rps * MAX_CUT / hold, MIN_RPS)
         self.limit_rps = estimate
         # the rate it was cut from (CUBIC's W_max), but never above the estimate: slow
         # start overshoots by up to twice the limit before its 429 comes back
-        self.cut_from_rps = min(self.rate, estimate)
+        self.cut_from_rps = min(sent_rps, estimate)
         self.rate = max(MIN_RPS, hold * estimate)
         self.phase, self.phase_since, self.above_since = "plateau", resume_at, None
         self.measure_from = resume_at
@@ -224,6 +234,25 @@ class LimitLearner:
         self.last_cut_at = now
         self.cuts += 1
         return True
+
+    def _sent_rps(self, now: float) -> float:
+        """Slow start's rate as the provider saw it at ``now``: the rate calls were
+        delivered at over the last doubling period, carried to its end (over one doubling
+        an exponential ramp averages ``1 / (2 ln 2)`` of its last value), never above the
+        rate asked for. Until the first 429 everything sent was accepted, so this is the
+        send rate, lagging the rate asked for by the way from grant to provider (RFC 5681
+        halves FlightSize, what is in flight, not cwnd)."""
+        assert self.rate is not None
+        span = min(SLOW_START_DOUBLING_S, now - self.phase_since)
+        if span < MIN_MEASURE_S:
+            return self.rate
+        answers = self._accepted_since(now - span)
+        if answers < MIN_SENT_ANSWERS:
+            return self.rate  # too few to say: a thin measure never collapses the rate
+        delivered = answers / span
+        doublings = span / SLOW_START_DOUBLING_S
+        carried: float = delivered * doublings * math.log(2.0) / (1.0 - 0.5**doublings)
+        return min(self.rate, carried)
 
     def _accepted_since(self, start: float) -> int:
         return sum(1 for t in self._accepted if t >= start)

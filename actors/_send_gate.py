@@ -13,7 +13,16 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["SendGate", "SendGates"]
+__all__ = ["HEADROOM", "SendGate", "SendGates"]
+
+HEADROOM = 1.02
+"""The gates of a system space sends at this many times the governor's rate. The gate
+is a second pacer in series with the governor's token bucket: at exactly the same rate
+it is a queue at full utilisation, where every bunch that arrives (calls granted
+together, or held up together on their way) adds a delay that never drains (in slow
+start that lag let the rate run 20% past the provider's before its first 429). A
+little faster than its input the queue drains; a stated rate, paced at 98% of itself
+(:data:`actors._pacing.PACE_MARGIN`), is then sent at no more than the rate itself."""
 
 
 class SendGate:
@@ -45,9 +54,11 @@ class SendGate:
     ``time.monotonic`` seconds unless a clock is given.
     """
 
-    def __init__(self, rps: float | None = None, burst: float | None = None) -> None:
+    def __init__(self, rps: float | None = None, burst: float | None = None, headroom: float = 1.0) -> None:
         self._lock = threading.Lock()
         self._rps = rps
+        self._headroom = headroom
+        """Sends are spaced at ``rps x headroom`` (see :data:`HEADROOM`)."""
         self._burst = max(1.0, burst or 1.0)
         self._next = -math.inf
         """Booking's theoretical time of the next slot (GCRA over bookings)."""
@@ -55,6 +66,8 @@ class SendGate:
         """GCRA's theoretical arrival time of the next send."""
         self.waited_s = 0.0
         """Seconds senders were told to wait for their booked slot (pacing, pauses)."""
+        self.passed = 0
+        """Sends this gate let go while it spaced them (at a rate, or after a pause)."""
         self._epoch = 0
         self._closed_until = -math.inf
         self._paused_until = -math.inf
@@ -79,9 +92,13 @@ class SendGate:
         with self._lock:
             self._burst = max(1.0, burst or 1.0)
 
+    def _spacing(self) -> float:
+        """Seconds between sends at the rate (0: no spacing)."""
+        return 1.0 / (self._rps * self._headroom) if self._rps else 0.0
+
     def _tolerance(self) -> float:
         """GCRA tolerance of bookings, seconds: ``(burst - 1)`` spacings."""
-        return (self._burst - 1.0) / self._rps if self._rps else 0.0
+        return (self._burst - 1.0) * self._spacing()
 
     def pause_until(self, until: float, rps: float | None) -> None:
         """No send before ``until``; senders already waiting book again from there."""
@@ -89,7 +106,7 @@ class SendGate:
             self._epoch += 1
             self._paused_until = until
             self._rps = rps
-            spacing = 1.0 / rps if rps else 0.0
+            spacing = self._spacing()
             # an empty allowance at ``until``: the first sender goes then, the rest spaced
             self._next = until + self._tolerance()
             self._tat = until + max(spacing, self._tolerance())
@@ -122,7 +139,7 @@ class SendGate:
                 return math.inf, self._epoch
             at = max(now, self._next - self._tolerance())
             if self._rps is not None:
-                self._next = max(at, self._next) + 1.0 / self._rps
+                self._next = max(at, self._next) + self._spacing()
             self.waited_s += at - now
             return at - now, self._epoch
 
@@ -140,12 +157,14 @@ class SendGate:
             if now < self._closed_until:
                 return math.inf
             if self._rps is None:
+                self.passed += 1
                 return 0.0
-            spacing = 1.0 / self._rps
+            spacing = self._spacing()
             tolerance = max(spacing, self._tolerance())
             if now < self._tat - tolerance:
                 return self._tat - tolerance - now
             self._tat = max(now, self._tat) + spacing
+            self.passed += 1
             return 0.0
 
     def wait_turn(
@@ -207,7 +226,7 @@ class SendGates:
         gate = self._gates.get(key)
         if gate is None:
             with self._lock:
-                gate = self._gates.setdefault(key, SendGate())
+                gate = self._gates.setdefault(key, SendGate(headroom=HEADROOM))
         return gate
 
     def waited_s(self) -> dict[tuple[str, str], float]:

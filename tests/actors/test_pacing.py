@@ -26,7 +26,7 @@ from actors._pacing import (
     ProviderBucket,
     parse_retry_after,
 )
-from actors._send_gate import SendGate, SendGates
+from actors._send_gate import HEADROOM, SendGate, SendGates
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
@@ -249,6 +249,30 @@ def test_slow_start_doubles_the_rate_every_period_while_it_is_used() -> None:
     assert bucket.rate == pytest.approx(4 * start, rel=0.1)
 
 
+def test_slow_start_ramps_from_a_providers_first_grant() -> None:
+    # no history is no evidence of an idle provider: the ramp starts with the first call
+    # (a moving average starting at zero held it back ~0.3 s, ~1% of a 30 s run)
+    bucket = _bucket(start_rps=SLOW_START_RPS)
+    now = 0.0
+    while now < 2 * SLOW_START_DOUBLING_S:  # calls admitted and succeeding at the rate
+        assert bucket.rate is not None
+        bucket.take(1, now)
+        bucket.on_success(now)
+        now += 1 / bucket.rate
+    assert bucket.rate == pytest.approx(4 * SLOW_START_RPS, rel=0.2)
+
+
+def test_slow_start_does_not_ramp_a_rate_nobody_uses_after_its_first_grant() -> None:
+    bucket = _bucket(start_rps=SLOW_START_RPS)
+    bucket.take(1, 0.0)
+    bucket.on_success(0.05)
+    assert bucket.rate is not None and bucket.rate > SLOW_START_RPS  # in use at first
+    rate = bucket.rate
+    for i in range(5):  # then one call a second: the average falls under half the rate
+        bucket.on_success(2.0 + i)
+    assert bucket.rate == rate
+
+
 def test_unpaced_bucket_starts_slow_start_from_half_the_admitted_rate_at_its_first_429() -> None:
     bucket = _bucket()
     for i in range(300):
@@ -396,6 +420,15 @@ def test_send_gate_unpaused_sender_goes_at_its_booking() -> None:
     gate.book(0.0)
     assert gate.wait_turn(clock=fake.clock, sleep=fake.sleep) is True
     assert fake.slept == [pytest.approx(0.25)]
+
+
+def test_send_gates_space_sends_a_little_faster_than_the_governor_grants() -> None:
+    # a second pacer at the same rate would be a queue at full utilisation (its delay
+    # never drains); a stated rate paced at 98% is sent at no more than the rate itself
+    gate = SendGates().get("org", "p")
+    gate.set_rate(100.0 * PACE_MARGIN)
+    assert [gate.book(0.0)[0] for _ in range(2)] == pytest.approx([0.0, 1 / (100.0 * PACE_MARGIN * HEADROOM)])
+    assert 100.0 * PACE_MARGIN * HEADROOM <= 100.0
 
 
 def test_send_gates_are_one_per_org_and_provider() -> None:
