@@ -21,8 +21,6 @@ from typing import Any
 
 import pykka
 
-from .errors import CallCancelledError
-
 __all__ = [
     "LightFuture",
     "Reply",
@@ -201,31 +199,6 @@ def fail(future: Any, exc: BaseException) -> None:
     """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
     with contextlib.suppress(queue.Full):
         future.set_exception((type(exc), exc, exc.__traceback__))
-
-
-def left_in(inbox: Any) -> list[Any]:
-    """The messages left in a stopping actor's inbox (called from its ``on_stop``; its own
-    thread is the only reader, so nothing here waits: every get follows a non-empty check).
-
-    pykka discards what a stopped actor leaves unread, answering only ``ask`` futures;
-    a request whose reply slot travels inside a told message would never be answered.
-    """
-    left = []
-    while not inbox.empty():
-        envelope = inbox.get()
-        reply_to = getattr(envelope, "reply_to", None)
-        if reply_to is not None:
-            fail(reply_to, CallCancelledError("the dispatcher stopped before handling the request"))
-        left.append(getattr(envelope, "message", envelope))
-    return left
-
-
-def answer_left(messages: list[Any], exc: BaseException) -> None:
-    """Fail the reply slot (``message.reply``) of every message left unhandled."""
-    for message in messages:
-        reply = getattr(message, "reply", None)
-        if reply is not None and not getattr(reply, "done", False):
-            fail(reply, exc)
 
 
 class Reply:

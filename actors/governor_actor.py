@@ -13,8 +13,9 @@ from typing import Any
 
 import pykka
 
+from ._inbox import answer_left, left_in
 from ._pacing import pacing_report
-from ._runtime import Timers, answer_left, fail, guarded, left_in
+from ._runtime import Timers, fail, guarded
 from ._send_gate import SendGates
 from ._shared_governor import SharedGovernor
 from .errors import BudgetExceededError, CallCancelledError

@@ -32,8 +32,9 @@ from stores.types import (
     ReceiptStatus,
 )
 
+from ._inbox import answer_left, left_in
 from ._receipt_watch import ReceiptWatch
-from ._runtime import answer_left, left_in, log
+from ._runtime import log
 from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 

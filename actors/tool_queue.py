@@ -30,7 +30,8 @@ from stores.types import ClaimMode
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._cleanup import owner_here
-from ._runtime import answer_left, fail, guarded, left_in
+from ._inbox import answer_left, left_in
+from ._runtime import fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls
 from .results import ToolResult

@@ -16,9 +16,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ._codec import decode_output, encode_output, salvage_form, validate_output
+from ._dispositions import decide_disposition, next_generation
 from ._process import ProcessIdentity, current_process_identity, process_gone
 from ._rules import output_too_large_error
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, decide_disposition, next_generation
+from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore
 from .errors import (
     InvalidInputError,
     InvalidOutputError,

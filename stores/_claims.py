@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 
+from ._dispositions import decide_disposition, next_generation
 from ._rules import IN_FLIGHT, KEEPS_OUTPUT, LOST_WHILE_RUNNING, NO_LEASE, holder_gone, owner_identity
-from .base import decide_disposition, next_generation
 from .types import Claim, ClaimDisposition, ClaimMode, ClaimRequest, Owner, Receipt, ReceiptStatus
 
 __all__ = ["ClaimPlan", "plan_claims", "settled_by_read"]
@@ -53,7 +53,7 @@ def settled_by_read(
     """Split a claim on a plain read (no write transaction): (answers, misses).
 
     A receipt read ``completed``, ``failed`` or ``uncertain`` holds no lease, so the
-    table of :func:`~stores.base.decide_disposition` answers it from the read alone
+    table of :func:`~stores._dispositions.decide_disposition` answers it from the read alone
     when the answer writes nothing (``REUSED``, ``FAILED``, ``UNCERTAIN``): what a claim
     transaction would answer at the read's instant. Everything else (no receipt, a
     lease to judge, ``CLAIMED``: a refresh, a stale output, a retried failure) is a miss

@@ -16,7 +16,7 @@ from .types import FailureKind, Receipt, ReceiptStatus
 _KEEPS_OUTPUT = "receipts.completed_at IS NOT NULL AND receipts.status IN ('completed', 'queued', 'running')"
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
 _BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
-# What a normal claim reuses (stores.base.decide_disposition: completed, fresh enough),
+# What a normal claim reuses (stores._dispositions.decide_disposition: completed, fresh enough),
 # the output text as stored: the caller's plain read of a cold rerun.
 _REUSABLE = (
     "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._codec import encode_output
+from ._dispositions import decide_disposition
 from ._fenced import FencedWrites, FenceItem, refusal
 from ._pg_claims import read_settled
 from ._pg_conn import PgConnections, is_postgres_url, split_schema
@@ -39,7 +40,7 @@ from ._rules import (
     resolved_as_failed,
 )
 from ._sqlite_sql import _DEFAULT_PURGE, error_text, receipt_from_row
-from .base import Clock, ReceiptStore, decide_disposition
+from .base import Clock, ReceiptStore
 from .errors import StoreError
 from .types import (
     Claim,

@@ -1,0 +1,78 @@
+"""What persistence shares: the latch (the persistence circuit breaker), the completion
+ladder's back-off, and what happened to each completion (:class:`FlushOutcome`).
+Owned and used by :mod:`actors.completion_flusher`; re-exported there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+__all__ = ["FlushOutcome", "Latch", "OutcomeKind", "ladder_backoff"]
+
+
+OutcomeKind = Literal["persisted", "completed_by_other", "lease_lost", "salvaged", "refused"]
+
+
+@attrs.frozen
+class FlushOutcome:
+    """What happened to one member's completion.
+
+    ``persisted``: stored. ``completed_by_other``: someone else's output is stored
+    (``output`` holds it). ``lease_lost``: our lease was taken; output salvaged.
+    ``salvaged``: could not be stored; kept in the salvage file. ``refused``: the store
+    refused this member alone (``error`` says why: too large, not JSON).
+    """
+
+    kind: OutcomeKind
+    output: Any = None
+    error: str = ""
+    reason: str = ""
+    """For ``refused``: the store's RefusalReason value (``output_too_large``, ...)."""
+
+
+class Latch:
+    """The persistence circuit breaker of one dispatcher, owned by the completion flusher.
+
+    Only the flusher actor trips it (its own give-up, or a :class:`TripLatch` message
+    from a lifecycle whose failure write failed); every other thread reads it as a
+    snapshot (``tripped``, then ``reason``) right before starting a provider call.
+    Once tripped it stays tripped. Calls refused because of it are counted in the
+    system's stats (``refused_by_latch``).
+    """
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.tripped = False
+
+    def trip(self, reason: str) -> None:
+        """Open the circuit (idempotent; the first reason is kept). Flusher thread only."""
+        if not self.tripped:
+            self.reason = reason
+            self.tripped = True
+
+
+def ladder_backoff(
+    failures: int,
+    ladder: Sequence[float],
+    now: float,
+    deadline: float | None,
+    headroom_s: float,
+    tripped: bool,
+) -> float | None:
+    """Seconds to wait before the next write attempt, or None to give up.
+
+    Args:
+        failures: failed attempts so far (>= 1).
+        ladder: the back-offs, seconds.
+        now / deadline: monotonic seconds; deadline None means no run deadline.
+        headroom_s: give up when the deadline leaves less than back-off + this.
+        tripped: the latch is already tripped (give up at once).
+    """
+    if tripped or failures > len(ladder):
+        return None
+    backoff = ladder[failures - 1]
+    if deadline is not None and deadline - now < backoff + headroom_s:
+        return None
+    return backoff
