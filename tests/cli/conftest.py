@@ -230,8 +230,17 @@ class Cli:
 
     @staticmethod
     def command(*args: str | os.PathLike[str]) -> list[str]:
-        """``[python, -m, actors.job.cli, *args]``."""
-        return [sys.executable, "-m", "actors.job.cli", *map(str, args)]
+        """``[python, -m, actors.job.cli, *args]``; in the gevent run of the suite a
+        ``run`` that names no runtime runs under gevent too (``--runtime gevent``), so the
+        CLI is tested in the runtime the suite tests."""
+        argv = list(map(str, args))
+        if (
+            argv[:1] == ["run"]
+            and "--runtime" not in argv
+            and os.environ.get("TOOLDISPATCH_RUNTIME") == "gevent"
+        ):
+            argv[1:1] = ["--runtime", "gevent"]
+        return [sys.executable, "-m", "actors.job.cli", *argv]
 
     def run(
         self,
