@@ -10,6 +10,7 @@ its slot back). The transitions live in :mod:`actors._claiming` (claims and wait
 
 from __future__ import annotations
 
+import abc
 import collections
 import itertools
 from collections.abc import Iterable
@@ -94,7 +95,7 @@ PERSIST_BATCH = 500
 """Most outputs held back for one flusher request while more messages are waiting."""
 
 
-class LifecycleBase:
+class LifecycleBase(abc.ABC):
     """The state of one tool's call groups and units, and their exit actions.
 
     Args:
@@ -145,15 +146,15 @@ class LifecycleBase:
 
     # -- provided by the parts ---------------------------------------------------------
 
+    @abc.abstractmethod
     def pump(self, now: float) -> None:
         """Ask for slots for what waits (:class:`actors.lifecycle.Lifecycle`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _conclude(
         self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
         """End a unit's last attempt (:class:`actors._finishing.Finishing`)."""
-        raise NotImplementedError
 
     def _compile(self, groups: list[Group]) -> list[Unit]:
         batch = self.tool.batch
@@ -239,7 +240,7 @@ class LifecycleBase:
             self._batches[batch] = items
             self.fx.release_receipts(batch, [lease for _, _, lease in items])
 
-    def _claim_failed(self, keys: list[str]) -> None:
+    def _claim_failed(self, keys: list[str]) -> None:  # noqa: B027 - optional hook (actors._cleanup)
         """A claim raised after it may have committed (see :mod:`actors._cleanup`)."""
 
     def _released(self, group: Group, error: BaseException | None) -> None:

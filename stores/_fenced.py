@@ -10,6 +10,7 @@ for every backend), or that a retried write already landed.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 
 from ._rules import encode_for_store
@@ -57,7 +58,7 @@ def refusal(
     )
 
 
-class FencedWrites:
+class FencedWrites(abc.ABC):
     """The fenced bulk writes of a receipt store, on top of one backend method, ``_fence``.
 
     ``_fence(org_id, owner, op, items, refused, idempotent_status, ttl_s)`` applies ``op``
@@ -66,6 +67,7 @@ class FencedWrites:
     the :class:`FenceReport` (keys not applied go to ``refused`` with :func:`refusal`).
     """
 
+    @abc.abstractmethod
     def _fence(
         self,
         org_id: str,
@@ -76,7 +78,7 @@ class FencedWrites:
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
     ) -> FenceReport:
-        raise NotImplementedError  # each backend's one statement
+        """Apply ``op`` to the items whose lease ``owner`` holds (each backend's one statement)."""
 
     def mark_running_many(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
