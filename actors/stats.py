@@ -44,6 +44,7 @@ class Stats:
         "calls", "live", "cached", "in_flight", "deduped", "provider_calls", "batches",
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
+        "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -24,8 +24,8 @@ EXIT_CODES = """\b
 Exit codes:
   0    every row succeeded
   1    some rows failed (each is in the output with its error; the report groups them)
-  2    usage or configuration error, or the input or output cannot be read or written
-       on (one line, no traceback)
+  2    usage or configuration error, or the input cannot be read or the output
+       cannot be written (one line, no traceback)
   130  interrupted (Ctrl-C or SIGTERM): rows in flight finished and were stored; run
        the same command again to resume (finished calls are not paid again). A second
        signal aborts at once, after releasing every receipt not yet sent."""

@@ -16,7 +16,7 @@ __all__ = ["ErrorKinds", "error_kind"]
 _PATTERNS = (
     (re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""), "'…'"),  # quoted values
     (re.compile(r"\b[0-9a-fA-F]{12,}\b"), "…"),  # receipt keys, ids
-    (re.compile(r"\d+(?:\.\d+)?"), "N"),  # numbers (line numbers, counts, codes)
+    (re.compile(r"(?<![\w.])\d+(?:\.\d+)*(?![\w])"), "N"),  # numbers (line numbers, counts), not 5xx or v1
 )
 
 MESSAGE_CHARS = 160

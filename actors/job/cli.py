@@ -185,7 +185,16 @@ def _run(
         if pacer is not None:
             pacer.close()
     if summary.config_error:
-        raise ConfigError(summary.config_error)
+        done = ""
+        if summary.rows:  # stopped mid-run: say what was already paid for and kept
+            sent = int(stats.get("provider_calls", 0))
+            done = (
+                f" (the run stopped after {summary.rows} rows; {sent} provider requests had been sent"
+                " and their results are stored, so running again after the fix does not pay for them"
+                + (f"; rows done so far are in {output_path}" if output_path else "")
+                + ")"
+            )
+        raise ConfigError(summary.config_error + done)
     if close_error:
         raise ConfigError(f"cannot write the output {output_path}: {close_error}")
     if not console.is_terminal:  # a log, CI: rich would fit tables to 80 columns and cut names

@@ -727,3 +727,15 @@ def test_actor_wait_scan_flags_waits_outside_the_store() -> None:
         "message.reply.get(timeout=1)",
         "self.other.ask('hi')",
     ]
+
+
+def test_stats_has_the_same_keys_on_a_rerun(make_system: Any) -> None:
+    tool = Tool(tool_id="t", fn=lambda i, c: i)
+    first = make_system([tool])
+    first.proxy().execute("t", {"x": 1}).get(timeout=15)
+    again = make_system([tool], run_id="r2")
+    assert again.proxy().execute("t", {"x": 1}).get(timeout=15).execution == "cached"
+    fresh, rerun = first.stats(), again.stats()
+    assert set(rerun) == set(fresh)  # code reading stats()["requests"] works on a rerun too
+    assert (fresh["requests"], rerun["requests"]) == (1, 0)
+    assert (fresh["receipts_created"], rerun["receipts_created"]) == (1, 0)

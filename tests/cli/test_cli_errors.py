@@ -93,6 +93,33 @@ def test_cli_errors_unknown_tool(cli, good_csv, tmp_path):
     _assert_one_line_error(done, "no_such_tool")
 
 
+def test_cli_errors_unknown_tool_after_paid_calls_says_what_was_kept(cli, good_csv, tmp_path):
+    play = tmp_path / "late_typo_play.py"
+    play.write_text(
+        UNKNOWN_TOOL_PLAY.replace(
+            'return ctx.tool("no_such_tool"',
+            'ctx.tool("double", {"row": row})\n    return ctx.tool("no_such_tool"',
+        ),
+        encoding="utf-8",
+    )
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", good_csv, "--db", tmp_path / "r.db", "--output", out)
+
+    _assert_one_line_error(done, "no_such_tool", "the run stopped after", "does not pay for them", str(out))
+
+
+def test_cli_error_kinds_keep_words_with_digits_and_abstract_numbers() -> None:
+    from actors.job._error_kinds import error_kind
+
+    kind = error_kind(
+        "ProviderUnavailableError: provider 'p' is unavailable (connection errors, 5xx or timeouts): "
+        "http://127.0.0.1:8750/v1/domain/batch [Errno 111] after 3.5 s"
+    )
+    assert "5xx" in kind and "/v1/" in kind  # words that hold digits are words
+    assert "127" not in kind and "8750" not in kind and "111" not in kind and "3.5" not in kind
+
+
 def test_cli_errors_malformed_csv_row_fails_alone(cli, local_play, tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text("n,boom\n1,\n2,\n3,,too,many\n4,\n", encoding="utf-8")
