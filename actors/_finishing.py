@@ -52,6 +52,17 @@ class Finishing(LifecycleBase):
         unit.out = False
         error = msg.error
         policy = self.policy
+        blocked = (
+            self.fx.blocked_until(now) if isinstance(error, NotSentError) and msg.sent_at is None else None
+        )
+        if blocked is not None and blocked[1]:
+            # the worker's send gate sent nothing because the provider's circuit opened
+            # meanwhile: admitted again, its send refuses it as unavailable and gives the
+            # receipt back, as for any call reaching an open circuit
+            unit.sent_on_slot = False  # its provider_calls charge comes back with the slot
+            self.fx.count("requests", -1)
+            self._readmit(unit, now, front=True)
+            return
         if error is not None:
             if isinstance(error, RateLimitedError):
                 self.fx.backpressure(error.retry_after, msg.sent_at)

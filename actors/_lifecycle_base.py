@@ -261,6 +261,13 @@ class LifecycleBase(abc.ABC):
             if not unit.groups:
                 self._leave(unit)
 
+    def _readmit(self, unit: Unit, now: float, front: bool = False) -> None:
+        """Give the unit's slot back and queue it for admission again (nothing was sent)."""
+        self._free_slot(unit)
+        for group in unit.groups:
+            group.state = GroupState.CLAIMED
+        self._enqueue([unit], front=front)
+
     def _free_slot(self, unit: Unit) -> None:
         if unit.slot:
             unit.slot = False

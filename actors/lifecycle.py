@@ -203,12 +203,6 @@ class Lifecycle(Cleanup, Finishing):
         )
         self._conclude(unit, None, error, now)
 
-    def _readmit(self, unit: Unit, now: float, front: bool = False) -> None:
-        self._free_slot(unit)
-        for group in unit.groups:
-            group.state = GroupState.CLAIMED
-        self._enqueue([unit], front=front)
-
     # -- leases, cancellation, stop -----------------------------------------------------
 
     def on_leases_lost(self, keys: Iterable[str], now: float) -> None:

@@ -1284,3 +1284,22 @@ def test_lifecycle_without_an_owner_a_failed_claim_reads_nothing_back() -> None:
     d.drain("a")
     d.fail_claim(StoreError("connection lost after COMMIT"))
     assert d.fx.reads == {}
+
+
+def test_lifecycle_a_send_held_at_the_workers_gate_when_the_circuit_opens_is_refused_and_given_back() -> None:
+    d = Driver()
+    (call,) = _run_to_running(d, "a")
+    spec = d.fx.starts[-1]
+    d.fx.blocked = (d.now + 5.0, True)  # the circuit opened while the worker waited for its turn
+    d.life.on_finished(
+        UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=NotSentError("gate closed")),
+        d.now,
+    )  # no sent_at: nothing went out
+    d.pump()
+    d.grant()  # admitted again; its send meets the open circuit
+    d.mark()
+    assert isinstance(d.outcome(call), ProviderUnavailableError)
+    assert [lease.key for lease in d.fx.released] == ["a"]  # given back, not recorded failed
+    assert d.fx.failures == {}
+    assert d.fx.refunds == 2  # neither grant sent anything: both charges come back
+    d.assert_nothing_held()
