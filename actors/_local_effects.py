@@ -13,6 +13,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import pykka
+
+from stores._codec import EncodedOutput
 
 from ._calls import Call, Group
 from ._execute import AttemptSpec, attempt
@@ -41,10 +44,64 @@ class LocalEffects:
     def start(self, spec: AttemptSpec) -> None:
         tell = self._tell
         gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
+        unit = self.actor.lifecycle.units.get(spec.unit)
+        late = self._late_results(unit) if unit is not None and self.tool.durable else None
+
+        def report(message: Any) -> None:
+            try:
+                tell(message)
+            except pykka.ActorDeadError:  # the system stopped before this attempt returned
+                if late is not None:
+                    late(message)
+
         try:
-            self.ports.pool.submit(lambda: attempt(spec, tell, gate=gate))
+            self.ports.pool.submit(lambda: attempt(spec, report, gate=gate))
         except RuntimeError as exc:  # the pool is shut down: the system stopped
             tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
+
+    def _late_results(self, unit: Any) -> Any:
+        """Where an attempt's outputs go when it returns after the system stopped (stop's
+        bound ran out while it ran): the salvage file, so a paid result is never lost
+        (``tooldispatch salvage replay`` stores it). Runs on the worker."""
+        members = [
+            (g.key, g.input_hash, g.receipt.lease_id if g.receipt is not None else None) for g in unit.groups
+        ]
+        org_id, scope, tool_id, salvage = (
+            self.org_id,
+            self.ports.run.scope,
+            self.tool.tool_id,
+            self.ports.salvage,
+        )
+
+        def keep(message: Any) -> None:
+            if not isinstance(message, UnitFinished) or message.members is None:
+                return
+            error = "the dispatcher stopped before this result was stored"
+            entries = []
+            for (key, input_hash, lease_id), (text, failure) in zip(members, message.members, strict=False):
+                if failure is None and isinstance(text, str):
+                    entries.append(
+                        salvage_entry(
+                            key=key,
+                            org_id=org_id,
+                            scope=scope,
+                            tool_id=tool_id,
+                            input_hash=input_hash,
+                            output=EncodedOutput(text),
+                            attempts=1,
+                            first_error_at=None,
+                            error=error,
+                            lease_id=lease_id,
+                        )
+                    )
+            if entries:
+                try:
+                    salvage.append(entries)
+                    log.warning("stopped before %d results were stored: salvaged", len(entries))
+                except Exception:
+                    log.exception("could not salvage %d results that came back after stop", len(entries))
+
+        return keep
 
     def reconcile(self, batch: int, group: Group) -> None:
         hook = self.tool.reconcile

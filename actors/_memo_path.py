@@ -132,7 +132,7 @@ class Intake:
                 key, input_hash = make(input)
             except Exception as exc:
                 future = new_future()
-                fail(future, exc)
+                fail(future, _as_input_error(exc))
                 futures.append(future)
                 errors += 1
                 continue
@@ -153,10 +153,16 @@ class Intake:
         calls: list[Call] = []
         for index, input, key, input_hash in misses:
             future = futures[index] = new_future()
+            try:
+                private = snapshot(input)
+            except Exception as exc:  # an input that cannot be copied fails alone
+                fail(future, _as_input_error(exc))
+                errors += 1
+                continue
             calls.append(
                 Call(
                     tool=tool,
-                    input=snapshot(input),
+                    input=private,
                     key=key,
                     input_hash=input_hash,
                     credential_digest=digest,
@@ -249,3 +255,18 @@ def snapshot(value: Any) -> Any:
         return orjson.loads(orjson.dumps(value))
     except (TypeError, orjson.JSONDecodeError):
         return copy.deepcopy(value)
+
+
+def _as_input_error(exc: Exception) -> Exception:
+    """What a caller hears when its input could not be keyed or copied: the error itself
+    when it already says so (InvalidInputError), else an InvalidInputError naming it
+    (its message may itself raise: the type alone then)."""
+    if isinstance(exc, InvalidInputError):
+        return exc
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:
+        text = type(exc).__name__
+    error = InvalidInputError(f"input cannot be used: {text}")
+    error.__cause__ = exc
+    return error

@@ -14,6 +14,7 @@ store actor's futures, which is safe because that actor never waits on anyone.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite
 from .salvage import SalvageLog, salvage_entry
 from .tool import Policy
 
-__all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff"]
+__all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff", "salvage_writing"]
 
 
 @attrs.define
@@ -75,9 +76,13 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         deadline: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stats: Any = None,
+        writing: dict[int, Any] | None = None,
     ) -> None:
         super().__init__()
         self.stats = stats
+        self.writing: dict[int, Any] = writing if writing is not None else {}
+        """Chunk id -> salvage entries maker of a write in progress (read by the system's
+        stop, from its own thread, when its bound runs out: :func:`salvage_writing`)."""
         self.store = store
         self.policy = policy
         self.latch = latch
@@ -133,6 +138,11 @@ class CompletionFlusherActor(pykka.ThreadingActor):
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
+        self.writing[id(chunk)] = lambda reason: [
+            self._entry(chunk, m, reason)
+            for m in list(chunk.members)
+            if m.completion.key in m.request.remaining
+        ]
         try:
             self._write(chunk)
         except Exception as exc:
@@ -145,6 +155,8 @@ class CompletionFlusherActor(pykka.ThreadingActor):
             finally:
                 for member in members:
                     self._settle(member, FlushOutcome("salvaged", error=chunk.error))
+        finally:
+            self.writing.pop(id(chunk), None)
 
     def pending(self) -> int:
         """Members buffered or waiting for a retry (0 once everything is settled)."""
@@ -352,3 +364,18 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         fact = CompletionsFlushed(persisted=persisted, salvaged=salvaged)
         for observer in self.observers:
             observer(fact)
+
+
+def salvage_writing(writing: dict[int, Any], salvage: SalvageLog) -> int:
+    """Salvage the outputs of writes still in progress (called by a stop whose bound ran
+    out while the flusher waited on the store): a paid result is then on disk before stop
+    returns even if the process exits. A write that lands later leaves a salvage entry of
+    an already completed receipt, which ``salvage replay`` counts and drops. Returns the
+    number of outputs salvaged."""
+    entries = []
+    for make in list(writing.values()):
+        with contextlib.suppress(Exception):
+            entries += make("the dispatcher stopped while this result was being stored")
+    if entries:
+        salvage.append(entries)
+    return len(entries)

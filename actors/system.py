@@ -35,7 +35,7 @@ from ._ports import Ports
 from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, fail, new_future, runtime_name
 from ._send_gate import SendGates
-from .completion_flusher import CompletionFlusherActor, Latch
+from .completion_flusher import CompletionFlusherActor, Latch, salvage_writing
 from .errors import AuthScopeChangedError, CallCancelledError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
@@ -86,6 +86,8 @@ class DispatchSystem:
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
         self._heartbeat = HeartbeatActor.start(store, policy.heartbeat_for)
+        self._writing: dict[int, Any] = {}
+        """The flusher's writes in progress (salvaged by a stop whose bound runs out)."""
         self._flusher = CompletionFlusherActor.start(
             self.store_proxy,
             policy,
@@ -95,6 +97,7 @@ class DispatchSystem:
             run.scope,
             deadline,
             stats=self.stats_,
+            writing=self._writing,
         )
         self._pool = WorkerPool("tooldispatch-tool")
         self.ports = Ports(
@@ -303,6 +306,9 @@ class DispatchSystem:
         for ref in [*self._queues.values(), self._heartbeat, self._governor, self._flusher, self._store_ref]:
             with contextlib.suppress(Exception):
                 ref.stop(timeout=max(0.1, end - time.monotonic()))
+        if self._writing:  # the bound ran out while a write waited on the store: on disk now
+            with contextlib.suppress(Exception):
+                salvage_writing(self._writing, self.salvage)
         self.timers.stop()
 
     def __enter__(self) -> DispatchSystem:

@@ -82,9 +82,10 @@ def _orjson_is_jcs(value: Any) -> bool:
     (code point order equals UTF-16 order) and integers within +/-(2**53 - 1) (no
     floats: ECMAScript number formatting is rfc8785's job). Both escape strings the
     same way (checked by tests/stores/test_keys_fastpath.py). Anything else, including
-    every invalid input, takes the rfc8785 path.
+    every invalid input and an input that contains itself, takes the rfc8785 path.
     """
     stack = [value]
+    seen: set[int] = set()  # containers walked: an input that contains itself ends the walk
     while stack:
         item = stack.pop()
         kind = type(item)
@@ -93,13 +94,17 @@ def _orjson_is_jcs(value: Any) -> bool:
         if kind is int:
             if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
                 return False
-        elif kind is dict:
+        elif kind is dict or kind is list:
+            if id(item) in seen:
+                return False  # a cycle (or a shared subtree): rfc8785 decides, and refuses a cycle
+            seen.add(id(item))
+            if kind is list:
+                stack.extend(item)
+                continue
             for key in item:
                 if type(key) is not str or not key.isascii():
                     return False
             stack.extend(item.values())
-        elif kind is list:
-            stack.extend(item)
         else:
             return False
     return True

@@ -11,6 +11,7 @@ import pytest
 
 from actors import (
     BudgetExceededError,
+    InvalidInputError,
     Policy,
     ProviderError,
     Tool,
@@ -251,3 +252,40 @@ def test_call_a_bad_duration_option_fails_that_call_alone(make_system: Any, opti
     with pytest.raises(InvalidInputError, match=option):
         system.proxy().execute("t", {"n": 1}, **{option: value}).get(timeout=WAIT_S)
     assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+
+
+class _NoCopyFloat(float):
+    """Keys as a number (RFC 8785 takes a float subclass) but cannot be copied."""
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise RuntimeError("no deepcopy")
+
+
+def _self_list() -> Any:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+def _self_dict() -> Any:
+    loop: dict[str, Any] = {}
+    loop["a"] = loop
+    return loop
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [_self_list, _self_dict, lambda: {"x": _NoCopyFloat(1.5)}],
+    ids=["contains-itself-list", "contains-itself-dict", "cannot-be-copied"],
+)
+def test_call_an_input_that_cannot_be_used_fails_alone_with_invalid_input(make_system: Any, bad: Any) -> None:
+    ran: list[Any] = []
+    tool = Tool(tool_id="t", fn=lambda i, c: ran.append(i) or {"ok": i["i"]})
+    system = make_system([tool])
+    futures = system.proxy().execute_many("t", [{"i": 1}, bad(), {"i": 2}])  # never raises, never hangs
+    with pytest.raises(InvalidInputError):
+        futures[1].get(timeout=WAIT_S)
+    assert [f.get(timeout=WAIT_S).value for f in (futures[0], futures[2])] == [{"ok": 1}, {"ok": 2}]
+    with pytest.raises(InvalidInputError):
+        system.proxy().execute("t", bad()).get(timeout=WAIT_S)
+    assert sorted(r["i"] for r in ran) == [1, 2]

@@ -99,3 +99,54 @@ def test_stop_past_its_bound_keeps_every_paid_output_stored_or_salvaged(
         assert set(runs) <= kept, f"paid and lost: {sorted(set(runs) - kept)}"
     finally:
         store.close()
+
+
+def _salvaged_outputs(system: Any) -> list[Any]:
+    return [entry.output for entry in system.salvage.entries()]
+
+
+def test_a_result_whose_write_waits_on_the_store_when_stop_runs_out_is_salvaged(
+    make_system: Any, db_path: Path
+) -> None:
+    returned, release = threading.Event(), threading.Event()
+
+    def fn(input: Any, ctx: Any) -> Any:
+        release.wait(WAIT_S)
+        returned.set()
+        return {"answer": input["n"]}
+
+    system = make_system([Tool(tool_id="api", fn=fn)], policy=Policy(batch_grace_s=0.0))
+    future = system.proxy().execute("api", {"n": 7})
+    blocker = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    try:
+        threading.Event().wait(0.3)  # claimed and running
+        blocker.execute("BEGIN IMMEDIATE")  # another worker's long write holds the lock
+        release.set()
+        assert returned.wait(WAIT_S)
+        threading.Event().wait(0.3)  # its write now waits on the lock
+        system.stop(timeout_s=1.0)
+        assert {"answer": 7} in _salvaged_outputs(system)  # on disk before stop returned
+        assert _outcomes([future]).keys() <= {"ToolResult", "CallCancelledError"}
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+def test_a_result_that_comes_back_after_stop_returned_is_salvaged(make_system: Any) -> None:
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def slow(input: Any, ctx: Any) -> Any:
+        started.set()
+        release.wait(WAIT_S)
+        return {"late": input["n"]}
+
+    system = make_system([Tool(tool_id="api", fn=slow)], policy=Policy(batch_grace_s=0.0))
+    future = system.proxy().execute("api", {"n": 3})
+    assert started.wait(WAIT_S)
+    system.stop(timeout_s=0.3)  # runs out: the tool is still running
+    assert isinstance(_outcomes([future]), dict)
+    release.set()
+    end = time.monotonic() + WAIT_S
+    while {"late": 3} not in _salvaged_outputs(system) and time.monotonic() < end:
+        returned.wait(0.05)
+    assert {"late": 3} in _salvaged_outputs(system), "a paid result came back after stop and was dropped"
