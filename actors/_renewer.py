@@ -47,7 +47,7 @@ def native(module: str, name: str) -> Any:
     return getattr(sys.modules.get(module) or __import__(module), name)
 
 
-def hub_caller() -> Callable[..., None]:
+def hub_caller() -> Callable[..., object]:
     """``call(fn, *args)``: run ``fn(*args)`` where the actors live.
 
     Under gevent, on the hub of the calling thread (captured now), from any OS thread
@@ -60,7 +60,8 @@ def hub_caller() -> Callable[..., None]:
     import gevent
 
     loop = gevent.get_hub().loop
-    return loop.run_callback_threadsafe  # type: ignore[no-any-return]
+    call: Callable[..., object] = loop.run_callback_threadsafe
+    return call
 
 
 @attrs.frozen
