@@ -45,9 +45,11 @@ class DispatchProxy:
             RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
             BudgetExceededError, PersistenceCircuitOpenError or CallCancelledError.
         """
-        return self._system._execute_many(
+        (future,) = self._system._intake.execute_many(
             tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s
-        )[0]
+        )
+        one: pykka.Future[Any] = future
+        return one
 
     def execute_many(
         self,
@@ -65,7 +67,7 @@ class DispatchProxy:
             list of futures, same order as ``inputs``. An input that is not JSON fails
             its own future alone.
         """
-        return self._system._execute_many(
+        return self._system._intake.execute_many(
             tool_id, tuple(inputs), force_refresh, retry_failed, stale_after_s, timeout_s
         )
 

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pykka
@@ -156,19 +156,6 @@ class DispatchSystem:
         if found is None:
             found = self._digests[tool.tool_id] = str(tool.credentials())
         return found
-
-    def _execute_many(
-        self,
-        tool_id: str,
-        inputs: Sequence[Any],
-        force_refresh: bool,
-        retry_failed: bool,
-        stale_after_s: float | None,
-        timeout_s: float | None,
-    ) -> list[pykka.Future[Any]]:
-        return self._intake.execute_many(
-            tool_id, inputs, force_refresh, retry_failed, stale_after_s, timeout_s
-        )
 
     def _submit(self, tool_id: str, calls: list[Call]) -> None:
         ref = self._queues[tool_id]
