@@ -63,40 +63,20 @@ class LocalEffects:
         """Where an attempt's outputs go when it returns after the system stopped (stop's
         bound ran out while it ran): the salvage file, so a paid result is never lost
         (``tooldispatch salvage replay`` stores it). Runs on the worker."""
-        members = [
-            (g.key, g.input_hash, g.receipt.lease_id if g.receipt is not None else None) for g in unit.groups
-        ]
-        org_id, scope, tool_id, salvage = (
-            self.org_id,
-            self.ports.run.scope,
-            self.tool.tool_id,
-            self.ports.salvage,
-        )
+        groups = list(unit.groups)
 
         def keep(message: Any) -> None:
             if not isinstance(message, UnitFinished) or message.members is None:
                 return
             error = "the dispatcher stopped before this result was stored"
-            entries = []
-            for (key, input_hash, lease_id), (text, failure) in zip(members, message.members, strict=False):
-                if failure is None and isinstance(text, str):
-                    entries.append(
-                        salvage_entry(
-                            key=key,
-                            org_id=org_id,
-                            scope=scope,
-                            tool_id=tool_id,
-                            input_hash=input_hash,
-                            output=EncodedOutput(text),
-                            attempts=1,
-                            first_error_at=None,
-                            error=error,
-                            lease_id=lease_id,
-                        )
-                    )
+            entries = [
+                self._entry(group, EncodedOutput(text), error)
+                for group, (text, failure) in zip(groups, message.members, strict=False)
+                if failure is None and isinstance(text, str)
+            ]
             if entries:
                 try:
-                    salvage.append(entries)
+                    self.ports.salvage.append(entries)
                     log.warning("stopped before %d results were stored: salvaged", len(entries))
                 except Exception:
                     log.exception("could not salvage %d results that came back after stop", len(entries))
@@ -149,12 +129,15 @@ class LocalEffects:
             stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
             self._salvage(group, stand_in, error, described=True)
 
-    def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:
-        entry = salvage_entry(
+    def _entry(self, group: Group, output: Any, error: str) -> Any:
+        return salvage_entry(
             key=group.key, org_id=self.org_id, scope=self.ports.run.scope, tool_id=self.tool.tool_id,
             input_hash=group.input_hash, output=output, attempts=1, first_error_at=None, error=error,
             lease_id=group.receipt.lease_id if group.receipt else None,
         )  # fmt: skip
+
+    def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:
+        entry = self._entry(group, output, error)
         if described:  # a stand-in: kept for an operator, never replayed into the store
             entry = attrs.evolve(entry, output_form="described", output_problem=error)
         self.ports.salvage.append([entry])

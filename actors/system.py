@@ -23,14 +23,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import pykka
 
 from stores.base import ReceiptStore
-from stores.keys import key_and_input_hash
-from stores.types import ClaimMode, Owner
+from stores.types import Owner
 
-from ._calls import Call
-from ._memo_path import Intake, snapshot
+from ._calls import Call, Role
+from ._memo_path import Intake
 from ._ports import Ports
 from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, fail, new_future, runtime_name
@@ -167,23 +167,6 @@ class DispatchSystem:
             for call in calls:
                 fail(call.future, CallCancelledError("the dispatcher is stopped"))
 
-    def _call(
-        self, tool: Tool, input: Any, mode: ClaimMode, stale_after_s: float | None, timeout_s: float | None,
-        future: Any, requeued: bool = False, now: float | None = None,
-    ) -> Call:  # fmt: skip
-        digest = self._digest(tool)
-        key, input_hash = key_and_input_hash(
-            org_id=self.run.org_id, scope=self.run.scope, tool_id=tool.tool_id, input=input,
-            credential_scope_digest=digest, version=tool.version, stale_after_s=stale_after_s,
-            ignore_fields=tool.non_semantic_fields,
-        )  # fmt: skip
-        return Call(
-            tool=tool, input=input if requeued else snapshot(input), key=key, input_hash=input_hash,
-            credential_digest=digest, mode=mode, stale_after_s=stale_after_s,
-            timeout_s=timeout_s or tool.timeout_s or self.policy.timeout_s,
-            future=future, submitted_at=now if now is not None else time.monotonic(), requeued=requeued,
-        )  # fmt: skip
-
     def _requeue(self, call: Call, error: BaseException) -> None:
         """Credentials changed: recompute the key and queue the call once more.
 
@@ -193,20 +176,22 @@ class DispatchSystem:
             fail(call.future, error)
             return
         self._digests.pop(call.tool.tool_id, None)
-        try:
-            fresh = self._call(
-                call.tool, call.input, call.mode, call.stale_after_s, call.timeout_s, call.future, True
-            )
+        try:  # the same input (already a private copy), keyed under the new credentials
+            digest = self._digest(call.tool)
+            key, input_hash = self._intake._maker(call.tool, digest, call.stale_after_s)(call.input)
         except Exception as exc:
             fail(call.future, exc)
             return
+        fresh = attrs.evolve(
+            call, key=key, input_hash=input_hash, credential_digest=digest, requeued=True, role=Role.OWNER,
+            submitted_at=time.monotonic(),
+        )  # fmt: skip
         if fresh.key == call.key:
             fail(
                 call.future,
                 AuthScopeChangedError(f"credentials changed but the receipt key did not: {error}"),
             )
             return
-        fresh.nested = call.nested
         self.stats_.add("requeued")
         self._submit(call.tool.tool_id, [fresh])
 
