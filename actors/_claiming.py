@@ -20,6 +20,7 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState
+from ._execute import error_text
 from ._lifecycle_base import Done, LifecycleBase
 from .errors import (
     CallCancelledError,
@@ -161,7 +162,8 @@ class Claiming(LifecycleBase):
             return
         if error is not None or group.receipt is None:
             self._settle(group, UncertainOutcomeError(
-                f"the outcome of {group.key} is uncertain and reconciling it failed: {error}",
+                f"the outcome of {group.key} is uncertain and reconciling it failed: "
+                + (error_text(error) if error is not None else "its receipt is gone"),
                 failure_kind=None,
             ))  # fmt: skip
             return

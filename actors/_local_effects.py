@@ -59,6 +59,12 @@ class LocalEffects:
         except RuntimeError as exc:  # the pool is shut down: the system stopped
             tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
 
+    def keep_late(self, message: UnitFinished) -> None:
+        """An attempt's answer left unhandled in the stopping actor's inbox: salvaged."""
+        unit = self.actor.lifecycle.units.get(message.unit)
+        if unit is not None and self.tool.durable:
+            self._late_results(unit)(message)
+
     def _late_results(self, unit: Any) -> Any:
         """Where an attempt's outputs go when it returns after the system stopped (stop's
         bound ran out while it ran): the salvage file, so a paid result is never lost

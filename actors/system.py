@@ -30,6 +30,7 @@ from stores.base import ReceiptStore
 from stores.types import Owner
 
 from ._calls import Call, Role
+from ._execute import error_text
 from ._memo_path import Intake
 from ._ports import Ports
 from ._purge_watch import PurgeWatcher
@@ -189,7 +190,9 @@ class DispatchSystem:
         if fresh.key == call.key:
             fail(
                 call.future,
-                AuthScopeChangedError(f"credentials changed but the receipt key did not: {error}"),
+                AuthScopeChangedError(
+                    f"credentials changed but the receipt key did not: {error_text(error)}"
+                ),
             )
             return
         self.stats_.add("requeued")

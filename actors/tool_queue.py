@@ -33,7 +33,7 @@ from ._cleanup import owner_here
 from ._inbox import answer_left, left_in
 from ._runtime import fail, guarded
 from .errors import CallCancelledError
-from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls
+from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls, UnitFinished
 from .results import ToolResult
 from .tool import Tool
 
@@ -320,6 +320,8 @@ class ToolQueueActor(pykka.ThreadingActor):
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
+            elif isinstance(message, UnitFinished):  # a paid answer that came in as it stopped
+                self.effects.keep_late(message)
             elif isinstance(message, StopQueue):
                 for slot in (message.reply, message.idle):
                     if slot is not None:

@@ -213,6 +213,25 @@ def decode_output(text: str | bytes | None) -> Any:
     return orjson.loads(text)
 
 
+REPR_NODES = 100_000
+"""Most values a salvage description visits: a value holding one list twice per level
+(``a = [a, a]``) has 2**50 paths to the depth limit, each of which reprlib would walk."""
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's brief repr that stops (``...``) after ``budget`` values."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.left = budget
+
+    def repr1(self, x: Any, level: int) -> str:
+        self.left -= 1
+        if self.left < 0:
+            return "..."
+        return super().repr1(x, level)
+
+
 def salvage_form(value: Any) -> tuple[Any, str | None]:
     """What the salvage log writes for an output: ``(value_or_stand_in, why)``.
 
@@ -226,7 +245,7 @@ def salvage_form(value: Any) -> tuple[Any, str | None]:
     try:
         encode_output(value)
     except (InvalidOutputError, OutputNotStorableError) as exc:
-        brief = reprlib.Repr()  # keyword arguments only from Python 3.12
+        brief = _BoundedRepr(REPR_NODES)  # keyword arguments only from Python 3.12
         brief.maxlevel = 50
         brief.maxstring = brief.maxother = brief.maxlong = 1 << 20
         brief.maxlist = brief.maxdict = brief.maxtuple = brief.maxset = 10_000

@@ -16,6 +16,7 @@ from typing import IO, Any
 import attrs
 import orjson
 
+from .._execute import error_text
 from ..errors import UnknownToolError
 from ._error_kinds import ErrorKinds
 from ._ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
@@ -78,7 +79,8 @@ def encode_outcome(outcome: RowOutcome) -> tuple[bytes, str | None]:
             line, ensure_ascii=True, allow_nan=False, separators=(",", ":")
         ).encode() + b"\n", None
     except (TypeError, ValueError, RecursionError) as exc:
-        error = f"ResultNotWritableError: the row's result has no JSON form ({type(exc).__name__}: {exc})"
+        why = f"{type(exc).__name__}: {error_text(exc)}"
+        error = f"ResultNotWritableError: the row's result has no JSON form ({why})"
     failed = {"index": outcome.index, "row": outcome.row, "result": None, "error": error}
     try:
         return orjson.dumps(failed) + b"\n", error
@@ -150,7 +152,7 @@ def run_rows(
                     stop.set()
                     outcome = RowOutcome(index, row, error=f"UnknownToolError: {exc}")
                 except Exception as exc:
-                    outcome = RowOutcome(index, row, error=f"{type(exc).__name__}: {exc}")
+                    outcome = RowOutcome(index, row, error=f"{type(exc).__name__}: {error_text(exc)}")
             if out is not None:
                 line, unwritable = encode_outcome(outcome)
                 if unwritable is not None:

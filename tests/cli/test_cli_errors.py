@@ -348,3 +348,32 @@ def test_cli_errors_csv_with_a_byte_order_mark_and_a_header_that_is_not_utf8(cli
     assert exported.returncode == 0, exported.stderr  # row["n"] found: the mark is not part of the name
     assert cli.report(exported.stderr)["rows"] == "2 (2 ok, 0 failed)"
     _assert_one_line_error(broken, "CSV header", "not UTF-8")
+
+
+RECURSIVE_ERROR_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="double", fn=lambda input, ctx: input)]
+
+
+def play(row, ctx):
+    if row["n"] == "2":
+        error = RuntimeError()
+        error.args = (error,)  # its str() recurses
+        raise error
+    return ctx.tool("double", {"n": row["n"]})
+"""
+
+
+def test_cli_errors_a_row_error_whose_message_cannot_be_read_fails_that_row_alone(cli, good_csv, tmp_path):
+    play = tmp_path / "recursive_error_play.py"
+    play.write_text(RECURSIVE_ERROR_PLAY, encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", good_csv, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr  # one row failed; the run went on
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3, lines
+    assert '"error":null' in lines[0] and '"error":null' in lines[2]
+    assert "RuntimeError" in lines[1]

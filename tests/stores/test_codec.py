@@ -181,3 +181,11 @@ def test_codec_unstorable_json_raises_not_storable_and_has_a_salvage_form(value:
 def test_codec_salvage_form_of_storable_value_is_the_value() -> None:
     value = {"snippet": "caf\ud83d", "n": 2**70}
     assert salvage_form(value) == (value, None)
+
+
+def test_codec_salvage_form_of_a_value_holding_itself_twice_is_bounded() -> None:
+    loop: list[Any] = []
+    loop.extend([loop, loop])  # 2**50 paths to the depth limit: an unbounded walk never ends
+    stand_in, reason = salvage_form(loop)
+    assert reason is not None and stand_in["type"] == "list"
+    assert stand_in["repr"].endswith("]") and "..." in stand_in["repr"]
