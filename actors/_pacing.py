@@ -16,13 +16,14 @@ from typing import Any
 
 import attrs
 
-from ._plateau import LimitLearner
+from ._plateau import SLOW_START_DOUBLING_S, LimitLearner
 
 __all__ = [
     "AIMD_CUT_COOLDOWN_S",
     "AIMD_DECREASE",
     "AIMD_INCREASE_FRACTION",
     "AIMD_MIN_RPS",
+    "INITIAL_WINDOW",
     "PACE_MARGIN",
     "SLOW_START_DOUBLING_S",
     "SLOW_START_EXIT_DECREASE",
@@ -62,13 +63,14 @@ PACE_MARGIN = 0.98
 the network); at exactly the provider's rate every late request permanently eats into
 the provider's burst allowance and the bunches add up to a 429. At 98% the provider's
 bucket refills by 2% of its rate per second and absorbs them."""
-SLOW_START_RPS = 10.0
-"""Default start of slow start (requests per second) for remote APIs of unknown rate,
-like TCP's initial window (RFC 6928): low enough that the first burst costs a 429 or
-two, not one per concurrent call; the lowest rate an unpaced provider restarts at."""
-SLOW_START_DOUBLING_S = 0.5
-"""Slow start: until the first 429, an unknown provider's rate doubles every this many
-seconds while it is what holds calls back (RFC 5681's slow start, in rate form)."""
+INITIAL_WINDOW = 10
+"""Requests slow start sends in its first doubling period: RFC 6928's initial window of
+ten segments per round trip."""
+SLOW_START_RPS = INITIAL_WINDOW / SLOW_START_DOUBLING_S
+"""Default start of slow start (20 requests per second) for remote APIs of unknown
+rate: :data:`INITIAL_WINDOW` per doubling period, low enough that the first burst costs a
+429 or two, not one per concurrent call; the lowest rate an unpaced provider restarts
+at. (From 10/s, slow start took 0.5 s longer to reach 200/s: 1.5% of a 30 s run.)"""
 SLOW_START_EXIT_DECREASE = 0.5
 """The first congestion event of an unknown rate halves it (as TCP leaves slow start,
 RFC 5681): doubling overshoots the provider's limit by up to a third before its 429

@@ -74,7 +74,8 @@ __all__ = [
 ]
 
 SLOW_START_DOUBLING_S = 0.5
-"""Slow start doubles the rate every this many seconds' worth of accepted calls."""
+"""Slow start doubles the rate every this many seconds' worth of accepted calls (RFC
+5681's slow start in rate form: the doubling period stands in for TCP's round trip)."""
 ACCEPT_WINDOW_S = 1.5
 """Window (seconds) of the accepted-rate measure at a 429."""
 MIN_MEASURE_S = 0.25

@@ -255,7 +255,8 @@ def http_tool(
         version: the provider action version (part of the receipt key).
         pacing: the provider's limits, when known. Default: rate unknown, slow start
             from :data:`~actors._pacing.SLOW_START_RPS` requests/s (doubling until the
-            first 429, then AIMD), so an API is never hit with every row at once.
+            first 429, then a plateau under the limit learnt), so an API is never hit with
+            every row at once.
         headers: extra headers (authentication).
         timeout_s: per-request timeout, seconds.
         client: an httpx.Client to share between tools.

@@ -13,7 +13,7 @@ two cases through the public API (:class:`actors.DispatchSystem`, a tool from
 :func:`actors.http.http_tool`, a SQLite receipt store in a temporary directory):
 
 * **stated**: the tool says ``Pacing(rps=R)``;
-* **unknown**: the ``http_tool`` default (slow start from 10/s, then learnt).
+* **unknown**: the ``http_tool`` default (slow start from 20/s, then learnt).
 
 More calls than the limit can serve in ``--seconds`` are submitted at once; the figures
 are what nginx itself logged during those seconds, from the first submission: accepted
@@ -51,6 +51,7 @@ from stores import SqliteReceiptStore  # noqa: E402
 
 STATED_TARGET, UNKNOWN_TARGET, UNKNOWN_429_MAX = 0.97, 0.85, 0.02
 TRACE = bool(os.environ.get("PACING_BENCH_TRACE"))
+TRACE_S = float(os.environ.get("PACING_BENCH_TRACE_S", "1.0"))
 """Print the governor's view every second to stderr (for tuning)."""
 
 
@@ -84,7 +85,7 @@ def run_case(rps: float, mode: str, seconds: float, burst_s: float) -> dict[str,
             futures = [proxy.execute("call", {"i": i}) for i in range(calls)]
             submitted_s = time.monotonic() - start
             while time.monotonic() < start + seconds:  # the measured window
-                time.sleep(max(0.0, min(1.0, start + seconds - time.monotonic())))
+                time.sleep(max(0.0, min(TRACE_S, start + seconds - time.monotonic())))
                 if TRACE:
                     now_seen = limiter.statuses()
                     view = system._governor.proxy().pacing_report().get(timeout=30).get("bench/nginx", {})
@@ -121,23 +122,27 @@ def run_case(rps: float, mode: str, seconds: float, burst_s: float) -> dict[str,
     }
 
 
-def _child(rates: list[float], seconds: float, burst_s: float) -> None:
+def _child(rates: list[float], seconds: float, burst_s: float, modes: list[str]) -> None:
     for rps in rates:
-        for mode in ("stated", "unknown"):
+        for mode in modes:
             result = run_case(rps, mode, seconds, burst_s)
             result["runtime"] = runtime_name()
             print(json.dumps(result), flush=True)
 
 
-def _spawn(runtime: str, rates: list[float], seconds: float, burst_s: float) -> list[dict[str, Any]]:
+def _spawn(
+    runtime: str, rates: list[float], seconds: float, burst_s: float, modes: list[str]
+) -> list[dict[str, Any]]:
     cmd = [sys.executable]
     if runtime == "gevent":
         cmd += ["-m", "gevent.monkey"]
     cmd += [str(Path(__file__).resolve()), "--child", "--seconds", str(seconds), "--burst-s", str(burst_s)]
-    cmd += ["--rates", ",".join(f"{r:g}" for r in rates)]
+    cmd += ["--rates", ",".join(f"{r:g}" for r in rates), "--modes", ",".join(modes)]
     env = {**os.environ, "TOOLDISPATCH_RUNTIME": runtime}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
+    out = subprocess.run(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=None if TRACE else subprocess.PIPE, text=True
+    )
+    if out.returncode != 0 and out.stderr:
         print(out.stderr[-3000:], file=sys.stderr)
     results = []
     for line in out.stdout.splitlines():
@@ -168,24 +173,26 @@ def _verdict(r: dict[str, Any]) -> str:
 @click.option("--rates", default="20,50,200", show_default=True, help="Limits R to run, requests/s.")
 @click.option("--burst-s", default=0.2, show_default=True, help="nginx burst, in seconds of R.")
 @click.option("--runtimes", default="threads,gevent", show_default=True)
+@click.option("--modes", default="stated,unknown", show_default=True, help="Which pacing cases to run.")
 @click.option("--child", is_flag=True, hidden=True)
-def main(seconds: float, rates: str, burst_s: float, runtimes: str, child: bool) -> None:
+def main(seconds: float, rates: str, burst_s: float, runtimes: str, modes: str, child: bool) -> None:
     """Accepted rate / R and 429 share against nginx, stated and unknown R, both runtimes."""
     rate_list = [float(r) for r in rates.split(",") if r]
+    mode_list = [m for m in modes.split(",") if m]
     if child:
-        _child(rate_list, seconds, burst_s)
+        _child(rate_list, seconds, burst_s, mode_list)
         return
     if _nginx_module().find_nginx() is None:
         raise SystemExit(_nginx_module().NGINX_HOWTO)
     names = [r for r in runtimes.split(",") if r]
     print(f"pacing bench: {seconds:g} s per case, nginx burst {burst_s:g} s of R, load {os.getloadavg()}")
-    results = {name: _spawn(name, rate_list, seconds, burst_s) for name in names}
+    results = {name: _spawn(name, rate_list, seconds, burst_s, mode_list) for name in names}
     index = {(r["runtime"], r["mode"], r["rps"]): r for rs in results.values() for r in rs}
     print()
     print("| R, pacing | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for rps in rate_list:
-        for mode in ("stated", "unknown"):
+        for mode in mode_list:
             cells = []
             for name in names:
                 r = index.get((name, mode, rps))

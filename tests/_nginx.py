@@ -65,6 +65,12 @@ def _rate(rps: float) -> str:
     return f"{int(per_minute)}r/m"
 
 
+def _burst(burst: int) -> str:
+    """``limit_req``'s arguments: nginx refuses ``burst=0``; without ``burst`` (its default,
+    0) a request arriving less than 1/R after the last accepted one is refused."""
+    return f" burst={burst} nodelay" if burst > 0 else ""
+
+
 CONFIG = """\
 {user}
 worker_processes 1;
@@ -86,7 +92,7 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         location = /call {{
-            limit_req zone=provider burst={burst} nodelay;
+            limit_req zone=provider{burst};
             limit_req_status 429;
             limit_req_log_level info;
             add_header Retry-After $retry_after always;
@@ -112,7 +118,8 @@ class NginxLimiter:
 
     Args:
         rps: the limit, requests per second (whole per second, or whole per minute).
-        burst: nginx's ``burst`` (requests over the rate it lets through at once, nodelay).
+        burst: nginx's ``burst`` (requests over the rate it lets through at once, nodelay;
+            0: no burst, nginx's default).
         directory: where config, logs and sockets go (default: a new temporary one).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`.
@@ -149,7 +156,9 @@ class NginxLimiter:
         # as root, nginx's worker would drop to `nobody`, which cannot use this directory
         user = "user root root;" if os.geteuid() == 0 else ""
         conf.write_text(
-            CONFIG.format(user=user, dir=self.dir, port=self.port, rate=_rate(self.rps), burst=self.burst)
+            CONFIG.format(
+                user=user, dir=self.dir, port=self.port, rate=_rate(self.rps), burst=_burst(self.burst)
+            )
         )
         self.process = subprocess.Popen(
             [binary, "-p", str(self.dir), "-c", str(conf), "-g", "daemon off;"],
@@ -164,6 +173,8 @@ class NginxLimiter:
                 return self
             time.sleep(0.02)  # polling a child's listen socket: nothing to wait on instead
         error = self.log("error.log")
+        if self.process.poll() is not None and self.process.stderr is not None:
+            error += self.process.stderr.read().decode(errors="replace")  # nginx -c's own complaints
         self.stop()
         raise RuntimeError(f"nginx did not start on 127.0.0.1:{self.port}: {error[-2000:]}")
 

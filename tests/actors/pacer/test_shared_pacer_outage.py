@@ -98,6 +98,7 @@ def test_redis_pacer_rejoins_when_redis_returns_and_hands_over_its_pause(
 def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
     redis_server: RedisServer, prefix: str
 ) -> None:
+    from actors._pacing import SLOW_START_RPS
     from actors._redis_pacer import RedisPacer
 
     clock = FakeClock()
@@ -105,7 +106,7 @@ def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
     assert pacer.take("o", "free", 100).granted == 100  # unpaced while shared
     redis_server.kill()
     local = pacer.take("o", "free", 100, partial=True)
-    assert local.degraded and local.rate_rps == pytest.approx(5.0)  # unpaced_start_rps / 2
+    assert local.degraded and local.rate_rps == pytest.approx(SLOW_START_RPS / 2)  # one of 2 workers' share
     assert local.granted == 1
     pacer.close()
 
