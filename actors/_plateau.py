@@ -36,7 +36,10 @@ where they come from:
   Against an unchanged limit the provider's burst drains before that 429, so a probe
   costs one pause (one Retry-After) every 20 to 30 s.
 * **429**: one cut per congestion event (a 429 for a request sent after the last cut:
-  RFC 6582's one reduction per window), never below :data:`MAX_CUT` of the rate; the
+  RFC 6582's one reduction per window), never below :data:`MAX_CUT` of the rate, and to
+  that when fewer than :data:`MIN_SENT_ANSWERS` were accepted since the last pause (so few
+  measure the provider's burst, not its rate: without this rule a limit of 1/s found
+  from slow start's 20/s cost 26 of the first 57 requests); the
   Retry-After pause itself is the caller's (:class:`actors._pacing.ProviderBucket`),
   and measuring restarts when it ends.
 
@@ -112,7 +115,8 @@ the cut's congestion event."""
 MIN_RPS = 0.1
 """The rate is never below this."""
 MIN_SENT_ANSWERS = 8
-"""Slow start's send rate is measured from at least this many answers (else its rate)."""
+"""Slow start's send rate is measured from at least this many answers (else its rate);
+a later 429 after fewer answers than this since the last pause halves the rate."""
 KEPT_CYCLES = 3
 """Cycles kept for the fit (the one whose span differs most is used)."""
 FIT_SPREAD = 0.15
@@ -222,6 +226,12 @@ class LimitLearner:
             self._estimate(now)  # keeps the cycle for a later fit
         else:
             estimate = self._estimate(now)
+            if self._cycle_count < MIN_SENT_ANSWERS or self.accepted_rps(now) is None:
+                # refused within a few answers of resuming: the provider's bucket, refilled
+                # by the pause, ran out at once (the rate is well over the limit), and so
+                # few answers measure mostly that bucket: halve, the most one cut may (TCP
+                # Reno's decrease, RFC 5681), as slow start's exit does
+                estimate = min(estimate, MAX_CUT * self.rate / HOLD_FRACTION)
         hold = FIRST_HOLD_FRACTION if self.phase == "slow_start" else HOLD_FRACTION
         estimate = max(estimate, sent_rps * MAX_CUT / hold, MIN_RPS)
         self.limit_rps = estimate
