@@ -264,8 +264,7 @@ class ActorEffects(LocalEffects):
         )
 
     def later(self, delay_s: float, message: Any) -> None:
-        ref = self.ref
-        self.ports.timers.call_later(delay_s, lambda: ref.tell(message))
+        self.ports.timers.call_later(delay_s, self._tell, message)
 
     def watch(self, keys: list[str], watch: bool = True) -> None:
         with contextlib.suppress(pykka.ActorDeadError):  # stopped: the timers still poll

@@ -113,9 +113,11 @@ class Lifecycle(Cleanup, Finishing):
         for unit in units:
             for group in unit.groups:
                 group.state = GroupState.ADMITTED
-        marking = [u for u in units if u.groups and self.tool.durable]
+        marking: list[Unit] = []
         for unit in units:
-            if unit not in marking:
+            if unit.groups and self.tool.durable:
+                marking.append(unit)
+            else:
                 self._send(unit, now)
         leases = [lease for u in marking for g in u.groups if (lease := g.lease) is not None]
         if leases:
