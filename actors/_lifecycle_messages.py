@@ -194,10 +194,11 @@ class PollDue:
 
 @attrs.frozen(kw_only=True)
 class DeadlineDue:
-    """Timer: a running unit's deadline passed."""
+    """Timer: the deadline of running units passed."""
 
-    unit: int
-    """The unit id."""
+    units: tuple[int, ...]
+    """The ids of the units sent with the same timeout while one message was handled
+    (one timer for them all)."""
 
 
 @attrs.frozen(kw_only=True)

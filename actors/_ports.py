@@ -301,7 +301,7 @@ _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
     Resolved: lambda life, m, now: life.on_resolved(m.batch, m.error, now),
     ReceiptsRead: lambda life, m, now: life.on_read(m.batch, m.value, m.error, now),
     PollDue: lambda life, m, now: life.on_poll(m.keys, now),
-    DeadlineDue: lambda life, m, now: life.on_deadline(m.unit, now),
+    DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
     RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
     RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
 }

@@ -21,6 +21,12 @@ from typing import Any
 
 import pykka
 
+_getcurrent: Callable[[], Any] | None
+try:
+    from greenlet import getcurrent as _getcurrent
+except ImportError:  # no gevent: workers are threads
+    _getcurrent = None
+
 __all__ = [
     "LightFuture",
     "Reply",
@@ -262,10 +268,15 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 _tool_thread = threading.local()
+_tool_greenlets: set[Any] = set()
+"""Under gevent: the greenlets running a tool's function (a greenlet-local flag would cost
+each attempt half a dozen objects for the collector to walk)."""
 
 
 def in_tool() -> bool:
     """True on a worker thread (or greenlet) while it runs a tool's function."""
+    if _tool_greenlets and _getcurrent is not None and _getcurrent() in _tool_greenlets:
+        return True
     return getattr(_tool_thread, "active", False)
 
 
@@ -311,7 +322,7 @@ class WorkerPool:
             inbox = self._idle.pop() if self._idle else None
         if spawn is not None:  # gevent: a greenlet per task (no idle workers to keep)
             self.started += 1
-            spawn(self._run, fn, args)
+            spawn(self._run_greenlet, fn, args)
             return
         if inbox is not None:
             inbox.put((fn, args))
@@ -332,6 +343,18 @@ class WorkerPool:
             log.exception("a worker task failed")
         finally:
             _tool_thread.active = False
+
+    @staticmethod
+    def _run_greenlet(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        assert _getcurrent is not None
+        me = _getcurrent()
+        _tool_greenlets.add(me)
+        try:
+            fn(*args)
+        except BaseException:
+            log.exception("a worker task failed")
+        finally:
+            _tool_greenlets.discard(me)
 
     def _work(self, inbox: queue.SimpleQueue[Any]) -> None:
         while True:

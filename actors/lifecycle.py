@@ -38,7 +38,6 @@ from .errors import (
     NotSentError,
     ProviderUnavailableError,
 )
-from .messages import DeadlineDue
 
 __all__ = ["Effects", "Lifecycle"]
 
@@ -185,7 +184,7 @@ class Lifecycle(Cleanup, Finishing):
         if unit.deadline is None:
             timeout_s = unit.timeout_s
             unit.deadline = now + timeout_s
-            self.fx.later(timeout_s, DeadlineDue(unit=unit.id))
+            self._deadlines.setdefault(timeout_s, []).append(unit.id)  # one timer per message
         unit.attempt += 1
         unit.out = True
         unit.sent_on_slot = True

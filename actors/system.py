@@ -293,12 +293,18 @@ class DispatchSystem:
         self.stop()
 
 
-def _cancel_hook(ref: Any, call: Call) -> Any:
-    def cancel() -> None:
-        with contextlib.suppress(pykka.ActorDeadError):
-            ref.tell(CallCancelled(call=call))
+class _cancel_hook:
+    """A call's ``on_cancel``: tells its queue actor (one object per call, not a closure)."""
 
-    return cancel
+    __slots__ = ("call", "ref")
+
+    def __init__(self, ref: Any, call: Call) -> None:
+        self.ref = ref
+        self.call = call
+
+    def __call__(self) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(CallCancelled(call=self.call))
 
 
 def _default_salvage_path(store: ReceiptStore) -> str:
