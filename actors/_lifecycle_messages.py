@@ -17,6 +17,7 @@ __all__ = [
     "CallCancelled",
     "CleanupDue",
     "CompletionsPersisted",
+    "CompletionsWritten",
     "DeadlineDue",
     "FailuresRecorded",
     "ForgetMemo",
@@ -182,6 +183,13 @@ class CompletionsPersisted(Answered):
     ``batch``: which request. ``value``: receipt key -> FlushOutcome (None on error). ``error``: why
     the flusher failed, or None.
     """
+
+
+@attrs.frozen(kw_only=True)
+class CompletionsWritten(Answered):
+    """Fact: the store answered a tool queue actor's own write of outputs (``value``: its
+    FenceReport). The happy path: a write that fails goes on in the completion flusher,
+    whose answer is a :class:`CompletionsPersisted` like any other."""
 
 
 @attrs.frozen(kw_only=True)

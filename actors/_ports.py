@@ -22,6 +22,7 @@ import pykka
 from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner
 
 from ._calls import Call
+from ._completion_write import CompletionWriter
 from ._local_effects import LocalEffects
 from ._runtime import Reply, Timers, WorkerPool
 from ._send_gate import SendGates
@@ -33,6 +34,7 @@ from .messages import (
     ChargeBudget,
     CleanupDue,
     CompletionsPersisted,
+    CompletionsWritten,
     DeadlineDue,
     FailuresRecorded,
     FlushCompletions,
@@ -87,6 +89,9 @@ class Ports:
     salvage: SalvageLog
     requeue: Callable[[Call, BaseException], None]
     width: Callable[[Tool], int]
+    writing: dict[int, Any] = attrs.field(factory=dict)
+    """Writes of outputs in progress (the flusher's and the tool queue actors' own),
+    salvaged by a stop whose bound runs out."""
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +118,7 @@ class ActorEffects(LocalEffects):
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
         self._tell = self.ref.tell
+        self.writer = CompletionWriter(ports, tool.tool_id, self.org_id)
 
     # -- messages back in ---------------------------------------------------------------
 
@@ -120,6 +126,11 @@ class ActorEffects(LocalEffects):
         """Hand a fact (an answer, a timer, a cancel) to the lifecycle, then ask for slots."""
         life = self.actor.lifecycle
         kind = type(message)
+        if kind is CompletionsWritten:
+            message = self._written(message)
+            if message is None:
+                return  # the write failed: it goes on in the flusher
+            kind = CompletionsPersisted
         if kind is UnitFinished and message.sent_at is not None:
             self.ports.stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
         phase = _TIMED.get(kind)
@@ -215,12 +226,31 @@ class ActorEffects(LocalEffects):
 
     def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None:
         self._sent[f"receipt_complete:{batch}"] = time.monotonic()
+        if self.writer.takes(entries):  # the happy path: straight to the store
+            reply = Reply(self.ref, CompletionsWritten, batch=batch)
+            self.writer.write(
+                batch, entries, input_hashes,
+                lambda: self._store("complete_many", reply, self.org_id, entries, self.ports.owner),
+            )  # fmt: skip
+            return
+        self._flush_completions(batch, entries, input_hashes)
+
+    def _flush_completions(
+        self, batch: int, entries: list[Completion], input_hashes: dict[str, str], failed: str = ""
+    ) -> None:
         reply = Reply(self.ref, CompletionsPersisted, batch=batch)
         message = FlushCompletions(
             org_id=self.org_id, owner=self.ports.owner, entries=tuple(entries),
-            tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply,
+            tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply, failed=failed,
         )  # fmt: skip
         _ask(self.ports.flusher, message, reply)
+
+    def _written(self, message: CompletionsWritten) -> CompletionsPersisted | None:
+        persisted, failed = self.writer.answered(message)
+        if failed is not None:
+            entries, input_hashes, error = failed
+            self._flush_completions(message.batch, entries, input_hashes, failed=error)
+        return persisted
 
     def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
         method = "mark_uncertain_many" if uncertain else "fail_many"

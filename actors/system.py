@@ -105,7 +105,7 @@ class DispatchSystem:
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
-            requeue=self._requeue,
+            requeue=self._requeue, writing=self._writing,
             width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
         )  # fmt: skip
         self._memos = {
