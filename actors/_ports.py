@@ -12,6 +12,7 @@ that stay in the process (attempts, callers, salvage, memo) are :class:`LocalEff
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,8 +24,9 @@ from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef,
 
 from ._calls import Call
 from ._completion_write import CompletionWriter
+from ._deferred_beats import DeferredBeats
 from ._local_effects import LocalEffects
-from ._runtime import Reply, Timers, WorkerPool
+from ._runtime import Reply, Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import Latch
 from .messages import (
@@ -119,6 +121,10 @@ class ActorEffects(LocalEffects):
         self._unbeat: list[str] = []
         self._tell = self.ref.tell
         self.writer = CompletionWriter(ports, tool.tool_id, self.org_id)
+        self.beats = DeferredBeats(
+            ports.policy.heartbeat_for(self.lease_ttl_s), defer=runtime_name() != "gevent"
+        )
+        self._beat_ids = itertools.count(1)
 
     # -- messages back in ---------------------------------------------------------------
 
@@ -131,6 +137,9 @@ class ActorEffects(LocalEffects):
             if message is None:
                 return  # the write failed: it goes on in the flusher
             kind = CompletionsPersisted
+        elif kind is _BeatDue:
+            self._register()
+            return
         if kind is UnitFinished and message.sent_at is not None:
             self.ports.stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
         phase = _TIMED.get(kind)
@@ -274,18 +283,29 @@ class ActorEffects(LocalEffects):
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         if not self.ports.policy.heartbeats or not leases:
             return
+        armed = self.beats.add(leases)  # registered with the heartbeat once held a while
+        if not self.beats.delay_s:
+            self._register()  # gevent: at once (see actors._deferred_beats)
+        elif armed:
+            self.later(self.beats.delay_s, _BeatDue())
+
+    def _register(self) -> None:
+        leases = self.beats.due()
+        if not leases:
+            return
         ref = self.ref
         self.ports.heartbeat.tell(
             RegisterLeases(
-                token=_token(self.tool.tool_id, batch), org_id=self.org_id, owner=self.ports.owner,
-                leases=tuple(leases), lease_ttl_s=self.lease_ttl_s, deadline=float("inf"),
+                token=_token(self.tool.tool_id, -next(self._beat_ids)), org_id=self.org_id,
+                owner=self.ports.owner, leases=tuple(leases), lease_ttl_s=self.lease_ttl_s,
+                deadline=float("inf"),
                 on_lost=lambda keys: _tell_quietly(ref, _LeasesLostFact(keys=tuple(keys))),
             )
         )  # fmt: skip
 
     def unbeat(self, keys: list[str]) -> None:
         if self.ports.policy.heartbeats:
-            self._unbeat.extend(keys)
+            self._unbeat.extend(self.beats.drop(keys))
         self._settled_keys.update(keys)
 
     def charge_retry(self, unit: int) -> None:
@@ -342,6 +362,11 @@ _TIMED = {ReceiptsClaimed: "receipt_prepare", CompletionsPersisted: "receipt_com
 
 _GATHER = 64
 """Most slot releases (or unregistrations) held back while more messages wait."""
+
+
+@attrs.frozen(kw_only=True)
+class _BeatDue:
+    """Timer: register the leases held back (:mod:`actors._deferred_beats`)."""
 
 
 @attrs.frozen(kw_only=True)
