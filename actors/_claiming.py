@@ -82,13 +82,14 @@ class Claiming(LifecycleBase):
         claimed: list[Group] = []
         again: list[Group] = []
         waiting: list[Group] = []
+        created = 0
         for group, claim in zip(members, claims, strict=True):
             disposition, receipt = claim.disposition, claim.receipt
             if disposition is ClaimDisposition.CLAIMED:
                 self._stop_waiting(group)
                 group.receipt = receipt
                 if receipt.attempts <= 1 and receipt.generation <= 1:
-                    self.fx.count("receipts_created")
+                    created += 1
                 group.state = GroupState.CLAIMED
                 if not group.calls or self.stopping:  # every caller gave up meanwhile
                     self._release_group(
@@ -124,6 +125,7 @@ class Claiming(LifecycleBase):
             else:  # running, blocked_active_lease: another owner holds it
                 group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
+        self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
         if claimed:
             leases = [lease for g in claimed if (lease := g.lease) is not None]
             self.fx.beat(batch, leases)

@@ -10,6 +10,7 @@ call's fault (suspension, credentials changed, budget spent, not storable, not s
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from stores import output_too_large_error
@@ -125,6 +126,11 @@ class Finishing(LifecycleBase):
             return
         self._enqueue([unit], front=True)
         self.pump(now)
+
+    def on_deadlines(self, unit_ids: Iterable[int], now: float) -> None:
+        """A deadline timer fired for these units (see :meth:`on_deadline`)."""
+        for unit_id in unit_ids:
+            self.on_deadline(unit_id, now)
 
     def on_deadline(self, unit_id: int, now: float) -> None:
         """A unit's deadline passed: a running call's callers time out now (the call keeps

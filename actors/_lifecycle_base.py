@@ -39,6 +39,7 @@ from .errors import (
     RecordedFailureError,
     SuspendedError,
 )
+from .messages import DeadlineDue
 from .results import ToolResult
 from .tool import Policy, Tool
 
@@ -140,6 +141,8 @@ class LifecycleBase(abc.ABC):
         self._releasing: list[tuple[Group, BaseException | None, LeaseRef]] = []
         self._persisting: list[tuple[Group, str]] = []
         self._unwatching: list[str] = []
+        self._deadlines: dict[float, list[int]] = {}
+        """Timeout (seconds) -> units sent with it during this message (one timer each)."""
         self._woken: set[int] = set()
         """Read batches asked for by a change notification (not timer polls)."""
         self._ids = itertools.count(1)
@@ -223,6 +226,10 @@ class LifecycleBase(abc.ABC):
                 more are coming (up to ``PERSIST_BATCH`` members), so units finishing
                 together are written together.
         """
+        if self._deadlines:
+            deadlines, self._deadlines = self._deadlines, {}
+            for timeout_s, units in deadlines.items():
+                self.fx.later(timeout_s, DeadlineDue(units=tuple(units)))
         if self._persisting and (idle or len(self._persisting) >= PERSIST_BATCH):
             values, self._persisting = self._persisting, []
             batch = next(self._ids)

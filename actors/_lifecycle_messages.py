@@ -17,6 +17,7 @@ __all__ = [
     "CallCancelled",
     "CleanupDue",
     "CompletionsPersisted",
+    "CompletionsWritten",
     "DeadlineDue",
     "FailuresRecorded",
     "ForgetMemo",
@@ -185,6 +186,13 @@ class CompletionsPersisted(Answered):
 
 
 @attrs.frozen(kw_only=True)
+class CompletionsWritten(Answered):
+    """Fact: the store answered a tool queue actor's own write of outputs (``value``: its
+    FenceReport). The happy path: a write that fails goes on in the completion flusher,
+    whose answer is a :class:`CompletionsPersisted` like any other."""
+
+
+@attrs.frozen(kw_only=True)
 class PollDue:
     """Timer: look at the receipts other owners hold again."""
 
@@ -194,10 +202,11 @@ class PollDue:
 
 @attrs.frozen(kw_only=True)
 class DeadlineDue:
-    """Timer: a running unit's deadline passed."""
+    """Timer: the deadline of running units passed."""
 
-    unit: int
-    """The unit id."""
+    units: tuple[int, ...]
+    """The ids of the units sent with the same timeout while one message was handled
+    (one timer for them all)."""
 
 
 @attrs.frozen(kw_only=True)

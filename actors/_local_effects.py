@@ -45,17 +45,10 @@ class LocalEffects:
         tell = self._tell
         gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
         unit = self.actor.lifecycle.units.get(spec.unit)
-        late = self._late_results(unit) if unit is not None and self.tool.durable else None
-
-        def report(message: Any) -> None:
-            try:
-                tell(message)
-            except pykka.ActorDeadError:  # the system stopped before this attempt returned
-                if late is not None:
-                    late(message)
-
+        groups = list(unit.groups) if unit is not None and self.tool.durable else None
+        report = _Report(tell, self, groups)
         try:
-            self.ports.pool.submit(lambda: attempt(spec, report, gate=gate))
+            self.ports.pool.submit(attempt, spec, report, time.monotonic, gate)
         except RuntimeError as exc:  # the pool is shut down: the system stopped
             tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
 
@@ -63,31 +56,27 @@ class LocalEffects:
         """An attempt's answer left unhandled in the stopping actor's inbox: salvaged."""
         unit = self.actor.lifecycle.units.get(message.unit)
         if unit is not None and self.tool.durable:
-            self._late_results(unit)(message)
+            self.keep_late_of(list(unit.groups), message)
 
-    def _late_results(self, unit: Any) -> Any:
+    def keep_late_of(self, groups: list[Group], message: Any) -> None:
         """Where an attempt's outputs go when it returns after the system stopped (stop's
         bound ran out while it ran): the salvage file, so a paid result is never lost
-        (``tooldispatch salvage replay`` stores it). Runs on the worker."""
-        groups = list(unit.groups)
-
-        def keep(message: Any) -> None:
-            if not isinstance(message, UnitFinished) or message.members is None:
-                return
-            error = "the dispatcher stopped before this result was stored"
-            entries = [
-                self._entry(group, EncodedOutput(text), error)
-                for group, (text, failure) in zip(groups, message.members, strict=False)
-                if failure is None and isinstance(text, str)
-            ]
-            if entries:
-                try:
-                    self.ports.salvage.append(entries)
-                    log.warning("stopped before %d results were stored: salvaged", len(entries))
-                except Exception:
-                    log.exception("could not salvage %d results that came back after stop", len(entries))
-
-        return keep
+        (``tooldispatch salvage replay`` stores it). ``groups``: the unit's groups when
+        the attempt started (the order of its members). Runs on the worker."""
+        if not isinstance(message, UnitFinished) or message.members is None:
+            return
+        error = "the dispatcher stopped before this result was stored"
+        entries = [
+            self._entry(group, EncodedOutput(text), error)
+            for group, (text, failure) in zip(groups, message.members, strict=False)
+            if failure is None and isinstance(text, str)
+        ]
+        if entries:
+            try:
+                self.ports.salvage.append(entries)
+                log.warning("stopped before %d results were stored: salvaged", len(entries))
+            except Exception:
+                log.exception("could not salvage %d results that came back after stop", len(entries))
 
     def reconcile(self, batch: int, group: Group) -> None:
         hook = self.tool.reconcile
@@ -157,3 +146,22 @@ class LocalEffects:
 
     def remember(self, key: str, text: str, cached: bool) -> None:
         self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
+
+
+class _Report:
+    """How an attempt tells its outcome (on the worker): to the tool queue actor, or,
+    once that actor is gone, to the salvage file (``groups``: durable tools only)."""
+
+    __slots__ = ("effects", "groups", "tell")
+
+    def __init__(self, tell: Any, effects: LocalEffects, groups: list[Group] | None) -> None:
+        self.tell = tell
+        self.effects = effects
+        self.groups = groups
+
+    def __call__(self, message: Any) -> None:
+        try:
+            self.tell(message)
+        except pykka.ActorDeadError:  # the system stopped before this attempt returned
+            if self.groups is not None:
+                self.effects.keep_late_of(self.groups, message)

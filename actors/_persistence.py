@@ -1,6 +1,8 @@
 """What persistence shares: the latch (the persistence circuit breaker), the completion
-ladder's back-off, and what happened to each completion (:class:`FlushOutcome`).
-Owned and used by :mod:`actors.completion_flusher`; re-exported there."""
+ladder's back-off, and what happened to each completion (:class:`FlushOutcome`,
+:func:`fence_outcomes`). Owned and used by :mod:`actors.completion_flusher` (and by a
+tool queue actor's own first write of its outputs, :mod:`actors._ports`); re-exported
+there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["FlushOutcome", "Latch", "OutcomeKind", "ladder_backoff"]
+from stores.types import RefusalReason
+
+__all__ = ["FlushOutcome", "Latch", "OutcomeKind", "fence_outcomes", "ladder_backoff"]
 
 
 OutcomeKind = Literal["persisted", "completed_by_other", "lease_lost", "salvaged", "refused"]
@@ -76,3 +80,21 @@ def ladder_backoff(
     if deadline is not None and deadline - now < backoff + headroom_s:
         return None
     return backoff
+
+
+def fence_outcomes(report: Any, keys: Sequence[str]) -> list[tuple[FlushOutcome, bool]]:
+    """What the FenceReport of a ``complete_many`` says of each of ``keys`` (same order):
+    its outcome, and whether its output must be salvaged before its callers hear back
+    (our lease was lost, or the receipt is gone)."""
+    out: list[tuple[FlushOutcome, bool]] = []
+    for key in keys:
+        refusal = report.refused.get(key)
+        if refusal is None:
+            out.append((FlushOutcome("persisted"), False))
+        elif refusal.reason is RefusalReason.COMPLETED_BY_OTHER and refusal.receipt is not None:
+            out.append((FlushOutcome("completed_by_other", refusal.receipt.output), False))
+        elif refusal.reason in (RefusalReason.LEASE_LOST, RefusalReason.MISSING):
+            out.append((FlushOutcome("lease_lost", error=refusal.message), True))
+        else:
+            out.append((FlushOutcome("refused", error=refusal.message, reason=refusal.reason.value), False))
+    return out

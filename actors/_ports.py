@@ -12,6 +12,7 @@ that stay in the process (attempts, callers, salvage, memo) are :class:`LocalEff
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +23,10 @@ import pykka
 from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner
 
 from ._calls import Call
+from ._completion_write import CompletionWriter
+from ._deferred_beats import DeferredBeats
 from ._local_effects import LocalEffects
-from ._runtime import Reply, Timers, WorkerPool
+from ._runtime import Reply, Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
 from .completion_flusher import Latch
 from .messages import (
@@ -33,6 +36,7 @@ from .messages import (
     ChargeBudget,
     CleanupDue,
     CompletionsPersisted,
+    CompletionsWritten,
     DeadlineDue,
     FailuresRecorded,
     FlushCompletions,
@@ -87,6 +91,9 @@ class Ports:
     salvage: SalvageLog
     requeue: Callable[[Call, BaseException], None]
     width: Callable[[Tool], int]
+    writing: dict[int, Any] = attrs.field(factory=dict)
+    """Writes of outputs in progress (the flusher's and the tool queue actors' own),
+    salvaged by a stop whose bound runs out."""
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +120,11 @@ class ActorEffects(LocalEffects):
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
         self._tell = self.ref.tell
+        self.writer = CompletionWriter(ports, tool.tool_id, self.org_id)
+        self.beats = DeferredBeats(
+            ports.policy.heartbeat_for(self.lease_ttl_s), defer=runtime_name() != "gevent"
+        )
+        self._beat_ids = itertools.count(1)
 
     # -- messages back in ---------------------------------------------------------------
 
@@ -120,6 +132,14 @@ class ActorEffects(LocalEffects):
         """Hand a fact (an answer, a timer, a cancel) to the lifecycle, then ask for slots."""
         life = self.actor.lifecycle
         kind = type(message)
+        if kind is CompletionsWritten:
+            message = self._written(message)
+            if message is None:
+                return  # the write failed: it goes on in the flusher
+            kind = CompletionsPersisted
+        elif kind is _BeatDue:
+            self._register()
+            return
         if kind is UnitFinished and message.sent_at is not None:
             self.ports.stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
         phase = _TIMED.get(kind)
@@ -215,12 +235,31 @@ class ActorEffects(LocalEffects):
 
     def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None:
         self._sent[f"receipt_complete:{batch}"] = time.monotonic()
+        if self.writer.takes(entries):  # the happy path: straight to the store
+            reply = Reply(self.ref, CompletionsWritten, batch=batch)
+            self.writer.write(
+                batch, entries, input_hashes,
+                lambda: self._store("complete_many", reply, self.org_id, entries, self.ports.owner),
+            )  # fmt: skip
+            return
+        self._flush_completions(batch, entries, input_hashes)
+
+    def _flush_completions(
+        self, batch: int, entries: list[Completion], input_hashes: dict[str, str], failed: str = ""
+    ) -> None:
         reply = Reply(self.ref, CompletionsPersisted, batch=batch)
         message = FlushCompletions(
             org_id=self.org_id, owner=self.ports.owner, entries=tuple(entries),
-            tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply,
+            tool_id=self.tool.tool_id, input_hashes=input_hashes, reply=reply, failed=failed,
         )  # fmt: skip
         _ask(self.ports.flusher, message, reply)
+
+    def _written(self, message: CompletionsWritten) -> CompletionsPersisted | None:
+        persisted, failed = self.writer.answered(message)
+        if failed is not None:
+            entries, input_hashes, error = failed
+            self._flush_completions(message.batch, entries, input_hashes, failed=error)
+        return persisted
 
     def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
         method = "mark_uncertain_many" if uncertain else "fail_many"
@@ -244,18 +283,29 @@ class ActorEffects(LocalEffects):
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         if not self.ports.policy.heartbeats or not leases:
             return
+        armed = self.beats.add(leases)  # registered with the heartbeat once held a while
+        if not self.beats.delay_s:
+            self._register()  # gevent: at once (see actors._deferred_beats)
+        elif armed:
+            self.later(self.beats.delay_s, _BeatDue())
+
+    def _register(self) -> None:
+        leases = self.beats.due()
+        if not leases:
+            return
         ref = self.ref
         self.ports.heartbeat.tell(
             RegisterLeases(
-                token=_token(self.tool.tool_id, batch), org_id=self.org_id, owner=self.ports.owner,
-                leases=tuple(leases), lease_ttl_s=self.lease_ttl_s, deadline=float("inf"),
+                token=_token(self.tool.tool_id, -next(self._beat_ids)), org_id=self.org_id,
+                owner=self.ports.owner, leases=tuple(leases), lease_ttl_s=self.lease_ttl_s,
+                deadline=float("inf"),
                 on_lost=lambda keys: _tell_quietly(ref, _LeasesLostFact(keys=tuple(keys))),
             )
         )  # fmt: skip
 
     def unbeat(self, keys: list[str]) -> None:
         if self.ports.policy.heartbeats:
-            self._unbeat.extend(keys)
+            self._unbeat.extend(self.beats.drop(keys))
         self._settled_keys.update(keys)
 
     def charge_retry(self, unit: int) -> None:
@@ -264,8 +314,7 @@ class ActorEffects(LocalEffects):
         )
 
     def later(self, delay_s: float, message: Any) -> None:
-        ref = self.ref
-        self.ports.timers.call_later(delay_s, lambda: ref.tell(message))
+        self.ports.timers.call_later(delay_s, self._tell, message)
 
     def watch(self, keys: list[str], watch: bool = True) -> None:
         with contextlib.suppress(pykka.ActorDeadError):  # stopped: the timers still poll
@@ -302,7 +351,7 @@ _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
     Resolved: lambda life, m, now: life.on_resolved(m.batch, m.error, now),
     ReceiptsRead: lambda life, m, now: life.on_read(m.batch, m.value, m.error, now),
     PollDue: lambda life, m, now: life.on_poll(m.keys, now),
-    DeadlineDue: lambda life, m, now: life.on_deadline(m.unit, now),
+    DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
     RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
     RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
 }
@@ -313,6 +362,11 @@ _TIMED = {ReceiptsClaimed: "receipt_prepare", CompletionsPersisted: "receipt_com
 
 _GATHER = 64
 """Most slot releases (or unregistrations) held back while more messages wait."""
+
+
+@attrs.frozen(kw_only=True)
+class _BeatDue:
+    """Timer: register the leases held back (:mod:`actors._deferred_beats`)."""
 
 
 @attrs.frozen(kw_only=True)

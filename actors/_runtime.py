@@ -21,7 +21,14 @@ from typing import Any
 
 import pykka
 
+_getcurrent: Callable[[], Any] | None
+try:
+    from greenlet import getcurrent as _getcurrent
+except ImportError:  # no gevent: workers are threads
+    _getcurrent = None
+
 __all__ = [
+    "InboxActor",
     "LightFuture",
     "Reply",
     "Timers",
@@ -239,6 +246,17 @@ class Reply:
             self.ref.tell(self.fact(value=None, error=exc, **self.fields))
 
 
+class InboxActor(pykka.ThreadingActor):
+    """A pykka ``ThreadingActor`` whose inbox is a ``queue.SimpleQueue`` (one C lock)
+    instead of pykka's ``queue.Queue`` (a Condition that allocates a lock per wait): every
+    hand-off to the actor is cheaper (a round trip between two threads: 34 -> 16 µs here),
+    and a call crosses about a dozen. Under gevent the patched SimpleQueue (greenlets)."""
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return queue.SimpleQueue()
+
+
 def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """Keep an actor alive when handling one message fails.
 
@@ -262,10 +280,15 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 _tool_thread = threading.local()
+_tool_greenlets: set[Any] = set()
+"""Under gevent: the greenlets running a tool's function (a greenlet-local flag would cost
+each attempt half a dozen objects for the collector to walk)."""
 
 
 def in_tool() -> bool:
     """True on a worker thread (or greenlet) while it runs a tool's function."""
+    if _tool_greenlets and _getcurrent is not None and _getcurrent() in _tool_greenlets:
+        return True
     return getattr(_tool_thread, "active", False)
 
 
@@ -276,8 +299,11 @@ class WorkerPool:
     them at exit, so one hung tool keeps the process alive) and it queues work when
     all workers are busy (a queued unit would "run" late). Here a submitted task
     starts at once: on an idle worker, else on a new one. The governor's slots bound
-    how many run; ``in_tool()`` is True inside a task. Under gevent the workers are
-    greenlets.
+    how many run; ``in_tool()`` is True inside a task. Under gevent each task runs on
+    a plain greenlet of its own (``gevent.spawn_raw``, nothing kept idle): a
+    monkey-patched ``Thread.start`` switches to the new greenlet and waits for it to
+    signal it started, ~100 µs per worker (5,000 started at once took 0.6 s), where a
+    raw spawn only schedules it.
     """
 
     def __init__(self, name: str, idle_s: float = 30.0) -> None:
@@ -288,46 +314,73 @@ class WorkerPool:
         self._ids = itertools.count(1)
         self._closed = False
         self.started = 0
+        self._spawn: Callable[..., Any] | None = None
+        if runtime_name() == "gevent":
+            import gevent
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn()`` now on a worker. Exceptions are logged (``fn`` reports its own outcome).
+            self._spawn = gevent.spawn_raw
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` now on a worker. Exceptions are logged (``fn`` reports its own
+        outcome).
 
         Raises:
             RuntimeError: the pool is shut down.
         """
+        spawn = self._spawn
         with self._lock:
             if self._closed:
                 raise RuntimeError("the worker pool is shut down")
             inbox = self._idle.pop() if self._idle else None
+        if spawn is not None:  # gevent: a greenlet per task (no idle workers to keep)
+            self.started += 1
+            spawn(self._run_greenlet, fn, args)
+            return
         if inbox is not None:
-            inbox.put(fn)
+            inbox.put((fn, args))
             return
         inbox = queue.SimpleQueue()
-        inbox.put(fn)
+        inbox.put((fn, args))
         self.started += 1
         threading.Thread(
             target=self._work, args=(inbox,), name=f"{self._name}-{next(self._ids)}", daemon=True
         ).start()
 
+    @staticmethod
+    def _run(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        _tool_thread.active = True
+        try:
+            fn(*args)
+        except BaseException:
+            log.exception("a worker task failed")
+        finally:
+            _tool_thread.active = False
+
+    @staticmethod
+    def _run_greenlet(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        assert _getcurrent is not None
+        me = _getcurrent()
+        _tool_greenlets.add(me)
+        try:
+            fn(*args)
+        except BaseException:
+            log.exception("a worker task failed")
+        finally:
+            _tool_greenlets.discard(me)
+
     def _work(self, inbox: queue.SimpleQueue[Any]) -> None:
         while True:
             try:
-                fn = inbox.get(timeout=self._idle_s)
+                task = inbox.get(timeout=self._idle_s)
             except queue.Empty:
                 with self._lock:
                     if inbox in self._idle:
                         self._idle.remove(inbox)
                         return
-                fn = inbox.get()  # handed work while timing out
-            if fn is None:
+                task = inbox.get()  # handed work while timing out
+            if task is None:
                 return
-            _tool_thread.active = True
-            try:
-                fn()
-            except BaseException:
-                log.exception("a worker task failed")
-            finally:
-                _tool_thread.active = False
+            self._run(*task)
             with self._lock:
                 if self._closed:
                     return
@@ -350,17 +403,17 @@ class Timers:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="tooldispatch-timers", daemon=True)
         self._thread.start()
 
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once, ``delay_s`` seconds from now."""
+    def call_later(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` once, ``delay_s`` seconds from now."""
         with self._cond:
-            entry = (self._clock() + max(0.0, delay_s), next(self._seq), fn)
+            entry = (self._clock() + max(0.0, delay_s), next(self._seq), fn, args)
             heapq.heappush(self._heap, entry)
             if self._heap[0] is entry:  # a later one leaves the thread's wait as it is
                 self._cond.notify()
@@ -381,6 +434,6 @@ class Timers:
                     self._cond.wait(timeout)
                 if self._stopped:
                     return
-                _, _, fn = heapq.heappop(self._heap)
+                _, _, fn, args = heapq.heappop(self._heap)
             with contextlib.suppress(pykka.ActorDeadError):  # the actor stopped meanwhile
-                fn()
+                fn(*args)

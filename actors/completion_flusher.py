@@ -21,14 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import pykka
 
 from stores._codec import encode_output
-from stores.types import Completion, Owner, ReceiptStatus, RefusalReason
+from stores.types import Completion, Owner, ReceiptStatus
 
 from ._inbox import answer_left, left_in
-from ._persistence import FlushOutcome, Latch, ladder_backoff
-from ._runtime import Timers, guarded, log
+from ._persistence import FlushOutcome, Latch, fence_outcomes, ladder_backoff
+from ._runtime import InboxActor, Timers, guarded, log
 from .errors import CallCancelledError
 from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from .salvage import SalvageLog, salvage_entry
@@ -62,7 +61,7 @@ class _Chunk:
     error: str = ""
 
 
-class CompletionFlusherActor(pykka.ThreadingActor):
+class CompletionFlusherActor(InboxActor):
     """Buffers completions and writes them in bulk (see the module doc)."""
 
     def __init__(
@@ -101,7 +100,9 @@ class CompletionFlusherActor(pykka.ThreadingActor):
 
     @guarded
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, FlushCompletions):
+        if isinstance(message, FlushCompletions) and message.failed:
+            self._failed_first(message)
+        elif isinstance(message, FlushCompletions):
             self._buffer.append(message)
             if self._due:  # a FlushDue in the inbox takes it
                 return None
@@ -135,6 +136,18 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                     request.reply.set_exception((type(exc), exc, exc.__traceback__))
         for chunk in chunks:
             self._write_guarded(chunk)
+
+    def _failed_first(self, message: FlushCompletions) -> None:
+        """Outputs whose first write (made by their tool queue actor) failed: the ladder
+        goes on from there (that write was attempt 1)."""
+        try:
+            chunks = self._chunks([message])
+        except Exception as exc:
+            if not getattr(message.reply, "done", False):
+                message.reply.set_exception((type(exc), exc, exc.__traceback__))
+            return
+        for chunk in chunks:
+            self._failed(chunk, message.failed)
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
@@ -238,42 +251,15 @@ class CompletionFlusherActor(pykka.ThreadingActor):
         try:
             report = self.store.complete_many(chunk.org_id, completions, chunk.owner).get()
         except Exception as exc:
-            chunk.failures += 1
-            chunk.error = f"{type(exc).__name__}: {exc}"
-            if chunk.first_error_at is None:
-                chunk.first_error_at = time.time()
-            backoff = ladder_backoff(
-                chunk.failures,
-                self.policy.completion_ladder_s,
-                self.clock(),
-                self.deadline,
-                self.policy.completion_deadline_headroom_s,
-                self.latch.tripped,
-            )
-            if backoff is None:
-                self._give_up(chunk)
-            else:
-                chunk_id = next(self._ids)
-                self._retrying[chunk_id] = chunk
-                ref = self.actor_ref
-                self.timers.call_later(backoff, lambda: ref.tell(RetryWrite(chunk_id=chunk_id)))
+            self._failed(chunk, f"{type(exc).__name__}: {exc}")
             return
         salvage = []
         settled: list[tuple[_Member, FlushOutcome]] = []
-        for member in chunk.members:
-            key = member.completion.key
-            refusal = report.refused.get(key)
-            if refusal is None:
-                settled.append((member, FlushOutcome("persisted")))
-            elif refusal.reason is RefusalReason.COMPLETED_BY_OTHER and refusal.receipt is not None:
-                settled.append((member, FlushOutcome("completed_by_other", refusal.receipt.output)))
-            elif refusal.reason in (RefusalReason.LEASE_LOST, RefusalReason.MISSING):
-                salvage.append(self._entry(chunk, member, refusal.message))
-                settled.append((member, FlushOutcome("lease_lost", error=refusal.message)))
-            else:
-                settled.append(
-                    (member, FlushOutcome("refused", error=refusal.message, reason=refusal.reason.value))
-                )
+        keys = [m.completion.key for m in chunk.members]
+        for member, (outcome, lost) in zip(chunk.members, fence_outcomes(report, keys), strict=True):
+            if lost:
+                salvage.append(self._entry(chunk, member, outcome.error))
+            settled.append((member, outcome))
         try:
             self.salvage.append(salvage)  # on disk before any caller hears back
         finally:
@@ -281,6 +267,27 @@ class CompletionFlusherActor(pykka.ThreadingActor):
                 self._settle(member, outcome)
         self.salvaged += len(salvage)
         self._notify(len(chunk.members) - len(salvage), len(salvage))
+
+    def _failed(self, chunk: _Chunk, error: str) -> None:
+        """A write of ``chunk`` failed: retry it after the ladder's next back-off, or give up."""
+        chunk.failures += 1
+        chunk.error = error
+        if chunk.first_error_at is None:
+            chunk.first_error_at = time.time()
+        backoff = ladder_backoff(
+            chunk.failures,
+            self.policy.completion_ladder_s,
+            self.clock(),
+            self.deadline,
+            self.policy.completion_deadline_headroom_s,
+            self.latch.tripped,
+        )
+        if backoff is None:
+            self._give_up(chunk)
+        else:
+            chunk_id = next(self._ids)
+            self._retrying[chunk_id] = chunk
+            self.timers.call_later(backoff, self.actor_ref.tell, RetryWrite(chunk_id=chunk_id))
 
     def _give_up(self, chunk: _Chunk) -> None:
         """Trip the latch, recover what can be recovered by reading back, salvage the rest."""

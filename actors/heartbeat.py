@@ -30,13 +30,13 @@ from stores.base import ReceiptStore
 
 from ._lease_set import LeaseSet, Renewal
 from ._renewer import LeasesRefused, RenewalFailed, Renewer, hub_caller
-from ._runtime import guarded, log
+from ._runtime import InboxActor, guarded, log
 from .messages import RegisterLeases, UnregisterLeases
 
 __all__ = ["HeartbeatActor", "LeaseSet", "Renewal"]
 
 
-class HeartbeatActor(pykka.ThreadingActor):
+class HeartbeatActor(InboxActor):
     """Registers leases with the renewer thread; acts on what it reports.
 
     Args:

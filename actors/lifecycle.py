@@ -38,7 +38,6 @@ from .errors import (
     NotSentError,
     ProviderUnavailableError,
 )
-from .messages import DeadlineDue
 
 __all__ = ["Effects", "Lifecycle"]
 
@@ -113,9 +112,11 @@ class Lifecycle(Cleanup, Finishing):
         for unit in units:
             for group in unit.groups:
                 group.state = GroupState.ADMITTED
-        marking = [u for u in units if u.groups and self.tool.durable]
+        marking: list[Unit] = []
         for unit in units:
-            if unit not in marking:
+            if unit.groups and self.tool.durable:
+                marking.append(unit)
+            else:
                 self._send(unit, now)
         leases = [lease for u in marking for g in u.groups if (lease := g.lease) is not None]
         if leases:
@@ -183,7 +184,7 @@ class Lifecycle(Cleanup, Finishing):
         if unit.deadline is None:
             timeout_s = unit.timeout_s
             unit.deadline = now + timeout_s
-            self.fx.later(timeout_s, DeadlineDue(unit=unit.id))
+            self._deadlines.setdefault(timeout_s, []).append(unit.id)  # one timer per message
         unit.attempt += 1
         unit.out = True
         unit.sent_on_slot = True

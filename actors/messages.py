@@ -22,6 +22,7 @@ from ._lifecycle_messages import (
     CallCancelled,
     CleanupDue,
     CompletionsPersisted,
+    CompletionsWritten,
     DeadlineDue,
     FailuresRecorded,
     ForgetMemo,
@@ -53,6 +54,7 @@ __all__ = [
     "CleanupDue",
     "CompletionsFlushed",
     "CompletionsPersisted",
+    "CompletionsWritten",
     "DeadlineDue",
     "DrainDue",
     "FailuresRecorded",
@@ -224,6 +226,9 @@ class FlushCompletions:
     """Receipt key -> input hash (for salvage entries)."""
     reply: Any
     """Resolved with dict key -> FlushOutcome."""
+    failed: str = ""
+    """Not empty: the error of a first write its tool queue actor made itself (the happy
+    path writes without the flusher); the ladder goes on from there."""
 
 
 @attrs.frozen(kw_only=True)

@@ -34,14 +34,14 @@ from stores.types import (
 
 from ._inbox import answer_left, left_in
 from ._receipt_watch import ReceiptWatch
-from ._runtime import log
+from ._runtime import InboxActor, log
 from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 
 __all__ = ["ReceiptStoreActor", "ReceiptStoreProxy"]
 
 
-class ReceiptStoreActor(pykka.ThreadingActor):
+class ReceiptStoreActor(InboxActor):
     """Wraps a :class:`~stores.ReceiptStore`; same methods, same errors.
 
     Counts every operation (``ops``) so the governor's receipt budget and the stats

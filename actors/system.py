@@ -105,7 +105,7 @@ class DispatchSystem:
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
-            requeue=self._requeue,
+            requeue=self._requeue, writing=self._writing,
             width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
         )  # fmt: skip
         self._memos = {
@@ -293,12 +293,18 @@ class DispatchSystem:
         self.stop()
 
 
-def _cancel_hook(ref: Any, call: Call) -> Any:
-    def cancel() -> None:
-        with contextlib.suppress(pykka.ActorDeadError):
-            ref.tell(CallCancelled(call=call))
+class _cancel_hook:
+    """A call's ``on_cancel``: tells its queue actor (one object per call, not a closure)."""
 
-    return cancel
+    __slots__ = ("call", "ref")
+
+    def __init__(self, ref: Any, call: Call) -> None:
+        self.ref = ref
+        self.call = call
+
+    def __call__(self) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(CallCancelled(call=self.call))
 
 
 def _default_salvage_path(store: ReceiptStore) -> str:

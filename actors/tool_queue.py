@@ -23,15 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pykka
-
 from stores._codec import decode_output
 from stores.types import ClaimMode
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._cleanup import owner_here
 from ._inbox import answer_left, left_in
-from ._runtime import fail, guarded
+from ._runtime import InboxActor, fail, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls, UnitFinished
 from .results import ToolResult
@@ -234,7 +232,7 @@ class ToolQueue:
         return calls
 
 
-class ToolQueueActor(pykka.ThreadingActor):
+class ToolQueueActor(InboxActor):
     """Runs one tool's :class:`ToolQueue` and :class:`~actors.lifecycle.Lifecycle`.
 
     Args:

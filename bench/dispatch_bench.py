@@ -4,6 +4,7 @@ Run from the repository root::
 
     python bench/dispatch_bench.py [--calls 20000]
     python bench/dispatch_bench.py --profile fresh|rerun|memo   # one section under cProfile
+    python bench/dispatch_bench.py --only latency --only gevent  # just e. and f. (seconds)
 
 One run prints, side by side with ratios and each target marked met or MISSED:
 
@@ -321,6 +322,24 @@ def _calibrate() -> str:
     return f"empty loop {(time.perf_counter() - start) * 1000:.0f} ns/iteration"
 
 
+def _report_latency(lat50: float, lat95: float, direct50: float) -> None:
+    added = lat50 - direct50
+    click.echo(f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs")
+    click.echo(f"{'e. idle call adds p50 <= 0.5 ms':<48}{added:>10.3f}ms  "
+               f"{'met' if added <= LATENCY_TARGET_MS else 'MISSED'}")  # fmt: skip
+
+
+def _report_gevent(gev: dict[str, Any]) -> None:
+    if "error" in gev:
+        click.echo(f"f. gevent: n/a ({gev['error']})")
+        return
+    click.echo(f"f. gevent: {gev['n']:,} calls of a 1 s tool in {gev['wall_s']:.2f} s, "
+               f"peak RSS {gev['rss_mb']:.0f} MB")  # fmt: skip
+    ok = gev["wall_s"] <= GEVENT_WALL_S and gev["rss_mb"] <= GEVENT_RSS_MB and gev["n"] == GEVENT_CALLS
+    click.echo(f"{'f. gevent 5,000 x 1 s <= 1.5 s, RSS <= 200 MB':<48}"
+               f"{gev['wall_s']:>6.2f}s/{gev['rss_mb']:.0f}MB  {'met' if ok else 'MISSED'}")  # fmt: skip
+
+
 @click.command()
 @click.option(
     "--calls",
@@ -339,11 +358,17 @@ def _calibrate() -> str:
 @click.option("--profile", type=click.Choice(["fresh", "rerun", "memo"]), default=None,
               help="Profile one section (cProfile, the caller's thread) and print the top functions.")  # fmt: skip  # noqa: E501
 @click.option("--no-gevent", is_flag=True, help="Skip the gevent child.")
+@click.option(
+    "--only",
+    type=click.Choice(["latency", "gevent"]),
+    multiple=True,
+    help="Run only these sections (e. latency, f. gevent; repeatable).",
+)
 @click.option("--dir", "directory", default=None, help="Where to put the temporary files.")
 @click.option("--gevent-child", default=0, hidden=True)
 def main(
     calls: int, raw_keys: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,  # noqa: E501
-    gevent_child: int,
+    gevent_child: int, only: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Time the dispatch system against the raw SQLite limit and diskcache."""
     if gevent_child:
@@ -352,6 +377,14 @@ def main(
     started = time.perf_counter()
     click.echo(f"load average {_load()}, {_calibrate()}; Python {platform.python_version()}, "
                f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs")  # fmt: skip
+    if only:
+        with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
+            if "latency" in only:
+                _report_latency(*bench_latency(os.path.join(tmp, "latency.db"), latency_rounds))
+            if "gevent" in only:
+                _report_gevent(bench_gevent(tmp, GEVENT_CALLS))
+        click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
+        return
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
         raw500, read500 = raw_limit(os.path.join(tmp, "raw500.db"), raw_keys or calls, 500)
         raw5k, read5k = raw_limit(os.path.join(tmp, "raw5k.db"), raw_keys or calls, 5_000)
@@ -379,13 +412,6 @@ def main(
     ):
         click.echo(f"{name:<62}{rate:>11,.0f}{1e6 / rate:>9.1f}")
     click.echo("-" * 82)
-    added = lat50 - direct50
-    click.echo(f"e. one idle call: p50 {lat50:.3f} ms, p95 {lat95:.3f} ms, direct {direct50 * 1000:.1f} µs")
-    if "error" in gev:
-        click.echo(f"f. gevent: n/a ({gev['error']})")
-    else:
-        click.echo(f"f. gevent: {gev['n']:,} calls of a 1 s tool in {gev['wall_s']:.2f} s, "
-                   f"peak RSS {gev['rss_mb']:.0f} MB")  # fmt: skip
     verdicts = [
         (
             f"b. fresh / raw limit (best batch) >= {FRESH_VS_RAW:.0%}",
@@ -423,12 +449,8 @@ def main(
     for name, value, target, unit in verdicts:
         shown = f"{value:,.0f}/s" if unit == "/s" else f"{value:.2f}x"
         click.echo(f"{name:<48}{shown:>12}  {'met' if value >= target else 'MISSED'}")
-    click.echo(f"{'e. idle call adds p50 <= 0.5 ms':<48}{added:>10.3f}ms  "
-               f"{'met' if added <= LATENCY_TARGET_MS else 'MISSED'}")  # fmt: skip
-    if "error" not in gev:
-        ok = gev["wall_s"] <= GEVENT_WALL_S and gev["rss_mb"] <= GEVENT_RSS_MB and gev["n"] == GEVENT_CALLS
-        click.echo(f"{'f. gevent 5,000 x 1 s <= 1.5 s, RSS <= 200 MB':<48}"
-                   f"{gev['wall_s']:>6.2f}s/{gev['rss_mb']:.0f}MB  {'met' if ok else 'MISSED'}")  # fmt: skip
+    _report_latency(lat50, lat95, direct50)
+    _report_gevent(gev)
     click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
 
 

@@ -391,7 +391,8 @@ class Driver:
                 if isinstance(message, PollDue):
                     self.life.on_poll(message.keys, self.now)
                 elif isinstance(message, DeadlineDue):
-                    self.life.on_deadline(message.unit, self.now)
+                    for unit in message.units:
+                        self.life.on_deadline(unit, self.now)
                 elif isinstance(message, RetryDue):
                     self.life.on_retry_due(message.unit, self.now)
                 self.pump()

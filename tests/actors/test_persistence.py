@@ -206,3 +206,44 @@ def test_failure_recording_failure_raises_persistence_error_with_cause(tmp_path:
     assert "provider said no" in str(caught.value)
     assert stats["latch_tripped"] is True
     assert tool.calls == 1
+
+
+class CountingStore(SqliteReceiptStore):
+    """The real SQLite store, counting its ``complete_many`` calls."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.completes = 0
+
+    def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+        self.completes += 1
+        return super().complete_many(*args, **kwargs)
+
+
+def test_completion_first_write_by_the_lifecycle_counts_as_the_ladders_first_attempt(tmp_path: Path) -> None:
+    """A tool queue actor writes its outputs itself (the happy path); when that write
+    fails, the flusher's ladder goes on from it instead of starting over: one write per
+    rung plus the read-back's, as when the flusher made the first write."""
+    db = str(tmp_path / "receipts.db")
+    salvage_path = str(tmp_path / "salvage.jsonl")
+    tool = LockingTool()
+    store = CountingStore(db, busy_timeout_s=BUSY_TIMEOUT_S)
+    system = DispatchSystem.start(
+        tools=[Tool(tool_id="enrich", fn=tool)],
+        store=store,
+        run=RunInfo(run_id="r1", org_id="acme", scope="persistence"),
+        policy=Policy(completion_ladder_s=LADDER_S, salvage_path=salvage_path),
+    )
+    try:
+        future = system.proxy().execute("enrich", {"row": 1})
+        with locked_during_call(db, tool):
+            result = future.get(timeout=WAIT_S)
+            assert system.stats()["latch_tripped"] is True
+    finally:
+        _shut(system)
+    assert result.value == {"echo": {"row": 1}, "paid": True}
+    (entry,) = SalvageLog(salvage_path).entries()
+    # the first write, one per rung of the ladder, then the read-back's write of a
+    # receipt still ours and running
+    assert store.completes == 1 + len(LADDER_S) + 1
+    assert entry.completion_attempts == store.completes

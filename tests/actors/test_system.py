@@ -604,7 +604,7 @@ def test_stop_cancels_queued_calls_and_finishes_running_ones(
 
 # -- no actor ever waits on itself ----------------------------------------------------------------
 
-_ACTOR_BASES = {"ThreadingActor", "Actor", "GeventActor"}
+_ACTOR_BASES = {"ThreadingActor", "Actor", "GeventActor", "InboxActor"}  # InboxActor: actors._runtime
 _WAIT_METHODS = {"ask", "result", "get_all"}
 
 
