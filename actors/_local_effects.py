@@ -18,8 +18,9 @@ import pykka
 from stores._codec import EncodedOutput
 
 from ._calls import Call, Group
-from ._execute import AttemptSpec, attempt
+from ._execute import AttemptSpec, attempt, error_text
 from ._runtime import Reply, fail, log
+from .errors import NotSentError
 from .messages import Reconciled, UnitFinished
 from .results import ToolContext, ToolResult, provider_idempotency_key
 from .salvage import salvage_entry
@@ -49,8 +50,10 @@ class LocalEffects:
         report = _Report(tell, self, groups)
         try:
             self.ports.pool.submit(attempt, spec, report, time.monotonic, gate)
-        except RuntimeError as exc:  # the pool is shut down: the system stopped
-            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc))
+        except Exception as exc:  # shut down (the system stopped), or no thread could start
+            error = NotSentError(f"{self.tool.tool_id}: its attempt could not start: {error_text(exc)}")
+            error.__cause__ = exc
+            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
 
     def keep_late(self, message: UnitFinished) -> None:
         """An attempt's answer left unhandled in the stopping actor's inbox: salvaged."""
@@ -99,7 +102,7 @@ class LocalEffects:
 
         try:
             self.ports.pool.submit(ask)
-        except RuntimeError as exc:
+        except Exception as exc:  # shut down, or no thread could start: answered all the same
             reply.set_exception((type(exc), exc, None))
 
     def answer(self, call: Call, outcome: Any) -> None:

@@ -169,3 +169,26 @@ def test_break_stop_during_the_completion_ladder_salvages_before_it_returns(tmp_
     assert len(salvaged) == 1 and '"paid":true' in salvaged[0].replace(" ", "")
     assert future.get(timeout=1.0).value == {"k": 1, "paid": True}  # answered: salvaged, not lost
     assert os.path.exists(str(db))
+
+
+@pytest.mark.parametrize("error", [MemoryError, OSError, ValueError])
+def test_break_a_pool_that_cannot_start_a_tool_answers_the_call_and_frees_its_slot(
+    make_system: Any, error: type[BaseException]
+) -> None:
+    # starting a worker can fail for other reasons than a pool shut down (no thread could
+    # start, memory): the attempt was never sent, its caller is answered, the slot freed
+    system = make_system([Tool(tool_id="ok", fn=lambda i, c: i, provider="p")], policy=ONE_SLOT)
+    pool = system.ports.pool
+    real, failed = pool.submit, []
+
+    def submit(fn: Any, *args: Any) -> None:
+        if not failed:
+            failed.append(fn)
+            raise error("can't start new thread")
+        real(fn, *args)
+
+    pool.submit = submit
+    with pytest.raises(ToolDispatchError, match="can't start new thread"):
+        system.proxy().execute("ok", {"n": 0}).get(timeout=WAIT_S)
+    assert failed
+    assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
