@@ -5,6 +5,7 @@ for the pacing part: ``apt-get install nginx-light``)::
 
     python bench/scaleout_bench.py                     # 20,000 keys; pacing 20 s per case
     python bench/scaleout_bench.py --keys 5000 --seconds 10 --no-dbos
+    python bench/scaleout_bench.py --pacing-only --seconds 30   # the pacing table alone
 
 **Throughput.** The same random keys through a trivial tool (no provider: the store is
 the work), by 1, 2 and 4 worker processes, each taking the keys whose index % N == its
@@ -270,6 +271,7 @@ def _drop(schema: str, prefix: str | None = None) -> None:
 @click.option("--dbos-steps", default=500, show_default=True)
 @click.option("--no-dbos", is_flag=True)
 @click.option("--no-pacing", is_flag=True)
+@click.option("--pacing-only", is_flag=True, help="Only the pacing part (no Postgres throughput, no DBOS).")
 @click.option("--child-throughput", default=None, hidden=True)
 @click.option("--child-pacing", default=None, hidden=True)
 @click.option("--child-dbos", default=None, hidden=True)
@@ -279,7 +281,7 @@ def _drop(schema: str, prefix: str | None = None) -> None:
 @click.option("--prefix", default=None, hidden=True)
 def main(
     n_keys: int, workers: str, seconds: float, rps: float, burst_s: float, dbos_steps: int, no_dbos: bool,
-    no_pacing: bool, child_throughput: str | None, child_pacing: str | None, child_dbos: str | None,
+    no_pacing: bool, pacing_only: bool, child_throughput: str | None, child_pacing: str | None, child_dbos: str | None,
     schema: str | None, mode: str | None, url: str | None, prefix: str | None,
 ) -> None:  # fmt: skip
     """Scaling curve on Postgres and shared pacing through Redis; ratios in one table."""
@@ -289,6 +291,8 @@ def main(
         return run_child_pacing(child_pacing, schema, mode, url, rps, n_keys, prefix)  # type: ignore[arg-type]
     if child_dbos:
         return run_child_dbos(int(child_dbos), schema)  # type: ignore[arg-type]
+    if pacing_only:
+        return pacing_table(rps, seconds, burst_s)
     keys = _keys(n_keys)
     rows: list[tuple[str, float | None, str]] = []
     raw_schema = f"td_bench_{uuid.uuid4().hex[:10]}"
@@ -324,6 +328,10 @@ def main(
         print(f"| {name} | {'n/a' if rate is None else f'{rate:,.0f}'} | {extra} |")
     if no_pacing:
         return None
+    return pacing_table(rps, seconds, burst_s)
+
+
+def pacing_table(rps: float, seconds: float, burst_s: float) -> None:
     print(
         f"\npacing, 4 workers sharing a Redis pacer, nginx R = {rps:g}/s, burst {burst_s:g} s, {seconds:g} s window"  # noqa: E501
     )
