@@ -20,6 +20,17 @@ suite runs both. Keys:
   share the bucket; their local share when Redis is away). A take updates it only when
   it names its worker (the client does every ``presence_s / 4``); otherwise it answers
   -1 workers (unchanged).
+* ``KEYS[3]``: a string, the worker holding the *learner lease* of a provider whose limit
+  is unknown (``SET NX PX``, renewed by each ``learn`` of its holder; it lapses when the
+  holder dies or goes quiet, and the next ``learn`` of any worker takes it).
+
+Learning an unknown limit together (:mod:`actors._shared_learner`): the hash also keeps
+``acc`` (responses accepted, every worker's, added by ``learn``), the last congestion
+event (``ev`` counted by each cutting ``pause``, at ``ev_at``, when ``acc`` was
+``ev_acc``), and what the learner published: the limit estimate ``lim``, its phase
+``ph`` and its ``cuts``. ``learn`` publishes a rate without bumping ``ver`` (only a
+congestion event does, so a 429 for a request granted before the learner's last
+publication is still a new event).
 
 Arguments: ``op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate),
 ttl_ms, use_window_s``, then the operation's own (see ``_OPS`` in the client).
@@ -30,7 +41,7 @@ from __future__ import annotations
 __all__ = ["SCRIPT"]
 
 SCRIPT = r"""
-local key, wkey = KEYS[1], KEYS[2]
+local key, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
 local op = ARGV[1]
 local init_rate, init_ss = tonumber(ARGV[2]), tonumber(ARGV[3])
 local burst_arg, ttl_ms, use_window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -38,7 +49,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 local names = {'tat', 'rate', 'ref', 'ver', 'ss', 'used', 'used_at', 'pause',
-               'c_fail', 'c_open', 'c_period', 'c_probe'}
+               'c_fail', 'c_open', 'c_period', 'c_probe',
+               'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, name in ipairs(names) do s[name] = tonumber(raw[i]) end
@@ -46,6 +58,9 @@ local absent = s.rate == nil
 if absent then
   s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = 0,
        used_at = now, pause = 0, c_fail = 0, c_open = 0, c_period = 0, c_probe = 0}
+end
+for _, name in ipairs({'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}) do
+  if s[name] == nil then s[name] = 0 end
 end
 
 local function fmt(x) return string.format('%.17g', x) end
@@ -144,6 +159,7 @@ elseif op == 'pause' then
   if cut_ver >= 0 and cut_ver == s.ver then
     cut = 1
     s.ver = s.ver + 1
+    s.ev, s.ev_at, s.ev_acc = s.ev + 1, now, s.acc
     if s.rate <= 0 then
       s.rate, s.ss = math.max(start_rps, used_rps() * ss_dec), 1
     else
@@ -201,6 +217,35 @@ elseif op == 'record' then
   local left = 0
   if s.c_open > now then left = s.c_open - now end
   return state({tostring(opened), fmt(left)})
+elseif op == 'learn' then
+  local n, holder, lease_ms = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+  local rate, in_use = tonumber(ARGV[10]), tonumber(ARGV[15])
+  s.acc = s.acc + n
+  local leader = 0
+  if holder ~= '' then
+    local cur = redis.call('GET', lkey)
+    if not cur then
+      redis.call('SET', lkey, holder, 'PX', lease_ms)
+      leader = 1
+    elseif cur == holder then
+      redis.call('PEXPIRE', lkey, lease_ms)
+      leader = 1
+    end
+  end
+  if leader == 1 and rate >= 0 then
+    local old = s.rate
+    s.rate, s.ss = rate, tonumber(ARGV[11])
+    s.lim, s.ph, s.cuts = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+    if s.lim > 0 then s.ref = s.lim end
+    rescale(old)
+    save()
+  elseif n > 0 or fresh then
+    save({'acc'})
+  end
+  local busy = 0
+  if s.rate > 0 and used_rps() >= in_use * s.rate then busy = 1 end
+  return state({tostring(leader), fmt(s.acc), tostring(s.ev), fmt(now - s.ev_at), fmt(s.ev_acc),
+                fmt(s.pause - now), tostring(busy), fmt(s.lim), tostring(s.ph), tostring(s.cuts)})
 elseif op == 'state' then
   local left = 0
   if s.pause > now then left = s.pause - now end

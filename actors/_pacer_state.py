@@ -2,7 +2,8 @@
 
 :class:`BucketState` is :data:`actors._pacer_script.SCRIPT` line for line (GCRA take,
 shared pause with a once-per-event cut, AIMD growth, the circuit with one half-open
-probe), run in-process by :class:`actors.shared_pacer.LocalPacer` and by a
+probe, the learner lease and the counts an unknown limit is learnt from), run
+in-process by :class:`actors.shared_pacer.LocalPacer` and by a
 :class:`~actors._redis_pacer.RedisPacer` whose Redis is away. It takes the script's
 argument list and answers the script's reply list, so one parser reads both and the
 conformance suite holds them to the same behaviour.
@@ -40,6 +41,16 @@ class BucketState:
     c_open: float = 0.0
     c_period: float = 0.0
     c_probe: float = 0.0
+    acc: float = 0.0
+    ev: int = 0
+    ev_at: float = 0.0
+    ev_acc: float = 0.0
+    lim: float = 0.0
+    ph: int = 0
+    cuts: int = 0
+    holder: str = ""
+    """The learner lease (the script's ``KEYS[3]``): its holder, until ``lease_until``."""
+    lease_until: float = 0.0
     fresh: bool = True
     _burst_arg: float = -1.0
     _use_window: float = 0.5
@@ -66,6 +77,8 @@ class BucketState:
             return self._state(now, [])
         if op == "record":
             return self._record(now, *(float(a) for a in args[:5]))
+        if op == "learn":
+            return self._learn(now, args)
         if op == "state":
             return self._state(now, [_fmt(max(0.0, self.pause - now)), _fmt(self._used_rps(now))])
         raise ValueError(f"unknown pacer op {op!r}")
@@ -124,6 +137,7 @@ class BucketState:
         cut, old = 0, self.rate
         if cut_ver >= 0 and cut_ver == self.ver:
             cut, self.ver = 1, self.ver + 1
+            self.ev, self.ev_at, self.ev_acc = self.ev + 1, now, self.acc
             if self.rate <= 0:
                 self.rate, self.ss = max(start_rps, self._used_rps(now) * ss_dec), 1
             else:
@@ -146,6 +160,26 @@ class BucketState:
             self.rate = rate
             self._rescale(old, now)
         return self._state(now, [str(grown)])
+
+    def _learn(self, now: float, args: Sequence[str]) -> Reply:
+        n, holder, lease_s = float(args[0]), args[1], float(args[2]) / 1000
+        rate, in_use = float(args[3]), float(args[8])
+        self.acc += n
+        leader = 0
+        if holder and (not self.holder or now >= self.lease_until or self.holder == holder):
+            self.holder, self.lease_until, leader = holder, now + lease_s, 1
+        if leader and rate >= 0:
+            old, self.rate, self.ss = self.rate, rate, int(args[4])
+            self.lim, self.ph, self.cuts = float(args[5]), int(args[6]), int(args[7])
+            if self.lim > 0:
+                self.ref = self.lim
+            self._rescale(old, now)
+        busy = int(self.rate > 0 and self._used_rps(now) >= in_use * self.rate)
+        return self._state(
+            now,
+            [str(leader), _fmt(self.acc), str(self.ev), _fmt(now - self.ev_at), _fmt(self.ev_acc),
+             _fmt(self.pause - now), str(busy), _fmt(self.lim), str(self.ph), str(self.cuts)],
+        )  # fmt: skip
 
     def _record(
         self, now: float, answered: float, unavailable: float, threshold: float, open_s: float,

@@ -9,7 +9,16 @@ import attrs
 from ._pacing import AIMD_DECREASE, AIMD_MIN_RPS, PACE_MARGIN, SLOW_START_EXIT_DECREASE, SLOW_START_RPS
 from .tool import Pacing, Policy
 
-__all__ = ["CircuitRecorded", "Grant", "Grown", "PacerSettings", "PacerState", "Paused", "ProviderLimits"]
+__all__ = [
+    "CircuitRecorded",
+    "Grant",
+    "Grown",
+    "Learnt",
+    "PacerSettings",
+    "PacerState",
+    "Paused",
+    "ProviderLimits",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -69,6 +78,10 @@ class PacerSettings:
     """Idle buckets are forgotten (Redis keys expire) this long after their last write."""
     presence_s: float = 10.0
     """A worker counts as sharing a bucket for this long after its last take."""
+    learner_lease_s: float = 3.0
+    """The learner lease of a provider whose limit is unknown lapses this long after its
+    holder's last :meth:`~actors.shared_pacer.Pacer.learn` (a dead or idle holder is
+    replaced by the next worker that learns)."""
 
     @classmethod
     def from_policy(cls, policy: Policy, **overrides: Any) -> PacerSettings:
@@ -145,3 +158,36 @@ class CircuitRecorded(PacerState):
 
     opened: bool
     open_s: float
+
+
+PHASES = ("unpaced", "slow_start", "plateau", "probe")
+"""The phases of :class:`~actors._plateau.LimitLearner`, by their number in the pacer."""
+
+
+@attrs.frozen(kw_only=True)
+class Learnt(PacerState):
+    """Reply to :meth:`Pacer.learn`: what an unknown limit is learnt from, every worker's.
+
+    Attributes:
+        leader: the caller holds the learner lease (it learns and publishes the rate).
+        accepted: responses accepted so far, every worker's (a running count).
+        events: congestion events so far (pauses that cut the rate).
+        event_ago_s: seconds since the last event (meaningless while ``events`` is 0).
+        event_accepted: ``accepted`` when the last event happened.
+        pause_in_s: seconds until the shared pause ends (negative: it ended that long ago).
+        in_use: grants (every worker's) run at ``in_use_fraction`` of the rate or more.
+        limit_rps: the limit estimate the learner published (None: none yet).
+        phase: the learner's phase as published (one of :data:`PHASES`).
+        cuts: congestion events the learner cut for, as published.
+    """
+
+    leader: bool
+    accepted: int
+    events: int
+    event_ago_s: float
+    event_accepted: int
+    pause_in_s: float
+    in_use: bool
+    limit_rps: float | None
+    phase: str
+    cuts: int

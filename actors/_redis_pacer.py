@@ -42,9 +42,10 @@ class RedisPacer(Pacer):
     Each verb is one EVALSHA of :data:`actors._pacer_script.SCRIPT` (loaded with SCRIPT
     LOAD on first use and again when Redis answers NOSCRIPT: a restart or failover
     flushed its script cache), atomic on the server and timed by its ``TIME``. Keys are
-    ``{prefix}:{<org>/<provider>}:state`` (a hash) and ``...:workers`` (a sorted set),
-    each written with a TTL (``state_ttl_s`` past the last write, longer while a pause
-    or an open circuit lasts; ``2 * presence_s`` for the workers).
+    ``{prefix}:{<org>/<provider>}:state`` (a hash), ``...:workers`` (a sorted set) and
+    ``...:learner`` (the learner lease, a string), each written with a TTL
+    (``state_ttl_s`` past the last write, longer while a pause or an open circuit lasts;
+    ``2 * presence_s`` for the workers; ``learner_lease_s`` for the lease).
 
     **Redis away.** Connecting and reading time out after ``connect_timeout_s`` /
     ``timeout_s`` and are never retried inside a call, so no call waits longer than
@@ -130,9 +131,9 @@ class RedisPacer(Pacer):
         self.last_error = ""
 
     def keys(self, org_id: str, provider: str) -> list[str]:
-        """The Redis keys of (org, provider): [state hash, workers sorted set]."""
+        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease]."""
         base = f"{self.prefix}:{{{org_id}/{provider}}}"
-        return [f"{base}:state", f"{base}:workers"]
+        return [f"{base}:state", f"{base}:workers", f"{base}:learner"]
 
     def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
         keys = self.keys(org_id, provider)
@@ -144,9 +145,9 @@ class RedisPacer(Pacer):
             argv = [*argv[:8], self.worker_id if due else "", *argv[9:]]
         sha = self._sha or self._load()
         try:
-            reply = self._client.evalsha(sha, 2, *keys, *argv)
+            reply = self._client.evalsha(sha, len(keys), *keys, *argv)
         except self._noscript:  # the script cache was flushed (restart, failover, SCRIPT FLUSH)
-            reply = self._client.evalsha(self._load(), 2, *keys, *argv)
+            reply = self._client.evalsha(self._load(), len(keys), *keys, *argv)
         return [str(x) for x in reply]
 
     def _load(self) -> str:

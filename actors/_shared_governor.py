@@ -16,9 +16,13 @@ Mapping (the shared pacer's author's proposal, checked against the pacer's repli
 * ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last grant
   made at or before the 429'd request was sent (several 429s of one congestion event, from
   any worker, cut once).
-* ``release``: ``pacer.grow`` (AIMD additive increase, or slow start's doubling, summed
-  over the successes) and ``pacer.record`` (the circuit); when it opens, waiters are
-  refused and the gate closed.
+* ``release``: for a stated rate ``pacer.grow`` (AIMD additive increase, summed over the
+  successes, back to the stated rate after a cut); for an unknown limit ``pacer.learn``
+  (the successes join every worker's count; the worker holding the learner lease runs
+  the :class:`~actors._plateau.LimitLearner` of them all and publishes its rate: see
+  :mod:`actors._shared_learner`); then ``pacer.record`` (the circuit); when it opens,
+  waiters are refused and the gate closed. While the pacer is away (its local fallback
+  answers), an unknown limit grows by AIMD on this worker's share, as a stated one.
 
 Every method runs on the governor actor's thread; each pacer call is one round trip.
 """
@@ -26,7 +30,9 @@ Every method runs on the governor actor's thread; each pacer call is one round t
 from __future__ import annotations
 
 import bisect
+import os
 import random
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +44,8 @@ from ._pacing import (
     SLOW_START_DOUBLING_S,
     ProviderBucket,
 )
+from ._plateau import LimitLearner
+from ._shared_learner import SharedLearner, mirror
 from .governor import BucketKey, Decisions, Governor
 from .shared_pacer import Pacer
 from .tool import Pacing, Policy
@@ -78,6 +86,10 @@ class SharedGovernor(Governor):
         """The rate version of the grant :meth:`_grantable` last made."""
         self.shared: dict[BucketKey, tuple[float | None, float | None, bool]] = {}
         """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
+        self.roles: dict[BucketKey, SharedLearner] = {}
+        """(org, provider) of an unknown limit -> this worker's learner role."""
+        self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
+        """This governor's name for the learner lease."""
 
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
@@ -154,7 +166,10 @@ class SharedGovernor(Governor):
         bucket.gate_until = max(bucket.gate_until, now + paused.pause_s)
         out = self.wake(now)
         self._saw(key, paused.rate_rps, paused.reference_rps, paused.slow_start, out)
-        out.gates[key] = (paused.rate_rps, bucket.gate_until)
+        role = self.roles.get(key)
+        if paused.cut and role is not None and role.learner is not None:  # the learner is here: cut now
+            self._learn(key, bucket, 0, now, out)
+        out.gates[key] = (bucket.rate, bucket.gate_until)
         return out
 
     def release(
@@ -174,6 +189,24 @@ class SharedGovernor(Governor):
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)
         out = Decisions()
+        if bucket.learner is None or not self._learn(key, bucket, successes, now, out):
+            self._grow(key, bucket, successes, out)
+        answered_n = successes if answered is None else answered
+        refusals = []
+        if answered_n or unavailable:
+            recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
+            if recorded.opened:
+                refusals = self._refuse_waiters(key)
+                out.closed[key] = now + recorded.open_s
+        woken = self.wake(now)
+        woken.refusals.extend(refusals)
+        woken.closed.update(out.closed)
+        woken.gates = {**out.gates, **woken.gates}
+        return woken
+
+    def _grow(self, key: BucketKey, bucket: ProviderBucket, successes: int, out: Decisions) -> None:
+        """AIMD growth of the shared rate (slow start's doubling while in it)."""
+        org_id, provider = key
         rate, ref, slow = self.shared.get(key, (bucket.rate, None, bucket.slow_start))
         limits = self.pacer.limits.get(provider) or ProviderLimits()
         capped = limits.max_rps is not None and rate is not None and rate >= limits.max_rps
@@ -188,18 +221,42 @@ class SharedGovernor(Governor):
                 step = AIMD_INCREASE_FRACTION * (ref or rate) / max(rate, AIMD_MIN_RPS)
                 grown = self.pacer.grow(org_id, provider, add_rps=successes * step)
             self._saw(key, grown.rate_rps, grown.reference_rps, grown.slow_start, out)
-        answered_n = successes if answered is None else answered
-        refusals = []
-        if answered_n or unavailable:
-            recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
-            if recorded.opened:
-                refusals = self._refuse_waiters(key)
-                out.closed[key] = now + recorded.open_s
-        woken = self.wake(now)
-        woken.refusals.extend(refusals)
-        woken.closed.update(out.closed)
-        woken.gates = {**out.gates, **woken.gates}
-        return woken
+
+    def _learn(
+        self, key: BucketKey, bucket: ProviderBucket, successes: int, now: float, out: Decisions
+    ) -> bool:
+        """Count ``successes`` for the shared learner; learn and publish when this worker
+        holds its lease (two round trips when the rate changes, else one). False when the
+        pacer is away (the caller grows the local share instead)."""
+        org_id, provider = key
+        role = self.roles.setdefault(key, SharedLearner())
+        got = self.pacer.learn(org_id, provider, successes, self.holder)
+        if got.degraded:
+            role.step(got, now)  # drops the role: the counts are this worker's alone
+            return False
+        self._saw(key, got.rate_rps, got.reference_rps, got.slow_start, out)
+        publish = role.step(got, now)
+        if publish is not None:
+            got = self.pacer.learn(org_id, provider, 0, self.holder, publish)
+            self._saw(key, got.rate_rps, got.reference_rps, got.slow_start, out)
+        assert bucket.learner is not None
+        if role.learner is not None:
+            bucket.learner = role.learner
+        else:
+            if any(bucket.learner is r.learner for r in self.roles.values()):
+                bucket.learner = LimitLearner()  # was ours: a new one to show the holder's in
+            mirror(bucket.learner, got)
+        return True
+
+    def refresh_report(self, now: float) -> None:
+        """Before a pacing report: each unknown limit's published estimate (one read each)."""
+        for key, role in self.roles.items():
+            bucket = self.buckets.get(key)
+            if bucket is None or bucket.learner is None or role.learner is not None:
+                continue
+            got = self.pacer.learn(key[0], key[1], 0, "")
+            if not got.degraded:
+                mirror(bucket.learner, got)
 
     def _saw(self, key: BucketKey, rate: float | None, ref: float | None, slow: bool, out: Decisions) -> None:
         """Keep the pacer's rate; retime this process's send gate when it changed."""

@@ -119,6 +119,9 @@ class Governor:
             )
         return found
 
+    def refresh_report(self, now: float) -> None:
+        """Bring what the pacing report reads up to date (a governor pacing alone has it)."""
+
     def charge(self, kind: str, amount: int) -> None:
         """Charge a budget.
 

@@ -122,6 +122,7 @@ class GovernorActor(pykka.ThreadingActor):
         """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
         429s, circuit state, time waited (see :func:`actors._pacing.pacing_report`)."""
         gov = self.governor
+        gov.refresh_report(self.clock())
         return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
 
     def snapshot(self) -> dict[str, Any]:

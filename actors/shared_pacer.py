@@ -31,9 +31,11 @@ from typing import Any
 
 from ._pacer_state import BucketState
 from ._pacer_values import (
+    PHASES,
     CircuitRecorded,
     Grant,
     Grown,
+    Learnt,
     PacerSettings,
     PacerState,
     Paused,
@@ -46,6 +48,7 @@ __all__ = [
     "Grant",
     "Grown",
     "InvalidPacerURLError",
+    "Learnt",
     "LocalPacer",
     "Pacer",
     "PacerSettings",
@@ -176,6 +179,49 @@ class Pacer(abc.ABC):
         argv += [repr(s.circuit_open_s), repr(s.circuit_open_max_s)]
         reply, degraded = self._reply(org_id, provider, argv)
         return CircuitRecorded(**self._state(reply, degraded), opened=reply[5] == "1", open_s=float(reply[6]))
+
+    def learn(
+        self,
+        org_id: str,
+        provider: str,
+        accepted: int,
+        holder: str,
+        publish: tuple[float, bool, float | None, str, int] | None = None,
+    ) -> Learnt:
+        """Add ``accepted`` responses to the shared count; renew (or take, when free or
+        lapsed) the learner lease for ``holder`` (``""``: only read); and, when the
+        caller holds it, ``publish`` = (rate, slow start, limit estimate, phase, cuts):
+        the rate every worker paces at from now on (no version bump: only a congestion
+        event makes one, see :meth:`pause`). One round trip.
+
+        Raises:
+            ValueError: ``accepted`` < 0 or an unknown phase.
+        """
+        if accepted < 0:
+            raise ValueError(f"learn needs accepted >= 0, got {accepted}")
+        lease_ms = str(math.ceil(self.settings.learner_lease_s * 1000))
+        rate, slow, limit, phase, cuts = publish or (-1.0, False, None, "unpaced", 0)
+        if phase not in PHASES:
+            raise ValueError(f"unknown learner phase {phase!r}")
+        argv = self._argv(
+            provider, "learn", str(accepted), holder, lease_ms, repr(float(rate)), str(int(slow))
+        )
+        argv += [_num(limit), str(PHASES.index(phase)), str(cuts), repr(self.settings.in_use_fraction)]
+        reply, degraded = self._reply(org_id, provider, argv)
+        limit_rps = float(reply[12])
+        return Learnt(
+            **self._state(reply, degraded),
+            leader=reply[5] == "1",
+            accepted=round(float(reply[6])),
+            events=int(float(reply[7])),
+            event_ago_s=float(reply[8]),
+            event_accepted=round(float(reply[9])),
+            pause_in_s=float(reply[10]),
+            in_use=reply[11] == "1",
+            limit_rps=limit_rps if limit_rps > 0 else None,
+            phase=PHASES[min(len(PHASES) - 1, max(0, int(float(reply[13]))))],
+            cuts=int(float(reply[14])),
+        )
 
     def state(self, org_id: str, provider: str) -> PacerState:
         """The bucket's state (creates it if absent)."""

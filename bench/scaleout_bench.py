@@ -281,8 +281,8 @@ def _drop(schema: str, prefix: str | None = None) -> None:
 @click.option("--prefix", default=None, hidden=True)
 def main(
     n_keys: int, workers: str, seconds: float, rps: float, burst_s: float, dbos_steps: int, no_dbos: bool,
-    no_pacing: bool, pacing_only: bool, child_throughput: str | None, child_pacing: str | None, child_dbos: str | None,
-    schema: str | None, mode: str | None, url: str | None, prefix: str | None,
+    no_pacing: bool, pacing_only: bool, child_throughput: str | None, child_pacing: str | None,
+    child_dbos: str | None, schema: str | None, mode: str | None, url: str | None, prefix: str | None,
 ) -> None:  # fmt: skip
     """Scaling curve on Postgres and shared pacing through Redis; ratios in one table."""
     if child_throughput:
