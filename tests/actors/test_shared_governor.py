@@ -5,6 +5,7 @@ through one pacer. A plain state machine: a LocalPacer on a fake clock stands fo
 from __future__ import annotations
 
 from actors import Pacing, Policy
+from actors._pacing import pacing_report
 from actors._shared_governor import SharedGovernor
 from actors.errors import ProviderUnavailableError
 from actors.shared_pacer import LocalPacer
@@ -53,3 +54,63 @@ def test_a_circuit_opened_by_one_refuses_the_others_waiters():
     refused = two.acquire("org", "p", 1, "b", now[0])
     assert refused.grants == []
     assert [type(exc) for _, exc in refused.refusals] == [ProviderUnavailableError]
+
+
+def _drive(govs, now, seconds: float, step: float = 0.02) -> None:
+    """Each governor asks for one slot every ``step`` (taking turns at going first) and
+    its grants succeed at once."""
+    end, turn = now[0] + seconds, 0
+    while now[0] < end:
+        now[0] += step
+        for gov in govs[turn % len(govs) :] + govs[: turn % len(govs)]:
+            out = gov.acquire("org", "p", 1, object(), now[0])
+            granted = sum(n for _, n in out.grants)
+            if granted:
+                gov.release("org", "p", granted, granted, now[0])
+        turn += 1
+
+
+def _reported_limit(gov, now: float):
+    gov.refresh_report(now)
+    return pacing_report(gov.buckets, gov.circuits, now)["org/p"]
+
+
+def _learning_pair():
+    now = [100.0]
+    pacer = LocalPacer(clock=lambda: now[0])
+    pacings = {"p": Pacing(start_rps=10.0)}  # limit unknown: learnt
+    one = SharedGovernor(Policy(), pacings, pacer, rng=lambda: 0.0)
+    two = SharedGovernor(Policy(), pacings, pacer, rng=lambda: 0.0)
+    return now, one, two
+
+
+def test_two_governors_learn_one_estimate_from_a_429_either_met():
+    now, one, two = _learning_pair()
+    _drive([one, two], now, 1.0)  # slow start, counted together
+    assert one.roles[("org", "p")].learner is not None  # the first to learn holds the lease
+    assert two.roles[("org", "p")].learner is None
+    two.backpressure("org", "p", "1", now[0], 0.0, sent_at=now[0])  # the follower's 429
+    now[0] += 1.05
+    _drive([one, two], now, 0.5)
+    learner = one.roles[("org", "p")].learner
+    assert learner is not None and learner.cuts == 1 and learner.phase == "plateau"
+    reports = [_reported_limit(gov, now[0]) for gov in (one, two)]
+    assert reports[0]["limit_rps"] == reports[1]["limit_rps"] == learner.limit_rps
+    assert reports[0]["learnt"] == reports[1]["learnt"] == "plateau"
+    # the shared rate is the learner's plateau, not the pacer's own cut
+    assert two.shared[("org", "p")][0] == learner.rate
+
+
+def test_the_learner_lease_passes_to_another_governor_when_its_holder_goes_quiet():
+    now, one, two = _learning_pair()
+    _drive([one, two], now, 1.0)
+    one.backpressure("org", "p", "1", now[0], 0.0, sent_at=now[0])
+    now[0] += 1.05
+    _drive([one, two], now, 0.5)
+    estimate = one.roles[("org", "p")].learner.limit_rps
+    _drive([two], now, 4.0)  # one is gone: its lease (3 s) lapses, two takes the role
+    taken = two.roles[("org", "p")].learner
+    assert taken is not None and taken.limit_rps == estimate and taken.cuts == 1
+    _drive([one], now, 0.1)  # one comes back as a follower
+    assert one.roles[("org", "p")].learner is None
+    assert _reported_limit(one, now[0])["limit_rps"] == taken.limit_rps

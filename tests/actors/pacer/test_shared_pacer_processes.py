@@ -28,10 +28,10 @@ WAIT_S = 30.0
 class Worker:
     """One worker process; :meth:`ask` sends a command and returns its JSON answer."""
 
-    def __init__(self, runtime: str, url: str, rate: float, burst: float) -> None:
+    def __init__(self, runtime: str, *args: str, host: Path = HOST) -> None:
         prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
         self.proc = subprocess.Popen(
-            [*prefix, str(HOST), url, str(rate), str(burst)],
+            [*prefix, str(host), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
@@ -42,9 +42,9 @@ class Worker:
         for line in self.proc.stdout:
             self.lines.put(line)
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self, timeout_s: float = WAIT_S) -> dict[str, Any]:
         try:
-            return dict(json.loads(self.lines.get(timeout=WAIT_S)))
+            return dict(json.loads(self.lines.get(timeout=timeout_s)))
         except queue.Empty:
             raise AssertionError(f"worker {self.proc.pid} did not answer (exit {self.proc.poll()})") from None
 
@@ -70,7 +70,7 @@ def start_workers(runtime: str, redis_server: RedisServer, prefix: str) -> Itera
 
     def start(n: int, rate: float, burst: float) -> list[Worker]:
         url = f"{redis_server.url}?prefix={prefix}"
-        workers = [Worker(runtime, url, rate, burst) for _ in range(n)]
+        workers = [Worker(runtime, url, str(rate), str(burst)) for _ in range(n)]
         started.extend(workers)
         for w in workers:
             assert w.answer() == {"ready": True}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 
 from actors.shared_pacer import (
@@ -225,7 +227,30 @@ def test_redis_pacer_keys_all_expire_and_outlive_a_long_pause(
     pacer.record("o", "q", answered=0, unavailable=0)
     pacer.set_rate("o", "r", 5.0)
     pacer.pause("o", "p", 7200.0)
+    pacer.learn("o", "s", 1, "me")
     client = redis_server.client()
     ttls = {key: client.pttl(key) for key in client.scan_iter(f"{prefix}:*")}
-    assert len(ttls) == 4 and all(ttl > 0 for ttl in ttls.values())
+    assert len(ttls) == 6 and all(ttl > 0 for ttl in ttls.values())
     assert ttls[f"{prefix}:{{o/p}}:state"] > 7200 * 1000
+    assert ttls[f"{prefix}:{{o/s}}:learner"] <= pacer.settings.learner_lease_s * 1000
+
+
+def test_redis_pacer_workers_count_together_and_one_holds_the_learner_lease(make_workers: Any) -> None:
+    workers = make_workers()
+    for w in workers:
+        w.settings = attrs.evolve(w.settings, learner_lease_s=0.2)
+    replies = _together(workers, lambda w: w.learn("o", "p", 1, f"w{workers.index(w)}"))
+    assert sum(r.leader for r in replies) == 1
+    assert max(r.accepted for r in replies) == len(workers)  # every worker's count, summed
+    leader = next(w for w, r in zip(workers, replies, strict=True) if r.leader)
+    follower = next(w for w in workers if w is not leader)
+    name = f"w{workers.index(follower)}"
+    ignored = follower.learn("o", "p", 0, name, (5.0, False, 6.0, "plateau", 1))
+    assert not ignored.leader and ignored.rate_rps == 50.0 and ignored.limit_rps is None
+    published = leader.learn("o", "p", 0, f"w{workers.index(leader)}", (5.0, False, 6.0, "plateau", 1))
+    assert published.leader and (published.rate_rps, published.limit_rps) == (5.0, 6.0)
+    assert published.version == replies[0].version  # publishing is no congestion event
+    time.sleep(0.5)  # the holder goes quiet: its lease lapses
+    taken = follower.learn("o", "p", 0, name)
+    assert taken.leader and (taken.limit_rps, taken.phase, taken.cuts) == (6.0, "plateau", 1)
+    assert not leader.learn("o", "p", 0, f"w{workers.index(leader)}").leader
