@@ -114,6 +114,9 @@ class SharedGovernor(Governor):
             want = min(want, free)
         if want < 1:
             return 0  # only a release can help
+        role = self.roles.get(key)
+        if role is not None and role.due(now):  # the learner looks while it waits, too
+            self._learn(key, bucket, 0, now, out)
         grant = self.pacer.take(key[0], key[1], want, partial=True)
         self._saw(key, grant.rate_rps, grant.reference_rps, grant.slow_start, out)
         if grant.verdict == "refuse":

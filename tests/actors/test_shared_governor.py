@@ -114,3 +114,24 @@ def test_the_learner_lease_passes_to_another_governor_when_its_holder_goes_quiet
     _drive([one], now, 0.1)  # one comes back as a follower
     assert one.roles[("org", "p")].learner is None
     assert _reported_limit(one, now[0])["limit_rps"] == taken.limit_rps
+
+
+def test_a_lease_holder_whose_calls_do_not_end_still_learns_from_the_others():
+    # the holder lost every race for tokens (or its calls hang): the shared rate still
+    # follows what the others' calls were accepted at, not held at the start until a
+    # lump of answers made slow start jump at once
+    now, one, two = _learning_pair()
+    one.acquire("org", "p", 1, object(), now[0])
+    one.release("org", "p", 1, 1, now[0])  # one holds the lease from now on
+    one.acquire("org", "p", 1, object(), now[0])
+    rates = []
+    for _ in range(50):  # one second; two goes first, one only waits
+        now[0] += 0.02
+        out = two.acquire("org", "p", 1, object(), now[0])
+        granted = sum(n for _, n in out.grants)
+        if granted:
+            two.release("org", "p", granted, granted, now[0])
+        one.wake(now[0])
+        rates.append(two.shared[("org", "p")][0])
+    assert one.roles[("org", "p")].learner is not None
+    assert rates[-1] > 2 * rates[0]  # slow start went on as two's calls were accepted
