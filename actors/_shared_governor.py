@@ -44,7 +44,6 @@ from ._pacing import (
     SLOW_START_DOUBLING_S,
     ProviderBucket,
 )
-from ._plateau import LimitLearner
 from ._shared_learner import SharedLearner, mirror
 from .governor import BucketKey, Decisions, Governor
 from .shared_pacer import Pacer
@@ -242,13 +241,10 @@ class SharedGovernor(Governor):
         if publish is not None:
             got = self.pacer.learn(org_id, provider, 0, self.holder, publish)
             self._saw(key, got.rate_rps, got.reference_rps, got.slow_start, out)
-        assert bucket.learner is not None
         if role.learner is not None:
-            bucket.learner = role.learner
-        else:
-            if any(bucket.learner is r.learner for r in self.roles.values()):
-                bucket.learner = LimitLearner()  # was ours: a new one to show the holder's in
-            mirror(bucket.learner, got)
+            bucket.learner = role.learner  # the report shows the learner itself
+        elif bucket.learner is not None:
+            mirror(bucket.learner, got)  # (a learner this worker held and lost is no longer fed)
         return True
 
     def refresh_report(self, now: float) -> None:
