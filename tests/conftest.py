@@ -23,8 +23,9 @@ import importlib.util
 import os
 import sqlite3
 import sys
-from collections.abc import Generator
-from typing import Literal
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -164,3 +165,38 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def runtime() -> Runtime:
     """The runtime this process runs on: "gevent" (monkey-patched) or "threads"."""
     return _detect_runtime()
+
+
+def _nginx_module() -> Any:
+    """``tests/_nginx.py``, loaded once (test folders are not packages: importlib mode)."""
+    name = "_tooldispatch_nginx"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "_nginx.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def nginx() -> Iterator[Callable[..., Any]]:
+    """``nginx(rps, burst)`` starts a real nginx ``limit_req`` on ``POST /call`` (429 with
+    ``Retry-After: 1``; ``tests/_nginx.py``) and returns its ``NginxLimiter`` (``.url``,
+    ``.statuses()``); stopped at teardown. Without nginx: a skip saying how to get it,
+    a failure when ``CI`` is set."""
+    module = _nginx_module()
+    if module.find_nginx() is None:
+        if os.environ.get("CI"):
+            pytest.fail(module.NGINX_HOWTO)
+        pytest.skip(module.NGINX_HOWTO)
+    started: list[Any] = []
+
+    def start(rps: float, burst: int = 0) -> Any:
+        limiter = module.NginxLimiter(rps, burst)
+        started.append(limiter)
+        return limiter.start()
+
+    yield start
+    for limiter in started:
+        limiter.stop()

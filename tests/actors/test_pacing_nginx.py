@@ -9,46 +9,12 @@ provider accepted and refused, and how each call ended.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from actors import Pacing, Policy, RateLimitedError, Tool
 from actors.http import http_tool
 
-_spec = importlib.util.spec_from_file_location("_tooldispatch_nginx", Path(__file__).parents[1] / "_nginx.py")
-assert _spec is not None and _spec.loader is not None
-_nginx = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, _nginx)
-_spec.loader.exec_module(_nginx)
-NginxLimiter = _nginx.NginxLimiter
-
 WAIT_S = 120.0
-
-
-@pytest.fixture
-def nginx(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """``nginx(rps, burst)`` starts an nginx limiting ``POST /call``; stopped at teardown."""
-    if _nginx.find_nginx() is None:
-        if os.environ.get("CI"):
-            pytest.fail(_nginx.NGINX_HOWTO)
-        pytest.skip(_nginx.NGINX_HOWTO)
-    started: list[Any] = []
-
-    def start(rps: float, burst: int = 0) -> Any:
-        # unix socket paths are short: a directory of its own under the system temp dir
-        limiter = NginxLimiter(rps, burst)
-        started.append(limiter)
-        return limiter.start()
-
-    yield start
-    for limiter in started:
-        limiter.stop()
 
 
 def _outcomes(futures: list[Any]) -> list[Any]:

@@ -9,23 +9,11 @@ are measured by ``bench/scaleout_bench.py``.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from .conftest import RedisServer
 from .test_shared_pacer_processes import Worker
-
-_spec = importlib.util.spec_from_file_location("_tooldispatch_nginx", Path(__file__).parents[2] / "_nginx.py")
-assert _spec is not None and _spec.loader is not None
-_nginx = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = _nginx
-    _spec.loader.exec_module(_nginx)
 
 HOST = Path(__file__).parent / "_hosts" / "learn_worker.py"
 RATE = 20.0
@@ -38,30 +26,26 @@ DONE_WAIT_S = 180.0
 
 
 def test_workers_learn_one_estimate_of_an_unknown_limit(
-    runtime: str, redis_server: RedisServer, prefix: str, tmp_path: Path
+    runtime: str, redis_server: RedisServer, prefix: str, tmp_path: Path, nginx: Any
 ) -> None:
-    if _nginx.find_nginx() is None:
-        if os.environ.get("CI"):
-            pytest.fail(_nginx.NGINX_HOWTO)
-        pytest.skip(_nginx.NGINX_HOWTO)
     pacer_url = f"{redis_server.url}?prefix={prefix}"
-    with _nginx.NginxLimiter(RATE, BURST) as limiter:
-        workers = [
-            Worker(runtime, pacer_url, limiter.url, str(tmp_path / f"w{i}.db"), str(i), str(WORKERS),
-                   str(CALLS), host=HOST)
-            for i in range(WORKERS)
-        ]  # fmt: skip
-        try:
-            for w in workers:
-                assert w.answer() == {"ready": True}
-            for w in workers:
-                w.send("go")
-            ends = [w.answer(DONE_WAIT_S) for w in workers]
-            reports: list[dict[str, Any]] = [w.ask("report") for w in workers]
-        finally:
-            for w in workers:
-                w.stop()
-        seen = limiter.statuses()
+    limiter = nginx(RATE, BURST)
+    workers = [
+        Worker(runtime, pacer_url, limiter.url, str(tmp_path / f"w{i}.db"), str(i), str(WORKERS),
+               str(CALLS), host=HOST)
+        for i in range(WORKERS)
+    ]  # fmt: skip
+    try:
+        for w in workers:
+            assert w.answer() == {"ready": True}
+        for w in workers:
+            w.send("go")
+        ends = [w.answer(DONE_WAIT_S) for w in workers]
+        reports: list[dict[str, Any]] = [w.ask("report") for w in workers]
+    finally:
+        for w in workers:
+            w.stop()
+    seen = limiter.statuses()
     live = sum(e["live"] for e in ends)
     assert sum(e["other"] for e in ends) == 0
     assert live + sum(e["rate_limited"] for e in ends) == CALLS
