@@ -1,8 +1,10 @@
 """A tool queue actor's own write of its outputs: the happy path of completion.
 
-The outputs a lifecycle gathers are written with one ``complete_many`` sent straight to
-the receipt store actor (one hand-off each way) instead of through the completion
-flusher (two more: the flusher, then its wait on the store). The flusher keeps the rest:
+When none of the actor's own writes is out, the outputs a lifecycle gathers are written
+with one ``complete_many`` sent straight to the receipt store actor (one hand-off each
+way) instead of through the completion flusher (two more: the flusher, then its wait on
+the store). While one is out, outputs go to the flusher, which gathers all that come
+back meanwhile into one transaction (group commit). The flusher keeps the rest too:
 a write that fails goes on there, on its ladder (this write counts as attempt 1); so do
 writes while the latch is tripped, and writes over one chunk's caps
 (``completion_max_members``, ``completion_max_bytes``), which the flusher splits.
@@ -53,9 +55,14 @@ class CompletionWriter:
         """Batch -> (its completions, their input hashes, its key in ``writing``)."""
 
     def takes(self, entries: list[Completion]) -> bool:
-        """Whether these outputs are written here (else they go to the flusher)."""
+        """Whether these outputs are written here (else they go to the flusher).
+
+        Only while none of this actor's writes is out: a lone call skips two hand-offs,
+        but under load the flusher gathers every output that comes back while one write is
+        in flight into the next (group commit). Writing each unit's outputs on its own
+        made each a transaction: on Postgres, fresh calls fell from 2,675/s to 539/s."""
         policy = self.ports.policy
-        if self.ports.latch.tripped or len(entries) > policy.completion_max_members:
+        if self._out or self.ports.latch.tripped or len(entries) > policy.completion_max_members:
             return False
         if policy.completion_max_bytes and len(entries) > 1:
             size = 0
