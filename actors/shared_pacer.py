@@ -22,6 +22,7 @@ never mix their clocks with the caller's.
 from __future__ import annotations
 
 import abc
+import importlib.util
 import math
 import threading
 import time
@@ -298,7 +299,7 @@ def open_pacer(
     parameters are handed to redis-py.
 
     Raises:
-        InvalidPacerURLError: another scheme, or a bad value.
+        InvalidPacerURLError: another scheme, a bad value, or redis-py not installed.
     """
     if not url or url.strip() == "local":
         return LocalPacer(limits, settings)
@@ -323,6 +324,11 @@ def open_pacer(
     if ours.get("expected_workers", 1) < 1:
         raise InvalidPacerURLError(f"--pacer {url!r}: workers must be at least 1")
     rest = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    if importlib.util.find_spec("redis") is None:  # found, not imported: gevent may patch later
+        raise InvalidPacerURLError(
+            f"--pacer {url!r}: a shared pacer needs redis-py (not installed): "
+            "pip install 'tooldispatch[redis]'"
+        )
     from ._redis_pacer import RedisPacer  # redis-py is imported there, lazily, after patching
 
     return RedisPacer(rest, limits, settings, **ours)

@@ -170,7 +170,11 @@ def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], y
     older_than_s = older_than_days * 86400.0
     count = _purgeable(db, wanted, older_than_s)
     what = ", ".join(wanted[:-1]) + f" or {wanted[-1]}" if len(wanted) > 1 else wanted[0]
-    age = f" older than {older_than_days:g} days" if older_than_days else ""
+    age = (
+        f" older than {older_than_days:g} {'day' if older_than_days == 1 else 'days'}"
+        if older_than_days
+        else ""
+    )
     if count == 0:
         store.close()
         click.echo(f"no {what} receipts{age} in {db} (outside a live lease): nothing to purge")

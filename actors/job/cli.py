@@ -189,7 +189,8 @@ def _run(
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
             sent = int(stats.get("provider_calls", 0))
             done = (
-                f" (the run stopped after {summary.rows} rows; {sent} provider requests had been sent"
+                f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'};"
+                f" {sent} provider {'request' if sent == 1 else 'requests'} had been sent"
                 " and their results are stored, so running again after the fix does not pay for them"
                 + (f"; rows done so far are in {output_path}" if output_path else "")
                 + ")"

@@ -146,6 +146,26 @@ PHASE_NAMES = {
 a call meets them (the report's order)."""
 
 
+def pacing_cell(view: dict[str, Any]) -> str:
+    """One provider's pacing, from ``stats()["pacing"]`` (see
+    :func:`actors._pacing.pacing_report`): how the rate was set, the rate and the limit
+    (requests/s), pauses and time waited, the circuit when not closed."""
+    limit = view.get("limit_rps")
+    text = f"{view.get('learnt')}: {view['rate_rps']:.1f}/s"
+    if limit is not None:
+        text += f" (limit {'stated' if view.get('learnt') in ('stated', 'aimd') else 'learnt'} {limit:.1f}/s)"
+    cuts = int(view.get("cuts") or 0)
+    if cuts:
+        text += f", cut {cuts} {_plural(cuts, 'time')}"
+    pauses = view.get("pauses") or []
+    if pauses:
+        text += f", last Retry-After {pauses[-1].get('retry_after')}"
+    text += f", waited {view.get('waited_s', 0.0):.1f} s"
+    if view.get("circuit", "closed") != "closed":
+        text += f", circuit {view['circuit']}"
+    return text
+
+
 def report_table(
     stats: dict[str, Any],
     summary: RunSummary,
@@ -176,6 +196,9 @@ def report_table(
         sent = sum(int(per_tool.get(t, {}).get("provider_calls", 0)) for t in ids)
         limited = sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids)
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")
+        for name, view in sorted((stats.get("pacing") or {}).items()):
+            if name.rpartition("/")[2] == provider and view.get("rate_rps") is not None:
+                table.add_row(f"pacing of {provider}", pacing_cell(view))
     if tally is not None:
         paid = tally.totals()
         table.add_row("lookups billed (receipts completed this run)", str(paid["billed"]))

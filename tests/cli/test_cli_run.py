@@ -65,6 +65,8 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert report["rows"] == "10000 (10000 ok, 0 failed)"
     # the headline answers the paying user: requests sent, lookups billed, reuse
     assert report["requests sent to local-provider"] == f"{served['requests']} (0 answered 429)"
+    # how the provider was paced, as stats()["pacing"] says (the README promises it here)
+    assert re.match(r"(stated|aimd|slow_start|plateau|probe): [\d.]+/s", report["pacing of local-provider"])
     assert int(report[BILLED]) == unique_calls == served["items"]
     assert report["reused from earlier runs"] == "0 receipts (0 calls)"
     assert report["calls failed"] == "0"

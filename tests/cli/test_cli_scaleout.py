@@ -226,3 +226,17 @@ def test_bad_pacer_or_shard_is_a_usage_error(cli, tmp_path, option, value, says)
     done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", option, value)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_shared_pacer_without_redis_py_is_a_usage_error(cli, tmp_path):
+    # redis-py is an extra (tooldispatch[redis]); without it, a one-line error naming the
+    # extra, as for a postgresql:// store without psycopg (before: a traceback, exit 1)
+    hide = tmp_path / "no_redis"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['redis'] = None  # not installed\n")
+    env = cli.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(hide), env["PYTHONPATH"]])
+    play, rows, _ = _setup(tmp_path, keys=2)
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--pacer", REDIS_URL, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "tooldispatch[redis]" in done.stderr and "Traceback" not in done.stderr
