@@ -64,6 +64,8 @@ class Finishing(LifecycleBase):
             self.fx.count("requests", -1)
             self._readmit(unit, now, front=True)
             return
+        if isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)):
+            self.fx.count("requests", -1)  # the connection was refused: nothing reached the provider
         if error is not None:
             if isinstance(error, RateLimitedError):
                 self.fx.backpressure(error.retry_after, msg.sent_at)

@@ -187,7 +187,7 @@ def _run(
     if summary.config_error:
         done = ""
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
-            sent = int(stats.get("provider_calls", 0))
+            sent = int(stats.get("requests", 0))
             done = (
                 f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'};"
                 f" {sent} provider {'request' if sent == 1 else 'requests'} had been sent"

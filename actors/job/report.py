@@ -56,10 +56,12 @@ def progress_line(
 
 
 def _requests(stats: dict[str, Any], local: set[str] | frozenset[str] = frozenset()) -> int:
+    """Requests that reached providers: every attempt sent (retries and those answered 429
+    included; a refused connection reached none), local tools' runs left out."""
     tools = stats.get("tools")
     if not isinstance(tools, dict):
-        return int(stats.get("provider_calls", 0))
-    return sum(int(c.get("provider_calls", 0)) for t, c in tools.items() if t not in local)
+        return int(stats.get("requests", 0))
+    return sum(int(c.get("requests", 0)) for t, c in tools.items() if t not in local)
 
 
 class ProgressDisplay:
@@ -193,7 +195,7 @@ def report_table(
         if tool.tool_id not in local:
             providers.setdefault(tool.provider_name, []).append(tool.tool_id)
     for provider, ids in sorted(providers.items()):
-        sent = sum(int(per_tool.get(t, {}).get("provider_calls", 0)) for t in ids)
+        sent = sum(int(per_tool.get(t, {}).get("requests", 0)) for t in ids)
         limited = sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids)
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")
         for name, view in sorted((stats.get("pacing") or {}).items()):
@@ -276,7 +278,7 @@ _TOOL_ROWS = (
     ("reused_this_run", "reused this run"), ("reused", "reused, earlier runs"), ("failed", "failed"),
 )  # fmt: skip
 _TOOL_STATS = (
-    ("provider_calls", "requests sent"), ("backpressure", "429s"), ("unavailable", "refused, provider down"),
+    ("requests", "requests sent"), ("backpressure", "429s"), ("unavailable", "refused, provider down"),
 )  # fmt: skip
 
 

@@ -86,3 +86,4 @@ def test_dead_provider_calls_are_not_retried_and_the_circuit_refuses_the_rest(ma
     assert stats["retries"] == 0
     unreachable = sum(1 for e in errors if isinstance(e, ProviderUnreachableError))
     assert unreachable <= 20  # a handful of connection attempts, then the open circuit refuses
+    assert stats["requests"] == 0  # refused connections reached no provider

@@ -205,3 +205,25 @@ def test_cli_run_gevent_runtime(cli, provider, domains, tmp_path):
     report = cli.report(done.stderr)
     assert report["rows"] == "300 (300 ok, 0 failed)"
     assert provider.stats()["items"] == len(set(subset))
+
+
+def test_cli_requests_sent_counts_every_request_the_provider_saw(cli, provider_factory, tmp_path):
+    # requests answered 429 and sent again are requests the provider saw (before, only the
+    # first attempt of each call was counted: 100 shown, 102 served)
+    limited = provider_factory("--rate", "10", "--burst", "2")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("".join(f"site{n}.fr\n" for n in range(40)), encoding="utf-8")
+    env = cli.env(
+        TOOLDISPATCH_PROVIDER_URL=limited.url, TOOLDISPATCH_PROVIDER_RPS="20", TOOLDISPATCH_BATCH="0"
+    )
+    done = cli.run(
+        "run", cli.examples / "domains_play.py", "--input", rows, "--db", tmp_path / "r.db", env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    served = limited.stats()
+    assert served.get("rate_limited", 0) > 0  # the stated 20/s is twice what it allows
+    seen = served["requests"] + served["rate_limited"]
+    report = cli.report(done.stderr)
+    assert report["requests sent to local-provider"] == f"{seen} ({served['rate_limited']} answered 429)"
+    per_tool = cli.tools_report(done.stderr)
+    assert sum(c["requests sent"] for c in per_tool.values()) == seen
