@@ -87,12 +87,12 @@ class Finishing(LifecycleBase):
             self._report(unit, error)
             self._conclude(unit, None, error, now)
             return
-        self._report(unit, None)
+        self._report(unit, None, msg.sent_at)
         self._conclude(unit, msg.members, None, now)
 
-    def _report(self, unit: Unit, error: BaseException | None) -> None:
+    def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:
-            self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1)
+            self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
         elif transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
         elif not isinstance(error, (RateLimitedError, NotSentError)):

@@ -252,12 +252,13 @@ class ProviderBucket:
         :data:`USE_WINDOW_S`."""
         return self._decayed(now) / USE_WINDOW_S
 
-    def on_success(self, now: float) -> None:
-        """One successful call: grow the rate, if calls are admitted at a good share of it."""
+    def on_success(self, now: float, sent_at: float | None = None) -> None:
+        """One successful call (its request sent at ``sent_at``, where known): grow the
+        rate, if calls are admitted at a good share of it."""
         learner = self.learner
         if learner is not None:
             in_use = self.rate is not None and self.used_rps(now) >= IN_USE_FRACTION * self.rate
-            learner.on_accepted(1, now, in_use)
+            learner.on_accepted(1, now, in_use, sent_at)
             self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
             return
         if self.rate is None or self.used_rps(now) < IN_USE_FRACTION * self.rate:

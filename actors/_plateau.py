@@ -119,6 +119,8 @@ MIN_SENT_ANSWERS = 8
 a later 429 after fewer answers than this since the last pause halves the rate."""
 KEPT_CYCLES = 3
 """Cycles kept for the fit (the one whose span differs most is used)."""
+SENT_KEPT_S = 10.0
+"""Send times of accepted requests are kept this long (seconds) after their answer."""
 FIT_SPREAD = 0.15
 """Two cycles are fitted only when their spans differ by this share of the longer."""
 
@@ -151,6 +153,11 @@ class LimitLearner:
     )
     """The last cycles between pauses: (responses accepted, seconds), for the fit."""
     _accepted: collections.deque[float] = attrs.field(factory=collections.deque)
+    _sent: collections.deque[float] = attrs.field(factory=collections.deque)
+    """Send times of the accepted requests (their answer's time when unknown)."""
+    _exit: tuple[float, float] | None = None
+    """(send time of the 429 that ended slow start, the rate it was sent at) until the
+    estimate from everything sent before it is made (see :meth:`_settle_exit`)."""
     _cycle_count: int = 0
     _cycle_from: float | None = None
 
@@ -173,10 +180,16 @@ class LimitLearner:
         count = sum(1 for t in self._accepted if t >= start)
         return count / (now - start)
 
-    def on_accepted(self, n: int, now: float, in_use: bool = True) -> None:
-        """``n`` responses accepted at ``now``; grows the rate when ``in_use`` (calls are
-        admitted at a good share of it: a rate nobody uses is not raised, RFC 7661)."""
+    def on_accepted(self, n: int, now: float, in_use: bool = True, sent_at: float | None = None) -> None:
+        """``n`` responses accepted at ``now``, sent at ``sent_at`` (same clock; None:
+        unknown); grows the rate when ``in_use`` (calls are admitted at a good share of
+        it: a rate nobody uses is not raised, RFC 7661)."""
         self._accepted.extend([now] * n)
+        self._sent.extend([now if sent_at is None else sent_at] * n)
+        while self._sent and self._sent[0] < now - SENT_KEPT_S:
+            self._sent.popleft()
+        if self._exit is not None and now >= self.measure_from:
+            self._settle_exit()
         if now >= self.measure_from:
             self._cycle_count += n
             if self._cycle_from is None:
@@ -234,6 +247,7 @@ class LimitLearner:
                 estimate = min(estimate, MAX_CUT * self.rate / HOLD_FRACTION)
         hold = FIRST_HOLD_FRACTION if self.phase == "slow_start" else HOLD_FRACTION
         estimate = max(estimate, sent_rps * MAX_CUT / hold, MIN_RPS)
+        self._exit = (sent_at, sent_rps) if self.phase == "slow_start" and sent_at is not None else None
         self.limit_rps = estimate
         # the rate it was cut from (CUBIC's W_max), but never above the estimate: slow
         # start overshoots by up to twice the limit before its 429 comes back
@@ -245,6 +259,24 @@ class LimitLearner:
         self.last_cut_at = now
         self.cuts += 1
         return True
+
+    def _settle_exit(self) -> None:
+        """Slow start's estimate, made again once the pause its 429 began has ended: from
+        the requests *sent* in the :data:`EXIT_WINDOW_S` before the refused one. At the
+        429 itself the answers of the last of them may not be back: a limiter in front of
+        a slow provider refuses at once while the provider takes its time, so answers
+        counted by arrival miss the top of the ramp (300 ms of latency: 84.8/s estimated
+        for a limit of 100/s). Only raises the estimate (the first was a floor)."""
+        assert self._exit is not None
+        refused_at, sent_rps = self._exit
+        self._exit = None
+        before = sum(1 for t in self._sent if refused_at - EXIT_WINDOW_S <= t <= refused_at)
+        estimate = min(before / EXIT_WINDOW_S, sent_rps)
+        if self.limit_rps is None or estimate <= self.limit_rps or self.phase != "plateau" or self.cuts != 1:
+            return
+        self.limit_rps = estimate
+        self.cut_from_rps = estimate
+        self.rate = max(MIN_RPS, FIRST_HOLD_FRACTION * estimate)
 
     def _sent_rps(self, now: float) -> float:
         """Slow start's rate as the provider saw it at ``now``: the rate calls were

@@ -116,6 +116,8 @@ class ActorEffects(LocalEffects):
         self.org_id = ports.run.org_id
         self.lease_ttl_s = tool.lease_ttl_s or ports.policy.lease_ttl_s
         self._release: dict[bool, list[int]] = {False: [0, 0, 0, 0, 0], True: [0, 0, 0, 0, 0]}
+        self._sent_at: dict[bool, list[float]] = {False: [], True: []}
+        """Send times of the successes in ``_release``."""
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
@@ -179,10 +181,11 @@ class ActorEffects(LocalEffects):
                     ReleaseSlots(
                         org_id=self.org_id, provider=self.tool.provider_name, count=count,
                         successes=successes, unavailable=unavailable, answered=answered, exempt=exempt,
-                        refunds=refunds,
+                        refunds=refunds, sent_at=tuple(self._sent_at[exempt]),
                     )
                 )  # fmt: skip
                 self._release[exempt] = [0, 0, 0, 0, 0]
+                self._sent_at[exempt] = []
 
     # -- effects out --------------------------------------------------------------------
 
@@ -211,8 +214,10 @@ class ActorEffects(LocalEffects):
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
-        refunds: int = 0,
+        refunds: int = 0, sent_at: float | None = None,
     ) -> None:  # fmt: skip
+        if sent_at is not None and successes:
+            self._sent_at[exempt].extend([sent_at] * successes)
         totals = self._release[exempt]
         totals[0] += count
         totals[1] += successes

@@ -33,7 +33,7 @@ import bisect
 import os
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._pacer_values import PacerSettings, ProviderLimits
@@ -185,8 +185,10 @@ class SharedGovernor(Governor):
         answered: int | None = None,
         exempt: bool = False,
         refunds: int = 0,
+        sent_at: Sequence[float] = (),
     ) -> Decisions:
-        """Return slots; grow the shared rate by ``successes``; feed the shared circuit."""
+        """Return slots; grow the shared rate by ``successes``; feed the shared circuit.
+        (``sent_at`` is not used: the shared learner counts every worker's answers.)"""
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)

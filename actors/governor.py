@@ -16,7 +16,7 @@ import collections
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -169,17 +169,20 @@ class Governor:
         answered: int | None = None,
         exempt: bool = False,
         refunds: int = 0,
+        sent_at: Sequence[float] = (),
     ) -> Decisions:
-        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase;
-        ``unavailable`` ones (and ``answered``: any answer from the provider, successes
-        included; default ``successes``) drive the provider's circuit. When it opens,
-        every waiter of (org, provider) is refused with ProviderUnavailableError."""
+        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase (or
+        the unknown limit's learner, with ``sent_at``: when their requests went out, on
+        ``now``'s clock, where known); ``unavailable`` ones (and ``answered``: any answer
+        from the provider, successes included; default ``successes``) drive the
+        provider's circuit. When it opens, every waiter of (org, provider) is refused with
+        ProviderUnavailableError."""
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)
         rate = bucket.rate
-        for _ in range(successes):
-            bucket.on_success(now)
+        for i in range(successes):
+            bucket.on_success(now, sent_at[i] if i < len(sent_at) else None)
         circuit = self.circuits[key]
         opened = circuit.record(successes if answered is None else answered, unavailable, now)
         refusals = self._refuse_waiters(key) if opened else []

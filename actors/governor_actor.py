@@ -69,7 +69,7 @@ class GovernorActor(pykka.ThreadingActor):
                 gov.release(
                     message.org_id, message.provider, message.count, message.successes, now,
                     unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
-                    refunds=message.refunds,
+                    refunds=message.refunds, sent_at=message.sent_at,
                 )
             )  # fmt: skip
         elif isinstance(message, BackpressureReported):

@@ -144,6 +144,9 @@ class ReleaseSlots:
     """The slots were nested calls' (see AcquireSlots.exempt)."""
     refunds: int = 0
     """Slots under which nothing was sent: their provider_calls charge is given back."""
+    sent_at: tuple[float, ...] = ()
+    """When the successes' requests went out (``time.monotonic()``), where known: an
+    unknown limit is estimated from what was *sent* before a 429."""
 
 
 @attrs.frozen(kw_only=True)

@@ -244,3 +244,23 @@ def test_circuit_dead_provider_fails_fast_and_recovers_after_a_probe(
     assert [
         f.get(timeout=WAIT_S).execution for f in [system.proxy().execute("api", {"n": n}) for n in refused]
     ] == ["live"] * len(refused)
+
+
+def test_pacing_unknown_limit_learns_from_when_requests_were_sent(make_system: Any) -> None:
+    # an unknown limit's learner gets each accepted request's send time, not only its
+    # answer's: behind a slow provider the two differ by its latency (see
+    # test_pacing_learn's slow-provider test for why that matters)
+    def slow(input: Any, ctx: Any) -> Any:
+        time.sleep(0.2)
+        return input
+
+    tool = Tool(tool_id="api", fn=slow, pacing=Pacing(start_rps=50.0))
+    system = make_system([tool])
+    before = time.monotonic()
+    futures = [system.proxy().execute("api", {"n": n}) for n in range(3)]
+    assert all(f.get(timeout=WAIT_S).execution == "live" for f in futures)
+    answered = time.monotonic()
+    buckets = system._governor.proxy().governor.get().buckets
+    (bucket,) = [b for (_, provider), b in buckets.items() if provider == tool.provider_name]
+    sent = list(bucket.learner._sent)
+    assert len(sent) == 3 and all(before <= t <= answered - 0.15 for t in sent), (before, sent, answered)

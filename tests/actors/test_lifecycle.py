@@ -117,7 +117,7 @@ class FakeEffects:
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
-        refunds: int = 0,
+        refunds: int = 0, sent_at: float | None = None,
     ) -> None:  # fmt: skip
         self.slots_released[exempt] += count
         self.refunds += refunds

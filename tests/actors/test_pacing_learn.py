@@ -4,6 +4,7 @@ answering 429 with ``Retry-After: 1``, a sender that always has calls waiting.""
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import attrs
@@ -53,14 +54,17 @@ def simulate(
     until: float,
     *,
     rtt_s: float = 0.005,
+    refused_rtt_s: float | None = None,
     change: tuple[float, float] | None = None,
 ) -> Run:
     """Send at the learner's rate (paced, no jitter) from 0 to ``until``; each answer
-    reaches the learner ``rtt_s`` after its send; a 429 pauses sending for 1 s (its
-    Retry-After). ``change``: (when, new limit)."""
+    reaches the learner ``rtt_s`` after its send (a 429 ``refused_rtt_s``: a limiter in
+    front of a slow provider refuses at once; default ``rtt_s``), with its send time; a
+    429 pauses sending for 1 s (its Retry-After). ``change``: (when, new limit)."""
     run = Run()
     next_send, resume = 0.0, 0.0
-    pending: list[tuple[float, float, bool]] = []  # (answer time, sent at, accepted), in order
+    pending: list[tuple[float, float, bool]] = []  # (answer time, sent at, accepted), a heap
+    refused_rtt = rtt_s if refused_rtt_s is None else refused_rtt_s
     while True:
         answer_at = pending[0][0] if pending else math.inf
         now = min(answer_at, max(next_send, resume))
@@ -69,16 +73,16 @@ def simulate(
         if change is not None and now >= change[0]:
             limiter.rps, change = change[1], None
         if answer_at <= now:
-            _, sent, ok = pending.pop(0)
+            _, sent, ok = heapq.heappop(pending)
             if ok:
-                learner.on_accepted(1, now)
+                learner.on_accepted(1, now, sent_at=sent)
             else:
                 learner.on_congestion(now, now + 1.0, sent)
                 resume = max(resume, now + 1.0)
             continue
         ok = limiter.accepts(now)
         (run.accepted if ok else run.refused).append(now)
-        pending.append((now + rtt_s, now, ok))
+        heapq.heappush(pending, (now + (rtt_s if ok else refused_rtt), now, ok))
         assert learner.rate is not None
         run.rates.append((now, learner.rate))
         next_send = now + 1.0 / learner.rate
@@ -225,3 +229,16 @@ def test_learner_limit_far_below_slow_start_costs_few_429s(rps: float, most_refu
     run = simulate(learner, limiter, 30.0)
     assert len(run.refused) <= most_refused
     assert learner.limit_rps is not None and learner.limit_rps <= rps * 1.5
+
+
+@pytest.mark.parametrize("rps", [50.0, 100.0, 200.0])
+def test_learner_behind_a_slow_provider_estimates_from_what_was_sent_before_the_429(rps: float) -> None:
+    # a limiter in front of a provider answering in 300 ms refuses at once: when slow
+    # start's 429 comes back, the answers of the last 300 ms of its ramp are not; the
+    # estimate is made again from the sends before the 429 once the pause has ended
+    # (before: 84.8/s for 100/s against nginx, 74% of R over 30 s)
+    limiter = Limiter(rps, burst=rps / 5)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 30.0, rtt_s=0.3, refused_rtt_s=0.001)
+    assert len(run.accepted) >= 0.85 * rps * 30.0
+    assert len(run.refused) <= 0.02 * (len(run.accepted) + len(run.refused))
