@@ -162,7 +162,8 @@ class ProviderBucket:
         rate: the current pacing rate, requests per second (None: unpaced).
         slow_start: whether the rate is in slow start.
         learner: the unknown limit's state (None when the rate is stated).
-        admission_wait_s: seconds calls waited for this bucket's grants (pacing, pauses).
+        admission_wait_s: seconds waiters (tool queues) waited for this bucket's grants
+            (pacing, pauses), each wait counted once when granted.
         pauses: the last Retry-After pauses, ``(at, pause_s, raw Retry-After)``, newest last.
     """
 
@@ -352,8 +353,9 @@ def pacing_report(
         before the first 429), ``rate_limited`` (429s), ``cuts`` (congestion events),
         ``paused_for_s`` (seconds of pause left), ``pauses`` (the last few:
         ``{"ago_s", "pause_s", "retry_after"}``, newest last), ``circuit`` (``closed``,
-        ``open``, ``half_open``), ``circuit_opened`` (times), ``waited_s`` (seconds calls
-        waited for pacing: for admission, plus at the send gate when known).
+        ``open``, ``half_open``), ``circuit_opened`` (times), ``waited_s`` (seconds the
+        provider's tool queues waited for grants, each wait counted once whatever the
+        calls it held and when its grant came, plus the waits at the send gate).
     """
     out: dict[str, dict[str, Any]] = {}
     for key, bucket in buckets.items():
