@@ -31,7 +31,7 @@ from .messages import CompletionsPersisted, CompletionsWritten
 from .salvage import salvage_entry
 
 if TYPE_CHECKING:
-    from ._ports import Ports
+    from ._system_ports import Ports
 
 __all__ = ["CompletionWriter"]
 

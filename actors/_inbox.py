@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._runtime import fail
+from ._futures import fail
 from .errors import CallCancelledError
 
 __all__ = ["answer_left", "left_in"]

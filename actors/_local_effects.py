@@ -19,14 +19,15 @@ from stores._codec import EncodedOutput
 
 from ._calls import Call, Group
 from ._execute import AttemptSpec, attempt, error_text
-from ._runtime import Reply, fail, log
+from ._futures import fail
+from ._runtime import Reply, log
 from .errors import NotSentError
 from .messages import Reconciled, UnitFinished
 from .results import ToolContext, ToolResult, provider_idempotency_key
 from .salvage import salvage_entry
 
 if TYPE_CHECKING:
-    from ._ports import Ports
+    from ._system_ports import Ports
     from .tool import Tool
 
 __all__ = ["LocalEffects"]

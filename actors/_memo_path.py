@@ -34,7 +34,8 @@ from stores.keys import key_maker
 from stores.types import ClaimMode
 
 from ._calls import Call
-from ._runtime import fail, in_tool, new_future, resolved_future
+from ._futures import fail, new_future, resolved_future
+from ._runtime import in_tool
 from .errors import CallCancelledError, InvalidInputError, UnknownToolError
 from .messages import RememberOutputs
 from .results import ToolResult

@@ -1,12 +1,12 @@
 """How a tool queue actor performs its lifecycle's effects: every one a message or a task.
 
-:class:`Ports` holds what every tool queue actor shares (actor refs, the worker pool,
-the latch and gate snapshots, stats). :class:`ActorEffects` implements
-:class:`~actors.lifecycle.Effects` for one actor: requests to the store, governor,
-heartbeat and flusher carry a :class:`~actors._runtime.Reply` that comes back to the
-actor as a fact message, which :meth:`ActorEffects.dispatch` hands to the lifecycle.
-Slot releases are coalesced into one governor message per handled message. The effects
-that stay in the process (attempts, callers, salvage, memo) are :class:`LocalEffects`.
+:class:`ActorEffects` implements :class:`~actors.lifecycle.Effects` for one actor,
+through the :class:`~actors._system_ports.Ports` every tool queue actor of a system
+shares: requests to the store, governor, heartbeat and flusher carry a
+:class:`~actors._runtime.Reply` that comes back to the actor as a fact message, which
+:meth:`ActorEffects.dispatch` hands to the lifecycle. Slot releases are coalesced into
+one governor message per handled message. The effects that stay in the process
+(attempts, callers, salvage, memo) are :class:`LocalEffects`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from typing import Any
 import attrs
 import pykka
 
-from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner
+from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
-from ._calls import Call
 from ._completion_write import CompletionWriter
 from ._deferred_beats import DeferredBeats
 from ._local_effects import LocalEffects
-from ._runtime import Reply, Timers, WorkerPool, runtime_name
-from ._send_gate import SendGates
-from .completion_flusher import Latch
+from ._runtime import Reply, runtime_name
+from ._system_ports import Ports
 from .messages import (
     AcquireSlots,
     BackpressureReported,
@@ -59,41 +57,9 @@ from .messages import (
     UnregisterLeases,
     WatchReceipts,
 )
-from .salvage import SalvageLog
-from .stats import Stats
-from .tool import Policy, RunInfo, Tool
+from .tool import Tool
 
-__all__ = ["ActorEffects", "Ports"]
-
-
-@attrs.define(eq=False)
-class Ports:
-    """What the tool queue actors of one dispatch system share."""
-
-    run: RunInfo
-    owner: Owner
-    policy: Policy
-    store: Any
-    """ReceiptStoreActor ref (takes StoreCall messages)."""
-    governor: Any
-    """GovernorActor ref."""
-    heartbeat: Any
-    """HeartbeatActor ref."""
-    flusher: Any
-    """CompletionFlusherActor ref."""
-    latch: Latch
-    """Read-only here: the flusher trips it (TripLatch)."""
-    gates: SendGates
-    """Read-only here: the governor keeps their pauses and closures."""
-    stats: Stats
-    pool: WorkerPool
-    timers: Timers
-    salvage: SalvageLog
-    requeue: Callable[[Call, BaseException], None]
-    width: Callable[[Tool], int]
-    writing: dict[int, Any] = attrs.field(factory=dict)
-    """Writes of outputs in progress (the flusher's and the tool queue actors' own),
-    salvaged by a stop whose bound runs out."""
+__all__ = ["ActorEffects"]
 
 
 @attrs.frozen(kw_only=True)

@@ -13,9 +13,10 @@ from typing import Any
 
 import pykka
 
+from ._futures import fail
 from ._inbox import answer_left, left_in
 from ._pacing import pacing_report
-from ._runtime import Timers, fail, guarded
+from ._runtime import Timers, guarded
 from ._send_gate import SendGates
 from ._shared_governor import SharedGovernor
 from .errors import BudgetExceededError, CallCancelledError

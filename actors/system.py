@@ -31,11 +31,12 @@ from stores.types import Owner
 
 from ._calls import Call, Role
 from ._execute import error_text
+from ._futures import fail, new_future
 from ._memo_path import Intake
-from ._ports import Ports
 from ._purge_watch import PurgeWatcher
-from ._runtime import Timers, WorkerPool, fail, new_future, runtime_name
+from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
+from ._system_ports import Ports
 from .completion_flusher import CompletionFlusherActor, Latch, salvage_writing
 from .errors import AuthScopeChangedError, CallCancelledError
 from .governor import suggested_parallelism

@@ -28,8 +28,9 @@ from stores.types import ClaimMode
 
 from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._cleanup import owner_here
+from ._futures import fail
 from ._inbox import answer_left, left_in
-from ._runtime import InboxActor, fail, guarded
+from ._runtime import InboxActor, guarded
 from .errors import CallCancelledError
 from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls, UnitFinished
 from .results import ToolResult

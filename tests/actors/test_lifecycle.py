@@ -21,7 +21,7 @@ import pytest
 
 from actors._calls import Call, Group, GroupState
 from actors._execute import AttemptSpec
-from actors._runtime import new_future
+from actors._futures import new_future
 from actors.completion_flusher import FlushOutcome
 from actors.errors import (
     BudgetExceededError,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pykka
 
 from actors import DispatchSystem, Policy, RunInfo, Tool
-from actors._runtime import guarded, new_future
+from actors._futures import new_future
+from actors._runtime import guarded
 from stores import SqliteReceiptStore
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from actors._calls import Call, Group, Role
-from actors._runtime import new_future
+from actors._futures import new_future
 from actors.tool import BatchStrategy, Tool
 from actors.tool_queue import Memo, Submitted, ToolQueue
 from stores.types import ClaimMode
