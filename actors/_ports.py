@@ -108,8 +108,9 @@ class ActorEffects(LocalEffects):
         elif kind is _BeatDue:
             self._register()
             return
-        if kind is UnitFinished and message.sent_at is not None:
-            self.ports.stats.record("provider", (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
+        if kind is UnitFinished and message.sent_at is not None:  # a local tool's run is no request
+            ran = "provider" if self.tool.durable else "local_run"
+            self.ports.stats.record(ran, (now - message.sent_at) * 1000.0, tool_id=self.tool.tool_id)
         phase = _TIMED.get(kind)
         if phase is not None:
             self._timed(phase, message.batch, now)

@@ -15,6 +15,7 @@ __all__ = ["PHASES", "Stats"]
 PHASES = (
     "admission",
     "provider",
+    "local_run",
     "receipt_prepare",
     "receipt_complete",
     "group",

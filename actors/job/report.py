@@ -140,6 +140,7 @@ PHASE_NAMES = {
     "admission": "waiting for a rate slot",
     "batch_compile": "building batch requests",
     "provider": "provider request",
+    "local_run": "local tool run",
     "receipt_complete": "storing results",
     "recovery": "recovering a failed store write",
     "drain": "one dispatch round (claim, send, store)",

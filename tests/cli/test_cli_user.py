@@ -166,6 +166,10 @@ def test_cli_report_headline_counts_what_was_billed_and_reused_and_local_tools_a
     assert per_tool["lookup"]["requests sent"] == 10
     assert per_tool["tidy (local)"]["requests sent"] is None  # no provider: no request rows, not 0 or runs
     assert per_tool["tidy (local)"]["429s"] is None
+    # a third run sends nothing: the local tool's runs are timed apart, not as requests
+    third = cli.report(cli.run("run", play, "--input", more, "--db", db).stderr)
+    assert third["requests sent to acme"] == "0 (0 answered 429)"
+    assert "provider request p50 / p95" not in third and "local tool run p50 / p95" in third
 
 
 def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_path):
