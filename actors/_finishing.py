@@ -64,8 +64,10 @@ class Finishing(LifecycleBase):
             self.fx.count("requests", -1)
             self._readmit(unit, now, front=True)
             return
-        if isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)):
-            self.fx.count("requests", -1)  # the connection was refused: nothing reached the provider
+        if isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)) or (
+            isinstance(error, NotSentError) and msg.sent_at is None
+        ):  # a refused connection, an attempt never started or held past its turn: no request
+            self.fx.count("requests", -1)
         if error is not None:
             if isinstance(error, RateLimitedError):
                 self.fx.backpressure(error.retry_after, msg.sent_at)

@@ -121,12 +121,21 @@ class LocalEffects:
         self.ports.requeue(call, error)
 
     def salvage(self, group: Group, output: Any, error: str) -> None:
+        """Keep a paid output the store could not take in the salvage file. Never raises:
+        the lifecycle answers its callers whatever the file does; when not even a
+        stand-in can be written (disk full, a bad path) the loss is logged and counted
+        (``salvage_failed``)."""
         try:
             self._salvage(group, output, error)
         except Exception:  # an output whose very description fails: keep what can be kept
             log.exception("salvaging %s", group.key)
             stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
-            self._salvage(group, stand_in, error, described=True)
+            try:
+                self._salvage(group, stand_in, error, described=True)
+            except Exception:
+                log.exception("the salvage file %s could not be written: the output of %s is lost",
+                              self.ports.salvage.path, group.key)  # fmt: skip
+                self.count("salvage_failed")
 
     def _entry(self, group: Group, output: Any, error: str) -> Any:
         return salvage_entry(

@@ -49,8 +49,9 @@ class RedisPacer(Pacer):
 
     **Redis away.** Connecting and reading time out after ``connect_timeout_s`` /
     ``timeout_s`` and are never retried inside a call, so no call waits longer than
-    that. A Redis that answers but cannot take writes (READONLY: the address now names a
-    replica after a failover; CLUSTERDOWN) counts as away too. A call that fails that
+    that. A Redis that answers but cannot serve the call (READONLY: the address now names a
+    replica after a failover; CLUSTERDOWN; OOM at maxmemory; BUSY; LOADING: any
+    redis-py error) counts as away too. A call that fails that
     way is answered by a :class:`LocalPacer` instead, and the pacer says so: one warning
     in the ``tooldispatch`` log, ``degraded=True`` on every reply and in :meth:`snapshot`.
     The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
@@ -105,13 +106,11 @@ class RedisPacer(Pacer):
         else:
             self.url, self._client = repr(url), url
         errors = redis.exceptions
-        # away, or unable to take writes (a replica after a failover, a cluster without a master)
-        away = (errors.ConnectionError, errors.TimeoutError, OSError)
-        self._down_errors: tuple[type[BaseException], ...] = (
-            *away,
-            errors.ReadOnlyError,
-            errors.ClusterDownError,
-        )
+        # away, or unable to serve this call: a replica after a failover (READONLY), a
+        # cluster without a master, maxmemory (OOM), a busy script, a loading dataset...:
+        # any error from Redis (NOSCRIPT is handled in _run). A caller waiting on a pacer
+        # call that raised would never be granted (its actor only logs the error).
+        self._down_errors: tuple[type[BaseException], ...] = (errors.RedisError, OSError)
         self._noscript = redis.exceptions.NoScriptError
         self.prefix = prefix
         self.expected_workers = max(1, expected_workers)

@@ -13,14 +13,11 @@ from typing import Any
 __all__ = ["PHASES", "Stats"]
 
 PHASES = (
-    "admission",
     "provider",
     "local_run",
     "receipt_prepare",
     "receipt_complete",
     "group",
-    "drain",
-    "batch_compile",
     "recovery",
 )
 """Phases timed (docs/how-it-works.md, Observability)."""
@@ -46,6 +43,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
+        "salvage_failed",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -137,13 +137,10 @@ class ProgressDisplay:
 PHASE_NAMES = {
     "group": "grouping calls for a batch",
     "receipt_prepare": "receipt lookup and claim",
-    "admission": "waiting for a rate slot",
-    "batch_compile": "building batch requests",
     "provider": "provider request",
     "local_run": "local tool run",
     "receipt_complete": "storing results",
     "recovery": "recovering a failed store write",
-    "drain": "one dispatch round (claim, send, store)",
 }
 """The system's phase names (``stats()["phases"]``) in the user's words, in the order
 a call meets them (the report's order)."""

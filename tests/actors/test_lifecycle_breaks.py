@@ -192,3 +192,42 @@ def test_break_a_pool_that_cannot_start_a_tool_answers_the_call_and_frees_its_sl
         system.proxy().execute("ok", {"n": 0}).get(timeout=WAIT_S)
     assert failed
     assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+
+
+def test_break_an_unwritable_salvage_file_still_answers_an_unstorable_output(
+    make_system: Any, tmp_path: Path
+) -> None:
+    # an output with no JSON form is salvaged (described) before its failure is recorded;
+    # when the salvage file cannot be written (disk full, a path that is no directory),
+    # the caller must still hear back and the only slot come back
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    policy = Policy(max_concurrency=1, batch_grace_s=0.05, salvage_path=str(blocker / "salvage.jsonl"))
+    tools = [
+        Tool(tool_id="bad", fn=lambda i, c: {1, 2}, provider="p"),
+        Tool(tool_id="ok", fn=lambda i, c: i, provider="p"),
+    ]
+    system = make_system(tools, policy=policy)
+    with pytest.raises(ToolDispatchError):  # answered (not a pykka Timeout)
+        system.proxy().execute("bad", {"n": 0}).get(timeout=WAIT_S)
+    assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+
+
+def test_break_an_attempt_that_never_started_is_no_request_sent(make_system: Any) -> None:
+    # 'requests sent' counts what reached the provider (docs/how-it-works.md, the run
+    # report): an attempt the worker pool could not start reached nothing
+    system = make_system([Tool(tool_id="ok", fn=lambda i, c: i, provider="p")], policy=ONE_SLOT)
+    pool = system.ports.pool
+    real, failed = pool.submit, []
+
+    def submit(fn: Any, *args: Any) -> None:
+        if not failed:
+            failed.append(fn)
+            raise OSError("can't start new thread")
+        real(fn, *args)
+
+    pool.submit = submit
+    with pytest.raises(ToolDispatchError, match="can't start new thread"):
+        system.proxy().execute("ok", {"n": 0}).get(timeout=WAIT_S)
+    assert system.proxy().execute("ok", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+    assert system.stats()["tools"]["ok"]["requests"] == 1

@@ -8,11 +8,16 @@ fallback's pacing and the retry schedule are checked without sleeping.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from actors import DispatchSystem, Pacing, Policy, RunInfo, Tool
 from actors.shared_pacer import Pacer, ProviderLimits, open_pacer
+from stores import SqliteReceiptStore
 
 from .conftest import RedisServer
 
@@ -153,3 +158,51 @@ def test_an_unknown_limit_is_learnt_again_after_redis_comes_back(
     learner = gov.roles[key].learner
     assert learner is not None and learner.phase == "slow_start"  # learnt anew, shared again
     pacer.close()
+
+
+CALL_WAIT_S = 15.0
+
+
+def test_redis_pacer_error_that_is_no_outage_still_serves_a_waiting_call(
+    redis_server: Any, prefix: str, tmp_path: Path
+) -> None:
+    # 'a' holds the process's only slot; 'b' (same provider) waits in the governor. Redis
+    # hits maxmemory while 'a' runs: every pacer call raises OutOfMemoryError, which is no
+    # outage by name: it was not treated as one (no fallback to local pacing), the
+    # governor's release and wakes raised before granting 'b', and 'b' waited forever
+    from actors._redis_pacer import RedisPacer
+
+    admin = redis_server.client()
+    go, running = threading.Event(), threading.Event()
+
+    def a(i: Any, c: Any) -> Any:
+        running.set()
+        assert go.wait(CALL_WAIT_S)
+        admin.config_set("maxmemory", "1")  # used memory is over it: every write refused
+        return i
+
+    pacing = Pacing(rps=1000.0)
+    tools = [
+        Tool(tool_id="a", fn=a, provider="p", pacing=pacing),
+        Tool(tool_id="b", fn=lambda i, c: i, provider="p", pacing=pacing),
+    ]
+    system = DispatchSystem.start(
+        tools=tools,
+        store=SqliteReceiptStore(str(tmp_path / "receipts.db")),
+        run=RunInfo(run_id="r1", org_id="acme", scope="pacer-errors"),
+        policy=Policy(max_concurrency=1, batch_grace_s=0.05, salvage_path=str(tmp_path / "s.jsonl")),
+        pacer=RedisPacer(redis_server.url, prefix=prefix),
+    )
+    try:
+        first = system.proxy().execute("a", {"n": 0})
+        assert running.wait(CALL_WAIT_S)
+        second = system.proxy().execute("b", {"n": 1})
+        time.sleep(0.3)  # order only: 'b' asks the governor while 'a' holds the slot
+        go.set()
+        assert first.get(timeout=CALL_WAIT_S).value == {"n": 0}
+        time.sleep(1.0)  # Redis refuses writes a while (the wakes armed before run out)
+        admin.config_set("maxmemory", "0")  # Redis takes writes again
+        assert second.get(timeout=CALL_WAIT_S).value == {"n": 1}
+    finally:
+        admin.config_set("maxmemory", "0")
+        system.stop()
