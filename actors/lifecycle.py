@@ -103,8 +103,8 @@ class Lifecycle(Cleanup, Finishing):
                 self.holding += 1
             n -= 1
             admitted.append(unit)
-        if n > 0:
-            self.fx.release_slots(n, exempt=exempt)
+        if n > 0:  # granted (and charged) for units gone meanwhile: never sent, charges back
+            self.fx.release_slots(n, exempt=exempt, refunds=n)
         self._admit(admitted, now)
         self.pump(now)
 

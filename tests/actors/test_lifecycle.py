@@ -725,6 +725,27 @@ def test_lifecycle_cancel_while_waiting_for_a_slot_releases_the_receipt() -> Non
     d.assert_nothing_held()
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["slot", "exempt"])
+def test_lifecycle_a_grant_beyond_what_still_waits_gives_its_charges_back(nested: bool) -> None:
+    # Slots asked for two calls; one is cancelled before the governor answers. The grant
+    # charged both to the provider_calls budget: the slot nobody used comes back with its
+    # charge, else every cancelled wait would spend the budget for good.
+    d = Driver()
+    keep, gone = d.drain("a", "b", nested=nested)
+    d.answer_claim()
+    assert d.fx.acquires[-1] == (2, nested)
+    assert d.cancel(gone)
+    d.grant(exempt=nested)
+    d.mark()
+    assert len(d.fx.starts) == 1
+    assert d.fx.refunds == 1
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(keep)) == {"v": "a"}
+    assert d.fx.refunds == 1  # the call that went out keeps its charge
+    d.assert_nothing_held()
+
+
 def test_lifecycle_cancel_while_marking_running_is_never_sent() -> None:
     d = Driver()
     (call,) = d.drain("a")
