@@ -253,7 +253,10 @@ def test_cli_waits_on_another_live_run_are_shown(cli, provider_factory, tmp_path
     domains = _made_up_domains(200)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
-    server = provider_factory("--latency", "2")
+    # the first run's requests take 5 s, so the second run's waits on them span at least
+    # one plain progress line (one every 2 s); with 2 s, a loaded machine could start the
+    # second run late enough that no line fell inside its waits
+    server = provider_factory("--latency", "5")
     db = tmp_path / "r.db"
     env = cli.env(TOOLDISPATCH_PROVIDER_URL=server.url)
     play = cli.examples / "domains_play.py"
