@@ -128,6 +128,11 @@ class Statements:
         self.channel = channel
         self.by_keys = f"SELECT {_COLS} FROM {t} WHERE org_id = %s AND key = ANY(%b::text[])"
         self.read_settled = read_settled_sql(t, _COLS, _NOW)
+        self.reusable = (
+            f"WITH clk AS ({_NOW}) SELECT key, input_hash, output, "
+            f"clk.now - coalesce(completed_at, updated_at) FROM {t}, clk "
+            "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) AND status = 'completed'"
+        )
         self.claim = f"""
 WITH req AS (
   SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],

@@ -195,6 +195,18 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
     ) -> tuple[dict[str, Claim], list[ClaimRequest]]:  # fmt: skip
         return read_settled(self, org_id, list(requests), mode, stale_after_s)  # the database's clock
 
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        """As :meth:`ReceiptStore.read_reusable`: the stored output text as it is, one
+        statement, ages judged by the database's clock (no receipt built, no re-encoding)."""
+        params = {"org": org_id, "keys": list(dict.fromkeys(keys)), "now": self._now()}
+        return {
+            key: (input_hash, text)
+            for key, input_hash, text, age in self._execute(self._sql.reusable, params)
+            if stale_after_s is None or age <= stale_after_s
+        }
+
     def _claim(
         self,
         org_id: str,
