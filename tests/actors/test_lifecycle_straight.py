@@ -11,12 +11,16 @@ answered once) and checks that unsent grants give their ``provider_calls`` charg
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from actors.errors import CallCancelledError, StoreError
-from actors.tool import Pacing, Tool
-from stores.types import ClaimDisposition
+from actors.tool import Pacing, Policy, Tool
+from stores import SqliteReceiptStore
+from stores.types import ClaimDisposition, ReceiptStatus
 
+from .conftest import WAIT_S
 from .test_lifecycle import Driver, _value
 
 
@@ -174,3 +178,47 @@ def test_straight_not_while_units_wait_for_slots() -> None:
     d.grant(1)
     d.drain("d")
     assert d.fx.immediate == []  # c waits first: d is claimed as usual, behind it
+
+
+# -- a real system, a SQLite file ---------------------------------------------------------
+
+
+def test_straight_system_an_idle_call_runs_on_a_receipt_claimed_running_with_no_mark(
+    make_system: Any, open_store: Any, read_receipts: Any, key_of: Any
+) -> None:
+    marks: list[int] = []
+    seen: list[Any] = []
+
+    class Counting(SqliteReceiptStore):
+        def mark_running_many(self, *args: Any, **kwargs: Any) -> Any:
+            marks.append(1)
+            return super().mark_running_many(*args, **kwargs)
+
+    def fn(i: Any, c: Any) -> Any:
+        (receipt,) = read_receipts([c.receipt_keys[0]])
+        seen.append(receipt.status if receipt else None)
+        return {"n": i["n"]}
+
+    tool = Tool(tool_id="t", fn=fn)
+    store = Counting(open_store().path)
+    try:
+        system = make_system([tool], store=store)
+        for n in range(3):
+            assert system.proxy().execute("t", {"n": n}).get(timeout=WAIT_S).value == {"n": n}
+        assert marks == []  # every call claimed straight into running
+        assert seen == [ReceiptStatus.RUNNING] * 3  # running while the tool ran
+        receipts = read_receipts([key_of(tool, {"n": n}) for n in range(3)])
+        assert [r.status for r in receipts if r] == [ReceiptStatus.COMPLETED] * 3
+    finally:
+        store.close()
+
+
+def test_straight_system_calls_beyond_the_free_width_are_marked_as_usual(
+    make_system: Any, read_receipts: Any, key_of: Any
+) -> None:
+    tool = Tool(tool_id="t", fn=lambda i, c: {"n": i["n"]})
+    system = make_system([tool], policy=Policy(max_concurrency=4, batch_grace_s=0.01))
+    futures = system.proxy().execute_many("t", [{"n": n} for n in range(40)])
+    assert [f.get(timeout=WAIT_S).value["n"] for f in futures] == list(range(40))
+    receipts = read_receipts([key_of(tool, {"n": n}) for n in range(40)])
+    assert all(r is not None and r.status is ReceiptStatus.COMPLETED for r in receipts)
