@@ -132,6 +132,8 @@ class Group:
     """Callers counted in the ``waiting_on_owner`` gauge while it waits on another owner."""
     ran: bool = False
     """The tool ran for it (its owner's result is ``live``)."""
+    slotted: bool = False
+    """Holds a slot taken before its claim (claimed straight into running)."""
 
     @classmethod
     def of(cls, call: Call) -> Group:

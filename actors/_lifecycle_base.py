@@ -59,10 +59,11 @@ class Effects(Protocol):
     """What the lifecycle asks its actor to do. Each answer comes back as a message."""
 
     def claim(
-        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
-    ) -> None: ...
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest],
+        running: frozenset[str] = frozenset(),
+    ) -> None: ...  # fmt: skip
     def read(self, batch: int, keys: list[str]) -> None: ...
-    def acquire(self, want: int, exempt: bool) -> None: ...
+    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None: ...
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
         refunds: int = 0, sent_at: float | None = None,
@@ -134,6 +135,8 @@ class LifecycleBase(abc.ABC):
         self.holding = 0
         """Units holding a non-exempt slot."""
         self.acquiring = {False: False, True: False}
+        self._slotting: list[Group] = []
+        """Groups whose slots were asked for before their claim (``Claiming.drained``)."""
         self.stopping = False
         self._batches: dict[int, Any] = {}
         self._cleanups: dict[int, Any] = {}
@@ -152,6 +155,10 @@ class LifecycleBase(abc.ABC):
     @abc.abstractmethod
     def pump(self, now: float) -> None:
         """Ask for slots for what waits (:class:`actors.lifecycle.Lifecycle`)."""
+
+    @abc.abstractmethod
+    def _admit(self, units: list[Unit], now: float, marked: bool = False) -> None:
+        """Units holding slots: mark running (unless ``marked``), then send (``Lifecycle``)."""
 
     @abc.abstractmethod
     def _conclude(

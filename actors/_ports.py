@@ -160,23 +160,25 @@ class ActorEffects(LocalEffects):
         _ask(self.ports.store, StoreCall(method=method, args=args, kwargs=kwargs, reply=reply), reply)
 
     def claim(
-        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest]
-    ) -> None:
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest],
+        running: frozenset[str] = frozenset(),
+    ) -> None:  # fmt: skip
         self._sent[f"receipt_prepare:{batch}"] = time.monotonic()
         self._store(
             "claim_many", Reply(self.ref, ReceiptsClaimed, batch=batch), self.org_id, requests,
             self.ports.owner,
-            lease_ttl_s=self.lease_ttl_s, mode=mode, stale_after_s=stale_after_s,
+            lease_ttl_s=self.lease_ttl_s, mode=mode, stale_after_s=stale_after_s, running=running,
         )  # fmt: skip
 
     def read(self, batch: int, keys: list[str]) -> None:
         self._store("get_many", Reply(self.ref, ReceiptsRead, batch=batch), self.org_id, keys)
 
-    def acquire(self, want: int, exempt: bool) -> None:
+    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
         reply = Reply(self.ref, _SlotsReply, exempt=exempt)
         message = AcquireSlots(
-            org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt
-        )
+            org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt,
+            immediate=immediate,
+        )  # fmt: skip
         _ask(self.ports.governor, message, reply)
 
     def release_slots(

@@ -91,15 +91,20 @@ class SharedGovernor(Governor):
         """This governor's name for the learner lease."""
 
     def acquire(
-        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
-    ) -> Decisions:
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
+        immediate: bool = False,
+    ) -> Decisions:  # fmt: skip
         """As :meth:`Governor.acquire`; a first request during another worker's pause
         starts this process's send gate paused too."""
-        out = super().acquire(org_id, provider, want, reply, now, exempt)
+        out = super().acquire(org_id, provider, want, reply, now, exempt, immediate)
         bucket = self.buckets.get((org_id, provider))
         if bucket is not None and bucket.gate_until > now:
             out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
         return out
+
+    def unpaced(self, key: BucketKey) -> bool:
+        """Never: the shared pacer decides each grant (one round trip)."""
+        return False
 
     def _grantable(
         self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions

@@ -134,29 +134,46 @@ class Governor:
         self.spent[kind] += amount
 
     def acquire(
-        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False
-    ) -> Decisions:
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
+        immediate: bool = False,
+    ) -> Decisions:  # fmt: skip
         """Queue a request for up to ``want`` slots and grant what can be granted.
 
         ``exempt`` (a nested call, made by a running tool that waits for it): the slot is
         not counted against the global ceiling nor the provider's max_concurrency, since
         the waiting parent's slot is lent to it; the provider's rate still applies.
+        ``immediate`` (slots asked before a claim): granted now or not at all (0: no
+        room now), and only for an unpaced provider whose circuit is closed with nobody
+        waiting (else -1: ask the usual way), so a claim is never held back by pacing and
+        no rate token is spent on a call the claim may answer from its receipt.
         """
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
         key = (org_id, provider)
         new = key not in self.buckets
         bucket = self.bucket(org_id, provider)
-        if self.circuits[key].admits(now) == "refuse":
+        verdict = self.circuits[key].admits(now)
+        if verdict == "refuse":
             return Decisions(refusals=[(reply, self._unavailable(key))])
-        waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)
-        self.waiters.setdefault((org_id, provider, exempt), collections.deque()).append(waiter)
-        out = self.wake(now)
+        wkey = (org_id, provider, exempt)
+        if immediate and (verdict != "go" or self.waiters.get(wkey) or not self.unpaced(key)):
+            out = Decisions(grants=[(reply, -1)])
+        else:
+            waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)
+            self.waiters.setdefault(wkey, collections.deque()).append(waiter)
+            out = self.wake(now)
+            if immediate and waiter in self.waiters[wkey]:  # not granted now: 0
+                self.waiters[wkey].remove(waiter)
+                out.grants.append((reply, 0))
         if new:
             out.gates[key] = (bucket.rate, None)
             if bucket.burst is not None:
                 out.bursts[key] = bucket.burst
         return out
+
+    def unpaced(self, key: BucketKey) -> bool:
+        """No rate applies to ``key`` now (its bucket counts concurrency alone)."""
+        return self.buckets[key].rate is None
 
     def release(
         self,

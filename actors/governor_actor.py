@@ -61,7 +61,13 @@ class GovernorActor(pykka.ThreadingActor):
             gov = self.governor
             self._perform(
                 gov.acquire(
-                    message.org_id, message.provider, message.want, message.reply, now, message.exempt
+                    message.org_id,
+                    message.provider,
+                    message.want,
+                    message.reply,
+                    now,
+                    message.exempt,
+                    message.immediate,
                 )
             )
         elif isinstance(message, ReleaseSlots):

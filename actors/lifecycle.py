@@ -78,6 +78,9 @@ class Lifecycle(Cleanup, Finishing):
         self, n: int | None, error: BaseException | None, now: float, exempt: bool = False
     ) -> None:
         """The governor answered: start up to ``n`` units, or refuse every waiting one."""
+        if self._slotting and not exempt:  # asked before a claim (Claiming.drained)
+            self.slots_for_claim((n or 0) if error is None else -1, now)
+            return
         self.acquiring[exempt] = False
         queue = self.pending_exempt if exempt else self.pending
         if error is not None or not n:
@@ -108,13 +111,15 @@ class Lifecycle(Cleanup, Finishing):
         self._admit(admitted, now)
         self.pump(now)
 
-    def _admit(self, units: list[Unit], now: float) -> None:
+    def _admit(self, units: list[Unit], now: float, marked: bool = False) -> None:
+        """Units holding slots: mark their receipts running (unless ``marked``: claimed
+        straight into running), then send."""
         for unit in units:
             for group in unit.groups:
                 group.state = GroupState.ADMITTED
         marking: list[Unit] = []
         for unit in units:
-            if unit.groups and self.tool.durable:
+            if unit.groups and self.tool.durable and not marked:
                 marking.append(unit)
             else:
                 self._send(unit, now)

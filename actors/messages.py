@@ -115,11 +115,14 @@ class AcquireSlots:
     provider: str
     """The provider whose pacing applies."""
     want: int
-    """Most slots wanted; at least one is granted before the reply."""
+    """Most slots wanted; at least one is granted before the reply (unless ``immediate``)."""
     exempt: bool = False
     """A nested call (made by a running tool): not counted against the global ceiling
     nor the provider's max_concurrency (it borrows its waiting parent's slot); the
     provider's rate still applies."""
+    immediate: bool = False
+    """Slots asked before a claim: granted now or not at all (0), see
+    :meth:`actors.governor.Governor.acquire`."""
     reply: Any
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 

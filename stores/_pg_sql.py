@@ -119,6 +119,10 @@ _RESOLVE = {
 }
 
 
+_STARTED = "CASE WHEN req.running THEN 'running' ELSE 'queued' END"
+"""A claimed receipt's status: ``running`` when claimed straight into running."""
+
+
 class Statements:
     """The statements for one schema (``schema`` is an already quoted identifier)."""
 
@@ -136,8 +140,8 @@ class Statements:
         self.claim = f"""
 WITH req AS (
   SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],
-                       %(leases)b::text[], %(safe)b::boolean[])
-    AS r(key, scope, tool_id, input_hash, lease_id, safe)
+                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[])
+    AS r(key, scope, tool_id, input_hash, lease_id, safe, running)
 ),
 clk AS ({_NOW}),
 snap AS (
@@ -148,7 +152,7 @@ ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
                         lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, generation,
                         lease_owner_host, lease_owner_pid, lease_owner_started_at)
-  SELECT req.key, %(org)s, req.scope, req.tool_id, 'queued', req.input_hash, req.lease_id, %(run)s,
+  SELECT req.key, %(org)s, req.scope, req.tool_id, {_STARTED}, req.input_hash, req.lease_id, %(run)s,
          %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s
   FROM req, clk WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.key = req.key) ORDER BY req.key
   ON CONFLICT (org_id, key) DO NOTHING
@@ -162,7 +166,7 @@ lk AS (
 ),
 la AS (SELECT {_cols("l")}, {_action("l")} AS action FROM lk l JOIN req ON req.key = l.key, clk),
 claimed AS (
-  UPDATE {t} AS r SET status = 'queued', error = NULL, failure_kind = NULL,
+  UPDATE {t} AS r SET status = {_STARTED}, error = NULL, failure_kind = NULL,
     output = CASE WHEN {_KEEPS} THEN l.output END,
     completed_at = CASE WHEN {_KEEPS} THEN l.completed_at END,
     scope = req.scope, tool_id = req.tool_id, input_hash = req.input_hash, lease_id = req.lease_id,

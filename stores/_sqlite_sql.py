@@ -53,6 +53,12 @@ UPDATE receipts SET status = 'uncertain', error = ?, failure_kind = NULL,
   lease_expires_at = NULL, updated_at = ?
 WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
 """
+# Claimed straight into running (the caller holds a slot for each): in the claim's
+# transaction, right after the upsert that took the leases.
+_SET_STARTED = """
+UPDATE receipts SET status = 'running', updated_at = ?
+WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
+"""
 # The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
 # up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
 _FENCE = """

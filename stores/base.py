@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 from .types import (
@@ -98,6 +98,7 @@ class ReceiptStore(abc.ABC):
         lease_ttl_s: float,
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
+        running: Collection[str] = frozenset(),
     ) -> list[Claim]:
         """Claim receipts: one read, then one transaction for the keys it did not settle.
 
@@ -108,11 +109,15 @@ class ReceiptStore(abc.ABC):
             lease_ttl_s: lease lifetime in seconds from the store's now.
             mode: normal, retry_failed or force_refresh.
             stale_after_s: completed receipts older than this are claimed again.
+            running: keys the caller will send at once (it holds a slot for each): when
+                this claim takes one, it is written ``running`` in the same transaction
+                (claim straight into running: no separate :meth:`mark_running_many`).
 
         Returns:
             list of Claim, same order as ``requests``. A ``CLAIMED`` receipt is
-            ``queued`` under a new lease id owned by ``owner``; reclaiming an expired
-            lease is a compare-and-set, so of two racing claimers exactly one wins.
+            ``queued`` (``running`` if its key is in ``running``) under a new lease id
+            owned by ``owner``; reclaiming an expired lease is a compare-and-set, so of
+            two racing claimers exactly one wins.
 
         Contract details (tests/stores/test_contract.py):
 

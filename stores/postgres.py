@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ._codec import encode_output
@@ -174,13 +174,16 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         lease_ttl_s: float,
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
+        running: Collection[str] = frozenset(),
     ) -> list[Claim]:
         unique = {request.key: request for request in reversed(requests)}
         # settled receipts: answered by one plain read (no lock); the rest are claimed
         decided, pending = read_settled(self, org_id, list(unique.values()), mode, stale_after_s)
         gone: set[str] = set()  # lease ids whose holder's process is known to be gone
         for _ in range(_RACED_RETRIES):
-            decided.update(self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone))
+            decided.update(
+                self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running)
+            )
             # Keys another transaction inserted after this statement's snapshot (or
             # deleted under it) got no answer, nor did live leases of dead holders on
             # this host: ask again for them alone (those leases now count as expired).
@@ -216,6 +219,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
         gone: set[str],
+        running: Collection[str] = frozenset(),
     ) -> dict[str, Claim]:
         if not requests:
             return {}
@@ -228,6 +232,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             "hashes": [r.input_hash for r in requests],
             "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
             "safe": [r.retry_safe for r in requests],
+            "running": [r.key in running for r in requests],
             "org": org_id,
             "run": owner.run_id,
             "attempt": owner.run_attempt,

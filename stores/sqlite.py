@@ -14,9 +14,10 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import orjson
 
 from ._claims import plan_claims, settled_by_read
@@ -42,6 +43,7 @@ from ._sqlite_sql import (
     _SET_RENEW,
     _SET_RUNNING,
     _SET_RUNNING_RENEW,
+    _SET_STARTED,
     _SET_UNCERTAIN,
     _SET_UNCERTAIN_LOST,
     _UPSERT_CLAIMS,
@@ -52,6 +54,7 @@ from .base import Clock, ReceiptStore
 from .errors import StoreError
 from .types import (
     Claim,
+    ClaimDisposition,
     ClaimMode,
     ClaimRequest,
     FenceReport,
@@ -207,10 +210,11 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
         lease_ttl_s: float,
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
+        running: Collection[str] = frozenset(),
     ) -> list[Claim]:
         unique = {request.key: request for request in reversed(requests)}
         decided: dict[str, Claim] = self._call(
-            self._claim, org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s
+            self._claim, org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s, running
         )
         return [decided[request.key] for request in requests]
 
@@ -222,6 +226,7 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
         lease_ttl_s: float,
         mode: ClaimMode,
         stale_after_s: float | None,
+        running: Collection[str] = frozenset(),
     ) -> dict[str, Claim]:
         decided: dict[str, Claim] = {}
         if mode is not ClaimMode.FORCE_REFRESH:  # settled receipts: a plain read, no lock
@@ -252,6 +257,19 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
             if plan.lost:
                 lost = orjson.dumps(plan.lost).decode()
                 conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+            if running:
+                started = [
+                    k
+                    for k, c in plan.decided.items()
+                    if k in running and c.disposition is ClaimDisposition.CLAIMED
+                ]
+                if started:
+                    conn.execute(_SET_STARTED, (now, org_id, orjson.dumps(started).decode()))
+                    for key in started:
+                        receipt = plan.decided[key].receipt
+                        plan.decided[key] = Claim(
+                            ClaimDisposition.CLAIMED, attrs.evolve(receipt, status=ReceiptStatus.RUNNING)
+                        )
         if decided:
             decided.update(plan.decided)
             return decided

@@ -386,3 +386,62 @@ def test_governor_answers_that_are_not_successes_keep_the_circuit_closed() -> No
             ORG, "p", count=1, successes=0, now=float(i), unavailable=1 if i % 2 else 0, answered=1 - i % 2
         )
     assert gov.circuits[(ORG, "p")].state == "closed"
+
+
+# -- immediate grants (slots asked for before a claim) -----------------------------------
+
+
+def test_governor_immediate_grants_now_what_there_is_room_for() -> None:
+    gov = _gov(Policy(max_concurrency=3))
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 2, a, now=0.0, immediate=True)) == {a: 2}
+    assert _granted(gov.acquire(ORG, "p", 2, b, now=0.0, immediate=True)) == {b: 1}
+    assert gov.in_flight == 3 and gov.spent["provider_calls"] == 3
+
+
+def test_governor_immediate_without_room_answers_zero_and_leaves_no_waiter() -> None:
+    gov = _gov(Policy(max_concurrency=1))
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, a, now=0.0)) == {a: 1}
+    assert _granted(gov.acquire(ORG, "p", 1, b, now=0.0, immediate=True)) == {b: 0}
+    assert not any(gov.waiters.values())
+    assert gov.release(ORG, "p", count=1, successes=1, now=1.0).grants == []  # nobody to wake
+    assert gov.in_flight == 0 and gov.spent["provider_calls"] == 1
+
+
+def test_governor_immediate_behind_a_waiter_is_sent_the_usual_way() -> None:
+    gov = _gov(Policy(max_concurrency=1))
+    a, b, c = object(), object(), object()
+    gov.acquire(ORG, "p", 1, a, now=0.0)
+    gov.acquire(ORG, "p", 1, b, now=0.0)  # waits
+    assert _granted(gov.acquire(ORG, "p", 1, c, now=0.0, immediate=True)) == {c: -1}
+    assert _granted(gov.release(ORG, "p", count=1, successes=1, now=1.0)) == {b: 1}  # b first
+
+
+@pytest.mark.parametrize("pacing", [Pacing(rps=50.0), Pacing(start_rps=5.0)], ids=["stated", "start"])
+def test_governor_immediate_for_a_paced_provider_is_sent_the_usual_way(pacing: Pacing) -> None:
+    gov = _gov(p=pacing)
+    a, b = object(), object()
+    decided = gov.acquire(ORG, "p", 1, a, now=0.0, immediate=True)
+    assert _granted(decided) == {a: -1}
+    assert gov.in_flight == 0 and gov.spent["provider_calls"] == 0  # no token, no charge
+    assert ("acme", "p") in decided.gates  # the new bucket's send gate is still set up
+    assert _granted(gov.acquire(ORG, "p", 1, b, now=0.0)) == {b: 1}
+
+
+def test_governor_immediate_after_a_429_made_the_provider_paced_is_sent_the_usual_way() -> None:
+    gov = _gov()
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, a, now=0.0, immediate=True)) == {a: 1}
+    gov.backpressure(ORG, "p", retry_after=None, now=0.1, wall=0.1)
+    assert _granted(gov.acquire(ORG, "p", 1, b, now=5.0, immediate=True)) == {b: -1}
+
+
+def test_governor_immediate_while_the_circuit_probes_is_sent_the_usual_way() -> None:
+    gov = _gov(Policy(circuit_failures=1, circuit_open_s=1.0))
+    a, b = object(), object()
+    gov.acquire(ORG, "p", 1, a, now=0.0)
+    gov.release(ORG, "p", count=1, successes=0, now=0.1, unavailable=1)  # opens
+    decided = gov.acquire(ORG, "p", 1, b, now=2.0, immediate=True)  # half-open: probe
+    assert _granted(decided) == {b: -1}
+    assert not gov.circuits[("acme", "p")].probing  # the probe was not spent on a claim

@@ -101,19 +101,27 @@ class FakeEffects:
         self.memo: dict[str, tuple[str, bool]] = {}
         self.release_batches: list[int] = []
         self.refunds = 0
+        self.running: dict[int, frozenset[str]] = {}
+        """Claim batch -> keys to claim straight into running."""
+        self.immediate: list[tuple[int, bool]] = []
+        """Slots asked for before a claim (answered at once by the governor)."""
         self.trip_batches: list[int] = []
         self.uncertain: set[str] = set()
         self.reconciles: list[tuple[int, str]] = []
         self.resolves: list[tuple[int, str, str]] = []
 
-    def claim(self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[Any]) -> None:
+    def claim(
+        self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[Any],
+        running: frozenset[str] = frozenset(),
+    ) -> None:  # fmt: skip
         self.claims[batch] = (mode, requests)
+        self.running[batch] = running
 
     def read(self, batch: int, keys: list[str]) -> None:
         self.reads[batch] = keys
 
-    def acquire(self, want: int, exempt: bool) -> None:
-        self.acquires.append((want, exempt))
+    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
+        (self.immediate if immediate else self.acquires).append((want, exempt))
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
@@ -201,8 +209,12 @@ class Driver:
     """A lifecycle, its fake effects and a fake clock, answered like the real actors would."""
 
     def __init__(
-        self, tool: Tool = TOOL, policy: Policy | None = None, width: int = 4, owner: Owner | None = None
-    ) -> None:
+        self, tool: Tool = TOOL, policy: Policy | None = None, width: int = 4, owner: Owner | None = None,
+        straight: bool = False,
+    ) -> None:  # fmt: skip
+        self.straight = straight
+        """Slots asked for before a claim are left for the test to answer (``grant_now``);
+        else the governor says at once "ask the usual way" (-1)."""
         self.tool = tool
         self.now = 100.0
         self.fx = FakeEffects()
@@ -233,8 +245,17 @@ class Driver:
         """One call per key leaves the queue (``Lifecycle.drained``)."""
         calls = [self.call(k, **kwargs) for k in keys]
         self.life.drained([Group.of(c) for c in calls], self.now)
+        if self.fx.immediate and not self.straight:
+            self.grant_now(-1)
         self.pump()
         return calls
+
+    def grant_now(self, n: int) -> None:
+        """The governor answers slots asked for before a claim: ``n`` (0: no room, -1: paced)."""
+        self.fx.immediate.pop(0)
+        self.granted[False] += max(0, n)
+        self.life.on_granted(n, None, self.now)
+        self.pump()
 
     def attach(self, key: str) -> Call:
         """A call of a key already in flight joins its group (``ToolQueue.submit``)."""
@@ -274,6 +295,8 @@ class Driver:
         )  # fmt: skip
 
     def last_claim(self) -> tuple[int, ClaimMode, list[str]]:
+        if self.fx.immediate and not self.straight:
+            self.grant_now(-1)
         batch = max(self.fx.claims)
         mode, requests = self.fx.claims[batch]
         return batch, mode, [r.key for r in requests]

@@ -522,6 +522,48 @@ def test_mark_running_moves_queued_to_running(store: ReceiptStore, fake_clock: A
     )
 
 
+def test_claim_straight_into_running_writes_running_only_what_it_claims(
+    store: ReceiptStore, fake_clock: Any
+) -> None:
+    # keys named in ``running`` that the claim takes (new, expired, pending) are written
+    # running in the claim's own transaction; the others keep their disposition and row
+    new, expired, done, held, queued = (key_of(f"into-running-{n}") for n in range(5))
+    make_completed(store, done)
+    make_running(store, held)
+    old = claim_one(store, expired, OTHER, lease_ttl_s=1.0)
+    fake_clock.advance(2.0)
+    before = {k: get(store, k) for k in (done, held)}
+    results = store.claim_many(
+        ORG,
+        [request_for(k) for k in (new, expired, done, held, queued)],
+        ME,
+        lease_ttl_s=TTL_S,
+        running={new, expired, done, held},
+    )
+    assert [r.disposition for r in results] == [
+        CLAIMED,
+        CLAIMED,
+        ClaimDisposition.REUSED,
+        ClaimDisposition.RUNNING,
+        CLAIMED,
+    ]
+    statuses = [r.receipt.status for r in results]
+    assert statuses[:2] == [ReceiptStatus.RUNNING, ReceiptStatus.RUNNING]
+    assert statuses[4] is ReceiptStatus.QUEUED  # not named: claimed as usual
+    for result in (results[0], results[1], results[4]):
+        stored = get(store, result.receipt.key)
+        assert stored is not None
+        assert (stored.status, stored.lease_id) == (result.receipt.status, result.receipt.lease_id)
+        assert stored.owner == ME
+    assert {k: get(store, k) for k in (done, held)} == before
+    # the old holder of the expired lease is fenced out of the running receipt
+    report = store.complete_many(ORG, [Completion(expired, old.receipt.lease_id or "", {"late": 1})], OTHER)
+    assert report.applied == ()
+    assert store.complete_many(
+        ORG, [Completion(new, results[0].receipt.lease_id or "", {"ok": 1})], ME
+    ).applied == (new,)
+
+
 def test_complete_stores_output_and_drops_lease(store: ReceiptStore, fake_clock: Any) -> None:
     lease = lease_of(claim_one(store, key_of("c")))
     assert store.mark_running_many(ORG, [lease], ME).ok

@@ -1,0 +1,224 @@
+"""State-machine tests of claiming straight into running (:mod:`actors._claiming`).
+
+When admission looks immediate (a durable, non-batch, unpaced tool; nothing waits for a
+slot; the drained groups fit in the free width), the lifecycle asks the governor for
+slots first (``immediate``: now or never) and claims the granted groups with their
+receipts written ``running`` in the claim's transaction, so they are sent with no
+``mark_running`` round. Every other case claims the usual way. Each test ends with
+:meth:`Driver.assert_nothing_held` (slots back as granted, leases ended, callers
+answered once) and checks that unsent grants give their ``provider_calls`` charge back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.errors import CallCancelledError, StoreError
+from actors.tool import Pacing, Policy, Tool
+from stores import SqliteReceiptStore
+from stores.types import ClaimDisposition, ReceiptStatus
+
+from .conftest import WAIT_S
+from .test_lifecycle import Driver, _value
+
+
+def test_straight_claims_granted_groups_into_running_and_sends_without_marking() -> None:
+    d = Driver(straight=True)
+    a, b = d.drain("a", "b")
+    assert d.fx.immediate == [(2, False)] and d.fx.claims == {}  # slots before the claim
+    d.grant_now(2)
+    (batch,) = d.fx.claims
+    assert d.fx.running[batch] == {"a", "b"}
+    d.answer_claim()
+    assert d.fx.marks == {} and len(d.fx.starts) == 2  # no mark_running round
+    assert d.fx.acquires == []
+    for spec in list(d.fx.starts):
+        d.finish(spec=spec)
+        d.persisted()
+    assert [_value(d.outcome(c)) for c in (a, b)] == [{"v": "a"}, {"v": "b"}]
+    assert d.fx.refunds == 0
+    d.assert_nothing_held()
+
+
+def test_straight_partial_grant_claims_the_rest_the_usual_way() -> None:
+    d = Driver(straight=True)
+    a, b = d.drain("a", "b")
+    d.grant_now(1)
+    (batch,) = d.fx.claims
+    assert d.fx.running[batch] == {"a"}  # one claim: a into running, b as usual
+    d.answer_claim()
+    assert len(d.fx.starts) == 1 and d.fx.acquires == [(1, False)]
+    d.grant()
+    d.mark()
+    assert [lease.key for leases in d.fx.marks.values() for lease in leases] == ["b"]
+    for spec in list(d.fx.starts):
+        d.finish(spec=spec)
+        d.persisted()
+    assert {_value(d.outcome(c))["v"] for c in (a, b)} == {"a", "b"}
+    d.assert_nothing_held()
+
+
+@pytest.mark.parametrize("answer", [0, -1], ids=["no-room", "paced"])
+def test_straight_no_grant_claims_every_group_the_usual_way(answer: int) -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(answer)
+    (batch,) = d.fx.claims
+    assert d.fx.running[batch] == frozenset()
+    d.answer_claim()
+    d.grant()
+    d.mark()
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(call)) == {"v": "a"}
+    assert d.fx.refunds == 0
+    d.assert_nothing_held()
+
+
+@pytest.mark.parametrize(
+    "disposition",
+    [ClaimDisposition.REUSED, ClaimDisposition.RUNNING, ClaimDisposition.FAILED],
+    ids=["reused", "held-by-another", "failed"],
+)
+def test_straight_a_slotted_group_the_claim_does_not_take_gives_its_slot_and_charge_back(
+    disposition: ClaimDisposition,
+) -> None:
+    d = Driver(straight=True)
+    a, b = d.drain("a", "b")
+    d.grant_now(2)
+    d.answer_claim({"b": disposition})
+    assert len(d.fx.starts) == 1
+    assert d.fx.slots_released[False] == 1 and d.fx.refunds == 1  # b's slot: never sent
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(a)) == {"v": "a"}
+    if disposition is ClaimDisposition.RUNNING:  # waits on the other owner: let it go
+        d.stop()
+    d.outcome(b)
+    d.assert_nothing_held()
+
+
+def test_straight_a_claim_that_fails_gives_every_slot_and_charge_back() -> None:
+    d = Driver(straight=True)
+    a, b = d.drain("a", "b")
+    d.grant_now(2)
+    d.fail_claim(StoreError("disk full"))
+    assert d.fx.slots_released[False] == 2 and d.fx.refunds == 2
+    assert all(isinstance(d.outcome(c), StoreError) for c in (a, b))
+    d.assert_nothing_held()
+
+
+def test_straight_cancelled_while_its_slots_are_asked_for_is_never_slotted() -> None:
+    d = Driver(straight=True)
+    a, b = d.drain("a", "b")
+    assert d.cancel(b)
+    d.grant_now(2)
+    (batch,) = d.fx.claims
+    assert d.fx.running[batch] == {"a"}
+    assert d.fx.slots_released[False] == 1 and d.fx.refunds == 1
+    d.answer_claim()
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(a)) == {"v": "a"}
+    assert isinstance(d.outcome(b), CallCancelledError)
+    d.assert_nothing_held()
+
+
+def test_straight_stop_while_its_slots_are_asked_for_sends_nothing() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.stop()
+    d.grant_now(1)
+    assert d.fx.slots_released[False] == 1 and d.fx.refunds == 1
+    d.answer_claim()
+    assert d.fx.starts == []
+    assert isinstance(d.outcome(call), CallCancelledError)
+    d.assert_nothing_held()
+
+
+def test_straight_a_send_the_latch_refuses_gives_the_running_receipt_back() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(1)
+    d.fx.latch = "store down"
+    d.answer_claim()
+    assert d.fx.starts == []
+    assert [lease.key for lease in d.fx.released] == ["a"]  # running -> released, never sent
+    assert d.fx.refunds == 1
+    d.outcome(call)
+    d.assert_nothing_held()
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        Tool(tool_id="stated", fn=lambda i, c: i, pacing=Pacing(rps=5)),
+        Tool(tool_id="learnt", fn=lambda i, c: i, pacing=Pacing(start_rps=5)),
+    ],
+    ids=["stated-rate", "start-rate"],
+)
+def test_straight_a_paced_tool_claims_the_usual_way(tool: Tool) -> None:
+    d = Driver(tool=tool, straight=True)
+    d.drain("a")
+    assert d.fx.immediate == [] and len(d.fx.claims) == 1
+
+
+def test_straight_more_groups_than_free_slots_claim_the_usual_way() -> None:
+    d = Driver(straight=True, width=2)
+    d.drain("a", "b", "c")
+    assert d.fx.immediate == [] and len(d.fx.claims) == 1
+
+
+def test_straight_not_while_units_wait_for_slots() -> None:
+    d = Driver(straight=True, width=2)
+    d.drain("a", "b", "c")
+    d.answer_claim()  # a, b admitted; c waits for a slot
+    d.grant(1)
+    d.drain("d")
+    assert d.fx.immediate == []  # c waits first: d is claimed as usual, behind it
+
+
+# -- a real system, a SQLite file ---------------------------------------------------------
+
+
+def test_straight_system_an_idle_call_runs_on_a_receipt_claimed_running_with_no_mark(
+    make_system: Any, open_store: Any, read_receipts: Any, key_of: Any
+) -> None:
+    marks: list[int] = []
+    seen: list[Any] = []
+
+    class Counting(SqliteReceiptStore):
+        def mark_running_many(self, *args: Any, **kwargs: Any) -> Any:
+            marks.append(1)
+            return super().mark_running_many(*args, **kwargs)
+
+    def fn(i: Any, c: Any) -> Any:
+        (receipt,) = read_receipts([c.receipt_keys[0]])
+        seen.append(receipt.status if receipt else None)
+        return {"n": i["n"]}
+
+    tool = Tool(tool_id="t", fn=fn)
+    store = Counting(open_store().path)
+    try:
+        system = make_system([tool], store=store)
+        for n in range(3):
+            assert system.proxy().execute("t", {"n": n}).get(timeout=WAIT_S).value == {"n": n}
+        assert marks == []  # every call claimed straight into running
+        assert seen == [ReceiptStatus.RUNNING] * 3  # running while the tool ran
+        receipts = read_receipts([key_of(tool, {"n": n}) for n in range(3)])
+        assert [r.status for r in receipts if r] == [ReceiptStatus.COMPLETED] * 3
+    finally:
+        store.close()
+
+
+def test_straight_system_calls_beyond_the_free_width_are_marked_as_usual(
+    make_system: Any, read_receipts: Any, key_of: Any
+) -> None:
+    tool = Tool(tool_id="t", fn=lambda i, c: {"n": i["n"]})
+    system = make_system([tool], policy=Policy(max_concurrency=4, batch_grace_s=0.01))
+    futures = system.proxy().execute_many("t", [{"n": n} for n in range(40)])
+    assert [f.get(timeout=WAIT_S).value["n"] for f in futures] == list(range(40))
+    receipts = read_receipts([key_of(tool, {"n": n}) for n in range(40)])
+    assert all(r is not None and r.status is ReceiptStatus.COMPLETED for r in receipts)
