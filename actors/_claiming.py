@@ -184,6 +184,7 @@ class Claiming(LifecycleBase):
             units = self._compile(started)
             for unit in units:
                 unit.slot = True
+                unit.exempt = False  # a nested call that joined since holds the same slot
                 for group in unit.groups:
                     group.slotted = False
             self._admit(units, now, marked=True)

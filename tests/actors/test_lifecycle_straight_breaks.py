@@ -1,0 +1,78 @@
+"""Ways found to break claiming straight into running (:mod:`actors._claiming`), each
+kept as a test: the state machine driven by hand (:class:`Driver`), then a real system
+on a SQLite file where the fault shows as a caller that hangs or a slot never returned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from actors._calls import Role
+from actors.tool import Pacing, Policy, Tool
+from stores import SqliteReceiptStore
+
+from .conftest import WAIT_S
+from .test_lifecycle import Driver, _value
+
+# -- a nested call joins a group whose (non-exempt) slot was taken before its claim -------
+
+
+def test_straight_a_nested_call_joining_during_the_claim_keeps_the_slot_non_exempt() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(1)  # a's slot (not exempt) is taken; its claim is out
+    nested = d.call("a", nested=True)
+    d.life.groups["a"].join(nested, Role.ATTACHED)  # as ToolQueue.submit, then nested_joined
+    d.life.nested_joined("a")
+    d.pump()
+    d.answer_claim()
+    (spec,) = d.fx.starts
+    d.finish(spec=spec)
+    d.persisted()
+    assert _value(d.outcome(call)) == {"v": "a"} and _value(d.outcome(nested)) == {"v": "a"}
+    # the slot granted as non-exempt comes back as non-exempt (else the governor's count
+    # of the provider's slots in use and the tool's width stay taken for good)
+    assert d.fx.slots_released == {False: 1, True: 0}
+    d.assert_nothing_held()
+
+
+def test_straight_system_a_nested_call_joining_during_the_claim_leaves_the_tool_usable(
+    make_system: Any, open_store: Any
+) -> None:
+    claiming, go = threading.Event(), threading.Event()
+    holder: list[Any] = []
+
+    class HeldClaim(SqliteReceiptStore):
+        """The first claim into running waits until the test lets it go."""
+
+        def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("running") and not claiming.is_set():
+                claiming.set()
+                go.wait(WAIT_S)
+            return super().claim_many(*args, **kwargs)
+
+    def parent(i: Any, c: Any) -> Any:  # a running tool calls the child: a nested call
+        return holder[0].execute("child", {"n": i["n"]}).get(timeout=WAIT_S).value
+
+    child = Tool(tool_id="child", fn=lambda i, c: {"n": i["n"]}, pacing=Pacing(max_concurrency=1))
+    system = make_system(
+        [Tool(tool_id="parent", fn=parent, durable=False), child],
+        store=HeldClaim(open_store().path),
+        policy=Policy(batch_grace_s=0.01),
+    )
+    proxy = system.proxy()
+    holder.append(proxy)
+    top = proxy.execute("child", {"n": 1})
+    assert claiming.wait(WAIT_S), "the child's call was not claimed straight into running"
+    nesting = proxy.execute("parent", {"n": 1})
+    end = time.monotonic() + WAIT_S
+    while system.stats().get("deduped", 0) < 1:  # the nested call joined the child's group
+        assert time.monotonic() < end, "the nested call never joined"
+        threading.Event().wait(0.01)
+    go.set()
+    assert top.get(timeout=WAIT_S).value == {"n": 1}
+    assert nesting.get(timeout=WAIT_S).value == {"n": 1}
+    # its one slot came back: the child's next call runs (it hung for good)
+    assert proxy.execute("child", {"n": 2}).get(timeout=WAIT_S).value == {"n": 2}
