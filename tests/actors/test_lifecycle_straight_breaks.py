@@ -76,3 +76,48 @@ def test_straight_system_a_nested_call_joining_during_the_claim_leaves_the_tool_
     assert nesting.get(timeout=WAIT_S).value == {"n": 1}
     # its one slot came back: the child's next call runs (it hung for good)
     assert proxy.execute("child", {"n": 2}).get(timeout=WAIT_S).value == {"n": 2}
+
+
+# -- a provider_calls budget: a charge held for a claim that reuses its receipt ----------
+
+
+def test_straight_with_a_budget_no_charge_is_held_for_a_call_the_claim_answers(
+    make_system: Any, open_store: Any, recorder: Any
+) -> None:
+    """Policy(max_provider_calls=1) allows one real call: a rerun's cached call, whose
+    claim is slow, must not hold the budget's one charge while a new call asks for it."""
+    cached = Tool(tool_id="cached", fn=lambda i, c: {"n": i["n"]})
+    first = make_system([cached], run_id="r0")
+    assert first.proxy().execute("cached", {"n": 1}).get(timeout=WAIT_S).execution == "live"
+    first.stop(timeout_s=WAIT_S)  # a new system: the receipt is in the file, not in its memo
+
+    claiming, go = threading.Event(), threading.Event()
+
+    class HeldClaim(SqliteReceiptStore):
+        """Claims of the cached tool wait until the test lets them go."""
+
+        def claim_many(self, org_id: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+            if any(r.tool_id == "cached" for r in requests):
+                claiming.set()
+                go.wait(WAIT_S)
+            return super().claim_many(org_id, requests, *args, **kwargs)
+
+    def api(i: Any, c: Any) -> Any:
+        recorder.record("api", i, c)
+        return {"api": i["n"]}
+
+    system = make_system(
+        [cached, Tool(tool_id="api", fn=api, durable=False)],
+        store=HeldClaim(open_store().path),
+        policy=Policy(batch_grace_s=0.01, max_provider_calls=1),
+    )
+    proxy = system.proxy()
+    reused = proxy.execute("cached", {"n": 1})
+    try:
+        assert claiming.wait(WAIT_S)
+        fresh = proxy.execute("api", {"n": 2})  # the one real call the budget allows
+        assert fresh.get(timeout=WAIT_S).value == {"api": 2}
+    finally:
+        go.set()
+    assert reused.get(timeout=WAIT_S).execution == "cached"
+    assert recorder.count("api") == 1
