@@ -12,6 +12,7 @@ from typing import Any
 from actors._calls import Role
 from actors.tool import Pacing, Policy, Tool
 from stores import SqliteReceiptStore
+from stores.types import ClaimMode, ReceiptStatus
 
 from .conftest import WAIT_S
 from .test_lifecycle import Driver, _value
@@ -121,3 +122,47 @@ def test_straight_with_a_budget_no_charge_is_held_for_a_call_the_claim_answers(
         go.set()
     assert reused.get(timeout=WAIT_S).execution == "cached"
     assert recorder.count("api") == 1
+
+
+# -- a store written before claims into running ------------------------------------------
+
+
+def test_straight_a_claim_the_store_left_queued_is_marked_before_it_is_sent() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(1)
+    batch = max(d.fx.claims)
+    assert d.fx.running[batch] == {"a"}
+    d.answer_claim(a=d.receipt("a", ReceiptStatus.QUEUED, lease_id="lease-a", attempts=1))
+    assert d.fx.starts == [] and [lease.key for leases in d.fx.marks.values() for lease in leases] == ["a"]
+    d.mark()
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(call)) == {"v": "a"}
+    d.assert_nothing_held()
+
+
+def test_straight_system_a_store_without_claims_into_running_keeps_working(
+    make_system: Any, open_store: Any, read_receipts: Any, key_of: Any
+) -> None:
+    seen: list[Any] = []
+
+    class Old(SqliteReceiptStore):
+        """claim_many as written before claims into running (no ``running``)."""
+
+        def claim_many(  # type: ignore[override]
+            self, org_id: str, requests: Any, owner: Any, *, lease_ttl_s: float,
+            mode: ClaimMode = ClaimMode.NORMAL, stale_after_s: float | None = None,
+        ) -> Any:  # fmt: skip
+            return super().claim_many(
+                org_id, requests, owner, lease_ttl_s=lease_ttl_s, mode=mode, stale_after_s=stale_after_s
+            )
+
+    def fn(i: Any, c: Any) -> Any:
+        (receipt,) = read_receipts([c.receipt_keys[0]])
+        seen.append(receipt.status if receipt else None)
+        return {"n": i["n"]}
+
+    system = make_system([Tool(tool_id="t", fn=fn)], store=Old(open_store().path))
+    assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+    assert seen == [ReceiptStatus.RUNNING]  # marked running before it was sent
