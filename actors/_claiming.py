@@ -17,6 +17,7 @@ from stores.types import (
     ClaimMode,
     ClaimRequest,
     Receipt,
+    ReceiptStatus,
 )
 
 from ._calls import Group, GroupState
@@ -33,6 +34,8 @@ from .messages import PollDue
 from .tool import NOT_DONE
 
 __all__ = ["Claiming"]
+
+RUNNING = ReceiptStatus.RUNNING
 
 
 class Claiming(LifecycleBase):
@@ -184,9 +187,13 @@ class Claiming(LifecycleBase):
             units = self._compile(started)
             for unit in units:
                 unit.slot = True
+                unit.exempt = False  # a nested call that joined since holds the same slot
                 for group in unit.groups:
                     group.slotted = False
-            self._admit(units, now, marked=True)
+            # a store that did not write them running (written before such claims): marked
+            queued = [u for u in units if any(g.receipt.status is not RUNNING for g in u.groups if g.receipt)]
+            self._admit([u for u in units if u not in queued], now, marked=True)
+            self._admit(queued, now)
         if again:
             self._claim(again, None)
         if waiting:

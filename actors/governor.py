@@ -144,8 +144,10 @@ class Governor:
         the waiting parent's slot is lent to it; the provider's rate still applies.
         ``immediate`` (slots asked before a claim): granted now or not at all (0: no
         room now), and only for an unpaced provider whose circuit is closed with nobody
-        waiting (else -1: ask the usual way), so a claim is never held back by pacing and
-        no rate token is spent on a call the claim may answer from its receipt.
+        waiting, and with no ``provider_calls`` budget (else -1: ask the usual way), so a
+        claim is never held back by pacing, no rate token is spent on a call the claim may
+        answer from its receipt, and no budget charge held for such a call refuses a call
+        that needs it.
         """
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
@@ -156,7 +158,8 @@ class Governor:
         if verdict == "refuse":
             return Decisions(refusals=[(reply, self._unavailable(key))])
         wkey = (org_id, provider, exempt)
-        if immediate and (verdict != "go" or self.waiters.get(wkey) or not self.unpaced(key)):
+        budgeted = self.limits["provider_calls"] is not None
+        if immediate and (verdict != "go" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
             out = Decisions(grants=[(reply, -1)])
         else:
             waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)

@@ -13,6 +13,7 @@ changes.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ class ReceiptStoreActor(InboxActor):
         self.watch: ReceiptWatch | None = None
         """Started by the first :class:`WatchReceipts` when the store has a change feed."""
         self._feedless = False
+        self._takes_running = _takes_running(store)
 
     def on_stop(self) -> None:
         """Requests left unread are answered (the lifecycle waits on each), never dropped."""
@@ -103,8 +105,11 @@ class ReceiptStoreActor(InboxActor):
                 message.reply.set_exception((type(exc), exc, None))
                 return None
             self.ops += 1
+            kwargs = message.kwargs
+            if "running" in kwargs and not (kwargs["running"] and self._takes_running):
+                kwargs = {k: v for k, v in kwargs.items() if k != "running"}  # see claim_many
             try:
-                value = getattr(self.store, message.method)(*message.args, **message.kwargs)
+                value = getattr(self.store, message.method)(*message.args, **kwargs)
             except Exception as exc:
                 message.reply.set_exception((type(exc), exc, exc.__traceback__))
             else:
@@ -123,7 +128,8 @@ class ReceiptStoreActor(InboxActor):
         running: Collection[str] = frozenset(),
     ) -> list[Claim]:
         self.ops += 1
-        if not running:  # a store written before claims into running keeps working
+        if not running or not self._takes_running:  # a store written before claims
+            # into running keeps working: its claims stay queued and are marked
             return self.store.claim_many(
                 org_id, requests, owner, lease_ttl_s=lease_ttl_s, mode=mode, stale_after_s=stale_after_s
             )
@@ -180,3 +186,12 @@ if TYPE_CHECKING:
         purge = proxy_method(ReceiptStoreActor.purge)
 else:
     ReceiptStoreProxy = Any
+
+
+def _takes_running(store: ReceiptStore) -> bool:
+    """``store.claim_many`` takes ``running`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(store.claim_many).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "running" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

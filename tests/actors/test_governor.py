@@ -445,3 +445,12 @@ def test_governor_immediate_while_the_circuit_probes_is_sent_the_usual_way() -> 
     decided = gov.acquire(ORG, "p", 1, b, now=2.0, immediate=True)  # half-open: probe
     assert _granted(decided) == {b: -1}
     assert not gov.circuits[("acme", "p")].probing  # the probe was not spent on a claim
+
+
+def test_governor_immediate_under_a_provider_calls_budget_is_sent_the_usual_way() -> None:
+    # a charge held for a claim that may reuse its receipt would refuse a call needing it
+    gov = _gov(Policy(max_provider_calls=1))
+    a, b = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, a, now=0.0, immediate=True)) == {a: -1}
+    assert gov.in_flight == 0 and gov.spent["provider_calls"] == 0
+    assert _granted(gov.acquire(ORG, "q", 1, b, now=0.0)) == {b: 1}

@@ -314,7 +314,9 @@ class Driver:
             receipt = receipts.get(key)
             if receipt is None and disposition is ClaimDisposition.CLAIMED:
                 lease = f"lease-{next(self._leases)}"
-                receipt = self.receipt(key, ReceiptStatus.QUEUED, lease_id=lease, attempts=1)
+                started = key in self.fx.running.get(batch, ())  # claimed straight into running
+                status = ReceiptStatus.RUNNING if started else ReceiptStatus.QUEUED
+                receipt = self.receipt(key, status, lease_id=lease, attempts=1)
             elif receipt is None and disposition is ClaimDisposition.REUSED:
                 receipt = self.receipt(key, ReceiptStatus.COMPLETED, output={"stored": key})
             elif receipt is None:
