@@ -14,6 +14,9 @@ changes.
 from __future__ import annotations
 
 import inspect
+import queue
+import threading
+import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +61,9 @@ class ReceiptStoreActor(InboxActor):
         once spent, new claims are refused with BudgetExceededError. Writes that settle
         work already claimed (complete, fail, release, renew) always go: a paid result is
         never dropped for a budget."""
+        lanes = getattr(store, "parallel_calls", 1)
+        self.lanes: Lanes | None = Lanes(store, lanes) if lanes > 1 else None
+        """Calls run side by side (a store with ``parallel_calls`` > 1: Postgres)."""
         self.watch: ReceiptWatch | None = None
         """Started by the first :class:`WatchReceipts` when the store has a change feed."""
         self._feedless = False
@@ -67,6 +73,8 @@ class ReceiptStoreActor(InboxActor):
         """Requests left unread are answered (the lifecycle waits on each), never dropped."""
         if self.watch is not None:
             self.watch.close()
+        if self.lanes is not None:
+            self.lanes.close()
         answer_left(left_in(self.actor_inbox), CallCancelledError("the receipt store stopped"))
 
     def _watched(self, message: WatchReceipts) -> None:
@@ -108,12 +116,10 @@ class ReceiptStoreActor(InboxActor):
             kwargs = message.kwargs
             if "running" in kwargs and not (kwargs["running"] and self._takes_running):
                 kwargs = {k: v for k, v in kwargs.items() if k != "running"}  # see claim_many
-            try:
-                value = getattr(self.store, message.method)(*message.args, **kwargs)
-            except Exception as exc:
-                message.reply.set_exception((type(exc), exc, exc.__traceback__))
-            else:
-                message.reply.set(value)
+            if self.lanes is not None:
+                self.lanes.run(message, kwargs)
+                return None
+            _perform(self.store, message, kwargs)
         return None
 
     def claim_many(
@@ -195,3 +201,58 @@ def _takes_running(store: ReceiptStore) -> bool:
     except (TypeError, ValueError):
         return True
     return any(p.name == "running" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _perform(store: ReceiptStore, message: StoreCall, kwargs: dict[str, Any]) -> None:
+    try:
+        value = getattr(store, message.method)(*message.args, **kwargs)
+    except Exception as exc:
+        message.reply.set_exception((type(exc), exc, exc.__traceback__))
+    else:
+        message.reply.set(value)
+
+
+class Lanes:
+    """``n`` threads (greenlets under gevent) running store calls side by side, for a
+    store whose every call is its own transaction on a pooled connection (Postgres):
+    the calls of one lifecycle are causally ordered already (a group has one store call
+    out at a time), so only unrelated calls overlap. SQLite has one writer: no lanes."""
+
+    def __init__(self, store: ReceiptStore, n: int) -> None:
+        self.store = store
+        self.inbox: queue.SimpleQueue[tuple[StoreCall, dict[str, Any]] | None] = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._loop, name=f"tooldispatch-store-lane-{i}", daemon=True)
+            for i in range(n)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self, message: StoreCall, kwargs: dict[str, Any]) -> None:
+        self.inbox.put((message, kwargs))
+
+    def _loop(self) -> None:
+        while (task := self.inbox.get()) is not None:
+            _perform(self.store, *task)
+
+    def close(self) -> None:
+        """Calls already taken finish (their callers are answered; waited for up to
+        10 s); the rest are refused."""
+        left: list[StoreCall] = []
+        while True:
+            try:
+                task = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                left.append(task[0])
+        for _ in self.threads:
+            self.inbox.put(None)
+        answer_left(left, CallCancelledError("the receipt store stopped"))
+        end = time.monotonic() + _CLOSE_WAIT_S  # as a serial store finishes its call at stop
+        for thread in self.threads:
+            thread.join(max(0.0, end - time.monotonic()))
+
+
+_CLOSE_WAIT_S = 10.0
+"""Longest a stopping store waits for the calls its lanes already took."""

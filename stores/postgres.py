@@ -102,6 +102,8 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         poll_s: float = 1.0,
         application_name: str | None = None,
     ) -> None:
+        self.parallel_calls = max(1, min(4, max_size // 2))
+        """Store calls a dispatcher may run at once (each on a pooled connection)."""
         url, url_schema = split_schema(url)
         schema = schema or url_schema or "tooldispatch"
         self.url = url
