@@ -20,7 +20,7 @@ from stores.types import (
     ReceiptStatus,
 )
 
-from ._calls import Group, GroupState
+from ._calls import Group, GroupState, Unit
 from ._execute import error_text
 from ._lifecycle_base import Done, LifecycleBase
 from .errors import (
@@ -191,8 +191,12 @@ class Claiming(LifecycleBase):
                 for group in unit.groups:
                     group.slotted = False
             # a store that did not write them running (written before such claims): marked
-            queued = [u for u in units if any(g.receipt.status is not RUNNING for g in u.groups if g.receipt)]
-            self._admit([u for u in units if u not in queued], now, marked=True)
+            marked: list[Unit] = []
+            queued: list[Unit] = []
+            for unit in units:
+                ran = all(g.receipt.status is RUNNING for g in unit.groups if g.receipt)
+                (marked if ran else queued).append(unit)
+            self._admit(marked, now, marked=True)
             self._admit(queued, now)
         if again:
             self._claim(again, None)
