@@ -279,7 +279,14 @@ class DispatchSystem:
             except pykka.Timeout:
                 break
         self._pool.shutdown()
-        for ref in [*self._queues.values(), self._heartbeat, self._governor, self._flusher, self._store_ref]:
+        refs: list[Any] = [
+            *self._queues.values(),
+            self._heartbeat,
+            self._governor,
+            self._flusher,
+            self._store_ref,
+        ]
+        for ref in refs:  # typed Any: pykka 4.4 types the mixed list as object
             with contextlib.suppress(Exception):
                 ref.stop(timeout=max(0.1, end - time.monotonic()))
         if self._writing:  # the bound ran out while a write waited on the store: on disk now
