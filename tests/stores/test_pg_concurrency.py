@@ -122,6 +122,9 @@ for start in range(0, len(keys), 10):
     got.update({c.receipt.key: c.disposition.value for c in claims})
 store.close()
 print(json.dumps(got), flush=True)
+# stay alive until every reclaimer has reported (as the claimers do): a reclaimer whose
+# process is gone leaves leases the others take over at once, by design
+sys.stdin.readline()
 """
 )
 
