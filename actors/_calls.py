@@ -193,6 +193,9 @@ class Unit:
     """The previous attempt's error (its outcome if no further attempt goes)."""
     persisting: int = 0
     """Groups whose write is still out; the slot is free when it reaches 0."""
+    retry_charged: bool = False
+    """The retry budget was charged for its next attempt, and that attempt has not yet
+    shown a request went out (else the charge comes back: ``Effects.refund_retry``)."""
 
     @property
     def timeout_s(self) -> float:

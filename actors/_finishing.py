@@ -64,10 +64,15 @@ class Finishing(LifecycleBase):
             self.fx.count("requests", -1)
             self._readmit(unit, now, front=True)
             return
-        if isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)) or (
+        unsent = isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)) or (
             isinstance(error, NotSentError) and msg.sent_at is None
-        ):  # a refused connection, an attempt never started or held past its turn: no request
+        )  # a refused connection, an attempt never started or held past its turn: no request
+        if unsent:
             self.fx.count("requests", -1)
+        if unit.retry_charged:  # the retry this attempt was charged for: spent if it went out
+            unit.retry_charged = False
+            if unsent:
+                self.fx.refund_retry()
         if error is not None:
             if isinstance(error, RateLimitedError):
                 self.fx.backpressure(error.retry_after, msg.sent_at)
@@ -110,11 +115,14 @@ class Finishing(LifecycleBase):
     def on_retry_charged(self, unit_id: int, error: BaseException | None, now: float) -> None:
         """The retry budget answered: back off, or give up (not recorded as a failure)."""
         unit = self.units.get(unit_id)
-        if unit is None or unit.persisting:  # concluded meanwhile (its deadline passed)
+        if unit is None or unit.persisting:  # concluded meanwhile (its deadline passed, a
+            if error is None:  # cancel, a stop): that retry never goes, its charge comes back
+                self.fx.refund_retry()
             return
         if error is not None:
             self._conclude(unit, None, error, now)
             return
+        unit.retry_charged = True
         self.fx.count("retries")
         if isinstance(unit.last_error, RateLimitedError):
             self._enqueue([unit], front=True)  # the governor holds it until the pause ends

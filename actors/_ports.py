@@ -45,6 +45,7 @@ from .messages import (
     ReceiptsRead,
     ReceiptsReleased,
     Reconciled,
+    RefundBudget,
     RegisterLeases,
     ReleaseSlots,
     Resolved,
@@ -286,6 +287,10 @@ class ActorEffects(LocalEffects):
         self.ports.governor.tell(
             ChargeBudget(kind="retries", amount=1, reply=Reply(self.ref, RetryCharged, unit=unit))
         )
+
+    def refund_retry(self) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # stopped: no budget to give back to
+            self.ports.governor.tell(RefundBudget(kind="retries", amount=1))
 
     def later(self, delay_s: float, message: Any) -> None:
         self.ports.timers.call_later(delay_s, self._tell, message)

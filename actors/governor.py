@@ -133,6 +133,12 @@ class Governor:
             raise BudgetExceededError(f"{kind} budget of {limit} is spent")
         self.spent[kind] += amount
 
+    def refund(self, kind: str, amount: int) -> None:
+        """Give back ``amount`` of a charge that bought nothing (a retry charged, then
+        never sent: the call stopped, was cancelled or timed out in its back-off, or its
+        attempt sent no request). Never below nothing spent."""
+        self.spent[kind] = max(0, self.spent[kind] - amount)
+
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
         immediate: bool = False,

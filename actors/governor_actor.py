@@ -21,7 +21,14 @@ from ._send_gate import SendGates
 from ._shared_governor import SharedGovernor
 from .errors import BudgetExceededError, CallCancelledError
 from .governor import Decisions, Governor
-from .messages import AcquireSlots, BackpressureReported, ChargeBudget, GovernorWake, ReleaseSlots
+from .messages import (
+    AcquireSlots,
+    BackpressureReported,
+    ChargeBudget,
+    GovernorWake,
+    RefundBudget,
+    ReleaseSlots,
+)
 from .tool import Pacing, Policy
 
 __all__ = ["GovernorActor"]
@@ -95,6 +102,8 @@ class GovernorActor(pykka.ThreadingActor):
                 message.reply.set(True)
             except BudgetExceededError as exc:
                 fail(message.reply, exc)
+        elif isinstance(message, RefundBudget):
+            self.governor.refund(message.kind, message.amount)
         return None
 
     def _perform(self, decisions: Decisions) -> None:

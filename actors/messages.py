@@ -69,6 +69,7 @@ __all__ = [
     "ReceiptsRead",
     "ReceiptsReleased",
     "Reconciled",
+    "RefundBudget",
     "RegisterLeases",
     "ReleaseSlots",
     "RememberOutputs",
@@ -176,6 +177,16 @@ class ChargeBudget:
     """How much."""
     reply: Any
     """Resolved True, or with BudgetExceededError."""
+
+
+@attrs.frozen(kw_only=True)
+class RefundBudget:
+    """Give back a charge that bought nothing (a retry charged, then never sent)."""
+
+    kind: str
+    """Which budget."""
+    amount: int
+    """How much (never below nothing spent)."""
 
 
 @attrs.frozen(kw_only=True)

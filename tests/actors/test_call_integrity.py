@@ -115,6 +115,36 @@ def test_call_budget_refusal_is_not_recorded_as_a_failure(
     assert receipt is None or receipt.status is ReceiptStatus.PENDING  # a later run may pay
 
 
+@pytest.mark.parametrize("ends", ["deadline", "cancel"])
+def test_call_a_retry_never_sent_gives_its_budget_charge_back(make_system: Any, ends: str) -> None:
+    # the one retry the budget allows is charged while the first call backs off; that call
+    # ends there (its deadline passes, or its caller cancels), so the retry never goes: the
+    # charge comes back and the next call may still retry (it was refused as spent before)
+    sent: list[tuple[int, int]] = []
+
+    def fn(i: Any, c: Any) -> Any:
+        sent.append((i["n"], c.attempt))
+        if c.attempt == 1:
+            raise ConnectionResetError("connection reset by peer")  # transient: retried in-call
+        return {"ok": i["n"]}
+
+    tool = Tool(tool_id="t", fn=fn, retry_safe=True)
+    system = make_system([tool], policy=Policy(max_retries=1, retry_backoff_s=1.0))
+    if ends == "deadline":
+        first = system.proxy().execute("t", {"n": 1}, timeout_s=0.3)
+        with pytest.raises(ConnectionResetError):
+            first.get(timeout=WAIT_S)
+    else:
+        first = system.proxy().execute("t", {"n": 1})
+        deadline = time.monotonic() + WAIT_S
+        while system.stats().get("retries", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # charged: backing off
+        assert first.cancel()
+    second = system.proxy().execute("t", {"n": 2})
+    assert second.get(timeout=WAIT_S).value == {"ok": 2}
+    assert sent == [(1, 1), (2, 1), (2, 2)]
+
+
 def test_call_batch_member_error_matched_by_id_fails_that_member_alone(
     make_system: Any, read_receipts: Any, key_of: Any
 ) -> None:

@@ -268,6 +268,15 @@ def test_governor_charge_retries_raises_past_the_limit_and_charges_nothing() -> 
     assert gov.spent["retries"] == 2
 
 
+def test_governor_refund_gives_a_charge_back_never_below_nothing_spent() -> None:
+    gov = _gov(Policy(max_retries=1))
+    gov.charge("retries", 1)
+    gov.refund("retries", 1)  # that retry never went
+    gov.charge("retries", 1)  # so another may go
+    gov.refund("retries", 5)
+    assert gov.spent["retries"] == 0
+
+
 def test_governor_unlimited_budget_never_refuses() -> None:
     gov = _gov(Policy(max_retries=None))
     for _ in range(1000):

@@ -6,7 +6,8 @@ error, lease lost, cancel, stop, deadline, 429, retry budget refused, ...) by ca
 lifecycle's methods with the answers its effects asked for, as the tool queue actor would
 (``pump`` after every message, like ``ActorEffects.dispatch``). Then
 :meth:`Driver.assert_nothing_held` checks the exit actions (STYLE.md, the life of a call):
-as many slots released as granted, every lease registered with the heartbeat unregistered
+as many slots released as granted, every retry budget charge spent on a retry sent or
+given back, every lease registered with the heartbeat unregistered
 (or dropped by the heartbeat as lost), every claimed lease completed, failed, released or
 lost, every call answered exactly once, and ``lifecycle.idle``.
 """
@@ -89,6 +90,7 @@ class FakeEffects:
         self.registered: collections.Counter[str] = collections.Counter()
         self.unregistered: collections.Counter[str] = collections.Counter()
         self.retry_charges: list[int] = []
+        self.retry_refunds = 0
         self.timers: list[tuple[float, Any]] = []
         self.watched: set[str] = set()
         self.blocked: tuple[float, bool] | None = None
@@ -167,6 +169,9 @@ class FakeEffects:
     def charge_retry(self, unit: int) -> None:
         self.retry_charges.append(unit)
 
+    def refund_retry(self) -> None:
+        self.retry_refunds += 1
+
     def later(self, delay_s: float, message: Any) -> None:
         self.timers.append((delay_s, message))
 
@@ -225,6 +230,9 @@ class Driver:
         self.calls: list[Call] = []
         self.granted = {False: 0, True: 0}
         self.grants_answered = 0
+        self.retries_charged = 0
+        self.unsent_retries = 0
+        """Retry budget charges the governor took (each buys one attempt sent, or comes back)."""
         self.lost: set[str] = set()
         self.claimed_leases: dict[str, LeaseRef] = {}
         self._leases = itertools.count(1)
@@ -365,10 +373,13 @@ class Driver:
         self.pump()
 
     def finish(
-        self, value: Any = "ok", error: BaseException | None = None, spec: AttemptSpec | None = None
-    ) -> None:
-        """The worker reports the latest (or ``spec``'s) attempt."""
+        self, value: Any = "ok", error: BaseException | None = None, spec: AttemptSpec | None = None,
+        sent: bool = True,
+    ) -> None:  # fmt: skip
+        """The worker reports the latest (or ``spec``'s) attempt (``sent``: False when its
+        request never went out, as a send gate reports a turn after the deadline)."""
         spec = spec or self.fx.starts[-1]
+        self.unsent_retries += not sent and spec.attempt > 1
         members = None
         if error is None:
             members = [
@@ -376,7 +387,11 @@ class Driver:
             ]
         self.life.on_finished(
             UnitFinished(
-                unit=spec.unit, attempt=spec.attempt, members=members, error=error, sent_at=self.now
+                unit=spec.unit,
+                attempt=spec.attempt,
+                members=members,
+                error=error,
+                sent_at=self.now if sent else None,
             ),
             self.now,
         )
@@ -433,6 +448,7 @@ class Driver:
 
     def retry_charged(self, error: BaseException | None = None) -> None:
         unit = self.fx.retry_charges.pop(0)
+        self.retries_charged += error is None
         self.life.on_retry_charged(unit, error, self.now)
         self.pump()
 
@@ -468,6 +484,10 @@ class Driver:
         assert not life.pending and not life.pending_exempt
         assert life.holding == 0
         assert fx.slots_released == self.granted, f"released {fx.slots_released}, granted {self.granted}"
+        retries_sent = sum(1 for spec in fx.starts if spec.attempt > 1) - self.unsent_retries
+        assert self.retries_charged == retries_sent + fx.retry_refunds, (
+            f"{self.retries_charged} retry charges: {retries_sent} retries sent, {fx.retry_refunds} refunded"
+        )
         for key, n in fx.registered.items():
             assert fx.unregistered[key] + (key in self.lost) >= n, f"lease of {key} still renewed"
         completed = {e.key for entries in fx.persists.values() for e in entries}
@@ -1056,6 +1076,49 @@ def test_lifecycle_429_past_its_readmissions_records_the_rate_limit() -> None:
     assert record.failure_kind is FailureKind.RATE_LIMITED
     d.failures_recorded()
     assert isinstance(d.outcome(call), RateLimitedError)
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_retry_that_went_out_spends_its_charge() -> None:
+    d = Driver(SAFE, policy=Policy(timeout_s=TIMEOUT_S, retry_backoff_s=0.5, retry_attempts=2))
+    (call,) = _run_to_running(d, "a")
+    d.finish(error=ConnectionError("reset"))
+    d.retry_charged()
+    d.fire(RetryDue)
+    d.grant()
+    d.mark()
+    d.finish(error=ConnectionError("reset again"))  # sent, failed: the retry was paid for
+    d.failures_recorded()
+    assert isinstance(d.outcome(call), ConnectionError)
+    assert d.fx.retry_refunds == 0
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_retry_its_send_gate_never_sent_gives_its_charge_back() -> None:
+    d = Driver(SAFE)
+    (call,) = _run_to_running(d, "a")
+    d.finish(error=ConnectionError("reset"))
+    d.retry_charged()
+    d.fire(RetryDue)
+    d.grant()
+    d.mark()
+    d.finish(error=NotSentError("its turn came after its deadline"), sent=False)
+    d.pump()
+    assert d.fx.retry_refunds == 1
+    if d.fx.failures:
+        d.failures_recorded()
+    assert isinstance(d.outcome(call), BaseException)
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_429_readmission_stopped_before_its_send_gives_its_charge_back() -> None:
+    d = Driver()
+    (call,) = _run_to_running(d, "a")
+    d.finish(error=RateLimitedError(retry_after="5"))
+    d.retry_charged()  # queued for a slot again, the retry paid for
+    d.stop()
+    _stopped_outcome(d, call)
+    assert d.fx.retry_refunds == 1
     d.assert_nothing_held()
 
 
