@@ -9,6 +9,7 @@ salvage file, counts, and fills the tool's memo. It runs on the tool queue actor
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ class LocalEffects:
     ports: Ports
     ref: Any
     org_id: str
+    finished: Finished
     _tell: Any
 
     def start(self, spec: AttemptSpec) -> None:
@@ -48,7 +50,7 @@ class LocalEffects:
         gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
         unit = self.actor.lifecycle.units.get(spec.unit)
         groups = list(unit.groups) if unit is not None and self.tool.durable else None
-        report = _Report(tell, self, groups)
+        report = _Report(self.finished, tell, self, groups)
         try:
             self.ports.pool.submit(attempt, spec, report, time.monotonic, gate)
         except Exception as exc:  # shut down (the system stopped), or no thread could start
@@ -161,20 +163,81 @@ class LocalEffects:
         self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
 
 
+class FinishedReady:
+    """The doorbell: attempts' outcomes wait in the tool's :class:`Finished`."""
+
+    __slots__ = ()
+
+
+FINISHED_READY = FinishedReady()
+
+
+class Finished:
+    """Attempts' outcomes, as workers report them, for the tool queue actor to take.
+
+    Only the first outcome put into an empty buffer rings the actor (one
+    :data:`FINISHED_READY` message); the outcomes put before the actor takes them ride
+    along. Units finishing together are so handled, and their outputs written, together,
+    and a finishing call costs no message of its own. Once :meth:`close` d (the actor
+    stopped), a put is refused and its worker salvages the outcome itself.
+    """
+
+    __slots__ = ("_closed", "_items", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[tuple[UnitFinished, _Report]] = []
+        self._closed = False
+
+    def put(self, message: UnitFinished, report: _Report) -> bool | None:
+        """Keep an outcome. Returns True: ring the actor; False: a ring is on its way;
+        None: closed (nothing kept)."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._items.append((message, report))
+            return len(self._items) == 1
+
+    def take(self) -> list[tuple[UnitFinished, _Report]]:
+        """Every outcome kept so far (on the actor's thread)."""
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+    def close(self) -> list[tuple[UnitFinished, _Report]]:
+        """Refuse later puts; return what is left unread."""
+        with self._lock:
+            self._closed = True
+            items, self._items = self._items, []
+        return items
+
+
 class _Report:
-    """How an attempt tells its outcome (on the worker): to the tool queue actor, or,
-    once that actor is gone, to the salvage file (``groups``: durable tools only)."""
+    """How an attempt tells its outcome (on the worker): into the tool's
+    :class:`Finished`, or, once its actor is gone, to the salvage file (``groups``:
+    durable tools only)."""
 
-    __slots__ = ("effects", "groups", "tell")
+    __slots__ = ("effects", "finished", "groups", "tell")
 
-    def __init__(self, tell: Any, effects: LocalEffects, groups: list[Group] | None) -> None:
+    def __init__(
+        self, finished: Finished, tell: Any, effects: LocalEffects, groups: list[Group] | None
+    ) -> None:
+        self.finished = finished
         self.tell = tell
         self.effects = effects
         self.groups = groups
 
     def __call__(self, message: Any) -> None:
-        try:
-            self.tell(message)
-        except pykka.ActorDeadError:  # the system stopped before this attempt returned
-            if self.groups is not None:
-                self.effects.keep_late_of(self.groups, message)
+        ring = self.finished.put(message, self)
+        if ring is None:  # the system stopped before this attempt returned
+            self.keep_late(message)
+        elif ring:
+            try:
+                self.tell(FINISHED_READY)
+            except pykka.ActorDeadError:  # stopped between the put and the ring
+                for left, report in self.finished.close():
+                    report.keep_late(left)
+
+    def keep_late(self, message: UnitFinished) -> None:
+        if self.groups is not None:
+            self.effects.keep_late_of(self.groups, message)

@@ -24,7 +24,7 @@ from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 from ._completion_write import CompletionWriter
 from ._deferred_beats import DeferredBeats
-from ._local_effects import LocalEffects
+from ._local_effects import FINISHED_READY, Finished, LocalEffects
 from ._runtime import Reply, runtime_name
 from ._system_ports import Ports
 from .messages import (
@@ -89,6 +89,7 @@ class ActorEffects(LocalEffects):
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
         self._tell = self.ref.tell
+        self.finished = Finished()
         self.writer = CompletionWriter(ports, tool.tool_id, self.org_id)
         self.beats = DeferredBeats(
             ports.policy.heartbeat_for(self.lease_ttl_s), defer=runtime_name() != "gevent"
@@ -99,6 +100,10 @@ class ActorEffects(LocalEffects):
 
     def dispatch(self, message: Any, now: float) -> None:
         """Hand a fact (an answer, a timer, a cancel) to the lifecycle, then ask for slots."""
+        if message is FINISHED_READY:  # the doorbell: every outcome reported since
+            for finished, _ in self.finished.take():
+                self.dispatch(finished, now)
+            return
         life = self.actor.lifecycle
         kind = type(message)
         if kind is CompletionsWritten:

@@ -314,6 +314,8 @@ class ToolQueueActor(InboxActor):
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
         (pykka discards told messages left in a stopped actor's inbox)."""
+        for finished, report in self.effects.finished.close():  # paid answers, never read
+            report.keep_late(finished)
         left = left_in(self.actor_inbox)
         for message in left:
             if isinstance(message, SubmitCalls):
