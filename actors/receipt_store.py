@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from stores._together import TOGETHER
 from stores.base import ReceiptStore
 from stores.types import (
     Claim,
@@ -68,6 +69,8 @@ class ReceiptStoreActor(InboxActor):
         """Started by the first :class:`WatchReceipts` when the store has a change feed."""
         self._feedless = False
         self._takes_running = _takes_running(store)
+        self._together = getattr(store, "write_together", None) if self.lanes is None else None
+        """Group commit (SQLite): fenced writes waiting together run as one transaction."""
 
     def on_stop(self) -> None:
         """Requests left unread are answered (the lifecycle waits on each), never dropped."""
@@ -119,8 +122,56 @@ class ReceiptStoreActor(InboxActor):
             if self.lanes is not None:
                 self.lanes.run(message, kwargs)
                 return None
+            if self._together is not None and message.method in TOGETHER and not self.actor_inbox.empty():
+                self._write_together(message, kwargs)
+                return None
             _perform(self.store, message, kwargs)
         return None
+
+    def _write_together(self, first: StoreCall, kwargs: dict[str, Any]) -> None:
+        """``first`` and the fenced writes waiting behind it, in one transaction (see
+        :mod:`stores._together`); the first other message taken is handled after them,
+        as it would have been (the inbox keeps its order)."""
+        together = self._together
+        assert together is not None
+        calls = [(first, kwargs)]
+        after = None
+        inbox: Any = self.actor_inbox  # a SimpleQueue (InboxActor)
+        while len(calls) < _TOGETHER_MAX:
+            try:
+                envelope = inbox.get_nowait()
+            except queue.Empty:
+                break
+            message = envelope.message
+            if envelope.reply_to is None and isinstance(message, StoreCall) and message.method in TOGETHER:
+                self.ops += 1
+                calls.append((message, message.kwargs))
+            else:
+                after = envelope
+                break
+        try:
+            outcomes = together([(m.method, m.args, kw) for m, kw in calls])
+        except Exception as exc:  # a store that failed the whole call: each is answered
+            outcomes = [(None, exc)] * len(calls)
+        for (message, _), (value, error) in zip(calls, outcomes, strict=True):
+            if error is None:
+                message.reply.set(value)
+            else:
+                message.reply.set_exception((type(error), error, error.__traceback__))
+        if after is not None:
+            self._handle_taken(after)
+
+    def _handle_taken(self, envelope: Any) -> None:
+        """Handle an envelope taken from the inbox as pykka's actor loop would."""
+        try:
+            response = self._handle_receive(envelope.message)
+        except Exception:
+            if envelope.reply_to is None:
+                raise
+            envelope.reply_to.set_exception()
+            return
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(response)
 
     def claim_many(
         self,
@@ -253,6 +304,9 @@ class Lanes:
         for thread in self.threads:
             thread.join(max(0.0, end - time.monotonic()))
 
+
+_TOGETHER_MAX = 64
+"""Most fenced writes in one group-committed transaction."""
 
 _CLOSE_WAIT_S = 10.0
 """Longest a stopping store waits for the calls its lanes already took."""

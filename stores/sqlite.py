@@ -50,6 +50,7 @@ from ._sqlite_sql import (
     error_text,
     receipt_from_row,
 )
+from ._together import WritesTogether
 from .base import Clock, ReceiptStore
 from .errors import StoreError
 from .types import (
@@ -84,7 +85,7 @@ _SET = {
 now, ttl, now)."""
 
 
-class SqliteReceiptStore(FencedWrites, ReceiptStore):
+class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
     """Receipt store in one SQLite file (or ``":memory:"``).
 
     Args:
@@ -151,6 +152,10 @@ class SqliteReceiptStore(FencedWrites, ReceiptStore):
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self._connection()
+        if self._together:  # one call of write_together's transaction
+            with self._savepoint(conn):
+                yield conn
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn

@@ -1,0 +1,133 @@
+"""The receipt store actor commits the fenced writes waiting in its inbox together.
+
+A real SQLite file and a real store actor: its first call is held until the test has
+queued more writes (and one other request behind them), so they wait together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+from actors._lifecycle_messages import StoreCall
+from actors.receipt_store import ReceiptStoreActor
+from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
+
+from .conftest import WAIT_S
+
+ORG = "org-t"
+ME = Owner("run-t", 1)
+
+
+class _Reply:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any = None) -> None:
+        self.value = value
+        self.done.set()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        self.error = exc_info[1]
+        self.done.set()
+
+
+class _HeldStore(SqliteReceiptStore):
+    """Holds its first ``get_many`` until released; counts group commits."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.entered = threading.Event()
+        self.release_first = threading.Event()
+        self.groups: list[list[str]] = []
+
+    def get_many(self, org_id: str, keys: Any) -> Any:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release_first.wait(WAIT_S)
+        return super().get_many(org_id, keys)
+
+    def write_together(self, calls: Any) -> Any:
+        self.groups.append([method for method, _, _ in calls])
+        return super().write_together(calls)
+
+
+def _key(n: int) -> str:
+    return hashlib.sha256(f"k{n}".encode()).hexdigest()
+
+
+def test_store_actor_commits_waiting_fenced_writes_together_and_answers_each(tmp_path: Path) -> None:
+    store = _HeldStore(tmp_path / "r.db")
+    keys = [_key(n) for n in range(6)]
+    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
+    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    ref = ReceiptStoreActor.start(store)
+    try:
+        holder = _Reply()
+        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=holder))
+        assert store.entered.wait(WAIT_S)
+        # queued while the store is busy: marks, completions, a refused one, and a read behind them
+        calls = [
+            ("mark_running_many", (ORG, [leases[0], leases[1]], ME)),
+            ("complete_many", (ORG, [Completion(keys[2], leases[2].lease_id, {"n": 2})], ME)),
+            ("release", (ORG, [LeaseRef(keys[3], "not-the-lease")], ME)),
+            ("fail_many", (ORG, [], ME)),
+        ]
+        replies = [_Reply() for _ in calls]
+        for (method, args), reply in zip(calls, replies, strict=True):
+            ref.tell(StoreCall(method=method, args=args, kwargs={}, reply=reply))
+        read = ref.proxy().get_many(ORG, keys)  # an ask behind the writes: answered after them
+        store.release_first.set()
+        statuses = [r.status if r else None for r in read.get(timeout=WAIT_S)]
+        for reply in replies:
+            assert reply.done.wait(WAIT_S)
+            assert reply.error is None
+        assert store.groups == [[method for method, _ in calls]]  # one transaction
+        assert replies[0].value.applied == (keys[0], keys[1])
+        assert replies[1].value.applied == (keys[2],)
+        assert replies[2].value.applied == () and keys[3] in replies[2].value.refused
+        assert statuses == [
+            ReceiptStatus.RUNNING,
+            ReceiptStatus.RUNNING,
+            ReceiptStatus.COMPLETED,
+            ReceiptStatus.QUEUED,
+            ReceiptStatus.QUEUED,
+            ReceiptStatus.QUEUED,
+        ]
+        assert ref.proxy().ops.get(timeout=WAIT_S) == 6  # every call counted (receipt_ops budget)
+    finally:
+        ref.stop()
+        store.close()
+
+
+def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_path: Path) -> None:
+    store = _HeldStore(tmp_path / "r.db")
+    keys = [_key(n) for n in range(3)]
+    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
+    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    assert store._conn is not None
+    store._conn.execute(
+        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{keys[1]}' "
+        "BEGIN SELECT RAISE(ABORT, 'boom'); END"
+    )
+    ref = ReceiptStoreActor.start(store)
+    try:
+        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
+        assert store.entered.wait(WAIT_S)
+        replies = [_Reply() for _ in keys]
+        for lease, reply in zip(leases, replies, strict=True):
+            ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
+        store.release_first.set()
+        for reply in replies:
+            assert reply.done.wait(WAIT_S)
+        assert len(store.groups) == 1
+        assert [r.error is None for r in replies] == [True, False, True]
+        assert "boom" in str(replies[1].error)
+        assert [r.value.applied for r in (replies[0], replies[2])] == [(keys[0],), (keys[2],)]
+    finally:
+        ref.stop()
+        store.close()
