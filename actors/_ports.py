@@ -25,7 +25,7 @@ from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 from ._completion_write import CompletionWriter
 from ._deferred_beats import DeferredBeats
 from ._local_effects import FINISHED_READY, Finished, LocalEffects
-from ._runtime import Reply, runtime_name
+from ._runtime import Reply, log, runtime_name
 from ._system_ports import Ports
 from .messages import (
     AcquireSlots,
@@ -102,7 +102,10 @@ class ActorEffects(LocalEffects):
         """Hand a fact (an answer, a timer, a cancel) to the lifecycle, then ask for slots."""
         if message is FINISHED_READY:  # the doorbell: every outcome reported since
             for finished, _ in self.finished.take():
-                self.dispatch(finished, now)
+                try:
+                    self.dispatch(finished, now)
+                except Exception:  # as a message of its own would be (``guarded``): the
+                    log.exception("handling an outcome of %s failed", self.tool.tool_id)  # rest go on
             return
         life = self.actor.lifecycle
         kind = type(message)

@@ -8,6 +8,7 @@ arrives after the buffer closed, or while its doorbell goes to an actor already 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pykka
@@ -84,3 +85,41 @@ def test_finished_many_workers_lose_nothing() -> None:
         t.join()
     taken += [m.unit for m, _ in buffer.take()]
     assert sorted(taken) == sorted(n * 10_000 + i for n in range(4) for i in range(2000))
+
+
+def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
+    make_system: Any, monkeypatch: Any
+) -> None:
+    from actors import Tool
+    from actors.lifecycle import Lifecycle
+
+    n = 20
+    original_take, original_on_finished = Finished.take, Lifecycle.on_finished
+
+    def take_all(self: Finished) -> Any:  # every outcome arrives before the actor reads them
+        deadline = time.monotonic() + 10.0
+        while len(self._items) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return original_take(self)
+
+    failed: list[int] = []
+
+    def on_finished(self: Lifecycle, msg: Any, now: float) -> None:
+        if not failed:  # the first outcome handled: a bug while handling it
+            failed.append(msg.unit)
+            raise RuntimeError("handling this outcome failed")
+        original_on_finished(self, msg, now)
+
+    monkeypatch.setattr(Finished, "take", take_all)
+    monkeypatch.setattr(Lifecycle, "on_finished", on_finished)
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: {"n": i["n"]})])
+    futures = system.proxy().execute_many("t", [{"n": k} for k in range(n)])
+    answered = []
+    deadline = time.monotonic() + 3.0
+    for future in futures:
+        try:
+            answered.append(future.get(timeout=max(0.01, deadline - time.monotonic())).value["n"])
+        except Exception:
+            pass
+    assert failed and len(answered) == n - 1  # only the outcome whose handling failed is missing
+    system.stop(timeout_s=0.5)  # that unit never reports back: stop's bound answers its caller
