@@ -154,10 +154,13 @@ class ReceiptStoreActor(InboxActor):
         except Exception as exc:  # a store that failed the whole call: each is answered
             outcomes = [(None, exc)] * len(calls)
         for (message, _), (value, error) in zip(calls, outcomes, strict=True):
-            if error is None:
-                message.reply.set(value)
-            else:
-                message.reply.set_exception((type(error), error, error.__traceback__))
+            try:  # one reply that fails to be answered never keeps the others' back
+                if error is None:
+                    message.reply.set(value)
+                else:
+                    message.reply.set_exception((type(error), error, error.__traceback__))
+            except Exception:
+                log.exception("answering a store call (%s) failed", message.method)
         if after is not None:
             self._handle_taken(after)
 

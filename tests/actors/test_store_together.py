@@ -131,3 +131,29 @@ def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_pa
     finally:
         ref.stop()
         store.close()
+
+
+def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_back(tmp_path: Path) -> None:
+    class _Broken(_Reply):
+        def set(self, value: Any = None) -> None:
+            raise RuntimeError("this caller's reply slot is broken")
+
+    store = _HeldStore(tmp_path / "r.db")
+    keys = [_key(n) for n in range(3)]
+    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
+    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    ref = ReceiptStoreActor.start(store)
+    try:
+        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
+        assert store.entered.wait(WAIT_S)
+        replies = [_Broken(), _Reply(), _Reply()]
+        for lease, reply in zip(leases, replies, strict=True):
+            ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
+        store.release_first.set()
+        for reply in replies[1:]:
+            assert reply.done.wait(WAIT_S)
+        assert len(store.groups) == 1
+        assert ref.is_alive()
+    finally:
+        ref.stop()
+        store.close()
