@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from stores._together import TOGETHER
 from stores.base import ReceiptStore
 from stores.types import (
     Claim,
@@ -40,6 +39,7 @@ from stores.types import (
 from ._inbox import answer_left, left_in
 from ._receipt_watch import ReceiptWatch
 from ._runtime import InboxActor, log
+from ._store_merge import Merged, merge, mergeable
 from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 
@@ -122,7 +122,7 @@ class ReceiptStoreActor(InboxActor):
             if self.lanes is not None:
                 self.lanes.run(message, kwargs)
                 return None
-            if self._together is not None and message.method in TOGETHER and not self.actor_inbox.empty():
+            if self._together is not None and mergeable(message) and not self.actor_inbox.empty():
                 self._write_together(message, kwargs)
                 return None
             _perform(self.store, message, kwargs)
@@ -143,24 +143,21 @@ class ReceiptStoreActor(InboxActor):
             except queue.Empty:
                 break
             message = envelope.message
-            if envelope.reply_to is None and isinstance(message, StoreCall) and message.method in TOGETHER:
+            if envelope.reply_to is None and mergeable(message):
                 self.ops += 1
                 calls.append((message, message.kwargs))
             else:
                 after = envelope
                 break
+        # not merged by kind (as the lanes do): in a savepoint of its own, one request's
+        # error stays its own
+        merged = [Merged(m, kw) for m, kw in calls]
         try:
-            outcomes = together([(m.method, m.args, kw) for m, kw in calls])
+            outcomes = together([(m.method, m.args, m.kwargs) for m in merged])
         except Exception as exc:  # a store that failed the whole call: each is answered
-            outcomes = [(None, exc)] * len(calls)
-        for (message, _), (value, error) in zip(calls, outcomes, strict=True):
-            try:  # one reply that fails to be answered never keeps the others' back
-                if error is None:
-                    message.reply.set(value)
-                else:
-                    message.reply.set_exception((type(error), error, error.__traceback__))
-            except Exception:
-                log.exception("answering a store call (%s) failed", message.method)
+            outcomes = [(None, exc)] * len(merged)
+        for one, (value, error) in zip(merged, outcomes, strict=True):
+            one.answer(value, error)
         if after is not None:
             self._handle_taken(after)
 
@@ -266,6 +263,15 @@ def _perform(store: ReceiptStore, message: StoreCall, kwargs: dict[str, Any]) ->
         message.reply.set(value)
 
 
+def _perform_merged(store: ReceiptStore, merged: Merged) -> None:
+    try:
+        value = getattr(store, merged.method)(*merged.args, **merged.kwargs)
+    except Exception as exc:
+        merged.answer(None, exc)
+    else:
+        merged.answer(value, None)
+
+
 class Lanes:
     """``n`` threads (greenlets under gevent) running store calls side by side, for a
     store whose every call is its own transaction on a pooled connection (Postgres):
@@ -287,7 +293,31 @@ class Lanes:
 
     def _loop(self) -> None:
         while (task := self.inbox.get()) is not None:
-            _perform(self.store, *task)
+            if not mergeable(task[0]):
+                _perform(self.store, *task)
+                continue
+            # fenced writes waiting behind it go with it, merged by kind (one statement
+            # each kind); the first other call taken runs after them, on this lane
+            batch, after, last = [task], None, False
+            while len(batch) < _TOGETHER_MAX:
+                try:
+                    more = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:  # a stop meant for one lane: this one, once its batch is done
+                    last = True
+                    break
+                if mergeable(more[0]):
+                    batch.append(more)
+                else:
+                    after = more
+                    break
+            for merged in merge(batch):
+                _perform_merged(self.store, merged)
+            if after is not None:
+                _perform(self.store, *after)
+            if last:
+                return
 
     def close(self) -> None:
         """Calls already taken finish (their callers are answered; waited for up to

@@ -1,0 +1,156 @@
+"""Fenced writes of one kind waiting together go as one store call (``_store_merge``);
+each request is answered with its own share of the report, in its own order.
+
+Plain objects for the merging rules; a real Postgres store for the lanes, held busy so
+the writes wait together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from actors._lifecycle_messages import StoreCall
+from actors._store_merge import merge
+from actors.receipt_store import ReceiptStoreActor
+from stores import (
+    ClaimRequest,
+    Completion,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    PostgresReceiptStore,
+    ReceiptStatus,
+    Refusal,
+    RefusalReason,
+)
+
+from .conftest import WAIT_S
+from .test_lease_cleanup import PG_URL, pg_schema
+
+__all__ = ["pg_schema"]
+
+ORG = "org-m"
+ME = Owner("run-m", 1)
+
+
+class _Reply:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any = None) -> None:
+        self.value = value
+        self.done.set()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        self.error = exc_info[1]
+        self.done.set()
+
+
+def _call(method: str, keys: list[str], owner: Owner = ME, **kwargs: Any) -> StoreCall:
+    return StoreCall(
+        method=method, args=(ORG, [LeaseRef(k, f"l-{k}") for k in keys], owner), kwargs=kwargs, reply=_Reply()
+    )
+
+
+def test_merge_same_kind_disjoint_keys_go_as_one_call_each_answered_its_share() -> None:
+    a, b = _call("mark_running_many", ["k1", "k2"]), _call("mark_running_many", ["k3"])
+    c = _call("release", ["k4"])
+    merged = merge([(a, {}), (c, {}), (b, {})])
+    assert [(m.method, [i.key for i in m.items]) for m in merged] == [
+        ("mark_running_many", ["k1", "k2", "k3"]),
+        ("release", ["k4"]),
+    ]
+    refused = {"k2": Refusal(RefusalReason.LEASE_LOST, "taken")}
+    merged[0].answer(FenceReport(("k3", "k1"), refused), None)
+    assert (a.reply.value.applied, a.reply.value.refused) == (("k1",), refused)
+    assert (b.reply.value.applied, b.reply.value.refused) == (("k3",), {})
+    assert [i.key for i in a.args[1]] == ["k1", "k2"]  # the request's own list is untouched
+
+
+def test_merge_never_joins_overlapping_keys_other_owners_or_options() -> None:
+    calls = [
+        _call("mark_running_many", ["k1"]),
+        _call("mark_running_many", ["k1"]),  # the same key again: a request of its own
+        _call("mark_running_many", ["k2"], owner=Owner("run-other", 1)),
+        _call("mark_running_many", ["k3"], lease_ttl_s=5.0),
+        _call("mark_running_many", ["k4", "k4"]),  # a key twice in one request
+    ]
+    merged = merge([(c, c.kwargs) for c in calls])
+    assert [len(m.calls) for m in merged] == [1, 1, 1, 1, 1]
+
+
+def test_merge_an_error_is_every_merged_requests_error() -> None:
+    a, b = _call("complete_many", ["k1"]), _call("complete_many", ["k2"])
+    (one,) = merge([(a, {}), (b, {})])
+    boom = ConnectionError("server closed the connection")
+    one.answer(None, boom)
+    assert a.reply.error is boom and b.reply.error is boom
+
+
+def test_lanes_merge_waiting_writes_and_answer_each(pg_schema: str) -> None:
+    held = {"hold-1": threading.Event(), "hold-2": threading.Event()}
+    release = {"hold-1": threading.Event(), "hold-2": threading.Event()}
+    seen: list[tuple[str, int]] = []
+
+    class Held(PostgresReceiptStore):
+        def get_many(self, org_id: str, keys: Any) -> Any:
+            if keys[0] in held:  # holds one lane until the test lets it go
+                held[keys[0]].set()
+                assert release[keys[0]].wait(WAIT_S)
+                return [None]
+            return super().get_many(org_id, keys)
+
+        def mark_running_many(self, org_id: str, leases: Any, owner: Any, **kw: Any) -> Any:
+            seen.append(("mark_running_many", len(leases)))
+            return super().mark_running_many(org_id, leases, owner, **kw)
+
+    store = Held(PG_URL, schema=pg_schema, max_size=4)  # two lanes
+    try:
+        keys = [f"{n:064x}" for n in range(5)]
+        claims = store.claim_many(
+            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0
+        )
+        leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+        ref = ReceiptStoreActor.start(store)
+        try:
+            assert len(ref.proxy().lanes.get(timeout=WAIT_S).threads) == 2
+            for hold in held:  # both lanes busy
+                ref.tell(StoreCall(method="get_many", args=(ORG, [hold]), kwargs={}, reply=_Reply()))
+                assert held[hold].wait(WAIT_S)
+            stolen = LeaseRef(keys[2], "stolen")
+            completion = Completion(keys[4], leases[4].lease_id, {"n": 4})
+            calls = [
+                StoreCall(method=method, args=(ORG, items, ME), kwargs={}, reply=_Reply())
+                for method, items in (
+                    ("mark_running_many", [leases[0], leases[1]]),
+                    ("mark_running_many", [stolen]),
+                    ("mark_running_many", [leases[3]]),
+                    ("complete_many", [completion]),
+                )
+            ]
+            for call in calls:
+                ref.tell(call)
+            time.sleep(0.1)  # all queued behind the held calls
+            release["hold-1"].set()  # one lane takes them all
+            for call in calls:
+                assert call.reply.done.wait(WAIT_S)
+            release["hold-2"].set()
+            for call in calls:
+                assert call.reply.done.wait(WAIT_S)
+                assert call.reply.error is None
+            assert seen == [("mark_running_many", 4)]  # three requests, one statement
+            assert calls[0].reply.value.applied == (keys[0], keys[1])
+            assert calls[1].reply.value.applied == () and keys[2] in calls[1].reply.value.refused
+            assert calls[2].reply.value.applied == (keys[3],)
+            assert calls[3].reply.value.applied == (keys[4],)
+            statuses = [r.status for r in store.get_many(ORG, keys)]
+            assert statuses == [ReceiptStatus.RUNNING, ReceiptStatus.RUNNING, ReceiptStatus.QUEUED,
+                                ReceiptStatus.RUNNING, ReceiptStatus.COMPLETED]  # fmt: skip
+        finally:
+            ref.stop()
+    finally:
+        store.close()
