@@ -229,3 +229,21 @@ def key_of() -> Callable[..., str]:
     """``key_of(tool, input, digest="")``: the receipt key a system of this suite computes
     for that call (org ``acme``, scope ``enrich``, the tool's version, no staleness)."""
     return _key_of
+
+
+class RecordedReply:
+    """A reply slot for requests told to an actor (``set`` / ``set_exception``), recording
+    what it got; ``done`` is set once answered."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any = None) -> None:
+        self.value = value
+        self.done.set()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        self.error = exc_info[1]
+        self.done.set()

@@ -1079,14 +1079,20 @@ def test_lifecycle_429_past_its_readmissions_records_the_rate_limit() -> None:
     d.assert_nothing_held()
 
 
-def test_lifecycle_a_retry_that_went_out_spends_its_charge() -> None:
-    d = Driver(SAFE, policy=Policy(timeout_s=TIMEOUT_S, retry_backoff_s=0.5, retry_attempts=2))
+def _retry_running(d: Driver) -> Call:
+    """A call whose first attempt failed transiently, its retry charged and sent."""
     (call,) = _run_to_running(d, "a")
     d.finish(error=ConnectionError("reset"))
     d.retry_charged()
     d.fire(RetryDue)
     d.grant()
     d.mark()
+    return call
+
+
+def test_lifecycle_a_retry_that_went_out_spends_its_charge() -> None:
+    d = Driver(SAFE, policy=Policy(timeout_s=TIMEOUT_S, retry_backoff_s=0.5, retry_attempts=2))
+    call = _retry_running(d)
     d.finish(error=ConnectionError("reset again"))  # sent, failed: the retry was paid for
     d.failures_recorded()
     assert isinstance(d.outcome(call), ConnectionError)
@@ -1096,12 +1102,7 @@ def test_lifecycle_a_retry_that_went_out_spends_its_charge() -> None:
 
 def test_lifecycle_a_retry_its_send_gate_never_sent_gives_its_charge_back() -> None:
     d = Driver(SAFE)
-    (call,) = _run_to_running(d, "a")
-    d.finish(error=ConnectionError("reset"))
-    d.retry_charged()
-    d.fire(RetryDue)
-    d.grant()
-    d.mark()
+    call = _retry_running(d)
     d.finish(error=NotSentError("its turn came after its deadline"), sent=False)
     d.pump()
     assert d.fx.retry_refunds == 1
@@ -1135,12 +1136,7 @@ def test_lifecycle_retry_budget_refused_releases_the_receipt_unrecorded() -> Non
 
 def test_lifecycle_transient_error_is_retried_then_succeeds() -> None:
     d = Driver(SAFE)
-    (call,) = _run_to_running(d, "a")
-    d.finish(error=ConnectionError("reset"))
-    d.retry_charged()
-    d.fire(RetryDue)
-    d.grant()
-    d.mark()
+    call = _retry_running(d)
     d.finish()
     d.persisted()
     assert _value(d.outcome(call)) == {"v": "a"}

@@ -27,27 +27,13 @@ from stores import (
 )
 
 from .conftest import WAIT_S
+from .conftest import RecordedReply as _Reply
 from .test_lease_cleanup import PG_URL, pg_schema
 
 __all__ = ["pg_schema"]
 
 ORG = "org-m"
 ME = Owner("run-m", 1)
-
-
-class _Reply:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def set(self, value: Any = None) -> None:
-        self.value = value
-        self.done.set()
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        self.error = exc_info[1]
-        self.done.set()
 
 
 def _call(method: str, keys: list[str], owner: Owner = ME, **kwargs: Any) -> StoreCall:

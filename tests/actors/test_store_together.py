@@ -16,24 +16,10 @@ from actors.receipt_store import ReceiptStoreActor
 from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
 
 from .conftest import WAIT_S
+from .conftest import RecordedReply as _Reply
 
 ORG = "org-t"
 ME = Owner("run-t", 1)
-
-
-class _Reply:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def set(self, value: Any = None) -> None:
-        self.value = value
-        self.done.set()
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        self.error = exc_info[1]
-        self.done.set()
 
 
 class _HeldStore(SqliteReceiptStore):
@@ -60,11 +46,15 @@ def _key(n: int) -> str:
     return hashlib.sha256(f"k{n}".encode()).hexdigest()
 
 
+def _claimed(store: SqliteReceiptStore, n: int) -> tuple[list[str], list[LeaseRef]]:
+    keys = [_key(i) for i in range(n)]
+    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
+    return keys, [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+
+
 def test_store_actor_commits_waiting_fenced_writes_together_and_answers_each(tmp_path: Path) -> None:
     store = _HeldStore(tmp_path / "r.db")
-    keys = [_key(n) for n in range(6)]
-    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
-    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    keys, leases = _claimed(store, 6)
     ref = ReceiptStoreActor.start(store)
     try:
         holder = _Reply()
@@ -106,9 +96,7 @@ def test_store_actor_commits_waiting_fenced_writes_together_and_answers_each(tmp
 
 def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_path: Path) -> None:
     store = _HeldStore(tmp_path / "r.db")
-    keys = [_key(n) for n in range(3)]
-    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
-    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    keys, leases = _claimed(store, 3)
     assert store._conn is not None
     store._conn.execute(
         f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{keys[1]}' "
@@ -139,9 +127,7 @@ def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_ba
             raise RuntimeError("this caller's reply slot is broken")
 
     store = _HeldStore(tmp_path / "r.db")
-    keys = [_key(n) for n in range(3)]
-    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
-    leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+    keys, leases = _claimed(store, 3)
     ref = ReceiptStoreActor.start(store)
     try:
         ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
