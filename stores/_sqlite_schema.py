@@ -39,6 +39,7 @@ first creates the schema, the second finds it made.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import time
@@ -140,8 +141,18 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """End a failed write transaction, keeping its error the one raised: nothing to do when
+    SQLite already rolled it back (a full disk, an I/O error, ``RAISE(ROLLBACK)``), and a
+    failed COMMIT (a deferred constraint) still holds it open, so the next write can begin.
+    """
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 def enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:

@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._sqlite_schema import rollback
 from .errors import StoreError
 
 __all__ = ["TOGETHER", "WritesTogether"]
@@ -75,9 +76,7 @@ class WritesTogether:
                     outcomes.append((None, exc))
             conn.execute("COMMIT")
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            rollback(conn)
             raise
         finally:
             self._together = False
@@ -92,7 +91,10 @@ class WritesTogether:
             yield conn
         except BaseException:
             if conn.in_transaction:
-                conn.execute("ROLLBACK TO one_call")
-                conn.execute("RELEASE one_call")
+                try:
+                    conn.execute("ROLLBACK TO one_call")
+                    conn.execute("RELEASE one_call")
+                except sqlite3.Error:  # this call's share cannot be undone alone: nor kept,
+                    rollback(conn)  # so the whole transaction goes (each call fails)
             raise
         conn.execute("RELEASE one_call")

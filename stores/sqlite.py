@@ -29,6 +29,7 @@ from ._rules import (
     resolved_as_failed,
 )
 from ._sqlite_conn import bound_wal, open_connection
+from ._sqlite_schema import rollback
 from ._sqlite_sql import (
     _BUMP_PURGE_EPOCH,
     _BY_KEYS,
@@ -159,10 +160,10 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            rollback(conn)
             raise
-        conn.execute("COMMIT")
         self._bound_wal(conn)
 
     def _bound_wal(self, conn: sqlite3.Connection) -> None:
