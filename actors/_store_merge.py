@@ -12,6 +12,7 @@ as a failed transaction would be.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,10 +29,17 @@ MERGEABLE = TOGETHER
 (the fenced writes, those SQLite's group commit takes too)."""
 
 
-class Merged:
-    """Requests sent as one store call (``method(org_id, items, owner, **kwargs)``)."""
+MAX_REQUESTS = 16
+"""Most requests in one merged call."""
+MAX_ITEMS = 500
+"""Most items (keys) in one merged call (the completion flusher's bulk cap)."""
 
-    __slots__ = ("calls", "items", "keys", "kwargs", "method", "org_id", "owner")
+
+class Merged:
+    """Requests sent as one store call (``method(org_id, items, owner, **kwargs)``); each
+    request must be :func:`mergeable`."""
+
+    __slots__ = ("calls", "items", "keys", "kwargs", "method", "org_id", "owner", "shares")
 
     def __init__(self, call: StoreCall, kwargs: dict[str, Any]) -> None:
         self.method = call.method
@@ -39,8 +47,9 @@ class Merged:
         self.kwargs = kwargs
         self.org_id, items, self.owner = call.args
         self.items = list(items)
-        self.keys = _keys(self.items)
-        """None: this request's items do not name distinct keys (never merged)."""
+        self.shares = [[item.key for item in self.items]]
+        """Each request's keys, in its order (what its answer covers)."""
+        self.keys = set(self.shares[0])
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -48,37 +57,42 @@ class Merged:
         return (self.org_id, self.items, self.owner)
 
     def takes(self, call: StoreCall, kwargs: dict[str, Any]) -> bool:
-        """Add ``call`` when it is of the same kind and names none of the keys already here."""
-        if call.method != self.method or kwargs != self.kwargs or len(call.args) != 3:
+        """Add ``call`` when it is of the same kind, names none of the keys already here,
+        and the merged call stays within :data:`MAX_REQUESTS` and :data:`MAX_ITEMS`."""
+        if call.method != self.method or kwargs != self.kwargs or not mergeable(call):
             return False
         org_id, items, owner = call.args
-        if org_id != self.org_id or owner != self.owner:
+        if org_id != self.org_id or owner != self.owner or len(self.calls) >= MAX_REQUESTS:
             return False
-        keys = _keys(items)
-        if keys is None or self.keys is None or not keys.isdisjoint(self.keys):
+        keys = [item.key for item in items]
+        if len(self.items) + len(items) > MAX_ITEMS or not self.keys.isdisjoint(keys):
             return False
-        self.keys |= keys
+        self.keys.update(keys)
         self.calls.append(call)
+        self.shares.append(keys)
         self.items.extend(items)
         return True
 
     def answer(self, value: Any, error: BaseException | None) -> None:
-        """Each request gets its share of ``value`` (a FenceReport), or ``error``."""
-        for call in self.calls:
-            try:  # one reply that fails to be answered never keeps the others back
+        """Each request gets its share of ``value`` (a FenceReport), or ``error``; every
+        request is answered, whatever a share or a reply slot raises."""
+        for call, keys in zip(self.calls, self.shares, strict=True):
+            try:
                 if error is not None:
                     call.reply.set_exception((type(error), error, error.__traceback__))
                 elif len(self.calls) == 1:
                     call.reply.set(value)
                 else:
-                    call.reply.set(_share(value, [item.key for item in call.args[1]]))
-            except Exception:
+                    call.reply.set(_share(value, keys))
+            except Exception as exc:  # e.g. a store answering with something else
                 log.exception("answering a store call (%s) failed", call.method)
+                with contextlib.suppress(Exception):
+                    call.reply.set_exception((type(exc), exc, exc.__traceback__))
 
 
 def merge(calls: Sequence[tuple[StoreCall, dict[str, Any]]]) -> list[Merged]:
-    """Group fenced writes (methods in :data:`MERGEABLE`, three arguments) into as few
-    store calls as their kinds and keys allow, in the order each kind first came."""
+    """Group :func:`mergeable` requests into as few store calls as their kinds and keys
+    allow, in the order each kind first came."""
     merged: list[Merged] = []
     for call, kwargs in calls:
         if not any(m.takes(call, kwargs) for m in merged if m.method == call.method):
@@ -87,16 +101,19 @@ def merge(calls: Sequence[tuple[StoreCall, dict[str, Any]]]) -> list[Merged]:
 
 
 def mergeable(call: Any) -> bool:
-    """A told fenced write with the ``(org_id, items, owner)`` arguments merging needs."""
-    return isinstance(call, StoreCall) and call.method in MERGEABLE and len(call.args) == 3
-
-
-def _keys(items: Sequence[Any]) -> set[str] | None:
+    """A fenced write whose arguments are ``(org_id, items, owner)``, ``items`` a list
+    naming distinct keys: what merging (and SQLite's group commit) takes. Anything else
+    goes to the store alone, and gets its own answer or error there."""
+    if not (isinstance(call, StoreCall) and call.method in MERGEABLE and len(call.args) == 3):
+        return False
+    items = call.args[1]
+    if type(items) is not list:
+        return False
     try:
         keys = {item.key for item in items}
     except (AttributeError, TypeError):
-        return None
-    return keys if len(keys) == len(items) else None
+        return False
+    return len(keys) == len(items) and all(type(k) is str for k in keys)
 
 
 def _share(report: FenceReport, keys: list[str]) -> FenceReport:

@@ -39,7 +39,7 @@ from stores.types import (
 from ._inbox import answer_left, left_in
 from ._receipt_watch import ReceiptWatch
 from ._runtime import InboxActor, log
-from ._store_merge import Merged, merge, mergeable
+from ._store_merge import Merged, mergeable
 from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 
@@ -293,31 +293,35 @@ class Lanes:
 
     def _loop(self) -> None:
         while (task := self.inbox.get()) is not None:
-            if not mergeable(task[0]):
-                _perform(self.store, *task)
-                continue
-            # fenced writes waiting behind it go with it, merged by kind (one statement
-            # each kind); the first other call taken runs after them, on this lane
-            batch, after, last = [task], None, False
-            while len(batch) < _TOGETHER_MAX:
-                try:
-                    more = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:  # a stop meant for one lane: this one, once its batch is done
-                    last = True
-                    break
-                if mergeable(more[0]):
-                    batch.append(more)
-                else:
-                    after = more
-                    break
-            for merged in merge(batch):
-                _perform_merged(self.store, merged)
-            if after is not None:
-                _perform(self.store, *after)
-            if last:
-                return
+            try:
+                if not self._run_merged(task):
+                    return
+            except Exception:  # a lane never dies: the next call still finds it
+                log.exception("a receipt store lane failed on %s", task[0].method)
+
+    def _run_merged(self, task: tuple[StoreCall, dict[str, Any]]) -> bool:
+        """Run ``task``, with the fenced writes waiting behind it that merge with it (one
+        statement); the first that does not runs next, on this lane (the other lanes go
+        on meanwhile). Returns False when this lane took its stop."""
+        if not mergeable(task[0]):
+            _perform(self.store, *task)
+            return True
+        merged, after, going = Merged(*task), None, True
+        while True:
+            try:
+                more = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:  # a stop meant for one lane: this one, once its call is done
+                going = False
+                break
+            if not merged.takes(*more):
+                after = more
+                break
+        _perform_merged(self.store, merged)
+        if after is not None:
+            _perform(self.store, *after)
+        return going
 
     def close(self) -> None:
         """Calls already taken finish (their callers are answered; waited for up to

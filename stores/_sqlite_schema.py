@@ -145,14 +145,16 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
         raise
 
 
-def rollback(conn: sqlite3.Connection) -> None:
+def rollback(conn: sqlite3.Connection) -> bool:
     """End a failed write transaction, keeping its error the one raised: nothing to do when
     SQLite already rolled it back (a full disk, an I/O error, ``RAISE(ROLLBACK)``), and a
     failed COMMIT (a deferred constraint) still holds it open, so the next write can begin.
+    Returns False when the transaction is still open (the ROLLBACK itself failed).
     """
     if conn.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+    return not conn.in_transaction
 
 
 def enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:

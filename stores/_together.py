@@ -17,7 +17,6 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._sqlite_schema import rollback
 from .errors import StoreError
 
 __all__ = ["TOGETHER", "WritesTogether"]
@@ -36,9 +35,12 @@ class WritesTogether:
     transaction, while ``_together`` is set)."""
 
     _together = False
+    _undo_failed = False
     _call: Callable[..., Any]
     _connection: Callable[[], sqlite3.Connection]
     _bound_wal: Callable[[sqlite3.Connection], None]
+    _open_for_write: Callable[[], sqlite3.Connection]
+    _end_failed: Callable[[sqlite3.Connection], None]
 
     def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
         """Run fenced writes (``(method, args, kwargs)``, methods in :data:`TOGETHER`) in
@@ -62,21 +64,24 @@ class WritesTogether:
             return [(None, exc)] * len(calls)
 
     def _together_work(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
-        conn = self._connection()
+        conn = self._open_for_write()
         conn.execute("BEGIN IMMEDIATE")
         outcomes: list[Outcome] = []
         self._together = True
+        self._undo_failed = False
         try:
             for method, args, kwargs in calls:
                 try:
                     outcomes.append((getattr(self, method)(*args, **kwargs), None))
                 except Exception as exc:
-                    if not conn.in_transaction:  # SQLite rolled the whole transaction back
+                    # SQLite rolled the whole transaction back, or this call's share could
+                    # not be undone alone (then none of it may be committed)
+                    if not conn.in_transaction or self._undo_failed:
                         raise
                     outcomes.append((None, exc))
             conn.execute("COMMIT")
         except BaseException:
-            rollback(conn)
+            self._end_failed(conn)
             raise
         finally:
             self._together = False
@@ -95,6 +100,6 @@ class WritesTogether:
                     conn.execute("ROLLBACK TO one_call")
                     conn.execute("RELEASE one_call")
                 except sqlite3.Error:  # this call's share cannot be undone alone: nor kept,
-                    rollback(conn)  # so the whole transaction goes (each call fails)
+                    self._undo_failed = True  # so the whole transaction goes (each call fails)
             raise
         conn.execute("RELEASE one_call")

@@ -157,14 +157,35 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
             with self._savepoint(conn):
                 yield conn
             return
+        conn = self._open_for_write()
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
             conn.execute("COMMIT")
         except BaseException:
-            rollback(conn)
+            self._end_failed(conn)
             raise
         self._bound_wal(conn)
+
+    def _open_for_write(self) -> sqlite3.Connection:
+        """The connection, with no transaction left open by an earlier failure (a write
+        never builds on one)."""
+        conn = self._connection()
+        if conn.in_transaction and not rollback(conn):
+            conn = self._reconnect()
+        return conn
+
+    def _end_failed(self, conn: sqlite3.Connection) -> None:
+        """End a failed write's transaction; if even ROLLBACK fails, the connection is
+        closed (SQLite then discards the transaction) and another opened."""
+        if not rollback(conn):
+            self._reconnect()
+
+    def _reconnect(self) -> sqlite3.Connection:
+        with contextlib.suppress(sqlite3.Error):
+            self._connection().close()
+        self._open(self._busy_ms / 1000.0)
+        return self._connection()
 
     def _bound_wal(self, conn: sqlite3.Connection) -> None:
         if self._wal_path is not None:

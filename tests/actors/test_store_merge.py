@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from actors._lifecycle_messages import StoreCall
-from actors._store_merge import merge
-from actors.receipt_store import ReceiptStoreActor
+from actors._store_merge import merge, mergeable
+from actors.receipt_store import Lanes, ReceiptStoreActor
 from stores import (
     ClaimRequest,
     Completion,
@@ -136,6 +136,76 @@ def test_lanes_merge_waiting_writes_and_answer_each(pg_schema: str) -> None:
             statuses = [r.status for r in store.get_many(ORG, keys)]
             assert statuses == [ReceiptStatus.RUNNING, ReceiptStatus.RUNNING, ReceiptStatus.QUEUED,
                                 ReceiptStatus.RUNNING, ReceiptStatus.COMPLETED]  # fmt: skip
+        finally:
+            ref.stop()
+    finally:
+        store.close()
+
+
+def test_mergeable_only_lists_naming_distinct_keys() -> None:
+    def call(items: Any) -> StoreCall:
+        return StoreCall(method="release", args=(ORG, items, ME), kwargs={}, reply=_Reply())
+
+    assert mergeable(call([LeaseRef("k1", "l1"), LeaseRef("k2", "l2")]))
+    assert not mergeable(call(None))
+    assert not mergeable(call(LeaseRef(k, "l") for k in ("k1", "k2")))  # a generator
+    assert not mergeable(call([LeaseRef("k1", "l1"), LeaseRef("k1", "l2")]))
+    assert not mergeable(call([{"key": "k1"}]))
+    assert not mergeable(StoreCall(method="release", args=(ORG,), kwargs={"leases": []}, reply=_Reply()))
+    assert not mergeable(StoreCall(method="claim_many", args=(ORG, [], ME), kwargs={}, reply=_Reply()))
+
+
+def test_a_lane_takes_only_what_merges_with_its_call() -> None:
+    class Recording:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, list[str]]] = []
+
+        def mark_running_many(self, org_id: str, leases: Any, owner: Any, **kw: Any) -> FenceReport:
+            self.calls.append(("mark_running_many", [lease.key for lease in leases]))
+            return FenceReport(tuple(lease.key for lease in leases))
+
+    store = Recording()
+    lanes = Lanes(store, 0)  # type: ignore[arg-type]  # no threads: the test runs the lane
+    first = _call("mark_running_many", ["k1"], lease_ttl_s=1.0)
+    waiting = [
+        _call("mark_running_many", ["k2"], lease_ttl_s=2.0),  # another tool's lease: no merge
+        _call("mark_running_many", ["k3"], lease_ttl_s=1.0),
+        _call("mark_running_many", ["k4"], lease_ttl_s=1.0),
+    ]
+    for call in waiting:
+        lanes.inbox.put((call, call.kwargs))
+    assert lanes._run_merged((first, first.kwargs))
+    assert store.calls == [("mark_running_many", ["k1"]), ("mark_running_many", ["k2"])]
+    assert lanes.inbox.qsize() == 2  # the rest wait for whichever lane is free first
+    assert first.reply.value.applied == ("k1",) and waiting[0].reply.value.applied == ("k2",)
+
+
+def test_lanes_a_request_with_odd_items_gets_its_own_error_and_the_lanes_go_on(pg_schema: str) -> None:
+    store = PostgresReceiptStore(PG_URL, schema=pg_schema, max_size=4)
+    try:
+        keys = [f"{n:064x}" for n in range(2)]
+        claims = store.claim_many(
+            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0
+        )
+        leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+        ref = ReceiptStoreActor.start(store)
+        try:
+            calls = [
+                StoreCall(method="release", args=(ORG, None, ME), kwargs={}, reply=_Reply()),
+                StoreCall(method="mark_running_many", args=(ORG, [leases[0]], ME), kwargs={}, reply=_Reply()),
+                StoreCall(method="mark_running_many", args=(ORG, (x for x in [leases[1]]), ME), kwargs={},
+                          reply=_Reply()),
+            ]  # fmt: skip
+            for _ in range(3):  # more than there are lanes: each must still be alive
+                for call in calls:
+                    call.reply.done.clear()
+                    ref.tell(call)
+                for call in calls:
+                    assert call.reply.done.wait(WAIT_S)
+            assert calls[0].reply.error is not None  # release of None: its own error
+            assert calls[1].reply.error is None and calls[1].reply.value.applied == (keys[0],)
+            statuses = [r.status for r in store.get_many(ORG, keys)]
+            assert statuses[0] is ReceiptStatus.RUNNING
         finally:
             ref.stop()
     finally:

@@ -143,3 +143,31 @@ def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_ba
     finally:
         ref.stop()
         store.close()
+
+
+def test_store_actor_a_write_with_odd_items_gets_its_own_error_and_the_others_go(tmp_path: Path) -> None:
+    store = _HeldStore(tmp_path / "r.db")
+    keys, leases = _claimed(store, 3)
+    ref = ReceiptStoreActor.start(store)
+    try:
+        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
+        assert store.entered.wait(WAIT_S)
+        calls = [
+            StoreCall(method="mark_running_many", args=(ORG, [leases[0]], ME), kwargs={}, reply=_Reply()),
+            StoreCall(method="release", args=(ORG, None, ME), kwargs={}, reply=_Reply()),
+            StoreCall(method="mark_running_many", args=(ORG, [leases[1]], ME), kwargs={}, reply=_Reply()),
+            StoreCall(method="mark_running_many", args=(ORG, (x for x in [leases[2]]), ME), kwargs={},
+                      reply=_Reply()),
+        ]  # fmt: skip
+        for call in calls:
+            ref.tell(call)
+        store.release_first.set()
+        for call in calls:
+            assert call.reply.done.wait(WAIT_S)
+        assert calls[1].reply.error is not None
+        assert [calls[0].reply.value.applied, calls[2].reply.value.applied] == [(keys[0],), (keys[1],)]
+        assert ref.is_alive()
+        assert ref.proxy().get_many(ORG, keys[:1]).get(timeout=WAIT_S)[0].status is ReceiptStatus.RUNNING
+    finally:
+        ref.stop()
+        store.close()

@@ -11,7 +11,9 @@ the store's own connection make those happen.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +85,52 @@ def test_a_failed_commit_is_rolled_back_and_the_next_write_goes(tmp_path: Path, 
         assert [r.status for r in store.get_many(ORG, [a.key, b.key])] == [ReceiptStatus.QUEUED] * 2
         _undo(store)
         assert store.mark_running_many(ORG, [a, b], ME).applied == (a.key, b.key)
+
+
+class _RollbackFails:
+    """The store's connection, except that ROLLBACK (and ROLLBACK TO) fail."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("ROLLBACK"):
+            raise sqlite3.OperationalError("disk I/O error (during rollback)")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _fails_midway(store: SqliteReceiptStore, key: str) -> None:
+    """RAISE(FAIL) keeps the rows the statement changed before it: only a rollback undoes them."""
+    assert store._conn is not None
+    store._conn.execute(
+        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{key}' "
+        "BEGIN SELECT RAISE(FAIL, 'boom'); END"
+    )
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
+def test_a_rollback_that_fails_never_commits_a_failed_write(tmp_path: Path, together: bool) -> None:
+    with SqliteReceiptStore(tmp_path / "r.db") as store:
+        first, second, other = _claimed(store, "a", "b", "c")
+        _fails_midway(store, max(first.key, second.key))  # the later row of the statement
+        store._conn = _RollbackFails(store._conn)  # type: ignore[assignment,arg-type]
+        if together:
+            outcomes = store.write_together(
+                [
+                    ("mark_running_many", (ORG, [other], ME), {}),
+                    ("mark_running_many", (ORG, [first, second], ME), {}),
+                ]
+            )
+            assert all(isinstance(error, StoreError) for _, error in outcomes), outcomes
+        else:
+            with pytest.raises(StoreError, match="boom"):
+                store.mark_running_many(ORG, [first, second], ME)
+        assert not isinstance(store._conn, _RollbackFails)  # closed (its transaction discarded), reopened
+        keys = [first.key, second.key, other.key]
+        assert [r.status for r in store.get_many(ORG, keys)] == [ReceiptStatus.QUEUED] * 3  # nothing kept
+        assert store.mark_running_many(ORG, [first, second, other], ME).applied == tuple(
+            k for k in keys
+        )  # the next write goes (the trigger lived on the closed connection)
