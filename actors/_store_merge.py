@@ -2,12 +2,15 @@
 
 A fenced bulk write applies or refuses each of its keys on its own (``FenceReport``), so
 two ``complete_many`` of the same org and owner are the same as one over both lists:
-one statement, one round trip (Postgres) instead of two. The receipt store actor merges
-what waits in its inbox (SQLite, before its group commit) or in its lanes' queue
-(Postgres), and answers each request with its own share of the report: its keys in its
-order, applied or refused. Requests whose keys overlap are never merged (each key is in
-one request of a merged call), and an error of the merged call is each request's error,
-as a failed transaction would be.
+one statement, one round trip (Postgres) instead of two. Each lane of the receipt store
+actor (Postgres) takes, with the write it picks up, the writes waiting behind it that
+merge with it (up to :data:`MAX_REQUESTS` requests, :data:`MAX_ITEMS` keys), and
+answers each request with its own share of the report: its keys in its order, applied or
+refused. Requests whose keys overlap are never merged (each key is in one request of a
+merged call), and an error of the merged call is each request's error, as a failed
+transaction would be. Only requests whose items are a list naming distinct keys are
+merged (:func:`mergeable`); others go to the store alone. SQLite does not merge: its
+group commit keeps each request in a savepoint of its own.
 """
 
 from __future__ import annotations
