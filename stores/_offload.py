@@ -37,13 +37,21 @@ class BlockingRunner:
             # Not threading.RLock: patched, it builds a Python RLock on a gevent lock,
             # which deadlocks threadpool threads waiting on each other.
             self._lock: Any = monkey.get_original("_thread", "RLock")()
+            self._ident: Callable[[], int] = monkey.get_original("_thread", "get_ident")
         else:
             self._lock = threading.RLock()
+            self._ident = threading.get_ident
+        self._owner: int | None = None
+        """The OS thread running work under the lock (None: nobody)."""
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` under the lock; off the hub when gevent is active and this
-        thread runs one."""
-        if self._gevent:
+        thread runs one. Work that calls back into the runner (a store method inside
+        another's transaction) runs inline on the thread already holding the lock: handed
+        to another pool thread, it would wait for that lock forever (a gevent primitive
+        used on a pool thread, such as a patched ``Event.wait`` in a store subclass, gives
+        that thread a hub of its own)."""
+        if self._gevent and self._owner != self._ident():
             from gevent._hub_local import get_hub_if_exists
 
             hub = get_hub_if_exists()
@@ -53,4 +61,8 @@ class BlockingRunner:
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
-            return fn(*args)
+            outer, self._owner = self._owner, self._ident()
+            try:
+                return fn(*args)
+            finally:
+                self._owner = outer

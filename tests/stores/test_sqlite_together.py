@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,3 +144,40 @@ def test_write_together_takes_fenced_writes_only(tmp_path: Path) -> None:
             )
         assert _status(store, "a") is ReceiptStatus.QUEUED  # nothing ran
         assert "claim_many" not in TOGETHER
+
+
+class _WaitsFirst(SqliteReceiptStore):
+    """A subclass whose fenced write waits a moment first, as a busy database or a
+    subclass adding a delay would (a patched ``Event.wait`` under gevent)."""
+
+    def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+        threading.Event().wait(0.01)
+        return super().complete_many(*args, **kwargs)
+
+
+def test_write_together_runs_a_subclass_that_waits_without_deadlocking(tmp_path: Path) -> None:
+    # under gevent the group runs on a pool thread; the subclass's wait gives that thread
+    # a hub, and the write inside it must still run there, not wait on another pool thread
+    with _WaitsFirst(tmp_path / "r.db") as store:
+        leases = _claimed(store, "a", "b")
+        done: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: done.append(
+                store.write_together(
+                    [
+                        (
+                            "complete_many",
+                            (ORG, [Completion(leases[n].key, leases[n].lease_id, {"n": n})], ME),
+                            {},
+                        )
+                        for n in "ab"
+                    ]
+                )
+            ),
+            daemon=True,
+        )
+        worker.start()
+        worker.join(10.0)
+        assert done, "write_together deadlocked"
+        assert [error for _, error in done[0]] == [None, None]
+        assert [_status(store, n) for n in "ab"] == [ReceiptStatus.COMPLETED] * 2
