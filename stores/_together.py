@@ -8,6 +8,10 @@ finds many small writes waiting in its inbox (marks running from the lifecycles,
 completions from the flusher); :meth:`WritesTogether.write_together` runs them as one
 transaction, each inside a savepoint of its own, so one call's error rolls back that
 call alone and is answered to it alone, as if it had run by itself.
+
+A subclass that overrides a fenced write runs inside that transaction: what it does
+after ``super()`` happens before the COMMIT, and a write through a second connection of
+its own would wait for the write lock this transaction holds.
 """
 
 from __future__ import annotations
