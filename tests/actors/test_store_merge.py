@@ -36,6 +36,12 @@ ORG = "org-m"
 ME = Owner("run-m", 1)
 
 
+def _claimed(store: Any, n: int) -> tuple[list[str], list[LeaseRef]]:
+    keys = [f"{i:064x}" for i in range(n)]
+    claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0)
+    return keys, [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+
+
 def _call(method: str, keys: list[str], owner: Owner = ME, **kwargs: Any) -> StoreCall:
     return StoreCall(
         method=method, args=(ORG, [LeaseRef(k, f"l-{k}") for k in keys], owner), kwargs=kwargs, reply=_Reply()
@@ -96,11 +102,7 @@ def test_lanes_merge_waiting_writes_and_answer_each(pg_schema: str) -> None:
 
     store = Held(PG_URL, schema=pg_schema, max_size=4)  # two lanes
     try:
-        keys = [f"{n:064x}" for n in range(5)]
-        claims = store.claim_many(
-            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0
-        )
-        leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+        keys, leases = _claimed(store, 5)
         ref = ReceiptStoreActor.start(store)
         try:
             assert len(ref.proxy().lanes.get(timeout=WAIT_S).threads) == 2
@@ -183,11 +185,7 @@ def test_a_lane_takes_only_what_merges_with_its_call() -> None:
 def test_lanes_a_request_with_odd_items_gets_its_own_error_and_the_lanes_go_on(pg_schema: str) -> None:
     store = PostgresReceiptStore(PG_URL, schema=pg_schema, max_size=4)
     try:
-        keys = [f"{n:064x}" for n in range(2)]
-        claims = store.claim_many(
-            ORG, [ClaimRequest(k, "play", "tool", k) for k in keys], ME, lease_ttl_s=60.0
-        )
-        leases = [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
+        keys, leases = _claimed(store, 2)
         ref = ReceiptStoreActor.start(store)
         try:
             calls = [

@@ -6,8 +6,10 @@ queued more writes (and one other request behind them), so they wait together.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,20 @@ class _HeldStore(SqliteReceiptStore):
 
 def _key(n: int) -> str:
     return hashlib.sha256(f"k{n}".encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _held(store: _HeldStore, key: str) -> Iterator[Any]:
+    """The store actor, its first call held (so the requests told next wait together);
+    stopped and its store closed afterwards."""
+    ref = ReceiptStoreActor.start(store)
+    try:
+        ref.tell(StoreCall(method="get_many", args=(ORG, [key]), kwargs={}, reply=_Reply()))
+        assert store.entered.wait(WAIT_S)
+        yield ref
+    finally:
+        ref.stop()
+        store.close()
 
 
 def _claimed(store: SqliteReceiptStore, n: int) -> tuple[list[str], list[LeaseRef]]:
@@ -102,10 +118,7 @@ def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_pa
         f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{keys[1]}' "
         "BEGIN SELECT RAISE(ABORT, 'boom'); END"
     )
-    ref = ReceiptStoreActor.start(store)
-    try:
-        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
-        assert store.entered.wait(WAIT_S)
+    with _held(store, keys[0]) as ref:
         replies = [_Reply() for _ in keys]
         for lease, reply in zip(leases, replies, strict=True):
             ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
@@ -116,9 +129,6 @@ def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_pa
         assert [r.error is None for r in replies] == [True, False, True]
         assert "boom" in str(replies[1].error)
         assert [r.value.applied for r in (replies[0], replies[2])] == [(keys[0],), (keys[2],)]
-    finally:
-        ref.stop()
-        store.close()
 
 
 def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_back(tmp_path: Path) -> None:
@@ -128,10 +138,7 @@ def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_ba
 
     store = _HeldStore(tmp_path / "r.db")
     keys, leases = _claimed(store, 3)
-    ref = ReceiptStoreActor.start(store)
-    try:
-        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
-        assert store.entered.wait(WAIT_S)
+    with _held(store, keys[0]) as ref:
         replies = [_Broken(), _Reply(), _Reply()]
         for lease, reply in zip(leases, replies, strict=True):
             ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
@@ -140,18 +147,12 @@ def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_ba
             assert reply.done.wait(WAIT_S)
         assert len(store.groups) == 1
         assert ref.is_alive()
-    finally:
-        ref.stop()
-        store.close()
 
 
 def test_store_actor_a_write_with_odd_items_gets_its_own_error_and_the_others_go(tmp_path: Path) -> None:
     store = _HeldStore(tmp_path / "r.db")
     keys, leases = _claimed(store, 3)
-    ref = ReceiptStoreActor.start(store)
-    try:
-        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=_Reply()))
-        assert store.entered.wait(WAIT_S)
+    with _held(store, keys[0]) as ref:
         calls = [
             StoreCall(method="mark_running_many", args=(ORG, [leases[0]], ME), kwargs={}, reply=_Reply()),
             StoreCall(method="release", args=(ORG, None, ME), kwargs={}, reply=_Reply()),
@@ -168,6 +169,3 @@ def test_store_actor_a_write_with_odd_items_gets_its_own_error_and_the_others_go
         assert [calls[0].reply.value.applied, calls[2].reply.value.applied] == [(keys[0],), (keys[1],)]
         assert ref.is_alive()
         assert ref.proxy().get_many(ORG, keys[:1]).get(timeout=WAIT_S)[0].status is ReceiptStatus.RUNNING
-    finally:
-        ref.stop()
-        store.close()
