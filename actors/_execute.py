@@ -153,10 +153,23 @@ class AttemptSpec:
 
 
 def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
-    """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline."""
+    """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
+
+    A batch's members are first put in one canonical order, by their provider idempotency
+    keys (``unit.groups`` is sorted in place: the answer's members are matched to it by
+    position). Its idempotency key does not depend on the order
+    (:func:`~actors.results.batch_idempotency_key`), so the same members must make the
+    same request: a provider that replays a stored answer for that key (a batch the
+    killed run sent, sent again whole by the rerun) answers in the order first sent, and
+    members in another order would each get another member's result.
+    """
     tool = unit.groups[0].tool
     groups = unit.groups
     idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
+    if len(groups) > 1:
+        order = sorted(range(len(groups)), key=idem.__getitem__)
+        groups[:] = [groups[i] for i in order]
+        idem = [idem[i] for i in order]
     deadline = unit.deadline if unit.deadline is not None else now + unit.timeout_s
     context = ToolContext(
         tool_id=tool.tool_id,

@@ -7,10 +7,16 @@ key itself: one per (receipt key, generation), never derived from the lease id.
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+from actors import BatchStrategy, Policy, Tool
 from actors.results import batch_idempotency_key, provider_idempotency_key
-from stores import ClaimMode, ClaimRequest, Completion, LeaseRef, Owner, SqliteReceiptStore
+from stores import ClaimMode, ClaimRequest, Completion, LeaseRef, Owner, SqliteReceiptStore, StoreError
+
+WAIT_S = 15.0
 
 KEY = hashlib.sha256(b"idem").hexdigest()
 
@@ -51,3 +57,50 @@ def test_idempotency_key_same_after_lost_owner_new_after_force_refresh(tmp_path:
 def test_batch_idempotency_key_is_order_free() -> None:
     a, b = provider_idempotency_key("a" * 64, 1), provider_idempotency_key("b" * 64, 1)
     assert batch_idempotency_key([a, b]) == batch_idempotency_key([b, a])
+
+
+def test_a_batch_sent_again_in_another_order_gets_each_member_its_own_replayed_result(
+    make_system: Any, db_path: Path
+) -> None:
+    # The provider stores each batch's answer under its Idempotency-Key and replays it (as
+    # examples/provider.py does). That key is order-free, so a rerun that batches the same
+    # members in another order must still send them in the order first sent: else the
+    # replayed answer, split by position, gives each member another member's result.
+    answers: dict[str, list[Any]] = {}
+    held = threading.Event()
+
+    def batch_fn(payload: list[Any], ctx: Any) -> list[Any]:
+        if ctx.idempotency_key not in answers:  # billed once; a repeat is replayed
+            answers[ctx.idempotency_key] = [{"n": item["n"]} for item in payload]
+        return answers[ctx.idempotency_key]
+
+    class StoresNothing(SqliteReceiptStore):
+        """The first run's store: its results are never written (as when killed)."""
+
+        def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+            held.wait(WAIT_S)
+            raise StoreError("killed before this was stored")
+
+    tool = Tool(
+        tool_id="b", fn=lambda i, c: i, retry_safe=True,
+        batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=4),
+    )  # fmt: skip
+    policy = Policy(batch_grace_s=0.2, lease_ttl_s=1.0)
+    first_store = StoresNothing(db_path)
+    try:
+        first = make_system([tool], policy=policy, store=first_store, run_id="killed")
+        first.proxy().execute_many("b", [{"n": n} for n in range(4)])
+        deadline = time.monotonic() + WAIT_S
+        while not answers and time.monotonic() < deadline:  # the provider answered: paid
+            time.sleep(0.01)
+        first.stop(timeout_s=0.2)  # its results never stored; its leases lapse
+        time.sleep(1.5)
+        rerun = make_system([tool], policy=policy, run_id="rerun")
+        results = [
+            f.get(timeout=WAIT_S) for f in rerun.proxy().execute_many("b", [{"n": n} for n in (3, 1, 0, 2)])
+        ]
+        assert len(answers) == 1  # the same request: replayed, not billed again
+        assert [r.value for r in results] == [{"n": 3}, {"n": 1}, {"n": 0}, {"n": 2}]
+    finally:
+        held.set()
+        first_store.close()
