@@ -16,7 +16,6 @@ group commit keeps each request in a savepoint of its own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 from stores._together import TOGETHER
@@ -25,12 +24,7 @@ from stores.types import FenceReport
 from ._lifecycle_messages import StoreCall
 from ._runtime import log
 
-__all__ = ["MERGEABLE", "Merged", "merge"]
-
-MERGEABLE = TOGETHER
-"""The store methods taking ``(org_id, items, owner, **kwargs)`` whose items name keys
-(the fenced writes, those SQLite's group commit takes too)."""
-
+__all__ = ["Merged", "answer", "mergeable"]
 
 MAX_REQUESTS = 16
 """Most requests in one merged call."""
@@ -77,37 +71,33 @@ class Merged:
         return True
 
     def answer(self, value: Any, error: BaseException | None) -> None:
-        """Each request gets its share of ``value`` (a FenceReport), or ``error``; every
-        request is answered, whatever a share or a reply slot raises."""
+        """Each request gets its share of ``value`` (a FenceReport), or ``error``."""
+        if len(self.calls) == 1:
+            answer(self.calls[0], value, error)
+            return
         for call, keys in zip(self.calls, self.shares, strict=True):
-            try:
-                if error is not None:
-                    call.reply.set_exception((type(error), error, error.__traceback__))
-                elif len(self.calls) == 1:
-                    call.reply.set(value)
-                else:
-                    call.reply.set(_share(value, keys))
-            except Exception as exc:  # e.g. a store answering with something else
-                log.exception("answering a store call (%s) failed", call.method)
-                with contextlib.suppress(Exception):
-                    call.reply.set_exception((type(exc), exc, exc.__traceback__))
+            answer(call, None, error, lambda keys=keys: _share(value, keys))
 
 
-def merge(calls: Sequence[tuple[StoreCall, dict[str, Any]]]) -> list[Merged]:
-    """Group :func:`mergeable` requests into as few store calls as their kinds and keys
-    allow, in the order each kind first came."""
-    merged: list[Merged] = []
-    for call, kwargs in calls:
-        if not any(m.takes(call, kwargs) for m in merged if m.method == call.method):
-            merged.append(Merged(call, kwargs))
-    return merged
+def answer(call: StoreCall, value: Any, error: BaseException | None, share: Any = None) -> None:
+    """Answer one request with ``value`` (or what ``share()`` makes of it) or ``error``;
+    it is answered whatever making its share or its reply slot raises."""
+    try:
+        if error is not None:
+            call.reply.set_exception((type(error), error, error.__traceback__))
+        else:
+            call.reply.set(share() if share is not None else value)
+    except Exception as exc:  # e.g. a store answering with something else
+        log.exception("answering a store call (%s) failed", call.method)
+        with contextlib.suppress(Exception):
+            call.reply.set_exception((type(exc), exc, exc.__traceback__))
 
 
 def mergeable(call: Any) -> bool:
     """A fenced write whose arguments are ``(org_id, items, owner)``, ``items`` a list
     naming distinct keys: what merging (and SQLite's group commit) takes. Anything else
     goes to the store alone, and gets its own answer or error there."""
-    if not (isinstance(call, StoreCall) and call.method in MERGEABLE and len(call.args) == 3):
+    if not (isinstance(call, StoreCall) and call.method in TOGETHER and len(call.args) == 3):
         return False
     items = call.args[1]
     if type(items) is not list:

@@ -39,7 +39,7 @@ from stores.types import (
 from ._inbox import answer_left, left_in
 from ._receipt_watch import ReceiptWatch
 from ._runtime import InboxActor, log
-from ._store_merge import Merged, mergeable
+from ._store_merge import Merged, answer, mergeable
 from .errors import CallCancelledError
 from .messages import StoreCall, WatchReceipts
 
@@ -151,13 +151,12 @@ class ReceiptStoreActor(InboxActor):
                 break
         # not merged by kind (as the lanes do): in a savepoint of its own, one request's
         # error stays its own
-        merged = [Merged(m, kw) for m, kw in calls]
         try:
-            outcomes = together([(m.method, m.args, m.kwargs) for m in merged])
+            outcomes = together([(m.method, m.args, kw) for m, kw in calls])
         except Exception as exc:  # a store that failed the whole call: each is answered
-            outcomes = [(None, exc)] * len(merged)
-        for one, (value, error) in zip(merged, outcomes, strict=True):
-            one.answer(value, error)
+            outcomes = [(None, exc)] * len(calls)
+        for (message, _), (value, error) in zip(calls, outcomes, strict=True):
+            answer(message, value, error)
         if after is not None:
             self._handle_taken(after)
 

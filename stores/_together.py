@@ -34,17 +34,13 @@ Outcome = tuple[Any, BaseException | None]
 
 
 class WritesTogether:
-    """Mixin of :class:`stores.sqlite.SqliteReceiptStore` (uses its ``_call``,
-    ``_connection`` and ``_bound_wal``; its ``_write`` opens a savepoint, not a
-    transaction, while ``_together`` is set)."""
+    """Mixin of :class:`stores.sqlite.SqliteReceiptStore` (uses its ``_call`` and
+    ``_write``, which opens a savepoint, not a transaction, while ``_together`` is set)."""
 
     _together = False
     _undo_failed = False
     _call: Callable[..., Any]
-    _connection: Callable[[], sqlite3.Connection]
-    _bound_wal: Callable[[sqlite3.Connection], None]
-    _open_for_write: Callable[[], sqlite3.Connection]
-    _end_failed: Callable[[sqlite3.Connection], None]
+    _write: Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
 
     def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
         """Run fenced writes (``(method, args, kwargs)``, methods in :data:`TOGETHER`) in
@@ -68,28 +64,21 @@ class WritesTogether:
             return [(None, exc)] * len(calls)
 
     def _together_work(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
-        conn = self._open_for_write()
-        conn.execute("BEGIN IMMEDIATE")
         outcomes: list[Outcome] = []
-        self._together = True
-        self._undo_failed = False
-        try:
-            for method, args, kwargs in calls:
-                try:
-                    outcomes.append((getattr(self, method)(*args, **kwargs), None))
-                except Exception as exc:
-                    # SQLite rolled the whole transaction back, or this call's share could
-                    # not be undone alone (then none of it may be committed)
-                    if not conn.in_transaction or self._undo_failed:
-                        raise
-                    outcomes.append((None, exc))
-            conn.execute("COMMIT")
-        except BaseException:
-            self._end_failed(conn)
-            raise
-        finally:
-            self._together = False
-        self._bound_wal(conn)
+        with self._write() as conn:  # the transaction; each call's own _write a savepoint
+            self._together, self._undo_failed = True, False
+            try:
+                for method, args, kwargs in calls:
+                    try:
+                        outcomes.append((getattr(self, method)(*args, **kwargs), None))
+                    except Exception as exc:
+                        # SQLite rolled the whole transaction back, or this call's share
+                        # could not be undone alone (then none of it may be committed)
+                        if not conn.in_transaction or self._undo_failed:
+                            raise
+                        outcomes.append((None, exc))
+            finally:
+                self._together = False
         return outcomes
 
     @contextlib.contextmanager

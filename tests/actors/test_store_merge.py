@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from actors._lifecycle_messages import StoreCall
-from actors._store_merge import merge, mergeable
+from actors._store_merge import Merged, mergeable
 from actors.receipt_store import Lanes, ReceiptStoreActor
 from stores import (
     ClaimRequest,
@@ -51,13 +51,12 @@ def _call(method: str, keys: list[str], owner: Owner = ME, **kwargs: Any) -> Sto
 def test_merge_same_kind_disjoint_keys_go_as_one_call_each_answered_its_share() -> None:
     a, b = _call("mark_running_many", ["k1", "k2"]), _call("mark_running_many", ["k3"])
     c = _call("release", ["k4"])
-    merged = merge([(a, {}), (c, {}), (b, {})])
-    assert [(m.method, [i.key for i in m.items]) for m in merged] == [
-        ("mark_running_many", ["k1", "k2", "k3"]),
-        ("release", ["k4"]),
-    ]
+    merged = Merged(a, {})
+    assert not merged.takes(c, {})  # another kind: a call of its own
+    assert merged.takes(b, {})
+    assert [i.key for i in merged.items] == ["k1", "k2", "k3"]
     refused = {"k2": Refusal(RefusalReason.LEASE_LOST, "taken")}
-    merged[0].answer(FenceReport(("k3", "k1"), refused), None)
+    merged.answer(FenceReport(("k3", "k1"), refused), None)
     assert (a.reply.value.applied, a.reply.value.refused) == (("k1",), refused)
     assert (b.reply.value.applied, b.reply.value.refused) == (("k3",), {})
     assert [i.key for i in a.args[1]] == ["k1", "k2"]  # the request's own list is untouched
@@ -71,13 +70,15 @@ def test_merge_never_joins_overlapping_keys_other_owners_or_options() -> None:
         _call("mark_running_many", ["k3"], lease_ttl_s=5.0),
         _call("mark_running_many", ["k4", "k4"]),  # a key twice in one request
     ]
-    merged = merge([(c, c.kwargs) for c in calls])
-    assert [len(m.calls) for m in merged] == [1, 1, 1, 1, 1]
+    for i, call in enumerate(calls):
+        merged = Merged(call, call.kwargs)
+        assert not any(merged.takes(other, other.kwargs) for other in calls[i + 1 :])
 
 
 def test_merge_an_error_is_every_merged_requests_error() -> None:
     a, b = _call("complete_many", ["k1"]), _call("complete_many", ["k2"])
-    (one,) = merge([(a, {}), (b, {})])
+    one = Merged(a, {})
+    assert one.takes(b, {})
     boom = ConnectionError("server closed the connection")
     one.answer(None, boom)
     assert a.reply.error is boom and b.reply.error is boom
