@@ -199,9 +199,13 @@ class Finished:
             return len(self._items) == 1
 
     def take(self) -> list[tuple[UnitFinished, _Report]]:
-        """Every outcome kept so far (on the actor's thread)."""
+        """Every outcome kept so far (on the actor's thread). The actor answers for them
+        from now on: their reports let go of the groups kept for salvage (a worker still
+        returning from its report, or idle with its last task, holds nothing of the call)."""
         with self._lock:
             items, self._items = self._items, []
+        for _, report in items:
+            report.groups = None
         return items
 
     def close(self) -> list[tuple[UnitFinished, _Report]]:
