@@ -157,8 +157,9 @@ class Lifecycle(Cleanup, Finishing):
 
     def _send(self, unit: Unit, now: float) -> None:
         """The last checks before a request leaves: stop, latch, provider pause, deadline."""
-        for group in [g for g in unit.groups if not g.calls and not g.answered]:
-            self._release_group(group, CallCancelledError("the call was cancelled before it was sent"))
+        if not _sent_batch(unit):  # a batch sent before goes again whole (its key)
+            for group in [g for g in unit.groups if not g.calls and not g.answered]:
+                self._release_group(group, CallCancelledError("the call was cancelled before it was sent"))
         if not unit.groups:
             self._leave(unit)
             return
@@ -225,7 +226,13 @@ class Lifecycle(Cleanup, Finishing):
             group.beating = False
             self.fx.count("lease_lost")
             error = LeaseLostError(f"lease on {key} was lost while the call waited or ran")
-            if group.state in (GroupState.CLAIMED,) and group.unit is not None and not group.unit.slot:
+            unit = group.unit
+            if (
+                group.state is GroupState.CLAIMED
+                and unit is not None
+                and not unit.slot
+                and not _sent_batch(unit)
+            ):
                 self._drop_from_unit(group)
                 self._settle(group, error)
             else:
@@ -243,8 +250,10 @@ class Lifecycle(Cleanup, Finishing):
         self.fx.answer(call, CallCancelledError("the call was cancelled"))
         if group.calls:
             return True
-        if group.state is GroupState.CLAIMED and group.unit is not None and not group.unit.slot:
-            self._release_group(group, None)
+        unit = group.unit
+        if group.state is GroupState.CLAIMED and unit is not None and not unit.slot:
+            if not _sent_batch(unit):  # else it goes again with its batch: output stored
+                self._release_group(group, None)
         elif group.state is GroupState.WAITING:
             self._settle(group, None)
         return True
@@ -298,3 +307,12 @@ class Lifecycle(Cleanup, Finishing):
     def idle(self) -> bool:
         """Nothing running, persisting or held."""
         return not self.groups and not self.units
+
+
+def _sent_batch(unit: Unit) -> bool:
+    """A batch already sent (waiting to retry, or re-admitted after a 429): its members go
+    again together, so the request keeps the idempotency key the provider saw (a member
+    left out would change the batch key, and the others would be billed again). A member
+    whose caller left, or whose lease was lost, rides along; its output is stored or
+    salvaged as usual."""
+    return unit.attempt > 0 and len(unit.groups) > 1

@@ -1409,3 +1409,36 @@ def test_lifecycle_a_send_held_at_the_workers_gate_when_the_circuit_opens_is_ref
     assert d.fx.failures == {}
     assert d.fx.refunds == 2  # neither grant sent anything: both charges come back
     d.assert_nothing_held()
+
+
+SAFE_BATCHED = Tool(
+    tool_id="verify-safe", fn=_noop, retry_safe=True, batch=BatchStrategy(batch_fn=_noop, max_batch_size=5)
+)
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "lease_lost"])
+def test_lifecycle_a_sent_batch_retries_whole_under_the_key_the_provider_saw(leaves: str) -> None:
+    # The first request may have been served (its answer lost): a retry without one member
+    # would carry another batch key, and the provider would bill the others again.
+    d = Driver(SAFE_BATCHED)
+    calls = _run_to_running(d, "a", "b", "c")
+    first = d.fx.starts[-1]
+    d.finish(error=ConnectionError("reset after sending"))
+    if leaves == "cancelled":
+        assert d.cancel(calls[1])
+    else:
+        d.leases_lost("b")
+    d.retry_charged()
+    d.fire(RetryDue)
+    d.grant()
+    d.mark()
+    retry = d.fx.starts[-1]
+    assert retry.attempt == 2
+    assert retry.context.receipt_keys == first.context.receipt_keys
+    assert retry.context.idempotency_key == first.context.idempotency_key
+    d.finish()
+    d.persisted()
+    assert [_value(d.outcome(c)) for c in (calls[0], calls[2])] == [{"v": "a"}, {"v": "c"}]
+    assert isinstance(d.outcome(calls[1]), CallCancelledError if leaves == "cancelled" else LeaseLostError)
+    assert {e.key for entries in d.fx.persists.values() for e in entries} == {"a", "b", "c"}
+    d.assert_nothing_held()
