@@ -53,6 +53,8 @@ AUTH_HEADER_WORDS = (
 (``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...)."""
 
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
+_QUERY = ("urls[", "client.params")
+"""Sources of :func:`credential_scope_digest` that are query parameters."""
 
 
 def credential_scope_digest(
@@ -77,33 +79,57 @@ def credential_scope_digest(
         credentials: any JSON value naming the account (say an account id plus a key
             version) for credentials these rules cannot see.
 
+    A credential counts where it is given. When one name holds different values in two
+    places (a request header and the client's header of that name, ``?key=`` in one URL
+    and in another, by their position in ``urls``), the digest says which place holds
+    which, so values swapped between places never share receipts. Otherwise the digest is
+    the one earlier releases computed.
+
     Raises:
         ValueError: the client has an ``auth`` of a kind that cannot be digested and
             ``credentials`` is not given.
     """
-    parts: dict[str, Any] = {}
-    found = [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)]
-    query = [(k, v) for url in urls for k, v in httpx.URL(url).params.multi_items()]
+    sources: dict[str, list[tuple[str, str]]] = {
+        "headers": [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)]
+    }
+    for i, url in enumerate(urls):
+        sources[f"urls[{i}]"] = list(httpx.URL(url).params.multi_items())
     if client is not None:
-        found += [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)]
-        query += list(client.params.multi_items())
+        sources["client.headers"] = [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)]
+        sources["client.params"] = list(client.params.multi_items())
         signed = _auth_headers(client.auth)
-        found += signed
+        sources["client.auth"] = signed
         if client.auth is not None and not signed and credentials is None:
             raise ValueError(
                 f"the client's auth ({type(client.auth).__name__}) cannot be digested: pass credentials= "
                 "naming the account, so runs under other credentials never share receipts"
             )
+    found = [item for name, items in sources.items() if not name.startswith(_QUERY) for item in items]
+    query = [item for name, items in sources.items() if name.startswith(_QUERY) for item in items]
+    parts: dict[str, Any] = {}
     if found:
         parts["headers"] = sorted(found)
     if query:
         parts["query"] = sorted(query)
+    if _ambiguous(found) or _ambiguous(query):
+        # One name with different values in two places: the pooled lists above would be
+        # the same for the values swapped between places (an Authorization header given
+        # per request and by the client, a ?key= per URL), so say which place holds which.
+        parts["sources"] = {name: items for name, items in sources.items() if items}
     if credentials is not None:
         parts["credentials"] = credentials
     if not parts:
         return ""
     text = orjson.dumps([_SCOPE_TAG, parts], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(text).hexdigest()
+
+
+def _ambiguous(items: list[tuple[str, str]]) -> bool:
+    """True when one name holds more than one distinct value among ``items``."""
+    values: dict[str, set[str]] = {}
+    for name, value in items:
+        values.setdefault(name, set()).add(value)
+    return any(len(held) > 1 for held in values.values())
 
 
 def _auth_headers(auth: httpx.Auth | None) -> list[tuple[str, str]]:

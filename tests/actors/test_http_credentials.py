@@ -160,3 +160,73 @@ def test_http_tool_refuses_client_auth_it_cannot_digest_without_credentials() ->
         assert tool.credentials is not None and len(tool.credentials()) == 64
     finally:
         client.close()
+
+
+def _digest(spec: dict[str, Any]) -> str:
+    spec = dict(spec)
+    client = httpx.Client(**spec.pop("client")) if "client" in spec else None
+    try:
+        return credential_scope_digest(**spec, client=client)
+    finally:
+        if client is not None:
+            client.close()
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (
+            {"headers": {"Authorization": "Bearer a"}, "client": {"headers": {"Authorization": "Bearer b"}}},
+            {"headers": {"Authorization": "Bearer b"}, "client": {"headers": {"Authorization": "Bearer a"}}},
+        ),
+        (
+            {"urls": ["http://h/one?key=a", "http://h/batch?key=b"]},
+            {"urls": ["http://h/one?key=b", "http://h/batch?key=a"]},
+        ),
+        (
+            {"urls": ["http://h/one?key=a"], "client": {"params": {"key": "b"}}},
+            {"urls": ["http://h/one?key=b"], "client": {"params": {"key": "a"}}},
+        ),
+        (
+            {"headers": {"Authorization": "Basic dTpwMQ=="}, "client": {"auth": ("u", "p2")}},
+            {"headers": {"Authorization": "Basic dTpwMg=="}, "client": {"auth": ("u", "p1")}},
+        ),
+        ({"urls": ["http://h/one?key=a&key=b"]}, {"urls": ["http://h/one?key=b&key=a"]}),
+    ],
+    ids=[
+        "request-vs-client-header",
+        "url-vs-url",
+        "url-vs-client-params",
+        "header-vs-client-auth",
+        "repeated",
+    ],
+)
+def test_credential_scope_digest_values_swapped_between_places_never_collide(
+    one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    """The same credential names with their values swapped between where they are given
+    (request and client, one URL and another) are other accounts on the wire."""
+    assert _digest(one) != _digest(other)
+    assert _digest(one) == _digest(one)
+
+
+def test_credential_scope_digest_per_place_ignores_what_does_not_authenticate() -> None:
+    spec = {"headers": {"Authorization": "Bearer a"}, "client": {"auth": ("u", "p1")}}
+    assert _digest(spec) == _digest({**spec, "client": {"auth": ("u", "p1"), "headers": {"Accept": "x"}}})
+
+
+def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> None:
+    """Digests of credentials given in one place each (every case before the per-place rule)
+    stay as they were, so receipts already stored keep their keys."""
+    assert credential_scope_digest(headers={"Authorization": "Bearer a"}) == (
+        "a0a3ef31029151a06a7766ade86fa5b979fffd895e3c3a65250c930e9b1af09b"
+    )
+    same_key_twice = {"urls": ["http://h/one?key=a", "http://h/batch?key=a"], "headers": {"X-Api-Key": "k"}}
+    assert _digest(same_key_twice) == "22dc228fa448fc47a3f685af94b7141d88a292e1b01e7507dbd14b1c382e8786"
+    every_place = {
+        "urls": ["http://h/one?key=a"],
+        "headers": {"X-Api-Key": "k"},
+        "client": {"params": {"token": "t"}, "headers": {"Cookie": "c"}, "auth": ("u", "p")},
+        "credentials": {"acct": 1},
+    }
+    assert _digest(every_place) == "aeda655189793e8ddff1a4dfb165889713568c7791f377e2df6f14a68cd5c596"
