@@ -115,6 +115,10 @@ class Tool:
             whose outcome is uncertain did act. An output is stored as the receipt's
             result (``cached``); :data:`NOT_DONE` runs the call again; an exception
             leaves it uncertain (UncertainOutcomeError). Runs on the worker pool.
+            For a batched tool, ``ctx.idempotency_key`` is the member's own key: the
+            batch key an uncertain batch sent is not recorded (a process killed with the
+            batch in flight never wrote it), so the hook must ask the provider by the
+            input itself, or leave it uncertain for an operator.
         credentials: ``credentials() -> str`` giving the credential-scope digest;
             cached, and asked again after an :class:`AuthScopeChangedError`. The rule
             for custom tools: a tool that authenticates must set it, and the digest
