@@ -11,6 +11,13 @@ thread, so it fires even when a gevent hub or an OS lock is stuck) that prints e
 thread's traceback and ends the process after ``TOOLDISPATCH_TEST_TIMEOUT_S`` seconds
 (default 300; 0 turns it off, e.g. under a debugger).
 
+Scenario tests (marker ``scenario``: real processes, servers, seconds of wall time each)
+run on both runtimes, but not on every Python version: with ``TOOLDISPATCH_SCENARIOS=I/N``
+(tox sets ``0/4`` on py310 ... ``3/4`` on py313) a run keeps the scenario tests whose node
+id hashes to share I, shifted by N/2 under gevent, so each runs once per runtime, on two
+Python versions, and each version's envs run a quarter of them. Unset or ``all``: every
+scenario test runs (a plain ``pytest``).
+
 Hypothesis profiles: ``ci`` (loaded when ``CI`` is set) drops the per-example deadline and
 the too-slow health check, since CI shares two cores between parallel tox envs.
 ``HYPOTHESIS_PROFILE`` picks a profile by name.
@@ -23,6 +30,7 @@ import importlib.util
 import os
 import sqlite3
 import sys
+import zlib
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +42,7 @@ Runtime = Literal["gevent", "threads"]
 
 RUNTIME_ENV_VAR = "TOOLDISPATCH_RUNTIME"
 TEST_TIMEOUT_ENV_VAR = "TOOLDISPATCH_TEST_TIMEOUT_S"
+SCENARIOS_ENV_VAR = "TOOLDISPATCH_SCENARIOS"
 
 settings.register_profile(
     "ci",
@@ -121,6 +130,11 @@ _WATCHDOG_FD = pytest.StashKey[int]()
 def pytest_configure(config: pytest.Config) -> None:
     """Check the runtime, then open the watchdog's output while capture is suspended."""
     _refuse_mismatched_runtime()
+    config.addinivalue_line(
+        "markers",
+        "scenario: an end-to-end scenario (real processes, servers, seconds of wall time); "
+        f"{SCENARIOS_ENV_VAR}=I/N runs a share of them (tests/conftest.py)",
+    )
     if _test_timeout_s() > 0:
         config.stash[_WATCHDOG_FD] = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
 
@@ -148,6 +162,41 @@ def pytest_runtest_protocol(
             faulthandler.cancel_dump_traceback_later()
 
 
+def _scenario_share() -> tuple[int, int] | None:
+    """(share, shares) from ``TOOLDISPATCH_SCENARIOS=I/N``, or None to run every scenario test."""
+    text = os.environ.get(SCENARIOS_ENV_VAR, "").strip()
+    if text in ("", "all"):
+        return None
+    try:
+        share, shares = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"{SCENARIOS_ENV_VAR}={text!r}: give I/N (0 <= I < N) or all") from None
+    if not 0 <= share < shares:
+        raise pytest.UsageError(f"{SCENARIOS_ENV_VAR}={text!r}: give I/N (0 <= I < N) or all")
+    return share, shares
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep this run's share of the scenario tests (see the module doc)."""
+    share = _scenario_share()
+    if share is None:
+        return
+    mine, shares = share
+    shift = shares // 2 if _detect_runtime() == "gevent" else 0
+    kept, elsewhere = [], []
+    for item in items:
+        if (
+            item.get_closest_marker("scenario") is None
+            or (zlib.crc32(item.nodeid.encode()) + shift) % shares == mine
+        ):
+            kept.append(item)
+        else:
+            elsewhere.append(item)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = kept
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Say which runtime the suite runs on and which SQLite library Python links."""
     runtime = _detect_runtime()
@@ -158,6 +207,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"hypothesis profile: {HYPOTHESIS_PROFILE}",
         f"hang watchdog: {_test_timeout_s():g} s per test ({TEST_TIMEOUT_ENV_VAR})",
         f"stores imported from: {_package_dir('stores')}",
+        "scenario tests: "
+        + (
+            "all"
+            if _scenario_share() is None
+            else f"share {os.environ[SCENARIOS_ENV_VAR].strip()} ({SCENARIOS_ENV_VAR}=all runs every one)"
+        ),
     ]
 
 

@@ -18,6 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import actors
 from actors import CallCancelledError, DispatchSystem, Policy, RunInfo, Tool
 from stores import SqliteReceiptStore
@@ -85,6 +87,7 @@ def _statuses(db: Path) -> dict[str, str]:
         conn.close()
 
 
+@pytest.mark.scenario
 def test_crash_sigkill_rerun_loses_nothing_and_reexecutes_only_in_flight(
     tmp_path: Path, runtime: str
 ) -> None:

@@ -37,6 +37,8 @@ from stores.types import LeaseRef, Owner, ReceiptStatus
 
 from .conftest import ORG, WAIT_S
 
+pytestmark = pytest.mark.scenario
+
 LEASE_TTL_S = 0.8
 STUCK_S = 2.0  # 2.5 lease TTLs
 SAMPLE_S = 0.05

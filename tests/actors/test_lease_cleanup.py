@@ -101,6 +101,7 @@ def test_a_claim_that_committed_then_raised_leaves_no_lease_behind(
         store.close()
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("failures", [1, 2])
 def test_a_release_that_failed_is_retried_so_the_next_worker_does_not_wait_out_the_lease(
     make_system: Any, db_path: Path, failures: int

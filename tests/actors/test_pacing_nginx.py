@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actors import Pacing, Policy, RateLimitedError, Tool
 from actors.http import http_tool
+
+pytestmark = pytest.mark.scenario
 
 WAIT_S = 120.0
 

@@ -36,6 +36,8 @@ import pytest
 
 from actors.results import provider_idempotency_key
 
+pytestmark = pytest.mark.scenario
+
 ROWS = 240
 KILL_AFTER = 60
 """Items billed before the kill (a quarter of the rows)."""

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 LOCAL_PLAY = """
 import time
 

@@ -14,6 +14,8 @@ import uuid
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 PLAY = """
 from actors import Tool
 

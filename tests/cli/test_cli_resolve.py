@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 PLAY = """
 import os
 from actors import Tool, ToolTimeoutError

@@ -10,6 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 HALF_RUN_TIMEOUT_S = 120.0
 BILLED = "lookups billed (receipts completed this run)"
 

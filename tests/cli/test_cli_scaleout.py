@@ -18,6 +18,8 @@ import uuid
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TOOLDISPATCH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RATE = 50

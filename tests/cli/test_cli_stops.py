@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 STOP_TIMEOUT_S = 120.0
 TLDS = ("fr", "de", "it", "es", "nl", "se", "pl", "jp", "com", "org")
 BILLED = "lookups billed (receipts completed this run)"

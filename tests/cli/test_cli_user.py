@@ -9,6 +9,8 @@ import sqlite3
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 ECHO_PLAY = """
 from actors import Tool
 

@@ -25,6 +25,8 @@ import pytest
 import stores
 from stores import ClaimDisposition, ClaimRequest, Owner, ReceiptStatus
 
+pytestmark = pytest.mark.scenario
+
 ORG = "org-a"
 KEYS = [hashlib.sha256(f"key-{i}".encode()).hexdigest() for i in range(600)]
 WORKERS = 4

@@ -254,6 +254,7 @@ def proxy(pg_url: str) -> Iterator[FreezingProxy]:
         relay.close()
 
 
+@pytest.mark.scenario
 def test_listener_notices_a_silent_connection_and_listens_again(
     pg_url: str, pg_schema: str, proxy: FreezingProxy
 ) -> None:
@@ -281,6 +282,7 @@ def test_listener_notices_a_silent_connection_and_listens_again(
         listener.close()
 
 
+@pytest.mark.scenario
 def test_waiter_is_answered_after_the_listener_connection_goes_silent(
     pg_url: str, pg_schema: str, proxy: FreezingProxy
 ) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -70,6 +71,8 @@ from stores import (
     SqliteReceiptStore,
     current_process_identity,
 )
+
+pytestmark = pytest.mark.scenario
 
 S = ReceiptStatus
 D = ClaimDisposition

@@ -12,8 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import RedisServer
 from .test_shared_pacer_processes import Worker
+
+pytestmark = pytest.mark.scenario
 
 HOST = Path(__file__).parent / "_hosts" / "learn_worker.py"
 RATE = 20.0

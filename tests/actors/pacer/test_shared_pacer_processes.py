@@ -21,6 +21,8 @@ import pytest
 
 from .conftest import RedisServer
 
+pytestmark = pytest.mark.scenario
+
 HOST = Path(__file__).parent / "_hosts" / "pacer_worker.py"
 WAIT_S = 30.0
 
