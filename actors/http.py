@@ -22,9 +22,9 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
 digest (part of every receipt key, see :func:`credential_scope_digest`) is a sha256
-over what authenticates its requests: its auth headers, every query-string parameter of
-its URLs, the shared client's auth headers, query parameters and ``auth``, and an
-explicit ``credentials=`` value; never the secret itself. Two runs with different
+over what authenticates its requests: its auth headers, every query-string parameter and
+``user:password@`` of its URLs, the shared client's auth headers, cookies, query
+parameters and ``auth``, and an explicit ``credentials=`` value; never the secret itself. Two runs with different
 ``Authorization`` headers therefore never share receipts.
 """
 
@@ -53,8 +53,6 @@ AUTH_HEADER_WORDS = (
 (``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...)."""
 
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
-_QUERY = ("urls[", "client.params")
-"""Sources of :func:`credential_scope_digest` that are query parameters."""
 
 
 def credential_scope_digest(
@@ -71,8 +69,9 @@ def credential_scope_digest(
         headers: the request headers; those named with an :data:`AUTH_HEADER_WORDS` word
             count (names compared case-insensitively).
         urls: the endpoints; every query-string parameter counts (API keys often travel
-            as ``?key=``, ``?api_key=``, ``?token=``).
-        client: a shared ``httpx.Client``: its auth headers and query parameters count,
+            as ``?key=``, ``?api_key=``, ``?token=``), and a ``user:password@`` part
+            (httpx sends it as Basic auth).
+        client: a shared ``httpx.Client``: its auth headers, cookies and query parameters count,
             and the auth headers its ``auth`` adds before any answer (``httpx.BasicAuth``,
             bearer tokens; an auth that signs only after a challenge, such as
             ``httpx.DigestAuth``, needs ``credentials``).
@@ -89,23 +88,34 @@ def credential_scope_digest(
         ValueError: the client has an ``auth`` of a kind that cannot be digested and
             ``credentials`` is not given.
     """
-    sources: dict[str, list[tuple[str, str]]] = {
-        "headers": [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)]
+    # place -> (is a query, [(name, value)]): what each place puts on the wire
+    sources: dict[str, tuple[bool, list[tuple[str, str]]]] = {
+        "headers": (False, [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)])
     }
     for i, url in enumerate(urls):
-        sources[f"urls[{i}]"] = list(httpx.URL(url).params.multi_items())
+        parsed = httpx.URL(url)
+        sources[f"urls[{i}]"] = (True, list(parsed.params.multi_items()))
+        if parsed.userinfo:  # httpx sends it as Basic auth
+            sources[f"urls[{i}].userinfo"] = (
+                False,
+                _auth_headers(httpx.BasicAuth(parsed.username, parsed.password)),
+            )
     if client is not None:
-        sources["client.headers"] = [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)]
-        sources["client.params"] = list(client.params.multi_items())
+        sources["client.headers"] = (
+            False,
+            [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)],
+        )
+        sources["client.cookies"] = (False, sorted(("cookie", f"{k}={v}") for k, v in client.cookies.items()))
+        sources["client.params"] = (True, list(client.params.multi_items()))
         signed = _auth_headers(client.auth)
-        sources["client.auth"] = signed
+        sources["client.auth"] = (False, signed)
         if client.auth is not None and not signed and credentials is None:
             raise ValueError(
                 f"the client's auth ({type(client.auth).__name__}) cannot be digested: pass credentials= "
                 "naming the account, so runs under other credentials never share receipts"
             )
-    found = [item for name, items in sources.items() if not name.startswith(_QUERY) for item in items]
-    query = [item for name, items in sources.items() if name.startswith(_QUERY) for item in items]
+    found = [item for is_query, items in sources.values() if not is_query for item in items]
+    query = [item for is_query, items in sources.values() if is_query for item in items]
     parts: dict[str, Any] = {}
     if found:
         parts["headers"] = sorted(found)
@@ -115,7 +125,7 @@ def credential_scope_digest(
         # One name with different values in two places: the pooled lists above would be
         # the same for the values swapped between places (an Authorization header given
         # per request and by the client, a ?key= per URL), so say which place holds which.
-        parts["sources"] = {name: items for name, items in sources.items() if items}
+        parts["sources"] = {name: items for name, (_, items) in sources.items() if items}
     if credentials is not None:
         parts["credentials"] = credentials
     if not parts:

@@ -230,3 +230,31 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
         "credentials": {"acct": 1},
     }
     assert _digest(every_place) == "aeda655189793e8ddff1a4dfb165889713568c7791f377e2df6f14a68cd5c596"
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({"urls": ["https://ann:p1@h/one"]}, {"urls": ["https://ann:p2@h/one"]}),
+        (
+            {"urls": ["https://h/one", "https://ann:p1@h/batch"]},
+            {"urls": ["https://h/one", "https://bob:p1@h/batch"]},
+        ),
+        ({"client": {"cookies": {"session": "s1"}}}, {"client": {"cookies": {"session": "s2"}}}),
+        ({"client": {"cookies": {"session": "s1"}}}, {}),
+        ({"urls": ["https://ann:p1@h/one"]}, {"urls": ["https://h/one"]}),
+    ],
+    ids=["url-userinfo", "batch-url-userinfo", "client-cookies", "cookie-or-none", "userinfo-or-none"],
+)
+def test_credential_scope_digest_counts_every_place_httpx_sends_a_credential(
+    one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    """A password in the URL (sent as Basic auth) and the client's cookies authenticate too."""
+    assert _digest(one) != _digest(other)
+    assert _digest(one) != ""
+
+
+def test_credential_scope_digest_of_url_userinfo_is_the_basic_auth_header_it_sends() -> None:
+    assert _digest({"urls": ["https://ann:p1@h/one"]}) == _digest(
+        {"urls": ["https://h/one"], "headers": {"Authorization": "Basic YW5uOnAx"}}
+    )
