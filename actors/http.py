@@ -24,8 +24,8 @@ Credential scope: receipts never cross credentials. An http_tool's credential-sc
 digest (part of every receipt key, see :func:`credential_scope_digest`) is a sha256
 over what authenticates its requests: its auth headers, every query-string parameter and
 ``user:password@`` of its URLs, the shared client's auth headers, cookies, query
-parameters and ``auth``, and an explicit ``credentials=`` value; never the secret itself. Two runs with different
-``Authorization`` headers therefore never share receipts.
+parameters and ``auth``, and an explicit ``credentials=`` value; never the secret
+itself. Two runs with different ``Authorization`` headers therefore never share receipts.
 """
 
 from __future__ import annotations
