@@ -186,9 +186,13 @@ class LifecycleBase(abc.ABC):
 
     def _enqueue(self, units: Iterable[Unit], front: bool = False) -> None:
         for unit in units:
-            queue = self.pending_exempt if unit.exempt else self.pending
             if unit.queued:
                 continue
+            if not unit.exempt and not unit.slot and any(g.nested for g in unit.groups):
+                # a nested call joined while it held a slot, and it goes again (a retry, a
+                # 429): its parent holds a slot and waits on it, so it borrows that one
+                unit.exempt = True
+            queue = self.pending_exempt if unit.exempt else self.pending
             unit.queued = True
             if front:
                 queue.appendleft(unit)

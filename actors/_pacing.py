@@ -234,11 +234,12 @@ class ProviderBucket:
         self._used = self._decayed(now) + n
         self._used_at = max(self._used_at, now)
 
-    def ready_at(self, now: float) -> float | None:
-        """When a waiter could next be granted, or None if only a release can help."""
+    def ready_at(self, now: float, concurrency: bool = True) -> float | None:
+        """When a waiter could next be granted, or None if only a release can help.
+        ``concurrency=False``: a nested call's waiter, which max_concurrency does not hold."""
         if now < self.gate_until:
             return self.gate_until
-        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+        if concurrency and self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             return None
         if self.rate is not None and self.tokens + TOKEN_EPSILON < 1:
             # at least MIN_WAKE_S ahead: a wait that rounds to ``now`` would never wake

@@ -309,7 +309,7 @@ class Governor:
         wake_at: float | None = None
         for wkey, queue in self.waiters.items():
             if queue:
-                ready = self.buckets[(wkey[0], wkey[1])].ready_at(now)
+                ready = self.buckets[(wkey[0], wkey[1])].ready_at(now, concurrency=not wkey[2])
                 if ready is not None and ready > now:
                     wake_at = ready if wake_at is None else min(wake_at, ready)
         return wake_at

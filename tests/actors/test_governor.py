@@ -463,3 +463,16 @@ def test_governor_immediate_under_a_provider_calls_budget_is_sent_the_usual_way(
     assert _granted(gov.acquire(ORG, "p", 1, a, now=0.0, immediate=True)) == {a: -1}
     assert gov.in_flight == 0 and gov.spent["provider_calls"] == 0
     assert _granted(gov.acquire(ORG, "q", 1, b, now=0.0)) == {b: 1}
+
+
+def test_governor_a_nested_call_waiting_for_a_token_is_woken_by_the_refill_at_max_concurrency() -> None:
+    """A nested call borrows its parent's slot, so a provider at max_concurrency holds it
+    back by its rate alone: the wake-up is the token's refill, not a release that may
+    never come (the parent holding the provider's only slot waits on it)."""
+    gov = _gov(slow=Pacing(rps=2.0, burst=1.0, max_concurrency=1))
+    parent, nested = object(), object()
+    assert _granted(gov.acquire(ORG, "slow", 1, parent, now=0.0)) == {parent: 1}  # the only slot
+    waiting = gov.acquire(ORG, "slow", 1, nested, now=0.0, exempt=True)
+    assert waiting.grants == [] and waiting.wake_at == pytest.approx(0.5, rel=0.05)  # the next token
+    assert _granted(gov.wake(now=waiting.wake_at)) == {nested: 1}
+    assert gov.in_flight == 1  # its grant took no slot

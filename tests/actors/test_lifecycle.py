@@ -1442,3 +1442,34 @@ def test_lifecycle_a_sent_batch_retries_whole_under_the_key_the_provider_saw(lea
     assert isinstance(d.outcome(calls[1]), CallCancelledError if leaves == "cancelled" else LeaseLostError)
     assert {e.key for entries in d.fx.persists.values() for e in entries} == {"a", "b", "c"}
     d.assert_nothing_held()
+
+
+@pytest.mark.parametrize("again", ["retry", "429"])
+def test_lifecycle_a_unit_a_nested_call_joined_while_it_held_a_slot_goes_again_on_a_borrowed_one(
+    again: str,
+) -> None:
+    """A running tool's nested call joined this unit while it ran; its next attempt (a
+    retry, a 429's re-admission) borrows the waiting parent's slot, as a nested call
+    does, instead of queueing for a slot of the ceiling the parent holds one of."""
+    from actors._calls import Role
+
+    d = Driver(SAFE)
+    (call,) = _run_to_running(d, "a")
+    nested = d.call("a", nested=True)
+    d.life.groups["a"].join(nested, Role.ATTACHED)  # as ToolQueue.submit, then nested_joined
+    d.life.nested_joined("a")
+    if again == "429":
+        d.finish(error=RateLimitedError(retry_after="1"))
+        d.retry_charged()
+    else:
+        d.finish(error=ProviderError("503", failure_kind=FailureKind.TRANSIENT))
+        d.retry_charged()
+        d.fire(RetryDue)
+    assert d.fx.acquires[-1] == (1, True)  # exempt: not behind the ceiling its parent holds
+    d.grant(exempt=True)
+    d.mark()
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(call)) == _value(d.outcome(nested)) == {"v": "a"}
+    assert d.fx.slots_released == {False: 1, True: 1}
+    d.assert_nothing_held()

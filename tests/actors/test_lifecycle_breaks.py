@@ -6,12 +6,13 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from actors import DispatchSystem, Policy, RecordedFailureError, RunInfo, Tool, ToolDispatchError
+from actors import DispatchSystem, Pacing, Policy, RecordedFailureError, RunInfo, Tool, ToolDispatchError
 from actors.tool import BatchStrategy
 from stores import SqliteReceiptStore
 
@@ -114,6 +115,60 @@ def test_break_a_nested_call_joining_a_waiting_group_borrows_the_parents_slot(ma
     threading.Timer(0.3, host_call_queued.set).start()
     assert parent_future.get(timeout=WAIT_S).value == {"n": 1}
     assert child_future.get(timeout=WAIT_S).value == {"n": 1}
+
+
+@pytest.mark.parametrize("again", ["retry", "429"])
+def test_break_a_nested_call_that_joined_a_running_call_goes_again_on_its_parents_slot(
+    make_system: Any, again: str
+) -> None:
+    """The host's own call of the child holds the child provider's only slot; a running
+    parent's nested call joins it; its attempt fails and goes again (a retry, a 429) while
+    another host call took the freed slot and holds it: the retry borrows the parent's
+    slot, as a nested call does, instead of waiting behind the ceiling."""
+    from actors.errors import ProviderError, RateLimitedError
+    from stores.types import FailureKind
+
+    holder: dict[str, Any] = {}
+    joined, release = threading.Event(), threading.Event()
+    attempts: list[int] = []
+
+    def child(i: Any, c: Any) -> Any:
+        if i["n"] == 2:  # the other host call: holds the slot until the test is done
+            release.wait(WAIT_S)
+            return i
+        attempts.append(1)
+        if len(attempts) == 1:
+            joined.wait(WAIT_S)  # the parent's nested call joins this attempt
+            if again == "429":
+                raise RateLimitedError("busy", retry_after="0.05")
+            raise ProviderError("503", failure_kind=FailureKind.TRANSIENT)
+        return i
+
+    def parent(i: Any, c: Any) -> Any:
+        return holder["proxy"].execute("child", {"n": 1}).get(timeout=WAIT_S).value
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="P"),
+        Tool(tool_id="child", fn=child, provider="C", retry_safe=True, pacing=Pacing(max_concurrency=1)),
+    ]
+    system = make_system(tools, policy=Policy(retry_backoff_s=0.05))
+    proxy = holder["proxy"] = system.proxy()
+    host_child = proxy.execute("child", {"n": 1})
+    while not attempts:
+        time.sleep(0.01)
+    other = proxy.execute("child", {"n": 2})  # waits for the slot, takes it when the retry frees it
+    parent_future = proxy.execute("parent", {"n": 0})
+    end = time.monotonic() + WAIT_S
+    while system.stats().get("deduped", 0) < 1:  # the nested call joined the running call
+        assert time.monotonic() < end, "the nested call never joined"
+        time.sleep(0.01)
+    joined.set()
+    try:
+        assert parent_future.get(timeout=WAIT_S).value == {"n": 1}  # while n=2 still holds the slot
+        assert host_child.get(timeout=WAIT_S).value == {"n": 1}
+    finally:
+        release.set()
+    assert other.get(timeout=WAIT_S).value == {"n": 2}
 
 
 def test_break_an_oversized_outputs_joiner_gets_a_dispatch_error(make_system: Any) -> None:
