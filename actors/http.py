@@ -44,13 +44,23 @@ from .errors import NotSentError, ProviderError, ProviderUnreachableError, RateL
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
-__all__ = ["AUTH_HEADER_WORDS", "HttpEndpoint", "credential_scope_digest", "http_tool"]
+__all__ = ["AUTH_HEADER_WORDS", "NOT_CREDENTIALS", "HttpEndpoint", "credential_scope_digest", "http_tool"]
 
 AUTH_HEADER_WORDS = (
     "auth", "token", "key", "secret", "session", "cookie", "signature", "credential", "password",
+    "user", "account", "org", "project", "tenant", "workspace",
 )  # fmt: skip
 """A header whose lower-cased name holds one of these words is a credential
-(``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...)."""
+(``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...),
+and so is one that picks the account a key acts for (``Api-Username``,
+``OpenAI-Organization``, ``OpenAI-Project``, ``X-Goog-User-Project``), except
+:data:`NOT_CREDENTIALS`. Query parameters and cookies named with one of them (or ``sig``,
+``sid``, ``sess``) are credentials too."""
+
+NOT_CREDENTIALS = ("user-agent", "idempotency-key")
+"""Names holding a credential word that authenticate nothing (compared lower-cased)."""
+
+_MORE_WORDS = ("sig", "sid", "sess")
 
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
 
@@ -67,52 +77,67 @@ def credential_scope_digest(
 
     Args:
         headers: the request headers; those named with an :data:`AUTH_HEADER_WORDS` word
-            count (names compared case-insensitively).
+            count (names compared case-insensitively; bytes read as latin-1).
         urls: the endpoints; every query-string parameter counts (API keys often travel
             as ``?key=``, ``?api_key=``, ``?token=``), and a ``user:password@`` part
-            (httpx sends it as Basic auth).
-        client: a shared ``httpx.Client``: its auth headers, cookies and query parameters count,
-            and the auth headers its ``auth`` adds before any answer (``httpx.BasicAuth``,
-            bearer tokens; an auth that signs only after a challenge, such as
-            ``httpx.DigestAuth``, needs ``credentials``).
+            (httpx sends it as Basic auth), the client's ``base_url`` joined first.
+        client: a shared ``httpx.Client``: its auth headers and query parameters count,
+            the cookies its jar sends to each URL whose names name a credential
+            (``session``, ``sid``, ``auth_token``...; a load balancer's or a locale's do
+            not), and the auth headers its ``auth`` adds before any answer
+            (``httpx.BasicAuth``, bearer tokens).
         credentials: any JSON value naming the account (say an account id plus a key
             version) for credentials these rules cannot see.
 
     A credential counts where it is given. When one name holds different values in two
     places (a request header and the client's header of that name, ``?key=`` in one URL
-    and in another, by their position in ``urls``), the digest says which place holds
-    which, so values swapped between places never share receipts. Otherwise the digest is
-    the one earlier releases computed.
+    and in another, by their position in ``urls``), or the URLs carry different
+    credentials, the digest says which place holds which, so values swapped or moved
+    between places never share receipts. Otherwise the digest is the one earlier
+    releases computed.
 
     Raises:
-        ValueError: the client has an ``auth`` of a kind that cannot be digested and
-            ``credentials`` is not given.
+        ValueError: without ``credentials``, when the client can add credentials the
+            digest cannot see: an ``auth`` that signs only after a challenge
+            (``httpx.DigestAuth``), one that signs each request differently (a timestamp
+            or a nonce), or request event hooks. A transport that adds credentials is
+            not seen either: give ``credentials`` with one.
     """
     # place -> (is a query, [(name, value)]): what each place puts on the wire
     sources: dict[str, tuple[bool, list[tuple[str, str]]]] = {
-        "headers": (False, [(k.lower(), v) for k, v in (headers or {}).items() if _is_auth_header(k)])
+        "headers": (False, [(k.lower(), v) for k, v in _texts((headers or {}).items()) if _is_auth_header(k)])
     }
+    per_url: list[list[tuple[str, str]]] = []  # each URL's own credentials (uniformity check)
     for i, url in enumerate(urls):
-        parsed = httpx.URL(url)
-        sources[f"urls[{i}]"] = (True, list(parsed.params.multi_items()))
-        if parsed.userinfo:  # httpx sends it as Basic auth
-            sources[f"urls[{i}].userinfo"] = (
-                False,
-                _auth_headers(httpx.BasicAuth(parsed.username, parsed.password)),
-            )
+        parsed, cookies = _as_sent(url, client)
+        params = list(httpx.URL(url).params.multi_items())
+        sources[f"urls[{i}]"] = (True, params)
+        own = [(k, v) for k, v in params if _names_credential(k)]
+        if parsed.userinfo:  # httpx sends it as Basic auth (from the URL or the client's base_url)
+            basic = _auth_headers(httpx.BasicAuth(parsed.username, parsed.password))
+            sources[f"urls[{i}].userinfo"] = (False, basic)
+            own += basic
+        if cookies:
+            sources[f"urls[{i}].cookies"] = (False, cookies)
+            own += cookies
+        per_url.append(sorted(own))
     if client is not None:
-        sources["client.headers"] = (
-            False,
-            [(k.lower(), v) for k, v in client.headers.items() if _is_auth_header(k)],
-        )
-        sources["client.cookies"] = (False, sorted(("cookie", f"{k}={v}") for k, v in client.cookies.items()))
+        client_headers = [(k.lower(), v) for k, v in _texts(client.headers.raw) if _is_auth_header(k)]
+        sources["client.headers"] = (False, client_headers)
         sources["client.params"] = (True, list(client.params.multi_items()))
         signed = _auth_headers(client.auth)
+        if signed != _auth_headers(client.auth):  # a timestamp or nonce: no digest can hold it
+            signed = []
         sources["client.auth"] = (False, signed)
-        if client.auth is not None and not signed and credentials is None:
+        unseen = None
+        if client.auth is not None and not signed:
+            unseen = f"the client's auth ({type(client.auth).__name__}) cannot be digested"
+        elif client.event_hooks.get("request"):
+            unseen = "the client's request event hooks may add credentials the digest cannot see"
+        if unseen is not None and credentials is None:
             raise ValueError(
-                f"the client's auth ({type(client.auth).__name__}) cannot be digested: pass credentials= "
-                "naming the account, so runs under other credentials never share receipts"
+                f"{unseen}: pass credentials= naming the account, so runs under other credentials "
+                "never share receipts"
             )
     found = [item for is_query, items in sources.values() if not is_query for item in items]
     query = [item for is_query, items in sources.values() if is_query for item in items]
@@ -121,10 +146,11 @@ def credential_scope_digest(
         parts["headers"] = sorted(found)
     if query:
         parts["query"] = sorted(query)
-    if _ambiguous(found) or _ambiguous(query):
-        # One name with different values in two places: the pooled lists above would be
-        # the same for the values swapped between places (an Authorization header given
-        # per request and by the client, a ?key= per URL), so say which place holds which.
+    named = [(k, v) for k, v in query if _names_credential(k)]
+    if _ambiguous(found) or _ambiguous(named) or any(own != per_url[0] for own in per_url):
+        # The pooled lists above would be the same for values swapped between places (an
+        # Authorization header per request and by the client, a ?key= per URL) or for a
+        # credential moved from one URL to another, so say which place holds which.
         parts["sources"] = {name: items for name, (_, items) in sources.items() if items}
     if credentials is not None:
         parts["credentials"] = credentials
@@ -132,6 +158,41 @@ def credential_scope_digest(
         return ""
     text = orjson.dumps([_SCOPE_TAG, parts], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(text).hexdigest()
+
+
+def _texts(items: Any) -> list[tuple[str, str]]:
+    """(name, value) pairs as text: bytes (as httpx accepts and sends them) read as latin-1."""
+    return [
+        (
+            k.decode("latin-1") if isinstance(k, bytes) else str(k),
+            v.decode("latin-1") if isinstance(v, bytes) else str(v),
+        )
+        for k, v in items
+    ]
+
+
+def _names_credential(name: str) -> bool:
+    """A query parameter or cookie name that names a credential (or an account)."""
+    lowered = name.lower()
+    return lowered not in NOT_CREDENTIALS and any(w in lowered for w in (*AUTH_HEADER_WORDS, *_MORE_WORDS))
+
+
+def _as_sent(url: str, client: httpx.Client | None) -> tuple[httpx.URL, list[tuple[str, str]]]:
+    """The URL a request to ``url`` goes to (a client's ``base_url`` joined) and the
+    credential cookies the client's jar puts on it (by domain, path and ``secure``)."""
+    if client is None:
+        return httpx.URL(url), []
+    try:
+        request = client.build_request("GET", url)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.CookieConflict, TypeError, ValueError):
+        return httpx.URL(url), []
+    cookies = []
+    for raw in request.headers.get_list("cookie"):
+        for part in raw.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name and _names_credential(name):
+                cookies.append(("cookie", f"{name}={value}"))
+    return request.url, sorted(cookies)
 
 
 def _ambiguous(items: list[tuple[str, str]]) -> bool:
@@ -160,7 +221,7 @@ def _auth_headers(auth: httpx.Auth | None) -> list[tuple[str, str]]:
 
 def _is_auth_header(name: str) -> bool:
     lowered = name.lower()
-    return lowered != "idempotency-key" and any(word in lowered for word in AUTH_HEADER_WORDS)
+    return lowered not in NOT_CREDENTIALS and any(word in lowered for word in AUTH_HEADER_WORDS)
 
 
 def _items(body: Any, n: int) -> list[Any]:

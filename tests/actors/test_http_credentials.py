@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -162,6 +163,14 @@ def test_http_tool_refuses_client_auth_it_cannot_digest_without_credentials() ->
         client.close()
 
 
+def _jar(*cookies: tuple[str, str, str]) -> httpx.Cookies:
+    """A cookie jar: (name, value, host) per cookie, each host under ``.example``."""
+    jar = httpx.Cookies()
+    for name, value, host in cookies:
+        jar.set(name, value, domain=f"{host}.example")
+    return jar
+
+
 def _digest(spec: dict[str, Any]) -> str:
     spec = dict(spec)
     client = httpx.Client(**spec.pop("client")) if "client" in spec else None
@@ -240,11 +249,63 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
             {"urls": ["https://h/one", "https://ann:p1@h/batch"]},
             {"urls": ["https://h/one", "https://bob:p1@h/batch"]},
         ),
-        ({"client": {"cookies": {"session": "s1"}}}, {"client": {"cookies": {"session": "s2"}}}),
-        ({"client": {"cookies": {"session": "s1"}}}, {}),
+        (
+            {"urls": ["https://h/one"], "client": {"cookies": {"session": "s1"}}},
+            {"urls": ["https://h/one"], "client": {"cookies": {"session": "s2"}}},
+        ),
+        ({"urls": ["https://h/one"], "client": {"cookies": {"session": "s1"}}}, {"urls": ["https://h/one"]}),
         ({"urls": ["https://ann:p1@h/one"]}, {"urls": ["https://h/one"]}),
+        (
+            {"urls": ["one"], "client": {"base_url": "https://ann:p1@h/v1/"}},
+            {"urls": ["one"], "client": {"base_url": "https://bob:p2@h/v1/"}},
+        ),
+        (
+            {"headers": {"Api-Key": "K", "Api-Username": "ann"}},
+            {"headers": {"Api-Key": "K", "Api-Username": "bob"}},
+        ),
+        (
+            {"headers": {"Authorization": "Bearer K", "OpenAI-Organization": "org-1"}},
+            {"headers": {"Authorization": "Bearer K", "OpenAI-Organization": "org-2"}},
+        ),
+        (
+            {
+                "urls": ["https://p.example/one"],
+                "client": {"cookies": _jar(("sid", "A", "p"), ("tok", "B", "q"))},
+            },
+            {
+                "urls": ["https://p.example/one"],
+                "client": {"cookies": _jar(("sid", "A", "q"), ("tok", "B", "p"))},
+            },
+        ),
+        (
+            {"urls": ["https://h/one?key=A", "https://h/batch"]},
+            {"urls": ["https://h/one", "https://h/batch?key=A"]},
+        ),
+        (
+            {"urls": ["https://h/one?key=A", "https://h/batch?token=B"]},
+            {"urls": ["https://h/one?token=B", "https://h/batch?key=A"]},
+        ),
+        (
+            {"urls": ["https://ann:p1@h/one", "https://h/batch"]},
+            {"urls": ["https://h/one", "https://ann:p1@h/batch"]},
+        ),
+        ({"headers": {b"X-Api-Key": b"k1"}}, {"headers": {b"X-Api-Key": b"k2"}}),
     ],
-    ids=["url-userinfo", "batch-url-userinfo", "client-cookies", "cookie-or-none", "userinfo-or-none"],
+    ids=[
+        "url-userinfo",
+        "batch-url-userinfo",
+        "client-cookies",
+        "cookie-or-none",
+        "userinfo-or-none",
+        "base-url-userinfo",
+        "api-username",
+        "organization",
+        "cookie-domain",
+        "key-moved-between-urls",
+        "keys-swapped-between-urls",
+        "userinfo-moved-between-urls",
+        "bytes-headers",
+    ],
 )
 def test_credential_scope_digest_counts_every_place_httpx_sends_a_credential(
     one: dict[str, Any], other: dict[str, Any]
@@ -258,3 +319,71 @@ def test_credential_scope_digest_of_url_userinfo_is_the_basic_auth_header_it_sen
     assert _digest({"urls": ["https://ann:p1@h/one"]}) == _digest(
         {"urls": ["https://h/one"], "headers": {"Authorization": "Basic YW5uOnAx"}}
     )
+
+
+def test_credential_scope_digest_of_what_authenticates_nothing_is_unchanged() -> None:
+    """Parameters that name no credential may differ between the URLs, or repeat, and a
+    client may carry cookies that name none (a locale, a load balancer's): the digest is
+    the one earlier releases computed (pinned), so stored receipts keep their keys."""
+    pinned = {
+        "66e6b32cd8692e3754896ef384f4d5b1b34c46401025ee1e5730e3878e9b764d": {
+            "urls": ["https://h/one?key=K&mode=single", "https://h/batch?key=K&mode=batch"]
+        },
+        "af2b6073ae97540c971273152627f4ab569fd23a997f56f81ad7ca0d6e40041a": {
+            "urls": ["https://h/one?api-version=2024-01", "https://h/batch?api-version=2023-05"],
+            "headers": {"Api-Key": "K"},
+        },
+        "d7dad5e0b33cbc599bc2f0ad60664b259d53e31d00590bec17d7d1c982557dc3": {
+            "urls": ["https://h/one?fields=a&fields=b"],
+            "headers": {"Authorization": "Bearer a"},
+        },
+    }
+    for digest, spec in pinned.items():
+        assert _digest(spec) == digest
+    plain = {"urls": ["https://h/one"], "headers": {"Authorization": "Bearer a"}}
+    cookies = {**plain, "client": {"cookies": {"locale": "en", "AWSALB": "x1", "__cf_bm": "r4nd"}}}
+    assert (
+        _digest(cookies)
+        == _digest(plain)
+        == "a0a3ef31029151a06a7766ade86fa5b979fffd895e3c3a65250c930e9b1af09b"
+    )
+
+
+def test_credential_scope_digest_refuses_what_it_cannot_see_unless_credentials_name_the_account() -> None:
+    """A request event hook may add a key, and an auth that signs with a timestamp or a
+    nonce differs at every request: neither can be digested, so ``credentials=`` must
+    name the account (as for an auth that signs only after a challenge)."""
+
+    class Stamped(httpx.Auth):
+        def auth_flow(self, request: httpx.Request) -> Any:
+            request.headers["X-Signature"] = f"sig-{time.monotonic_ns()}"
+            yield request
+
+    hooked = httpx.Client(event_hooks={"request": [lambda request: None]})
+    stamped = httpx.Client(auth=Stamped())
+    try:
+        for client in (hooked, stamped):
+            with pytest.raises(ValueError, match="credentials="):
+                credential_scope_digest(urls=["https://h/one"], client=client)
+            with pytest.raises(ValueError, match="credentials="):
+                http_tool("lookup", "https://h/one", client=client)
+            one = credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-1")
+            assert one == credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-1")
+            assert one != credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-2")
+    finally:
+        hooked.close()
+        stamped.close()
+
+
+def test_credential_scope_digest_never_raises_for_cookies_httpx_sends() -> None:
+    """Two cookies of one name on other paths (``client.cookies[name]`` would raise
+    CookieConflict), a header httpx takes as bytes, non-ASCII bytes: a digest each."""
+    jar = httpx.Cookies()
+    jar.set("sid", "1", domain="p.example", path="/")
+    jar.set("sid", "2", domain="p.example", path="/v1")
+    for spec in (
+        {"urls": ["https://p.example/v1/one"], "client": {"cookies": jar}},
+        {"client": {"headers": {"X-Api-Key": b"\xc3\xa9"}}},
+        {"headers": {"X-Api-Key": b"\xc3\xa9"}},
+    ):
+        assert len(_digest(spec)) == 64
