@@ -21,207 +21,30 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 * other 4xx → ProviderError with kind ``permanent``.
 
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
-digest (part of every receipt key, see :func:`credential_scope_digest`) is a sha256
-over what authenticates its requests: its auth headers, every query-string parameter and
-``user:password@`` of its URLs, the shared client's auth headers, cookies, query
-parameters and ``auth``, and an explicit ``credentials=`` value; never the secret
-itself. Two runs with different ``Authorization`` headers therefore never share receipts.
+digest (part of every receipt key, see :func:`credential_scope_digest`, in
+``actors/_credentials.py``) is a sha256 over what authenticates its requests as httpx
+sends them: its auth headers, every query-string parameter and ``user:password@`` of its
+URLs, the shared client's auth headers, query parameters, cookies and ``auth``, and an
+explicit ``credentials=`` value; never the secret itself. Two runs with different
+``Authorization`` headers therefore never share receipts.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
-import orjson
 
 from stores.types import FailureKind
 
+from ._credentials import AUTH_HEADER_WORDS, NOT_CREDENTIALS, credential_scope_digest
 from ._pacing import SLOW_START_RPS
 from .errors import NotSentError, ProviderError, ProviderUnreachableError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
 __all__ = ["AUTH_HEADER_WORDS", "NOT_CREDENTIALS", "HttpEndpoint", "credential_scope_digest", "http_tool"]
-
-AUTH_HEADER_WORDS = (
-    "auth", "token", "key", "secret", "session", "cookie", "signature", "credential", "password",
-    "user", "account", "org", "project", "tenant", "workspace",
-)  # fmt: skip
-"""A header whose lower-cased name holds one of these words is a credential
-(``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``...),
-and so is one that picks the account a key acts for (``Api-Username``,
-``OpenAI-Organization``, ``OpenAI-Project``, ``X-Goog-User-Project``), except
-:data:`NOT_CREDENTIALS`. Query parameters and cookies named with one of them (or ``sig``,
-``sid``, ``sess``) are credentials too."""
-
-NOT_CREDENTIALS = ("user-agent", "idempotency-key")
-"""Names holding a credential word that authenticate nothing (compared lower-cased)."""
-
-_MORE_WORDS = ("sig", "sid", "sess")
-
-_SCOPE_TAG = "tooldispatch.credential-scope.v1"
-
-
-def credential_scope_digest(
-    *,
-    headers: Mapping[str, str] | None = None,
-    urls: Sequence[str] = (),
-    client: httpx.Client | None = None,
-    credentials: Any = None,
-) -> str:
-    """The credential-scope digest of HTTP requests: sha256 hex, or "" when nothing
-    authenticates them (so an open API's keys do not change).
-
-    Args:
-        headers: the request headers; those named with an :data:`AUTH_HEADER_WORDS` word
-            count (names compared case-insensitively; bytes read as latin-1).
-        urls: the endpoints; every query-string parameter counts (API keys often travel
-            as ``?key=``, ``?api_key=``, ``?token=``), and a ``user:password@`` part
-            (httpx sends it as Basic auth), the client's ``base_url`` joined first.
-        client: a shared ``httpx.Client``: its auth headers and query parameters count,
-            the cookies its jar sends to each URL whose names name a credential
-            (``session``, ``sid``, ``auth_token``...; a load balancer's or a locale's do
-            not), and the auth headers its ``auth`` adds before any answer
-            (``httpx.BasicAuth``, bearer tokens).
-        credentials: any JSON value naming the account (say an account id plus a key
-            version) for credentials these rules cannot see.
-
-    A credential counts where it is given. When one name holds different values in two
-    places (a request header and the client's header of that name, ``?key=`` in one URL
-    and in another, by their position in ``urls``), or the URLs carry different
-    credentials, the digest says which place holds which, so values swapped or moved
-    between places never share receipts. Otherwise the digest is the one earlier
-    releases computed.
-
-    Raises:
-        ValueError: without ``credentials``, when the client can add credentials the
-            digest cannot see: an ``auth`` that signs only after a challenge
-            (``httpx.DigestAuth``), one that signs each request differently (a timestamp
-            or a nonce), or request event hooks. A transport that adds credentials is
-            not seen either: give ``credentials`` with one.
-    """
-    # place -> (is a query, [(name, value)]): what each place puts on the wire
-    sources: dict[str, tuple[bool, list[tuple[str, str]]]] = {
-        "headers": (False, [(k.lower(), v) for k, v in _texts((headers or {}).items()) if _is_auth_header(k)])
-    }
-    per_url: list[list[tuple[str, str]]] = []  # each URL's own credentials (uniformity check)
-    for i, url in enumerate(urls):
-        parsed, cookies = _as_sent(url, client)
-        params = list(httpx.URL(url).params.multi_items())
-        sources[f"urls[{i}]"] = (True, params)
-        own = [(k, v) for k, v in params if _names_credential(k)]
-        if parsed.userinfo:  # httpx sends it as Basic auth (from the URL or the client's base_url)
-            basic = _auth_headers(httpx.BasicAuth(parsed.username, parsed.password))
-            sources[f"urls[{i}].userinfo"] = (False, basic)
-            own += basic
-        if cookies:
-            sources[f"urls[{i}].cookies"] = (False, cookies)
-            own += cookies
-        per_url.append(sorted(own))
-    if client is not None:
-        client_headers = [(k.lower(), v) for k, v in _texts(client.headers.raw) if _is_auth_header(k)]
-        sources["client.headers"] = (False, client_headers)
-        sources["client.params"] = (True, list(client.params.multi_items()))
-        signed = _auth_headers(client.auth)
-        if signed != _auth_headers(client.auth):  # a timestamp or nonce: no digest can hold it
-            signed = []
-        sources["client.auth"] = (False, signed)
-        unseen = None
-        if client.auth is not None and not signed:
-            unseen = f"the client's auth ({type(client.auth).__name__}) cannot be digested"
-        elif client.event_hooks.get("request"):
-            unseen = "the client's request event hooks may add credentials the digest cannot see"
-        if unseen is not None and credentials is None:
-            raise ValueError(
-                f"{unseen}: pass credentials= naming the account, so runs under other credentials "
-                "never share receipts"
-            )
-    found = [item for is_query, items in sources.values() if not is_query for item in items]
-    query = [item for is_query, items in sources.values() if is_query for item in items]
-    parts: dict[str, Any] = {}
-    if found:
-        parts["headers"] = sorted(found)
-    if query:
-        parts["query"] = sorted(query)
-    named = [(k, v) for k, v in query if _names_credential(k)]
-    if _ambiguous(found) or _ambiguous(named) or any(own != per_url[0] for own in per_url):
-        # The pooled lists above would be the same for values swapped between places (an
-        # Authorization header per request and by the client, a ?key= per URL) or for a
-        # credential moved from one URL to another, so say which place holds which.
-        parts["sources"] = {name: items for name, (_, items) in sources.items() if items}
-    if credentials is not None:
-        parts["credentials"] = credentials
-    if not parts:
-        return ""
-    text = orjson.dumps([_SCOPE_TAG, parts], option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(text).hexdigest()
-
-
-def _texts(items: Any) -> list[tuple[str, str]]:
-    """(name, value) pairs as text: bytes (as httpx accepts and sends them) read as latin-1."""
-    return [
-        (
-            k.decode("latin-1") if isinstance(k, bytes) else str(k),
-            v.decode("latin-1") if isinstance(v, bytes) else str(v),
-        )
-        for k, v in items
-    ]
-
-
-def _names_credential(name: str) -> bool:
-    """A query parameter or cookie name that names a credential (or an account)."""
-    lowered = name.lower()
-    return lowered not in NOT_CREDENTIALS and any(w in lowered for w in (*AUTH_HEADER_WORDS, *_MORE_WORDS))
-
-
-def _as_sent(url: str, client: httpx.Client | None) -> tuple[httpx.URL, list[tuple[str, str]]]:
-    """The URL a request to ``url`` goes to (a client's ``base_url`` joined) and the
-    credential cookies the client's jar puts on it (by domain, path and ``secure``)."""
-    if client is None:
-        return httpx.URL(url), []
-    try:
-        request = client.build_request("GET", url)
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.CookieConflict, TypeError, ValueError):
-        return httpx.URL(url), []
-    cookies = []
-    for raw in request.headers.get_list("cookie"):
-        for part in raw.split(";"):
-            name, _, value = part.strip().partition("=")
-            if name and _names_credential(name):
-                cookies.append(("cookie", f"{name}={value}"))
-    return request.url, sorted(cookies)
-
-
-def _ambiguous(items: list[tuple[str, str]]) -> bool:
-    """True when one name holds more than one distinct value among ``items``."""
-    values: dict[str, set[str]] = {}
-    for name, value in items:
-        values.setdefault(name, set()).add(value)
-    return any(len(held) > 1 for held in values.values())
-
-
-def _auth_headers(auth: httpx.Auth | None) -> list[tuple[str, str]]:
-    """The auth headers ``auth`` puts on a request before any answer (``BasicAuth``,
-    a bearer-token ``Auth``...): the first step of its public ``auth_flow``."""
-    if auth is None:
-        return []
-    probe = httpx.Request("GET", "https://credential-scope.invalid/")
-    flow = auth.auth_flow(probe)
-    try:
-        signed = next(flow)
-    except StopIteration:
-        return []
-    finally:
-        flow.close()
-    return [(k.lower(), v) for k, v in signed.headers.items() if _is_auth_header(k)]
-
-
-def _is_auth_header(name: str) -> bool:
-    lowered = name.lower()
-    return lowered not in NOT_CREDENTIALS and any(word in lowered for word in AUTH_HEADER_WORDS)
 
 
 def _items(body: Any, n: int) -> list[Any]:
@@ -362,8 +185,11 @@ def http_tool(
         credentials: a JSON value naming the account, for credentials the headers,
             URLs and client do not show (see :func:`credential_scope_digest`).
 
-    The tool's ``credentials()`` digests the endpoints' current headers each time it is
-    asked (after an ``AuthScopeChangedError`` too), so a changed key gives new receipts.
+    The tool's ``credentials()`` digests the endpoints' current headers and the client's
+    each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
+    new receipts. Of the client's cookies, those it held when the tool was made count,
+    with their current values: a cookie the provider sets later (a session, a load
+    balancer's) never changes the digest, so a rerun with the same tool is still free.
 
     Raises:
         ValueError: as :func:`credential_scope_digest`.
@@ -389,10 +215,15 @@ def http_tool(
             batch_operation=batch_url,
         )
     urls = [url] if batch_url is None else [url, batch_url]
+    configured = {(c.name, c.domain, c.path) for c in shared.cookies.jar}
 
     def scope() -> str:
+        jar = httpx.Cookies()  # the cookies given, as they are now; not those a provider set
+        for cookie in shared.cookies.jar:
+            if (cookie.name, cookie.domain, cookie.path) in configured:
+                jar.jar.set_cookie(cookie)
         return credential_scope_digest(
-            headers=single.headers, urls=urls, client=shared, credentials=credentials
+            headers=single.headers, urls=urls, client=shared, credentials=credentials, cookies=jar
         )
 
     scope()  # refuse an undigestable client auth now, not at the first call

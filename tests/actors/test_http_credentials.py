@@ -21,6 +21,7 @@ import pytest
 
 from actors import DispatchSystem, Policy, RunInfo
 from actors.http import credential_scope_digest, http_tool
+from actors.results import ToolContext
 from stores import SqliteReceiptStore
 
 CALL_TIMEOUT_S = 60.0
@@ -171,6 +172,14 @@ def _jar(*cookies: tuple[str, str, str]) -> httpx.Cookies:
     return jar
 
 
+def _paths(*cookies: tuple[str, str]) -> httpx.Cookies:
+    """A jar holding cookie ``sid`` on each (path, value) of ``p.example``."""
+    jar = httpx.Cookies()
+    for path, value in cookies:
+        jar.set("sid", value, domain="p.example", path=path)
+    return jar
+
+
 def _digest(spec: dict[str, Any]) -> str:
     spec = dict(spec)
     client = httpx.Client(**spec.pop("client")) if "client" in spec else None
@@ -290,6 +299,26 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
             {"urls": ["https://h/one", "https://ann:p1@h/batch"]},
         ),
         ({"headers": {b"X-Api-Key": b"k1"}}, {"headers": {b"X-Api-Key": b"k2"}}),
+        (
+            {"urls": ["https://h/one?appid=A"], "client": {"params": {"appid": "B"}}},
+            {"urls": ["https://h/one?appid=B"], "client": {"params": {"appid": "A"}}},
+        ),
+        (
+            {"urls": ["https://h/one?appid=A", "https://h/batch?appid=B"]},
+            {"urls": ["https://h/one?appid=B", "https://h/batch?appid=A"]},
+        ),
+        (
+            {"urls": ["https://p.example/one"], "client": {"cookies": {"li_at": "ann"}}},
+            {"urls": ["https://p.example/one"], "client": {"cookies": {"li_at": "bob"}}},
+        ),
+        (
+            {"urls": ["https://p.example/v1/one"], "client": {"cookies": _paths(("/", "A"), ("/v1", "B"))}},
+            {"urls": ["https://p.example/v1/one"], "client": {"cookies": _paths(("/", "B"), ("/v1", "A"))}},
+        ),
+        (
+            {"urls": ["https://h/one?mode=single", "https://h/batch?mode=batch"]},
+            {"urls": ["https://h/one?mode=batch", "https://h/batch?mode=single"]},
+        ),
     ],
     ids=[
         "url-userinfo",
@@ -305,6 +334,11 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
         "keys-swapped-between-urls",
         "userinfo-moved-between-urls",
         "bytes-headers",
+        "client-params-over-url",
+        "wordless-key-swapped-between-urls",
+        "wordless-cookie",
+        "one-cookie-name-on-two-paths",
+        "params-swapped-between-urls",
     ],
 )
 def test_credential_scope_digest_counts_every_place_httpx_sends_a_credential(
@@ -315,38 +349,68 @@ def test_credential_scope_digest_counts_every_place_httpx_sends_a_credential(
     assert _digest(one) != ""
 
 
-def test_credential_scope_digest_of_url_userinfo_is_the_basic_auth_header_it_sends() -> None:
-    assert _digest({"urls": ["https://ann:p1@h/one"]}) == _digest(
-        {"urls": ["https://h/one"], "headers": {"Authorization": "Basic YW5uOnAx"}}
-    )
-
-
-def test_credential_scope_digest_of_what_authenticates_nothing_is_unchanged() -> None:
-    """Parameters that name no credential may differ between the URLs, or repeat, and a
-    client may carry cookies that name none (a locale, a load balancer's): the digest is
-    the one earlier releases computed (pinned), so stored receipts keep their keys."""
+def test_credential_scope_digest_of_common_setups_is_unchanged() -> None:
+    """Where the pooled form of earlier releases says what is sent (each credential given
+    once, the same query on every URL), the digest is the earlier one (pinned against
+    the code before the per-place rule), so stored receipts keep their keys."""
     pinned = {
-        "66e6b32cd8692e3754896ef384f4d5b1b34c46401025ee1e5730e3878e9b764d": {
-            "urls": ["https://h/one?key=K&mode=single", "https://h/batch?key=K&mode=batch"]
+        "0dc16a2315df2793b9e9f91b2bee23eace62f0a6d286a385a0f2e05f8af5a7bf": {
+            "headers": {"Authorization": "Bearer sk-1"},
+            "urls": ["https://api.openai.com/v1/chat/completions"],
         },
-        "af2b6073ae97540c971273152627f4ab569fd23a997f56f81ad7ca0d6e40041a": {
-            "urls": ["https://h/one?api-version=2024-01", "https://h/batch?api-version=2023-05"],
-            "headers": {"Api-Key": "K"},
+        "2ab5e5c847dc7aeca01434a8efa4dc01e0ba776ec332187ac0af72000f6ce7ac": {
+            "headers": {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01"},
+            "urls": [
+                "https://api.anthropic.com/v1/messages",
+                "https://api.anthropic.com/v1/messages/batches",
+            ],
         },
-        "d7dad5e0b33cbc599bc2f0ad60664b259d53e31d00590bec17d7d1c982557dc3": {
-            "urls": ["https://h/one?fields=a&fields=b"],
-            "headers": {"Authorization": "Bearer a"},
+        "931ae4cf40cd57cc88c2ba2f331be6764d86a9912372bf81c6c040d7045758d3": {
+            "urls": ["https://maps.googleapis.com/maps/api/geocode/json?key=AIza1"]
+        },
+        "cfb3d43e2ae6a9354305d80d76384bf25abcf56600316dd456177b240cdb04a6": {
+            "urls": [
+                "https://api.hunter.io/v2/email-verifier?api_key=h1",
+                "https://api.hunter.io/v2/bulk?api_key=h1",
+            ]
+        },
+        "6b289456155defb27233ae8c44c55c3e474fefad014b4dab644ee56b89804cfe": {
+            "urls": ["https://api.stripe.com/v1/charges"],
+            "client": {"auth": ("sk_live_1", "")},
+        },
+        "0d13f11069e03c2d363164fbade0d00051a12c1fa535674d4248c3391cffe47e": {  # a list parameter
+            "urls": ["https://api.hubapi.com/crm/v3/objects/contacts?hapikey=K&properties=a&properties=b"]
         },
     }
     for digest, spec in pinned.items():
         assert _digest(spec) == digest
-    plain = {"urls": ["https://h/one"], "headers": {"Authorization": "Bearer a"}}
-    cookies = {**plain, "client": {"cookies": {"locale": "en", "AWSALB": "x1", "__cf_bm": "r4nd"}}}
-    assert (
-        _digest(cookies)
-        == _digest(plain)
-        == "a0a3ef31029151a06a7766ade86fa5b979fffd895e3c3a65250c930e9b1af09b"
-    )
+
+
+def test_http_tool_counts_the_cookies_it_was_given_not_those_the_provider_sets() -> None:
+    """A provider's Set-Cookie (a load balancer's, a rotating session) lands in the shared
+    client's jar: the tool's digest stays, so a rerun with the same tool is free. A
+    cookie the tool was given still counts with its current value."""
+    answers = [
+        httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "AWSALB=lb1; Path=/")]),
+        httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "JSESSIONID=j2; Path=/")]),
+    ]
+    client = httpx.Client(cookies={"session": "s1"}, transport=httpx.MockTransport(lambda r: answers.pop(0)))
+    try:
+        tool = http_tool("lookup", "https://p.example/one", client=client)
+        assert tool.credentials is not None
+        before = tool.credentials()
+        context = ToolContext(
+            tool_id="lookup", idempotency_key="ik", receipt_keys=("k",), credential_scope_digest=before,
+            deadline=time.monotonic() + 5.0, timeout_s=5.0,
+        )  # fmt: skip
+        tool.fn({"q": 1}, context)
+        tool.fn({"q": 2}, context)
+        assert {"AWSALB", "JSESSIONID"} <= set(client.cookies.keys())
+        assert tool.credentials() == before
+        client.cookies.set("session", "s2")  # another account
+        assert tool.credentials() != before
+    finally:
+        client.close()
 
 
 def test_credential_scope_digest_refuses_what_it_cannot_see_unless_credentials_name_the_account() -> None:
