@@ -8,17 +8,21 @@ Two layers, so that stored receipts keep their keys:
 
 * the pooled form of earlier releases: the credential headers (request, client, the
   client's ``auth``) and every query parameter (URLs, client), each list sorted;
-* the wire: what each URL's request carries, by position in ``urls`` (its query as
-  httpx builds it, its credential headers after merging and auth, the cookies the jar
-  sends to it, in order). It is added whenever the pooled form does not say it alone:
-  a name given in two places with other values (a request header over the client's, a
-  client parameter over the URL's), URLs with other queries (a key moved or swapped
-  between the URL and the batch URL), a ``user:password@``, cookies.
+* the wire: what each URL's request carries, by position in ``urls``, built as the
+  client builds it (its path, its query, its credential headers after merging and
+  auth, the cookies the jar sends to it, in order). It is added whenever the pooled
+  form does not say it alone: a name given in two places with other values (a request
+  header over the client's; a client's params, which httpx 0.28 puts in place of the
+  URL's query), URLs with other queries (a key moved or swapped between the URL and the
+  batch URL), a name given twice with other values (which goes first may matter), a
+  ``user:password@``, cookies, a path segment that looks like a key (``/v2/<key>``,
+  ``/bot<token>/``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,9 +45,10 @@ NOT_CREDENTIALS = ("user-agent", "useragent", "idempotency-key")
 """Header names holding one of these (lower-cased) authenticate nothing
 (``User-Agent``, ``X-Amz-User-Agent``, ``x-ms-useragent``)."""
 
-_SECRET_WORDS = AUTH_HEADER_WORDS[:9]
-"""The words naming a secret (not an account): a query parameter so named and given twice
-with other values is a credential whose order may matter."""
+_STABLE_AUTHS = (httpx.BasicAuth, httpx.NetRCAuth)
+"""Auths whose headers are the same at every request: digested even beside
+``credentials``. Another auth's headers (a token fetched, a signature with the time)
+are left to ``credentials`` when it is given."""
 
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
 
@@ -52,7 +57,7 @@ Pairs = list[tuple[str, str]]
 
 def credential_scope_digest(
     *,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
     urls: Sequence[str] = (),
     client: httpx.Client | None = None,
     credentials: Any = None,
@@ -62,45 +67,59 @@ def credential_scope_digest(
     authenticates them (so an open API's keys do not change).
 
     Args:
-        headers: the request headers; those named with an :data:`AUTH_HEADER_WORDS` word
-            count (names compared case-insensitively; bytes read as latin-1).
+        headers: the request headers (a mapping or (name, value) pairs); those named with
+            an :data:`AUTH_HEADER_WORDS` word count (names compared case-insensitively;
+            bytes read as latin-1).
         urls: the endpoints; every query-string parameter counts (API keys often travel
-            as ``?key=``, ``?appid=``, ``?token=``), and a ``user:password@`` part
-            (httpx sends it as Basic auth), the client's ``base_url`` joined first.
+            as ``?key=``, ``?appid=``, ``?token=``), a ``user:password@`` part (httpx
+            sends it as Basic auth), and a path segment that looks like a key (16
+            characters or more, letters and digits mixed), the client's ``base_url``
+            joined first.
         client: a shared ``httpx.Client``: its auth headers and query parameters count,
-            the auth headers its ``auth`` adds before any answer (``httpx.BasicAuth``,
-            bearer tokens), and the cookies its jar sends to each URL.
+            the headers its ``auth`` adds before any answer (``httpx.BasicAuth``, bearer
+            tokens), and the cookies its jar sends to each URL.
         credentials: any JSON value naming the account (say an account id plus a key
-            version) for credentials these rules cannot see.
+            version) for credentials these rules cannot see. Beside an auth other than
+            ``httpx.BasicAuth`` / ``httpx.NetRCAuth`` (a token it fetches, a signature
+            with the time), it replaces what that auth's headers would add: name the
+            account in it.
         cookies: the jar whose cookies count, instead of the client's
-            (:func:`~actors.http.http_tool` passes the jar as it was when the tool was
-            made, so a cookie the provider sets during a run never changes the digest).
+            (:func:`~actors.http.http_tool` leaves out those the provider set).
 
     A credential counts where it is sent: values swapped or moved between the request
     and the client, or between one URL and another, never share receipts. Where the
     pooled form of earlier releases says what is sent, the digest is that one.
 
     Raises:
+        TypeError: ``urls`` is one string, not a sequence of them.
         ValueError: without ``credentials``, when the client can add credentials the
             digest cannot see: an ``auth`` that signs only after a challenge
-            (``httpx.DigestAuth``), one whose signature differs from one request to the
-            next (a nonce, a timestamp finer than the call; one in whole seconds is not
-            always seen: give ``credentials`` with it), or request event hooks. A
-            transport that adds credentials is not seen either: give ``credentials``.
+            (``httpx.DigestAuth``), one whose headers differ from one request to the
+            next (a nonce; a timestamp in whole seconds is seldom seen: give
+            ``credentials`` with it), or request event hooks. A transport that adds
+            credentials is not seen either: give ``credentials``.
     """
-    mine = _credential_headers(_texts((headers or {}).items()))
+    if isinstance(urls, (str, bytes)):
+        raise TypeError("urls must be a sequence of URLs, not one string")
+    given = list(headers.items() if isinstance(headers, Mapping) else headers or ())
+    mine = _credential_headers(_texts(given))
     client_headers: Pairs = []
     client_params: Pairs = []
     signed: Pairs = []
+    sign = False  # the client's auth adds headers the digest holds
     if client is not None:
         client_headers = _credential_headers(_items(client.headers))
         client_params = list(client.params.multi_items())
-        signed = _signed(client.auth, httpx.Request("GET", "https://credential-scope.invalid/"))
-        if signed != _signed(client.auth, httpx.Request("GET", "https://credential-scope.invalid/")):
-            signed = []  # a nonce or a timestamp: no digest can hold it
+        auth = client.auth
+        named = credentials is not None and auth is not None and not isinstance(auth, _STABLE_AUTHS)
+        if auth is not None and not named:  # a custom auth with credentials=: the account is named
+            signed = _signed(auth, httpx.Request("GET", "https://credential-scope.invalid/"))
+            if signed != _signed(auth, httpx.Request("GET", "https://credential-scope.invalid/")):
+                signed = []  # a nonce or a timestamp: no digest can hold it
+        sign = bool(signed)
         unseen = None
-        if client.auth is not None and not signed:
-            unseen = f"the client's auth ({type(client.auth).__name__}) cannot be digested"
+        if auth is not None and not signed:
+            unseen = f"the client's auth ({type(auth).__name__}) cannot be digested"
         elif client.event_hooks.get("request"):
             unseen = "the client's request event hooks may add credentials the digest cannot see"
         if unseen is not None and credentials is None:
@@ -118,13 +137,13 @@ def credential_scope_digest(
     if query:
         parts["query"] = sorted(query)
     jar = cookies if cookies is not None else client.cookies if client is not None else None
-    sign = client is not None and client.auth is not None and bool(signed)  # an auth whose headers hold
-    wire = [_as_sent(url, headers, client, jar, sign) for url in targets]
+    wire = [_as_sent(url, given, client, jar, sign) for url in targets]
     pooled_says_it = all(
-        sent["headers"] == sorted(found)
+        sent["headers"] == sorted(set(found))
         and sorted(sent["query"]) == sorted(params + client_params)
-        and not _repeated([(k, v) for k, v in sent["query"] if any(w in k.lower() for w in _SECRET_WORDS)])
+        and not _repeated(sent["query"])
         and not sent["cookies"]
+        and not any(_secretish(part) for part in sent["path"].split("/"))
         and sorted(params) == sorted(own[0])
         for sent, params in zip(wire, own, strict=True)
     )
@@ -139,48 +158,57 @@ def credential_scope_digest(
 
 
 def _as_sent(
-    url: str | None,
-    headers: Mapping[str, str] | None,
-    client: httpx.Client | None,
-    jar: httpx.Cookies | None,
-    sign: bool,
+    url: str | None, headers: Pairs, client: httpx.Client | None, jar: httpx.Cookies | None, sign: bool
 ) -> dict[str, Any]:
-    """What a request to ``url`` carries, as httpx builds it: its query (the client's
-    ``base_url`` joined, its ``params`` merged over the URL's), its credential headers
-    (the request's over the client's, then the auth's: the client's, else the URL's
-    ``user:password@``) sorted, and the jar's cookies for it (domain, path, ``secure``)
-    in the order they are sent. ``sign``: the client's auth can be digested (else what it
-    adds is left to ``credentials``)."""
-    target = httpx.URL(url if url is not None else "https://credential-scope.invalid/")
-    merged = httpx.Headers(client.headers if client is not None else None)  # as Client.build_request
-    auth: httpx.Auth | None = None
+    """What a request to ``url`` carries, built as the client builds it (``base_url``
+    joined, its ``params`` and headers merged the way this httpx merges them): its path,
+    its query (percent-escapes read as latin-1, so no two byte strings meet), its
+    credential headers after the auth signed it (the client's when ``sign``, else the
+    URL's ``user:password@``) sorted, and the cookies ``jar`` sends to it (domain, path,
+    ``secure``; none when a Cookie header is given, as httpx then sends none) in order."""
+    target = url if url is not None else "https://credential-scope.invalid/"
+    request: httpx.Request | None = None
     if client is not None:
-        if target.is_relative_url:  # as httpx.Client joins it
-            base = client.base_url
-            target = base.copy_with(raw_path=base.raw_path + target.raw_path.lstrip(b"/"))
-        target = target.copy_merge_params(client.params)
-        auth = client.auth if sign else None
-    merged.update(httpx.Headers(headers or {}))
-    if (client is None or client.auth is None) and (target.username or target.password):
-        auth = httpx.BasicAuth(target.username, target.password)
-    request = httpx.Request("GET", target.copy_with(username=None, password=None), headers=merged)
+        try:
+            request = client.build_request("GET", target, headers=headers)
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, TypeError, ValueError):
+            request = None
+    if request is None:
+        request = httpx.Request("GET", target, headers=headers)
+    explicit = "cookie" in request.headers and (
+        any(k.lower() == "cookie" for k, _ in headers) or (client is not None and "cookie" in client.headers)
+    )
+    if not explicit:
+        request.headers.pop("cookie", None)  # the client's whole jar: counted below as given
+    sent_url = request.url
+    auth: httpx.Auth | None = client.auth if client is not None and sign else None
+    if auth is None and (client is None or client.auth is None) and (sent_url.username or sent_url.password):
+        auth = httpx.BasicAuth(sent_url.username, sent_url.password)
     signed = _signed(auth, request) if auth is not None else _items(request.headers)
     sent: list[str] = []
-    if jar is not None:
-        probe = httpx.Request("GET", request.url)
+    if jar is not None and not explicit and not sent_url.is_relative_url:  # a relative URL is never sent
+        probe = httpx.Request("GET", sent_url)
         jar.set_cookie_header(probe)
         for line in probe.headers.get_list("cookie"):
             sent += [part.strip() for part in line.split(";") if part.strip()]
     return {
-        "query": list(target.params.multi_items()),
-        "headers": sorted(_credential_headers(signed)),
+        "path": sent_url.raw_path.split(b"?")[0].decode("latin-1"),
+        "query": urllib.parse.parse_qsl(
+            sent_url.query.decode("latin-1"), keep_blank_values=True, encoding="latin-1"
+        ),
+        "headers": sorted(set(_credential_headers(signed))),
         "cookies": sent,
     }
 
 
+def _secretish(segment: str) -> bool:
+    """A path segment that looks like a key (``/v2/<key>``, ``/bot<token>``, a webhook's
+    parts): 16 characters or more, letters and digits mixed."""
+    return len(segment) >= 16 and any(c.isdigit() for c in segment) and any(c.isalpha() for c in segment)
+
+
 def _repeated(items: Pairs) -> bool:
-    """One name with other values in ``items`` (a credential's: which goes first may
-    matter; a list parameter such as ``properties=a&properties=b`` keeps its digest)."""
+    """One name with other values in ``items`` (which goes first may matter)."""
     values: dict[str, set[str]] = {}
     for name, value in items:
         values.setdefault(name, set()).add(value)

@@ -85,6 +85,8 @@ class HttpEndpoint:
         self.method = method
         self.headers = dict(headers or {})
         self.client = client or httpx.Client()
+        self.provider_cookies: dict[tuple[str, str, str], str | None] = {}
+        """The cookies the provider set in its answers: (name, domain, path) -> value."""
 
     def __call__(self, body: Any, ctx: ToolContext) -> Any:
         """Send ``body`` as JSON; return the decoded JSON answer.
@@ -120,6 +122,8 @@ class HttpEndpoint:
             # request may have reached the provider (uncertain for a tool not retry-safe)
             error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
             raise error from exc
+        for cookie in response.cookies.jar:  # a session, a load balancer's: not a credential given
+            self.provider_cookies[(cookie.name, cookie.domain, cookie.path)] = cookie.value
         status = response.status_code
         retry_after = response.headers.get("Retry-After")
         if status == 429 or (status == 503 and retry_after is not None):
@@ -187,9 +191,10 @@ def http_tool(
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
-    new receipts. Of the client's cookies, those it held when the tool was made count,
-    with their current values: a cookie the provider sets later (a session, a load
-    balancer's) never changes the digest, so a rerun with the same tool is still free.
+    new receipts. The client's cookies count (given when it was made, or later, say by a
+    login through it), except those holding the value the provider set in answer to
+    this tool's requests (a session, a load balancer's): a rerun with the same tool is
+    still free. A configured cookie the provider rotates changes the digest once.
 
     Raises:
         ValueError: as :func:`credential_scope_digest`.
@@ -199,6 +204,7 @@ def http_tool(
     batch = None
     if batch_url is not None:
         endpoint = HttpEndpoint(batch_url, client=shared, headers=headers)
+        endpoint.provider_cookies = single.provider_cookies  # one record for the tool
 
         def split(body: Any, n: int) -> list[Any]:
             out: list[Any] = []
@@ -215,12 +221,12 @@ def http_tool(
             batch_operation=batch_url,
         )
     urls = [url] if batch_url is None else [url, batch_url]
-    configured = {(c.name, c.domain, c.path) for c in shared.cookies.jar}
+    provider_set = single.provider_cookies
 
     def scope() -> str:
-        jar = httpx.Cookies()  # the cookies given, as they are now; not those a provider set
+        jar = httpx.Cookies()  # the client's cookies, but for those as the provider set them
         for cookie in shared.cookies.jar:
-            if (cookie.name, cookie.domain, cookie.path) in configured:
+            if provider_set.get((cookie.name, cookie.domain, cookie.path), ()) != cookie.value:
                 jar.jar.set_cookie(cookie)
         return credential_scope_digest(
             headers=single.headers, urls=urls, client=shared, credentials=credentials, cookies=jar

@@ -242,12 +242,12 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
     same_key_twice = {"urls": ["http://h/one?key=a", "http://h/batch?key=a"], "headers": {"X-Api-Key": "k"}}
     assert _digest(same_key_twice) == "22dc228fa448fc47a3f685af94b7141d88a292e1b01e7507dbd14b1c382e8786"
     every_place = {
-        "urls": ["http://h/one?key=a"],
+        "urls": ["http://h/one"],
         "headers": {"X-Api-Key": "k"},
         "client": {"params": {"token": "t"}, "headers": {"Cookie": "c"}, "auth": ("u", "p")},
         "credentials": {"acct": 1},
     }
-    assert _digest(every_place) == "aeda655189793e8ddff1a4dfb165889713568c7791f377e2df6f14a68cd5c596"
+    assert _digest(every_place) == "7f97c59b3b1853fc4dbfc3af88eba7c3c38f0d4a6321bdb211ec3cf961104c4b"
 
 
 @pytest.mark.parametrize(
@@ -319,6 +319,16 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
             {"urls": ["https://h/one?mode=single", "https://h/batch?mode=batch"]},
             {"urls": ["https://h/one?mode=batch", "https://h/batch?mode=single"]},
         ),
+        (
+            {"urls": ["https://eth.example/v2/4f9a1c2b7d3e8a6f0b5c9d2e"]},
+            {"urls": ["https://eth.example/v2/9c2e7b1d4a8f3e6b0d5a1c7f"]},
+        ),
+        (
+            {"urls": ["https://api.telegram.org/bot123456:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage"]},
+            {"urls": ["https://api.telegram.org/bot654321:BBHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage"]},
+        ),
+        ({"urls": ["https://h/one?appid=A&appid=B"]}, {"urls": ["https://h/one?appid=B&appid=A"]}),
+        ({"urls": ["https://h/one?key=%FF"]}, {"urls": ["https://h/one?key=%FE"]}),
     ],
     ids=[
         "url-userinfo",
@@ -339,6 +349,10 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
         "wordless-cookie",
         "one-cookie-name-on-two-paths",
         "params-swapped-between-urls",
+        "key-in-the-path",
+        "bot-token-in-the-path",
+        "wordless-key-given-twice",
+        "percent-escapes-not-utf8",
     ],
 )
 def test_credential_scope_digest_counts_every_place_httpx_sends_a_credential(
@@ -378,37 +392,37 @@ def test_credential_scope_digest_of_common_setups_is_unchanged() -> None:
             "urls": ["https://api.stripe.com/v1/charges"],
             "client": {"auth": ("sk_live_1", "")},
         },
-        "0d13f11069e03c2d363164fbade0d00051a12c1fa535674d4248c3391cffe47e": {  # a list parameter
-            "urls": ["https://api.hubapi.com/crm/v3/objects/contacts?hapikey=K&properties=a&properties=b"]
-        },
     }
     for digest, spec in pinned.items():
         assert _digest(spec) == digest
 
 
-def test_http_tool_counts_the_cookies_it_was_given_not_those_the_provider_sets() -> None:
-    """A provider's Set-Cookie (a load balancer's, a rotating session) lands in the shared
-    client's jar: the tool's digest stays, so a rerun with the same tool is free. A
-    cookie the tool was given still counts with its current value."""
+def test_http_tool_counts_the_clients_cookies_but_not_those_the_provider_sets() -> None:
+    """A provider's Set-Cookie in answer to the tool's requests (a load balancer's, a
+    session) lands in the shared client's jar: the tool's digest stays, so a rerun with
+    the same tool is free. A cookie given to the client, before the tool was made or
+    after (a login through the shared client), counts with its current value."""
     answers = [
         httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "AWSALB=lb1; Path=/")]),
         httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "JSESSIONID=j2; Path=/")]),
     ]
-    client = httpx.Client(cookies={"session": "s1"}, transport=httpx.MockTransport(lambda r: answers.pop(0)))
+    client = httpx.Client(transport=httpx.MockTransport(lambda r: answers.pop(0)))
     try:
         tool = http_tool("lookup", "https://p.example/one", client=client)
         assert tool.credentials is not None
-        before = tool.credentials()
+        anonymous = tool.credentials()
         context = ToolContext(
-            tool_id="lookup", idempotency_key="ik", receipt_keys=("k",), credential_scope_digest=before,
+            tool_id="lookup", idempotency_key="ik", receipt_keys=("k",), credential_scope_digest=anonymous,
             deadline=time.monotonic() + 5.0, timeout_s=5.0,
         )  # fmt: skip
         tool.fn({"q": 1}, context)
         tool.fn({"q": 2}, context)
         assert {"AWSALB", "JSESSIONID"} <= set(client.cookies.keys())
-        assert tool.credentials() == before
-        client.cookies.set("session", "s2")  # another account
-        assert tool.credentials() != before
+        assert tool.credentials() == anonymous
+        client.cookies.set("li_at", "ann", domain="p.example")  # logged in after the tool was made
+        ann = tool.credentials()
+        client.cookies.set("li_at", "bob", domain="p.example")
+        assert len({anonymous, ann, tool.credentials()}) == 3
     finally:
         client.close()
 
@@ -441,7 +455,8 @@ def test_credential_scope_digest_refuses_what_it_cannot_see_unless_credentials_n
 
 def test_credential_scope_digest_never_raises_for_cookies_httpx_sends() -> None:
     """Two cookies of one name on other paths (``client.cookies[name]`` would raise
-    CookieConflict), a header httpx takes as bytes, non-ASCII bytes: a digest each."""
+    CookieConflict), a header httpx takes as bytes, non-ASCII bytes, a relative URL with no
+    base_url (httpx refuses it at the call, not here), an IPv6 host: a digest each."""
     jar = httpx.Cookies()
     jar.set("sid", "1", domain="p.example", path="/")
     jar.set("sid", "2", domain="p.example", path="/v1")
@@ -449,5 +464,53 @@ def test_credential_scope_digest_never_raises_for_cookies_httpx_sends() -> None:
         {"urls": ["https://p.example/v1/one"], "client": {"cookies": jar}},
         {"client": {"headers": {"X-Api-Key": b"\xc3\xa9"}}},
         {"headers": {"X-Api-Key": b"\xc3\xa9"}},
+        {"urls": ["lookup"], "client": {"cookies": {"session": "s"}}, "headers": {"X-Api-Key": "k"}},
+        {"urls": ["http://[::1]:8080/x?key=1#part"], "client": {"cookies": {"session": "s"}}},
     ):
         assert len(_digest(spec)) == 64
+
+
+def test_credential_scope_digest_holds_what_is_not_sent_apart() -> None:
+    """The same credentials on the wire keep one digest: a header given both per request
+    and by the client with one value (pinned against earlier releases), and a jar that
+    an explicit Cookie header keeps httpx from sending."""
+    both = {"headers": {"Authorization": "Bearer A"}, "client": {"headers": {"Authorization": "Bearer A"}}}
+    assert _digest(both) == "f6ec249a21d5efda2bd03e373eb1485be2f7a9036f70045b0f43ee0ceee9b2a3"
+    explicit = {"urls": ["https://p.example/one"], "headers": {"Cookie": "sid=A"}}
+    assert _digest({**explicit, "client": {"cookies": _jar(("sid", "X", "p"))}}) == _digest(
+        {**explicit, "client": {"cookies": _jar(("sid", "Y", "p"))}}
+    )
+
+
+def test_credential_scope_digest_of_a_custom_auth_beside_credentials_is_the_account_named() -> None:
+    """An auth whose signature changes with time in whole seconds (SigV4's X-Amz-Date) or
+    that fetches tokens signs the same twice within one second, so the digest cannot tell:
+    with ``credentials=`` naming the account, a custom auth's headers are left out and
+    the digest holds from one second (one run) to the next."""
+
+    class PerSecond(httpx.Auth):
+        def __init__(self) -> None:
+            self.second = 0
+
+        def auth_flow(self, request: httpx.Request) -> Any:
+            request.headers["Authorization"] = f"AWS4-HMAC-SHA256 sig-{self.second}"
+            yield request
+
+    auth = PerSecond()
+    client = httpx.Client(auth=auth)
+    try:
+        first = credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-1")
+        auth.second += 1  # the next run starts a second later
+        assert credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-1") == first
+        assert credential_scope_digest(urls=["https://h/one"], client=client, credentials="acct-2") != first
+    finally:
+        client.close()
+    basic = httpx.Client(auth=("ann", "p1"))  # a Basic auth still counts beside credentials
+    other = httpx.Client(auth=("bob", "p2"))
+    try:
+        assert credential_scope_digest(client=basic, credentials="c") != credential_scope_digest(
+            client=other, credentials="c"
+        )
+    finally:
+        basic.close()
+        other.close()
