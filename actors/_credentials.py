@@ -15,8 +15,9 @@ Two layers, so that stored receipts keep their keys:
   header over the client's; a client's params, which httpx 0.28 puts in place of the
   URL's query), URLs with other queries (a key moved or swapped between the URL and the
   batch URL), a name given twice with other values (which goes first may matter), a
-  ``user:password@``, cookies, a path segment that looks like a key (``/v2/<key>``,
-  ``/bot<token>/``).
+  ``user:password@``, cookies, and URLs when nothing else authenticates (a key in the
+  path or the host: ``/v2/<key>``, ``/bot<token>/``, a webhook's URL; the port never
+  counts, so a local server's changing port keeps its receipts).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 import orjson
 
-__all__ = ["AUTH_HEADER_WORDS", "NOT_CREDENTIALS", "credential_scope_digest"]
+__all__ = ["AUTH_HEADER_WORDS", "NOT_CREDENTIALS", "NOT_CREDENTIAL_COOKIES", "credential_scope_digest"]
 
 AUTH_HEADER_WORDS = (
     "auth", "token", "key", "secret", "session", "cookie", "signature", "credential", "password",
@@ -50,6 +51,15 @@ _STABLE_AUTHS = (httpx.BasicAuth, httpx.NetRCAuth)
 ``credentials``. Another auth's headers (a token fetched, a signature with the time)
 are left to ``credentials`` when it is given."""
 
+NOT_CREDENTIAL_COOKIES = (
+    "awsalb", "awsalbcors", "awselb", "awselbcors", "aws-waf-token", "__cf_bm", "_cfuvid", "cf_clearance",
+    "__cflb", "bigipserver", "ts01", "incap_ses_", "visid_incap_", "nlbi_", "arraffinity", "gclb",
+    "serverid",
+)  # fmt: skip
+"""Cookies a load balancer, a CDN or a firewall sets (names compared lower-cased, by
+prefix): they route or clear a client and never name an account, and a provider sets
+them anew at any answer, so they are left out. Every other cookie the jar sends counts."""
+
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
 
 Pairs = list[tuple[str, str]]
@@ -64,7 +74,7 @@ def credential_scope_digest(
     cookies: httpx.Cookies | None = None,
 ) -> str:
     """The credential-scope digest of HTTP requests: sha256 hex, or "" when nothing
-    authenticates them (so an open API's keys do not change).
+    authenticates them and no URL is given.
 
     Args:
         headers: the request headers (a mapping or (name, value) pairs); those named with
@@ -72,9 +82,9 @@ def credential_scope_digest(
             bytes read as latin-1).
         urls: the endpoints; every query-string parameter counts (API keys often travel
             as ``?key=``, ``?appid=``, ``?token=``), a ``user:password@`` part (httpx
-            sends it as Basic auth), and a path segment that looks like a key (16
-            characters or more, letters and digits mixed), the client's ``base_url``
-            joined first.
+            sends it as Basic auth), and, when nothing else authenticates, the host and
+            path (a key in the path, a webhook's URL; never the port), the client's
+            ``base_url`` joined first.
         client: a shared ``httpx.Client``: its auth headers and query parameters count,
             the headers its ``auth`` adds before any answer (``httpx.BasicAuth``, bearer
             tokens), and the cookies its jar sends to each URL.
@@ -83,8 +93,8 @@ def credential_scope_digest(
             ``httpx.BasicAuth`` / ``httpx.NetRCAuth`` (a token it fetches, a signature
             with the time), it replaces what that auth's headers would add: name the
             account in it.
-        cookies: the jar whose cookies count, instead of the client's
-            (:func:`~actors.http.http_tool` leaves out those the provider set).
+        cookies: the jar whose cookies count, instead of the client's (every cookie it
+            sends to a URL but for :data:`NOT_CREDENTIAL_COOKIES`).
 
     A credential counts where it is sent: values swapped or moved between the request
     and the client, or between one URL and another, never share receipts. Where the
@@ -143,9 +153,9 @@ def credential_scope_digest(
         and sorted(sent["query"]) == sorted(params + client_params)
         and not _repeated(sent["query"])
         and not sent["cookies"]
-        and not any(_secretish(part) for part in sent["path"].split("/"))
+        and (found or query or credentials is not None or url is None)
         and sorted(params) == sorted(own[0])
-        for sent, params in zip(wire, own, strict=True)
+        for sent, params, url in zip(wire, own, targets, strict=True)
     )
     if not pooled_says_it:
         parts["wire"] = wire
@@ -161,7 +171,8 @@ def _as_sent(
     url: str | None, headers: Pairs, client: httpx.Client | None, jar: httpx.Cookies | None, sign: bool
 ) -> dict[str, Any]:
     """What a request to ``url`` carries, built as the client builds it (``base_url``
-    joined, its ``params`` and headers merged the way this httpx merges them): its path,
+    joined, its ``params`` and headers merged the way this httpx merges them): its host
+    (never the port) and path,
     its query (percent-escapes read as latin-1, so no two byte strings meet), its
     credential headers after the auth signed it (the client's when ``sign``, else the
     URL's ``user:password@``) sorted, and the cookies ``jar`` sends to it (domain, path,
@@ -190,8 +201,9 @@ def _as_sent(
         probe = httpx.Request("GET", sent_url)
         jar.set_cookie_header(probe)
         for line in probe.headers.get_list("cookie"):
-            sent += [part.strip() for part in line.split(";") if part.strip()]
+            sent += [part.strip() for part in line.split(";") if _counts(part.strip())]
     return {
+        "host": sent_url.host,
         "path": sent_url.raw_path.split(b"?")[0].decode("latin-1"),
         "query": urllib.parse.parse_qsl(
             sent_url.query.decode("latin-1"), keep_blank_values=True, encoding="latin-1"
@@ -201,10 +213,9 @@ def _as_sent(
     }
 
 
-def _secretish(segment: str) -> bool:
-    """A path segment that looks like a key (``/v2/<key>``, ``/bot<token>``, a webhook's
-    parts): 16 characters or more, letters and digits mixed."""
-    return len(segment) >= 16 and any(c.isdigit() for c in segment) and any(c.isalpha() for c in segment)
+def _counts(cookie: str) -> bool:
+    """A sent cookie (``name=value``) that may name an account."""
+    return bool(cookie) and not cookie.split("=", 1)[0].lower().startswith(NOT_CREDENTIAL_COOKIES)
 
 
 def _repeated(items: Pairs) -> bool:

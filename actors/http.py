@@ -38,13 +38,20 @@ import httpx
 
 from stores.types import FailureKind
 
-from ._credentials import AUTH_HEADER_WORDS, NOT_CREDENTIALS, credential_scope_digest
+from ._credentials import AUTH_HEADER_WORDS, NOT_CREDENTIAL_COOKIES, NOT_CREDENTIALS, credential_scope_digest
 from ._pacing import SLOW_START_RPS
 from .errors import NotSentError, ProviderError, ProviderUnreachableError, RateLimitedError, ToolTimeoutError
 from .results import ToolContext
 from .tool import BatchStrategy, Pacing, Tool
 
-__all__ = ["AUTH_HEADER_WORDS", "NOT_CREDENTIALS", "HttpEndpoint", "credential_scope_digest", "http_tool"]
+__all__ = [
+    "AUTH_HEADER_WORDS",
+    "NOT_CREDENTIALS",
+    "NOT_CREDENTIAL_COOKIES",
+    "HttpEndpoint",
+    "credential_scope_digest",
+    "http_tool",
+]
 
 
 def _items(body: Any, n: int) -> list[Any]:
@@ -85,8 +92,6 @@ class HttpEndpoint:
         self.method = method
         self.headers = dict(headers or {})
         self.client = client or httpx.Client()
-        self.provider_cookies: dict[tuple[str, str, str], str | None] = {}
-        """The cookies the provider set in its answers: (name, domain, path) -> value."""
 
     def __call__(self, body: Any, ctx: ToolContext) -> Any:
         """Send ``body`` as JSON; return the decoded JSON answer.
@@ -122,8 +127,6 @@ class HttpEndpoint:
             # request may have reached the provider (uncertain for a tool not retry-safe)
             error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
             raise error from exc
-        for cookie in response.cookies.jar:  # a session, a load balancer's: not a credential given
-            self.provider_cookies[(cookie.name, cookie.domain, cookie.path)] = cookie.value
         status = response.status_code
         retry_after = response.headers.get("Retry-After")
         if status == 429 or (status == 503 and retry_after is not None):
@@ -191,10 +194,10 @@ def http_tool(
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
-    new receipts. The client's cookies count (given when it was made, or later, say by a
-    login through it), except those holding the value the provider set in answer to
-    this tool's requests (a session, a load balancer's): a rerun with the same tool is
-    still free. A configured cookie the provider rotates changes the digest once.
+    new receipts. The client's cookies count as they are then (a session, given or set
+    by a login or by the provider), but for a load balancer's or a CDN's
+    (:data:`NOT_CREDENTIAL_COOKIES`), which never name an account:
+    a provider that rotates a session cookie makes the next run's digest another.
 
     Raises:
         ValueError: as :func:`credential_scope_digest`.
@@ -204,7 +207,6 @@ def http_tool(
     batch = None
     if batch_url is not None:
         endpoint = HttpEndpoint(batch_url, client=shared, headers=headers)
-        endpoint.provider_cookies = single.provider_cookies  # one record for the tool
 
         def split(body: Any, n: int) -> list[Any]:
             out: list[Any] = []
@@ -221,15 +223,10 @@ def http_tool(
             batch_operation=batch_url,
         )
     urls = [url] if batch_url is None else [url, batch_url]
-    provider_set = single.provider_cookies
 
     def scope() -> str:
-        jar = httpx.Cookies()  # the client's cookies, but for those as the provider set them
-        for cookie in shared.cookies.jar:
-            if provider_set.get((cookie.name, cookie.domain, cookie.path), ()) != cookie.value:
-                jar.jar.set_cookie(cookie)
         return credential_scope_digest(
-            headers=single.headers, urls=urls, client=shared, credentials=credentials, cookies=jar
+            headers=single.headers, urls=urls, client=shared, credentials=credentials
         )
 
     scope()  # refuse an undigestable client auth now, not at the first call

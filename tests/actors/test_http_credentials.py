@@ -324,6 +324,15 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
             {"urls": ["https://eth.example/v2/9c2e7b1d4a8f3e6b0d5a1c7f"]},
         ),
         (
+            {"urls": ["https://hooks.zapier.com/hooks/catch/1234567/abc1def/"]},
+            {"urls": ["https://hooks.zapier.com/hooks/catch/7654321/xyz9uvw/"]},
+        ),
+        (
+            {"urls": ["https://hooks.slack.com/services/TABCD/BABCD/abcdefghijklmnopqrstuvwx"]},
+            {"urls": ["https://hooks.slack.com/services/TWXYZ/BWXYZ/qwertyuiopasdfghjklzxcvb"]},
+        ),
+        ({"urls": ["https://eoabc123.m.pipedream.net/"]}, {"urls": ["https://eoxyz789.m.pipedream.net/"]}),
+        (
             {"urls": ["https://api.telegram.org/bot123456:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage"]},
             {"urls": ["https://api.telegram.org/bot654321:BBHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage"]},
         ),
@@ -351,6 +360,9 @@ def test_credential_scope_digest_of_unambiguous_credentials_is_unchanged() -> No
         "params-swapped-between-urls",
         "key-in-the-path",
         "bot-token-in-the-path",
+        "webhook-short-ids",
+        "webhook-secret-without-digits",
+        "key-in-the-host",
         "wordless-key-given-twice",
         "percent-escapes-not-utf8",
     ],
@@ -388,6 +400,13 @@ def test_credential_scope_digest_of_common_setups_is_unchanged() -> None:
                 "https://api.hunter.io/v2/bulk?api_key=h1",
             ]
         },
+        "5a1ed5c1f1e579378f47313b5cae7e40046fc2737e3e4daf3a874daea5363718": {  # a key-like path beside a key
+            "urls": [
+                "https://res.openai.azure.com/openai/deployments/text-embedding-3-small/embeddings"
+                "?api-version=2024-02-01"
+            ],
+            "headers": {"api-key": "k"},
+        },
         "6b289456155defb27233ae8c44c55c3e474fefad014b4dab644ee56b89804cfe": {
             "urls": ["https://api.stripe.com/v1/charges"],
             "client": {"auth": ("sk_live_1", "")},
@@ -397,14 +416,15 @@ def test_credential_scope_digest_of_common_setups_is_unchanged() -> None:
         assert _digest(spec) == digest
 
 
-def test_http_tool_counts_the_clients_cookies_but_not_those_the_provider_sets() -> None:
-    """A provider's Set-Cookie in answer to the tool's requests (a load balancer's, a
-    session) lands in the shared client's jar: the tool's digest stays, so a rerun with
-    the same tool is free. A cookie given to the client, before the tool was made or
-    after (a login through the shared client), counts with its current value."""
+def test_http_tool_counts_the_clients_cookies_but_not_a_load_balancers() -> None:
+    """A load balancer's or a CDN's Set-Cookie lands in the shared client's jar: the tool's
+    digest stays, so a rerun with the same tool is free. A session cookie counts as it is
+    sent, given before the tool was made or after (a login through the shared client),
+    and one the provider sends back unchanged (a rolling session) still counts."""
     answers = [
         httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "AWSALB=lb1; Path=/")]),
-        httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "JSESSIONID=j2; Path=/")]),
+        httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "__cf_bm=cf2; Path=/")]),
+        httpx.Response(200, json={"ok": 1}, headers=[("set-cookie", "li_at=ann; Path=/")]),  # rolling
     ]
     client = httpx.Client(transport=httpx.MockTransport(lambda r: answers.pop(0)))
     try:
@@ -417,10 +437,12 @@ def test_http_tool_counts_the_clients_cookies_but_not_those_the_provider_sets() 
         )  # fmt: skip
         tool.fn({"q": 1}, context)
         tool.fn({"q": 2}, context)
-        assert {"AWSALB", "JSESSIONID"} <= set(client.cookies.keys())
+        assert {"AWSALB", "__cf_bm"} <= set(client.cookies.keys())
         assert tool.credentials() == anonymous
         client.cookies.set("li_at", "ann", domain="p.example")  # logged in after the tool was made
         ann = tool.credentials()
+        tool.fn({"q": 3}, context)  # the provider sends it back
+        assert tool.credentials() == ann
         client.cookies.set("li_at", "bob", domain="p.example")
         assert len({anonymous, ann, tool.credentials()}) == 3
     finally:
@@ -514,3 +536,16 @@ def test_credential_scope_digest_of_a_custom_auth_beside_credentials_is_the_acco
     finally:
         basic.close()
         other.close()
+
+
+def test_credential_scope_digest_of_an_open_api_never_counts_the_port() -> None:
+    """With nothing else authenticating, a tool's URLs name its scope (a webhook's secret
+    is its URL), but for the port: a local provider restarted on another port keeps its
+    receipts."""
+    assert _digest({"urls": ["http://127.0.0.1:8001/v1/x"]}) == _digest(
+        {"urls": ["http://127.0.0.1:9002/v1/x"]}
+    )
+    assert _digest({"urls": ["http://127.0.0.1:8001/v1/x"]}) != _digest(
+        {"urls": ["http://127.0.0.1:8001/v1/y"]}
+    )
+    assert _digest({"headers": {"Accept": "x"}}) == ""  # no URL, nothing that authenticates
