@@ -24,6 +24,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
+from ._runtime import enter_keys, leave_keys
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
 from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
@@ -209,6 +210,7 @@ def attempt(
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
         return
     sent_at = clock()
+    token = enter_keys(spec.context.receipt_keys)  # a nested call of one of them is a cycle
     try:
         if spec.batched and tool.batch is not None:
             raw = tool.batch.batch_fn(tool.batch.build(spec.inputs), spec.context)
@@ -220,6 +222,8 @@ def attempt(
         if not isinstance(exc, Exception):
             raise
         return
+    finally:
+        leave_keys(token)
     members: list[tuple[Any, BaseException | None]]
     if spec.durable:
         members = [_encode(v) for v in values]

@@ -35,8 +35,8 @@ from stores.types import ClaimMode
 
 from ._calls import Call
 from ._futures import fail, new_future, resolved_future
-from ._runtime import in_tool
-from .errors import CallCancelledError, InvalidInputError, UnknownToolError
+from ._runtime import in_tool, running_keys
+from .errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
 from .messages import RememberOutputs
 from .results import ToolResult
 
@@ -123,6 +123,7 @@ class Intake:
         memo = system._memos.get(tool_id)
         recall = memo.recall if memo is not None and memo.max_bytes and mode is ClaimMode.NORMAL else None
         nested = in_tool()
+        cycle = running_keys() if nested else frozenset()
         now = time.monotonic()
         timeout = timeout_s or tool.timeout_s or system.policy.timeout_s
         futures: list[Any] = []
@@ -134,6 +135,14 @@ class Intake:
             except Exception as exc:
                 future = new_future()
                 fail(future, _as_input_error(exc))
+                futures.append(future)
+                errors += 1
+                continue
+            if key in cycle:
+                future = new_future()
+                fail(
+                    future, CallCycleError(f"{tool_id} called itself with the input it runs for (key {key})")
+                )
                 futures.append(future)
                 errors += 1
                 continue

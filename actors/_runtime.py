@@ -17,7 +17,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
@@ -125,6 +125,30 @@ _tool_thread = threading.local()
 _tool_greenlets: set[Any] = set()
 """Under gevent: the greenlets running a tool's function (a greenlet-local flag would cost
 each attempt half a dozen objects for the collector to walk)."""
+
+
+_running: dict[Any, frozenset[str]] = {}
+"""The receipt keys each worker (thread or greenlet) runs a tool's function for."""
+
+
+def _worker_id() -> Any:
+    return _getcurrent() if _tool_greenlets and _getcurrent is not None else threading.get_ident()
+
+
+def enter_keys(keys: Iterable[str]) -> Any:
+    """The calling worker runs a tool's function for ``keys``; returns the token to leave."""
+    me = _worker_id()
+    _running[me] = frozenset(keys)
+    return me
+
+
+def leave_keys(token: Any) -> None:
+    _running.pop(token, None)
+
+
+def running_keys() -> frozenset[str]:
+    """The receipt keys the calling worker's tool function runs for (empty elsewhere)."""
+    return _running.get(_worker_id(), frozenset())
 
 
 def in_tool() -> bool:

@@ -15,6 +15,7 @@ __all__ = [
     "AuthScopeChangedError",
     "BudgetExceededError",
     "CallCancelledError",
+    "CallCycleError",
     "DispatchError",
     "InvalidInputError",
     "InvalidOutputError",
@@ -60,6 +61,12 @@ class LeaseLostError(DispatchError):
 
 class ReceiptWaitTimeoutError(DispatchError):
     """Waited for another owner's live lease past the bounded attempts; never stolen."""
+
+
+class CallCycleError(DispatchError):
+    """A tool called, from its function, a call it is itself running (same tool, same
+    input: the same receipt key): that call would wait for its own result. Refused at
+    once; the tool's own call goes on."""
 
 
 class CallCancelledError(DispatchError):

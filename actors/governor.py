@@ -284,7 +284,9 @@ class Governor:
         verdict = self.circuits[(wkey[0], wkey[1])].admits(now)
         if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
             return None
-        if verdict == "wait":
+        if verdict == "wait" and not wkey[2]:
+            # a half-open circuit's probe is out; a nested call is not held by it, since
+            # its parent, waiting on it, may be that probe (which would then never settle)
             return 0
         if verdict == "probe":
             want = 1

@@ -259,9 +259,12 @@ class Lifecycle(Cleanup, Finishing):
         return True
 
     def nested_joined(self, key: str) -> None:
-        """A nested call joined a group still waiting for a slot: its unit borrows the
-        parent's slot too (else the parent, holding the slot, waits on it forever)."""
+        """A nested call joined a group (or waits behind it: another mode of its key)
+        still waiting for a slot: its unit borrows the parent's slot too (else the
+        parent, holding the slot, waits on it forever)."""
         group = self.groups.get(key)
+        if group is not None:
+            group.nested = True  # a retry or re-admission borrows a slot too (_enqueue)
         unit = group.unit if group is not None else None
         if unit is None or unit.exempt or unit.slot or unit.out:
             return

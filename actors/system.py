@@ -47,10 +47,34 @@ from .proxy import DispatchProxy
 from .receipt_store import ReceiptStoreActor
 from .salvage import ReplayReport, SalvageLog
 from .stats import Stats
-from .tool import Policy, RunInfo, Tool
+from .tool import Pacing, Policy, RunInfo, Tool
 from .tool_queue import Memo, ToolQueueActor
 
 __all__ = ["DispatchProxy", "DispatchSystem"]
+
+
+def provider_pacings(tools: Iterable[Tool]) -> dict[str, Pacing]:
+    """Each provider's limits: the one :class:`Pacing` its tools give (tools left at the
+    default ``Pacing()`` take another's).
+
+    Raises:
+        ValueError: two tools of one provider give different pacings (before, the last
+            tool's silently replaced the others').
+    """
+    given: dict[str, dict[Pacing, list[str]]] = {}
+    for tool in tools:
+        given.setdefault(tool.provider_name, {}).setdefault(tool.pacing, []).append(tool.tool_id)
+    out: dict[str, Pacing] = {}
+    for provider, pacings in given.items():
+        chosen = {p: ids for p, ids in pacings.items() if p != Pacing()} or pacings
+        if len(chosen) > 1:
+            listed = "; ".join(f"{', '.join(ids)}: {p}" for p, ids in chosen.items())
+            raise ValueError(
+                f"tools of provider {provider!r} give different pacings ({listed}): a provider has one "
+                "set of limits, give them all the same Pacing (or leave all but one at the default)"
+            )
+        (out[provider],) = chosen
+    return out
 
 
 class DispatchSystem:
@@ -68,6 +92,7 @@ class DispatchSystem:
         self.tools = {t.tool_id: t for t in tools}
         if not self.tools:
             raise ValueError("DispatchSystem needs at least one tool")
+        provider_pacings(self.tools.values())  # refuse conflicting limits before any actor starts
         self.run = run
         self.policy = policy
         self.store = store
@@ -84,7 +109,7 @@ class DispatchSystem:
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
         self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
         self.store_proxy = self._store_ref.proxy()
-        pacings = {t.provider_name: t.pacing for t in self.tools.values()}
+        pacings = provider_pacings(self.tools.values())
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
         self._heartbeat = HeartbeatActor.start(store, policy.heartbeat_for)

@@ -348,11 +348,11 @@ class ToolQueueActor(InboxActor):
             self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
-            if call.nested and decision is Submitted.ATTACHED:
-                self.lifecycle.nested_joined(call.key)
-                self.lifecycle.pump(now)
         elif decision is Submitted.DRAIN_NOW:
             self._drain_wanted = True  # at the end of this message (on_receive)
+        if call.nested and call.key in self.queue.inflight and decision is not Submitted.MEMO:
+            self.lifecycle.nested_joined(call.key)  # joined it or held behind it: a borrowed slot
+            self.lifecycle.pump(now)
         elif decision is Submitted.ARM:
             ref, generation = self.actor_ref, self.queue.generation
             self.ports.timers.call_later(

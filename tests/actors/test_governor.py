@@ -476,3 +476,16 @@ def test_governor_a_nested_call_waiting_for_a_token_is_woken_by_the_refill_at_ma
     assert waiting.grants == [] and waiting.wake_at == pytest.approx(0.5, rel=0.05)  # the next token
     assert _granted(gov.wake(now=waiting.wake_at)) == {nested: 1}
     assert gov.in_flight == 1  # its grant took no slot
+
+
+def test_governor_a_nested_call_is_not_held_by_a_half_open_probe() -> None:
+    """The probe out may be the nested call's own parent, waiting on it: a nested call goes
+    (by the rate alone); an ordinary call waits for the probe to settle."""
+    gov = _gov(Policy(circuit_failures=1, circuit_open_s=1.0))
+    first = object()
+    assert _granted(gov.acquire(ORG, "p", 1, first, now=0.0)) == {first: 1}
+    gov.release(ORG, "p", 1, 0, now=0.1, unavailable=1)  # the circuit opens
+    probe, ordinary, nested = object(), object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, probe, now=1.5)) == {probe: 1}  # half-open: the probe
+    assert gov.acquire(ORG, "p", 1, ordinary, now=1.6).grants == []
+    assert _granted(gov.acquire(ORG, "p", 1, nested, now=1.6, exempt=True)) == {nested: 1}

@@ -171,6 +171,98 @@ def test_break_a_nested_call_that_joined_a_running_call_goes_again_on_its_parent
     assert other.get(timeout=WAIT_S).value == {"n": 2}
 
 
+def test_break_a_tool_calling_itself_with_the_input_it_runs_for_is_refused_at_once(make_system: Any) -> None:
+    """The nested call would wait for its own result (until the timeout, then leave an
+    uncertain receipt): refused at once, naming the cycle; another input still runs."""
+    from actors import CallCycleError
+
+    holder: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
+
+    def recursive(i: Any, c: Any) -> Any:
+        if i["n"] == 0:
+            return {"leaf": True}
+        try:
+            holder["proxy"].execute("t", i).get(timeout=WAIT_S)
+        except CallCycleError as exc:
+            seen["cycle"] = exc
+        return holder["proxy"].execute("t", {"n": i["n"] - 1}).get(timeout=WAIT_S).value
+
+    system = make_system([Tool(tool_id="t", fn=recursive, provider="p")], policy=ONE_SLOT)
+    holder["proxy"] = system.proxy()
+    started = time.monotonic()
+    assert system.proxy().execute("t", {"n": 2}).get(timeout=WAIT_S).value == {"leaf": True}
+    assert time.monotonic() - started < WAIT_S / 3
+    assert "called itself" in str(seen["cycle"])
+
+
+@pytest.mark.parametrize("mode", ["force_refresh", "retry_failed"])
+def test_break_a_nested_call_held_behind_the_hosts_call_of_its_key_borrows_a_slot(
+    make_system: Any, mode: str
+) -> None:
+    """One slot, held by the running parent. The host's call of the child's key waits for
+    it; the parent's nested call of that key in another mode cannot join, so it waits
+    until that key settles: the host's call now borrows the parent's slot."""
+    holder: dict[str, Any] = {}
+    running, go = threading.Event(), threading.Event()
+
+    def parent(i: Any, c: Any) -> Any:
+        running.set()
+        go.wait(WAIT_S)
+        return holder["proxy"].execute("child", {"n": 1}, **{mode: True}).get(timeout=WAIT_S).value
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="P"),
+        Tool(tool_id="child", fn=lambda i, c: i, provider="C"),
+    ]
+    system = make_system(tools, policy=ONE_SLOT)
+    proxy = holder["proxy"] = system.proxy()
+    parent_future = proxy.execute("parent", {"n": 0})
+    assert running.wait(WAIT_S)  # the parent runs on the only slot
+    host_child = proxy.execute("child", {"n": 1})
+    time.sleep(0.2)  # claimed, waiting for the slot
+    go.set()
+    assert parent_future.get(timeout=WAIT_S).value == {"n": 1}
+    assert host_child.get(timeout=WAIT_S).value == {"n": 1}
+
+
+def test_break_a_nested_call_on_the_half_open_probes_provider_is_not_held_by_it(make_system: Any) -> None:
+    """The parent's call is the half-open circuit's probe; its nested call on the same
+    provider waited for the probe to settle, which waited on it: hung, and every later
+    call of that provider with it."""
+    from actors.errors import ProviderUnreachableError
+
+    holder: dict[str, Any] = {}
+    down = {"on": True}
+
+    def flaky(i: Any, c: Any) -> Any:
+        if down["on"]:
+            raise ProviderUnreachableError("down")
+        return i
+
+    def parent(i: Any, c: Any) -> Any:
+        return holder["proxy"].execute("child", i).get(timeout=WAIT_S).value
+
+    tools = [
+        Tool(tool_id="flaky", fn=flaky, provider="P"),
+        Tool(tool_id="parent", fn=parent, provider="P"),
+        Tool(tool_id="child", fn=lambda i, c: i, provider="P"),
+    ]
+    system = make_system(tools, policy=Policy(circuit_failures=3, circuit_open_s=0.3, batch_grace_s=0.05))
+    proxy = holder["proxy"] = system.proxy()
+    for n in range(3):
+        with pytest.raises(ProviderUnreachableError):
+            proxy.execute("flaky", {"n": n}).get(timeout=WAIT_S)
+    assert system.stats()["pacing"][f"{ORG_OF(system)}/P"]["circuit"] == "open"
+    time.sleep(0.5)  # half-open: the next call is the probe
+    assert proxy.execute("parent", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+    assert proxy.execute("child", {"n": 2}).get(timeout=WAIT_S).value == {"n": 2}
+
+
+def ORG_OF(system: Any) -> str:
+    return str(system.run.org_id)
+
+
 def test_break_an_oversized_outputs_joiner_gets_a_dispatch_error(make_system: Any) -> None:
     started, release = threading.Event(), threading.Event()
 

@@ -24,12 +24,15 @@ from actors import (
     BatchStrategy,
     BudgetExceededError,
     CallCancelledError,
+    DispatchSystem,
     FailureKind,
     InvalidInputError,
     InvalidOutputError,
+    Pacing,
     Policy,
     ProviderError,
     RecordedFailureError,
+    RunInfo,
     SuspendedError,
     Tool,
     UnknownToolError,
@@ -739,3 +742,24 @@ def test_stats_has_the_same_keys_on_a_rerun(make_system: Any) -> None:
     assert set(rerun) == set(fresh)  # code reading stats()["requests"] works on a rerun too
     assert (fresh["requests"], rerun["requests"]) == (1, 0)
     assert (fresh["receipts_created"], rerun["receipts_created"]) == (1, 0)
+
+
+def test_tools_of_one_provider_with_other_pacings_are_refused_not_silently_replaced(tmp_path: Path) -> None:
+    """A provider has one set of limits: two tools giving it different pacings is a
+    mistake said at start (the last tool's used to replace the others' silently, so a
+    stated rate could vanish); a tool left at the default takes the other's."""
+    from actors.system import provider_pacings
+
+    paced = Pacing(rps=2.0)
+    parent = Tool(tool_id="parent", fn=lambda i, c: i, provider="P", pacing=paced)
+    child = Tool(tool_id="child", fn=lambda i, c: i, provider="P")
+    assert provider_pacings([parent, child]) == provider_pacings([child, parent]) == {"P": paced}
+    other = Tool(tool_id="other", fn=lambda i, c: i, provider="P", pacing=Pacing(rps=5.0))
+    store = SqliteReceiptStore(tmp_path / "r.db")
+    try:
+        with pytest.raises(ValueError, match="different pacings"):
+            DispatchSystem.start(
+                tools=[parent, child, other], store=store, run=RunInfo(run_id="r", org_id="o", scope="s")
+            )
+    finally:
+        store.close()
