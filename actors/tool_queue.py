@@ -350,14 +350,14 @@ class ToolQueueActor(InboxActor):
             self.ports.stats.add("deduped", tool=tool_id)
         elif decision is Submitted.DRAIN_NOW:
             self._drain_wanted = True  # at the end of this message (on_receive)
-        if call.nested and call.key in self.queue.inflight and decision is not Submitted.MEMO:
-            self.lifecycle.nested_joined(call.key)  # joined it or held behind it: a borrowed slot
-            self.lifecycle.pump(now)
         elif decision is Submitted.ARM:
             ref, generation = self.actor_ref, self.queue.generation
             self.ports.timers.call_later(
                 self.queue.grace_deadline() - self.clock(), lambda: ref.tell(DrainDue(generation=generation))
             )
+        if call.nested and call.key in self.queue.inflight and decision is not Submitted.MEMO:
+            self.lifecycle.nested_joined(call.key)  # joined it or held behind it: a borrowed slot
+            self.lifecycle.pump(now)
 
     def _drain(self, generation: int, now: float) -> None:
         start = time.perf_counter()

@@ -226,6 +226,51 @@ def test_break_a_nested_call_held_behind_the_hosts_call_of_its_key_borrows_a_slo
     assert host_child.get(timeout=WAIT_S).value == {"n": 1}
 
 
+def test_break_a_nested_call_held_behind_its_key_in_a_batch_window_still_drains_the_window(
+    make_system: Any,
+) -> None:
+    """A batched child: the parent's nested force_refresh of a key the host's call runs
+    opens the batch window (held behind that key); its next nested call joins the window,
+    which must drain at its grace deadline, not when the held key settles (it never did:
+    the host's call waits for the parent)."""
+    holder: dict[str, Any] = {}
+    release = threading.Event()
+
+    def batch_fn(items: Any, c: Any) -> Any:
+        if any(i["n"] == 1 for i in items) and not release.is_set():
+            release.wait(WAIT_S)  # the host's call of n=1 runs until the parent has n=2
+        return items
+
+    def parent(i: Any, c: Any) -> Any:
+        proxy = holder["proxy"]
+        refreshed = proxy.execute("child", {"n": 1}, force_refresh=True)  # held behind the host's
+        other = proxy.execute("child", {"n": 2}).get(timeout=WAIT_S).value  # the same window
+        release.set()
+        return {"other": other, "refreshed": refreshed.get(timeout=WAIT_S).value}
+
+    child = Tool(
+        tool_id="child",
+        fn=lambda i, c: i,
+        provider="C",
+        batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=10),
+    )
+    system = make_system([Tool(tool_id="parent", fn=parent, provider="P"), child])
+    proxy = holder["proxy"] = system.proxy()
+    host = proxy.execute("child", {"n": 1})
+    end = time.monotonic() + WAIT_S
+    while system.stats().get("requests", 0) < 1:  # the host's batch is out
+        assert time.monotonic() < end, "the host's call never started"
+        time.sleep(0.01)
+    try:
+        assert proxy.execute("parent", {"n": 0}).get(timeout=WAIT_S).value == {
+            "other": {"n": 2},
+            "refreshed": {"n": 1},
+        }
+    finally:
+        release.set()
+    assert host.get(timeout=WAIT_S).value == {"n": 1}
+
+
 def test_break_a_nested_call_on_the_half_open_probes_provider_is_not_held_by_it(make_system: Any) -> None:
     """The parent's call is the half-open circuit's probe; its nested call on the same
     provider waited for the probe to settle, which waited on it: hung, and every later
