@@ -15,9 +15,10 @@ Two layers, so that stored receipts keep their keys:
   header over the client's; a client's params, which httpx 0.28 puts in place of the
   URL's query), URLs with other queries (a key moved or swapped between the URL and the
   batch URL), a name given twice with other values (which goes first may matter), a
-  ``user:password@``, cookies, and URLs when nothing else authenticates (a key in the
-  path or the host: ``/v2/<key>``, ``/bot<token>/``, a webhook's URL; the port never
-  counts, so a local server's changing port keeps its receipts).
+  ``user:password@``, cookies, and the URLs' host and path when no header authenticates
+  and either no query is given or a path segment looks like a key (``/v2/<key>``,
+  ``/bot<token>/``, a webhook's URL; the port never counts, so a local server's changing
+  port keeps its receipts).
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ NOT_CREDENTIAL_COOKIES = (
 )  # fmt: skip
 """Cookies a load balancer, a CDN or a firewall sets (names compared lower-cased, by
 prefix): they route or clear a client and never name an account, and a provider sets
-them anew at any answer, so they are left out. Every other cookie the jar sends counts."""
+them anew at any answer, so they are left out. Every other cookie the jar sends counts.
+Sources: AWS Elastic Load Balancing, "Sticky sessions for your Application Load Balancer"
+(AWSALB, AWSALBCORS, AWSELB) and AWS WAF (aws-waf-token); Cloudflare, "Cloudflare
+Cookies" (__cf_bm, _cfuvid, cf_clearance, __cflb); F5 BIG-IP persistence and ASM cookies
+(BIGipServer<pool>, TS01...); Imperva/Incapsula (incap_ses_, visid_incap_, nlbi_); Azure
+App Service ARR affinity (ARRAffinity); Google Cloud load balancing (GCLB); HAProxy's
+conventional SERVERID."""
 
 _SCOPE_TAG = "tooldispatch.credential-scope.v1"
 
@@ -71,7 +78,6 @@ def credential_scope_digest(
     urls: Sequence[str] = (),
     client: httpx.Client | None = None,
     credentials: Any = None,
-    cookies: httpx.Cookies | None = None,
 ) -> str:
     """The credential-scope digest of HTTP requests: sha256 hex, or "" when nothing
     authenticates them and no URL is given.
@@ -82,9 +88,9 @@ def credential_scope_digest(
             bytes read as latin-1).
         urls: the endpoints; every query-string parameter counts (API keys often travel
             as ``?key=``, ``?appid=``, ``?token=``), a ``user:password@`` part (httpx
-            sends it as Basic auth), and, when nothing else authenticates, the host and
-            path (a key in the path, a webhook's URL; never the port), the client's
-            ``base_url`` joined first.
+            sends it as Basic auth), and, when no header authenticates, the host and path
+            (a key in the path, a webhook's URL; never the port) unless a query is given
+            and no path segment looks like a key, the client's ``base_url`` joined first.
         client: a shared ``httpx.Client``: its auth headers and query parameters count,
             the headers its ``auth`` adds before any answer (``httpx.BasicAuth``, bearer
             tokens), and the cookies its jar sends to each URL.
@@ -93,8 +99,6 @@ def credential_scope_digest(
             ``httpx.BasicAuth`` / ``httpx.NetRCAuth`` (a token it fetches, a signature
             with the time), it replaces what that auth's headers would add: name the
             account in it.
-        cookies: the jar whose cookies count, instead of the client's (every cookie it
-            sends to a URL but for :data:`NOT_CREDENTIAL_COOKIES`).
 
     A credential counts where it is sent: values swapped or moved between the request
     and the client, or between one URL and another, never share receipts. Where the
@@ -102,6 +106,8 @@ def credential_scope_digest(
 
     Raises:
         TypeError: ``urls`` is one string, not a sequence of them.
+        ValueError: httpx cannot build a request to one of ``urls`` with ``client`` (a
+            relative URL and no ``base_url``, an invalid URL).
         ValueError: without ``credentials``, when the client can add credentials the
             digest cannot see: an ``auth`` that signs only after a challenge
             (``httpx.DigestAuth``), one whose headers differ from one request to the
@@ -146,14 +152,14 @@ def credential_scope_digest(
         parts["headers"] = sorted(found)
     if query:
         parts["query"] = sorted(query)
-    jar = cookies if cookies is not None else client.cookies if client is not None else None
+    jar = client.cookies if client is not None else None
     wire = [_as_sent(url, given, client, jar, sign) for url in targets]
     pooled_says_it = all(
         sent["headers"] == sorted(set(found))
         and sorted(sent["query"]) == sorted(params + client_params)
         and not _repeated(sent["query"])
         and not sent["cookies"]
-        and (found or query or credentials is not None or url is None)
+        and (url is None or credentials is not None or found or (query and not _key_in(sent["path"])))
         and sorted(params) == sorted(own[0])
         for sent, params, url in zip(wire, own, targets, strict=True)
     )
@@ -178,14 +184,16 @@ def _as_sent(
     URL's ``user:password@``) sorted, and the cookies ``jar`` sends to it (domain, path,
     ``secure``; none when a Cookie header is given, as httpx then sends none) in order."""
     target = url if url is not None else "https://credential-scope.invalid/"
-    request: httpx.Request | None = None
-    if client is not None:
-        try:
+    if httpx.URL(target).is_relative_url and (client is None or client.base_url.is_relative_url):
+        raise ValueError(f"{target!r}: a relative URL needs a client with a base_url")
+    try:
+        if client is not None:
             request = client.build_request("GET", target, headers=headers)
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, TypeError, ValueError):
-            request = None
-    if request is None:
-        request = httpx.Request("GET", target, headers=headers)
+        else:
+            request = httpx.Request("GET", target, headers=headers)
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, TypeError, ValueError) as exc:
+        raise ValueError(f"{target!r}: httpx cannot build a request to it ({exc})") from exc
+
     explicit = "cookie" in request.headers and (
         any(k.lower() == "cookie" for k, _ in headers) or (client is not None and "cookie" in client.headers)
     )
@@ -197,7 +205,7 @@ def _as_sent(
         auth = httpx.BasicAuth(sent_url.username, sent_url.password)
     signed = _signed(auth, request) if auth is not None else _items(request.headers)
     sent: list[str] = []
-    if jar is not None and not explicit and not sent_url.is_relative_url:  # a relative URL is never sent
+    if jar is not None and not explicit:
         probe = httpx.Request("GET", sent_url)
         jar.set_cookie_header(probe)
         for line in probe.headers.get_list("cookie"):
@@ -216,6 +224,15 @@ def _as_sent(
 def _counts(cookie: str) -> bool:
     """A sent cookie (``name=value``) that may name an account."""
     return bool(cookie) and not cookie.split("=", 1)[0].lower().startswith(NOT_CREDENTIAL_COOKIES)
+
+
+def _key_in(path: str) -> bool:
+    """A path segment that looks like a key (``/bot<token>/``, a webhook's token): 16
+    characters or more, letters and digits mixed."""
+    return any(
+        len(part) >= 16 and any(c.isdigit() for c in part) and any(c.isalpha() for c in part)
+        for part in path.split("/")
+    )
 
 
 def _repeated(items: Pairs) -> bool:

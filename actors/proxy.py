@@ -43,7 +43,8 @@ class DispatchProxy:
             A pykka future (awaitable) of :class:`~actors.results.ToolResult`. It fails
             with UnknownToolError, InvalidInputError, the tool's error,
             RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
-            BudgetExceededError, PersistenceCircuitOpenError or CallCancelledError.
+            BudgetExceededError, PersistenceCircuitOpenError, CallCancelledError or
+            CallCycleError (from inside a tool, a call of the input it runs for).
         """
         (future,) = self._system._intake.execute_many(
             tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s

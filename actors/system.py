@@ -33,6 +33,7 @@ from ._calls import Call, Role
 from ._execute import error_text
 from ._futures import fail, new_future
 from ._memo_path import Intake
+from ._pacing import SLOW_START_RPS
 from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
@@ -54,19 +55,24 @@ __all__ = ["DispatchProxy", "DispatchSystem"]
 
 
 def provider_pacings(tools: Iterable[Tool]) -> dict[str, Pacing]:
-    """Each provider's limits: the one :class:`Pacing` its tools give (tools left at the
-    default ``Pacing()`` take another's).
+    """Each provider's limits: the one :class:`Pacing` its tools give (tools left at a
+    default, ``Pacing()`` or :func:`~actors.http.http_tool`'s slow start, take another's;
+    with only defaults, the slow start).
 
     Raises:
         ValueError: two tools of one provider give different pacings (before, the last
             tool's silently replaced the others').
     """
+    defaults = (Pacing(start_rps=SLOW_START_RPS), Pacing())  # http_tool's, Tool's; most careful first
     given: dict[str, dict[Pacing, list[str]]] = {}
     for tool in tools:
         given.setdefault(tool.provider_name, {}).setdefault(tool.pacing, []).append(tool.tool_id)
     out: dict[str, Pacing] = {}
     for provider, pacings in given.items():
-        chosen = {p: ids for p, ids in pacings.items() if p != Pacing()} or pacings
+        chosen = {p: ids for p, ids in pacings.items() if p not in defaults}
+        if not chosen:  # only defaults: the most careful of them
+            first = next(p for p in defaults if p in pacings)
+            chosen = {first: pacings[first]}
         if len(chosen) > 1:
             listed = "; ".join(f"{', '.join(ids)}: {p}" for p, ids in chosen.items())
             raise ValueError(
@@ -92,7 +98,7 @@ class DispatchSystem:
         self.tools = {t.tool_id: t for t in tools}
         if not self.tools:
             raise ValueError("DispatchSystem needs at least one tool")
-        provider_pacings(self.tools.values())  # refuse conflicting limits before any actor starts
+        self._pacings = provider_pacings(self.tools.values())  # conflicting limits: before any actor starts
         self.run = run
         self.policy = policy
         self.store = store
@@ -109,7 +115,7 @@ class DispatchSystem:
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
         self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
         self.store_proxy = self._store_ref.proxy()
-        pacings = provider_pacings(self.tools.values())
+        pacings = self._pacings
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
         self._heartbeat = HeartbeatActor.start(store, policy.heartbeat_for)
@@ -132,7 +138,7 @@ class DispatchSystem:
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
             requeue=self._requeue, writing=self._writing,
-            width=lambda tool: suggested_parallelism(tool.pacing, policy.max_concurrency),
+            width=lambda tool: suggested_parallelism(pacings[tool.provider_name], policy.max_concurrency),
         )  # fmt: skip
         self._memos = {
             tool_id: Memo(policy.memo_max_bytes if t.durable else 0) for tool_id, t in self.tools.items()
@@ -167,6 +173,10 @@ class DispatchSystem:
                 shared through Redis by several worker processes, from
                 :func:`~actors.shared_pacer.open_pacer`); None: this process paces alone.
                 The system does not close it.
+
+        Raises:
+            ValueError: no tool, or tools of one provider giving different pacings
+                (:func:`provider_pacings`).
         """
         return cls(tools, store, run, policy or Policy(), pacer)
 

@@ -12,11 +12,12 @@ thread's traceback and ends the process after ``TOOLDISPATCH_TEST_TIMEOUT_S`` se
 (default 300; 0 turns it off, e.g. under a debugger).
 
 Scenario tests (marker ``scenario``: real processes, servers, seconds of wall time each)
-run on both runtimes, but not on every Python version: with ``TOOLDISPATCH_SCENARIOS=I/N``
-(tox sets ``0/4`` on py310 ... ``3/4`` on py313) a run keeps the scenario tests whose node
-id hashes to share I, shifted by N/2 under gevent, so each runs once per runtime, on two
-Python versions, and each version's envs run a quarter of them. Unset or ``all``: every
-scenario test runs (a plain ``pytest``).
+run on both runtimes, but not on every Python version: with ``TOOLDISPATCH_SCENARIO_SHARE=I/N``
+(tox sets ``0/4`` on py310 ... ``3/4`` on py313, whatever the environment says) a run
+keeps the scenario tests whose node id hashes to share I, shifted by N/2 under gevent, so
+each runs once per runtime, on two Python versions, and each version's envs run a
+quarter of them. ``TOOLDISPATCH_SCENARIOS=all`` (or no share, a plain ``pytest``): every
+scenario test runs.
 
 Hypothesis profiles: ``ci`` (loaded when ``CI`` is set) drops the per-example deadline and
 the too-slow health check, since CI shares two cores between parallel tox envs.
@@ -43,6 +44,7 @@ Runtime = Literal["gevent", "threads"]
 RUNTIME_ENV_VAR = "TOOLDISPATCH_RUNTIME"
 TEST_TIMEOUT_ENV_VAR = "TOOLDISPATCH_TEST_TIMEOUT_S"
 SCENARIOS_ENV_VAR = "TOOLDISPATCH_SCENARIOS"
+SHARE_ENV_VAR = "TOOLDISPATCH_SCENARIO_SHARE"
 
 settings.register_profile(
     "ci",
@@ -133,7 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "scenario: an end-to-end scenario (real processes, servers, seconds of wall time); "
-        f"{SCENARIOS_ENV_VAR}=I/N runs a share of them (tests/conftest.py)",
+        f"{SHARE_ENV_VAR}=I/N runs a share of them (tests/conftest.py)",
     )
     if _test_timeout_s() > 0:
         config.stash[_WATCHDOG_FD] = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
@@ -163,16 +165,20 @@ def pytest_runtest_protocol(
 
 
 def _scenario_share() -> tuple[int, int] | None:
-    """(share, shares) from ``TOOLDISPATCH_SCENARIOS=I/N``, or None to run every scenario test."""
-    text = os.environ.get(SCENARIOS_ENV_VAR, "").strip()
-    if text in ("", "all"):
+    """(share, shares) from ``TOOLDISPATCH_SCENARIO_SHARE=I/N``, or None to run every
+    scenario test (``TOOLDISPATCH_SCENARIOS=all``, or no share given)."""
+    wanted = os.environ.get(SCENARIOS_ENV_VAR, "").strip()
+    if wanted not in ("", "all"):
+        raise pytest.UsageError(f"{SCENARIOS_ENV_VAR}={wanted!r}: only 'all' (every scenario test) is known")
+    text = os.environ.get(SHARE_ENV_VAR, "").strip()
+    if wanted == "all" or not text:
         return None
     try:
         share, shares = (int(part) for part in text.split("/"))
     except ValueError:
-        raise pytest.UsageError(f"{SCENARIOS_ENV_VAR}={text!r}: give I/N (0 <= I < N) or all") from None
+        raise pytest.UsageError(f"{SHARE_ENV_VAR}={text!r}: give I/N (0 <= I < N)") from None
     if not 0 <= share < shares:
-        raise pytest.UsageError(f"{SCENARIOS_ENV_VAR}={text!r}: give I/N (0 <= I < N) or all")
+        raise pytest.UsageError(f"{SHARE_ENV_VAR}={text!r}: give I/N (0 <= I < N)")
     return share, shares
 
 
@@ -211,7 +217,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         + (
             "all"
             if _scenario_share() is None
-            else f"share {os.environ[SCENARIOS_ENV_VAR].strip()} ({SCENARIOS_ENV_VAR}=all runs every one)"
+            else f"share {os.environ[SHARE_ENV_VAR].strip()} ({SCENARIOS_ENV_VAR}=all runs every one)"
         ),
     ]
 

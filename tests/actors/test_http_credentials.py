@@ -324,6 +324,24 @@ _OTHER_ACCOUNTS = [
         id="bot-token-in-the-path",
     ),
     pytest.param(
+        {
+            "urls": [
+                "https://api.telegram.org/bot123456:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage?chat_id=1"
+            ]
+        },
+        {
+            "urls": [
+                "https://api.telegram.org/bot654321:BBHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage?chat_id=1"
+            ]
+        },
+        id="bot-token-in-the-path-beside-a-query",
+    ),
+    pytest.param(
+        {"urls": ["https://discord.com/api/webhooks/1122334455/AbCdEf123xyzAbCdEf123xyzAbCd?wait=true"]},
+        {"urls": ["https://discord.com/api/webhooks/9988776655/ZyXwVu987abcZyXwVu987abcZyXw?wait=true"]},
+        id="webhook-token-beside-a-query",
+    ),
+    pytest.param(
         {"urls": ["https://h/one?appid=A&appid=B"]},
         {"urls": ["https://h/one?appid=B&appid=A"]},
         id="wordless-key-given-twice",
@@ -471,8 +489,8 @@ def test_credential_scope_digest_refuses_what_it_cannot_see_unless_credentials_n
 
 def test_credential_scope_digest_never_raises_for_cookies_httpx_sends() -> None:
     """Two cookies of one name on other paths (``client.cookies[name]`` would raise
-    CookieConflict), a header httpx takes as bytes, non-ASCII bytes, a relative URL with no
-    base_url (httpx refuses it at the call, not here), an IPv6 host: a digest each."""
+    CookieConflict), a header httpx takes as bytes, non-ASCII bytes, an IPv6 host: a digest
+    each. A relative URL with no base_url, which httpx cannot send, is a clear ValueError."""
     jar = httpx.Cookies()
     jar.set("sid", "1", domain="p.example", path="/")
     jar.set("sid", "2", domain="p.example", path="/v1")
@@ -480,10 +498,11 @@ def test_credential_scope_digest_never_raises_for_cookies_httpx_sends() -> None:
         {"urls": ["https://p.example/v1/one"], "client": {"cookies": jar}},
         {"client": {"headers": {"X-Api-Key": b"\xc3\xa9"}}},
         {"headers": {"X-Api-Key": b"\xc3\xa9"}},
-        {"urls": ["lookup"], "client": {"cookies": {"session": "s"}}, "headers": {"X-Api-Key": "k"}},
         {"urls": ["http://[::1]:8080/x?key=1#part"], "client": {"cookies": {"session": "s"}}},
     ):
         assert len(_digest(spec)) == 64
+    with pytest.raises(ValueError, match="base_url"):
+        http_tool("lookup", "lookup", client=httpx.Client(cookies={"session": "s"}))
 
 
 def test_credential_scope_digest_holds_what_is_not_sent_apart() -> None:

@@ -763,3 +763,14 @@ def test_tools_of_one_provider_with_other_pacings_are_refused_not_silently_repla
             )
     finally:
         store.close()
+
+
+def test_an_http_tool_left_at_its_default_takes_the_pacing_another_tool_of_its_host_states() -> None:
+    from actors.http import http_tool
+    from actors.system import provider_pacings
+
+    stated = http_tool("single", "http://127.0.0.1:9/one", pacing=Pacing(rps=5.0))
+    default = http_tool("other", "http://127.0.0.1:9/two")
+    plain = Tool(tool_id="plain", fn=lambda i, c: i, provider="127.0.0.1")
+    assert provider_pacings([stated, default, plain]) == {"127.0.0.1": Pacing(rps=5.0)}
+    assert provider_pacings([plain, default]) == {"127.0.0.1": default.pacing}  # the slow start
