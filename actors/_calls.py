@@ -65,6 +65,8 @@ class Call:
     requeued: bool = False
     nested: bool = False
     """Made from inside a running tool (borrows its parent's slot)."""
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls it was made inside (a call of one is a cycle)."""
     role: Role = Role.OWNER
 
 
@@ -109,6 +111,8 @@ class Group:
     """The claimed receipt (durable tools)."""
     mode: ClaimMode = ClaimMode.NORMAL
     nested: bool = False
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls its nested callers were made inside."""
     unit: Unit | None = None
     beating: bool = False
     """Its lease is registered with the heartbeat."""
@@ -142,7 +146,7 @@ class Group:
         return cls(
             key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
             credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
-            calls=[call], mode=call.mode, nested=call.nested,
+            calls=[call], mode=call.mode, nested=call.nested, ancestors=call.ancestors,
         )  # fmt: skip
 
     def join(self, call: Call, role: Role) -> None:
@@ -152,6 +156,8 @@ class Group:
         if call.mode is not self.mode:
             self.mode = strongest_mode((self.mode, call.mode))
         self.nested = self.nested or call.nested
+        if call.ancestors:
+            self.ancestors |= call.ancestors
 
     @property
     def timeout_s(self) -> float:

@@ -151,6 +151,8 @@ class AttemptSpec:
     batched: bool
     context: ToolContext
     durable: bool
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls its nested callers were made inside."""
 
 
 def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
@@ -186,7 +188,7 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
     payload = None if batched else inputs[0]  # a batch payload is built on the worker
     return AttemptSpec(
         unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
-        context=context, durable=tool.durable,
+        context=context, durable=tool.durable, ancestors=frozenset().union(*(g.ancestors for g in groups)),
     )  # fmt: skip
 
 
@@ -210,7 +212,7 @@ def attempt(
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
         return
     sent_at = clock()
-    token = enter_keys(spec.context.receipt_keys)  # a nested call of one of them is a cycle
+    token = enter_keys(spec.ancestors.union(spec.context.receipt_keys))  # a nested call of one: a cycle
     try:
         if spec.batched and tool.batch is not None:
             raw = tool.batch.batch_fn(tool.batch.build(spec.inputs), spec.context)

@@ -141,7 +141,8 @@ class Intake:
             if key in cycle:
                 future = new_future()
                 fail(
-                    future, CallCycleError(f"{tool_id} called itself with the input it runs for (key {key})")
+                    future,
+                    CallCycleError(f"{tool_id} was called inside its own call of that input (key {key})"),
                 )
                 futures.append(future)
                 errors += 1
@@ -182,6 +183,7 @@ class Intake:
                     future=future,
                     submitted_at=now,
                     nested=nested,
+                    ancestors=cycle,
                 )
             )
         stats.add("calls", len(futures), tool=tool_id)

@@ -136,7 +136,8 @@ def _worker_id() -> Any:
 
 
 def enter_keys(keys: Iterable[str]) -> Any:
-    """The calling worker runs a tool's function for ``keys``; returns the token to leave."""
+    """The calling worker runs a tool's function for ``keys`` (its calls' receipt keys and
+    those of the calls it was made inside); returns the token to leave."""
     me = _worker_id()
     _running[me] = frozenset(keys)
     return me
@@ -147,7 +148,8 @@ def leave_keys(token: Any) -> None:
 
 
 def running_keys() -> frozenset[str]:
-    """The receipt keys the calling worker's tool function runs for (empty elsewhere)."""
+    """The receipt keys the calling worker's tool function runs for, or was called inside
+    (empty elsewhere)."""
     return _running.get(_worker_id(), frozenset())
 
 

@@ -64,9 +64,9 @@ class ReceiptWaitTimeoutError(DispatchError):
 
 
 class CallCycleError(DispatchError):
-    """A tool called, from its function, a call it is itself running (same tool, same
-    input: the same receipt key): that call would wait for its own result. Refused at
-    once; the tool's own call goes on."""
+    """A tool's function called a call it runs inside (same tool, same input: the same
+    receipt key), itself or through other tools (A calls B, B calls A): that call would
+    wait for its own result. Refused at once; the tool's own call goes on."""
 
 
 class CallCancelledError(DispatchError):

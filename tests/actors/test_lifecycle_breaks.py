@@ -195,7 +195,30 @@ def test_break_a_tool_calling_itself_with_the_input_it_runs_for_is_refused_at_on
     system = make_system([Tool(tool_id="t", fn=recursive, provider="p")], policy=ONE_SLOT)
     holder["proxy"] = system.proxy()
     assert system.proxy().execute("t", {"n": 2}).get(timeout=WAIT_S).value == {"leaf": True}
-    assert "called itself" in str(seen["cycle"])
+    assert "inside its own call" in str(seen["cycle"])
+
+
+def test_break_a_cycle_through_another_tool_is_refused_at_once(make_system: Any) -> None:
+    """A calls B, B calls A with A's own input: that call would wait for A, which waits
+    for B. Refused at once, so B and then A can answer."""
+    from actors import CallCycleError
+
+    holder: dict[str, Any] = {}
+
+    def a(i: Any, c: Any) -> Any:
+        return {"a": holder["proxy"].execute("b", i).get(timeout=WAIT_S).value}
+
+    def b(i: Any, c: Any) -> Any:
+        try:
+            holder["proxy"].execute("a", i).get(timeout=WAIT_S)
+        except CallCycleError:
+            return {"b": "cycle refused"}
+        return {"b": "no cycle seen"}
+
+    tools = [Tool(tool_id="a", fn=a, provider="A"), Tool(tool_id="b", fn=b, provider="B")]
+    system = make_system(tools)
+    holder["proxy"] = system.proxy()
+    assert system.proxy().execute("a", {"n": 1}).get(timeout=WAIT_S).value == {"a": {"b": "cycle refused"}}
 
 
 @pytest.mark.parametrize("mode", ["force_refresh", "retry_failed"])
