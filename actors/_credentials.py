@@ -152,8 +152,7 @@ def credential_scope_digest(
         parts["headers"] = sorted(found)
     if query:
         parts["query"] = sorted(query)
-    jar = client.cookies if client is not None else None
-    wire = [_as_sent(url, given, client, jar, sign) for url in targets]
+    wire = [_as_sent(url, given, client, sign) for url in targets]
     pooled_says_it = all(
         sent["headers"] == sorted(set(found))
         and sorted(sent["query"]) == sorted(params + client_params)
@@ -173,16 +172,14 @@ def credential_scope_digest(
     return hashlib.sha256(text).hexdigest()
 
 
-def _as_sent(
-    url: str | None, headers: Pairs, client: httpx.Client | None, jar: httpx.Cookies | None, sign: bool
-) -> dict[str, Any]:
+def _as_sent(url: str | None, headers: Pairs, client: httpx.Client | None, sign: bool) -> dict[str, Any]:
     """What a request to ``url`` carries, built as the client builds it (``base_url``
     joined, its ``params`` and headers merged the way this httpx merges them): its host
-    (never the port) and path,
-    its query (percent-escapes read as latin-1, so no two byte strings meet), its
-    credential headers after the auth signed it (the client's when ``sign``, else the
-    URL's ``user:password@``) sorted, and the cookies ``jar`` sends to it (domain, path,
-    ``secure``; none when a Cookie header is given, as httpx then sends none) in order."""
+    (never the port) and path, its query (percent-escapes read as latin-1, so no two byte
+    strings meet), its credential headers after the auth signed it (the client's when
+    ``sign``, else the URL's ``user:password@``) sorted, and the cookies the client's jar
+    sends to it (domain, path, ``secure``; none when a Cookie header is given, as httpx
+    then sends none) in order."""
     target = url if url is not None else "https://credential-scope.invalid/"
     if httpx.URL(target).is_relative_url and (client is None or client.base_url.is_relative_url):
         raise ValueError(f"{target!r}: a relative URL needs a client with a base_url")
@@ -205,9 +202,9 @@ def _as_sent(
         auth = httpx.BasicAuth(sent_url.username, sent_url.password)
     signed = _signed(auth, request) if auth is not None else _items(request.headers)
     sent: list[str] = []
-    if jar is not None and not explicit:
+    if client is not None and not explicit:
         probe = httpx.Request("GET", sent_url)
-        jar.set_cookie_header(probe)
+        client.cookies.set_cookie_header(probe)
         for line in probe.headers.get_list("cookie"):
             sent += [part.strip() for part in line.split(";") if _counts(part.strip())]
     return {
