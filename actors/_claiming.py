@@ -36,6 +36,10 @@ from .tool import NOT_DONE
 __all__ = ["Claiming"]
 
 RUNNING = ReceiptStatus.RUNNING
+CLAIM_CHUNK = 500
+"""Most receipts in one claim (one store transaction): a bulk drain is claimed in
+chunks, so its first calls start (and its later ones are admitted) while the store
+claims the rest, instead of after one transaction over all of them."""
 
 
 class Claiming(LifecycleBase):
@@ -103,16 +107,19 @@ class Claiming(LifecycleBase):
         for group in groups:
             group.state = GroupState.CLAIMING
             buckets.setdefault((force or group.mode, group.stale_after_s), []).append(group)
-        for (mode, stale), members in buckets.items():
-            batch = next(self._ids)
-            self._batches[batch] = members
-            safe = self.tool.retry_safe
-            requests = [
-                ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
-                for g in members
-            ]
-            running = frozenset(g.key for g in members if g.slotted)
-            self.fx.claim(batch, mode, stale, requests, running)
+        safe = self.tool.retry_safe
+        for (mode, stale), bucket in buckets.items():
+            # in chunks: the first calls start while the store claims the next ones
+            for start in range(0, len(bucket), CLAIM_CHUNK):
+                members = bucket[start : start + CLAIM_CHUNK]
+                batch = next(self._ids)
+                self._batches[batch] = members
+                requests = [
+                    ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
+                    for g in members
+                ]
+                running = frozenset(g.key for g in members if g.slotted)
+                self.fx.claim(batch, mode, stale, requests, running)
 
     def on_claimed(
         self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float

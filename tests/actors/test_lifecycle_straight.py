@@ -222,3 +222,29 @@ def test_straight_system_calls_beyond_the_free_width_are_marked_as_usual(
     assert [f.get(timeout=WAIT_S).value["n"] for f in futures] == list(range(40))
     receipts = read_receipts([key_of(tool, {"n": n}) for n in range(40)])
     assert all(r is not None and r.status is ReceiptStatus.COMPLETED for r in receipts)
+
+
+def test_straight_a_bulk_drain_is_claimed_in_chunks_and_its_first_calls_start_before_the_rest() -> None:
+    from actors._claiming import CLAIM_CHUNK
+
+    n = 2 * CLAIM_CHUNK + 7
+    d = Driver(straight=True, width=n)
+    calls = d.drain(*(f"k{i}" for i in range(n)))
+    d.grant_now(n)
+    sizes = [len(requests) for _, requests in d.fx.claims.values()]
+    assert sizes == [CLAIM_CHUNK, CLAIM_CHUNK, 7]  # one transaction each, in order
+    assert all(d.fx.running[b] == {r.key for r in d.fx.claims[b][1]} for b in d.fx.claims)
+    first = max(d.fx.claims)
+    d.answer_claim()
+    assert len(d.fx.starts) == 7 and len(d.fx.claims) == 3  # started while two claims are out
+    del d.fx.claims[first]
+    while d.fx.claims:
+        batch = max(d.fx.claims)
+        d.answer_claim()
+        del d.fx.claims[batch]
+    assert len(d.fx.starts) == n and d.fx.marks == {}
+    for spec in list(d.fx.starts):
+        d.finish(spec=spec)
+        d.persisted()
+    assert {_value(d.outcome(c))["v"] for c in calls} == {f"k{i}" for i in range(n)}
+    d.assert_nothing_held()
