@@ -24,6 +24,7 @@ watcher thread serving every waiting call of a dispatch system,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import socket
 import threading
@@ -31,7 +32,21 @@ import time
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["Listener"]
+__all__ = ["Listener", "channel_name"]
+
+_MAX_CHANNEL_BYTES = 63
+"""A channel is a Postgres name: ``pg_notify`` refuses a longer one, ``LISTEN`` cuts it."""
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of the receipt store in ``schema``: ``tooldispatch:SCHEMA``,
+    or, when that would pass Postgres's 63-byte limit on names, ``tooldispatch:`` and
+    the first 40 hex digits of the schema name's sha256 (every worker on that schema
+    derives the same)."""
+    name = f"tooldispatch:{schema}"
+    if len(name.encode("utf-8", "surrogatepass")) <= _MAX_CHANNEL_BYTES:
+        return name
+    return "tooldispatch:" + hashlib.sha256(schema.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 class Listener:
@@ -206,7 +221,7 @@ class Listener:
         watchdog.daemon = True
         watchdog.start()
         try:
-            row = conn.execute("SELECT %s = ANY(pg_listening_channels())", (self._channel,)).fetchone()
+            row = conn.execute("SELECT %s IN (SELECT pg_listening_channels())", (self._channel,)).fetchone()
         finally:
             watchdog.cancel()
         if not row or not row[0]:

@@ -25,10 +25,26 @@ __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 SCHEMA_VERSION = 2
 
 
+MAX_IDENTIFIER_BYTES = 63
+"""Postgres keeps the first 63 bytes of a name (NAMEDATALEN - 1) and drops the rest
+without an error, so two longer names that share those bytes would be one schema."""
+
+
 def quote_ident(name: str) -> str:
-    """``name`` as a quoted SQL identifier."""
+    """``name`` as a quoted SQL identifier.
+
+    Raises:
+        ValueError: empty, holds a NUL, or longer than :data:`MAX_IDENTIFIER_BYTES`
+            bytes in UTF-8 (Postgres would silently cut it).
+    """
     if not name or "\x00" in name:
         raise ValueError(f"not a valid Postgres identifier: {name!r}")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"Postgres names hold at most {MAX_IDENTIFIER_BYTES} bytes; {name!r} has {size} "
+            "(Postgres would cut it, and two such names would share one schema)"
+        )
     return '"' + name.replace('"', '""') + '"'
 
 

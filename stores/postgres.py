@@ -30,6 +30,7 @@ from ._dispositions import decide_disposition
 from ._fenced import FencedWrites, FenceItem, refusal
 from ._pg_claims import read_settled
 from ._pg_conn import PgConnections, is_postgres_url, split_schema
+from ._pg_listen import channel_name
 from ._pg_schema import quote_ident
 from ._pg_sql import Statements
 from ._rules import (
@@ -88,6 +89,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
     Raises:
         StoreUnavailableError: the server cannot be reached (or refused us).
         SchemaVersionError: the schema was written by a newer tooldispatch.
+        ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
 
     def __init__(
@@ -111,7 +113,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         self.clock = clock if clock is not None else time.time
         self._fake_clock = clock
         self.poll_s = poll_s
-        self._channel = f"tooldispatch:{schema}"
+        self._channel = channel_name(schema)
         self._sql = Statements(quote_ident(schema), self._channel)
         self._listener: Any = None
         self._listener_lock = threading.Lock()

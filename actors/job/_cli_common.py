@@ -64,5 +64,5 @@ def open_db(db: str) -> Any:
         raise ConfigError(f"no receipt store at {db}")
     try:
         return open_store(db)
-    except StoreError as exc:
+    except (StoreError, ValueError) as exc:  # ValueError: a bad schema name, say
         raise ConfigError(str(exc)) from None

@@ -199,12 +199,20 @@ def _purgeable(db: str, statuses: list[str], older_than_s: float) -> int:
     """How many receipts ``purge`` would delete now (same rule: old enough, one of
     ``statuses``, not under a live lease)."""
 
-    now = time.time()
+    marks = ", ".join("?" for _ in statuses)
+    if is_url(db):  # the database's clock, as the store's purge judges (this host's may be off)
+        now = "(select extract(epoch from now())::float8)"
+        sql = (
+            f"select count(*) as n from receipts where updated_at <= {now} - ? and status in ({marks}) "
+            f"and not coalesce(lease_expires_at > {now}, false)"
+        )
+        return int(_query(db, sql, [older_than_s, *statuses])[0]["n"])
+    now_s = time.time()  # SQLite: one host, and the store's clock is this one
     rows = _query(
         db,
-        "select count(*) as n from receipts where updated_at <= ? and status in "
-        f"({', '.join('?' for _ in statuses)}) and not coalesce(lease_expires_at > ?, false)",
-        [now - older_than_s, *statuses, now],
+        f"select count(*) as n from receipts where updated_at <= ? and status in ({marks}) "
+        "and not coalesce(lease_expires_at > ?, false)",
+        [now_s - older_than_s, *statuses, now_s],
     )
     return int(rows[0]["n"])
 

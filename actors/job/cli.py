@@ -142,7 +142,7 @@ def _run(
         if db == DEFAULT_DB:  # the default's folder is ours to make; a given path's folder must exist
             os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
         store = open_store(db)
-    except (OSError, StoreError) as exc:
+    except (OSError, StoreError, ValueError) as exc:  # ValueError: a bad schema name, say
         if pacer is not None:
             pacer.close()
         raise ConfigError(str(exc)) from None

@@ -102,3 +102,62 @@ def test_cli_postgres_unreachable_server_is_one_line_error(cli, tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("tooldispatch: error: postgresql://postgres@127.0.0.1:1/test: cannot")
     assert "Traceback" not in done.stderr
+
+
+SKEWED_CLOCK = """
+import time
+
+_real = time.time
+time.time = lambda: _real() + {shift_s!r}  # this process's clock is off by shift_s
+"""
+
+
+@pytest.mark.parametrize("shift_s", [-7200.0, 7200.0], ids=["client-behind", "client-ahead"])
+def test_cli_postgres_purge_counts_and_deletes_by_the_database_clock(cli, tmp_path, pg_db, shift_s):
+    """``receipts purge`` on Postgres judges ages and leases by the database's clock, as the
+    store's purge does: a host whose clock is off neither misses old receipts nor counts
+    ones under a live lease."""
+    play = tmp_path / "square_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("".join(f"{n}\n" for n in range(ROWS)), encoding="utf-8")
+    assert cli.run("run", play, "--input", rows, "--db", pg_db).returncode == 0
+
+    skew = tmp_path / "skew"
+    skew.mkdir()
+    (skew / "sitecustomize.py").write_text(SKEWED_CLOCK.format(shift_s=shift_s), encoding="utf-8")
+    env = cli.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(skew), env["PYTHONPATH"]])
+    # one receipt held under a live lease by another worker (10 minutes, database clock)
+    import psycopg
+
+    schema = pg_db.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE \"{schema}\".receipts SET status = 'failed', "
+            "lease_expires_at = extract(epoch from now()) + 600 "
+            f'WHERE key = (SELECT min(key) FROM "{schema}".receipts)'
+        )
+    done = cli.run("receipts", "purge", "--db", pg_db, "--status", "completed", "--status", "failed",
+                   env=env, input="y\n")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"delete {ROWS - 1} receipts (completed or failed)"), (
+        done.stdout
+    )  # the count asked
+    assert done.stdout.strip().endswith(f"purged {ROWS - 1} receipts")
+
+
+@pytest.mark.parametrize("schema", ["td_" + "z" * 61, "td_" + "\u00e9" * 31], ids=["ascii-64", "utf8-65"])
+def test_cli_postgres_schema_name_past_63_bytes_is_a_one_line_error(cli, tmp_path, schema):
+    from urllib.parse import quote
+
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={quote(schema)}"
+    play = tmp_path / "square_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "numbers.txt"
+    rows.write_text("1\n", encoding="utf-8")
+    for args in (("receipts", "stats", "--db", url), ("run", play, "--input", rows, "--db", url)):
+        done = cli.run(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("tooldispatch: error: Postgres names hold at most 63 bytes")
+        assert "Traceback" not in done.stderr
