@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from stores._codec import EncodedOutput, encode_output
+from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -244,7 +245,11 @@ class Claiming(LifecycleBase):
             return
         try:
             text = None if value is NOT_DONE else encode_output(value)
-        except Exception as exc:
+        except BaseException as exc:  # whatever the hook's value raises: this call's error alone
+            if not isinstance(exc, (InvalidOutputError, OutputNotStorableError)):
+                exc = InvalidOutputError(
+                    f"the reconcile hook's value cannot be stored: {type(exc).__name__}: {error_text(exc)}"
+                )
             self._settle(group, exc)
             return
         batch = next(self._ids)

@@ -63,7 +63,7 @@ def error_text(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises."""
     try:
         return str(exc) or type(exc).__name__
-    except Exception:
+    except BaseException:  # a __str__ raising anything, SystemExit included: never passed on
         return f"{type(exc).__name__} (its message could not be read)"
 
 
@@ -133,8 +133,10 @@ def _encode(value: Any) -> tuple[str | None, BaseException | None]:
     except (InvalidOutputError, OutputNotStorableError) as exc:
         exc.raw_output = value  # salvaged in a described form
         return None, exc
-    except Exception as exc:  # anything a value raises while serialised fails its member alone
-        error = InvalidOutputError(f"the tool's output cannot be serialised: {type(exc).__name__}: {exc}")
+    except BaseException as exc:  # anything a value raises while serialised fails its member alone
+        error = InvalidOutputError(
+            f"the tool's output cannot be serialised: {type(exc).__name__}: {error_text(exc)}"
+        )
         error.raw_output = value
         return None, error
 
@@ -227,10 +229,14 @@ def attempt(
     finally:
         leave_keys(token)
     members: list[tuple[Any, BaseException | None]]
-    if spec.durable:
-        members = [_encode(v) for v in values]
-    else:
-        members = [(None, v) if isinstance(v, BaseException) else (_Plain(v), None) for v in values]
+    try:
+        if spec.durable:
+            members = [_encode(v) for v in values]
+        else:
+            members = [(None, v) if isinstance(v, BaseException) else (_Plain(v), None) for v in values]
+    except BaseException as exc:  # a guard: the unit is told whatever its values do
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
+        return
     tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at))
 
 

@@ -100,7 +100,7 @@ class LocalEffects:
         def ask() -> None:
             try:
                 reply.set(hook(inp, context))
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: the call is answered, never left waiting
                 reply.set_exception((type(exc), exc, exc.__traceback__))
 
         try:
@@ -129,7 +129,7 @@ class LocalEffects:
         (``salvage_failed``)."""
         try:
             self._salvage(group, output, error)
-        except Exception:  # an output whose very description fails: keep what can be kept
+        except BaseException:  # an output whose very description fails: keep what can be kept
             log.exception("salvaging %s", group.key)
             stand_in = {"type": type(output).__qualname__, "reason": error, "repr": "<unrepresentable>"}
             try:

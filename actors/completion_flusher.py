@@ -220,7 +220,7 @@ class CompletionFlusherActor(InboxActor):
             for completion in message.entries:
                 try:
                     size = len(encode_output(completion.output)) if self.policy.completion_max_bytes else 0
-                except Exception as exc:  # no JSON form (anything it raises): refuse this member alone
+                except BaseException as exc:  # no JSON form (anything it raises): refuse this member alone
                     member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
                     reason = (
                         "output_not_storable"

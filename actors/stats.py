@@ -71,7 +71,7 @@ class Stats:
         if self.perf_hook is not None:
             try:
                 self.perf_hook(phase, ms, extra)
-            except Exception:  # an observer never breaks a call
+            except BaseException:  # an observer never breaks a call (nor stops an actor)
                 logging.getLogger("tooldispatch").exception("perf hook failed on %s", phase)
 
     @contextmanager

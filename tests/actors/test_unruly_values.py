@@ -1,0 +1,161 @@
+"""User code that raises the unexpected: a ``BaseException`` (SystemExit, KeyboardInterrupt,
+GeneratorExit) or an exception whose own ``str()`` raises, from a tool's output while it
+is serialised, from a reconcile hook or its value, from a perf hook. Each fails its own
+call (or is ignored, for an observer); the other calls of the same batch or system are
+answered and stored, nothing waits forever, and ``stop()`` returns at once. Real
+systems on SQLite files, both runtimes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from actors import BatchStrategy, InvalidOutputError, Tool, UncertainOutcomeError
+from stores import ReceiptStatus
+
+WAIT_S = 15.0
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no message either")
+
+
+def _raiser(kind: str) -> type[BaseException]:
+    return {"unprintable": Unprintable, "system_exit": SystemExit, "keyboard": KeyboardInterrupt,
+            "generator_exit": GeneratorExit}[kind]  # fmt: skip
+
+
+KINDS = ["unprintable", "system_exit", "keyboard", "generator_exit"]
+
+
+class Key:
+    """A dict key that is not a string (refused as output) whose ``repr`` raises."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        raise _raiser(self.kind)()
+
+    def __hash__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch"])
+def test_an_output_that_raises_anything_while_serialised_fails_its_member_alone(
+    make_system: Any, read_receipts: Any, key_of: Any, recorder: Any, kind: str, batched: bool
+) -> None:
+    def one(i: Any) -> Any:
+        return {Key(kind): 1} if i.get("bad") else {"v": i["n"]}
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        recorder.record("batch", payload, ctx)
+        return [one(i) for i in payload]
+
+    def fn(i: Any, ctx: Any) -> Any:
+        recorder.record("fn", i, ctx)
+        return one(i)
+
+    batch = BatchStrategy(batch_fn=batch_fn, max_batch_size=10) if batched else None
+    tool = Tool(tool_id="t", fn=fn, batch=batch)
+    system = make_system([tool])
+    inputs = [{"n": 0}, {"n": 1, "bad": True}, {"n": 2}]
+    futures = system.proxy().execute_many("t", inputs)
+    with pytest.raises(InvalidOutputError, match=r"cannot be serialised|different value"):
+        futures[1].get(timeout=WAIT_S)
+    assert [futures[i].get(timeout=WAIT_S).value for i in (0, 2)] == [{"v": 0}, {"v": 2}]
+    good = read_receipts([key_of(tool, inputs[0]), key_of(tool, inputs[2])])
+    assert [r.status for r in good] == [ReceiptStatus.COMPLETED] * 2  # paid for, kept
+    started = time.monotonic()
+    system.stop(timeout_s=10.0)
+    assert time.monotonic() - started < 5.0
+    rerun = make_system([tool], run_id="r2").proxy().execute_many("t", [inputs[0], inputs[2]])
+    assert [f.get(timeout=WAIT_S).execution for f in rerun] == ["cached", "cached"]  # free
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tool_output_error_never_keeps_the_slot(make_system: Any, kind: str) -> None:
+    from actors import Pacing
+
+    def fn(i: Any, ctx: Any) -> Any:
+        return {Key(kind): 1} if i.get("bad") else {"v": i["n"]}
+
+    tool = Tool(tool_id="t", fn=fn, pacing=Pacing(max_concurrency=1))
+    system = make_system([tool])
+    with pytest.raises(InvalidOutputError):
+        system.proxy().execute("t", {"n": 0, "bad": True}).get(timeout=WAIT_S)
+    results = [system.proxy().execute("t", {"n": n}).get(timeout=WAIT_S).value for n in range(1, 4)]
+    assert results == [{"v": 1}, {"v": 2}, {"v": 3}]  # the one slot came back
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("where", ["hook", "value"])
+def test_a_reconcile_hook_that_raises_anything_answers_its_call(
+    make_system: Any, kind: str, where: str
+) -> None:
+    sent = {"n": 0}
+
+    def fn(i: Any, ctx: Any) -> Any:
+        sent["n"] += 1
+        if sent["n"] == 1:
+            raise TimeoutError("read timed out after sending")  # not retry-safe: uncertain
+        return {"v": i}
+
+    def reconcile(i: Any, ctx: Any) -> Any:
+        if where == "hook":
+            raise _raiser(kind)("reconcile interrupted")
+        return {Key(kind): 1}
+
+    tool = Tool(tool_id="t", fn=fn, retry_safe=False, reconcile=reconcile)
+    system = make_system([tool])
+    with pytest.raises(Exception):  # noqa: B017 - the first attempt's outcome is uncertain
+        system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S)
+    expected = UncertainOutcomeError if where == "hook" else InvalidOutputError
+    with pytest.raises(expected):
+        system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S)
+    assert system.proxy().execute("t", {"b": 1}).get(timeout=WAIT_S).value == {"v": {"b": 1}}
+    started = time.monotonic()
+    system.stop(timeout_s=10.0)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_perf_hook_that_raises_anything_breaks_no_call(make_system: Any, kind: str) -> None:
+    from actors import Policy
+
+    def hook(phase: str, ms: float, extra: Any) -> None:
+        raise _raiser(kind)("observer")
+
+    tool = Tool(tool_id="t", fn=lambda i, c: {"v": i["n"]})
+    system = make_system([tool], policy=Policy(perf_hook=hook)) if _has_perf_hook() else make_system([tool])
+    futures = system.proxy().execute_many("t", [{"n": n} for n in range(5)])
+    assert [f.get(timeout=WAIT_S).value for f in futures] == [{"v": n} for n in range(5)]
+    started = time.monotonic()
+    system.stop(timeout_s=10.0)
+    assert time.monotonic() - started < 5.0
+
+
+def _has_perf_hook() -> bool:
+    import attrs
+
+    from actors import Policy
+
+    return "perf_hook" in attrs.fields_dict(Policy)
+
+
+def test_error_text_never_raises() -> None:
+    from actors._execute import error_text
+
+    class Exits(Exception):
+        def __str__(self) -> str:
+            raise SystemExit("no")
+
+    assert error_text(Exits()) == "Exits (its message could not be read)"
+    assert error_text(Unprintable()) == "Unprintable (its message could not be read)"
+    assert sys.exc_info() == (None, None, None)
