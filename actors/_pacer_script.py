@@ -128,7 +128,10 @@ if op == 'take' then
   if s.rate > 0 then
     local T, b = 1 / s.rate, burst()
     local tat = math.max(s.tat, now)
-    local avail = math.floor((now + b * T - tat) / T + 1e-9)
+    -- tat and now are epoch seconds (about 1.8e9: a double's step there is 0.24 µs), so
+    -- the time still owed is taken first and given 1 µs of slack: an idle bucket grants
+    -- its whole burst (burst 1 included), never a token less
+    local avail = math.floor((b * T - (tat - now) + 1e-6) / T)
     if partial then k = math.min(n, avail) elseif avail < n then k = 0 end
     if k < 1 then
       local need = n

@@ -111,7 +111,8 @@ class BucketState:
         if self.rate > 0:
             period, b = 1 / self.rate, self._burst()
             tat = max(self.tat, now)
-            avail = math.floor((now + b * period - tat) / period + 1e-9)
+            # the time owed first, with 1 µs of slack (epoch seconds: see the script)
+            avail = math.floor((b * period - (tat - now) + 1e-6) / period)
             if partial:
                 k = min(n, avail)
             elif avail < n:

@@ -36,6 +36,28 @@ def _redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+_ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "{": "%7B", "}": "%7D"})
+
+
+def _escape(name: str) -> str:
+    return name.translate(_ESCAPES)
+
+
+_RATE_ARGS = {"grow": (6, 8), "set": (6,), "learn": (9, 11)}
+"""Per verb, the positions of its arguments that are rates (requests per second)."""
+
+
+def _scaled(argv: list[str], share: float) -> list[str]:
+    """``argv`` with its rates (a growth step, a cap, a rate set or published) scaled to
+    this worker's ``share``: pacing alone, a worker never grows, or is set, past its share
+    of what the workers would have together (values <= 0 mean "none" and stay)."""
+    out = list(argv)
+    for i in _RATE_ARGS.get(argv[0], ()):
+        if i < len(out) and float(out[i]) > 0:
+            out[i] = repr(float(out[i]) * share)
+    return out
+
+
 class RedisPacer(Pacer):
     """Pacing state shared by every worker pointed at one Redis (7 or later).
 
@@ -123,6 +145,9 @@ class RedisPacer(Pacer):
         self._seen: dict[tuple[str, str], tuple[float | None, int, int]] = {}
         self._fallback = LocalPacer({}, self.settings, clock)
         self._seeded: set[tuple[str, str]] = set()
+        self._holds: dict[tuple[str, str], tuple[float, float]] = {}
+        """(org, provider) -> (paused until, circuit open until), this clock, as Redis last
+        said: the local fallback keeps them."""
         self._degraded_since: float | None = None
         self._retry_at = 0.0
         self.outages = 0
@@ -130,8 +155,12 @@ class RedisPacer(Pacer):
         self.last_error = ""
 
     def keys(self, org_id: str, provider: str) -> list[str]:
-        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease]."""
-        base = f"{self.prefix}:{{{org_id}/{provider}}}"
+        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease].
+
+        ``%``, ``/``, ``{`` and ``}`` in the names are percent-escaped (``a/b`` + ``c`` and
+        ``a`` + ``b/c`` are two buckets; a brace cannot move the cluster hash tag); other
+        names keep the keys of earlier releases."""
+        base = f"{self.prefix}:{{{_escape(org_id)}/{_escape(provider)}}}"
         return [f"{base}:state", f"{base}:workers", f"{base}:learner"]
 
     def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
@@ -174,8 +203,30 @@ class RedisPacer(Pacer):
                         reply[8] = str(workers)
                     workers = int(reply[8])
                 self._seen[key] = (rate if rate > 0 else None, int(float(reply[3])), workers)
+                self._hold(key, argv[0], reply, now)
                 return reply, False
         return self._local(org_id, provider, argv), True
+
+    def _hold(self, key: tuple[str, str], op: str, reply: list[str], now: float) -> None:
+        """Note a pause or an open circuit the reply tells of (or that one has ended)."""
+        paused, opened = self._holds.get(key, (0.0, 0.0))
+        if op == "take":
+            verdict, wait = reply[7], reply[6]
+            left = float(wait) if wait != "inf" else 0.0
+            if verdict == "paused":
+                paused = now + left
+            elif verdict == "refuse":
+                opened = now + left
+            elif verdict != "wait":  # granted: neither holds now
+                paused = opened = 0.0
+        elif op == "pause":
+            paused = now + float(reply[6])
+        elif op == "record":
+            opened = now + float(reply[6]) if float(reply[6]) > 0 else 0.0
+        if paused > now or opened > now:
+            self._holds[key] = (paused, opened)
+        else:
+            self._holds.pop(key, None)
 
     def _share(self, key: tuple[str, str]) -> float:
         return 1.0 / max(self.expected_workers, self._seen.get(key, (None, 0, 1))[2])
@@ -192,9 +243,14 @@ class RedisPacer(Pacer):
                 burst = None if lim.burst is None else max(1.0, lim.burst * share)
                 max_rps = None if lim.max_rps is None else lim.max_rps * share
                 self._fallback.limits[provider] = ProviderLimits(rate_rps=rate, burst=burst, max_rps=max_rps)
-                self._fallback.seed(org_id, provider, rate, version)
+                paused, opened = self._holds.get(key, (0.0, 0.0))
+                now = self.clock()
+                self._fallback.seed(
+                    org_id, provider, rate, version, pause_s=paused - now, open_s=opened - now
+                )
+            share = self._share(key)
         local = self._fallback._argv(provider, argv[0])
-        return self._fallback._run(org_id, provider, [*local[:6], *argv[6:]])
+        return self._fallback._run(org_id, provider, [*local[:6], *_scaled(argv, share)[6:]])
 
     def _degrade(self, exc: BaseException, now: float) -> None:
         with self._lock:
@@ -241,6 +297,16 @@ class RedisPacer(Pacer):
                 for (org, provider), (rate, version, workers) in self._seen.items()
             },
         }
+
+    def wall_time(self, fallback: float) -> float:
+        """Redis's ``TIME`` (one round trip; ``fallback`` when it does not answer)."""
+        if self._degraded_since is not None:
+            return fallback
+        try:
+            seconds, micros = self._client.time()
+        except self._down_errors:
+            return fallback
+        return float(seconds) + float(micros) / 1e6
 
     def close(self) -> None:
         """Close the Redis connections."""

@@ -89,6 +89,10 @@ class SharedGovernor(Governor):
         """(org, provider) of an unknown limit -> this worker's learner role."""
         self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
         """This governor's name for the learner lease."""
+        self.probing: set[BucketKey] = set()
+        """(org, provider) whose half-open probe this worker was granted and has not yet
+        reported: a probe given back unsent releases the shared claim at once (else every
+        worker would wait out the probe lease)."""
 
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
@@ -134,6 +138,8 @@ class SharedGovernor(Governor):
                 out.gates[key] = (grant.rate_rps, bucket.gate_until)
             return 0
         self._version = grant.version
+        if grant.verdict == "probe":
+            self.probing.add(key)
         return grant.granted
 
     def _take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
@@ -160,6 +166,8 @@ class SharedGovernor(Governor):
     ) -> Decisions:
         """Pause (org, provider) for every worker and cut the shared rate once per event."""
         key = (org_id, provider)
+        if _is_date(retry_after):  # read against the clock the workers share, not this host's
+            wall = self.pacer.wall_time(wall)
         pause = self._pause_s(retry_after, wall)
         pause += self.rng() * min(1.0, 0.1 * pause)
         bucket = self.bucket(org_id, provider)
@@ -202,7 +210,9 @@ class SharedGovernor(Governor):
             self._grow(key, bucket, successes, out)
         answered_n = successes if answered is None else answered
         refusals = []
-        if answered_n or unavailable:
+        unsent_probe = key in self.probing and refunds > 0
+        if answered_n or unavailable or unsent_probe:
+            self.probing.discard(key)  # reported (record(0, 0): the probe claim is let go)
             recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
             if recorded.opened:
                 refusals = self._refuse_waiters(key)
@@ -273,3 +283,14 @@ class SharedGovernor(Governor):
             bucket.rate, bucket.slow_start = rate, slow
         if before is None or before[0] != rate:
             out.gates.setdefault(key, (rate, None))
+
+
+def _is_date(retry_after: Any) -> bool:
+    """A Retry-After given as a date (an HTTP-date text or a datetime), not seconds."""
+    if retry_after is None or isinstance(retry_after, (int, float)):
+        return False
+    try:
+        float(str(retry_after).strip())
+    except ValueError:
+        return True
+    return False

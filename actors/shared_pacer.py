@@ -233,6 +233,12 @@ class Pacer(abc.ABC):
         """What the pacer is (for stats): ``backend``, ``degraded``."""
         return {"backend": self.backend, "degraded": False}
 
+    def wall_time(self, fallback: float) -> float:
+        """The clock every worker sharing this pacer agrees on, epoch seconds (an HTTP-date
+        Retry-After is read against it, so one worker's clock does not set the pause for
+        all); ``fallback`` (this host's) when the pacer has none or cannot answer."""
+        return fallback
+
     def close(self) -> None:  # noqa: B027 - a hook: only pacers with connections need it
         """Release connections (idempotent)."""
 
@@ -264,13 +270,21 @@ class LocalPacer(Pacer):
                 state = self._states[(org_id, provider)] = BucketState()
             return state.run(argv, self.clock())
 
-    def seed(self, org_id: str, provider: str, rate_rps: float | None, version: int) -> None:
-        """Start (org, provider) at ``rate_rps`` and ``version`` (a fallback taking over)."""
+    def seed(
+        self, org_id: str, provider: str, rate_rps: float | None, version: int,
+        pause_s: float = 0.0, open_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        """Start (org, provider) at ``rate_rps`` and ``version`` (a fallback taking over),
+        paused for ``pause_s`` more seconds and with its circuit open ``open_s`` more
+        (what the shared state said last: a pause or an open circuit outlives the outage)."""
         with self._lock:
+            now = self.clock()
             rate = 0.0 if rate_rps is None else rate_rps
             self._states[(org_id, provider)] = BucketState(
-                rate=rate, ref=rate, ver=version, used_at=self.clock(), fresh=False
-            )
+                rate=rate, ref=rate, ver=version, used_at=now, fresh=False,
+                pause=now + pause_s if pause_s > 0 else 0.0,
+                c_open=now + open_s if open_s > 0 else 0.0, c_period=max(0.0, open_s),
+            )  # fmt: skip
 
     def pending_pauses(self) -> list[tuple[tuple[str, str], float]]:
         """(org, provider) -> seconds left, for each bucket paused now."""

@@ -4,6 +4,8 @@ through one pacer. A plain state machine: a LocalPacer on a fake clock stands fo
 
 from __future__ import annotations
 
+import pytest
+
 from actors import Pacing, Policy
 from actors._pacing import pacing_report
 from actors._shared_governor import SharedGovernor
@@ -135,3 +137,28 @@ def test_a_lease_holder_whose_calls_do_not_end_still_learns_from_the_others():
         rates.append(two.shared[("org", "p")][0])
     assert one.roles[("org", "p")].learner is not None
     assert rates[-1] > 2 * rates[0]  # slow start went on as two's calls were accepted
+
+
+def test_a_half_open_probe_given_back_unsent_lets_the_next_worker_probe_at_once():
+    now, _, one, two = _pair(rps=1000.0, circuit_failures=1, circuit_open_s=1.0)
+    one.acquire("org", "p", 1, "a", now[0])
+    assert ("org", "p") in one.release("org", "p", 1, 0, now[0], unavailable=1).closed
+    now[0] += 1.5  # half-open: one probe may go
+    probe = one.acquire("org", "p", 1, "probe", now[0])
+    assert sum(n for _, n in probe.grants) == 1
+    one.release("org", "p", 1, 0, now[0], refunds=1)  # granted, never sent (its caller left)
+    assert sum(n for _, n in two.acquire("org", "p", 1, "next", now[0]).grants) == 1  # not 30 s later
+
+
+def test_a_dated_retry_after_is_read_against_the_pacers_clock_not_this_hosts():
+    import email.utils
+
+    shared_wall = 1_800_000_000.0
+    date = email.utils.formatdate(shared_wall + 60.0, usegmt=True)  # "retry in 60 s"
+    for skew in (-120.0, 0.0, 120.0):  # this host's clock off by two minutes either way
+        now, pacer, one, _ = _pair()
+        pacer.wall_time = lambda fallback: shared_wall  # type: ignore[method-assign]
+        one.acquire("org", "p", 1, "a", now[0])
+        out = one.backpressure("org", "p", date, now[0], shared_wall + skew, sent_at=now[0])
+        _, until = out.gates[("org", "p")]
+        assert until - now[0] == pytest.approx(60.0, abs=1.5)

@@ -206,3 +206,56 @@ def test_redis_pacer_error_that_is_no_outage_still_serves_a_waiting_call(
     finally:
         admin.config_set("maxmemory", "0")
         system.stop()
+
+
+@pytest.mark.parametrize("verb", ["grow", "set", "learn"])
+def test_redis_pacer_alone_never_paces_past_its_share(
+    redis_server: RedisServer, prefix: str, verb: str
+) -> None:
+    """Growth (and a rate set or published) while Redis is away is scaled to this worker's
+    share: four workers pacing alone stay within the provider's rate together."""
+    from actors._redis_pacer import RedisPacer
+
+    clock = FakeClock()
+    limits = {"p": ProviderLimits(rate_rps=8.0, burst=4, max_rps=8.0)}
+    pacer = RedisPacer(redis_server.url, limits, prefix=prefix, expected_workers=4, clock=clock, retry_s=60.0)
+    pacer.take("o", "p")
+    redis_server.kill()
+    for _ in range(200):
+        clock.now += 0.5
+        pacer.take("o", "p")
+        if verb == "grow":
+            pacer.grow("o", "p", add_rps=1.0)
+        elif verb == "set":
+            pacer.set_rate("o", "p", 8.0)
+        else:
+            pacer.learn("o", "p", 10, "me", publish=(8.0, False, 8.0, "probe", 0))
+    state = pacer.state("o", "p")
+    assert state.degraded and state.rate_rps is not None and state.rate_rps <= 8.0 / 4 + 1e-9
+    pacer.close()
+
+
+def test_redis_pacer_keeps_a_shared_pause_and_an_open_circuit_when_redis_goes_away(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    from actors._redis_pacer import RedisPacer
+    from actors.shared_pacer import PacerSettings
+
+    clock = FakeClock()
+    limits = {"p": ProviderLimits(rate_rps=40.0, burst=4), "q": ProviderLimits(rate_rps=40.0, burst=4)}
+    settings = PacerSettings(circuit_failures=1, circuit_open_s=60.0)
+    pacer = RedisPacer(redis_server.url, limits, settings, prefix=prefix, clock=clock, retry_s=600.0)
+    other = RedisPacer(redis_server.url, limits, settings, prefix=prefix, clock=clock)
+    other.pause("o", "p", 60.0)  # another worker's 429
+    other.record("o", "q", answered=0, unavailable=1)  # another worker opened q's circuit
+    assert pacer.take("o", "p").verdict == "paused" and pacer.take("o", "q").verdict == "refuse"
+    redis_server.kill()
+    clock.now += 5.0
+    paused, refused = pacer.take("o", "p"), pacer.take("o", "q")
+    assert paused.degraded and (paused.granted, paused.verdict) == (0, "paused")
+    assert paused.wait_s == pytest.approx(55.0, abs=0.5)
+    assert refused.degraded and (refused.granted, refused.verdict) == (0, "refuse")
+    clock.now += 56.0
+    assert pacer.take("o", "p").granted == 1  # the pause ends when it would have
+    pacer.close()
+    other.close()

@@ -254,3 +254,45 @@ def test_redis_pacer_workers_count_together_and_one_holds_the_learner_lease(make
     taken = follower.learn("o", "p", 0, name)
     assert taken.leader and (taken.limit_rps, taken.phase, taken.cuts) == (6.0, "plateau", 1)
     assert not leader.learn("o", "p", 0, f"w{workers.index(leader)}").leader
+
+
+@pytest.mark.parametrize("burst", [1, 2, 3, 7])
+@pytest.mark.parametrize("rps", [0.5, 1.0, 5.0, 50.0, 100.0, 3000.0])
+def test_local_pacer_on_an_epoch_clock_grants_an_idle_bucket_its_whole_burst(rps: float, burst: int) -> None:
+    """Redis's TIME is epoch seconds (a double's step there is 0.24 µs): the bucket's
+    arithmetic must not lose a token to rounding (burst 1 would never grant)."""
+    clock = FakeClock()
+    clock.now = 1_800_000_000.123456
+    pacer = LocalPacer({"p": ProviderLimits(rate_rps=rps, burst=burst)}, clock=clock)
+    assert pacer.take("o", "p", burst, partial=True).granted == burst
+    clock.now += 1.0 / rps
+    assert pacer.take("o", "p").granted == 1  # one period later: one more
+
+
+@pytest.mark.parametrize("burst", [1, 2])
+def test_redis_pacer_grants_an_idle_bucket_its_whole_burst(
+    redis_server: RedisServer, prefix: str, burst: int
+) -> None:
+    rates = [0.98 * r for r in (1, 2, 5, 10, 20, 50, 100)]  # as Pacing(rps=r) states them
+    limits = {f"p{i}": ProviderLimits(rate_rps=rate, burst=burst) for i, rate in enumerate(rates)}
+    pacer = open_pacer(f"{redis_server.url}?prefix={prefix}", limits)
+    try:
+        granted = [pacer.take("o", name, burst, partial=True).granted for name in limits]
+        assert granted == [burst] * len(rates)
+        time.sleep(1.1)
+        assert [pacer.take("o", name).granted for name in limits] == [1] * len(rates)
+    finally:
+        pacer.close()
+
+
+def test_redis_pacer_keys_of_two_buckets_never_meet(redis_server: RedisServer, prefix: str) -> None:
+    limits = {"c": ProviderLimits(rate_rps=1.0), "b/c": ProviderLimits(rate_rps=100.0)}
+    pacer = open_pacer(f"{redis_server.url}?prefix={prefix}", limits)
+    try:
+        assert pacer.keys("a/b", "c") != pacer.keys("a", "b/c")  # type: ignore[attr-defined]
+        assert pacer.keys("a{x}", "p")[0] == f"{prefix}:{{a%7Bx%7D/p}}:state"  # type: ignore[attr-defined]
+        assert pacer.keys("o", "p")[0] == f"{prefix}:{{o/p}}:state"  # plain names: as before
+        pacer.set_rate("a", "b/c", 100.0)
+        assert pacer.state("a/b", "c").rate_rps != pytest.approx(100.0)  # the other bucket's rate
+    finally:
+        pacer.close()
