@@ -17,6 +17,18 @@ from typing import Any
 
 import pykka
 
+MAX_WAIT_S = 1e9
+"""Longest single wait handed to a lock, condition or event, seconds (about 31 years).
+Longer ones (a ``timeout_s=1e10`` meaning "no timeout") raise OverflowError there
+(``threading.TIMEOUT_MAX`` is about 9.2e9), so every wait is cut to this; the waits
+that loop simply wait again."""
+
+
+def bounded(seconds: float) -> float:
+    """``seconds`` cut to :data:`MAX_WAIT_S` (and never below 0)."""
+    return max(0.0, min(seconds, MAX_WAIT_S))
+
+
 __all__ = ["LightFuture", "fail", "new_future", "resolved_future"]
 
 log = logging.getLogger("tooldispatch")
@@ -53,10 +65,10 @@ class LightFuture(pykka.Future[Any]):
 
     def get(self, *, timeout: float | None = None) -> Any:
         if self._get_hook is not None:
-            return super().get(timeout=timeout)
+            return super().get(timeout=None if timeout is None else bounded(timeout))
         if not self.done:
             acquired = (
-                self._lock.acquire() if timeout is None else self._lock.acquire(timeout=max(0.0, timeout))
+                self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
             )
             if not acquired:
                 raise pykka.Timeout(f"{timeout} seconds")

@@ -251,7 +251,10 @@ def check_seconds(name: str, value: Any, *, positive: bool) -> None:
     """
     if value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an int past a float's range (10**400): no number of seconds
+        ok = False
     if not ok or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")

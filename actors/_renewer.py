@@ -30,6 +30,7 @@ import attrs
 
 from stores.base import ReceiptStore
 
+from ._futures import bounded
 from ._lease_set import LeaseSet
 from .messages import RegisterLeases
 
@@ -205,7 +206,7 @@ class Renewer:
                     now = self.clock()
                     at = self.leases.next_tick(now)
                     self._wake_at = now + _IDLE_WAIT_S if at is None else at
-                self._wake.wait(self._wake_at - now)  # register() and stop() wake it sooner
+                self._wake.wait(bounded(self._wake_at - now))  # register() and stop() wake it sooner
         finally:
             if handle is not None and handle is not self.store:
                 with contextlib.suppress(Exception):

@@ -22,7 +22,7 @@ from typing import Any
 
 import pykka
 
-from ._futures import fail
+from ._futures import bounded, fail
 
 _getcurrent: Callable[[], Any] | None
 try:
@@ -299,7 +299,7 @@ class Timers:
             with self._cond:
                 while not self._stopped and (not self._heap or self._heap[0][0] > self._clock()):
                     timeout = self._heap[0][0] - self._clock() if self._heap else None
-                    self._cond.wait(timeout)
+                    self._cond.wait(None if timeout is None else bounded(timeout))
                 if self._stopped:
                     return
                 _, _, fn, args = heapq.heappop(self._heap)

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ._futures import bounded
+
 __all__ = ["HEADROOM", "SendGate", "SendGates"]
 
 HEADROOM = 1.02
@@ -187,6 +189,7 @@ class SendGate:
         """
 
         def wait(seconds: float) -> bool:
+            seconds = bounded(seconds)
             if stop is not None:
                 return not stop.wait(seconds) if seconds > 0 else not stop.is_set()
             if seconds > 0:

@@ -31,7 +31,7 @@ from stores.types import Owner
 
 from ._calls import Call, Role
 from ._execute import error_text
-from ._futures import fail, new_future
+from ._futures import MAX_WAIT_S, fail, new_future
 from ._memo_path import Intake
 from ._pacing import SLOW_START_RPS
 from ._purge_watch import PurgeWatcher
@@ -283,7 +283,7 @@ class DispatchSystem:
                 return
             self._stopped = True
         self._stopping.set()
-        end = time.monotonic() + timeout_s
+        end = time.monotonic() + min(timeout_s, MAX_WAIT_S)  # a huge bound means "wait as long as it takes"
         idle = []
         for ref in self._queues.values():
             reply, done = new_future(), new_future()

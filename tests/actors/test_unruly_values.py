@@ -159,3 +159,43 @@ def test_error_text_never_raises() -> None:
     assert error_text(Exits()) == "Exits (its message could not be read)"
     assert error_text(Unprintable()) == "Unprintable (its message could not be read)"
     assert sys.exc_info() == (None, None, None)
+
+
+@pytest.mark.parametrize("huge", [1e10, 10**12], ids=["1e10", "10**12"])
+def test_a_huge_timeout_is_no_timeout_and_every_other_timer_still_fires(make_system: Any, huge: Any) -> None:
+    """``timeout_s`` past ``threading.TIMEOUT_MAX`` (a common "no timeout") is accepted and
+    breaks nothing: the shared timer thread keeps firing other calls' timeouts and batch
+    grace windows."""
+    from actors import Policy, ToolTimeoutError
+
+    def slow(i: Any, ctx: Any) -> Any:
+        time.sleep(i.get("sleep", 0))
+        return {"v": i["n"]}
+
+    tools = [
+        Tool(tool_id="local", fn=slow, durable=False),
+        Tool(tool_id="batched", fn=slow, durable=False,
+             batch=BatchStrategy(batch_fn=lambda p, c: [{"v": i["n"]} for i in p], max_batch_size=10)),
+    ]  # fmt: skip
+    system = make_system(tools, policy=Policy(batch_grace_s=0.05))
+    proxy = system.proxy()
+    assert proxy.execute("local", {"n": 1}, timeout_s=huge).get(timeout=WAIT_S).value == {"v": 1}
+    assert proxy.execute("local", {"n": 1}).get(timeout=huge).value == {"v": 1}  # a huge wait, too
+    time.sleep(0.2)
+    with pytest.raises(ToolTimeoutError):
+        proxy.execute("local", {"n": 2, "sleep": 2.0}, timeout_s=0.2).get(timeout=WAIT_S)
+    batch = proxy.execute_many("batched", [{"n": 3}, {"n": 4}])
+    assert [f.get(timeout=WAIT_S).value for f in batch] == [{"v": 3}, {"v": 4}]  # the grace window drained
+    started = time.monotonic()
+    system.stop(timeout_s=huge)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("option", ["timeout_s", "stale_after_s"])
+def test_a_duration_past_a_floats_range_is_a_clear_error_for_that_call(make_system: Any, option: str) -> None:
+    from actors import InvalidInputError
+
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: {"v": i})])
+    with pytest.raises(InvalidInputError, match=f"{option} must be a number of seconds"):
+        system.proxy().execute("t", {"a": 1}, **{option: 10**400}).get(timeout=WAIT_S)
+    assert system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S).value == {"v": {"a": 1}}
