@@ -101,12 +101,17 @@ class Intake:
 
         system = self.system
         stats = system.stats_
-        tool = system.tools.get(tool_id)
+        tool = system.tools.get(tool_id) if isinstance(tool_id, str) else None
         try:
             if system._stopping.is_set():
                 raise CallCancelledError("the dispatcher is stopped")
+            if not isinstance(tool_id, str):
+                raise InvalidInputError(f"tool_id must be a string, got {type(tool_id).__name__}")
             if tool is None:
                 raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(system.tools))}")
+            for name, flag in (("force_refresh", force_refresh), ("retry_failed", retry_failed)):
+                if not isinstance(flag, bool):
+                    raise InvalidInputError(f"{name} must be True or False, got {type(flag).__name__}")
             check_seconds("timeout_s", timeout_s, positive=True)
             check_seconds("stale_after_s", stale_after_s, positive=False)
             digest = system._digest(tool)

@@ -199,3 +199,29 @@ def test_a_duration_past_a_floats_range_is_a_clear_error_for_that_call(make_syst
     with pytest.raises(InvalidInputError, match=f"{option} must be a number of seconds"):
         system.proxy().execute("t", {"a": 1}, **{option: 10**400}).get(timeout=WAIT_S)
     assert system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S).value == {"v": {"a": 1}}
+
+
+@pytest.mark.parametrize(
+    ("tool_id", "options", "message"),
+    [
+        (["t"], {}, "tool_id must be a string"),
+        (None, {}, "tool_id must be a string"),
+        ("t", {"force_refresh": "no"}, "force_refresh must be True or False"),
+        ("t", {"retry_failed": []}, "retry_failed must be True or False"),
+        ("t", {"force_refresh": None}, "force_refresh must be True or False"),
+    ],
+    ids=["tool-id-list", "tool-id-none", "force-refresh-str", "retry-failed-list", "force-refresh-none"],
+)
+def test_a_bad_option_fails_those_calls_clearly_and_nothing_else(
+    make_system: Any, tool_id: Any, options: dict[str, Any], message: str
+) -> None:
+    from actors import InvalidInputError
+
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: {"v": i})])
+    futures = system.proxy().execute_many(tool_id, [{"a": 1}, {"b": 2}], **options)  # never raises here
+    for future in futures:
+        with pytest.raises(InvalidInputError, match=message):
+            future.get(timeout=WAIT_S)
+    assert system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S).value == {"v": {"a": 1}}
+    stats = system.stats()
+    assert (stats["calls"], stats["errors"], stats["live"]) == (3, 2, 1)
