@@ -161,8 +161,9 @@ class Group:
 
     @property
     def timeout_s(self) -> float:
-        """The smallest timeout of its callers (inf when none is left)."""
-        return min((c.timeout_s for c in self.calls), default=math.inf)
+        """The largest timeout of its callers (inf when none is left): the call runs as
+        long as its most patient caller waits; each caller times out at its own."""
+        return max((c.timeout_s for c in self.calls), default=math.inf)
 
     @property
     def lease(self) -> LeaseRef | None:
@@ -191,7 +192,9 @@ class Unit:
     exempt: bool = False
     """Its slot is a nested call's (not counted against the ceiling)."""
     deadline: float | None = None
-    """``time.monotonic()`` after which its callers time out (set at the first send)."""
+    """``time.monotonic()`` after which its last callers time out (set at the first send)."""
+    sent_first_at: float | None = None
+    """``time.monotonic()`` of its first send: each caller times out ``timeout_s`` after it."""
     out: bool = False
     """A provider call is running on the pool."""
     timed_out: bool = False
@@ -205,5 +208,6 @@ class Unit:
 
     @property
     def timeout_s(self) -> float:
-        """The smallest per-call timeout of its groups' callers."""
-        return min(g.timeout_s for g in self.groups)
+        """The largest per-call timeout of its groups' callers (groups whose callers all
+        left do not count): the provider call's own deadline."""
+        return max((g.timeout_s for g in self.groups if g.calls), default=math.inf)

@@ -148,7 +148,10 @@ class Finishing(LifecycleBase):
         """A unit's deadline passed: a running call's callers time out now (the call keeps
         its slot, lease and heartbeat until it returns); a call not running ends here."""
         unit = self.units.get(unit_id)
-        if unit is None or unit.timed_out or unit.deadline is None or now < unit.deadline - 1e-3:
+        if unit is None:
+            return
+        self._time_out_callers(unit, now)
+        if unit.timed_out or unit.deadline is None or now < unit.deadline - 1e-3:
             return  # an older deadline (re-admitted after a 429: it has a new one)
         error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {unit.timeout_s} s")
         if unit.out:
@@ -160,6 +163,27 @@ class Finishing(LifecycleBase):
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
         self._conclude(unit, None, unit.last_error or error, now)
+
+    def _time_out_callers(self, unit: Unit, now: float) -> None:
+        """Callers whose own timeout (from the unit's first send) has passed are answered
+        now; the call goes on for the others (and its late result is persisted)."""
+        if (
+            unit.sent_first_at is None
+            or unit.timed_out
+            or unit.deadline is None
+            or now >= unit.deadline - 1e-3
+        ):
+            return  # not sent yet, or its own deadline is here: every caller is answered below
+        for group in unit.groups:
+            late = [c for c in group.calls if unit.sent_first_at + c.timeout_s <= now + 1e-3]
+            if not late:
+                continue
+            if len(late) == len(group.calls):
+                group.answered = True  # it goes on, callerless, to its persisted result
+            group.calls = [c for c in group.calls if c not in late]
+            for call in late:
+                error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {call.timeout_s} s")
+                self.fx.answer(call, self._outcome_for(call, group, error))
 
     def _conclude(
         self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float

@@ -189,8 +189,11 @@ class Lifecycle(Cleanup, Finishing):
             return
         if unit.deadline is None:
             timeout_s = unit.timeout_s
-            unit.deadline = now + timeout_s
-            self._deadlines.setdefault(timeout_s, []).append(unit.id)  # one timer per message
+            unit.deadline, unit.sent_first_at = now + timeout_s, now
+            # one timer per timeout and message: the unit's, and each shorter caller's own
+            for own in {c.timeout_s for g in unit.groups for c in g.calls if c.timeout_s < timeout_s}:
+                self._deadlines.setdefault(own, []).append(unit.id)
+            self._deadlines.setdefault(timeout_s, []).append(unit.id)
         unit.attempt += 1
         unit.out = True
         unit.sent_on_slot = True

@@ -225,3 +225,42 @@ def test_a_bad_option_fails_those_calls_clearly_and_nothing_else(
     assert system.proxy().execute("t", {"a": 1}).get(timeout=WAIT_S).value == {"v": {"a": 1}}
     stats = system.stats()
     assert (stats["calls"], stats["errors"], stats["live"]) == (3, 2, 1)
+
+
+def test_each_caller_times_out_at_its_own_timeout_not_a_batch_mates(make_system: Any, recorder: Any) -> None:
+    """One caller's short ``timeout_s`` fails that caller only: the calls batched with it,
+    and other callers of the same input, wait as long as their own timeouts say; the
+    provider call runs for the most patient, and its result is stored."""
+    from actors import Policy, ToolTimeoutError
+
+    def one(i: Any, ctx: Any) -> Any:
+        recorder.record("single", i, ctx)
+        time.sleep(0.4)
+        return {"v": i}
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        recorder.record("batch", payload, ctx)
+        time.sleep(0.4)
+        return [{"v": i} for i in payload]
+
+    tools = [
+        Tool(tool_id="b", fn=one, batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=50)),
+        Tool(tool_id="s", fn=one),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.2))
+    proxy = system.proxy()
+    patient = proxy.execute_many("b", [{"p": i} for i in range(4)])
+    impatient = proxy.execute("b", {"i": 0}, timeout_s=0.05)
+    first = proxy.execute("s", {"same": 1})
+    second = proxy.execute("s", {"same": 1}, timeout_s=0.05)
+    with pytest.raises(ToolTimeoutError, match=r"within 0\.05 s"):
+        impatient.get(timeout=WAIT_S)
+    with pytest.raises(ToolTimeoutError, match=r"within 0\.05 s"):
+        second.get(timeout=WAIT_S)
+    assert [f.get(timeout=WAIT_S).value for f in patient] == [{"v": {"p": i}} for i in range(4)]
+    assert first.get(timeout=WAIT_S).value == {"v": {"same": 1}}
+    assert recorder.count("batch") == 1 and recorder.count("single") == 1  # one provider call each
+    (ctx,) = [c.ctx for c in recorder.of("single")]
+    assert ctx.timeout_s > 1.0  # the provider call runs for the patient caller
+    again = make_system(tools, run_id="r2").proxy().execute("b", {"i": 0})
+    assert again.get(timeout=WAIT_S).execution == "cached"  # the impatient caller's result was kept
