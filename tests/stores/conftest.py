@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,17 @@ def pg_unavailable() -> str | None:
 def new_pg_schema() -> str:
     """A fresh schema name for one test."""
     return f"td_test_{uuid.uuid4().hex[:12]}"
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """Re-check ``predicate`` until it is truthy (returns its value); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        threading.Event().wait(0.01)
+    raise AssertionError("condition not reached")
 
 
 def drop_pg_schema(schema: str) -> None:

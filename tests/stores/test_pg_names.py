@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,21 +23,11 @@ import stores
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores._pg_listen import Listener, channel_name
 
-from .conftest import drop_pg_schema
+from .conftest import drop_pg_schema, wait_for
 
 ORG = "acme"
 A, B = Owner("run-a"), Owner("run-b")
 ANSWER_S = 10.0
-
-
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = ANSWER_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        threading.Event().wait(0.01)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture(
@@ -84,12 +74,16 @@ def test_a_long_legal_schema_name_stores_results_and_wakes_waiters(pg_url: str, 
 def test_a_schema_name_past_63_bytes_is_refused_before_anything_is_made(pg_url: str, schema: str) -> None:
     import psycopg
 
-    with pytest.raises(ValueError, match="at most 63 bytes"):
-        stores.PostgresReceiptStore(pg_url, schema=schema)
-    with psycopg.connect(pg_url) as conn:
-        cut = schema.encode()[:63].decode("utf-8", "ignore")
-        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (cut,)).fetchone()
-    assert found is None
+    cut = schema.encode()[:63].decode("utf-8", "ignore")  # the name Postgres would keep
+    drop_pg_schema(cut)
+    try:
+        with pytest.raises(ValueError, match="at most 63 bytes"):
+            stores.PostgresReceiptStore(pg_url, schema=schema)
+        with psycopg.connect(pg_url) as conn:
+            found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (cut,)).fetchone()
+        assert found is None
+    finally:
+        drop_pg_schema(cut)
 
 
 def test_short_schema_names_keep_their_channel(pg_schema: str) -> None:
@@ -136,7 +130,7 @@ def test_the_probe_notices_a_session_that_no_longer_listens(pg_url: str, pg_sche
     listener = _Unlistening(pg_url, channel, {}, probe_after_s=0.1, probe_timeout_s=5.0)
     try:
         listener.start()
-        _wait_for(lambda: listener.reconnects == 1 and listener.live)
+        wait_for(lambda: listener.reconnects == 1 and listener.live)
         seen = listener.version(ORG)
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (channel, ORG))

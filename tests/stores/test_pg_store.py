@@ -33,6 +33,8 @@ from stores import (
 )
 from stores._offload import gevent_active
 
+from .conftest import wait_for
+
 ORG = "org-a"
 A, B = Owner("run-a"), Owner("run-b")
 
@@ -125,7 +127,7 @@ def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., A
     assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
     assert waiter._listener.wait_connected(10.0)
     thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
-    _wait_for(lambda: waiter._listener.waiting)  # the waiter has read "k1" (running) and now blocks
+    wait_for(lambda: waiter._listener.waiting)  # the waiter has read "k1" (running) and now blocks
 
     assert worker.complete_many(ORG, [Completion(leases[0].key, leases[0].lease_id, "out")], A).ok
 
@@ -167,7 +169,7 @@ def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[...,
     listener = waiter._listener
     assert listener.wait_connected(10.0)
     thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
-    _wait_for(lambda: listener.waiting)  # the waiter has read "k1" (running) and now blocks
+    wait_for(lambda: listener.waiting)  # the waiter has read "k1" (running) and now blocks
     with raw(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
         # Completed while the listener may be down: the waiter still wakes (the listener
@@ -175,9 +177,9 @@ def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[...,
         assert worker.complete_many(ORG, [Completion(first.key, first.lease_id, "out")], A).ok
     thread.join(timeout=60.0)
     assert result == [{"k1"}]
-    _wait_for(lambda: listener.reconnects)  # LISTEN re-established on a new connection...
+    wait_for(lambda: listener.reconnects)  # LISTEN re-established on a new connection...
     thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k2"], 20.0))
-    _wait_for(lambda: listener.waiting)
+    wait_for(lambda: listener.waiting)
     assert worker.complete_many(ORG, [Completion(second.key, second.lease_id, "out")], A).ok
     thread.join(timeout=60.0)
     assert result == [{"k2"}]  # ...which hears the next NOTIFY
@@ -198,17 +200,6 @@ def test_sqlite_wait_for_change_polls(tmp_path: Any) -> None:
 # -- dropped connections ---------------------------------------------------------------------
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    """Re-check ``predicate`` (a database query) until it is truthy; fails after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        threading.Event().wait(0.01)
-    raise AssertionError("condition not reached")
-
-
 def test_pg_connection_killed_mid_write_raises_and_store_recovers(
     open_pg: Callable[..., Any], pg_url: str, pg_schema: str
 ) -> None:
@@ -219,7 +210,7 @@ def test_pg_connection_killed_mid_write_raises_and_store_recovers(
         blocker.execute("BEGIN")
         blocker.execute(f'SELECT 1 FROM "{pg_schema}".receipts WHERE key = %s FOR UPDATE', ("k2",))
         thread, result = _in_thread(lambda: store.complete_many(ORG, completions, A))
-        (pid,) = _wait_for(
+        (pid,) = wait_for(
             lambda: admin.execute(
                 "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                 (blocker.info.backend_pid,),
@@ -246,7 +237,7 @@ def test_pg_pool_reconnects_after_every_connection_dropped(
             (f"tooldispatch:{pg_schema}",),
         ).fetchone()[0]
         assert killed >= 1
-        _wait_for(  # pg_terminate_backend only signals: wait until they are gone
+        wait_for(  # pg_terminate_backend only signals: wait until they are gone
             lambda: (
                 not admin.execute(
                     "SELECT 1 FROM pg_stat_activity WHERE application_name = %s",
@@ -311,7 +302,7 @@ def test_pg_store_waits_cooperatively_under_gevent(
         blocker.execute("BEGIN")
         blocker.execute(f'SELECT 1 FROM "{pg_schema}".receipts WHERE key = %s FOR UPDATE', ("k",))
         claimer = gevent.spawn(store.claim_many, ORG, requests(["k"]), B, lease_ttl_s=60.0)
-        _wait_for(  # the claim is in flight, waiting on the lock; this greenlet still runs
+        wait_for(  # the claim is in flight, waiting on the lock; this greenlet still runs
             lambda: admin.execute(
                 "SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                 (blocker.info.backend_pid,),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,8 @@ import stores
 from actors import DispatchSystem, Policy, RunInfo, Tool
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores.keys import key_and_input_hash
+
+from .conftest import wait_for
 
 ORG, SCOPE = "acme", "enrich"
 B = Owner("run-b")
@@ -40,16 +42,6 @@ def _lookup(value: Any, ctx: Any) -> Any:
 
 
 TOOL = Tool(tool_id="lookup", fn=_lookup)
-
-
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        threading.Event().wait(0.01)
-    raise AssertionError("condition not reached")
 
 
 class Workers:
@@ -81,8 +73,8 @@ class Workers:
     def a_waits(self, input: Any) -> Any:
         """A's call of ``lookup(input)``, once it waits on B and A's listener is live."""
         future = self.system.proxy().execute("lookup", input)
-        _wait_for(lambda: self.system.stats_.snapshot().get("waiting_on_owner"))
-        _wait_for(self._watching)  # A's store actor watches the key (else only a poll could tell)
+        wait_for(lambda: self.system.stats_.snapshot().get("waiting_on_owner"))
+        wait_for(self._watching)  # A's store actor watches the key (else only a poll could tell)
         assert self.store_a._listener.wait_connected(ANSWER_S)
         return future
 
@@ -134,7 +126,7 @@ def test_waiter_is_answered_after_the_listener_connection_is_killed(workers: Wor
     result = future.get(timeout=ANSWER_S)
 
     assert (result.value, result.execution) == ({"by": "b"}, "in_flight")
-    _wait_for(lambda: listener.reconnects)
+    wait_for(lambda: listener.reconnects)
 
 
 _WORKER_B = """
@@ -274,7 +266,7 @@ def test_listener_notices_a_silent_connection_and_listens_again(
             # the probe finds the path silent, the listener reconnects (a new path) and
             # tells every waiter to re-read: the lost notification is made up for
             assert listener.wait(ORG, seen, ANSWER_S)
-            _wait_for(lambda: listener.reconnects and listener.live, ANSWER_S)
+            wait_for(lambda: listener.reconnects and listener.live, ANSWER_S)
             seen = listener.version(ORG)
             conn.execute("SELECT pg_notify(%s, %s)", (channel, ORG))
             assert listener.wait(ORG, seen, ANSWER_S)  # and the new connection listens
@@ -298,6 +290,6 @@ def test_waiter_is_answered_after_the_listener_connection_goes_silent(
         result = future.get(timeout=ANSWER_S)  # the poll fallback would take FALLBACK_S
 
         assert (result.value, result.execution) == ({"by": "b"}, "in_flight")
-        _wait_for(lambda: listener.reconnects, ANSWER_S)  # and it listens again
+        wait_for(lambda: listener.reconnects, ANSWER_S)  # and it listens again
     finally:
         pair.close()
