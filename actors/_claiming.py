@@ -38,10 +38,9 @@ __all__ = ["Claiming"]
 
 RUNNING = ReceiptStatus.RUNNING
 CLAIM_CHUNK = 500
-"""Most receipts in one claim (one store transaction) of a bulk drain claimed straight
-into running: its first calls start while the store claims the rest, instead of after
-one transaction over all of them. (Chunking calls that wait for slots anyway costs
-throughput: 12% fewer fresh calls/s in dispatch_bench, threads.)"""
+"""Most receipts in one claim of a bulk drain claimed straight into running: its first
+calls start while the store claims the rest (chunking calls that wait for slots anyway
+cost 12% of fresh calls/s in dispatch_bench, threads)."""
 
 
 class Claiming(LifecycleBase):
