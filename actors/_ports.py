@@ -25,6 +25,7 @@ from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 from ._completion_write import CompletionWriter
 from ._deferred_beats import DeferredBeats
 from ._local_effects import FINISHED_READY, Finished, LocalEffects
+from ._pacing import plain_retry_after
 from ._runtime import Reply, log, runtime_name
 from ._system_ports import Ports
 from .messages import (
@@ -206,7 +207,10 @@ class ActorEffects(LocalEffects):
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
         self.ports.governor.tell(
             BackpressureReported(
-                org_id=self.org_id, provider=self.tool.provider_name, retry_after=retry_after, sent_at=sent_at
+                org_id=self.org_id,
+                provider=self.tool.provider_name,
+                retry_after=plain_retry_after(retry_after),
+                sent_at=sent_at,
             )
         )
 

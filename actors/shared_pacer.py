@@ -298,6 +298,11 @@ class LocalPacer(Pacer):
             self._states.clear()
 
 
+MAX_TIMEOUT_S = 60.0
+"""The longest Redis connect or read timeout a pacer URL may set, seconds (each call may
+wait that long while Redis is away)."""
+
+
 def open_pacer(
     url: str | None,
     limits: Mapping[str, ProviderLimits] | None = None,
@@ -337,6 +342,13 @@ def open_pacer(
         raise InvalidPacerURLError(f"--pacer {url!r}: {exc}") from None
     if ours.get("expected_workers", 1) < 1:
         raise InvalidPacerURLError(f"--pacer {url!r}: workers must be at least 1")
+    for name in ("connect_timeout_s", "timeout_s"):  # NaN, inf, 1e300, -1: refused here, not per call
+        value = ours.get(name)
+        if value is not None and not (0 < value <= MAX_TIMEOUT_S):
+            option = name.removesuffix("_s")
+            raise InvalidPacerURLError(
+                f"--pacer {url!r}: {option} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
+            )
     rest = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
     if importlib.util.find_spec("redis") is None:  # found, not imported: gevent may patch later
         raise InvalidPacerURLError(

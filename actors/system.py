@@ -39,7 +39,7 @@ from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
 from ._system_ports import Ports
 from .completion_flusher import CompletionFlusherActor, Latch, salvage_writing
-from .errors import AuthScopeChangedError, CallCancelledError
+from .errors import AuthScopeChangedError, CallCancelledError, DispatchError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
 from .heartbeat import HeartbeatActor
@@ -191,7 +191,16 @@ class DispatchSystem:
             return ""
         found = self._digests.get(tool.tool_id)
         if found is None:
-            found = self._digests[tool.tool_id] = str(tool.credentials())
+            try:
+                found = str(tool.credentials())
+            except KeyboardInterrupt:  # the caller's own interrupt (on its thread)
+                raise
+            except BaseException as exc:  # SystemExit & co: this call's error, not the process's
+                if isinstance(exc, Exception):
+                    raise
+                raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
+                                    f"({type(exc).__name__})") from None  # fmt: skip
+            self._digests[tool.tool_id] = found
         return found
 
     def _submit(self, tool_id: str, calls: list[Call]) -> None:
@@ -216,8 +225,10 @@ class DispatchSystem:
         try:  # the same input (already a private copy), keyed under the new credentials
             digest = self._digest(call.tool)
             key, input_hash = self._intake._maker(call.tool, digest, call.stale_after_s)(call.input)
-        except Exception as exc:
-            fail(call.future, exc)
+        except BaseException as exc:  # on the tool queue's thread: answered, never passed on
+            fail(call.future, exc if isinstance(exc, Exception) else DispatchError(
+                f"{call.tool.tool_id}: asking for its credentials again raised {type(exc).__name__}"
+            ))  # fmt: skip
             return
         fresh = attrs.evolve(
             call, key=key, input_hash=input_hash, credential_digest=digest, requeued=True, role=Role.OWNER,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+
+from ._checks import check_count, check_number
 
 __all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
 
@@ -51,14 +54,13 @@ class Pacing:
     start_rps: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.rps is not None and not self.rps > 0:
-            raise ValueError("Pacing.rps must be > 0")
-        if self.start_rps is not None and not self.start_rps > 0:
-            raise ValueError("Pacing.start_rps must be > 0")
-        if self.burst is not None and not self.burst >= 1:
-            raise ValueError("Pacing.burst must be >= 1")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError("Pacing.max_concurrency must be >= 1")
+        for name in ("rps", "start_rps"):
+            value = getattr(self, name)
+            check_number(f"Pacing.{name}", value, positive=True, optional=True)
+            if value is not None and math.isinf(value):
+                raise ValueError(f"Pacing.{name} must be finite (leave it None: unpaced)")
+        check_number("Pacing.burst", self.burst, minimum=1.0, optional=True)
+        check_count("Pacing.max_concurrency", self.max_concurrency, optional=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -89,8 +91,7 @@ class BatchStrategy:
     result_id: Callable[[Any], Any] | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError("BatchStrategy.max_batch_size must be >= 1")
+        check_count("BatchStrategy.max_batch_size", self.max_batch_size)
 
 
 @attrs.frozen(kw_only=True)
@@ -129,6 +130,11 @@ class Tool:
             secret itself: the digest is stored in no table but is hashed into every
             receipt key and handed to the tool in ``ToolContext``. ``http_tool`` sets
             it from its headers, query strings, client and ``credentials=``.
+
+    Raises:
+        ValueError: a duration that is not a number (NaN, text, an int past a float's
+            range) or is out of its range, or a count that is not a whole number in its
+            range (a concurrency of 0, say): refused here, not on an actor's thread.
     """
 
     tool_id: str
@@ -144,6 +150,10 @@ class Tool:
     non_semantic_fields: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     credentials: Callable[[], str] | None = None
     reconcile: Callable[[Any, Any], Any] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        check_number("Tool.timeout_s", self.timeout_s, positive=True, optional=True)
+        check_number("Tool.lease_ttl_s", self.lease_ttl_s, positive=True, optional=True)
 
     @property
     def provider_name(self) -> str:
@@ -204,6 +214,11 @@ class Policy:
         memo_max_bytes: bytes of completed outputs each durable tool keeps in memory
             to answer repeated calls without the store (oldest dropped first; 0: none).
         perf_hook: ``hook(phase, ms, extra)``; called on the worker that measured.
+
+    Raises:
+        ValueError: a duration that is not a number (NaN, text, an int past a float's
+            range) or is out of its range, or a count that is not a whole number in its
+            range (a concurrency of 0, say): refused here, not on an actor's thread.
     """
 
     batch_grace_s: float = 0.25
@@ -235,6 +250,36 @@ class Policy:
     memo_max_bytes: int = 64 * 1024 * 1024
     perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None
 
+    def __attrs_post_init__(self) -> None:
+        for name in _POLICY_POSITIVE:
+            check_number(f"Policy.{name}", getattr(self, name), positive=True, optional=name in _OPTIONAL)
+        for name in _POLICY_SECONDS:
+            check_number(f"Policy.{name}", getattr(self, name))
+        for name, least in _POLICY_COUNTS.items():
+            check_count(f"Policy.{name}", getattr(self, name), minimum=least, optional=name in _OPTIONAL)
+        for step in self.completion_ladder_s:
+            check_number("Policy.completion_ladder_s", step)
+
     def heartbeat_for(self, lease_ttl_s: float) -> float:
         """Seconds between lease renewals for a lease of ``lease_ttl_s``."""
         return self.heartbeat_interval_s or lease_ttl_s / 3.0
+
+
+_POLICY_POSITIVE = (
+    "lease_ttl_s", "heartbeat_interval_s", "timeout_s", "receipt_poll_initial_s", "receipt_poll_max_s",
+)  # fmt: skip
+"""Policy durations that must be above 0, seconds."""
+_POLICY_SECONDS = (
+    "batch_grace_s", "retry_backoff_s", "completion_deadline_headroom_s", "retry_after_default_s",
+    "retry_after_max_s", "retry_after_min_s", "circuit_open_s", "circuit_open_max_s",
+)  # fmt: skip
+"""Policy durations that may be 0, seconds."""
+_POLICY_COUNTS = {
+    "max_concurrency": 1, "max_provider_calls": 0, "max_retries": 0, "max_receipt_ops": 0,
+    "retry_attempts": 0, "receipt_wait_max_attempts": 1, "completion_max_members": 1,
+    "completion_max_bytes": 0, "recovery_max_reads": 0, "circuit_failures": 1, "memo_max_bytes": 0,
+}  # fmt: skip
+"""Policy counts and their least value."""
+_OPTIONAL = frozenset({"heartbeat_interval_s", "max_provider_calls", "max_retries", "max_receipt_ops",
+                       "circuit_failures"})  # fmt: skip
+"""Policy fields that may be None."""

@@ -151,7 +151,7 @@ def run_rows(
                     summary.config_error = str(exc)
                     stop.set()
                     outcome = RowOutcome(index, row, error=f"UnknownToolError: {exc}")
-                except Exception as exc:
+                except BaseException as exc:  # SystemExit & co from a play fail its row, not the run
                     outcome = RowOutcome(index, row, error=f"{type(exc).__name__}: {error_text(exc)}")
             if out is not None:
                 line, unwritable = encode_outcome(outcome)

@@ -377,3 +377,36 @@ def test_cli_errors_a_row_error_whose_message_cannot_be_read_fails_that_row_alon
     assert len(lines) == 3, lines
     assert '"error":null' in lines[0] and '"error":null' in lines[2]
     assert "RuntimeError" in lines[1]
+
+
+EXITING_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="echo", fn=lambda input, ctx: input)]
+
+
+def play(row, ctx):
+    value = ctx.tool("echo", {"n": row["n"]})
+    if row["n"] == "2":
+        raise {kind}("leaving from row 2")
+    return value
+"""
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "GeneratorExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("concurrency", ["1", "4"])
+def test_cli_errors_play_raising_systemexit_and_co_fails_its_row_alone(cli, tmp_path, kind, concurrency):
+    play = tmp_path / "exiting_play.py"
+    play.write_text(EXITING_PLAY.replace("{kind}", kind), encoding="utf-8")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n\n1\n2\n3\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out,
+                   "--concurrency", concurrency)  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    lines = cli.read_jsonl(out)
+    assert [line["result"] for line in lines] == [{"n": "1"}, None, {"n": "3"}]  # no row lost
+    assert lines[1]["error"].startswith(f"{kind}: leaving from row 2")
+    assert cli.report(done.stderr)["rows"] == "3 (2 ok, 1 failed)"
