@@ -113,8 +113,8 @@ class Claiming(LifecycleBase):
             # claimed straight into running: in chunks, so the first calls start while the
             # store claims the next ones (calls that wait for slots anyway: one claim)
             chunk = CLAIM_CHUNK if any(g.slotted for g in bucket) else len(bucket)
-            for start in range(0, len(bucket), max(1, chunk)):
-                members = bucket[start : start + max(1, chunk)]
+            for start in range(0, len(bucket), chunk):
+                members = bucket[start : start + chunk]
                 batch = next(self._ids)
                 self._batches[batch] = members
                 requests = [

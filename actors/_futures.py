@@ -17,6 +17,8 @@ from typing import Any
 
 import pykka
 
+__all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
+
 MAX_WAIT_S = 1e9
 """Longest single wait handed to a lock, condition or event, seconds (about 31 years).
 Longer ones (a ``timeout_s=1e10`` meaning "no timeout") raise OverflowError there
@@ -28,8 +30,6 @@ def bounded(seconds: float) -> float:
     """``seconds`` cut to :data:`MAX_WAIT_S` (and never below 0)."""
     return max(0.0, min(seconds, MAX_WAIT_S))
 
-
-__all__ = ["LightFuture", "fail", "new_future", "resolved_future"]
 
 log = logging.getLogger("tooldispatch")
 

@@ -34,6 +34,7 @@ from stores.keys import key_maker
 from stores.types import ClaimMode
 
 from ._calls import Call
+from ._checks import check_number
 from ._futures import fail, new_future, resolved_future
 from ._runtime import in_tool, running_keys
 from .errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
@@ -254,13 +255,12 @@ def check_seconds(name: str, value: Any, *, positive: bool) -> None:
     Raises:
         InvalidInputError: anything else (a string, a bool, NaN, a negative number).
     """
-    if value is None:
-        return
-    try:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    except OverflowError:  # an int past a float's range (10**400): no number of seconds
+    try:  # a number (not NaN, an int within a float's range), and here finite too
+        check_number(name, value, positive=positive, optional=True)
+        ok = value is None or math.isfinite(value)
+    except ValueError:
         ok = False
-    if not ok or value < 0 or (positive and value == 0):
+    if not ok:
         bound = "> 0" if positive else ">= 0"
         raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
 

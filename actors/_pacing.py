@@ -109,21 +109,17 @@ def parse_retry_after(
     """
     if value is None:
         return min(default_s, max_s)
-    try:  # whatever a provider or a tool put there (an int past a float's range, an object
-        # whose str() raises, SystemExit included): unparseable, so the default pause
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            seconds = float(value)
-        else:
-            text = str(value).strip()
-            try:
-                seconds = float(text)
-            except ValueError:
-                delta = _http_date_delta(text, now)
-                if delta is None:
-                    return min(default_s, max_s)
-                return min(max(delta, min_s), max_s)
-    except BaseException:
-        return min(default_s, max_s)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            delta = _http_date_delta(text, now)
+            if delta is None:
+                return min(default_s, max_s)
+            return min(max(delta, min_s), max_s)
     if not math.isfinite(seconds) or seconds < 0:
         return min(default_s, max_s)
     return min(max(seconds, min_s), max_s)
@@ -132,7 +128,8 @@ def parse_retry_after(
 def plain_retry_after(value: Any) -> str | float | None:
     """A tool's ``RateLimitedError.retry_after`` as text or a float, before it reaches the
     governor (whose thread must not run a provider's objects): an int past a float's
-    range, or a value whose ``str()`` raises, is None (the default pause)."""
+    range, or a value whose ``str()`` raises, is None (the default pause). The one way
+    in: :func:`parse_retry_after` and the governors then see only these forms."""
     if value is None or type(value) is str or type(value) is float:
         return value
     try:

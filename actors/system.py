@@ -193,11 +193,9 @@ class DispatchSystem:
         if found is None:
             try:
                 found = str(tool.credentials())
-            except KeyboardInterrupt:  # the caller's own interrupt (on its thread)
+            except (Exception, KeyboardInterrupt):  # an error, or the caller's own interrupt
                 raise
             except BaseException as exc:  # SystemExit & co: this call's error, not the process's
-                if isinstance(exc, Exception):
-                    raise
                 raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
                                     f"({type(exc).__name__})") from None  # fmt: skip
             self._digests[tool.tool_id] = found

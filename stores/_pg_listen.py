@@ -32,10 +32,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["Listener", "channel_name"]
+from ._pg_schema import MAX_IDENTIFIER_BYTES
 
-_MAX_CHANNEL_BYTES = 63
-"""A channel is a Postgres name: ``pg_notify`` refuses a longer one, ``LISTEN`` cuts it."""
+__all__ = ["Listener", "channel_name"]
 
 
 def channel_name(schema: str) -> str:
@@ -44,7 +43,8 @@ def channel_name(schema: str) -> str:
     the first 40 hex digits of the schema name's sha256 (every worker on that schema
     derives the same)."""
     name = f"tooldispatch:{schema}"
-    if len(name.encode("utf-8", "surrogatepass")) <= _MAX_CHANNEL_BYTES:
+    # a channel is a Postgres name: pg_notify refuses a longer one, LISTEN cuts it
+    if len(name.encode("utf-8", "surrogatepass")) <= MAX_IDENTIFIER_BYTES:
         return name
     return "tooldispatch:" + hashlib.sha256(schema.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
