@@ -34,7 +34,6 @@ from .errors import (
     BudgetExceededError,
     CallCancelledError,
     NotSentError,
-    OutputNotStorableError,
     PersistenceCircuitOpenError,
     RecordedFailureError,
     SuspendedError,
@@ -49,10 +48,10 @@ RELEASE_ON = (
     SuspendedError,
     AuthScopeChangedError,
     BudgetExceededError,
-    OutputNotStorableError,
     NotSentError,
 )
-"""Errors after which a receipt is given back (pending), not failed."""
+"""Errors after which a receipt is given back (pending), not failed: none of them
+follows a provider call that was paid for."""
 
 
 class Effects(Protocol):

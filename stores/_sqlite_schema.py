@@ -13,7 +13,7 @@ status                 TEXT     pending, queued, running, completed, failed, ski
 input_hash             TEXT     sha256 hex of the canonical input
 output                 TEXT     JSON output (completed receipts only)
 error                  TEXT     error text (failed receipts)
-failure_kind           TEXT     timeout, rate_limited, transient, permanent, invalid_input
+failure_kind           TEXT     a stores.FailureKind value (timeout, rate_limited, ...)
 lease_id               TEXT     current (or, once finished, last) lease id
 lease_owner_run_id     TEXT     run holding (or that last held) the lease
 lease_owner_attempt    INTEGER  that run's attempt

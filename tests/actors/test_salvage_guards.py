@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from actors import OutputNotStorableError, Tool
+from actors import OutputNotStorableError, RecordedFailureError, Tool
 from actors.salvage import NotASalvageFileError, SalvageLog
-from stores import SqliteReceiptStore
+from stores import FailureKind, SqliteReceiptStore
 
 WAIT_S = 15.0
 
@@ -42,9 +42,50 @@ def test_salvage_an_unstorable_output_is_never_replayed_as_a_cached_value(
         store.close()
     assert report.completed == 0
     again = system.proxy().execute("deep", {"n": 1})
-    with pytest.raises(OutputNotStorableError):  # asked again, never a placeholder "cached"
+    with pytest.raises(RecordedFailureError) as info:  # the recorded failure, never a "cached" placeholder
         again.get(timeout=WAIT_S)
-    assert recorder.count("deep") == 2
+    assert info.value.failure_kind is FailureKind.OUTPUT_NOT_STORABLE
+    assert recorder.count("deep") == 1
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        pytest.param(lambda: {"v": _deep(600)}, id="nested-too-deep"),
+        pytest.param(lambda: {"n": 10**5000}, id="int-past-digit-limit"),
+        pytest.param(lambda: [1, {"a": [_deep(700)]}], id="deep-inside-a-list"),
+    ],
+)
+def test_an_unstorable_output_is_paid_once_a_rerun_answers_from_the_receipt(
+    make_system: Any, tmp_path: Path, recorder: Any, output: Any
+) -> None:
+    """The provider was paid for an answer no store can hold: the receipt records the
+    failure (kind ``output_not_storable``), so neither a new call in the same run, nor a
+    rerun in a new run, nor one through ``execute_many`` pays again; ``retry_failed`` does."""
+
+    def fn(i: Any, c: Any) -> Any:
+        recorder.record("odd", i, c)
+        return output()
+
+    tools = [Tool(tool_id="odd", fn=fn)]
+    first = make_system(tools, run_id="run-1")
+    with pytest.raises(OutputNotStorableError):
+        first.proxy().execute("odd", {"n": 1}).get(timeout=WAIT_S)
+    assert recorder.count("odd") == 1
+    first.stop()
+    rerun = make_system(tools, run_id="run-2")
+    [future] = rerun.proxy().execute_many("odd", [{"n": 1}])
+    with pytest.raises(RecordedFailureError) as info:
+        future.get(timeout=WAIT_S)
+    assert info.value.failure_kind is FailureKind.OUTPUT_NOT_STORABLE
+    assert "salvage" in str(info.value) and "retry_failed" in str(info.value)
+    with pytest.raises(RecordedFailureError):
+        rerun.proxy().execute("odd", {"n": 1}).get(timeout=WAIT_S)
+    assert recorder.count("odd") == 1
+    with pytest.raises(OutputNotStorableError):  # asked for: the provider is called again
+        rerun.proxy().execute("odd", {"n": 1}, retry_failed=True).get(timeout=WAIT_S)
+    assert recorder.count("odd") == 2
+    assert len(SalvageLog(str(tmp_path / "receipts.db") + ".salvage.jsonl").entries()) >= 2
 
 
 def test_salvage_replay_refuses_a_file_that_is_not_a_salvage_file(tmp_path: Path) -> None:
