@@ -138,6 +138,8 @@ class Group:
     """The tool ran for it (its owner's result is ``live``)."""
     slotted: bool = False
     """Holds a slot taken before its claim (claimed straight into running)."""
+    reconciling_since: float | None = None
+    """When its reconcile hook was started, while the hook is out (its callers' timeouts)."""
 
     @classmethod
     def of(cls, call: Call) -> Group:

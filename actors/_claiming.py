@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from stores._codec import EncodedOutput, encode_output
-from stores.errors import InvalidOutputError, OutputNotStorableError
+from stores._codec import encode_output
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -22,17 +21,15 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Unit
-from ._execute import error_text
-from ._lifecycle_base import Done, LifecycleBase
+from ._lifecycle_base import Done
+from ._reconciling import Reconciling
 from .errors import (
     CallCancelledError,
     ReceiptWaitTimeoutError,
     RecordedFailureError,
     StoreError,
-    UncertainOutcomeError,
 )
 from .messages import PollDue
-from .tool import NOT_DONE
 
 __all__ = ["Claiming"]
 
@@ -43,7 +40,7 @@ calls start while the store claims the rest (chunking calls that wait for slots 
 cost 12% of fresh calls/s in dispatch_bench, threads)."""
 
 
-class Claiming(LifecycleBase):
+class Claiming(Reconciling):
     """The claiming and waiting transitions of :class:`actors.lifecycle.Lifecycle`."""
 
     # -- from the queue -----------------------------------------------------------------
@@ -171,11 +168,7 @@ class Claiming(LifecycleBase):
                 if self.tool.reconcile is None:
                     self._settle(group, self._uncertain(group, receipt))
                 else:  # ask the provider whether the uncertain attempt acted
-                    group.receipt = receipt
-                    group.state = GroupState.CLAIMING
-                    batch = next(self._ids)
-                    self._batches[batch] = group
-                    self.fx.reconcile(batch, group)
+                    self._reconcile(group, receipt, now)
             elif group.polls >= self.policy.receipt_wait_max_attempts:
                 self._settle(
                     group,
@@ -230,55 +223,6 @@ class Claiming(LifecycleBase):
     def _recorded_failure(group: Group, receipt: Receipt) -> BaseException:
         return RecordedFailureError(
             f"durable tool call {group.key} failed earlier: {receipt.error or 'unknown error'}",
-            failure_kind=receipt.failure_kind,
-        )
-
-    def on_reconciled(self, batch: int, value: Any, error: BaseException | None, now: float) -> None:
-        """The reconcile hook answered: store what the provider did, or run it again."""
-        group: Group | None = self._batches.pop(batch, None)
-        if group is None:
-            return
-        if error is not None or group.receipt is None:
-            self._settle(group, UncertainOutcomeError(
-                f"the outcome of {group.key} is uncertain and reconciling it failed: "
-                + (error_text(error) if error is not None else "its receipt is gone"),
-                failure_kind=None,
-            ))  # fmt: skip
-            return
-        try:
-            text = None if value is NOT_DONE else encode_output(value)
-        except BaseException as exc:  # whatever the hook's value raises: this call's error alone
-            if not isinstance(exc, (InvalidOutputError, OutputNotStorableError)):
-                exc = InvalidOutputError(
-                    f"the reconcile hook's value cannot be stored: {type(exc).__name__}: {error_text(exc)}"
-                )
-            self._settle(group, exc)
-            return
-        batch = next(self._ids)
-        self._batches[batch] = (group, text)
-        if text is None:
-            self.fx.resolve(batch, group.key, "rerun")
-        else:
-            self.fx.resolve(batch, group.key, "complete", EncodedOutput(text))
-
-    def on_resolved(self, batch: int, error: BaseException | None, now: float) -> None:
-        """The store took the reconcile hook's answer: reuse the output, or claim again."""
-        found = self._batches.pop(batch, None)
-        if found is None:
-            return
-        group, text = found
-        if error is not None:
-            self._settle(group, error)
-        elif text is None:
-            self._claim([group], None)
-        else:
-            self._settle(group, Done(text, "cached"))
-
-    @staticmethod
-    def _uncertain(group: Group, receipt: Receipt) -> BaseException:
-        return UncertainOutcomeError(
-            f"the outcome of {group.key} is uncertain (its request may have reached the provider); "
-            "resolve it with `tooldispatch receipts resolve KEY --rerun | --fail`",
             failure_kind=receipt.failure_kind,
         )
 

@@ -165,17 +165,18 @@ class Finishing(LifecycleBase):
         self._conclude(unit, None, unit.last_error or error, now)
 
     def _time_out_callers(self, unit: Unit, now: float) -> None:
-        """Callers whose own timeout (from the unit's first send) has passed are answered
-        now; the call goes on for the others (and its late result is persisted)."""
+        """Callers whose own deadline has passed are answered now: ``timeout_s`` after the
+        unit's first send, or after the call came if it attached later. The call goes on for
+        the others (and its late result is persisted, answering any caller still waiting)."""
         if (
             unit.sent_first_at is None
-            or unit.timed_out
             or unit.deadline is None
-            or now >= unit.deadline - 1e-3
+            or (not unit.timed_out and now >= unit.deadline - 1e-3)
         ):
             return  # not sent yet, or its own deadline is here: every caller is answered below
+        sent = unit.sent_first_at
         for group in unit.groups:
-            late = [c for c in group.calls if unit.sent_first_at + c.timeout_s <= now + 1e-3]
+            late = [c for c in group.calls if max(sent, c.submitted_at) + c.timeout_s <= now + 1e-3]
             if not late:
                 continue
             if len(late) == len(group.calls):

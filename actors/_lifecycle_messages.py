@@ -27,6 +27,7 @@ __all__ = [
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
+    "ReconcileDue",
     "Reconciled",
     "RememberOutputs",
     "Resolved",
@@ -207,6 +208,14 @@ class DeadlineDue:
     units: tuple[int, ...]
     """The ids of the units sent with the same timeout while one message was handled
     (one timer for them all)."""
+
+
+@attrs.frozen(kw_only=True)
+class ReconcileDue:
+    """Timer: a caller's timeout may have passed while a reconcile hook is out for its key."""
+
+    key: str
+    """The receipt key being reconciled."""
 
 
 @attrs.frozen(kw_only=True)

@@ -46,6 +46,7 @@ from .messages import (
     ReceiptsRead,
     ReceiptsReleased,
     Reconciled,
+    ReconcileDue,
     RefundBudget,
     RegisterLeases,
     ReleaseSlots,
@@ -345,6 +346,7 @@ _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
     DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
     RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
     RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
+    ReconcileDue: lambda life, m, now: life.on_reconcile_due(m.key, now),
 }
 """Fact message type -> the lifecycle transition it drives."""
 

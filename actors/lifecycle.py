@@ -24,6 +24,7 @@ slot, lease and heartbeat until its worker returns, and its late result is persi
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -260,6 +261,21 @@ class Lifecycle(Cleanup, Finishing):
         elif group.state is GroupState.WAITING:
             self._settle(group, None)
         return True
+
+    def joined(self, call: Call, now: float) -> None:
+        """A call joined its key's execution. Sent already: it times out on its own
+        timer, ``timeout_s`` after it came (a call that came before the send counts from
+        the send), and the execution runs as long as it waits (``Unit.deadline``)."""
+        group = self.groups.get(call.key)
+        if group is not None and group.reconciling_since is not None:
+            self._reconcile_joined(group, call, now)  # its reconcile hook is held to the same
+        unit = group.unit if group is not None else None
+        if unit is None or unit.deadline is None or unit.sent_first_at is None or math.isinf(call.timeout_s):
+            return  # not sent (yet, or again): its next send arms a timer for every caller's timeout
+        own = max(unit.sent_first_at, call.submitted_at) + call.timeout_s
+        self._deadlines.setdefault(max(0.0, own - now), []).append(unit.id)
+        if unit.deadline is not None and not unit.timed_out and own > unit.deadline:
+            unit.deadline = own
 
     def nested_joined(self, key: str) -> None:
         """A nested call joined a group (or waits behind it: another mode of its key)

@@ -281,11 +281,9 @@ class ToolQueueActor(InboxActor):
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     self._submit(call, now)
-                if self._drain_wanted:  # drain once the calls already sent are queued
-                    self._drain_wanted = False
-                    if self._drain_pending:
-                        pass  # a DrainDue in the inbox takes them
-                    elif self.actor_inbox.empty():
+                wanted, self._drain_wanted = self._drain_wanted, False
+                if wanted and not self._drain_pending:  # (else a DrainDue in the inbox takes them)
+                    if self.actor_inbox.empty():  # drain once the calls already sent are queued
                         self._drain(-1, now)  # nothing else sent: now, without a message
                     else:
                         self._drain_pending = True
@@ -348,6 +346,7 @@ class ToolQueueActor(InboxActor):
             self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
+            self.lifecycle.joined(call, now)  # a call joining a sent execution: its own timeout
         elif decision is Submitted.DRAIN_NOW:
             self._drain_wanted = True  # at the end of this message (on_receive)
         elif decision is Submitted.ARM:
