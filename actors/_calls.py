@@ -140,6 +140,8 @@ class Group:
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
     """When its reconcile hook was started, while the hook is out (its callers' timeouts)."""
+    waiting_since: float | None = None
+    """When it began to wait on another owner's receipt, while it waits (its callers' timeouts)."""
 
     @classmethod
     def of(cls, call: Call) -> Group:

@@ -233,8 +233,15 @@ class Claiming(Reconciling):
     def _wait(self, groups: list[Group], now: float) -> None:
         policy = self.policy
         watch: list[str] = []
-        for group in groups:
+        groups = list(groups)
+        for group in list(groups):
             group.state = GroupState.WAITING
+            if group.waiting_since is None:  # each caller waits at most its own timeout_s
+                group.waiting_since = now
+                self._time_waiters(group, now, group.calls, now)
+            elif self._owner_wait_over(group, now):
+                groups.remove(group)
+                continue
             if group.polls == 0:
                 group.poll_delay_s = policy.receipt_poll_initial_s
                 self.fx.count("owner_waits", len(group.calls))

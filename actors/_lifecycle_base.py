@@ -309,6 +309,7 @@ class LifecycleBase(abc.ABC):
                 group.unit = None
 
     def _stop_waiting(self, group: Group) -> None:
+        group.waiting_since = None
         if group.watched:
             group.watched = False
             self._unwatching.append(group.key)

@@ -27,7 +27,6 @@ __all__ = [
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
-    "ReconcileDue",
     "Reconciled",
     "RememberOutputs",
     "Resolved",
@@ -39,6 +38,7 @@ __all__ = [
     "SubmitCalls",
     "TripLatch",
     "UnitFinished",
+    "WaitDue",
 ]
 
 
@@ -211,11 +211,12 @@ class DeadlineDue:
 
 
 @attrs.frozen(kw_only=True)
-class ReconcileDue:
-    """Timer: a caller's timeout may have passed while a reconcile hook is out for its key."""
+class WaitDue:
+    """Timer: a caller's timeout may have passed while its key waits (on another owner's
+    receipt, or on a reconcile hook)."""
 
-    key: str
-    """The receipt key being reconciled."""
+    keys: tuple[str, ...]
+    """The receipt keys waited on (one timer for those due at once)."""
 
 
 @attrs.frozen(kw_only=True)

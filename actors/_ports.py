@@ -46,7 +46,6 @@ from .messages import (
     ReceiptsRead,
     ReceiptsReleased,
     Reconciled,
-    ReconcileDue,
     RefundBudget,
     RegisterLeases,
     ReleaseSlots,
@@ -58,6 +57,7 @@ from .messages import (
     TripLatch,
     UnitFinished,
     UnregisterLeases,
+    WaitDue,
     WatchReceipts,
 )
 from .tool import Tool
@@ -346,7 +346,7 @@ _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
     DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
     RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
     RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
-    ReconcileDue: lambda life, m, now: life.on_reconcile_due(m.key, now),
+    WaitDue: lambda life, m, now: life.on_wait_due(m.keys, now),
 }
 """Fact message type -> the lifecycle transition it drives."""
 

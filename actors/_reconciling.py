@@ -1,11 +1,15 @@
-"""Uncertain receipts, asked about: a tool's ``reconcile`` hook runs on the pool and asks
-the provider whether the uncertain attempt acted; its answer is stored (the output, or the
-receipt made claimable again).
+"""Waits held to their callers' timeouts, and uncertain receipts asked about.
 
-The hook is held to its callers' timeouts as a provider call is: each caller is answered
-``UncertainOutcomeError`` at its own ``timeout_s`` (from the hook's start, or from when it
-joined), while a late answer is still stored for the next caller; a late ``NOT_DONE`` with
-no caller left runs nothing. Rules: docs/how-it-works.md, the disposition table (uncertain).
+A group that waits (on another owner's receipt, or on the tool's ``reconcile`` hook) answers
+each caller at its own ``timeout_s``, counted from the start of the wait or from when the
+caller joined, as a provider call does: ``ReceiptWaitTimeoutError`` for another owner's
+receipt (never stolen; a group left with no caller stops waiting), ``UncertainOutcomeError``
+for a hook, whose late answer is still stored for the next caller (a late ``NOT_DONE`` with
+no caller left calls no provider).
+
+The ``reconcile`` hook runs on the pool and asks the provider whether an uncertain attempt
+acted; its answer is stored (the output, or the receipt made claimable again). Rules:
+docs/how-it-works.md, the disposition table (uncertain).
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from stores.types import ClaimMode, Receipt
 from ._calls import Call, Group, GroupState
 from ._execute import error_text
 from ._lifecycle_base import Done, LifecycleBase
-from .errors import UncertainOutcomeError
-from .messages import ReconcileDue
+from .errors import ReceiptWaitTimeoutError, UncertainOutcomeError
+from .messages import WaitDue
 from .tool import NOT_DONE
 
 __all__ = ["Reconciling"]
@@ -35,6 +39,71 @@ class Reconciling(LifecycleBase):
     def _claim(self, groups: list[Group], force: ClaimMode | None) -> None:
         """Claim the groups' receipts (``actors._claiming.Claiming``)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wait_dues: dict[float, list[str]] = {}
+        """Timer delay (ms-rounded seconds) -> keys whose callers' timeouts it ends (one
+        timer per delay and message, as ``DeadlineDue``)."""
+
+    def flush(self, idle: bool = True) -> None:
+        """End of a message: arm the gathered wait timers, then the base's flush."""
+        if self._wait_dues:
+            dues, self._wait_dues = self._wait_dues, {}
+            for delay_s, keys in dues.items():
+                self.fx.later(delay_s, WaitDue(keys=tuple(keys)))
+        super().flush(idle)
+
+    def _time_waiters(self, group: Group, since: float, calls: list[Call], now: float) -> None:
+        """A timer for each of ``calls``' own deadlines, counted from ``since`` (or joining)."""
+        for deadline in {max(since, c.submitted_at) + c.timeout_s for c in calls}:
+            if not math.isinf(deadline):
+                self._wait_dues.setdefault(round(max(0.0, deadline - now), 3), []).append(group.key)
+
+    def _waiting_joined(self, group: Group, call: Call, now: float) -> None:
+        """A caller joined a waiting group: its own timeout, from now."""
+        since = group.reconciling_since if group.reconciling_since is not None else group.waiting_since
+        if since is not None:
+            self._time_waiters(group, since, [call], now)
+
+    def on_wait_due(self, keys: tuple[str, ...], now: float) -> None:
+        """Callers of waiting groups whose own timeout passed are answered now."""
+        for key in keys:
+            group = self.groups.get(key)
+            if group is None:
+                continue
+            if group.reconciling_since is not None:
+                for call in self._late(group, group.reconciling_since, now):
+                    self.fx.answer(call, UncertainOutcomeError(
+                        f"the outcome of {key} is uncertain and the tool's reconcile hook did not "
+                        f"answer within {call.timeout_s} s (its answer is stored when it comes)",
+                        failure_kind=None,
+                    ))  # fmt: skip
+            elif group.state is GroupState.WAITING:
+                self._owner_wait_over(group, now)
+
+    def _owner_wait_over(self, group: Group, now: float) -> bool:
+        """Answer the callers whose timeout passed while ``group`` waits on another owner;
+        True when none is left (the group is settled: it stops polling)."""
+        if group.waiting_since is None:
+            return False
+        for call in self._late(group, group.waiting_since, now):
+            self.fx.answer(call, ReceiptWaitTimeoutError(
+                f"receipt {group.key} is still held by another owner's live lease after this "
+                f"call's timeout_s ({call.timeout_s} s); it was not taken over"
+            ))  # fmt: skip
+        if group.calls:
+            return False
+        self._settle(group, None)
+        return True
+
+    @staticmethod
+    def _late(group: Group, since: float, now: float) -> list[Call]:
+        """Take the callers whose own deadline passed out of ``group``."""
+        late = [c for c in group.calls if max(since, c.submitted_at) + c.timeout_s <= now + 1e-3]
+        if late:
+            group.calls = [c for c in group.calls if c not in late]
+        return late
+
     def _reconcile(self, group: Group, receipt: Receipt, now: float) -> None:
         """Ask the provider about ``group``'s uncertain receipt; time its callers out."""
         group.receipt = receipt
@@ -43,34 +112,7 @@ class Reconciling(LifecycleBase):
         batch = next(self._ids)
         self._batches[batch] = group
         self.fx.reconcile(batch, group)
-        for timeout_s in {c.timeout_s for c in group.calls}:
-            self._reconcile_timer(group, timeout_s)
-
-    def _reconcile_joined(self, group: Group, call: Call, now: float) -> None:
-        """A caller joined while the hook is out: its own timeout, from now."""
-        assert group.reconciling_since is not None
-        self._reconcile_timer(group, max(group.reconciling_since, call.submitted_at) + call.timeout_s - now)
-
-    def _reconcile_timer(self, group: Group, delay_s: float) -> None:
-        if not math.isinf(delay_s):
-            self.fx.later(max(0.0, delay_s), ReconcileDue(key=group.key))
-
-    def on_reconcile_due(self, key: str, now: float) -> None:
-        """Callers whose timeout passed while the hook is out are answered now."""
-        group = self.groups.get(key)
-        since = group.reconciling_since if group is not None else None
-        if group is None or since is None:
-            return
-        late = [c for c in group.calls if max(since, c.submitted_at) + c.timeout_s <= now + 1e-3]
-        if not late:
-            return
-        group.calls = [c for c in group.calls if c not in late]
-        for call in late:
-            self.fx.answer(call, UncertainOutcomeError(
-                f"the outcome of {key} is uncertain and the tool's reconcile hook did not answer within "
-                f"{call.timeout_s} s (its answer is stored when it comes)",
-                failure_kind=None,
-            ))  # fmt: skip
+        self._time_waiters(group, now, group.calls, now)
 
     def on_reconciled(self, batch: int, value: Any, error: BaseException | None, now: float) -> None:
         """The reconcile hook answered: store what the provider did, or run it again."""

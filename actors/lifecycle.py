@@ -267,8 +267,8 @@ class Lifecycle(Cleanup, Finishing):
         timer, ``timeout_s`` after it came (a call that came before the send counts from
         the send), and the execution runs as long as it waits (``Unit.deadline``)."""
         group = self.groups.get(call.key)
-        if group is not None and group.reconciling_since is not None:
-            self._reconcile_joined(group, call, now)  # its reconcile hook is held to the same
+        if group is not None:
+            self._waiting_joined(group, call, now)  # a wait (another owner, a reconcile hook) too
         unit = group.unit if group is not None else None
         if unit is None or unit.deadline is None or unit.sent_first_at is None or math.isinf(call.timeout_s):
             return  # not sent (yet, or again): its next send arms a timer for every caller's timeout

@@ -33,7 +33,6 @@ from ._lifecycle_messages import (
     ReceiptsRead,
     ReceiptsReleased,
     Reconciled,
-    ReconcileDue,
     RememberOutputs,
     Resolved,
     RetryCharged,
@@ -44,6 +43,7 @@ from ._lifecycle_messages import (
     SubmitCalls,
     TripLatch,
     UnitFinished,
+    WaitDue,
 )
 
 __all__ = [
@@ -69,7 +69,6 @@ __all__ = [
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
-    "ReconcileDue",
     "Reconciled",
     "RefundBudget",
     "RegisterLeases",
@@ -87,6 +86,7 @@ __all__ = [
     "TripLatch",
     "UnitFinished",
     "UnregisterLeases",
+    "WaitDue",
     "WatchReceipts",
 ]
 

@@ -1,0 +1,87 @@
+"""A call whose receipt another owner holds waits for it (never stealing a live lease), but
+no longer than its own ``timeout_s``: counted from the start of the wait, or from when the
+call joined it, as a call attached to an execution in this process. Callers are answered
+``ReceiptWaitTimeoutError`` one by one; the wait goes on for the patient ones, and a wait
+left with no caller stops polling and takes nothing over. Another owner's lease is made
+with the store on the same real SQLite file, both runtimes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from actors import Policy, ReceiptWaitTimeoutError, Tool
+from stores.keys import key_and_input_hash
+from stores.types import ClaimRequest, Owner, ReceiptStatus
+
+LEASE_S = 1.5
+WAIT_S = 15.0
+POLICY = Policy(batch_grace_s=0.02, receipt_poll_initial_s=0.01, receipt_poll_max_s=0.05,
+                receipt_wait_max_attempts=10_000)  # fmt: skip
+
+
+def _held(open_store: Any, tool: Tool, input: Any) -> str:
+    """Another run's live lease on ``input``'s receipt (this process: never judged gone)."""
+    key, input_hash = key_and_input_hash(
+        org_id="acme", scope="enrich", tool_id=tool.tool_id, input=input, version=tool.version
+    )
+    other = open_store()
+    other.claim_many(
+        "acme",
+        [ClaimRequest(key, "enrich", tool.tool_id, input_hash)],
+        Owner("other-run", 1),
+        lease_ttl_s=LEASE_S,
+    )
+    return key
+
+
+def _tool(recorder: Any) -> Tool:
+    def api(input: Any, ctx: Any) -> Any:
+        recorder.record("api", input, ctx)
+        return {"n": input["n"]}
+
+    return Tool(tool_id="api", fn=api)
+
+
+def test_a_caller_waiting_on_another_owner_times_out_at_its_own_timeout(
+    make_system: Any, open_store: Any, recorder: Any, read_receipts: Any
+) -> None:
+    tool = _tool(recorder)
+    key = _held(open_store, tool, {"n": 1})
+    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    start = time.monotonic()
+    with pytest.raises(ReceiptWaitTimeoutError, match=r"timeout_s \(0\.3 s\)"):
+        system.proxy().execute("api", {"n": 1}, timeout_s=0.3).get(timeout=WAIT_S)
+    waited = time.monotonic() - start
+    assert waited < LEASE_S * 0.6, f"the caller waited {waited:.2f} s on a 0.3 s timeout"
+    time.sleep(LEASE_S + 0.3)  # the lease lapses: a wait left with no caller took nothing over
+    assert recorder.count("api") == 0
+    (receipt,) = read_receipts([key], org_id="acme")
+    assert receipt is not None and receipt.status is ReceiptStatus.QUEUED
+    assert system.stats()["waiting_on_owner"] == 0
+
+
+def test_patient_callers_wait_on_while_impatient_ones_and_late_joiners_time_out(
+    make_system: Any, open_store: Any, recorder: Any
+) -> None:
+    tool = _tool(recorder)
+    _held(open_store, tool, {"n": 2})
+    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    proxy = system.proxy()
+    patient = proxy.execute("api", {"n": 2}, timeout_s=30)
+    impatient = proxy.execute("api", {"n": 2}, timeout_s=0.2)
+    with pytest.raises(ReceiptWaitTimeoutError):
+        impatient.get(timeout=WAIT_S)
+    time.sleep(0.3)
+    start = time.monotonic()
+    joiner = proxy.execute("api", {"n": 2}, timeout_s=0.3)
+    with pytest.raises(ReceiptWaitTimeoutError):
+        joiner.get(timeout=WAIT_S)
+    waited = time.monotonic() - start
+    assert 0.2 < waited < 0.8, f"the joiner waited {waited:.2f} s on a 0.3 s timeout"
+    result = patient.get(timeout=WAIT_S)  # the lease lapsed: taken over once, for the patient one
+    assert (result.value, result.execution) == ({"n": 2}, "live")
+    assert recorder.count("api") == 1
