@@ -10,7 +10,7 @@ rows (:attr:`ClaimPlan.writes`), restore lost refreshes as completed
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -88,13 +88,17 @@ def plan_claims(
     lease_ttl_s: float,
     mode: ClaimMode,
     stale_after_s: float | None,
+    running: Collection[str] = frozenset(),
 ) -> ClaimPlan:
-    """Decide every request (unique keys) against the rows read in the transaction."""
+    """Decide every request (unique keys) against the rows read in the transaction.
+
+    A key in ``running`` that is claimed is written ``running`` (its caller holds a slot:
+    claimed straight into running), else ``queued``; ``plan.writes`` carry the status."""
     plan = ClaimPlan(owner_identity(owner))
     host, pid, started_at = plan.identity
     expires = now + lease_ttl_s
     seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
-    claimed, queued = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED
+    claimed, queued, started = ClaimDisposition.CLAIMED, ReceiptStatus.QUEUED, ReceiptStatus.RUNNING
     run_id, run_attempt = owner.run_id, owner.run_attempt
     # One read of the OS's random source for every lease id this call may need:
     # 16 random bytes (32 hex digits) per request, as unique as uuid4().hex.
@@ -128,11 +132,13 @@ def plan_claims(
             attempts, created = old.attempts + 1, old.created_at
             keeps = old.completed_at is not None and old.status in KEEPS_OUTPUT
             output, completed_at = (old.output, old.completed_at) if keeps else (None, None)
+        status = started if key in running else queued
         plan.writes.append(
-            (key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created, generation)
-        )
+            (key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created, generation,
+             status.value)
+        )  # fmt: skip
         receipt = Receipt(
-            key, org_id, request.scope, request.tool_id, queued, request.input_hash, output, None,
+            key, org_id, request.scope, request.tool_id, status, request.input_hash, output, None,
             None, lease_id, run_id, run_attempt, expires, attempts, created, now, completed_at,
             generation, host, pid, started_at,
         )  # fmt: skip

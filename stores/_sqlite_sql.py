@@ -24,11 +24,11 @@ _REUSABLE = (
 )
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
-SELECT value->>0, ?, value->>1, value->>2, 'queued', value->>3, NULL, NULL, NULL,
+SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,
        value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
-  status = 'queued', error = NULL, failure_kind = NULL,
+  status = excluded.status, error = NULL, failure_kind = NULL,
   output = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.output END,
   completed_at = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.completed_at END,
   scope = excluded.scope, tool_id = excluded.tool_id, input_hash = excluded.input_hash,
@@ -51,12 +51,6 @@ WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
 _SET_UNCERTAIN_LOST = """
 UPDATE receipts SET status = 'uncertain', error = ?, failure_kind = NULL,
   lease_expires_at = NULL, updated_at = ?
-WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
-"""
-# Claimed straight into running (the caller holds a slot for each): in the claim's
-# transaction, right after the upsert that took the leases.
-_SET_STARTED = """
-UPDATE receipts SET status = 'running', updated_at = ?
 WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
 """
 # The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one

@@ -17,7 +17,6 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
-import attrs
 import orjson
 
 from ._claims import plan_claims, settled_by_read
@@ -44,7 +43,6 @@ from ._sqlite_sql import (
     _SET_RENEW,
     _SET_RUNNING,
     _SET_RUNNING_RENEW,
-    _SET_STARTED,
     _SET_UNCERTAIN,
     _SET_UNCERTAIN_LOST,
     _UPSERT_CLAIMS,
@@ -56,7 +54,6 @@ from .base import Clock, ReceiptStore
 from .errors import StoreError
 from .types import (
     Claim,
-    ClaimDisposition,
     ClaimMode,
     ClaimRequest,
     FenceReport,
@@ -265,7 +262,9 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         with self._write() as conn:
             now = self.clock()
             existing = self._rows(conn, org_id, (r.key for r in requests))
-            plan = plan_claims(org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s)
+            plan = plan_claims(
+                org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s, running
+            )
             if plan.writes:
                 host, pid, started_at = plan.identity
                 params = (
@@ -284,19 +283,6 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
             if plan.lost:
                 lost = orjson.dumps(plan.lost).decode()
                 conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
-            if running:
-                started = [
-                    k
-                    for k, c in plan.decided.items()
-                    if k in running and c.disposition is ClaimDisposition.CLAIMED
-                ]
-                if started:
-                    conn.execute(_SET_STARTED, (now, org_id, orjson.dumps(started).decode()))
-                    for key in started:
-                        receipt = plan.decided[key].receipt
-                        plan.decided[key] = Claim(
-                            ClaimDisposition.CLAIMED, attrs.evolve(receipt, status=ReceiptStatus.RUNNING)
-                        )
         if decided:
             decided.update(plan.decided)
             return decided
