@@ -21,7 +21,7 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Unit
-from ._execute import error_text, failure_kind_for, plain_value, retry_in_call, transient
+from ._execute import error_text, failure_kind_for, plain_value, relayed, retry_in_call, transient
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from .errors import (
     InvalidOutputError,
@@ -64,8 +64,9 @@ class Finishing(LifecycleBase):
             self.fx.count("requests", -1)
             self._readmit(unit, now, front=True)
             return
-        unsent = isinstance(error, (ProviderUnreachableError, ConnectionRefusedError)) or (
-            isinstance(error, NotSentError) and msg.sent_at is None
+        unsent = not relayed(error) and (
+            isinstance(error, (ProviderUnreachableError, ConnectionRefusedError))
+            or (isinstance(error, NotSentError) and msg.sent_at is None)
         )  # a refused connection, an attempt never started or held past its turn: no request
         if unsent:
             self.fx.count("requests", -1)
@@ -74,7 +75,7 @@ class Finishing(LifecycleBase):
             if unsent:
                 self.fx.refund_retry()
         if error is not None:
-            if isinstance(error, RateLimitedError):
+            if isinstance(error, RateLimitedError) and not relayed(error):
                 self.fx.backpressure(error.retry_after, msg.sent_at)
                 self.fx.count("backpressure")
                 unit.last_error = error
@@ -102,7 +103,7 @@ class Finishing(LifecycleBase):
             self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
         elif transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
-        elif not isinstance(error, (RateLimitedError, NotSentError)):
+        elif relayed(error) or not isinstance(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
 
     def _charge_then(self, unit: Unit) -> None:
@@ -281,7 +282,7 @@ class Finishing(LifecycleBase):
             if raw is not MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")
-            if isinstance(exc, (RELEASE_ON, LeaseLostError)) or group.receipt is None:
+            if (isinstance(exc, (RELEASE_ON, LeaseLostError)) and not relayed(exc)) or group.receipt is None:
                 released.append(group)
                 outcome[group.key] = exc
                 continue
@@ -307,7 +308,9 @@ class Finishing(LifecycleBase):
         nothing). Recorded ``uncertain``: never re-run silently (docs/how-it-works.md)."""
         if self.tool.retry_safe:
             return False
-        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
+        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)) and not relayed(
+            exc
+        ):
             return False
         if isinstance(exc, ProviderError):
             return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))

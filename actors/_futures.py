@@ -17,7 +17,7 @@ from typing import Any
 
 import pykka
 
-__all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
+__all__ = ["MAX_WAIT_S", "LightFuture", "answered", "bounded", "fail", "new_future", "resolved_future"]
 
 MAX_WAIT_S = 1e9
 """Longest single wait handed to a lock, condition or event, seconds (about 31 years).
@@ -186,7 +186,19 @@ def resolved_future(value: Any) -> LightFuture:
     return _Resolved(value)
 
 
+_ANSWERED = "_tooldispatch_answered"
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether ``exc`` was handed to a caller by :func:`fail`: raised again by a tool's
+    function, it is about another call (a nested one), not the tool's own request."""
+    return getattr(exc, _ANSWERED, False) is True
+
+
 def fail(future: Any, exc: BaseException) -> None:
-    """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
+    """Resolve ``future`` with ``exc`` (a future already resolved is left alone); ``exc`` is
+    marked :func:`answered`."""
+    with contextlib.suppress(Exception):  # an exception that takes no attribute stays unmarked
+        setattr(exc, _ANSWERED, True)
     with contextlib.suppress(queue.Full):
         future.set_exception((type(exc), exc, exc.__traceback__))

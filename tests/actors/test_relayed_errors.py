@@ -1,0 +1,105 @@
+"""A tool whose function made its own (paid) request and then passes on a nested call's
+refusal (budget spent, not sent, a 429, a lost lease) fails as its own call: its receipt is
+recorded failed, never released (released, every rerun paid the provider again), and the
+nested call's provider troubles are not held against the parent's provider (no pause, no
+circuit count, no refunded request). Real systems on SQLite files, both runtimes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import (
+    BudgetExceededError,
+    LeaseLostError,
+    NotSentError,
+    Policy,
+    RateLimitedError,
+    RecordedFailureError,
+    Tool,
+)
+
+WAIT_S = 15.0
+
+
+def _statuses(path: Path) -> dict[str, tuple[str, str | None]]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT tool_id, status, failure_kind FROM receipts").fetchall()
+    return {tool: (status, kind) for tool, status, kind in rows}
+
+
+def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
+    make_system: Any, db_path: Path, recorder: Any
+) -> None:
+    holder: dict[str, Any] = {}
+
+    def child(i: Any, c: Any) -> Any:
+        recorder.record("child", i, c)
+        return {"c": i}
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)  # the parent's own request: paid
+        return {"child": holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S).value}
+
+    tools = [Tool(tool_id="parent", fn=parent, provider="pa"), Tool(tool_id="child", fn=child, provider="ch")]
+    for run in range(3):
+        system = make_system(tools, run_id=f"run-{run}", policy=Policy(batch_grace_s=0.02, max_provider_calls=1))
+        holder["proxy"] = system.proxy()
+        error = BudgetExceededError if run == 0 else RecordedFailureError
+        with pytest.raises(error):
+            holder["proxy"].execute("parent", {"x": 1}).get(timeout=WAIT_S)
+        system.stop()
+        assert _statuses(db_path)["parent"][0] == "failed"
+    assert recorder.count("parent") == 1 and recorder.count("child") == 0
+
+
+@pytest.mark.parametrize(
+    ("nested_error", "runs"),
+    [
+        pytest.param(lambda: NotSentError("the child's turn came too late"), 2, id="not-sent"),
+        pytest.param(lambda: LeaseLostError("the child's lease was lost"), 2, id="lease-lost"),
+        pytest.param(lambda: RateLimitedError("429 from the child's provider", retry_after="30"), 1, id="429"),
+    ],
+)
+def test_a_nested_calls_refusal_passed_on_is_the_parents_own_failure(
+    make_system: Any, db_path: Path, recorder: Any, nested_error: Any, runs: int
+) -> None:
+    """The child fails (its tool raises the error); the parent, which paid, re-raises it.
+    The parent's receipt is recorded (failed, or uncertain: a parent that is not retry-safe
+    may have acted), not released, so a rerun does not pay again (a relayed 429 is
+    recorded rate_limited: retried by a rerun, as any tool's 429). The parent's provider
+    is not paused by the child's 429: its next call runs at once."""
+    holder: dict[str, Any] = {}
+
+    def child(i: Any, c: Any) -> Any:
+        recorder.record("child", i, c)
+        raise nested_error()
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)
+        return holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S).value
+
+    def other(i: Any, c: Any) -> Any:
+        recorder.record("other", i, c)
+        return {"ok": i}
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="pa"),
+        Tool(tool_id="child", fn=child, provider="ch"),
+        Tool(tool_id="other", fn=other, provider="pa"),
+    ]
+    policy = Policy(batch_grace_s=0.02, retry_attempts=0)
+    for run in range(runs):
+        system = make_system(tools, run_id=f"run-{run}", policy=policy)
+        holder["proxy"] = system.proxy()
+        with pytest.raises(Exception):  # noqa: B017 - the relayed error, then the recorded failure
+            holder["proxy"].execute("parent", {"x": 1}).get(timeout=WAIT_S)
+        if run == 0:  # the parent's provider was not paused by the child's troubles
+            assert system.proxy().execute("other", {"n": 1}).get(timeout=3.0).execution == "live"
+        system.stop()
+        assert _statuses(db_path)["parent"][0] in ("failed", "uncertain")
+    assert recorder.count("parent") == 1
