@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,51 @@ PHASES = (
 _KEEP = 50_000
 """Timings kept per phase for percentiles (the newest)."""
 
+HOOK_BACKLOG = 10_000
+"""Most timings waiting for a slow perf hook; past it, timings skip the hook (counted in
+``perf_hook_dropped``)."""
+
+log = logging.getLogger("tooldispatch")
+
+
+class _HookRunner:
+    """Calls the perf hook on a daemon thread of its own, in the order timings came, so
+    that user code never runs on an actor or a worker: a slow hook delays nothing but
+    later hook calls. The thread starts with the first timing and ends after 5 s idle."""
+
+    def __init__(self, hook: Callable[[str, float, dict[str, Any]], None]) -> None:
+        self.hook = hook
+        self.dropped = 0
+        self._queue: queue.SimpleQueue[tuple[str, float, dict[str, Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def put(self, phase: str, ms: float, extra: dict[str, Any]) -> None:
+        if self._queue.qsize() >= HOOK_BACKLOG:
+            self.dropped += 1
+            return
+        self._queue.put((phase, ms, extra))
+        with self._lock:
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="tooldispatch-perf-hook", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                phase, ms, extra = self._queue.get(timeout=5.0)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._running = False
+                        return
+                continue
+            try:
+                self.hook(phase, ms, extra)
+            except BaseException:  # an observer never breaks anything (SystemExit included)
+                log.exception("perf hook failed on %s", phase)
+
 
 class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
@@ -34,8 +80,9 @@ class Stats:
     and phase timings in milliseconds.
 
     Args:
-        perf_hook: ``hook(phase, ms, extra)``, called on the thread that timed the
-            phase (a drain worker or an actor).
+        perf_hook: ``hook(phase, ms, extra)``, called on a thread of its own
+            (``tooldispatch-perf-hook``), in the order the phases were timed, soon after
+            each: never on an actor or a tool's worker, so a slow hook delays no call.
     """
 
     COUNTERS = (
@@ -53,6 +100,7 @@ class Stats:
             p: collections.deque(maxlen=_KEEP) for p in PHASES
         }
         self.perf_hook = perf_hook
+        self._hook = _HookRunner(perf_hook) if perf_hook is not None else None
         self.per_tool: dict[str, collections.Counter[str]] = {}
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
@@ -68,11 +116,8 @@ class Stats:
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
         self.timings.setdefault(phase, collections.deque(maxlen=_KEEP)).append(ms)
-        if self.perf_hook is not None:
-            try:
-                self.perf_hook(phase, ms, extra)
-            except BaseException:  # an observer never breaks a call (nor stops an actor)
-                logging.getLogger("tooldispatch").exception("perf hook failed on %s", phase)
+        if self._hook is not None:
+            self._hook.put(phase, ms, extra)
 
     @contextmanager
     def timed(self, phase: str, **extra: Any) -> Iterator[None]:
@@ -97,9 +142,12 @@ class Stats:
         return out
 
     def snapshot(self) -> dict[str, int]:
-        """A copy of the counters."""
+        """A copy of the counters (and ``perf_hook_dropped`` with a perf hook)."""
         with self._lock:
-            return dict(self.counters)
+            out = dict(self.counters)
+        if self._hook is not None:
+            out["perf_hook_dropped"] = self._hook.dropped
+        return out
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,

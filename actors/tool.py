@@ -213,7 +213,8 @@ class Policy:
             ``tooldispatch-salvage.jsonl`` in the working directory).
         memo_max_bytes: bytes of completed outputs each durable tool keeps in memory
             to answer repeated calls without the store (oldest dropped first; 0: none).
-        perf_hook: ``hook(phase, ms, extra)``; called on the worker that measured.
+        perf_hook: ``hook(phase, ms, extra)``; called on a thread of its own, in order,
+            never on an actor or a tool's worker (a slow hook delays no call).
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's

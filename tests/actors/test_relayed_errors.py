@@ -47,7 +47,9 @@ def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
 
     tools = [Tool(tool_id="parent", fn=parent, provider="pa"), Tool(tool_id="child", fn=child, provider="ch")]
     for run in range(3):
-        system = make_system(tools, run_id=f"run-{run}", policy=Policy(batch_grace_s=0.02, max_provider_calls=1))
+        system = make_system(
+            tools, run_id=f"run-{run}", policy=Policy(batch_grace_s=0.02, max_provider_calls=1)
+        )
         holder["proxy"] = system.proxy()
         error = BudgetExceededError if run == 0 else RecordedFailureError
         with pytest.raises(error):
@@ -62,7 +64,9 @@ def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
     [
         pytest.param(lambda: NotSentError("the child's turn came too late"), 2, id="not-sent"),
         pytest.param(lambda: LeaseLostError("the child's lease was lost"), 2, id="lease-lost"),
-        pytest.param(lambda: RateLimitedError("429 from the child's provider", retry_after="30"), 1, id="429"),
+        pytest.param(
+            lambda: RateLimitedError("429 from the child's provider", retry_after="30"), 1, id="429"
+        ),
     ],
 )
 def test_a_nested_calls_refusal_passed_on_is_the_parents_own_failure(
