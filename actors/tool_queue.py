@@ -16,9 +16,8 @@ execution.
 
 from __future__ import annotations
 
-import collections
 import enum
-import sys
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,13 +29,14 @@ from ._calls import Call, Group, GroupState, Role, mode_covers
 from ._cleanup import owner_here
 from ._futures import fail
 from ._inbox import answer_left, left_in
+from ._memo import Memo, held_bytes
 from ._runtime import InboxActor, guarded
-from .errors import CallCancelledError
-from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls, UnitFinished
+from .errors import CallCancelledError, ReceiptWaitTimeoutError
+from .messages import DrainDue, ForgetMemo, RememberOutputs, StopQueue, SubmitCalls, UnitFinished, WaitDue
 from .results import ToolResult
 from .tool import Tool
 
-__all__ = ["Submitted", "ToolQueue", "ToolQueueActor"]
+__all__ = ["Memo", "Submitted", "ToolQueue", "ToolQueueActor", "held_bytes"]
 
 
 HELD = -2
@@ -58,72 +58,6 @@ class Submitted(enum.Enum):
     """Same key as an in-flight group: takes its result."""
     MEMO = "memo"
     """This system completed the key already: resolve at once from memory."""
-
-
-class Memo:
-    """Completed outputs this system saw, newest kept, bounded by bytes.
-
-    Holds encoded JSON text (immutable): each hit decodes its own copy, so no caller
-    can change what another caller sees. Written only by its tool queue actor; read
-    from any thread (``recall``) without a lock (single dict reads are atomic).
-
-    An entry counts the memory its text takes (:func:`held_bytes`): a byte per character
-    of ASCII text; up to four per character of other text, plus its UTF-8 copy once the
-    store wrote it (1 MiB of emoji, as UTF-8, occupies 2 MiB).
-
-    Args:
-        max_bytes: most bytes of output text kept (older entries are dropped first).
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.entries: collections.OrderedDict[str, tuple[float, str, int]] = collections.OrderedDict()
-        self.bytes = 0
-        self.epoch: Any = None
-
-    def recall(self, key: str, stale_after_s: float | None, now: float) -> str | None:
-        """The remembered output text of ``key``, or None (a memo older than the call's
-        ``stale_after_s`` is not used; an output reused from the store has no known age)."""
-        found = self.entries.get(key)
-        if found is None:
-            return None
-        at, text, _ = found
-        if stale_after_s is not None and now - at > stale_after_s:
-            return None
-        return text
-
-    def remember(self, key: str, text: str, at: float) -> None:
-        """Keep ``key``'s output text, dropping the oldest entries past ``max_bytes``."""
-        size = held_bytes(text)
-        if self.max_bytes <= 0 or size > self.max_bytes:
-            return
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
-        self.entries[key] = (at, text, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes and self.entries:
-            _, (_, _, dropped) = self.entries.popitem(last=False)
-            self.bytes -= dropped
-
-    def forget(self, key: str | None = None) -> None:
-        """Drop one key, or everything (after a purge)."""
-        if key is None:
-            self.entries = collections.OrderedDict()
-            self.bytes = 0
-            return
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
-
-
-_EMPTY_TEXT_BYTES = sys.getsizeof("")
-
-
-def held_bytes(text: str) -> int:
-    """Bytes ``text`` occupies in memory beyond an empty string's header (``len(text)``
-    for ASCII text)."""
-    return sys.getsizeof(text) - _EMPTY_TEXT_BYTES
 
 
 class ToolQueue:
@@ -214,6 +148,18 @@ class ToolQueue:
         self.generation += 1
         return groups
 
+    def held_late(self, keys: tuple[str, ...], now: float) -> list[Call]:
+        """Take out the calls held behind their key's execution in another mode (a forced
+        refresh behind a normal call) whose own ``timeout_s`` passed while they waited."""
+        late: list[Call] = []
+        for key in keys:
+            group = self.queued.get(key)
+            if group is not None and key in self.inflight:
+                late += [c for c in list(group.calls) if c.submitted_at + c.timeout_s <= now + 1e-3]
+        for call in late:
+            self.remove(call)
+        return late
+
     def remove(self, call: Call) -> bool:
         """Take a cancelled call out of the window (its group goes when it is empty)."""
         group = self.queued.get(call.key)
@@ -222,6 +168,8 @@ class ToolQueue:
         group.calls.remove(call)
         if not group.calls:
             del self.queued[call.key]
+        elif call.role is Role.OWNER:  # the next caller owns the execution (``live``)
+            group.calls[0].role = Role.OWNER
         return True
 
     def cancel_queued(self) -> list[Call]:
@@ -292,6 +240,13 @@ class ToolQueueActor(InboxActor):
                 self._drain(message.generation, now)
             elif isinstance(message, StopQueue):
                 self._stop_queue(message, now)
+            elif isinstance(message, WaitDue):
+                for call in self.queue.held_late(message.keys, now):
+                    self.effects.answer(call, ReceiptWaitTimeoutError(
+                        f"{self.queue.tool.tool_id}: a call of the same input in another mode still runs "
+                        f"after this call's timeout_s ({call.timeout_s} s); this one was not started"
+                    ))  # fmt: skip
+                self.effects.dispatch(message, now)
             elif isinstance(message, ForgetMemo):
                 self.queue.memo.forget()
             elif isinstance(message, RememberOutputs):
@@ -354,6 +309,10 @@ class ToolQueueActor(InboxActor):
             self.ports.timers.call_later(
                 self.queue.grace_deadline() - self.clock(), lambda: ref.tell(DrainDue(generation=generation))
             )
+        held = decision not in (Submitted.MEMO, Submitted.ATTACHED) and call.key in self.queue.inflight
+        if held and not math.isinf(call.timeout_s):  # it waits at most its own timeout_s for its turn
+            ref, keys = self.actor_ref, (call.key,)
+            self.ports.timers.call_later(call.timeout_s, lambda: ref.tell(WaitDue(keys=keys)))
         if call.nested and call.key in self.queue.inflight and decision is not Submitted.MEMO:
             self.lifecycle.nested_joined(call.key)  # joined it or held behind it: a borrowed slot
             self.lifecycle.pump(now)

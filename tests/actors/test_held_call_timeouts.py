@@ -1,0 +1,88 @@
+"""A forced refresh or a retry of a failure waits behind a normal call of the same input
+that is still running (it never takes that call's execution): at most its own
+``timeout_s``, as any wait. Before, it had no timer: it waited for the whole running call
+(3 s on a 0.3 s timeout) and was then sent anyway. Real systems on SQLite files, both
+runtimes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from actors import Policy, ReceiptWaitTimeoutError, Tool
+
+WAIT_S = 15.0
+
+
+def _slow_tool(recorder: Any, started: threading.Event) -> Tool:
+    def slow(i: Any, ctx: Any) -> Any:
+        recorder.record("slow", i, ctx)
+        started.set()
+        time.sleep(1.5)
+        return {"v": i}
+
+    return Tool(tool_id="t", fn=slow)
+
+
+@pytest.mark.parametrize("mode", ["force_refresh", "retry_failed"])
+def test_a_call_held_behind_a_running_call_times_out_at_its_own_timeout(
+    make_system: Any, recorder: Any, mode: str
+) -> None:
+    started = threading.Event()
+    system = make_system([_slow_tool(recorder, started)], policy=Policy(batch_grace_s=0.02))
+    proxy = system.proxy()
+    first = proxy.execute("t", {"k": 1}, timeout_s=10)
+    assert started.wait(WAIT_S)
+    start = time.monotonic()
+    held = proxy.execute("t", {"k": 1}, timeout_s=0.3, **{mode: True})
+    with pytest.raises(ReceiptWaitTimeoutError, match=r"timeout_s \(0\.3 s\)"):
+        held.get(timeout=WAIT_S)
+    waited = time.monotonic() - start
+    assert waited < 0.9, f"the held {mode} call waited {waited:.2f} s on a 0.3 s timeout"
+    assert first.get(timeout=WAIT_S).execution == "live"
+    time.sleep(0.3)
+    assert recorder.count("slow") == 1  # the call that gave up was never sent
+
+
+def test_a_patient_refresh_held_behind_a_running_call_runs_after_it(make_system: Any, recorder: Any) -> None:
+    started = threading.Event()
+    system = make_system([_slow_tool(recorder, started)], policy=Policy(batch_grace_s=0.02))
+    proxy = system.proxy()
+    first = proxy.execute("t", {"k": 2}, timeout_s=10)
+    assert started.wait(WAIT_S)
+    impatient = proxy.execute("t", {"k": 2}, timeout_s=0.2, force_refresh=True)
+    patient = proxy.execute("t", {"k": 2}, timeout_s=10, force_refresh=True)
+    with pytest.raises(ReceiptWaitTimeoutError):
+        impatient.get(timeout=WAIT_S)
+    assert first.get(timeout=WAIT_S).execution == "live"
+    assert patient.get(timeout=WAIT_S).execution == "live"
+    assert recorder.count("slow") == 2
+
+
+def test_when_the_first_caller_of_a_queued_input_leaves_the_next_owns_its_execution(
+    make_system: Any, recorder: Any
+) -> None:
+    """The owner of a call still in the grace window is cancelled: the next caller of that
+    input owns the execution (``live``), not ``in_flight`` of an execution nobody owned."""
+    from actors import BatchStrategy
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        recorder.record("batch", payload, ctx)
+        return [{"v": i} for i in payload]
+
+    def one(i: Any, ctx: Any) -> Any:
+        recorder.record("one", i, ctx)
+        return {"v": i}
+
+    tool = Tool(tool_id="b", fn=one, batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=10))
+    system = make_system([tool], policy=Policy(batch_grace_s=0.3))
+    proxy = system.proxy()
+    owner = proxy.execute("b", {"k": 3})
+    follower = proxy.execute("b", {"k": 3})
+    assert owner.cancel()
+    result = follower.get(timeout=WAIT_S)
+    assert (result.value, result.execution) == ({"v": {"k": 3}}, "live")
+    assert recorder.count("batch") + recorder.count("one") == 1
