@@ -140,6 +140,9 @@ class Group:
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
     """When its reconcile hook was started, while the hook is out (its callers' timeouts)."""
+    written: Any = None
+    """What its write in progress will answer (a ``Done`` or the error being recorded): a
+    caller whose timeout passes meanwhile gets it then."""
     waiting_since: float | None = None
     """When it began to wait on another owner's receipt, while it waits (its callers' timeouts)."""
 

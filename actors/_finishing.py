@@ -151,6 +151,9 @@ class Finishing(LifecycleBase):
         unit = self.units.get(unit_id)
         if unit is None:
             return
+        if unit.persisting and not unit.out:
+            self._answer_writing(unit, now)
+            return
         self._time_out_callers(unit, now)
         if unit.timed_out or unit.deadline is None or now < unit.deadline - 1e-3:
             return  # an older deadline (re-admitted after a 429: it has a new one)
@@ -186,6 +189,22 @@ class Finishing(LifecycleBase):
             for call in late:
                 error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {call.timeout_s} s")
                 self.fx.answer(call, self._outcome_for(call, group, error))
+
+    def _answer_writing(self, unit: Unit, now: float) -> None:
+        """The tool returned and its outcome is being written (a slow or locked store):
+        callers whose own timeout passed get that outcome now; the write goes on (should
+        it fail, the output is salvaged, as for any write)."""
+        sent = unit.sent_first_at
+        if sent is None:
+            return
+        for group in unit.groups:
+            if group.state is not GroupState.PERSISTING or group.written is None:
+                continue
+            late = [c for c in group.calls if max(sent, c.submitted_at) + c.timeout_s <= now + 1e-3]
+            if late:
+                group.calls = [c for c in group.calls if c not in late]
+                for call in late:
+                    self.fx.answer(call, self._outcome_for(call, group, group.written))
 
     def _conclude(
         self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
@@ -226,8 +245,9 @@ class Finishing(LifecycleBase):
     def _persist(self, values: list[tuple[Group, str]]) -> None:
         """Queue outputs for the flusher; sent by :meth:`flush` (many units' outputs in
         one request when many finish together: larger transactions under load)."""
-        for group, _ in values:
+        for group, text in values:
             group.state = GroupState.PERSISTING
+            group.written = Done(text, "live")
         self._persisting.extend(values)
 
     def on_persisted(
@@ -292,6 +312,7 @@ class Finishing(LifecycleBase):
             record = Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc))
             (uncertain if self._may_have_acted(exc) else records).append(record)
             group.state = GroupState.PERSISTING
+            group.written = exc
         for group in released:
             exc = outcome[group.key]
             self._release_group(group, exc, lease_lost=isinstance(exc, LeaseLostError))
