@@ -134,6 +134,8 @@ class Reconciling(LifecycleBase):
                 exc = InvalidOutputError(
                     f"the reconcile hook's value cannot be stored: {type(exc).__name__}: {error_text(exc)}"
                 )
+            self.fx.salvage(group, value, f"the reconcile hook's answer: {error_text(exc)}")  # the provider's
+            self.fx.count("salvaged")  # paid answer, kept for an operator; the receipt stays uncertain
             self._settle(group, exc)
             return
         batch = next(self._ids)

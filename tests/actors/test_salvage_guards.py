@@ -101,3 +101,31 @@ def test_salvage_replay_refuses_a_file_that_is_not_a_salvage_file(tmp_path: Path
         store.close()
     assert other.read_bytes() == before
     assert os.stat(other).st_mode & 0o777 == 0o644
+
+
+def test_a_reconcile_hooks_answer_no_store_can_hold_is_salvaged(
+    make_system: Any, tmp_path: Path, recorder: Any, read_receipts: Any, key_of: Any
+) -> None:
+    """The provider reports, through the reconcile hook, an answer the store cannot hold:
+    the caller hears why, the receipt stays uncertain (nothing is paid again), and the
+    answer is kept in the salvage file for an operator (before: dropped)."""
+    from actors import ToolTimeoutError
+
+    def charge(i: Any, c: Any) -> Any:
+        recorder.record("charge", i, c)
+        raise ToolTimeoutError("timed out after sending")
+
+    def reconcile(i: Any, c: Any) -> Any:
+        return {"receipt": _deep(600)}
+
+    tool = Tool(tool_id="charge", fn=charge, reconcile=reconcile)
+    system = make_system([tool])
+    with pytest.raises(ToolTimeoutError):
+        system.proxy().execute("charge", {"card": 1}).get(timeout=WAIT_S)
+    with pytest.raises(OutputNotStorableError):
+        system.proxy().execute("charge", {"card": 1}).get(timeout=WAIT_S)
+    (receipt,) = read_receipts([key_of(tool, {"card": 1})])
+    assert receipt is not None and receipt.status.value == "uncertain"
+    entries = SalvageLog(str(tmp_path / "receipts.db") + ".salvage.jsonl").entries()
+    assert any("reconcile hook" in (e.error or "") for e in entries)
+    assert recorder.count("charge") == 1
