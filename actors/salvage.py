@@ -184,7 +184,9 @@ class SalvageLog:
     def replay(self, store: ReceiptStore, *, lease_ttl_s: float = 60.0) -> ReplayReport:
         """Complete salvaged receipts in ``store``; keep only what could not be replayed.
 
-        A receipt already completed (by anyone) just drops its entry; one still held
+        A receipt already completed (by anyone) just drops its entry, unless its stored
+        output is older than the entry's (a forced refresh, paid for, whose write failed:
+        the entry's output then replaces it, as the refresh would have); one still held
         under the lease its output was produced (and salvaged) under is completed
         under that lease, since the store gave up before that owner could; one under
         another owner's live lease is kept for a later replay.
@@ -210,9 +212,13 @@ class SalvageLog:
                 stored = store.get_many(org_id, keys)
                 todo = []
                 held_by: dict[Owner, list[SalvageEntry]] = {}
+                refresh = []
                 for key, receipt in zip(keys, stored, strict=True):
                     if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
-                        already += 1
+                        if _newer(members[key], receipt):  # a paid refresh the store never took
+                            refresh.append(members[key])
+                        else:
+                            already += 1
                     elif _still_held(receipt, members[key]):
                         held_by.setdefault(receipt.owner or REPLAY_OWNER, []).append(members[key])
                     else:
@@ -222,32 +228,11 @@ class SalvageLog:
                     late = store.complete_many(org_id, late_completions, lease_owner)
                     completed += len(late.applied)
                     todo.extend(e for e in own if e.receipt_key in late.refused)
-                if not todo:
-                    continue
-                claims = store.claim_many(
-                    org_id,
-                    [ClaimRequest(e.receipt_key, e.scope, e.tool_id, e.input_hash) for e in todo],
-                    REPLAY_OWNER,
-                    lease_ttl_s=lease_ttl_s,
-                    mode=ClaimMode.RETRY_FAILED,
-                )
-                held = {
-                    c.receipt.key: c.receipt.lease_id
-                    for c in claims
-                    if c.disposition is ClaimDisposition.CLAIMED
-                }
-                kept.extend(e for e in todo if e.receipt_key not in held)
-                leases = [LeaseRef(key, lease) for key, lease in held.items() if lease]
-                store.mark_running_many(org_id, leases, REPLAY_OWNER)
-                done = store.complete_many(
-                    org_id,
-                    [Completion(lease.key, lease.lease_id, members[lease.key].output) for lease in leases],
-                    REPLAY_OWNER,
-                )
-                completed += len(done.applied)
-                kept.extend(members[key] for key in done.refused)
-                refused = [lease for lease in leases if lease.key in done.refused]
-                store.release(org_id, refused, REPLAY_OWNER)  # leave no replay lease behind
+                for entries_, mode in ((todo, ClaimMode.RETRY_FAILED), (refresh, ClaimMode.FORCE_REFRESH)):
+                    if entries_:
+                        done, left = _claim_and_complete(store, org_id, entries_, mode, lease_ttl_s)
+                        completed += done
+                        kept.extend(left)
             self._rewrite(kept, unreadable, carry_from=size)
             return ReplayReport(
                 completed=completed, already_completed=already, kept=len(kept), unreadable=len(unreadable)
@@ -263,6 +248,39 @@ def _lock_for(path: str) -> threading.Lock:
     (two DispatchSystems on one store share the default salvage file)."""
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+
+
+def _claim_and_complete(
+    store: ReceiptStore, org_id: str, entries: list[SalvageEntry], mode: ClaimMode, lease_ttl_s: float
+) -> tuple[int, list[SalvageEntry]]:
+    """Claim the entries' receipts as the replay owner and complete them with their
+    outputs: (how many completed, the entries to keep). No replay lease is left behind."""
+    members = {e.receipt_key: e for e in entries}
+    claims = store.claim_many(
+        org_id,
+        [ClaimRequest(e.receipt_key, e.scope, e.tool_id, e.input_hash) for e in entries],
+        REPLAY_OWNER,
+        lease_ttl_s=lease_ttl_s,
+        mode=mode,
+    )
+    held = {c.receipt.key: c.receipt.lease_id for c in claims if c.disposition is ClaimDisposition.CLAIMED}
+    kept = [e for e in entries if e.receipt_key not in held]
+    leases = [LeaseRef(key, lease) for key, lease in held.items() if lease]
+    store.mark_running_many(org_id, leases, REPLAY_OWNER)
+    done = store.complete_many(
+        org_id,
+        [Completion(lease.key, lease.lease_id, members[lease.key].output) for lease in leases],
+        REPLAY_OWNER,
+    )
+    kept.extend(members[key] for key in done.refused)
+    store.release(org_id, [lease for lease in leases if lease.key in done.refused], REPLAY_OWNER)
+    return len(done.applied), kept
+
+
+def _newer(entry: SalvageEntry, receipt: Receipt) -> bool:
+    """The entry's output came after the receipt's stored one: a forced refresh, paid for,
+    whose write failed (the receipt kept, or went back to, its older output)."""
+    return receipt.completed_at is not None and entry.first_error_at > receipt.completed_at
 
 
 def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:

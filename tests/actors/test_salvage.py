@@ -210,6 +210,27 @@ def test_salvage_replay_drops_a_key_completed_by_someone_else(tmp_path: Path, st
     assert log.entries() == []
 
 
+def test_salvage_replay_puts_back_a_refresh_newer_than_the_stored_output(
+    tmp_path: Path, store: Any, clock: _Clock
+) -> None:
+    """A forced refresh was paid for, but its write failed and was salvaged; the receipt
+    went back to its older output. Replay stores the newer output (before: dropped as
+    "already completed", the paid refresh lost)."""
+    other = Owner("run-1", 1)
+    lease = _claim(store, "old", other)
+    assert store.complete_many(ORG, [Completion("old", lease.lease_id, {"v": "old"})], other).ok
+    clock.now += 60.0
+    newer = attrs.evolve(_entry("old", {"v": "refreshed"}), first_error_at=clock.now - 1.0)
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([newer])
+    report = log.replay(store)
+    assert (report.completed, report.already_completed, report.kept) == (1, 0, 0)
+    (receipt,) = store.get_many(ORG, ["old"])
+    assert receipt.status is ReceiptStatus.COMPLETED and receipt.output == {"v": "refreshed"}
+    assert receipt.lease_id is None or receipt.lease_expires_at is None
+    assert log.entries() == []
+
+
 def test_salvage_replay_keeps_a_key_under_another_owners_live_lease(tmp_path: Path, store: Any) -> None:
     other = Owner("run-2", 1)
     lease = _claim(store, "busy", other, ttl_s=60.0)
