@@ -5,12 +5,18 @@ A lease records its holder's host, process id and process start time
 one boot of one kernel, so the host part is the host name plus a digest of the boot id
 (``/proc/sys/kernel/random/boot_id``) and the pid namespace (``/proc/self/ns/pid``);
 where those are unreadable (not Linux) the host name alone is used. The start time tells
-a pid the OS gave to a new process after the holder died from the holder. On Linux it is
-seconds since boot (``starttime`` of ``/proc/PID/stat``), which no clock step changes:
-psutil's ``create_time()`` adds the boot time the kernel derives from the wall clock, so
-after the clock was stepped (NTP, a VM resumed, ``date -s``) another process computes a
-different start time for a live holder and would judge it gone, and take over its lease
-(the call paid twice). Elsewhere it is psutil's epoch seconds.
+a pid the OS gave to a new process after the holder died from the holder.
+
+Start times are psutil's ``create_time()``, epoch seconds, as every version records them:
+on Linux the kernel's boot time in whole seconds (``btime``) plus the start in clock ticks
+since boot. ``btime`` moves when the wall clock is stepped (NTP, a VM resumed,
+``date -s``), so comparing two ``create_time()`` readings judged a live holder gone after
+a step, and its lease was taken over (the call paid twice). On Linux a holder is judged
+by its ticks instead, which no step moves: the recorded time less the pid's start since
+boot is a whole number of seconds (the ``btime`` it was recorded with) for the holder
+itself; for a later process given the same pid it is a whole number only when the two
+starts differ by whole seconds (about one chance in a hundred), and then the lease is
+simply waited out, never taken on a guess.
 """
 
 from __future__ import annotations
@@ -23,15 +29,13 @@ import socket
 import attrs
 import psutil
 
-__all__ = ["ProcessIdentity", "current_process_identity", "process_gone", "process_started_at"]
+__all__ = ["ProcessIdentity", "current_process_identity", "process_gone"]
 
 _START_TOLERANCE_S = 0.05
-"""Start times are whole clock ticks (1/100 s on Linux)."""
-_LEGACY_TOLERANCE_S = 1.5
-"""An epoch start time recorded by an older version, judged against psutil's (its boot
-time is a whole second, read at different times by different processes)."""
-_EPOCH_FLOOR = 1e9
-"""Start times above this are epoch seconds (2001 on); seconds since boot are far below."""
+"""psutil derives start times from clock ticks (1/100 s on Linux)."""
+_WHOLE_S = 1e-3
+"""How far from a whole number of seconds a recorded start less its ticks may be (float
+rounding: ticks are 1/100 s)."""
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -39,7 +43,7 @@ def _since_boot(pid: int) -> float | None:
     """Seconds from boot to the start of ``pid`` (Linux), None where /proc cannot say.
 
     Raises:
-        ProcessLookupError: no process ``pid`` exists (Linux).
+        ProcessLookupError: no process ``pid`` exists, or it is a zombie (Linux).
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -52,18 +56,8 @@ def _since_boot(pid: int) -> float | None:
         return None
     fields = data[data.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
     if fields[0] == b"Z":
-        raise ProcessLookupError(pid)  # a zombie is gone
+        raise ProcessLookupError(pid)
     return int(fields[19]) / _TICKS
-
-
-def _started_at(pid: int) -> float:
-    """``pid``'s start time as leases record it (see the module docstring).
-
-    Raises:
-        ProcessLookupError / psutil.NoSuchProcess: no such process; psutil.Error: the OS refused.
-    """
-    since_boot = _since_boot(pid)
-    return since_boot if since_boot is not None else psutil.Process(pid).create_time()
 
 
 @attrs.frozen
@@ -99,7 +93,7 @@ def current_process_identity() -> ProcessIdentity:
     global _cached
     pid = os.getpid()
     if _cached is None or _cached.pid != pid:
-        _cached = ProcessIdentity(_host(), pid, _started_at(pid))
+        _cached = ProcessIdentity(_host(), pid, psutil.Process(pid).create_time())
     return _cached
 
 
@@ -115,25 +109,18 @@ def process_gone(host: str | None, pid: int | None, started_at: float | None) ->
     here = current_process_identity()
     if host != here.host:
         return False
-    legacy = started_at > _EPOCH_FLOOR and here.started_at < _EPOCH_FLOOR  # recorded by an older version
+    if pid == here.pid:  # this process records its one cached start time: equal, or another process
+        return abs(started_at - here.started_at) > _START_TOLERANCE_S
     try:
-        if legacy:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - started_at) > _LEGACY_TOLERANCE_S:
-                return True
-            return bool(proc.status() == psutil.STATUS_ZOMBIE)
-        now = here.started_at if pid == here.pid else _started_at(pid)
-        return abs(now - started_at) > _START_TOLERANCE_S
-    except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
+        since_boot = _since_boot(pid)
+        if since_boot is not None:  # Linux: judged by ticks since boot, whatever the clock did
+            btime = started_at - since_boot
+            return abs(btime - round(btime)) > _WHOLE_S
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started_at) > _START_TOLERANCE_S:
+            return True
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except (ProcessLookupError, psutil.NoSuchProcess):
         return True
     except psutil.Error:
         return False
-
-
-def process_started_at(pid: int) -> float:
-    """``pid``'s start time as a lease records it (tests make owners of other processes).
-
-    Raises:
-        ProcessLookupError / psutil.NoSuchProcess: no such process.
-    """
-    return _started_at(pid)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import psutil
 import pytest
 
 from stores import (
@@ -41,7 +42,6 @@ from stores import (
     output_too_large_error,
 )
 from stores._codec import MAX_OUTPUT_DEPTH
-from stores._process import process_started_at
 
 ORG = "org-a"
 OTHER_ORG = "org-b"
@@ -1286,7 +1286,7 @@ def test_generation_grows_after_recorded_failure_or_completion(store: ReceiptSto
 def _dead_process_owner(run_id: str) -> Owner:
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        started_at = process_started_at(proc.pid)
+        started_at = psutil.Process(proc.pid).create_time()
     finally:
         proc.kill()
         proc.wait()

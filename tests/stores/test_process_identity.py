@@ -4,7 +4,8 @@ A step of the wall clock (NTP, a VM resumed, ``date -s``) moves the boot time th
 reports, and with it psutil's ``create_time()`` of every process: a live holder's
 recorded start time then no longer matched, the holder was judged gone and its lease
 taken over (the call ran twice). A step is simulated by moving psutil's boot time (the
-system clock itself is the machine's)."""
+system clock itself is the machine's). Start times are still recorded as psutil's epoch
+seconds, so processes of an older version judge this version's leases as before."""
 
 from __future__ import annotations
 
@@ -17,19 +18,31 @@ from typing import Any
 import psutil
 import pytest
 
-from stores._process import current_process_identity, process_gone, process_started_at
+from stores._process import current_process_identity, process_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
+_RECORD = (
+    "from stores._process import current_process_identity as c; print(c().started_at, flush=True); input()"
+)
+
 
 @pytest.fixture
-def child() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+def child() -> Iterator[subprocess.Popen[str]]:
+    """A child process that recorded its own identity (as a lease holder does) and waits."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RECORD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def _recorded(proc: subprocess.Popen[str]) -> float:
+    assert proc.stdout is not None
+    return float(proc.stdout.readline())
 
 
 @pytest.fixture
@@ -48,15 +61,20 @@ def clock_step(monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.mark.parametrize("seconds", [2.0, -1.0, 3600.0])
 def test_a_live_holder_is_not_gone_after_a_clock_step(child: Any, clock_step: Any, seconds: float) -> None:
     here = current_process_identity()
-    recorded = process_started_at(child.pid)
+    recorded = _recorded(child)
     clock_step(seconds)
     assert not process_gone(here.host, child.pid, recorded)
     assert not process_gone(here.host, here.pid, here.started_at)
 
 
+def test_a_holder_records_psutils_epoch_start_time(child: Any) -> None:
+    """What every version records and an older version compares."""
+    assert abs(_recorded(child) - psutil.Process(child.pid).create_time()) < 0.05
+
+
 def test_a_holder_that_exited_or_is_a_zombie_is_gone(child: Any) -> None:
     here = current_process_identity()
-    recorded = process_started_at(child.pid)
+    recorded = _recorded(child)
     child.kill()
     deadline = time.monotonic() + 10
     while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
@@ -66,16 +84,12 @@ def test_a_holder_that_exited_or_is_a_zombie_is_gone(child: Any) -> None:
     assert process_gone(here.host, child.pid, recorded)  # reaped: no such process
 
 
-def test_a_pid_reused_by_a_later_process_is_gone_and_other_hosts_are_never_judged(child: Any) -> None:
+@pytest.mark.parametrize("earlier_s", [0.37, 29.5, 3600.01])
+def test_a_pid_reused_by_a_later_process_is_gone(child: Any, earlier_s: float) -> None:
+    """The lease was recorded by an earlier process that had this pid (its start differs,
+    not by whole seconds); another host's pids are never judged."""
     here = current_process_identity()
-    recorded = process_started_at(child.pid)
-    assert process_gone(here.host, child.pid, recorded - 30.0)  # its pid, another start: reused
-    assert not process_gone("elsewhere#1", child.pid, recorded - 30.0)
+    recorded = _recorded(child) - earlier_s
+    assert process_gone(here.host, child.pid, recorded)
+    assert not process_gone("elsewhere#1", child.pid, recorded)
     assert not process_gone(here.host, child.pid, None)
-
-
-def test_an_epoch_start_time_written_by_an_older_version_is_still_judged(child: Any) -> None:
-    here = current_process_identity()
-    epoch = psutil.Process(child.pid).create_time()
-    assert not process_gone(here.host, child.pid, epoch)
-    assert process_gone(here.host, child.pid, epoch - 30.0)
