@@ -205,6 +205,9 @@ class Unit:
     out: bool = False
     """A provider call is running on the pool."""
     timed_out: bool = False
+    relayed_error: BaseException | None = None
+    """Its last attempt's error when the tool's function passed it on from a nested call:
+    the function's own request went out, and the error says nothing about its provider."""
     last_error: BaseException | None = None
     """The previous attempt's error (its outcome if no further attempt goes)."""
     persisting: int = 0

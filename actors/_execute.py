@@ -13,7 +13,6 @@ and how a batch result is split (:func:`split_members`).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
-from ._futures import answered
-from ._runtime import enter_keys, leave_keys
+from ._runtime import enter_keys, leave_keys, relayed_here
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
 from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
@@ -35,19 +33,7 @@ from .tool import Tool
 if TYPE_CHECKING:
     from ._send_gate import SendGate
 
-__all__ = ["attempt", "failure_kind_for", "relayed", "split_members", "transient"]
-
-
-RELAYED = "_tooldispatch_relayed"
-
-
-def relayed(exc: BaseException | None) -> bool:
-    """Whether a tool's function raised ``exc`` after a nested call answered it to the
-    function: a refusal of that nested call (budget, not sent, suspended, lease lost), not
-    of the tool's own request, which was made. Recorded as the tool's own failure, never
-    released (its receipt released, every rerun would pay for the request again), and
-    no evidence about this tool's provider (no pause, no circuit count)."""
-    return getattr(exc, RELAYED, False) is True
+__all__ = ["attempt", "failure_kind_for", "split_members", "transient"]
 
 
 def failure_kind_for(exc: BaseException) -> FailureKind:
@@ -67,8 +53,6 @@ def failure_kind_for(exc: BaseException) -> FailureKind:
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the provider could not serve at all (connection errors,
     5xx, timeouts): retried in-call (retry-safe tools), and counted by the circuit."""
-    if relayed(exc):
-        return False
     return not isinstance(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
         FailureKind.TRANSIENT,
         FailureKind.TIMEOUT,
@@ -238,10 +222,10 @@ def attempt(
         else:
             values = [tool.fn(spec.payload, spec.context)]
     except BaseException as exc:
-        if answered(exc):  # a nested call's error, passed on: this request went out all the same
-            with contextlib.suppress(Exception):
-                setattr(exc, RELAYED, True)
-        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
+        relayed = relayed_here(token, exc)  # a nested call's error, passed on: this request went out
+        tell(UnitFinished(
+            unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at, relayed=relayed
+        ))  # fmt: skip
         if not isinstance(exc, Exception):
             raise
         return

@@ -21,7 +21,7 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Unit
-from ._execute import error_text, failure_kind_for, plain_value, relayed, retry_in_call, transient
+from ._execute import error_text, failure_kind_for, plain_value, retry_in_call, transient
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from .errors import (
     InvalidOutputError,
@@ -52,6 +52,8 @@ class Finishing(LifecycleBase):
             return
         unit.out = False
         error = msg.error
+        unit.relayed_error = error if msg.relayed else None
+        relayed = msg.relayed  # a nested call's error passed on: never evidence about this provider
         policy = self.policy
         blocked = (
             self.fx.blocked_until(now) if isinstance(error, NotSentError) and msg.sent_at is None else None
@@ -64,7 +66,7 @@ class Finishing(LifecycleBase):
             self.fx.count("requests", -1)
             self._readmit(unit, now, front=True)
             return
-        unsent = not relayed(error) and (
+        unsent = not relayed and (
             isinstance(error, (ProviderUnreachableError, ConnectionRefusedError))
             or (isinstance(error, NotSentError) and msg.sent_at is None)
         )  # a refused connection, an attempt never started or held past its turn: no request
@@ -75,7 +77,7 @@ class Finishing(LifecycleBase):
             if unsent:
                 self.fx.refund_retry()
         if error is not None:
-            if isinstance(error, RateLimitedError) and not relayed(error):
+            if isinstance(error, RateLimitedError) and not relayed:
                 self.fx.backpressure(error.retry_after, msg.sent_at)
                 self.fx.count("backpressure")
                 unit.last_error = error
@@ -86,8 +88,9 @@ class Finishing(LifecycleBase):
                     self._charge_then(unit)
                     return
             elif (
-                self.tool.retry_safe and retry_in_call(error) and unit.attempt < policy.retry_attempts
-                and not self.stopping and not unit.timed_out and now < (unit.deadline or math.inf)
+                self.tool.retry_safe and not relayed and retry_in_call(error)
+                and unit.attempt < policy.retry_attempts and not self.stopping and not unit.timed_out
+                and now < (unit.deadline or math.inf)
             ):  # fmt: skip
                 unit.last_error = error
                 self._charge_then(unit)
@@ -101,9 +104,9 @@ class Finishing(LifecycleBase):
     def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:
             self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
-        elif transient(error):
+        elif unit.relayed_error is not error and transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
-        elif relayed(error) or not isinstance(error, (RateLimitedError, NotSentError)):
+        elif unit.relayed_error is error or not isinstance(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
 
     def _charge_then(self, unit: Unit) -> None:
@@ -302,7 +305,8 @@ class Finishing(LifecycleBase):
             if raw is not MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")
-            if (isinstance(exc, (RELEASE_ON, LeaseLostError)) and not relayed(exc)) or group.receipt is None:
+            relayed = group.unit is not None and group.unit.relayed_error is exc
+            if (isinstance(exc, (RELEASE_ON, LeaseLostError)) and not relayed) or group.receipt is None:
                 released.append(group)
                 outcome[group.key] = exc
                 continue
@@ -310,7 +314,7 @@ class Finishing(LifecycleBase):
                 self.fx.count("failures")
             outcome[group.key] = exc
             record = Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc))
-            (uncertain if self._may_have_acted(exc) else records).append(record)
+            (uncertain if self._may_have_acted(exc, relayed) else records).append(record)
             group.state = GroupState.PERSISTING
             group.written = exc
         for group in released:
@@ -323,15 +327,14 @@ class Finishing(LifecycleBase):
                 self._batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
                 self.fx.record_failures(batch, chosen, uncertain=is_uncertain)
 
-    def _may_have_acted(self, exc: BaseException) -> bool:
+    def _may_have_acted(self, exc: BaseException, relayed: bool = False) -> bool:
         """A tool that is not retry-safe whose request may have reached the provider: it
         timed out, or its connection broke, after sending (a refused connection sent
-        nothing). Recorded ``uncertain``: never re-run silently (docs/how-it-works.md)."""
+        nothing; ``relayed``: a nested call's error, the tool's own request went out).
+        Recorded ``uncertain``: never re-run silently (docs/how-it-works.md)."""
         if self.tool.retry_safe:
             return False
-        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)) and not relayed(
-            exc
-        ):
+        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)) and not relayed:
             return False
         if isinstance(exc, ProviderError):
             return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))

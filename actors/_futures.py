@@ -17,7 +17,7 @@ from typing import Any
 
 import pykka
 
-__all__ = ["MAX_WAIT_S", "LightFuture", "answered", "bounded", "fail", "new_future", "resolved_future"]
+__all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
 
 MAX_WAIT_S = 1e9
 """Longest single wait handed to a lock, condition or event, seconds (about 31 years).
@@ -32,6 +32,10 @@ def bounded(seconds: float) -> float:
 
 
 log = logging.getLogger("tooldispatch")
+
+on_raise: Callable[[BaseException], None] | None = None
+"""Told of each error a future's ``get`` raises (set by :mod:`actors._runtime`: an error a
+tool's function got from a nested call)."""
 
 
 class LightFuture(pykka.Future[Any]):
@@ -75,6 +79,8 @@ class LightFuture(pykka.Future[Any]):
             self._lock.release()
         if self._exc_info is not None:
             exc = self._exc_info[1] or self._exc_info[0]()
+            if on_raise is not None:
+                on_raise(exc)
             raise exc.with_traceback(self._exc_info[2])
         return self._value
 
@@ -186,19 +192,7 @@ def resolved_future(value: Any) -> LightFuture:
     return _Resolved(value)
 
 
-_ANSWERED = "_tooldispatch_answered"
-
-
-def answered(exc: BaseException) -> bool:
-    """Whether ``exc`` was handed to a caller by :func:`fail`: raised again by a tool's
-    function, it is about another call (a nested one), not the tool's own request."""
-    return getattr(exc, _ANSWERED, False) is True
-
-
 def fail(future: Any, exc: BaseException) -> None:
-    """Resolve ``future`` with ``exc`` (a future already resolved is left alone); ``exc`` is
-    marked :func:`answered`."""
-    with contextlib.suppress(Exception):  # an exception that takes no attribute stays unmarked
-        setattr(exc, _ANSWERED, True)
+    """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
     with contextlib.suppress(queue.Full):
         future.set_exception((type(exc), exc, exc.__traceback__))

@@ -22,6 +22,7 @@ from typing import Any
 
 import pykka
 
+from . import _futures
 from ._futures import bounded, fail
 
 _getcurrent: Callable[[], Any] | None
@@ -145,6 +146,31 @@ def enter_keys(keys: Iterable[str]) -> Any:
 
 def leave_keys(token: Any) -> None:
     _running.pop(token, None)
+    _relayed.pop(token, None)
+
+
+_relayed: dict[Any, list[BaseException]] = {}
+"""The errors nested calls' futures raised into each worker's running tool function."""
+
+
+def _note_relayed(exc: BaseException) -> None:
+    me = _worker_id()
+    if me in _running:
+        got = _relayed.setdefault(me, [])
+        if len(got) < 64:  # a function looping over failing nested calls: the latest few suffice
+            got.append(exc)
+        else:
+            got[-1] = exc
+
+
+_futures.on_raise = _note_relayed
+
+
+def relayed_here(token: Any, exc: BaseException) -> bool:
+    """Whether the tool's function running under ``token`` got ``exc`` itself (the very
+    object) from a nested call's future: raised on, it is that call's error, not one about
+    the function's own request."""
+    return any(got is exc for got in _relayed.get(token, ()))
 
 
 def running_keys() -> frozenset[str]:

@@ -107,3 +107,38 @@ def test_a_nested_calls_refusal_passed_on_is_the_parents_own_failure(
         system.stop()
         assert _statuses(db_path)["parent"][0] in ("failed", "uncertain")
     assert recorder.count("parent") == 1
+
+
+def test_a_tools_own_refusal_is_released_even_as_an_exception_object_used_before(
+    make_system: Any, db_path: Path, recorder: Any
+) -> None:
+    """A host that pauses tools with one shared ``SuspendedError`` (its own, never from a
+    nested call) has every receipt released, the first and the later ones alike (an error
+    object once handed to a caller was taken for a relayed one). The same object passed on
+    from a nested call in between does not change that."""
+    from actors import SuspendedError
+
+    paused = SuspendedError("the host paused the run")
+    holder: dict[str, Any] = {}
+
+    def own(i: Any, c: Any) -> Any:
+        recorder.record("own", i, c)
+        raise paused
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)
+        return holder["proxy"].execute("own", {"n": -1}).get(timeout=WAIT_S).value
+
+    tools = [Tool(tool_id="own", fn=own), Tool(tool_id="parent", fn=parent, provider="pa")]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.02))
+    holder["proxy"] = proxy = system.proxy()
+    with pytest.raises(SuspendedError):
+        proxy.execute("parent", {"p": 1}).get(timeout=WAIT_S)  # relayed: the parent is recorded
+    for n in (1, 2):
+        with pytest.raises(SuspendedError):
+            proxy.execute("own", {"n": n}).get(timeout=WAIT_S)
+    system.stop()
+    with sqlite3.connect(db_path) as conn:
+        rows = dict(conn.execute("SELECT input_hash, status FROM receipts WHERE tool_id = 'own'").fetchall())
+    assert sorted(rows.values()) == ["pending"] * 3
+    assert _statuses(db_path)["parent"][0] in ("failed", "uncertain")
