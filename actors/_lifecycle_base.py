@@ -246,7 +246,9 @@ class LifecycleBase(abc.ABC):
             batch = next(self._ids)
             self._batches[batch] = values
             entries = [
-                Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t)) for g, t in values if g.receipt
+                Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t), g.receipt.generation)
+                for g, t in values
+                if g.receipt
             ]
             self.fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
         if self._unwatching:

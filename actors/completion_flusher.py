@@ -355,6 +355,7 @@ class CompletionFlusherActor(InboxActor):
             first_error_at=chunk.first_error_at,
             error=error,
             lease_id=member.completion.lease_id,
+            generation=member.completion.generation,
         )
 
     def _settle(self, member: _Member, outcome: FlushOutcome) -> None:

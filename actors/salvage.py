@@ -62,6 +62,9 @@ class SalvageEntry:
             (the answer was not JSON or could not be stored: ``output`` describes it,
             ``output_problem`` says why; replay keeps such entries for an operator).
         output_problem: why the output is only described (None for ``"json"``).
+        generation: the receipt generation the output was produced under (None in older
+            files): a replay puts it in place of a stored output only when that output
+            is older (the receipt went back to it after this generation's write failed).
     """
 
     receipt_key: str
@@ -76,6 +79,7 @@ class SalvageEntry:
     lease_id: str | None = None
     output_form: str = "json"
     output_problem: str | None = None
+    generation: int | None = None
 
 
 def _encode(entry: SalvageEntry) -> str:
@@ -204,9 +208,15 @@ class SalvageLog:
             kept: list[SalvageEntry] = [e for e in entries if e.output_form != "json"]
             completed = already = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
-            for entry in entries:
+            for entry in entries:  # one per key: the latest generation's (the file's last of it)
                 if entry.output_form == "json":
-                    by_org.setdefault(entry.org_id, {})[entry.receipt_key] = entry
+                    members_ = by_org.setdefault(entry.org_id, {})
+                    seen = members_.get(entry.receipt_key)
+                    if seen is not None:
+                        already += 1  # superseded by a later output of the same call
+                        if _gen(seen) > _gen(entry):
+                            continue
+                    members_[entry.receipt_key] = entry
             for org_id, members in by_org.items():
                 keys = list(members)
                 stored = store.get_many(org_id, keys)
@@ -277,10 +287,18 @@ def _claim_and_complete(
     return len(done.applied), kept
 
 
+def _gen(entry: SalvageEntry) -> int:
+    return -1 if entry.generation is None else entry.generation
+
+
 def _newer(entry: SalvageEntry, receipt: Receipt) -> bool:
     """The entry's output came after the receipt's stored one: a forced refresh, paid for,
-    whose write failed (the receipt kept, or went back to, its older output)."""
-    return receipt.completed_at is not None and entry.first_error_at > receipt.completed_at
+    whose write failed, so the receipt went back to its older output (no lease left on
+    it) under the refresh's generation. Judged by generations, never by clocks (the
+    store's and the worker's differ)."""
+    return (
+        entry.generation is not None and receipt.generation == entry.generation and receipt.lease_id is None
+    )
 
 
 def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:
@@ -300,7 +318,7 @@ class NotASalvageFileError(ValueError):
 
 def salvage_entry(
     *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
-    first_error_at: float | None, error: str, lease_id: str | None = None,
+    first_error_at: float | None, error: str, lease_id: str | None = None, generation: int | None = None,
 ) -> SalvageEntry:  # fmt: skip
     """Build an entry (first_error_at defaults to now). An output with no exact stored
     form (not JSON, too deep, an integer beyond 4300 digits) is kept described
@@ -319,4 +337,5 @@ def salvage_entry(
         lease_id=lease_id,
         output_form="json" if problem is None else "described",
         output_problem=problem,
+        generation=generation,
     )

@@ -161,6 +161,9 @@ class Completion:
     """The lease the completer holds."""
     output: Any
     """The tool's output: any JSON value (stored through the cattrs/orjson converter)."""
+    generation: int | None = attrs.field(default=None, eq=False)
+    """The receipt generation the output was produced under (not written: a salvage entry
+    keeps it, so a replay knows whether the stored output is older)."""
 
 
 @attrs.frozen

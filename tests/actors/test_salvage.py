@@ -210,25 +210,79 @@ def test_salvage_replay_drops_a_key_completed_by_someone_else(tmp_path: Path, st
     assert log.entries() == []
 
 
+def _refresh_lost(store: Any, clock: _Clock, key: str) -> tuple[int, int]:
+    """``key`` completed with {"v": "old"}; then a forced refresh claimed it (a new
+    generation), its write failed and its lease lapsed; a normal claim put the old output
+    back. Returns (the old output's generation, the refresh's)."""
+    first = Owner("run-1", 1)
+    lease = _claim(store, key, first)
+    assert store.complete_many(ORG, [Completion(key, lease.lease_id, {"v": "old"})], first).ok
+    (old,) = store.get_many(ORG, [key])
+    (refresh,) = store.claim_many(
+        ORG, [ClaimRequest(key, SCOPE, TOOL, f"hash-{key}")], Owner("run-2", 1), lease_ttl_s=5.0,
+        mode=ClaimMode.FORCE_REFRESH,
+    )  # fmt: skip
+    clock.now += 6.0
+    (back,) = store.claim_many(
+        ORG, [ClaimRequest(key, SCOPE, TOOL, f"hash-{key}")], Owner("run-3", 1), lease_ttl_s=5.0
+    )
+    assert back.receipt.status is ReceiptStatus.COMPLETED and back.receipt.output == {"v": "old"}
+    return old.generation, refresh.receipt.generation
+
+
+@pytest.mark.parametrize("skew_s", [0.0, -3600.0, 3600.0])
 def test_salvage_replay_puts_back_a_refresh_newer_than_the_stored_output(
-    tmp_path: Path, store: Any, clock: _Clock
+    tmp_path: Path, store: Any, clock: _Clock, skew_s: float
 ) -> None:
-    """A forced refresh was paid for, but its write failed and was salvaged; the receipt
-    went back to its older output. Replay stores the newer output (before: dropped as
-    "already completed", the paid refresh lost)."""
-    other = Owner("run-1", 1)
-    lease = _claim(store, "old", other)
-    assert store.complete_many(ORG, [Completion("old", lease.lease_id, {"v": "old"})], other).ok
-    clock.now += 60.0
-    newer = attrs.evolve(_entry("old", {"v": "refreshed"}), first_error_at=clock.now - 1.0)
+    """A forced refresh was paid for, its write failed and was salvaged, and the receipt
+    went back to its older output. Replay stores the refresh (before: dropped as
+    "already completed"), judged by generations whatever the worker's clock says."""
+    old_gen, refresh_gen = _refresh_lost(store, clock, "old")
+    assert refresh_gen > old_gen
+    newer = attrs.evolve(
+        _entry("old", {"v": "refreshed"}), generation=refresh_gen, first_error_at=clock.now + skew_s
+    )
     log = SalvageLog(tmp_path / "salvage.jsonl")
     log.append([newer])
     report = log.replay(store)
     assert (report.completed, report.already_completed, report.kept) == (1, 0, 0)
     (receipt,) = store.get_many(ORG, ["old"])
     assert receipt.status is ReceiptStatus.COMPLETED and receipt.output == {"v": "refreshed"}
-    assert receipt.lease_id is None or receipt.lease_expires_at is None
+    assert receipt.lease_expires_at is None
     assert log.entries() == []
+
+
+@pytest.mark.parametrize("skew_s", [0.0, -3600.0, 3600.0])
+def test_salvage_replay_never_puts_an_older_output_over_a_newer_one(
+    tmp_path: Path, store: Any, clock: _Clock, skew_s: float
+) -> None:
+    """An output salvaged under the old generation (or with no generation: an older
+    file) is older than what the receipt holds: dropped, whatever the clocks say."""
+    old_gen, _ = _refresh_lost(store, clock, "old")
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([
+        attrs.evolve(_entry("old", {"v": "older"}), generation=old_gen, first_error_at=clock.now + skew_s),
+        attrs.evolve(_entry("old", {"v": "no generation"}), first_error_at=clock.now + skew_s),
+    ])  # fmt: skip
+    report = log.replay(store)
+    assert (report.completed, report.kept) == (0, 0)
+    (receipt,) = store.get_many(ORG, ["old"])
+    assert receipt.output == {"v": "old"}
+
+
+def test_salvage_replay_of_several_entries_for_one_key_keeps_the_latest_generation(
+    tmp_path: Path, store: Any, clock: _Clock
+) -> None:
+    """The newest paid output of a call wins, wherever it sits in the file (an entry
+    salvaged at stop can land before an older one still on the flusher's ladder)."""
+    old_gen, refresh_gen = _refresh_lost(store, clock, "dup")
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([attrs.evolve(_entry("dup", {"v": "refreshed"}), generation=refresh_gen)])
+    log.append([attrs.evolve(_entry("dup", {"v": "older"}), generation=old_gen)])
+    report = log.replay(store)
+    assert (report.completed, report.already_completed, report.kept) == (1, 1, 0)
+    (receipt,) = store.get_many(ORG, ["dup"])
+    assert receipt.output == {"v": "refreshed"}
 
 
 def test_salvage_replay_keeps_a_key_under_another_owners_live_lease(tmp_path: Path, store: Any) -> None:
