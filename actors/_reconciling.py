@@ -64,6 +64,9 @@ class Reconciling(LifecycleBase):
         since = group.reconciling_since if group.reconciling_since is not None else group.waiting_since
         if since is not None:
             self._time_waiters(group, since, [call], now)
+        if group.waiting_counted:  # one more caller waiting on another owner (the gauge)
+            group.waiting_counted += 1
+            self.fx.count("waiting_on_owner")
 
     def on_wait_due(self, keys: tuple[str, ...], now: float) -> None:
         """Callers of waiting groups whose own timeout passed are answered now."""
@@ -78,20 +81,26 @@ class Reconciling(LifecycleBase):
                         f"answer within {call.timeout_s} s (its answer is stored when it comes)",
                         failure_kind=None,
                     ))  # fmt: skip
-            elif group.state is GroupState.WAITING:
-                self._owner_wait_over(group, now)
+            elif group.state in (GroupState.WAITING, GroupState.CLAIMING):
+                self._owner_wait_over(group, now)  # claiming: a reclaim is out (it finds no caller)
 
     def _owner_wait_over(self, group: Group, now: float) -> bool:
         """Answer the callers whose timeout passed while ``group`` waits on another owner;
-        True when none is left (the group is settled: it stops polling)."""
+        True when none is left and it was waiting (settled: it stops polling; one whose
+        reclaim is out is released or waits on when the claim answers)."""
         if group.waiting_since is None:
             return False
-        for call in self._late(group, group.waiting_since, now):
+        late = self._late(group, group.waiting_since, now)
+        for call in late:
             self.fx.answer(call, ReceiptWaitTimeoutError(
                 f"receipt {group.key} is still held by another owner's live lease after this "
                 f"call's timeout_s ({call.timeout_s} s); it was not taken over"
             ))  # fmt: skip
-        if group.calls:
+        if late and group.waiting_counted:
+            gone = min(len(late), group.waiting_counted)
+            group.waiting_counted -= gone
+            self.fx.count("waiting_on_owner", -gone)
+        if group.calls or group.state is not GroupState.WAITING:
             return False
         self._settle(group, None)
         return True

@@ -301,7 +301,8 @@ class ToolQueueActor(InboxActor):
             self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
-            self.lifecycle.joined(call, now)  # a call joining a sent execution: its own timeout
+            if decision is Submitted.ATTACHED:  # joined an execution past the queue: its own timeout
+                self.lifecycle.joined(call, now)
         elif decision is Submitted.DRAIN_NOW:
             self._drain_wanted = True  # at the end of this message (on_receive)
         elif decision is Submitted.ARM:

@@ -86,3 +86,32 @@ def test_when_the_first_caller_of_a_queued_input_leaves_the_next_owns_its_execut
     result = follower.get(timeout=WAIT_S)
     assert (result.value, result.execution) == ({"v": {"k": 3}}, "live")
     assert recorder.count("batch") + recorder.count("one") == 1
+
+
+def test_calls_held_behind_a_running_call_never_stretch_its_deadline(make_system: Any) -> None:
+    """Two forced refreshes wait behind a normal call whose caller gave up at 0.3 s. The
+    normal call's retries stop at its own deadline (before: the held callers' timeouts
+    stretched it, it kept paying for retries, and the refreshes never ran)."""
+    from actors import ToolTimeoutError
+
+    attempts: list[str] = []  # the idempotency key of each attempt: one per generation
+
+    def flaky(i: Any, ctx: Any) -> Any:
+        attempts.append(ctx.idempotency_key)
+        time.sleep(0.4)
+        raise ConnectionError("reset")
+
+    tool = Tool(tool_id="t", fn=flaky, retry_safe=True)
+    system = make_system([tool], policy=Policy(batch_grace_s=0.01, retry_attempts=5, retry_backoff_s=0.05))
+    proxy = system.proxy()
+    normal = proxy.execute("t", {"k": 1}, timeout_s=0.3)
+    time.sleep(0.1)
+    held = [proxy.execute("t", {"k": 1}, timeout_s=2.5, force_refresh=True) for _ in range(2)]
+    with pytest.raises(ToolTimeoutError):
+        normal.get(timeout=WAIT_S)
+    for future in held:  # the refresh ran: the provider's error, or its own timeout
+        with pytest.raises((ConnectionError, ToolTimeoutError)):
+            future.get(timeout=WAIT_S)
+    first = attempts[0]
+    assert attempts.count(first) == 1, f"the normal call went on retrying: {attempts}"
+    assert len(set(attempts)) == 2  # the refresh (a new generation) ran

@@ -85,3 +85,54 @@ def test_patient_callers_wait_on_while_impatient_ones_and_late_joiners_time_out(
     result = patient.get(timeout=WAIT_S)  # the lease lapsed: taken over once, for the patient one
     assert (result.value, result.execution) == ({"n": 2}, "live")
     assert recorder.count("api") == 1
+
+
+def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
+    make_system: Any, open_store: Any, recorder: Any, db_path: Any
+) -> None:
+    """The caller's timer fires while the wait's periodic reclaim is out (a slow store:
+    another writer holds the file). It is answered then; the reclaim, which wins the
+    lapsed lease, finds no caller and sends nothing (before: the timer was lost and the
+    call was sent, and paid, for a caller that had given up)."""
+    import sqlite3
+
+    tool = _tool(recorder)
+    key = _held(open_store, tool, {"n": 3})
+    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    start = time.monotonic()
+    future = system.proxy().execute("api", {"n": 3}, timeout_s=0.4)
+    time.sleep(0.15)
+    lock = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    lock.execute("BEGIN IMMEDIATE")  # the next reclaim waits for the file
+    try:
+        with pytest.raises(ReceiptWaitTimeoutError):
+            future.get(timeout=WAIT_S)
+        waited = time.monotonic() - start
+        assert waited < 1.0, f"the caller waited {waited:.2f} s on a 0.4 s timeout"
+        time.sleep(LEASE_S - waited + 0.2)  # the foreign lease lapses meanwhile
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    time.sleep(0.5)
+    assert recorder.count("api") == 0
+    assert system.stats()["waiting_on_owner"] == 0
+
+
+def test_the_waiting_gauge_counts_the_callers_still_waiting(make_system: Any, open_store: Any, recorder: Any) -> None:
+    tool = _tool(recorder)
+    _held(open_store, tool, {"n": 4})
+    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    proxy = system.proxy()
+    patient = proxy.execute("api", {"n": 4}, timeout_s=30)
+    short = [proxy.execute("api", {"n": 4}, timeout_s=0.2) for _ in range(3)]
+    for future in short:
+        with pytest.raises(ReceiptWaitTimeoutError):
+            future.get(timeout=WAIT_S)
+    time.sleep(0.05)
+    assert system.stats()["waiting_on_owner"] == 1
+    joiners = [proxy.execute("api", {"n": 4}, timeout_s=30) for _ in range(2)]
+    time.sleep(0.1)
+    assert system.stats()["waiting_on_owner"] == 3
+    assert all(f.get(timeout=WAIT_S).value == {"n": 4} for f in [patient, *joiners])
+    assert system.stats()["waiting_on_owner"] == 0
+    assert recorder.count("api") == 1
