@@ -95,6 +95,12 @@ class FailureKind(str, enum.Enum):
     the salvage log in a described form. As ``OUTPUT_TOO_LARGE``: a normal claim answers
     FAILED rather than paying the provider again; retry_failed and force_refresh run it."""
 
+    @classmethod
+    def _missing_(cls, value: object) -> FailureKind:
+        """A kind this code does not know (written by a newer version) reads as
+        ``PERMANENT``: never retried silently, so never paid for again."""
+        return cls.PERMANENT
+
     @property
     def retryable(self) -> bool:
         """True for timeouts, rate limiting and transient provider errors."""

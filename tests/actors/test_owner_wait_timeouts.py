@@ -97,7 +97,7 @@ def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
     import sqlite3
 
     tool = _tool(recorder)
-    key = _held(open_store, tool, {"n": 3})
+    _held(open_store, tool, {"n": 3})
     system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
     start = time.monotonic()
     future = system.proxy().execute("api", {"n": 3}, timeout_s=0.4)
@@ -118,7 +118,9 @@ def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
     assert system.stats()["waiting_on_owner"] == 0
 
 
-def test_the_waiting_gauge_counts_the_callers_still_waiting(make_system: Any, open_store: Any, recorder: Any) -> None:
+def test_the_waiting_gauge_counts_the_callers_still_waiting(
+    make_system: Any, open_store: Any, recorder: Any
+) -> None:
     tool = _tool(recorder)
     _held(open_store, tool, {"n": 4})
     system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
