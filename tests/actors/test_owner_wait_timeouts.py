@@ -46,12 +46,17 @@ def _tool(recorder: Any) -> Tool:
     return Tool(tool_id="api", fn=api)
 
 
+def _waiting_system(make_system: Any, open_store: Any, recorder: Any, n: int) -> tuple[Any, str]:
+    """A system whose tool's input ``{"n": n}`` is held by another run's live lease."""
+    tool = _tool(recorder)
+    key = _held(open_store, tool, {"n": n})
+    return make_system([tool], policy=POLICY, scope="enrich", org_id="acme"), key
+
+
 def test_a_caller_waiting_on_another_owner_times_out_at_its_own_timeout(
     make_system: Any, open_store: Any, recorder: Any, read_receipts: Any
 ) -> None:
-    tool = _tool(recorder)
-    key = _held(open_store, tool, {"n": 1})
-    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    system, key = _waiting_system(make_system, open_store, recorder, 1)
     start = time.monotonic()
     with pytest.raises(ReceiptWaitTimeoutError, match=r"timeout_s \(0\.3 s\)"):
         system.proxy().execute("api", {"n": 1}, timeout_s=0.3).get(timeout=WAIT_S)
@@ -67,9 +72,7 @@ def test_a_caller_waiting_on_another_owner_times_out_at_its_own_timeout(
 def test_patient_callers_wait_on_while_impatient_ones_and_late_joiners_time_out(
     make_system: Any, open_store: Any, recorder: Any
 ) -> None:
-    tool = _tool(recorder)
-    _held(open_store, tool, {"n": 2})
-    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    system, _ = _waiting_system(make_system, open_store, recorder, 2)
     proxy = system.proxy()
     patient = proxy.execute("api", {"n": 2}, timeout_s=30)
     impatient = proxy.execute("api", {"n": 2}, timeout_s=0.2)
@@ -96,9 +99,7 @@ def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
     call was sent, and paid, for a caller that had given up)."""
     import sqlite3
 
-    tool = _tool(recorder)
-    _held(open_store, tool, {"n": 3})
-    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    system, _ = _waiting_system(make_system, open_store, recorder, 3)
     start = time.monotonic()
     future = system.proxy().execute("api", {"n": 3}, timeout_s=0.4)
     time.sleep(0.15)
@@ -121,9 +122,7 @@ def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
 def test_the_waiting_gauge_counts_the_callers_still_waiting(
     make_system: Any, open_store: Any, recorder: Any
 ) -> None:
-    tool = _tool(recorder)
-    _held(open_store, tool, {"n": 4})
-    system = make_system([tool], policy=POLICY, scope="enrich", org_id="acme")
+    system, _ = _waiting_system(make_system, open_store, recorder, 4)
     proxy = system.proxy()
     patient = proxy.execute("api", {"n": 4}, timeout_s=30)
     short = [proxy.execute("api", {"n": 4}, timeout_s=0.2) for _ in range(3)]
