@@ -348,10 +348,11 @@ class Finishing(LifecycleBase):
         if isinstance(exc, InvalidOutputError):
             return error_text(exc), FailureKind.PERMANENT
         if isinstance(exc, OutputNotStorableError):  # paid for: never re-paid by a normal rerun
+            # recorded permanent, as an InvalidOutputError (a kind every version reads)
             return (
                 f"{error_text(exc)}; the answer was salvaged to {self.fx.salvage_path()} (tooldispatch "
                 "salvage ls); run with retry_failed or force_refresh to call the provider again"
-            ), FailureKind.OUTPUT_NOT_STORABLE
+            ), FailureKind.PERMANENT
         return error_text(exc), failure_kind_for(exc)
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:

@@ -22,7 +22,7 @@ from .errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 2
 
 
 MAX_IDENTIFIER_BYTES = 63
@@ -83,13 +83,7 @@ def _add_v2(schema: str) -> list[str]:
     ]
 
 
-def _add_v3(schema: str) -> list[str]:
-    """No new column (as SQLite's v3): ``failure_kind`` may hold ``output_not_storable``,
-    which v2 code cannot read; v3 makes that code refuse the schema at open instead."""
-    return []
-
-
-_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3}
+_MIGRATIONS = {1: _create_v1, 2: _add_v2}
 
 
 def lock_id(schema_name: str) -> int:

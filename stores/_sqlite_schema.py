@@ -13,7 +13,7 @@ status                 TEXT     pending, queued, running, completed, failed, ski
 input_hash             TEXT     sha256 hex of the canonical input
 output                 TEXT     JSON output (completed receipts only)
 error                  TEXT     error text (failed receipts)
-failure_kind           TEXT     a stores.FailureKind value (v3: output_not_storable too)
+failure_kind           TEXT     a stores.FailureKind value (timeout, rate_limited, ...)
 lease_id               TEXT     current (or, once finished, last) lease id
 lease_owner_run_id     TEXT     run holding (or that last held) the lease
 lease_owner_attempt    INTEGER  that run's attempt
@@ -50,7 +50,7 @@ from .errors import SchemaVersionError
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "enable_wal", "migrate"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 2
 
 COLUMNS = (
     "key",
@@ -117,13 +117,7 @@ def _add_v2(db: sqlite_utils.Database) -> None:
     db["meta"].create({"name": str, "value": int}, pk="name")  # type: ignore[union-attr]
 
 
-def _add_v3(db: sqlite_utils.Database) -> None:
-    """No new column: ``failure_kind`` may hold ``output_not_storable``, which code of
-    schema v2 cannot read (it would fail every claim that met one); v3 makes that code
-    refuse the file at open, with a clear error, instead."""
-
-
-_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3}
+_MIGRATIONS = {1: _create_v1, 2: _add_v2}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

@@ -89,11 +89,6 @@ class FailureKind(str, enum.Enum):
     """The provider answered, but the output is over ``MAX_OUTPUT_BYTES``: it went to
     the salvage log, and the receipt holds no output. A normal claim answers FAILED
     (the error text names the salvage); retry_failed and force_refresh run it again."""
-    OUTPUT_NOT_STORABLE = "output_not_storable"
-    """The provider answered with JSON the store cannot hold exactly (nesting deeper than
-    ``stores._codec.MAX_OUTPUT_DEPTH``, an integer past Python's digit limit): it went to
-    the salvage log in a described form. As ``OUTPUT_TOO_LARGE``: a normal claim answers
-    FAILED rather than paying the provider again; retry_failed and force_refresh run it."""
 
     @classmethod
     def _missing_(cls, value: object) -> FailureKind:

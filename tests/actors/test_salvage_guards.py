@@ -44,7 +44,7 @@ def test_salvage_an_unstorable_output_is_never_replayed_as_a_cached_value(
     again = system.proxy().execute("deep", {"n": 1})
     with pytest.raises(RecordedFailureError) as info:  # the recorded failure, never a "cached" placeholder
         again.get(timeout=WAIT_S)
-    assert info.value.failure_kind is FailureKind.OUTPUT_NOT_STORABLE
+    assert info.value.failure_kind is FailureKind.PERMANENT
     assert recorder.count("deep") == 1
 
 
@@ -60,7 +60,7 @@ def test_an_unstorable_output_is_paid_once_a_rerun_answers_from_the_receipt(
     make_system: Any, tmp_path: Path, recorder: Any, output: Any
 ) -> None:
     """The provider was paid for an answer no store can hold: the receipt records the
-    failure (kind ``output_not_storable``), so neither a new call in the same run, nor a
+    failure (kind ``permanent``, a kind every version reads), so neither a new call in the same run, nor a
     rerun in a new run, nor one through ``execute_many`` pays again; ``retry_failed`` does."""
 
     def fn(i: Any, c: Any) -> Any:
@@ -77,7 +77,7 @@ def test_an_unstorable_output_is_paid_once_a_rerun_answers_from_the_receipt(
     [future] = rerun.proxy().execute_many("odd", [{"n": 1}])
     with pytest.raises(RecordedFailureError) as info:
         future.get(timeout=WAIT_S)
-    assert info.value.failure_kind is FailureKind.OUTPUT_NOT_STORABLE
+    assert info.value.failure_kind is FailureKind.PERMANENT
     assert "salvage" in str(info.value) and "retry_failed" in str(info.value)
     with pytest.raises(RecordedFailureError):
         rerun.proxy().execute("odd", {"n": 1}).get(timeout=WAIT_S)

@@ -348,4 +348,4 @@ def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Pa
             "org", [ClaimRequest("a" * 64, "play", "tool", "0" * 64)], OWNER, lease_ttl_s=5
         )
         assert claim.disposition.value == "reused"
-    assert user_version(path) == SCHEMA_VERSION == 3
+    assert user_version(path) == SCHEMA_VERSION == 2
