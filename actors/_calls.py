@@ -205,9 +205,14 @@ class Unit:
     out: bool = False
     """A provider call is running on the pool."""
     timed_out: bool = False
-    relayed_error: BaseException | None = None
-    """Its last attempt's error when the tool's function passed it on from a nested call:
-    the function's own request went out, and the error says nothing about its provider."""
+    relayed: tuple[BaseException, ...] = ()
+    """Its last attempt's errors (the call's, or members') that the tool's function passed
+    on from nested calls: its own request went out, and they say nothing of its provider."""
+
+    def relayed_error(self, exc: BaseException | None) -> bool:
+        """Whether ``exc`` is one of :attr:`relayed` (the very object)."""
+        return exc is not None and any(e is exc for e in self.relayed)
+
     last_error: BaseException | None = None
     """The previous attempt's error (its outcome if no further attempt goes)."""
     persisting: int = 0

@@ -221,10 +221,12 @@ def attempt(
             values = split_members(tool, spec.inputs, raw)
         else:
             values = [tool.fn(spec.payload, spec.context)]
+        # a nested call's error given as a member's outcome: that call's, not the request's
+        relayed = tuple(v for v in values if isinstance(v, BaseException) and relayed_here(token, v))
     except BaseException as exc:
-        relayed = relayed_here(token, exc)  # a nested call's error, passed on: this request went out
+        passed_on = (exc,) if relayed_here(token, exc) else ()  # a nested call's error: this request went out
         tell(UnitFinished(
-            unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at, relayed=relayed
+            unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at, relayed=passed_on
         ))  # fmt: skip
         if not isinstance(exc, Exception):
             raise
@@ -240,7 +242,9 @@ def attempt(
     except BaseException as exc:  # a guard: the unit is told whatever its values do
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
         return
-    tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at))
+    tell(UnitFinished(
+        unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed
+    ))  # fmt: skip
 
 
 @attrs.frozen

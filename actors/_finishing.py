@@ -52,8 +52,10 @@ class Finishing(LifecycleBase):
             return
         unit.out = False
         error = msg.error
-        unit.relayed_error = error if msg.relayed else None
-        relayed = msg.relayed  # a nested call's error passed on: never evidence about this provider
+        unit.relayed = msg.relayed
+        relayed = unit.relayed_error(
+            error
+        )  # a nested call's error passed on: no evidence about this provider
         policy = self.policy
         blocked = (
             self.fx.blocked_until(now) if isinstance(error, NotSentError) and msg.sent_at is None else None
@@ -104,9 +106,9 @@ class Finishing(LifecycleBase):
     def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:
             self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
-        elif unit.relayed_error is not error and transient(error):
+        elif not unit.relayed_error(error) and transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
-        elif unit.relayed_error is error or not isinstance(error, (RateLimitedError, NotSentError)):
+        elif unit.relayed_error(error) or not isinstance(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
 
     def _charge_then(self, unit: Unit) -> None:
@@ -305,7 +307,7 @@ class Finishing(LifecycleBase):
             if raw is not MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")
-            relayed = group.unit is not None and group.unit.relayed_error is exc
+            relayed = group.unit is not None and group.unit.relayed_error(exc)
             if (isinstance(exc, (RELEASE_ON, LeaseLostError)) and not relayed) or group.receipt is None:
                 released.append(group)
                 outcome[group.key] = exc

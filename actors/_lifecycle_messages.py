@@ -175,9 +175,10 @@ class UnitFinished:
     """The call's error (for every member), or None."""
     sent_at: float | None = None
     """``time.monotonic()`` when the request went out."""
-    relayed: bool = False
-    """``error`` came out of a nested call's future inside the tool's function: that call's
-    error, passed on; the tool's own request went out (``actors._runtime.relayed_here``)."""
+    relayed: tuple[BaseException, ...] = ()
+    """The errors (``error``, or members' outcomes) that came out of a nested call's future
+    inside the tool's function: that call's errors, passed on; the tool's own request went
+    out (``actors._runtime.relayed_here``)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -142,3 +142,52 @@ def test_a_tools_own_refusal_is_released_even_as_an_exception_object_used_before
         rows = dict(conn.execute("SELECT input_hash, status FROM receipts WHERE tool_id = 'own'").fetchall())
     assert sorted(rows.values()) == ["pending"] * 3
     assert _statuses(db_path)["parent"][0] in ("failed", "uncertain")
+
+
+def test_a_batch_member_whose_outcome_is_a_nested_calls_refusal_is_recorded(
+    make_system: Any, db_path: Path, recorder: Any
+) -> None:
+    """A batch function that paid for its request gives a nested call's NotSentError as
+    one member's outcome (an item that is an exception is that member's outcome): the
+    member is recorded failed, never released, so reruns do not pay for the batch again
+    (before: released on every run, the batch paid three times in three runs)."""
+    from actors import BatchStrategy
+
+    holder: dict[str, Any] = {}
+
+    def child(i: Any, c: Any) -> Any:
+        recorder.record("child", i, c)
+        raise NotSentError("the child's turn came too late")
+
+    def batch_fn(payload: Any, c: Any) -> Any:
+        recorder.record("batch", payload, c)
+        out: list[Any] = []
+        for item in payload:
+            try:
+                out.append(
+                    {"v": holder["proxy"].execute("child", {"x": item["x"]}).get(timeout=WAIT_S).value}
+                )
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def one(i: Any, c: Any) -> Any:
+        raise AssertionError("a batch of two is sent as a batch")
+
+    tools = [
+        Tool(
+            tool_id="parent", fn=one, provider="pa", batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=10)
+        ),
+        Tool(tool_id="child", fn=child, provider="ch"),
+    ]
+    for run in range(3):
+        system = make_system(tools, run_id=f"run-{run}", policy=Policy(batch_grace_s=0.05, retry_attempts=0))
+        holder["proxy"] = system.proxy()
+        for future in system.proxy().execute_many("parent", [{"x": 1}, {"x": 2}]):
+            with pytest.raises(Exception):  # noqa: B017 - the relayed error, then the recorded failure
+                future.get(timeout=WAIT_S)
+        system.stop()
+    with sqlite3.connect(db_path) as conn:
+        statuses = [s for (s,) in conn.execute("SELECT status FROM receipts WHERE tool_id = 'parent'")]
+    assert sorted(statuses) in (["failed", "failed"], ["uncertain", "uncertain"])
+    assert recorder.count("batch") == 1
