@@ -246,7 +246,13 @@ class LifecycleBase(abc.ABC):
             batch = next(self._ids)
             self._batches[batch] = values
             entries = [
-                Completion(g.key, g.receipt.lease_id or "", EncodedOutput(t), g.receipt.generation)
+                Completion(
+                    g.key,
+                    g.receipt.lease_id or "",
+                    EncodedOutput(t),
+                    g.receipt.generation,
+                    g.receipt.completed_at,
+                )
                 for g, t in values
                 if g.receipt
             ]

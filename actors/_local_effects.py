@@ -145,6 +145,7 @@ class LocalEffects:
             input_hash=group.input_hash, output=output, attempts=1, first_error_at=None, error=error,
             lease_id=group.receipt.lease_id if group.receipt else None,
             generation=group.receipt.generation if group.receipt else None,
+            replaces=group.receipt.completed_at if group.receipt else None,
         )  # fmt: skip
 
     def _salvage(self, group: Group, output: Any, error: str, described: bool = False) -> None:

@@ -356,6 +356,7 @@ class CompletionFlusherActor(InboxActor):
             error=error,
             lease_id=member.completion.lease_id,
             generation=member.completion.generation,
+            replaces=member.completion.replaces,
         )
 
     def _settle(self, member: _Member, outcome: FlushOutcome) -> None:

@@ -63,8 +63,10 @@ class SalvageEntry:
             ``output_problem`` says why; replay keeps such entries for an operator).
         output_problem: why the output is only described (None for ``"json"``).
         generation: the receipt generation the output was produced under (None in older
-            files): a replay puts it in place of a stored output only when that output
-            is older (the receipt went back to it after this generation's write failed).
+            files): of several entries of one call, a replay takes the latest.
+        replaces: for a refresh, ``completed_at`` of the stored output it replaces, as its
+            claim read it (None otherwise, and in older files): a replay puts the entry in
+            place of a completed receipt's output only while that output is still this one.
     """
 
     receipt_key: str
@@ -80,6 +82,7 @@ class SalvageEntry:
     output_form: str = "json"
     output_problem: str | None = None
     generation: int | None = None
+    replaces: float | None = None
 
 
 def _encode(entry: SalvageEntry) -> str:
@@ -292,13 +295,11 @@ def _gen(entry: SalvageEntry) -> int:
 
 
 def _newer(entry: SalvageEntry, receipt: Receipt) -> bool:
-    """The entry's output came after the receipt's stored one: a forced refresh, paid for,
-    whose write failed, so the receipt went back to its older output (no lease left on
-    it) under the refresh's generation. Judged by generations, never by clocks (the
-    store's and the worker's differ)."""
-    return (
-        entry.generation is not None and receipt.generation == entry.generation and receipt.lease_id is None
-    )
+    """The entry's output came after the receipt's stored one: a refresh, paid for, whose
+    write failed, while the receipt still holds the very output that refresh replaces
+    (its ``completed_at``, the store's own value, unchanged; later refreshes that failed
+    too leave it so). Never judged by clocks: the store's and the worker's differ."""
+    return entry.replaces is not None and receipt.completed_at == entry.replaces
 
 
 def _still_held(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:
@@ -319,6 +320,7 @@ class NotASalvageFileError(ValueError):
 def salvage_entry(
     *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
     first_error_at: float | None, error: str, lease_id: str | None = None, generation: int | None = None,
+    replaces: float | None = None,
 ) -> SalvageEntry:  # fmt: skip
     """Build an entry (first_error_at defaults to now). An output with no exact stored
     form (not JSON, too deep, an integer beyond 4300 digits) is kept described
@@ -338,4 +340,5 @@ def salvage_entry(
         output_form="json" if problem is None else "described",
         output_problem=problem,
         generation=generation,
+        replaces=replaces,
     )

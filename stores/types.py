@@ -164,7 +164,11 @@ class Completion:
     """The tool's output: any JSON value (stored through the cattrs/orjson converter)."""
     generation: int | None = attrs.field(default=None, eq=False)
     """The receipt generation the output was produced under (not written: a salvage entry
-    keeps it, so a replay knows whether the stored output is older)."""
+    keeps it, to order several entries of one call)."""
+    replaces: float | None = attrs.field(default=None, eq=False)
+    """``completed_at`` of the stored output this call refreshes, as its claim read it
+    (not written: a salvage entry keeps it, so a replay knows the stored output is the
+    older one when it is still that one)."""
 
 
 @attrs.frozen

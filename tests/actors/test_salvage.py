@@ -210,24 +210,37 @@ def test_salvage_replay_drops_a_key_completed_by_someone_else(tmp_path: Path, st
     assert log.entries() == []
 
 
-def _refresh_lost(store: Any, clock: _Clock, key: str) -> tuple[int, int]:
+def _refresh(store: Any, key: str, owner: Owner, *, ttl_s: float = 5.0) -> Any:
+    (claim,) = store.claim_many(
+        ORG,
+        [ClaimRequest(key, SCOPE, TOOL, f"hash-{key}")],
+        owner,
+        lease_ttl_s=ttl_s,
+        mode=ClaimMode.FORCE_REFRESH,
+    )
+    assert store.mark_running_many(ORG, [LeaseRef(key, claim.receipt.lease_id)], owner).ok
+    return claim.receipt
+
+
+def _refresh_lost(store: Any, clock: _Clock, key: str) -> Any:
     """``key`` completed with {"v": "old"}; then a forced refresh claimed it (a new
     generation), its write failed and its lease lapsed; a normal claim put the old output
-    back. Returns (the old output's generation, the refresh's)."""
+    back. Returns the refresh's claim (its generation, the completed_at it replaces)."""
     first = Owner("run-1", 1)
     lease = _claim(store, key, first)
     assert store.complete_many(ORG, [Completion(key, lease.lease_id, {"v": "old"})], first).ok
-    (old,) = store.get_many(ORG, [key])
-    (refresh,) = store.claim_many(
-        ORG, [ClaimRequest(key, SCOPE, TOOL, f"hash-{key}")], Owner("run-2", 1), lease_ttl_s=5.0,
-        mode=ClaimMode.FORCE_REFRESH,
-    )  # fmt: skip
+    refresh = _refresh(store, key, Owner("run-2", 1))
     clock.now += 6.0
     (back,) = store.claim_many(
         ORG, [ClaimRequest(key, SCOPE, TOOL, f"hash-{key}")], Owner("run-3", 1), lease_ttl_s=5.0
     )
     assert back.receipt.status is ReceiptStatus.COMPLETED and back.receipt.output == {"v": "old"}
-    return old.generation, refresh.receipt.generation
+    return refresh
+
+
+def _salvaged(refresh: Any, key: str, output: Any, skew_s: float = 0.0, clock: Any = None) -> SalvageEntry:
+    entry = attrs.evolve(_entry(key, output), generation=refresh.generation, replaces=refresh.completed_at)
+    return attrs.evolve(entry, first_error_at=clock.now + skew_s) if clock is not None else entry
 
 
 @pytest.mark.parametrize("skew_s", [0.0, -3600.0, 3600.0])
@@ -236,14 +249,10 @@ def test_salvage_replay_puts_back_a_refresh_newer_than_the_stored_output(
 ) -> None:
     """A forced refresh was paid for, its write failed and was salvaged, and the receipt
     went back to its older output. Replay stores the refresh (before: dropped as
-    "already completed"), judged by generations whatever the worker's clock says."""
-    old_gen, refresh_gen = _refresh_lost(store, clock, "old")
-    assert refresh_gen > old_gen
-    newer = attrs.evolve(
-        _entry("old", {"v": "refreshed"}), generation=refresh_gen, first_error_at=clock.now + skew_s
-    )
+    "already completed"), whatever the worker's clock says."""
+    refresh = _refresh_lost(store, clock, "old")
     log = SalvageLog(tmp_path / "salvage.jsonl")
-    log.append([newer])
+    log.append([_salvaged(refresh, "old", {"v": "refreshed"}, skew_s, clock)])
     report = log.replay(store)
     assert (report.completed, report.already_completed, report.kept) == (1, 0, 0)
     (receipt,) = store.get_many(ORG, ["old"])
@@ -252,22 +261,47 @@ def test_salvage_replay_puts_back_a_refresh_newer_than_the_stored_output(
     assert log.entries() == []
 
 
+def test_salvage_replay_puts_back_a_refresh_after_a_later_refresh_failed_too(
+    tmp_path: Path, store: Any, clock: _Clock
+) -> None:
+    """Refresh 2 was paid and salvaged; refresh 3 then failed at the provider: the
+    receipt still holds the output refresh 2 replaces, so refresh 2 goes in."""
+    refresh = _refresh_lost(store, clock, "k")
+    third = _refresh(store, "k", Owner("run-4", 1))
+    failed = Failure("k", third.lease_id, "503", FailureKind.TRANSIENT)
+    assert store.fail_many(ORG, [failed], Owner("run-4", 1)).ok
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([_salvaged(refresh, "k", {"v": "refresh 2"})])
+    assert log.replay(store).completed == 1
+    assert store.get_many(ORG, ["k"])[0].output == {"v": "refresh 2"}
+
+
 @pytest.mark.parametrize("skew_s", [0.0, -3600.0, 3600.0])
 def test_salvage_replay_never_puts_an_older_output_over_a_newer_one(
     tmp_path: Path, store: Any, clock: _Clock, skew_s: float
 ) -> None:
-    """An output salvaged under the old generation (or with no generation: an older
-    file) is older than what the receipt holds: dropped, whatever the clocks say."""
-    old_gen, _ = _refresh_lost(store, clock, "old")
+    """Refresh 2 was salvaged; refresh 3 then succeeded, and refresh 4 failed and went
+    back to refresh 3's output: refresh 2 is older and is dropped, as are entries of a
+    normal call (nothing replaced) or from an older file, whatever the clocks say."""
+    refresh = _refresh_lost(store, clock, "old")
+    third = _refresh(store, "old", Owner("run-4", 1))
+    clock.now += 1.0
+    assert store.complete_many(
+        ORG, [Completion("old", third.lease_id, {"v": "refresh 3"})], Owner("run-4", 1)
+    ).ok
+    fourth = _refresh(store, "old", Owner("run-5", 1))
+    assert store.fail_many(
+        ORG, [Failure("old", fourth.lease_id, "503", FailureKind.TRANSIENT)], Owner("run-5", 1)
+    ).ok
     log = SalvageLog(tmp_path / "salvage.jsonl")
     log.append([
-        attrs.evolve(_entry("old", {"v": "older"}), generation=old_gen, first_error_at=clock.now + skew_s),
-        attrs.evolve(_entry("old", {"v": "no generation"}), first_error_at=clock.now + skew_s),
+        _salvaged(refresh, "old", {"v": "refresh 2"}, skew_s, clock),
+        attrs.evolve(_entry("old", {"v": "no replaces"}), first_error_at=clock.now + skew_s),
     ])  # fmt: skip
     report = log.replay(store)
     assert (report.completed, report.kept) == (0, 0)
     (receipt,) = store.get_many(ORG, ["old"])
-    assert receipt.output == {"v": "old"}
+    assert receipt.output == {"v": "refresh 3"}
 
 
 def test_salvage_replay_of_several_entries_for_one_key_keeps_the_latest_generation(
@@ -275,10 +309,11 @@ def test_salvage_replay_of_several_entries_for_one_key_keeps_the_latest_generati
 ) -> None:
     """The newest paid output of a call wins, wherever it sits in the file (an entry
     salvaged at stop can land before an older one still on the flusher's ladder)."""
-    old_gen, refresh_gen = _refresh_lost(store, clock, "dup")
+    refresh = _refresh_lost(store, clock, "dup")
     log = SalvageLog(tmp_path / "salvage.jsonl")
-    log.append([attrs.evolve(_entry("dup", {"v": "refreshed"}), generation=refresh_gen)])
-    log.append([attrs.evolve(_entry("dup", {"v": "older"}), generation=old_gen)])
+    log.append([_salvaged(refresh, "dup", {"v": "refreshed"})])
+    older = attrs.evolve(_salvaged(refresh, "dup", {"v": "older"}), generation=refresh.generation - 1)
+    log.append([older])
     report = log.replay(store)
     assert (report.completed, report.already_completed, report.kept) == (1, 1, 0)
     (receipt,) = store.get_many(ORG, ["dup"])
