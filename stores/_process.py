@@ -39,19 +39,42 @@ rounding: ticks are 1/100 s)."""
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+class _Hidden(Exception):
+    """The process exists but this process may not see it (``/proc`` mounted with
+    ``hidepid``, another user's process): nothing is known of its start."""
+
+
+def _exists(pid: int) -> bool:
+    """Whether any process ``pid`` exists (signal 0 checks without sending anything).
+
+    Raises:
+        _Hidden: it exists, but is not this user's to look at.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        raise _Hidden(pid) from None
+    return True
+
+
 def _since_boot(pid: int) -> float | None:
     """Seconds from boot to the start of ``pid`` (Linux), None where /proc cannot say.
 
     Raises:
         ProcessLookupError: no process ``pid`` exists, or it is a zombie (Linux).
+        _Hidden: ``pid`` exists but ``/proc`` hides it from this process.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            raise ProcessLookupError(pid) from None
-        return None
+        if not os.path.isdir("/proc/self"):
+            return None
+        if _exists(pid):  # hidden from /proc (hidepid) though it runs: unknown, never "gone"
+            raise _Hidden(pid) from None
+        raise ProcessLookupError(pid) from None
     except OSError:
         return None
     fields = data[data.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
@@ -120,6 +143,8 @@ def process_gone(host: str | None, pid: int | None, started_at: float | None) ->
         if abs(proc.create_time() - started_at) > _START_TOLERANCE_S:
             return True
         return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except _Hidden:
+        return False  # a lease is never taken over on a guess
     except (ProcessLookupError, psutil.NoSuchProcess):
         return True
     except psutil.Error:

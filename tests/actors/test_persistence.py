@@ -147,7 +147,9 @@ def test_completion_past_ladder_salvages_trips_latch_and_replays(tmp_path: Path)
             # Nothing reached the store.
             (stored,) = reader.get_many("acme", [result.receipt_key])
             assert stored.status is ReceiptStatus.RUNNING
-            assert entry.generation == stored.generation and entry.replaces is None  # a first run replaces nothing
+            assert (
+                entry.generation == stored.generation and entry.replaces is None
+            )  # a first run replaces nothing
             lock.release()
 
         # The store works again, but the latch stays tripped: a call that would start a

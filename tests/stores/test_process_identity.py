@@ -98,3 +98,24 @@ def test_a_pid_reused_by_a_later_process_is_gone(child: Any, earlier_s: float) -
     assert process_gone(here.host, child.pid, recorded)
     assert not process_gone("elsewhere#1", child.pid, recorded)
     assert not process_gone(here.host, child.pid, None)
+
+
+def test_a_holder_hidden_from_proc_is_never_judged_gone(child: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With /proc mounted ``hidepid=2`` another user's live process has no /proc entry
+    here: it was judged gone and its lease taken over. Hidden and alive (signal 0 says
+    EPERM) is unknown, never gone; a pid signal 0 does not find is gone. (Simulated: the
+    child is reaped, so /proc has no entry, and signal 0 answers as for a hidden one.)"""
+    import os
+
+    here = current_process_identity()
+    recorded = _recorded(child)
+    child.kill()
+    child.wait()
+
+    def hidden(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", hidden)
+    assert not process_gone(here.host, child.pid, recorded)
+    monkeypatch.undo()
+    assert process_gone(here.host, child.pid, recorded)
