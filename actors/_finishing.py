@@ -13,22 +13,19 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from stores import output_too_large_error
 from stores._codec import EncodedOutput, decode_output, encode_output
 from stores.types import (
     Failure,
-    FailureKind,
 )
 
 from ._calls import Group, GroupState, Unit
-from ._execute import error_text, failure_kind_for, plain_value, retry_in_call, transient
+from ._execute import error_text, plain_value, retry_in_call, transient
+from ._failure_record import failure_record, may_have_acted
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from .errors import (
-    InvalidOutputError,
     LeaseLostError,
     NotSentError,
     OutputNotStorableError,
-    ProviderError,
     ProviderUnreachableError,
     RateLimitedError,
     ReceiptPersistenceError,
@@ -315,8 +312,10 @@ class Finishing(LifecycleBase):
             if counted:
                 self.fx.count("failures")
             outcome[group.key] = exc
-            record = Failure(group.key, group.receipt.lease_id or "", *self._failure_text(exc))
-            (uncertain if self._may_have_acted(exc, relayed) else records).append(record)
+            record = Failure(
+                group.key, group.receipt.lease_id or "", *failure_record(exc, relayed, self.fx.salvage_path())
+            )
+            (uncertain if may_have_acted(self.tool, exc, relayed) else records).append(record)
             group.state = GroupState.PERSISTING
             group.written = exc
         for group in released:
@@ -328,34 +327,6 @@ class Finishing(LifecycleBase):
                 keys = {r.key for r in chosen}
                 self._batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
                 self.fx.record_failures(batch, chosen, uncertain=is_uncertain)
-
-    def _may_have_acted(self, exc: BaseException, relayed: bool = False) -> bool:
-        """A tool that is not retry-safe whose request may have reached the provider: it
-        timed out, or its connection broke, after sending (a refused connection sent
-        nothing; ``relayed``: a nested call's error, the tool's own request went out).
-        Recorded ``uncertain``: never re-run silently (docs/how-it-works.md)."""
-        if self.tool.retry_safe:
-            return False
-        if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)) and not relayed:
-            return False
-        if isinstance(exc, ProviderError):
-            return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))
-        return isinstance(exc, (TimeoutError, ConnectionError))
-
-    def _failure_text(self, exc: BaseException) -> tuple[str, Any]:
-        if isinstance(exc, TooLarge):
-            return output_too_large_error(
-                exc.size_bytes, self.fx.salvage_path()
-            ), FailureKind.OUTPUT_TOO_LARGE
-        if isinstance(exc, InvalidOutputError):
-            return error_text(exc), FailureKind.PERMANENT
-        if isinstance(exc, OutputNotStorableError):  # paid for: never re-paid by a normal rerun
-            # recorded permanent, as an InvalidOutputError (a kind every version reads)
-            return (
-                f"{error_text(exc)}; the answer was salvaged to {self.fx.salvage_path()} (tooldispatch "
-                "salvage ls); run with retry_failed or force_refresh to call the provider again"
-            ), FailureKind.PERMANENT
-        return error_text(exc), failure_kind_for(exc)
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""

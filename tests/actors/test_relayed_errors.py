@@ -55,7 +55,7 @@ def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
         with pytest.raises(error):
             holder["proxy"].execute("parent", {"x": 1}).get(timeout=WAIT_S)
         system.stop()
-        assert _statuses(db_path)["parent"][0] == "failed"
+        assert _statuses(db_path)["parent"][0] == "uncertain"  # not retry-safe: it acted
     assert recorder.count("parent") == 1 and recorder.count("child") == 0
 
 
@@ -191,3 +191,54 @@ def test_a_batch_member_whose_outcome_is_a_nested_calls_refusal_is_recorded(
         statuses = [s for (s,) in conn.execute("SELECT status FROM receipts WHERE tool_id = 'parent'")]
     assert sorted(statuses) in (["failed", "failed"], ["uncertain", "uncertain"])
     assert recorder.count("batch") == 1
+
+
+def test_a_retry_safe_parent_stopped_in_a_nested_call_is_completed_by_the_rerun(
+    make_system: Any, db_path: Path, recorder: Any
+) -> None:
+    """The run stops while a retry-safe parent waits on its nested call (refused:
+    ``CallCancelledError``): the parent is recorded ``transient``, not failed for good,
+    so running again completes it, paying the parent once more and the child once
+    (before: ``permanent``, every rerun answered RecordedFailureError)."""
+    import threading
+    import time
+
+    holder: dict[str, Any] = {}
+    waiting = threading.Event()
+
+    def child(i: Any, c: Any) -> Any:
+        recorder.record("child", i, c)
+        return {"c": i["c"]}
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)
+        nested = holder["proxy"].execute("child", {"c": i["p"]})
+        waiting.set()
+        return {"child": nested.get(timeout=WAIT_S).value}
+
+    from actors import Pacing
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, retry_safe=True),
+        Tool(tool_id="child", fn=child, provider="slow", pacing=Pacing(rps=0.2), retry_safe=True),
+    ]
+    system = make_system(tools, run_id="run-0")
+    holder["proxy"] = system.proxy()
+    (first, second) = system.proxy().execute_many("parent", [{"p": 1}, {"p": 2}])
+    assert waiting.wait(WAIT_S)
+    time.sleep(0.2)  # the second child waits for the provider's pace
+    system.stop()
+    outcomes = []
+    for future in (first, second):
+        try:
+            outcomes.append(future.get(timeout=WAIT_S).execution)
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    with sqlite3.connect(db_path) as conn:
+        kinds = {k for (k,) in conn.execute("SELECT failure_kind FROM receipts WHERE status = 'failed'")}
+    assert kinds <= {"transient"}
+    rerun = make_system(tools, run_id="run-1", policy=Policy(batch_grace_s=0.02))
+    holder["proxy"] = rerun.proxy()
+    results = [f.get(timeout=30).value for f in rerun.proxy().execute_many("parent", [{"p": 1}, {"p": 2}])]
+    assert results == [{"child": {"c": 1}}, {"child": {"c": 2}}]
+    assert recorder.count("child") == 2  # each child paid once

@@ -1,0 +1,72 @@
+"""How a call's failure is recorded: its error text and failure kind, and whether it is
+``uncertain`` (a tool that is not retry-safe may have acted). Rules: docs/how-it-works.md,
+the disposition table; SEMANTICS (Failure, suspension; uncertain)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stores import output_too_large_error
+from stores.types import FailureKind
+
+from ._execute import error_text, failure_kind_for
+from ._lifecycle_base import RELEASE_ON, TooLarge
+from .errors import (
+    CallCancelledError,
+    InvalidOutputError,
+    LeaseLostError,
+    NotSentError,
+    OutputNotStorableError,
+    PersistenceCircuitOpenError,
+    ProviderError,
+    ProviderUnavailableError,
+    ProviderUnreachableError,
+    ReceiptWaitTimeoutError,
+    ToolTimeoutError,
+)
+from .tool import Tool
+
+__all__ = ["PASSING", "failure_record", "may_have_acted"]
+
+PASSING = (
+    *RELEASE_ON, LeaseLostError, CallCancelledError, ReceiptWaitTimeoutError, PersistenceCircuitOpenError,
+    ProviderUnavailableError,
+)  # fmt: skip
+"""Refusals of a call for a reason that passes (stopped, waited out, suspended, the run's
+budget, lease lost, circuit open). A tool that passes one on from a nested call made its
+own request: retry-safe, it is recorded ``transient`` (a rerun runs it again and completes
+it); not retry-safe, ``uncertain`` (it acted; never re-run silently)."""
+
+
+def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:
+    """A tool that is not retry-safe whose request may have reached the provider: it
+    timed out, or its connection broke, after sending (a refused connection sent
+    nothing); or, ``relayed``, its request went out and then a nested call of its was
+    refused. Recorded ``uncertain``: never re-run silently."""
+    if tool.retry_safe:
+        return False
+    if relayed:
+        return True
+    if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
+        return False
+    if isinstance(exc, ProviderError):
+        return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))
+    return isinstance(exc, (TimeoutError, ConnectionError))
+
+
+def failure_record(exc: BaseException, relayed: bool, salvage_path: str) -> tuple[str, Any]:
+    """(error text, ``FailureKind``) to record for ``exc`` (``relayed``: passed on by the
+    tool from a nested call; ``salvage_path``: named where a paid answer was kept)."""
+    if isinstance(exc, TooLarge):
+        return output_too_large_error(exc.size_bytes, salvage_path), FailureKind.OUTPUT_TOO_LARGE
+    if isinstance(exc, InvalidOutputError):
+        return error_text(exc), FailureKind.PERMANENT
+    if isinstance(exc, OutputNotStorableError):  # paid for: never re-paid by a normal rerun
+        # recorded permanent, as an InvalidOutputError (a kind every version reads)
+        return (
+            f"{error_text(exc)}; the answer was salvaged to {salvage_path} (tooldispatch "
+            "salvage ls); run with retry_failed or force_refresh to call the provider again"
+        ), FailureKind.PERMANENT
+    if relayed and isinstance(exc, PASSING):
+        return error_text(exc), FailureKind.TRANSIENT
+    return error_text(exc), failure_kind_for(exc)
