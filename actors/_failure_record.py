@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pykka
+
 from stores import output_too_large_error
 from stores.types import FailureKind
 
@@ -23,30 +25,46 @@ from .errors import (
     ProviderUnreachableError,
     ReceiptWaitTimeoutError,
     ToolTimeoutError,
+    UncertainOutcomeError,
 )
 from .tool import Tool
 
-__all__ = ["PASSING", "failure_record", "may_have_acted"]
+__all__ = ["PASSING", "failure_record", "may_have_acted", "passing"]
 
 PASSING = (
     *RELEASE_ON, LeaseLostError, CallCancelledError, ReceiptWaitTimeoutError, PersistenceCircuitOpenError,
-    ProviderUnavailableError,
+    ProviderUnavailableError, UncertainOutcomeError, ToolTimeoutError, pykka.Timeout,
 )  # fmt: skip
-"""Refusals of a call for a reason that passes (stopped, waited out, suspended, the run's
-budget, lease lost, circuit open). A tool that passes one on from a nested call made its
-own request: retry-safe, it is recorded ``transient`` (a rerun runs it again and completes
-it); not retry-safe, ``uncertain`` (it acted; never re-run silently)."""
+"""Refusals of a call for a reason that passes (stopped, a wait ran out: the caller's
+timeout on a running call or on a receipt, or a tool's own ``get(timeout=)``; suspended,
+the run's budget, lease lost, circuit open, an outcome not yet reconciled). A tool that passes one on from a
+nested call (raised, or the explicit cause of what it raised) made its own request:
+retry-safe, it is recorded ``transient`` (a later call runs it again and completes it);
+not retry-safe, ``uncertain`` (it acted; never re-run silently)."""
+
+
+def passing(exc: BaseException) -> bool:
+    """``exc``, or an error it was explicitly raised from (a few levels), is a refusal
+    that passes (:data:`PASSING`)."""
+    link: BaseException | None = exc
+    for _ in range(8):
+        if link is None:
+            return False
+        if isinstance(link, PASSING):
+            return True
+        link = link.__cause__
+    return False
 
 
 def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:
     """A tool that is not retry-safe whose request may have reached the provider: it
     timed out, or its connection broke, after sending (a refused connection sent
-    nothing); or, ``relayed``, its request went out and then a nested call of its was
-    refused. Recorded ``uncertain``: never re-run silently."""
+    nothing); or, ``relayed``, its request went out and then a nested call of its failed
+    for a reason a rerun would retry. Recorded ``uncertain``: never re-run silently."""
     if tool.retry_safe:
         return False
-    if relayed:
-        return True
+    if relayed:  # it acted (its request went out); a kind a rerun would retry must not re-run it silently
+        return passing(exc) or failure_kind_for(exc).retryable
     if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
         return False
     if isinstance(exc, ProviderError):
@@ -67,6 +85,6 @@ def failure_record(exc: BaseException, relayed: bool, salvage_path: str) -> tupl
             f"{error_text(exc)}; the answer was salvaged to {salvage_path} (tooldispatch "
             "salvage ls); run with retry_failed or force_refresh to call the provider again"
         ), FailureKind.PERMANENT
-    if relayed and isinstance(exc, PASSING):
+    if relayed and passing(exc):
         return error_text(exc), FailureKind.TRANSIENT
     return error_text(exc), failure_kind_for(exc)

@@ -103,9 +103,11 @@ class Finishing(LifecycleBase):
     def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:
             self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
-        elif not unit.relayed_error(error) and transient(error):
+        elif unit.relayed_error(error):
+            return  # a nested call's error: nothing learnt of this provider (no circuit count)
+        elif transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
-        elif unit.relayed_error(error) or not isinstance(error, (RateLimitedError, NotSentError)):
+        elif not isinstance(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
 
     def _charge_then(self, unit: Unit) -> None:

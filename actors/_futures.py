@@ -75,7 +75,10 @@ class LightFuture(pykka.Future[Any]):
                 self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
             )
             if not acquired:
-                raise pykka.Timeout(f"{timeout} seconds")
+                timed_out = pykka.Timeout(f"{timeout} seconds")
+                if on_raise is not None:  # a tool's own wait on a nested call ran out
+                    on_raise(timed_out)
+                raise timed_out
             self._lock.release()
         if self._exc_info is not None:
             exc = self._exc_info[1] or self._exc_info[0]()

@@ -168,9 +168,20 @@ _futures.on_raise = _note_relayed
 
 def relayed_here(token: Any, exc: BaseException) -> bool:
     """Whether the tool's function running under ``token`` got ``exc`` itself (the very
-    object) from a nested call's future: raised on, it is that call's error, not one about
-    the function's own request."""
-    return any(got is exc for got in _relayed.get(token, ()))
+    object), or the error ``exc`` was explicitly raised from (``raise X from e``, a few
+    levels), from a nested call's future: raised on, it is that call's error, not one
+    about the function's own request."""
+    got = _relayed.get(token)
+    if not got:
+        return False
+    link: BaseException | None = exc
+    for _ in range(8):
+        if link is None:
+            return False
+        if any(g is link for g in got):
+            return True
+        link = link.__cause__
+    return False
 
 
 def running_keys() -> frozenset[str]:

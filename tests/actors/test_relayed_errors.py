@@ -74,9 +74,8 @@ def test_a_nested_calls_refusal_passed_on_is_the_parents_own_failure(
 ) -> None:
     """The child fails (its tool raises the error); the parent, which paid, re-raises it.
     The parent's receipt is recorded (failed, or uncertain: a parent that is not retry-safe
-    may have acted), not released, so a rerun does not pay again (a relayed 429 is
-    recorded rate_limited: retried by a rerun, as any tool's 429). The parent's provider
-    is not paused by the child's 429: its next call runs at once."""
+    acted and a rerun would retry these), not released, so a rerun does not pay again.
+    The parent's provider is not paused by the child's 429: its next call runs at once."""
     holder: dict[str, Any] = {}
 
     def child(i: Any, c: Any) -> Any:
@@ -242,3 +241,113 @@ def test_a_retry_safe_parent_stopped_in_a_nested_call_is_completed_by_the_rerun(
     results = [f.get(timeout=30).value for f in rerun.proxy().execute_many("parent", [{"p": 1}, {"p": 2}])]
     assert results == [{"child": {"c": 1}}, {"child": {"c": 2}}]
     assert recorder.count("child") == 2  # each child paid once
+
+
+def test_a_passed_on_error_neither_opens_nor_closes_the_parents_circuit(make_system: Any) -> None:
+    """Relayed failures (the child refuses even inputs) are no evidence about the
+    parent's provider: they no longer reset its failure count, so its own failures (odd
+    inputs: the provider is down) open the circuit after two, as without them (before:
+    each relayed error counted as the provider answering, and the circuit never opened)."""
+    from actors import ProviderUnavailableError
+
+    holder: dict[str, Any] = {}
+    reached: list[int] = []
+
+    def child(i: Any, c: Any) -> Any:
+        if i["x"] % 2 == 0:
+            raise ValueError("the child refuses even inputs")
+        return {"ok": 1}
+
+    def parent(i: Any, c: Any) -> Any:
+        holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S)
+        reached.append(i["x"])
+        raise ConnectionError("the parent's provider is down")
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="pa", retry_safe=True),
+        Tool(tool_id="child", fn=child, provider="ch"),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.02, circuit_failures=2, retry_attempts=0))
+    holder["proxy"] = system.proxy()
+    errors = []
+    for x in range(1, 9):
+        try:
+            system.proxy().execute("parent", {"x": x}).get(timeout=WAIT_S)
+        except Exception as exc:
+            errors.append(type(exc))
+    assert len(reached) == 2, f"the parent's provider was reached {len(reached)} times"
+    assert ProviderUnavailableError in errors
+
+
+@pytest.mark.parametrize("how", ["wrapped", "own-get-timeout"])
+def test_a_retry_safe_parent_whose_nested_wait_ran_out_is_completed_by_a_later_call(
+    make_system: Any, db_path: Path, recorder: Any, how: str
+) -> None:
+    """The parent gives up on its nested call: it wraps the refusal (``raise X from e``),
+    or its own ``get(timeout=)`` runs out. Recorded ``transient``, so a later call runs
+    it again and gets the child's result (before: ``permanent``, RecordedFailureError)."""
+    import threading
+    import time
+
+    holder: dict[str, Any] = {}
+    release = threading.Event()
+
+    class EnrichError(Exception):
+        pass
+
+    def child(i: Any, c: Any) -> Any:
+        recorder.record("child", i, c)
+        release.wait(WAIT_S)
+        return {"c": i["c"]}
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)
+        nested = holder["proxy"].execute("child", {"c": i["p"]}, timeout_s=0.3 if how == "wrapped" else 30)
+        try:
+            return {"child": nested.get(timeout=None if how == "wrapped" else 0.3).value}
+        except Exception as exc:
+            if how == "wrapped":
+                raise EnrichError("the child call failed") from exc
+            raise
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, retry_safe=True),
+        Tool(tool_id="child", fn=child, retry_safe=True),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.02, retry_attempts=0))
+    holder["proxy"] = system.proxy()
+    with pytest.raises(Exception):  # noqa: B017 - the wrapper, or pykka's Timeout
+        system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S)
+    with sqlite3.connect(db_path) as conn:
+        row = conn.execute("SELECT status, failure_kind FROM receipts WHERE tool_id = 'parent'").fetchone()
+    assert row == ("failed", "transient")
+    release.set()
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        with sqlite3.connect(db_path) as conn:
+            done = conn.execute("SELECT status FROM receipts WHERE tool_id = 'child'").fetchone()
+        if done == ("completed",):
+            break
+        time.sleep(0.05)
+    assert system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S).value == {"child": {"c": 1}}
+    assert recorder.count("child") == 1
+
+
+def test_a_parent_that_is_not_retry_safe_keeps_a_permanent_relayed_failure_failed(
+    make_system: Any, db_path: Path
+) -> None:
+    """A relayed error a rerun would not retry (the child's ValueError) leaves a parent
+    that is not retry-safe ``failed`` (not ``uncertain``): nothing would run it again."""
+    holder: dict[str, Any] = {}
+
+    def child(i: Any, c: Any) -> Any:
+        raise ValueError("no such record")
+
+    def parent(i: Any, c: Any) -> Any:
+        return holder["proxy"].execute("child", {"x": 1}).get(timeout=WAIT_S).value
+
+    system = make_system([Tool(tool_id="parent", fn=parent), Tool(tool_id="child", fn=child)])
+    holder["proxy"] = system.proxy()
+    with pytest.raises(ValueError):
+        system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S)
+    assert _statuses(db_path)["parent"] == ("failed", "permanent")
