@@ -68,6 +68,9 @@ class Call:
     ancestors: frozenset[str] = frozenset()
     """The receipt keys of the tool calls it was made inside (a call of one is a cycle)."""
     role: Role = Role.OWNER
+    timed_from: float | None = None
+    """``time.monotonic()`` when its timeout began (its call's first send, or its joining
+    one already sent); a call queued again (credentials changed) keeps only what is left."""
 
 
 class GroupState(str, enum.Enum):

@@ -191,6 +191,9 @@ class Lifecycle(Cleanup, Finishing):
         if unit.deadline is None:
             timeout_s = unit.timeout_s
             unit.deadline, unit.sent_first_at = now + timeout_s, now
+            for group in unit.groups:
+                for call in group.calls:
+                    call.timed_from = now
             # one timer per timeout and message: the unit's, and each shorter caller's own
             for own in {c.timeout_s for g in unit.groups for c in g.calls if c.timeout_s < timeout_s}:
                 self._deadlines.setdefault(own, []).append(unit.id)
@@ -272,7 +275,8 @@ class Lifecycle(Cleanup, Finishing):
         unit = group.unit if group is not None else None
         if unit is None or unit.deadline is None or unit.sent_first_at is None or math.isinf(call.timeout_s):
             return  # not sent (yet, or again): its next send arms a timer for every caller's timeout
-        own = max(unit.sent_first_at, call.submitted_at) + call.timeout_s
+        call.timed_from = max(unit.sent_first_at, call.submitted_at)
+        own = call.timed_from + call.timeout_s
         self._deadlines.setdefault(max(0.0, own - now), []).append(unit.id)
         if unit.deadline is not None and not unit.timed_out and own > unit.deadline:
             unit.deadline = own

@@ -39,7 +39,7 @@ from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
 from ._system_ports import Ports
 from .completion_flusher import CompletionFlusherActor, Latch, salvage_writing
-from .errors import AuthScopeChangedError, CallCancelledError, DispatchError
+from .errors import AuthScopeChangedError, CallCancelledError, DispatchError, ToolTimeoutError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
 from .heartbeat import HeartbeatActor
@@ -228,9 +228,16 @@ class DispatchSystem:
                 f"{call.tool.tool_id}: asking for its credentials again raised {type(exc).__name__}"
             ))  # fmt: skip
             return
+        now = time.monotonic()
+        left = call.timeout_s if call.timed_from is None else call.timeout_s - (now - call.timed_from)
+        if left <= 0:  # its timeout counts from the first send: none left for another
+            fail(
+                call.future, ToolTimeoutError(f"{call.tool.tool_id} did not return within {call.timeout_s} s")
+            )
+            return
         fresh = attrs.evolve(
             call, key=key, input_hash=input_hash, credential_digest=digest, requeued=True, role=Role.OWNER,
-            submitted_at=time.monotonic(),
+            submitted_at=now, timeout_s=left, timed_from=None,
         )  # fmt: skip
         if fresh.key == call.key:
             fail(

@@ -497,6 +497,40 @@ def test_credential_change_requeues_once_with_new_key(
     assert old.status is ReceiptStatus.PENDING and new.status is ReceiptStatus.COMPLETED
 
 
+@pytest.mark.parametrize("second_s", [0.3, 3.0])
+def test_a_call_queued_again_after_a_credentials_change_keeps_only_its_time_left(
+    make_system: Any, recorder: Any, second_s: float
+) -> None:
+    """The first request went out (0.6 s), then the credentials changed: the call queued
+    again under its new key gets only what is left of its timeout_s, counted from the
+    first send (before: a whole new timeout, so a caller waited up to twice its own)."""
+    from actors import ToolTimeoutError
+
+    digest = ["creds-v1"]
+
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record("crm", input, ctx)
+        if digest[0] == "creds-v1":
+            time.sleep(0.6)
+            digest[0] = "creds-v2"
+            raise AuthScopeChangedError("401: token scope changed")
+        time.sleep(second_s)
+        return {"owner": input["id"]}
+
+    system = make_system([Tool(tool_id="crm", fn=fn, credentials=lambda: digest[0])])
+    start = time.monotonic()
+    future = system.proxy().execute("crm", {"id": 7}, timeout_s=1.2)
+    if second_s < 0.6:
+        assert future.get(timeout=WAIT_S).value == {"owner": 7}
+    else:
+        with pytest.raises(ToolTimeoutError):
+            future.get(timeout=WAIT_S)
+    waited = time.monotonic() - start
+    assert waited < 1.2 + 0.4, f"the caller waited {waited:.2f} s on a 1.2 s timeout"
+    first, second = (c.ctx.timeout_s for c in recorder.of("crm"))
+    assert first == pytest.approx(1.2) and second < 0.7  # the second send has what was left
+
+
 def test_credential_change_without_new_digest_fails_at_once(
     make_system: Any, recorder: Any, read_receipts: Any, key_of: Any
 ) -> None:
