@@ -169,6 +169,14 @@ class Group:
         if call.ancestors:
             self.ancestors |= call.ancestors
 
+    def take_late(self, since: float, now: float) -> list[Call]:
+        """Take out the callers whose own ``timeout_s`` has passed, counted from ``since``
+        (a send, or the start of a wait) or from when the caller came, if later."""
+        late = [c for c in self.calls if max(since, c.submitted_at) + c.timeout_s <= now + 1e-3]
+        if late:
+            self.calls = [c for c in self.calls if c not in late]
+        return late
+
     @property
     def timeout_s(self) -> float:
         """The largest timeout of its callers (inf when none is left): the call runs as

@@ -13,6 +13,7 @@ from stores.types import FailureKind
 
 from ._execute import error_text, failure_kind_for
 from ._lifecycle_base import RELEASE_ON, TooLarge
+from ._runtime import cause_chain
 from .errors import (
     CallCancelledError,
     InvalidOutputError,
@@ -46,14 +47,7 @@ not retry-safe, ``uncertain`` (it acted; never re-run silently)."""
 def passing(exc: BaseException) -> bool:
     """``exc``, or an error it was explicitly raised from (a few levels), is a refusal
     that passes (:data:`PASSING`)."""
-    link: BaseException | None = exc
-    for _ in range(8):
-        if link is None:
-            return False
-        if isinstance(link, PASSING):
-            return True
-        link = link.__cause__
-    return False
+    return any(isinstance(link, PASSING) for link in cause_chain(exc))
 
 
 def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:

@@ -182,14 +182,10 @@ class Finishing(LifecycleBase):
             or (not unit.timed_out and now >= unit.deadline - 1e-3)
         ):
             return  # not sent yet, or its own deadline is here: every caller is answered below
-        sent = unit.sent_first_at
         for group in unit.groups:
-            late = [c for c in group.calls if max(sent, c.submitted_at) + c.timeout_s <= now + 1e-3]
-            if not late:
-                continue
-            if len(late) == len(group.calls):
+            late = group.take_late(unit.sent_first_at, now)
+            if late and not group.calls:
                 group.answered = True  # it goes on, callerless, to its persisted result
-            group.calls = [c for c in group.calls if c not in late]
             for call in late:
                 error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {call.timeout_s} s")
                 self.fx.answer(call, self._outcome_for(call, group, error))
@@ -204,11 +200,8 @@ class Finishing(LifecycleBase):
         for group in unit.groups:
             if group.state is not GroupState.PERSISTING or group.written is None:
                 continue
-            late = [c for c in group.calls if max(sent, c.submitted_at) + c.timeout_s <= now + 1e-3]
-            if late:
-                group.calls = [c for c in group.calls if c not in late]
-                for call in late:
-                    self.fx.answer(call, self._outcome_for(call, group, group.written))
+            for call in group.take_late(sent, now):
+                self.fx.answer(call, self._outcome_for(call, group, group.written))
 
     def _conclude(
         self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float

@@ -75,7 +75,7 @@ class Reconciling(LifecycleBase):
             if group is None:
                 continue
             if group.reconciling_since is not None:
-                for call in self._late(group, group.reconciling_since, now):
+                for call in group.take_late(group.reconciling_since, now):
                     self.fx.answer(call, UncertainOutcomeError(
                         f"the outcome of {key} is uncertain and the tool's reconcile hook did not "
                         f"answer within {call.timeout_s} s (its answer is stored when it comes)",
@@ -90,7 +90,7 @@ class Reconciling(LifecycleBase):
         reclaim is out is released or waits on when the claim answers)."""
         if group.waiting_since is None:
             return False
-        late = self._late(group, group.waiting_since, now)
+        late = group.take_late(group.waiting_since, now)
         for call in late:
             self.fx.answer(call, ReceiptWaitTimeoutError(
                 f"receipt {group.key} is still held by another owner's live lease after this "
@@ -104,14 +104,6 @@ class Reconciling(LifecycleBase):
             return False
         self._settle(group, None)
         return True
-
-    @staticmethod
-    def _late(group: Group, since: float, now: float) -> list[Call]:
-        """Take the callers whose own deadline passed out of ``group``."""
-        late = [c for c in group.calls if max(since, c.submitted_at) + c.timeout_s <= now + 1e-3]
-        if late:
-            group.calls = [c for c in group.calls if c not in late]
-        return late
 
     def _reconcile(self, group: Group, receipt: Receipt, now: float) -> None:
         """Ask the provider about ``group``'s uncertain receipt; time its callers out."""

@@ -17,7 +17,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pykka
@@ -171,17 +171,18 @@ def relayed_here(token: Any, exc: BaseException) -> bool:
     object), or the error ``exc`` was explicitly raised from (``raise X from e``, a few
     levels), from a nested call's future: raised on, it is that call's error, not one
     about the function's own request."""
-    got = _relayed.get(token)
-    if not got:
-        return False
+    got = _relayed.get(token, [])
+    return any(any(g is link for g in got) for link in cause_chain(exc))
+
+
+def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
+    """``exc``, then what it was explicitly raised from (``raise X from e``), ``depth`` at most."""
     link: BaseException | None = exc
-    for _ in range(8):
+    for _ in range(depth):
         if link is None:
-            return False
-        if any(g is link for g in got):
-            return True
+            return
+        yield link
         link = link.__cause__
-    return False
 
 
 def running_keys() -> frozenset[str]:
