@@ -24,7 +24,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
-from ._runtime import enter_keys, leave_keys, relayed_here
+from ._nesting import NestScope, enter_keys, leave_keys, relayed_here
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
 from .results import ToolContext, batch_idempotency_key, provider_idempotency_key
@@ -184,6 +184,7 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
         deadline=deadline,
         timeout_s=max(0.001, deadline - now),
         attempt=attempt_no,
+        _nest=NestScope(),
     )
     batched = tool.batch is not None and len(groups) > 1
     inputs = [g.input for g in groups]
@@ -214,7 +215,8 @@ def attempt(
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
         return
     sent_at = clock()
-    token = enter_keys(spec.ancestors.union(spec.context.receipt_keys))  # a nested call of one: a cycle
+    nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
+    token = enter_keys(spec.ancestors.union(spec.context.receipt_keys), nest)  # a nested call of one: a cycle
     try:
         if spec.batched and tool.batch is not None:
             raw = tool.batch.batch_fn(tool.batch.build(spec.inputs), spec.context)
@@ -232,7 +234,7 @@ def attempt(
             raise
         return
     finally:
-        leave_keys(token)
+        leave_keys(token, nest)
     members: list[tuple[Any, BaseException | None]]
     try:
         if spec.durable:

@@ -13,7 +13,7 @@ from stores.types import FailureKind
 
 from ._execute import error_text, failure_kind_for
 from ._lifecycle_base import RELEASE_ON, TooLarge
-from ._runtime import cause_chain
+from ._nesting import cause_chain
 from .errors import (
     CallCancelledError,
     InvalidOutputError,

@@ -9,6 +9,7 @@ call's fault (suspension, credentials changed, budget spent, not storable, not s
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -35,6 +36,10 @@ from .errors import (
 from .messages import RetryDue, UnitFinished
 
 __all__ = ["Finishing"]
+
+log = logging.getLogger("tooldispatch")
+
+OVERDUE_WARN_EVERY_S = 60.0
 
 
 class Finishing(LifecycleBase):
@@ -165,12 +170,28 @@ class Finishing(LifecycleBase):
         if unit.out:
             unit.timed_out = True
             self.fx.count("timed_out")
+            self._warn_overdue(now)
             for group in unit.groups:
                 self._answer_early(group, error)
             return
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
         self._conclude(unit, None, unit.last_error or error, now)
+
+    def _warn_overdue(self, now: float) -> None:
+        """Say, once a minute at most, that functions past their timeout still hold slots:
+        the sign of a tool that waits on calls it made from threads of its own."""
+        if now - self.overdue_warned_at < OVERDUE_WARN_EVERY_S:
+            return
+        self.overdue_warned_at = now
+        held = sum(1 for unit in self.units.values() if unit.timed_out and unit.out)
+        log.warning(
+            "%d call(s) of %s passed their timeout while its function still runs; each keeps its "
+            "slot until the function returns. A function that waits on calls it made from threads "
+            "of its own must make them inside ctx.nested() (or through ctx.wrap): otherwise, at the "
+            "concurrency ceiling, those calls wait for the slots their parents hold",
+            held, self.tool.tool_id,
+        )  # fmt: skip
 
     def _time_out_callers(self, unit: Unit, now: float) -> None:
         """Callers whose own deadline has passed are answered now: ``timeout_s`` after the

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import collections
 import itertools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,6 +94,8 @@ class LifecycleBase(abc.ABC):
         self.units: dict[int, Unit] = {}
         self.holding = 0
         """Units holding a non-exempt slot."""
+        self.overdue_warned_at = -math.inf
+        """When functions past their timeout were last said to hold slots (``Finishing``)."""
         self.acquiring = {False: False, True: False}
         self._slotting: list[Group] = []
         """Groups whose slots were asked for before their claim (``Claiming.drained``)."""

@@ -178,7 +178,7 @@ class UnitFinished:
     relayed: tuple[BaseException, ...] = ()
     """The errors (``error``, or members' outcomes) that came out of a nested call's future
     inside the tool's function: that call's errors, passed on; the tool's own request went
-    out (``actors._runtime.relayed_here``)."""
+    out (``actors._nesting.relayed_here``)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -36,7 +36,7 @@ from stores.types import ClaimMode
 from ._calls import Call
 from ._checks import check_number
 from ._futures import fail, new_future, resolved_future
-from ._runtime import in_tool, running_keys
+from ._nesting import in_tool, running_keys
 from .errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
 from .messages import RememberOutputs
 from .results import ToolResult

@@ -17,19 +17,13 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from . import _futures
 from ._futures import bounded, fail
-
-_getcurrent: Callable[[], Any] | None
-try:
-    from greenlet import getcurrent as _getcurrent
-except ImportError:  # no gevent: workers are threads
-    _getcurrent = None
+from ._nesting import _getcurrent, _tool_greenlets, _tool_thread
 
 __all__ = [
     "InboxActor",
@@ -37,7 +31,6 @@ __all__ = [
     "Timers",
     "WorkerPool",
     "guarded",
-    "in_tool",
     "log",
     "runtime_name",
 ]
@@ -120,82 +113,6 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             return None
 
     return handle
-
-
-_tool_thread = threading.local()
-_tool_greenlets: set[Any] = set()
-"""Under gevent: the greenlets running a tool's function (a greenlet-local flag would cost
-each attempt half a dozen objects for the collector to walk)."""
-
-
-_running: dict[Any, frozenset[str]] = {}
-"""The receipt keys each worker (thread or greenlet) runs a tool's function for."""
-
-
-def _worker_id() -> Any:
-    return _getcurrent() if _tool_greenlets and _getcurrent is not None else threading.get_ident()
-
-
-def enter_keys(keys: Iterable[str]) -> Any:
-    """The calling worker runs a tool's function for ``keys`` (its calls' receipt keys and
-    those of the calls it was made inside); returns the token to leave."""
-    me = _worker_id()
-    _running[me] = frozenset(keys)
-    return me
-
-
-def leave_keys(token: Any) -> None:
-    _running.pop(token, None)
-    _relayed.pop(token, None)
-
-
-_relayed: dict[Any, list[BaseException]] = {}
-"""The errors nested calls' futures raised into each worker's running tool function."""
-
-
-def _note_relayed(exc: BaseException) -> None:
-    me = _worker_id()
-    if me in _running:
-        got = _relayed.setdefault(me, [])
-        if len(got) < 64:  # a function looping over failing nested calls: the latest few suffice
-            got.append(exc)
-        else:
-            got[-1] = exc
-
-
-_futures.on_raise = _note_relayed
-
-
-def relayed_here(token: Any, exc: BaseException) -> bool:
-    """Whether the tool's function running under ``token`` got ``exc`` itself (the very
-    object), or the error ``exc`` was explicitly raised from (``raise X from e``, a few
-    levels), from a nested call's future: raised on, it is that call's error, not one
-    about the function's own request."""
-    got = _relayed.get(token, [])
-    return any(any(g is link for g in got) for link in cause_chain(exc))
-
-
-def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
-    """``exc``, then what it was explicitly raised from (``raise X from e``), ``depth`` at most."""
-    link: BaseException | None = exc
-    for _ in range(depth):
-        if link is None:
-            return
-        yield link
-        link = link.__cause__
-
-
-def running_keys() -> frozenset[str]:
-    """The receipt keys the calling worker's tool function runs for, or was called inside
-    (empty elsewhere)."""
-    return _running.get(_worker_id(), frozenset())
-
-
-def in_tool() -> bool:
-    """True on a worker thread (or greenlet) while it runs a tool's function."""
-    if _tool_greenlets and _getcurrent is not None and _getcurrent() in _tool_greenlets:
-        return True
-    return getattr(_tool_thread, "active", False)
 
 
 class WorkerPool:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterable
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Literal, TypeVar
 
 import attrs
+
+from ._nesting import NestScope, lend
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
     "Execution",
@@ -60,6 +66,10 @@ class ToolContext:
         deadline: ``time.monotonic()`` value after which the call is timed out.
         timeout_s: the call's timeout, seconds (the smallest of a batch's members).
         attempt: 1 for the first in-call attempt, then 2, 3 for retries.
+
+    Calls the function makes on its own thread (or greenlet) are its nested calls; calls
+    from threads or greenlets it starts itself are nested only inside :meth:`nested` (or
+    through :meth:`wrap`).
     """
 
     tool_id: str
@@ -69,11 +79,40 @@ class ToolContext:
     deadline: float
     timeout_s: float
     attempt: int = 1
+    _nest: NestScope | None = attrs.field(default=None, eq=False, repr=False, alias="_nest")
+    """The worker running this attempt (set by the dispatcher while the function runs)."""
 
     @property
     def receipt_key(self) -> str:
         """The first (for unbatched calls, the only) receipt key."""
         return self.receipt_keys[0]
+
+    def nested(self) -> AbstractContextManager[None]:
+        """A block whose calls, on the calling thread or greenlet, are this call's nested
+        calls, as if made on the function's own thread: they borrow its slot (no global
+        ceiling, no provider ``max_concurrency``; rates still apply), a call of an input
+        this call was made inside gets :class:`~actors.errors.CallCycleError`, and an error
+        their futures raise counts as passed on (relayed), not as the provider's answer.
+
+        For a tool that fans out on threads of its own (a ``ThreadPoolExecutor``, gevent
+        greenlets) and waits for those calls: made outside this block, they wait for
+        slots their waiting parents hold, and at the ceiling nothing moves until the
+        parents' timeouts. Only while the function runs: entered after it returned (or on
+        a context made by hand), the block changes nothing.
+        """
+        return lend(self._nest)
+
+    def wrap(self, fn: _F) -> _F:
+        """``fn`` made to run inside :meth:`nested`, for an executor:
+        ``pool.map(ctx.wrap(lambda x: proxy.execute("child", x).get()), inputs)``."""
+        nest = self._nest
+
+        @functools.wraps(fn)
+        def inside(*args: Any, **kwargs: Any) -> Any:
+            with lend(nest):
+                return fn(*args, **kwargs)
+
+        return inside  # type: ignore[return-value]
 
 
 def provider_idempotency_key(receipt_key: str, generation: int | None) -> str:
