@@ -33,6 +33,9 @@ def bounded(seconds: float) -> float:
 
 log = logging.getLogger("tooldispatch")
 
+_UNSET: Any = pykka._future._Unset()
+"""pykka's "no hook result yet" marker (checked by ``isinstance``), shared by every future."""
+
 on_raise: Callable[[BaseException], None] | None = None
 """Told of each error a future's ``get`` raises (set by :mod:`actors._runtime`: an error a
 tool's function got from a nested call)."""
@@ -55,8 +58,9 @@ class LightFuture(pykka.Future[Any]):
       ``await`` calls it too); a timeout on :meth:`get` is not giving up.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # pykka's own, without a new _Unset per future (GC pressure)
+        self._get_hook = None
+        self._get_hook_result = _UNSET
         self._lock = threading.Lock()
         self._lock.acquire()
         self._value: Any = None

@@ -29,6 +29,7 @@ import pykka
 from stores.base import ReceiptStore
 from stores.types import Owner
 
+from ._at_exit import track, untrack
 from ._calls import Call, Role
 from ._execute import error_text
 from ._futures import MAX_WAIT_S, fail, new_future
@@ -151,6 +152,7 @@ class DispatchSystem:
         self._intake = Intake(self)
         if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
             PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
+        track(self)  # stopped at interpreter exit if the host never stops it
 
     @classmethod
     def start(
@@ -179,6 +181,11 @@ class DispatchSystem:
                 (:func:`provider_pacings`).
         """
         return cls(tools, store, run, policy or Policy(), pacer)
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` began."""
+        return self._stopped
 
     def proxy(self) -> DispatchProxy:
         """The handle whose ``execute`` returns futures."""
@@ -299,6 +306,7 @@ class DispatchSystem:
                 return
             self._stopped = True
         self._stopping.set()
+        untrack(self)
         end = time.monotonic() + min(timeout_s, MAX_WAIT_S)  # a huge bound means "wait as long as it takes"
         idle = []
         for ref in self._queues.values():
