@@ -64,7 +64,8 @@ class ToolContext:
         receipt_keys: the receipt keys this provider call serves (one unless batched).
         credential_scope_digest: the credentials the call runs under.
         deadline: ``time.monotonic()`` value after which the call is timed out.
-        timeout_s: the call's timeout, seconds (the smallest of a batch's members).
+        timeout_s: seconds left to ``deadline`` when this attempt started (the
+            call's own timeout on its first attempt; retries get what is left).
         attempt: 1 for the first in-call attempt, then 2, 3 for retries.
 
     Calls the function makes on its own thread (or greenlet) are its nested calls; calls
