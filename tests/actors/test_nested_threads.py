@@ -3,26 +3,23 @@ gevent, greenlets) of its own and waits for those calls. Made inside ``ctx.neste
 through ``ctx.wrap``) they are the call's nested calls wherever they run: they borrow the
 waiting parent's slot (no deadlock at the concurrency ceiling), a call of an input they
 were made inside is refused at once, and an error their futures raise counts as passed
-on. Made outside it, the parents hold every slot while their children wait for one: the
-callers time out, and the dispatcher says why. Real systems on SQLite files, both runtimes.
+on (``test_relayed_errors.py``, lent-executor-thread). Made outside it, the parents hold
+every slot while their children wait for one: the callers time out, and the dispatcher
+says why. Real systems on SQLite files, both runtimes.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from actors import (
-    BudgetExceededError,
     CallCycleError,
     Policy,
-    RecordedFailureError,
     Tool,
     ToolTimeoutError,
 )
@@ -105,41 +102,6 @@ def test_a_call_of_its_own_input_from_a_lent_thread_is_refused_at_once(make_syst
     holder["proxy"] = system.proxy()
     assert system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S).value == {"ok": True}
     assert len(seen) == 1 and isinstance(seen[0], CallCycleError), seen
-
-
-def test_a_refusal_raised_on_a_lent_thread_and_passed_on_is_the_parents_own_failure(
-    make_system: Any, db_path: Path, recorder: Any
-) -> None:
-    """The parent paid its own request, then re-raises the budget refusal its child got on
-    an executor thread: recorded ``uncertain`` (it acted), never released (released, every
-    rerun paid the parent's provider again)."""
-    holder: dict[str, Any] = {}
-
-    def child(i: Any, c: Any) -> Any:
-        recorder.record("child", i, c)
-        return {"c": i}
-
-    def parent(i: Any, c: Any) -> Any:
-        recorder.record("parent", i, c)  # the parent's own request: paid
-        with ThreadPoolExecutor(1) as pool:
-            job = pool.submit(
-                c.wrap(lambda: holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S))
-            )
-            return {"child": job.result(WAIT_S).value}
-
-    tools = [Tool(tool_id="parent", fn=parent, provider="pa"), Tool(tool_id="child", fn=child, provider="ch")]
-    for run in range(3):
-        system = make_system(
-            tools, run_id=f"run-{run}", policy=Policy(batch_grace_s=0.02, max_provider_calls=1)
-        )
-        holder["proxy"] = system.proxy()
-        with pytest.raises(BudgetExceededError if run == 0 else RecordedFailureError):
-            holder["proxy"].execute("parent", {"x": 1}).get(timeout=WAIT_S)
-        system.stop()
-        with sqlite3.connect(db_path) as conn:
-            status = conn.execute("SELECT status FROM receipts WHERE tool_id = 'parent'").fetchone()
-        assert status == ("uncertain",)
-    assert recorder.count("parent") == 1 and recorder.count("child") == 0
 
 
 def test_a_thread_lent_after_the_call_returned_acts_for_nobody(make_system: Any) -> None:

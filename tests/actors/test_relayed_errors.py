@@ -8,6 +8,7 @@ circuit count, no refunded request). Real systems on SQLite files, both runtimes
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,12 @@ def _statuses(path: Path) -> dict[str, tuple[str, str | None]]:
     return {tool: (status, kind) for tool, status, kind in rows}
 
 
+@pytest.mark.parametrize("lent", [False, True], ids=["own-thread", "lent-executor-thread"])
 def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
-    make_system: Any, db_path: Path, recorder: Any
+    make_system: Any, db_path: Path, recorder: Any, lent: bool
 ) -> None:
+    """``lent``: the nested call is made, and its refusal raised, on an executor thread the
+    parent lent to itself (``ctx.wrap``), then raised on by the parent."""
     holder: dict[str, Any] = {}
 
     def child(i: Any, c: Any) -> Any:
@@ -43,7 +47,11 @@ def test_a_parent_that_paid_then_hit_the_budget_in_a_nested_call_is_paid_once(
 
     def parent(i: Any, c: Any) -> Any:
         recorder.record("parent", i, c)  # the parent's own request: paid
-        return {"child": holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S).value}
+        nested = lambda: holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S).value  # noqa: E731
+        if not lent:
+            return {"child": nested()}
+        with ThreadPoolExecutor(1) as pool:
+            return {"child": pool.submit(c.wrap(nested)).result(WAIT_S)}
 
     tools = [Tool(tool_id="parent", fn=parent, provider="pa"), Tool(tool_id="child", fn=child, provider="ch")]
     for run in range(3):
