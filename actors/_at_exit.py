@@ -1,17 +1,21 @@
 """Systems still running when the interpreter exits are stopped first.
 
-The actors run on non-daemon threads (so a stop can finish the work in flight), and the
-interpreter joins those before it runs ``atexit`` handlers: a script that ended (or
-raised, or was interrupted) without :meth:`~actors.system.DispatchSystem.stop` would
-hang at exit. The hook here runs at that join, as ``concurrent.futures`` does for its
-workers (``threading._register_atexit``): each running system is stopped within
-:data:`AT_EXIT_STOP_S`, so what its running calls paid for is stored (or salvaged) and
-the process exits.
+A host that never calls :meth:`~actors.system.DispatchSystem.stop` (its script raised,
+was interrupted, or just ended) must still exit, and keep what its running calls paid
+for. The actors run on daemon threads, so they never hold the exit up; this ``atexit``
+hook stops each system left running, within :data:`AT_EXIT_STOP_S`, once the host's own
+(non-daemon) threads have ended, so calls those threads still make are served. Calls
+not yet sent are cancelled, running ones finish and are stored (or salvaged).
+
+An interrupt while it waits (a second Ctrl-C) ends the wait: the process exits, and
+calls still running are left to their leases, as after a crash. A child made by
+``os.fork`` does not stop its parent's systems (their threads are not in it).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
@@ -23,33 +27,27 @@ AT_EXIT_STOP_S = 30.0
 """Bound, seconds, on stopping each system left running at interpreter exit."""
 
 _running: set[Any] = set()
-"""Systems started and not stopped (held strongly: a system its host let go of still runs
-its actors' threads, which would hold the exit up just the same)."""
-_hooked = False
+"""Systems started and not stopped (held strongly: a system its host let go of still
+runs, and still has calls to finish)."""
 _lock = threading.Lock()
 
 
 def track(system: Any) -> None:
     """Stop ``system`` at interpreter exit unless it was stopped before."""
-    global _hooked
     with _lock:
         _running.add(system)
-        if _hooked:
-            return
-        _hooked = True
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("no threading._register_atexit")
-        register(_stop_all)
-    except RuntimeError:  # interpreter already shutting down, or no such hook: the late one
-        atexit.register(_stop_all)
 
 
 def untrack(system: Any) -> None:
     """``system`` was stopped."""
     with _lock:
         _running.discard(system)
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a lock held by another thread at the fork stays held in the copy
+    _running.clear()
 
 
 def _stop_all() -> None:
@@ -60,9 +58,17 @@ def _stop_all() -> None:
             continue
         log.warning(
             "the interpreter is exiting with a DispatchSystem still running (stop() was not "
-            "called): stopping it, up to %.0f s", AT_EXIT_STOP_S,
+            "called): stopping it, up to %.0f s (interrupt again to leave at once)", AT_EXIT_STOP_S,
         )  # fmt: skip
         try:
             system.stop(timeout_s=AT_EXIT_STOP_S)
+        except KeyboardInterrupt:
+            log.warning("interrupted again: leaving now; calls still running are left to their leases")
+            return
         except BaseException:
             log.exception("stopping a DispatchSystem at interpreter exit failed")
+
+
+atexit.register(_stop_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

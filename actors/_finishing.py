@@ -187,9 +187,9 @@ class Finishing(LifecycleBase):
         held = sum(1 for unit in self.units.values() if unit.timed_out and unit.out)
         log.warning(
             "%d call(s) of %s passed their timeout while its function still runs; each keeps its "
-            "slot until the function returns. A function that waits on calls it made from threads "
-            "of its own must make them inside ctx.nested() (or through ctx.wrap): otherwise, at the "
-            "concurrency ceiling, those calls wait for the slots their parents hold",
+            "slot until the function returns (a function that waits on calls it made from threads "
+            "of its own and did not make them inside ctx.nested() or through ctx.wrap: at the "
+            "concurrency ceiling those calls wait for the slots their parents hold)",
             held, self.tool.tool_id,
         )  # fmt: skip
 

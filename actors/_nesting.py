@@ -10,10 +10,13 @@ nested, the errors their futures raise are relayed to the call) while that call 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import pykka
 
 from . import _futures
 
@@ -115,18 +118,43 @@ def lend(scope: NestScope | None) -> Iterator[None]:
             _lent[me] = before
 
 
-_relayed: dict[Any, list[BaseException]] = {}
+class _Relayed:
+    """The errors nested calls' futures raised into one running tool function.
+
+    Every error but a wait that ran out is kept (by identity, once each): there is one at
+    most per nested call the function made, and any of them may be the one it raises on.
+    Waits that ran out (``pykka.Timeout``) are made anew by each ``get(timeout=)``, so a
+    function polling its futures would pile them up: only the latest few are kept.
+    """
+
+    __slots__ = ("errors", "waits")
+
+    def __init__(self) -> None:
+        self.errors: dict[int, BaseException] = {}
+        self.waits: collections.deque[BaseException] = collections.deque(maxlen=_WAITS_KEPT)
+
+    def add(self, exc: BaseException) -> None:
+        if isinstance(exc, pykka.Timeout):
+            self.waits.append(exc)
+        else:
+            self.errors[id(exc)] = exc
+
+    def holds(self, exc: BaseException) -> bool:
+        return self.errors.get(id(exc)) is exc or any(w is exc for w in self.waits)
+
+
+_WAITS_KEPT = 16
+_relayed: dict[Any, _Relayed] = {}
 """The errors nested calls' futures raised into each worker's running tool function."""
 
 
 def _note_relayed(exc: BaseException) -> None:
     me = _acting_for(_worker_id())
     if me is not None:
-        got = _relayed.setdefault(me, [])
-        if len(got) < 64:  # a function looping over failing nested calls: the latest few suffice
-            got.append(exc)
-        else:
-            got[-1] = exc
+        got = _relayed.get(me)
+        if got is None:
+            got = _relayed[me] = _Relayed()
+        got.add(exc)
 
 
 _futures.on_raise = _note_relayed
@@ -137,8 +165,8 @@ def relayed_here(token: Any, exc: BaseException) -> bool:
     object), or the error ``exc`` was explicitly raised from (``raise X from e``, a few
     levels), from a nested call's future (on its worker, or on one lent to it): raised
     on, it is that call's error, not one about the function's own request."""
-    got = _relayed.get(token, [])
-    return any(any(g is link for g in got) for link in cause_chain(exc))
+    got = _relayed.get(token)
+    return got is not None and any(got.holds(link) for link in cause_chain(exc))
 
 
 def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:

@@ -44,6 +44,8 @@ class GovernorActor(pykka.ThreadingActor):
     are those of the pacer (:class:`~actors._shared_governor.SharedGovernor`).
     """
 
+    use_daemon_thread = True  # as InboxActor's: stopped at exit by actors._at_exit
+
     def __init__(
         self,
         policy: Policy,

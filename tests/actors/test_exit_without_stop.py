@@ -40,16 +40,44 @@ _SCRIPT = textwrap.dedent(
         run = RunInfo(run_id=ending, org_id="o", scope="s")
         return DispatchSystem.start(tools=[Tool(tool_id="slow", fn=slow)], store=store, run=run)
 
+    import actors._at_exit
+    if ending in ("locked", "sigint-twice"):
+        actors._at_exit.AT_EXIT_STOP_S = 3.0
+    if ending == "sigint-twice":
+        def slow(i, c):
+            time.sleep(8)
+            return {"i": i}
     systems = [make() for _ in range(2 if ending == "two-systems" else 1)]
     for n, system in enumerate(systems):
         system.proxy().execute_many("slow", [{"i": n * 10 + i} for i in range(3)])
     if ending == "dropped":
         systems.clear()  # the host lets go of every handle: the actors still run
+    if ending == "host-thread":  # the host's own (non-daemon) thread still calls after main ends
+        import threading
+        proxy = systems[0].proxy()
+        def more():
+            for j in range(4):
+                proxy.execute("slow", {"i": 100 + j}).get(timeout=30)
+        threading.Thread(target=more).start()
+    if ending == "fork":
+        for f in systems[0].proxy().execute_many("slow", [{"i": i} for i in range(3)]):
+            f.get(timeout=30)
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the child's exit: its parent's system is not its own
+        os.waitpid(pid, 0)
+        print("child exited in %.1f s" % (time.monotonic() - started), flush=True)
+        systems[0].stop()
     time.sleep(0.2)
+    if ending == "locked":  # the store is locked by another connection at exit
+        import sqlite3
+        lock = sqlite3.connect(db, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
     print("running", flush=True)
     if ending == "raise":
         raise RuntimeError("the script crashed with calls running")
-    if ending == "sigint":
+    if ending in ("sigint", "sigint-twice"):
         time.sleep(30)  # interrupted here
     if ending == "exit":
         sys.exit(3)
@@ -58,7 +86,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(
-    runtime: str, tmp_path: Path, ending: str, interrupt: bool = False
+    runtime: str, tmp_path: Path, ending: str, interrupt: int = 0
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     script = tmp_path / "host.py"
     script.write_text(_SCRIPT)
@@ -75,7 +103,9 @@ def _run(
         if interrupt:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "running"
-            proc.send_signal(signal.SIGINT)
+            for n in range(interrupt):
+                time.sleep(0.5 * n)  # the second: while the exit's stop waits on the tools
+                proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=EXIT_WITHIN_S)
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -99,6 +129,7 @@ def _statuses(db: Path) -> dict[str, int]:
         pytest.param("exit", 3, 3, id="sys-exit"),
         pytest.param("dropped", 0, 3, id="handles-dropped"),
         pytest.param("two-systems", 0, 6, id="two-systems"),
+        pytest.param("host-thread", 0, 7, id="host-thread-calls-after-main-ended"),
     ],
 )
 def test_a_host_that_never_stops_its_system_exits_with_its_running_calls_stored(
@@ -113,7 +144,35 @@ def test_a_host_that_never_stops_its_system_exits_with_its_running_calls_stored(
 def test_a_host_interrupted_with_sigint_exits_with_its_running_calls_stored(
     runtime: Any, tmp_path: Path
 ) -> None:
-    done, _ = _run(runtime, tmp_path, "sigint", interrupt=True)
+    done, _ = _run(runtime, tmp_path, "sigint", interrupt=1)
     assert "KeyboardInterrupt" in done.stderr
     assert done.returncode != 0
     assert _statuses(tmp_path / "r.db") == {"completed": 3}
+
+
+def test_a_second_interrupt_while_the_exit_waits_on_running_tools_leaves_at_once(
+    runtime: Any, tmp_path: Path
+) -> None:
+    """First Ctrl-C: the exit's stop waits for the running calls (8 s tools); a second one
+    leaves at once (before: the stop was cut short and the actors' threads held the exit
+    for ever). The calls still running are left to their leases, as after a crash."""
+    done, took = _run(runtime, tmp_path, "sigint-twice", interrupt=2)
+    assert took < 6.0, done.stderr[-2000:]
+    assert "interrupted again: leaving now" in done.stderr
+
+
+def test_a_locked_store_at_exit_holds_the_exit_no_longer_than_its_bound(runtime: Any, tmp_path: Path) -> None:
+    """Another connection holds the SQLite file locked: the exit's stop (bound 3 s here)
+    salvages what it could not write, and the process exits (before: it waited on the
+    store actor's busy timeout, 30 s more)."""
+    done, took = _run(runtime, tmp_path, "locked")
+    assert took < 15.0, done.stderr[-2000:]
+    salvaged = (tmp_path / "r.db.salvage.jsonl").read_text().splitlines()
+    assert len(salvaged) == 3
+
+
+def test_a_forked_child_does_not_stop_its_parents_system_at_its_exit(runtime: Any, tmp_path: Path) -> None:
+    done, _ = _run(runtime, tmp_path, "fork")
+    assert done.returncode == 0, done.stderr[-2000:]
+    took = float(done.stdout.split("child exited in ")[1].split()[0])
+    assert took < 3.0, done.stderr[-2000:]

@@ -7,6 +7,7 @@ circuit count, no refunded request). Real systems on SQLite files, both runtimes
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -359,3 +360,71 @@ def test_a_parent_that_is_not_retry_safe_keeps_a_permanent_relayed_failure_faile
     with pytest.raises(ValueError):
         system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S)
     assert _statuses(db_path)["parent"] == ("failed", "permanent")
+
+
+@pytest.mark.parametrize(
+    "how", ["polled-on-own-thread", "polled-on-a-lent-thread", "after-99-other-failures"]
+)
+def test_a_relayed_error_stays_relayed_however_much_the_function_waited_or_got_after_it(
+    make_system: Any, how: str
+) -> None:
+    """The parent gets its first child's failure (an unreachable provider), then polls a
+    slow second child with a short ``get(timeout=)`` 100+ times, or waits on 99 more
+    children that fail, and raises the first failure on: it is still passed on, so the
+    parent's provider circuit (two failures open it) stays closed (before: only the
+    latest 64 errors a function got were remembered, the first was forgotten, and the
+    parent's provider was held down)."""
+    import time
+
+    import pykka
+
+    from actors import ProviderUnavailableError, ProviderUnreachableError
+
+    holder: dict[str, Any] = {}
+    failed = (ProviderUnreachableError, ProviderUnavailableError)  # down, then its circuit open
+
+    def child(i: Any, c: Any) -> Any:
+        if i["x"] % 2 == 0 and how != "after-99-other-failures":
+            time.sleep(0.6)  # the slow one: polled meanwhile
+            return {"ok": True}
+        raise ProviderUnreachableError(f"child {i['x']}: its provider is down")
+
+    def first_error(x: int) -> BaseException:
+        try:
+            holder["proxy"].execute("child", {"x": x}).get(timeout=WAIT_S)
+        except failed as exc:
+            return exc
+        raise AssertionError("the child should have failed")
+
+    def poll(x: int) -> Any:
+        error = first_error(2 * x + 1)
+        slow = holder["proxy"].execute("child", {"x": 2 * x})
+        while True:
+            try:
+                slow.get(timeout=0.002)
+                raise error
+            except pykka.Timeout:
+                continue
+
+    def parent(i: Any, c: Any) -> Any:
+        if how == "polled-on-own-thread":
+            return poll(i["x"])
+        if how == "polled-on-a-lent-thread":
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(c.wrap(poll), i["x"]).result(WAIT_S)
+        error = first_error(i["x"] * 1000 + 1)
+        for n in range(1, 100):  # more failures after the first
+            with contextlib.suppress(*failed):
+                holder["proxy"].execute("child", {"x": i["x"] * 1000 + 2 * n + 1}).get(timeout=WAIT_S)
+        raise error
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="pa", retry_safe=True, timeout_s=WAIT_S),
+        Tool(tool_id="child", fn=child, provider="ch", retry_safe=True),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.01, circuit_failures=2, retry_attempts=0))
+    holder["proxy"] = system.proxy()
+    for x in (1, 2, 3):
+        with pytest.raises(failed):
+            system.proxy().execute("parent", {"x": x}).get(timeout=WAIT_S)
+    assert system.stats()["pacing"]["acme/pa"]["circuit"] == "closed"
