@@ -9,12 +9,15 @@ not yet sent are cancelled, running ones finish and are stored (or salvaged).
 
 An interrupt while it waits (a second Ctrl-C) ends the wait: the process exits, and
 calls still running are left to their leases, as after a crash. A child made by
-``os.fork`` does not stop its parent's systems (their threads are not in it).
+``os.fork`` does not stop its parent's systems (their threads are not in it); a
+``multiprocessing`` child, which leaves through ``os._exit``, stops its own as it runs
+multiprocessing's finalizers.
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 import threading
 from typing import Any
@@ -30,12 +33,20 @@ _running: set[Any] = set()
 """Systems started and not stopped (held strongly: a system its host let go of still
 runs, and still has calls to finish)."""
 _lock = threading.Lock()
+_finalizer_pid: int | None = None
 
 
 def track(system: Any) -> None:
     """Stop ``system`` at interpreter exit unless it was stopped before."""
+    global _finalizer_pid
     with _lock:
         _running.add(system)
+        if _finalizer_pid == os.getpid():
+            return
+        _finalizer_pid = os.getpid()
+    # a multiprocessing child made by fork leaves through os._exit (no atexit), after
+    # running multiprocessing's finalizers: the same hook is one of them, in each process
+    multiprocessing.util.Finalize(None, _stop_all, exitpriority=100)
 
 
 def untrack(system: Any) -> None:

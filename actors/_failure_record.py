@@ -30,7 +30,7 @@ from .errors import (
 )
 from .tool import Tool
 
-__all__ = ["PASSING", "failure_record", "may_have_acted", "passing"]
+__all__ = ["PASSING", "exiting", "failure_record", "may_have_acted", "passing"]
 
 PASSING = (
     *RELEASE_ON, LeaseLostError, CallCancelledError, ReceiptWaitTimeoutError, PersistenceCircuitOpenError,
@@ -50,6 +50,16 @@ def passing(exc: BaseException) -> bool:
     return any(isinstance(link, PASSING) for link in cause_chain(exc))
 
 
+def exiting(exc: BaseException) -> bool:
+    """``exc`` (or an error it was raised from) refused the function's work because the
+    interpreter is exiting: ``concurrent.futures`` schedules nothing once its shutdown
+    began, before ``atexit`` stops the system. Not the provider's answer nor the
+    input's fault: recorded as a stop (``transient``; ``uncertain`` if not retry-safe)."""
+    return any(
+        isinstance(link, RuntimeError) and "interpreter shutdown" in str(link) for link in cause_chain(exc)
+    )
+
+
 def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:
     """A tool that is not retry-safe whose request may have reached the provider: it
     timed out, or its connection broke, after sending (a refused connection sent
@@ -59,6 +69,8 @@ def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> boo
         return False
     if relayed:  # it acted (its request went out); a kind a rerun would retry must not re-run it silently
         return passing(exc) or failure_kind_for(exc).retryable
+    if exiting(exc):  # cut short by the exit, perhaps after its own request
+        return True
     if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
         return False
     if isinstance(exc, ProviderError):
@@ -79,6 +91,6 @@ def failure_record(exc: BaseException, relayed: bool, salvage_path: str) -> tupl
             f"{error_text(exc)}; the answer was salvaged to {salvage_path} (tooldispatch "
             "salvage ls); run with retry_failed or force_refresh to call the provider again"
         ), FailureKind.PERMANENT
-    if relayed and passing(exc):
+    if (relayed and passing(exc)) or exiting(exc):
         return error_text(exc), FailureKind.TRANSIENT
     return error_text(exc), failure_kind_for(exc)

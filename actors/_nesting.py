@@ -10,13 +10,10 @@ nested, the errors their futures raise are relayed to the call) while that call 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-import pykka
 
 from . import _futures
 
@@ -82,7 +79,6 @@ def enter_keys(keys: Iterable[str], scope: NestScope | None = None) -> Any:
 
 def leave_keys(token: Any, scope: NestScope | None = None) -> None:
     _running.pop(token, None)
-    _relayed.pop(token, None)
     if scope is not None:
         scope.token = scope.keys = None
 
@@ -118,43 +114,26 @@ def lend(scope: NestScope | None) -> Iterator[None]:
             _lent[me] = before
 
 
-class _Relayed:
-    """The errors nested calls' futures raised into one running tool function.
-
-    Every error but a wait that ran out is kept (by identity, once each): there is one at
-    most per nested call the function made, and any of them may be the one it raises on.
-    Waits that ran out (``pykka.Timeout``) are made anew by each ``get(timeout=)``, so a
-    function polling its futures would pile them up: only the latest few are kept.
-    """
-
-    __slots__ = ("errors", "waits")
-
-    def __init__(self) -> None:
-        self.errors: dict[int, BaseException] = {}
-        self.waits: collections.deque[BaseException] = collections.deque(maxlen=_WAITS_KEPT)
-
-    def add(self, exc: BaseException) -> None:
-        if isinstance(exc, pykka.Timeout):
-            self.waits.append(exc)
-        else:
-            self.errors[id(exc)] = exc
-
-    def holds(self, exc: BaseException) -> bool:
-        return self.errors.get(id(exc)) is exc or any(w is exc for w in self.waits)
-
-
-_WAITS_KEPT = 16
-_relayed: dict[Any, _Relayed] = {}
-"""The errors nested calls' futures raised into each worker's running tool function."""
+_MARK = "_tooldispatch_relayed_into"
+"""Attribute a nested call's error gets when its future raises it into a running tool
+function: the running keys object (one per attempt, compared by identity) of each
+attempt it was raised into. Held by the error, so nothing here grows with the calls."""
 
 
 def _note_relayed(exc: BaseException) -> None:
     me = _acting_for(_worker_id())
-    if me is not None:
-        got = _relayed.get(me)
-        if got is None:
-            got = _relayed[me] = _Relayed()
-        got.add(exc)
+    held = _running.get(me) if me is not None else None
+    if held is None:
+        return
+    try:
+        marks = exc.__dict__.get(_MARK)
+        if marks is None:
+            setattr(exc, _MARK, [held])
+        elif not any(m is held for m in marks):
+            del marks[:-15]  # an error raised into many attempts: the latest few
+            marks.append(held)
+    except (AttributeError, TypeError):  # an error that takes no attribute: not recognised later
+        pass
 
 
 _futures.on_raise = _note_relayed
@@ -165,8 +144,10 @@ def relayed_here(token: Any, exc: BaseException) -> bool:
     object), or the error ``exc`` was explicitly raised from (``raise X from e``, a few
     levels), from a nested call's future (on its worker, or on one lent to it): raised
     on, it is that call's error, not one about the function's own request."""
-    got = _relayed.get(token)
-    return got is not None and any(got.holds(link) for link in cause_chain(exc))
+    held = _running.get(token)
+    return held is not None and any(
+        any(m is held for m in getattr(link, _MARK, ())) for link in cause_chain(exc)
+    )
 
 
 def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:

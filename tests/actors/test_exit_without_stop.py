@@ -182,3 +182,119 @@ def test_a_forked_child_does_not_stop_its_parents_system_at_its_exit(runtime: An
     assert done.returncode == 0, done.stderr[-2000:]
     took = float(done.stdout.split("child exited in ")[1].split()[0])
     assert took < 3.0, done.stderr[-2000:]
+
+
+_FANOUT = textwrap.dedent(
+    """
+    import sys, time
+    from concurrent.futures import ThreadPoolExecutor
+    from actors import DispatchSystem, RunInfo, Tool
+    from stores import SqliteReceiptStore
+
+    holder = {}
+
+    def child(i, c):
+        time.sleep(0.3)
+        return {"c": i["c"]}
+
+    def parent(i, c):  # still running, and fanning out, when the host's main ends
+        time.sleep(0.5)
+        with ThreadPoolExecutor(2) as pool:
+            one = c.wrap(lambda x: holder["p"].execute("child", {"c": x}).get(30).value)
+            got = list(pool.map(one, [1, 2]))
+        return {"got": got}
+
+    store = SqliteReceiptStore(sys.argv[1])
+    safe = sys.argv[2] == "safe"
+    tools = [Tool(tool_id="parent", fn=parent, retry_safe=safe), Tool(tool_id="child", fn=child)]
+    system = DispatchSystem.start(tools=tools, store=store, run=RunInfo(run_id="f", org_id="o", scope="s"))
+    holder["p"] = system.proxy()
+    system.proxy().execute_many("parent", [{"p": p} for p in range(3)])
+    time.sleep(0.2)
+    """
+)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["retry-safe", "not-retry-safe"])
+def test_a_tool_fanning_out_on_an_executor_when_the_host_exits_is_recorded_as_stopped(
+    runtime: Any, tmp_path: Path, safe: bool
+) -> None:
+    """``concurrent.futures`` refuses new work once the interpreter's shutdown began, before
+    the exit's stop: the parents fail with "cannot schedule new futures after interpreter
+    shutdown". That is the exit, not the input: recorded ``transient`` (a rerun runs them)
+    or, not retry-safe, ``uncertain`` (before: ``failed``/``permanent``, never run again)."""
+    script = tmp_path / "fanout.py"
+    script.write_text(_FANOUT)
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    db = tmp_path / "r.db"
+    arg = "safe" if safe else "unsafe"
+    done = subprocess.run(
+        [*prefix, str(script), str(db), arg], capture_output=True, text=True, env=env, timeout=EXIT_WITHIN_S
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT status, failure_kind FROM receipts WHERE tool_id = 'parent'").fetchall()
+    assert len(rows) == 3
+    for status, kind in rows:
+        assert status == "completed" or (status, kind) == (
+            ("failed", "transient") if safe else ("uncertain", kind)
+        ), rows
+
+
+_MP = textwrap.dedent(
+    """
+    import multiprocessing, sys, time
+    from actors import DispatchSystem, RunInfo, Tool
+    from stores import SqliteReceiptStore
+
+    def slow(i, c):
+        time.sleep(0.5)
+        return {"i": i}
+
+    def child(db, n):  # a system the child never stops; it leaves through os._exit
+        run = RunInfo(run_id="c%d" % n, org_id="o", scope="s")
+        store = SqliteReceiptStore(db)
+        system = DispatchSystem.start(tools=[Tool(tool_id="slow", fn=slow)], store=store, run=run)
+        system.proxy().execute_many("slow", [{"i": n * 10 + i} for i in range(3)])
+        time.sleep(0.2)
+
+    if __name__ == "__main__":
+        context = multiprocessing.get_context(sys.argv[2])
+        procs = [context.Process(target=child, args=(sys.argv[1], n)) for n in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0, p.exitcode
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_multiprocessing_child_that_never_stops_its_system_stores_its_running_calls(
+    runtime: Any, tmp_path: Path, method: str
+) -> None:
+    """A ``multiprocessing`` child made by fork leaves through ``os._exit`` (no ``atexit``):
+    its system is stopped by multiprocessing's finalizers (before: its receipts stayed
+    ``running``, the results its tools returned lost)."""
+    if runtime == "gevent" and method == "spawn":
+        pytest.skip("a spawned child is a plain interpreter: the threads run covers it")
+    script = tmp_path / "mp.py"
+    script.write_text(_MP)
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    db = tmp_path / "r.db"
+    done = subprocess.run(
+        [*prefix, str(script), str(db), method],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=EXIT_WITHIN_S * 2,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _statuses(db) == {"completed": 6}

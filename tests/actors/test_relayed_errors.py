@@ -428,3 +428,74 @@ def test_a_relayed_error_stays_relayed_however_much_the_function_waited_or_got_a
         with pytest.raises(failed):
             system.proxy().execute("parent", {"x": x}).get(timeout=WAIT_S)
     assert system.stats()["pacing"]["acme/pa"]["circuit"] == "closed"
+
+
+def test_an_early_wait_that_ran_out_raised_after_many_more_is_still_passed_on(
+    make_system: Any, db_path: Path
+) -> None:
+    """The function polls its nested call 40 times (each ``get(timeout=)`` runs out), then
+    raises the first of those waits: still its own wait on a nested call, recorded
+    ``transient`` for a retry-safe tool (before: only the latest 16 were remembered and
+    it was recorded ``permanent``, so no rerun ran it again)."""
+    import time
+
+    import pykka
+
+    holder: dict[str, Any] = {}
+
+    def child(i: Any, c: Any) -> Any:
+        time.sleep(2.0)
+        return {"ok": True}
+
+    def parent(i: Any, c: Any) -> Any:
+        future = holder["proxy"].execute("child", {"x": i["x"]})
+        waits = []
+        for _ in range(40):
+            try:
+                future.get(timeout=0.005)
+            except pykka.Timeout as exc:
+                waits.append(exc)
+        raise waits[0]
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="pa", retry_safe=True, timeout_s=WAIT_S),
+        Tool(tool_id="child", fn=child, provider="ch"),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.01, retry_attempts=0))
+    holder["proxy"] = system.proxy()
+    with pytest.raises(pykka.Timeout):
+        system.proxy().execute("parent", {"x": 1}).get(timeout=WAIT_S)
+    assert _statuses(db_path)["parent"] == ("failed", "transient")
+
+
+def test_the_errors_nested_calls_raised_are_not_held_while_the_function_runs(make_system: Any) -> None:
+    """A function that makes thousands of failing nested calls: the dispatcher holds none of
+    their errors (before: every one, with its traceback, until the function returned;
+    100,000 calls took 340 MB)."""
+    import gc
+
+    class ChildError(Exception):
+        pass
+
+    holder: dict[str, Any] = {}
+    alive: list[int] = []
+
+    def child(i: Any, c: Any) -> Any:
+        raise ChildError(f"no {i['x']}")
+
+    def parent(i: Any, c: Any) -> Any:
+        for x in range(2_000):
+            with contextlib.suppress(ChildError):
+                holder["proxy"].execute("child", {"x": x}).get(timeout=WAIT_S)
+        gc.collect()
+        alive.append(sum(1 for o in gc.get_objects() if type(o) is ChildError))
+        return {"ok": True}
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="pa", timeout_s=60.0),
+        Tool(tool_id="child", fn=child, provider="ch", durable=False),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.0, retry_attempts=0, circuit_failures=10**6))
+    holder["proxy"] = system.proxy()
+    system.proxy().execute("parent", {"x": 1}).get(timeout=90.0)
+    assert alive and alive[0] < 50, f"{alive[0]} nested errors held while the function ran"
