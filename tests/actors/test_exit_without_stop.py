@@ -88,15 +88,22 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+def _child_env(runtime: str) -> tuple[dict[str, str], list[str]]:
+    """(environment, command prefix) of a child host in this run's runtime, importing the
+    same ``actors``/``stores`` as this test process."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    return env, prefix
+
+
 def _run(
     runtime: str, tmp_path: Path, ending: str, interrupt: int = 0
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     script = tmp_path / "host.py"
     script.write_text(_SCRIPT)
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    env, prefix = _child_env(runtime)
     start = time.monotonic()
     proc = subprocess.Popen(
         [*prefix, str(script), str(tmp_path / "r.db"), ending],
@@ -225,10 +232,7 @@ def test_a_tool_fanning_out_on_an_executor_when_the_host_exits_is_recorded_as_st
     or, not retry-safe, ``uncertain`` (before: ``failed``/``permanent``, never run again)."""
     script = tmp_path / "fanout.py"
     script.write_text(_FANOUT)
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    env, prefix = _child_env(runtime)
     db = tmp_path / "r.db"
     arg = "safe" if safe else "unsafe"
     done = subprocess.run(
@@ -284,10 +288,7 @@ def test_a_multiprocessing_child_that_never_stops_its_system_stores_its_running_
         pytest.skip("a spawned child is a plain interpreter: the threads run covers it")
     script = tmp_path / "mp.py"
     script.write_text(_MP)
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    prefix = [sys.executable, "-m", "gevent.monkey"] if runtime == "gevent" else [sys.executable]
+    env, prefix = _child_env(runtime)
     db = tmp_path / "r.db"
     done = subprocess.run(
         [*prefix, str(script), str(db), method],
