@@ -67,11 +67,11 @@ def _stop_all() -> None:
     for system in left:
         if system.stopped:
             continue
-        log.warning(
-            "the interpreter is exiting with a DispatchSystem still running (stop() was not "
-            "called): stopping it, up to %.0f s (interrupt again to leave at once)", AT_EXIT_STOP_S,
-        )  # fmt: skip
         try:
+            log.warning(
+                "the interpreter is exiting with a DispatchSystem still running (stop() was not "
+                "called): stopping it, up to %.0f s (interrupt again to leave at once)", AT_EXIT_STOP_S,
+            )  # fmt: skip
             system.stop(timeout_s=AT_EXIT_STOP_S)
         except KeyboardInterrupt:
             log.warning("interrupted again: leaving now; calls still running are left to their leases")

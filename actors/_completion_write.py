@@ -12,7 +12,7 @@ writes while the latch is tripped, and writes over one chunk's caps
 Durability is the flusher's: callers hear back only after the store answered; outputs
 whose lease was lost (or whose receipt is gone) are salvaged before that; a write still
 out when stop's bound runs out is salvaged by stop (the system's ``writing`` map, shared
-with the flusher: :func:`actors.completion_flusher.salvage_writing`).
+with the flusher: :func:`actors._stop_salvage.salvage_writing`).
 """
 
 from __future__ import annotations

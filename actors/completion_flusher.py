@@ -14,7 +14,6 @@ store actor's futures, which is safe because that actor never waits on anyone.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite
 from .salvage import SalvageLog, salvage_entry
 from .tool import Policy
 
-__all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff", "salvage_writing"]
+__all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff"]
 
 
 @attrs.define
@@ -373,18 +372,3 @@ class CompletionFlusherActor(InboxActor):
         fact = CompletionsFlushed(persisted=persisted, salvaged=salvaged)
         for observer in self.observers:
             observer(fact)
-
-
-def salvage_writing(writing: dict[int, Any], salvage: SalvageLog) -> int:
-    """Salvage the outputs of writes still in progress (called by a stop whose bound ran
-    out while the flusher waited on the store): a paid result is then on disk before stop
-    returns even if the process exits. A write that lands later leaves a salvage entry of
-    an already completed receipt, which ``salvage replay`` counts and drops. Returns the
-    number of outputs salvaged."""
-    entries = []
-    for make in list(writing.values()):
-        with contextlib.suppress(Exception):
-            entries += make("the dispatcher stopped while this result was being stored")
-    if entries:
-        salvage.append(entries)
-    return len(entries)

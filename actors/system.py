@@ -38,8 +38,9 @@ from ._pacing import SLOW_START_RPS
 from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
+from ._stop_salvage import salvage_unread, salvage_writing
 from ._system_ports import Ports
-from .completion_flusher import CompletionFlusherActor, Latch, salvage_writing
+from .completion_flusher import CompletionFlusherActor, Latch
 from .errors import AuthScopeChangedError, CallCancelledError, DispatchError, ToolTimeoutError
 from .governor import suggested_parallelism
 from .governor_actor import GovernorActor
@@ -351,6 +352,8 @@ class DispatchSystem:
         if self._writing:  # the bound ran out while a write waited on the store: on disk now
             with contextlib.suppress(Exception):
                 salvage_writing(self._writing, self.salvage)
+            with contextlib.suppress(Exception):  # and what waited behind it, unread
+                salvage_unread(self._flusher.actor_inbox, self.salvage, self.run.scope)
         self.timers.stop()
 
     def __enter__(self) -> DispatchSystem:
