@@ -34,6 +34,8 @@ _running: set[Any] = set()
 runs, and still has calls to finish)."""
 _lock = threading.Lock()
 _finalizer_pid: int | None = None
+_interrupted = False
+"""An interrupt ended the hook's wait: every later run of it returns at once."""
 
 
 def track(system: Any) -> None:
@@ -62,6 +64,9 @@ def _forget_in_child() -> None:
 
 
 def _stop_all() -> None:
+    global _interrupted
+    if _interrupted:  # told to leave: a later run of the hook (multiprocessing's) leaves too
+        return
     with _lock:
         left = list(_running)
     for system in left:
@@ -74,6 +79,7 @@ def _stop_all() -> None:
             )  # fmt: skip
             system.stop(timeout_s=AT_EXIT_STOP_S)
         except KeyboardInterrupt:
+            _interrupted = True
             log.warning("interrupted again: leaving now; calls still running are left to their leases")
             return
         except BaseException:

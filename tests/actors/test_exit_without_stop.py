@@ -304,3 +304,25 @@ def test_a_multiprocessing_child_that_never_stops_its_system_stores_its_running_
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert _statuses(db) == {"completed": 6}
+
+
+def test_after_an_interrupt_every_later_run_of_the_exit_hook_leaves_at_once(monkeypatch: Any) -> None:
+    """The hook runs twice at exit (``atexit``, then multiprocessing's finalizers): once an
+    interrupt ended its wait, the second run must not start the stop again (before: the
+    second run waited the whole bound, the process did not leave)."""
+    from actors import _at_exit
+
+    class Host:
+        stopped = False
+        stops = 0
+
+        def stop(self, timeout_s: float) -> None:
+            Host.stops += 1
+            raise KeyboardInterrupt
+
+    host = Host()
+    monkeypatch.setattr(_at_exit, "_interrupted", False)
+    monkeypatch.setattr(_at_exit, "_running", {host})
+    _at_exit._stop_all()
+    _at_exit._stop_all()
+    assert Host.stops == 1
