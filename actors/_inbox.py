@@ -8,6 +8,7 @@ fails the reply slots with :func:`answer_left`.
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 from ._futures import fail
@@ -18,14 +19,17 @@ __all__ = ["answer_left", "left_in"]
 
 def left_in(inbox: Any) -> list[Any]:
     """The messages left in a stopping actor's inbox (called from its ``on_stop``; its own
-    thread is the only reader, so nothing here waits: every get follows a non-empty check).
+    thread reads it, and stop's thread may too: nothing here waits).
 
     pykka discards what a stopped actor leaves unread, answering only ``ask`` futures;
     a request whose reply slot travels inside a told message would never be answered.
     """
     left = []
-    while not inbox.empty():
-        envelope = inbox.get()
+    while True:
+        try:  # never waits: another thread (stop's, salvaging) may drain it too
+            envelope = inbox.get_nowait()
+        except queue.Empty:
+            break
         reply_to = getattr(envelope, "reply_to", None)
         if reply_to is not None:
             fail(reply_to, CallCancelledError("the dispatcher stopped before handling the request"))

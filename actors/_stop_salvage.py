@@ -5,11 +5,9 @@ the process exits would be lost. Both run on stop's thread."""
 from __future__ import annotations
 
 import contextlib
-import queue
 from typing import Any
 
-from ._futures import fail
-from ._inbox import answer_left
+from ._inbox import answer_left, left_in
 from .errors import CallCancelledError
 from .messages import FlushCompletions
 from .salvage import SalvageLog, salvage_entry
@@ -38,16 +36,7 @@ def salvage_unread(inbox: Any, salvage: SalvageLog, scope: str) -> int:
     own ``on_stop`` may never come before the process exits: its thread is a daemon).
     Called from stop's thread; the flusher may take messages meanwhile, so each is taken
     without waiting. Their callers are answered. Returns the number of outputs salvaged."""
-    left = []
-    while True:
-        try:
-            envelope = inbox.get_nowait()
-        except queue.Empty:
-            break
-        reply_to = getattr(envelope, "reply_to", None)
-        if reply_to is not None:
-            fail(reply_to, CallCancelledError("the dispatcher stopped before handling the request"))
-        left.append(getattr(envelope, "message", envelope))
+    left = left_in(inbox)
     entries = []
     reason = "the dispatcher stopped before this result was stored"
     for message in left:
