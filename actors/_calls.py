@@ -215,6 +215,10 @@ class Unit:
     """``time.monotonic()`` of its first send: each caller times out ``timeout_s`` after it."""
     out: bool = False
     """A provider call is running on the pool."""
+    ticket: Any = None
+    """Its last attempt's ``actors._launch.SendTicket`` (withdrawn while not yet sent)."""
+    counted: tuple[str, ...] = ()
+    """The stats its last send counted (``requests``, ...), taken back if nothing went."""
     timed_out: bool = False
     relayed: tuple[BaseException, ...] = ()
     """Its last attempt's errors (the call's, or members') that the tool's function passed

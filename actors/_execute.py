@@ -31,6 +31,7 @@ from .results import ToolContext, batch_idempotency_key, provider_idempotency_ke
 from .tool import Tool
 
 if TYPE_CHECKING:
+    from ._launch import Launch, SendTicket
     from ._send_gate import SendGate
 
 __all__ = ["attempt", "failure_kind_for", "split_members", "transient"]
@@ -155,9 +156,11 @@ class AttemptSpec:
     durable: bool
     ancestors: frozenset[str] = frozenset()
     """The receipt keys of the tool calls its nested callers were made inside."""
+    ticket: SendTicket | None = None
+    """Its permission to send, taken right before the request (:mod:`actors._launch`)."""
 
 
-def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
+def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None) -> AttemptSpec:
     """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
 
     A batch's members are first put in one canonical order, by their provider idempotency
@@ -192,6 +195,7 @@ def spec_for(unit: Unit, attempt_no: int, now: float) -> AttemptSpec:
     return AttemptSpec(
         unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
         context=context, durable=tool.durable, ancestors=frozenset().union(*(g.ancestors for g in groups)),
+        ticket=ticket,
     )  # fmt: skip
 
 
@@ -200,6 +204,7 @@ def attempt(
     tell: Callable[[Any], None],
     clock: Callable[[], float] = time.monotonic,
     gate: SendGate | None = None,
+    launch: Launch | None = None,
 ) -> None:
     """Run one attempt on the calling worker and ``tell`` the outcome (never raises).
 
@@ -208,21 +213,48 @@ def attempt(
     of receipts running, would otherwise let granted calls go out in bunches larger
     than the provider's burst). A turn that would come after the call's deadline, or a
     gate closed meanwhile, sends nothing: :class:`~actors.errors.NotSentError`.
+
+    ``launch``: the last check, right before the tool function (or the batch operation,
+    after its payload is built): a deadline passed, an attempt withdrawn meanwhile, a
+    tripped latch or a stop sends nothing and is told back as ``UnitFinished(withdrawn=...)``; a wait at
+    the gate ends at once for any of them (:mod:`actors._launch`).
     """
     tool = spec.tool
-    if gate is not None and not gate.wait_turn(latest=spec.context.deadline, clock=clock):
-        error = NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
-        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
-        return
-    sent_at = clock()
+    ticket = spec.ticket
+    if gate is not None:
+        wake = launch.park(ticket) if launch is not None and gate.paced else None
+        try:
+            turn = gate.wait_turn(latest=spec.context.deadline, stop=wake, clock=clock)
+        finally:
+            if wake is not None and launch is not None:
+                launch.unpark(ticket)
+        if not turn and not (wake is not None and wake.is_set()):
+            error = NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
+            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+            return
+    sent_at: float | None = None
     nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
     token = enter_keys(spec.ancestors.union(spec.context.receipt_keys), nest)  # a nested call of one: a cycle
     try:
         if spec.batched and tool.batch is not None:
-            raw = tool.batch.batch_fn(tool.batch.build(spec.inputs), spec.context)
-            values = split_members(tool, spec.inputs, raw)
+            send: Callable[[Any, Any], Any] = tool.batch.batch_fn
+            payload = tool.batch.build(spec.inputs)
         else:
-            values = [tool.fn(spec.payload, spec.context)]
+            send, payload = tool.fn, spec.payload
+        if clock() >= spec.context.deadline:  # passed while it waited or its payload was built
+            error = NotSentError(f"{tool.tool_id}: its deadline passed before it was sent; not sent")
+            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+            return
+        refusal = launch.take(ticket) if launch is not None else None
+        if refusal is not None:  # withdrawn, tripped or stopped since it was handed over
+            kind, refused = refusal
+            tell(UnitFinished(
+                unit=spec.unit, attempt=spec.attempt, members=None, error=refused, withdrawn=kind
+            ))  # fmt: skip
+            return
+        sent_at = clock()
+        raw = send(payload, spec.context)
+        values = split_members(tool, spec.inputs, raw) if spec.batched else [raw]
         # a nested call's error given as a member's outcome: that call's, not the request's
         relayed = tuple(v for v in values if isinstance(v, BaseException) and relayed_here(token, v))
     except BaseException as exc:

@@ -54,6 +54,9 @@ class Finishing(LifecycleBase):
             return
         unit.out = False
         error = msg.error
+        if msg.withdrawn:
+            self._withdrawn(unit, msg.withdrawn, error, now)
+            return
         unit.relayed = msg.relayed
         relayed = unit.relayed_error(
             error
@@ -104,6 +107,30 @@ class Finishing(LifecycleBase):
             return
         self._report(unit, None, msg.sent_at)
         self._conclude(unit, msg.members, None, now)
+
+    def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
+        """Its worker sent nothing: the last check before the request refused it
+        (:mod:`actors._launch`). Counted as never sent; callers left are refused with
+        ``error``, or, when it was withdrawn for callers who left and others came since,
+        it is admitted again."""
+        for name in unit.counted:
+            self.fx.count(name, -1)
+        unit.counted = ()
+        unit.attempt -= 1
+        unit.sent_on_slot = False  # its slot's provider_calls charge comes back with it
+        if unit.attempt == 0 and unit.readmissions == 0:
+            unit.deadline = unit.sent_first_at = None  # never sent: its first send times it
+        if unit.retry_charged:
+            unit.retry_charged = False
+            self.fx.refund_retry()
+        refusal = error or NotSentError(f"{self.tool.tool_id}: not sent")
+        if kind == "latch":
+            self.fx.count("refused_by_latch", sum(len(g.calls) for g in unit.groups))
+            self._give_back(unit, refusal)
+        elif kind == "cancelled" and not self.stopping and any(g.calls for g in unit.groups):
+            self._readmit(unit, now, front=True)
+        else:
+            self._give_back(unit, refusal)
 
     def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:

@@ -179,6 +179,9 @@ class UnitFinished:
     """The errors (``error``, or members' outcomes) that came out of a nested call's future
     inside the tool's function: that call's errors, passed on; the tool's own request went
     out (``actors._nesting.relayed_here``)."""
+    withdrawn: str = ""
+    """Not sent, and why (``actors._launch.WithdrawKind``): the last check before the
+    request refused it (``error`` is the callers' answer); empty when it was sent."""
 
 
 @attrs.frozen(kw_only=True)

@@ -52,7 +52,7 @@ class LocalEffects:
         groups = list(unit.groups) if unit is not None and self.tool.durable else None
         report = _Report(self.finished, tell, self, groups)
         try:
-            self.ports.pool.submit(attempt, spec, report, time.monotonic, gate)
+            self.ports.pool.submit(attempt, spec, report, time.monotonic, gate, self.ports.launch)
         except Exception as exc:  # shut down (the system stopped), or no thread could start
             error = NotSentError(f"{self.tool.tool_id}: its attempt could not start: {error_text(exc)}")
             error.__cause__ = exc

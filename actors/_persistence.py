@@ -6,7 +6,8 @@ there."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -40,21 +41,30 @@ class Latch:
     """The persistence circuit breaker of one dispatcher, owned by the completion flusher.
 
     Only the flusher actor trips it (its own give-up, or a :class:`TripLatch` message
-    from a lifecycle whose failure write failed); every other thread reads it as a
-    snapshot (``tripped``, then ``reason``) right before starting a provider call.
-    Once tripped it stays tripped. Calls refused because of it are counted in the
-    system's stats (``refused_by_latch``).
+    from a lifecycle whose failure write failed); other threads read it as a snapshot
+    (``tripped``, then ``reason``). The trip takes ``lock``, which the last check before
+    each request also takes (:class:`actors._launch.Launch`): once :meth:`trip` has
+    returned, no provider call starts. Once tripped it stays tripped. Calls refused
+    because of it are counted in the system's stats (``refused_by_latch``).
     """
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
+        """Held while tripping, and by each send's last check."""
         self.reason = ""
         self.tripped = False
+        self.on_trip: Callable[[], None] | None = None
+        """Called once, after the trip, outside the lock (wakes senders waiting at gates)."""
 
     def trip(self, reason: str) -> None:
         """Open the circuit (idempotent; the first reason is kept). Flusher thread only."""
-        if not self.tripped:
+        with self.lock:
+            if self.tripped:
+                return
             self.reason = reason
             self.tripped = True
+        if self.on_trip is not None:
+            self.on_trip()
 
 
 def ladder_backoff(

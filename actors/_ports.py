@@ -329,6 +329,9 @@ class ActorEffects(LocalEffects):
         reply = Reply(self.ref, LatchTripped, batch=batch)
         _ask(self.ports.flusher, TripLatch(reason=reason, reply=reply), reply)
 
+    def withdraw(self, ticket: Any, kind: Any, error: BaseException) -> bool:
+        return self.ports.launch.withdraw(ticket, kind, error)
+
 
 _HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
     UnitFinished: lambda life, m, now: life.on_finished(m, now),

@@ -12,6 +12,7 @@ import attrs
 from stores.types import Owner
 
 from ._calls import Call
+from ._launch import Launch
 from ._runtime import Timers, WorkerPool
 from ._send_gate import SendGates
 from .completion_flusher import Latch
@@ -39,6 +40,8 @@ class Ports:
     """CompletionFlusherActor ref."""
     latch: Latch
     """Read-only here: the flusher trips it (TripLatch)."""
+    launch: Launch
+    """The last check before each request (the latch, a stop, withdrawals)."""
     gates: SendGates
     """Read-only here: the governor keeps their pauses and closures."""
     stats: Stats

@@ -16,7 +16,8 @@ admission, sending, lease loss, cancellation and stop are here.
 
 Rules (docs/how-it-works.md): claims in bulk per claim mode; dispositions as its table says; a
 slot per provider call, free when its result is persisted; the latch, a stop and a
-paused or closed provider are checked right before each send; a unit whose deadline
+paused or closed provider are checked right before each send (and again by its worker,
+:mod:`actors._launch`: a unit withdrawn or refused there comes back ``withdrawn``); a unit whose deadline
 passes before it is sent is never sent; one that times out while running keeps its
 slot, lease and heartbeat until its worker returns, and its late result is persisted.
 """
@@ -28,10 +29,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ._calls import Call, GroupState, Unit
+from ._calls import Call, Group, GroupState, Unit
 from ._cleanup import Cleanup
 from ._execute import spec_for
 from ._finishing import Finishing
+from ._launch import SendTicket
 from ._lifecycle_base import Effects
 from .errors import (
     CallCancelledError,
@@ -204,12 +206,15 @@ class Lifecycle(Cleanup, Finishing):
         for group in unit.groups:
             group.state = GroupState.RUNNING
             group.ran = True
-        self.fx.count("requests")
+        counted: tuple[str, ...] = ("requests",)
         if unit.attempt == 1 and unit.readmissions == 0:
-            self.fx.count("provider_calls")
-            if len(unit.groups) > 1:
-                self.fx.count("batches")
-        self.fx.start(spec_for(unit, unit.attempt, now))
+            counted = ("requests", "provider_calls", "batches") if len(unit.groups) > 1 else (
+                "requests", "provider_calls")  # fmt: skip
+        for name in counted:
+            self.fx.count(name)
+        unit.counted = counted  # taken back if its worker sends nothing (``_withdrawn``)
+        unit.ticket = ticket = SendTicket()  # taken by its worker right before the request
+        self.fx.start(spec_for(unit, unit.attempt, now, ticket))
 
     def _not_sent(self, unit: Unit, now: float) -> None:
         error = unit.last_error or NotSentError(
@@ -243,6 +248,8 @@ class Lifecycle(Cleanup, Finishing):
                 self._drop_from_unit(group)
                 self._settle(group, error)
             else:
+                if unit is not None and unit.out and len(unit.groups) == 1:
+                    self.fx.withdraw(unit.ticket, "lease_lost", error)  # not sent yet: never is
                 self._answer_early(group, error)
 
     def cancel(self, call: Call, now: float) -> bool:
@@ -251,7 +258,10 @@ class Lifecycle(Cleanup, Finishing):
         if group is None or call not in group.calls:
             return False
         if group.state in (GroupState.RUNNING, GroupState.PERSISTING) or (group.unit and group.unit.out):
-            return False  # sent: persisted as usual; the caller still gets the answer if it asks
+            # handed to its worker: withdrawn if not sent yet (waiting for its turn at the
+            # gate, a batch being built) and no caller of it is left; else it is persisted
+            # as usual and the caller still gets the answer if it asks
+            return self._withdraw_cancelled(group, call)
         group.calls.remove(call)
         self.fx.count("cancelled")
         self.fx.answer(call, CallCancelledError("the call was cancelled"))
@@ -264,6 +274,22 @@ class Lifecycle(Cleanup, Finishing):
         elif group.state is GroupState.WAITING:
             self._settle(group, None)
         return True
+
+    def _withdraw_cancelled(self, group: Group, call: Call) -> bool:
+        unit = group.unit
+        if group.state is not GroupState.RUNNING or unit is None or not unit.out:
+            return False
+        calls = [c for g in unit.groups for c in g.calls]
+        if not all(c is call or getattr(c.future, "cancelled", False) is True for c in calls):
+            return False  # another caller still wants it
+        if not self.fx.withdraw(unit.ticket, "cancelled", CallCancelledError("the call was cancelled")):
+            return False  # its request is out
+        for g in unit.groups:  # every caller of the unit cancelled: answered now
+            for c in g.calls:
+                self.fx.count("cancelled")
+                self.fx.answer(c, CallCancelledError("the call was cancelled"))
+            g.calls = []
+        return True  # its worker reports it not sent (``on_withdrawn``): the receipts go back then
 
     def joined(self, call: Call, now: float) -> None:
         """A call joined its key's execution. Sent already: it times out on its own

@@ -33,6 +33,7 @@ from ._at_exit import track, untrack
 from ._calls import Call, Role
 from ._execute import error_text
 from ._futures import MAX_WAIT_S, fail, new_future
+from ._launch import Launch
 from ._memo_path import Intake
 from ._pacing import SLOW_START_RPS
 from ._purge_watch import PurgeWatcher
@@ -108,6 +109,8 @@ class DispatchSystem:
         self.started_at = time.monotonic()
         self.stats_ = Stats(policy.perf_hook)
         self.latch = Latch()
+        self.launch = Launch(self.latch)
+        """The last check before each request leaves (:mod:`actors._launch`)."""
         self.timers = Timers()
         self.salvage = SalvageLog(policy.salvage_path or _default_salvage_path(store))
         self._digests: dict[str, str] = {}
@@ -138,8 +141,8 @@ class DispatchSystem:
         self.ports = Ports(
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
-            gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers, salvage=self.salvage,
-            requeue=self._requeue, writing=self._writing,
+            launch=self.launch, gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers,
+            salvage=self.salvage, requeue=self._requeue, writing=self._writing,
             width=lambda tool: suggested_parallelism(pacings[tool.provider_name], policy.max_concurrency),
         )  # fmt: skip
         self._memos = {
@@ -305,6 +308,7 @@ class DispatchSystem:
         with self._lock:
             if self._stopped:
                 return
+            self.launch.stop()  # from here on no request leaves, not even one a worker holds
             self._stopped = True
         self._stopping.set()
         untrack(self)

@@ -23,7 +23,8 @@ import pytest
 from actors._calls import Call, Group, GroupState
 from actors._execute import AttemptSpec
 from actors._futures import new_future
-from actors.completion_flusher import FlushOutcome
+from actors._launch import Launch
+from actors.completion_flusher import FlushOutcome, Latch
 from actors.errors import (
     BudgetExceededError,
     CallCancelledError,
@@ -111,6 +112,10 @@ class FakeEffects:
         self.uncertain: set[str] = set()
         self.reconciles: list[tuple[int, str]] = []
         self.resolves: list[tuple[int, str, str]] = []
+        self.launch = Launch(Latch())
+        self.hold_sends = False
+        """Attempts wait before their send (a gate, a batch's build): withdrawable."""
+        self.withdrawn: list[tuple[str, BaseException]] = []
 
     def claim(
         self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[Any],
@@ -141,6 +146,8 @@ class FakeEffects:
 
     def start(self, spec: AttemptSpec) -> None:
         self.starts.append(spec)
+        if not self.hold_sends:  # its worker sends at once (takes its ticket)
+            assert self.launch.take(spec.ticket) is None
 
     def persist(self, batch: int, entries: list[Any], input_hashes: dict[str, str]) -> None:
         self.persists[batch] = entries
@@ -190,6 +197,12 @@ class FakeEffects:
     def trip_latch(self, reason: str, batch: int) -> None:
         self.tripped.append(reason)
         self.trip_batches.append(batch)
+
+    def withdraw(self, ticket: Any, kind: Any, error: BaseException) -> bool:
+        done = self.launch.withdraw(ticket, kind, error)
+        if done:
+            self.withdrawn.append((kind, error))
+        return done
 
     def answer(self, call: Call, outcome: Any) -> None:
         self.answers[id(call)].append(outcome)
