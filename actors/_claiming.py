@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from stores._codec import encode_output
+from stores.errors import UnreadableOutputError
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -216,7 +217,11 @@ class Claiming(Reconciling):
         try:
             text = encode_output(receipt.output)
         except Exception as exc:
-            return StoreError(f"receipt {group.key} holds an output that cannot be read back: {exc}")
+            return UnreadableOutputError(
+                f"receipt {group.key} of {self.tool.tool_id} holds an output that cannot be read back "
+                f"({exc}); inspect it with `tooldispatch receipts show {group.key[:16]}`, or run the call "
+                "with force_refresh (`tooldispatch run --force-refresh`) to pay for it again and replace it"
+            )
         return Done(text, execution)
 
     @staticmethod

@@ -312,7 +312,13 @@ class Finishing(LifecycleBase):
                     self.fx.count("salvaged")
                 self._settle(group, Done(text, "live"))
             elif kind == "completed_by_other":
-                self._settle(group, Done(encode_output(outcome.output), "cached"))
+                try:
+                    self._settle(group, Done(encode_output(outcome.output), "cached"))
+                except Exception as exc:  # the other run's output cannot be read back: ours is
+                    # what the caller gets, and it is kept in the salvage file (not lost)
+                    self.fx.salvage(group, EncodedOutput(text), f"the stored output is unreadable: {exc}")
+                    self.fx.count("salvaged")
+                    self._settle(group, Done(text, "live"))
             elif kind == "lease_lost":
                 self.fx.count("lease_lost")
                 self.fx.count("salvaged")

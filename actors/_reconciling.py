@@ -165,8 +165,9 @@ class Reconciling(LifecycleBase):
 
     @staticmethod
     def _uncertain(group: Group, receipt: Receipt) -> BaseException:
+        why = f": {receipt.error}" if receipt.error else ""
         return UncertainOutcomeError(
-            f"the outcome of {group.key} is uncertain (its request may have reached the provider); "
+            f"the outcome of {group.key} is uncertain (its request may have reached the provider){why}; "
             "resolve it with `tooldispatch receipts resolve KEY --rerun | --fail`",
             failure_kind=receipt.failure_kind,
         )

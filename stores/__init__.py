@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ._codec import decode_output, encode_output, salvage_form, validate_output
+from ._codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
 from ._dispositions import decide_disposition, next_generation
 from ._process import ProcessIdentity, current_process_identity, process_gone
 from ._rules import output_too_large_error
@@ -29,6 +29,7 @@ from .errors import (
     StoreError,
     StoreUnavailableError,
     ToolDispatchError,
+    UnreadableOutputError,
 )
 from .keys import KeyExplanation, canonical_json, explain_key, receipt_key
 from .sqlite import SqliteReceiptStore
@@ -121,6 +122,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "ToolDispatchError",
+    "UnreadableOutput",
+    "UnreadableOutputError",
     "canonical_json",
     "current_process_identity",
     "decide_disposition",

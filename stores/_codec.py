@@ -39,15 +39,17 @@ from typing import Any
 import orjson
 from cattrs.preconf.orjson import make_converter
 
-from .errors import InvalidOutputError, OutputNotStorableError
+from .errors import InvalidOutputError, OutputNotStorableError, UnreadableOutputError
 
 __all__ = [
     "EXACT_PREFIX",
     "MAX_OUTPUT_DEPTH",
     "EncodedOutput",
+    "UnreadableOutput",
     "converter",
     "decode_json",
     "decode_output",
+    "decode_stored",
     "encode_json",
     "encode_output",
     "salvage_form",
@@ -157,6 +159,40 @@ class EncodedOutput:
         return decode_output(self.text)
 
 
+class UnreadableOutput:
+    """What a receipt's ``output`` holds when its stored text cannot be decoded (changed
+    by hand, damaged, written by something else): the text as stored and why it could
+    not be read. The receipt's other fields are read as usual, so a bulk read or claim
+    answers every other key; whoever needs the value gets
+    :class:`~stores.errors.UnreadableOutputError` (:func:`encode_output` raises it)."""
+
+    __slots__ = ("problem", "text")
+
+    def __init__(self, text: str, problem: str) -> None:
+        self.text = text
+        self.problem = problem
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is UnreadableOutput and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"UnreadableOutput({self.text[:60]!r}, {self.problem!r})"
+
+
+def decode_stored(text: str | bytes | None) -> Any:
+    """:func:`decode_output` for a value read from a store: text it cannot decode comes
+    back as an :class:`UnreadableOutput` instead of raising (one damaged row must not
+    fail a read of many)."""
+    try:
+        return decode_output(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # orjson's and json's errors
+        raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        return UnreadableOutput(raw, f"{type(exc).__name__}: {exc}")
+
+
 def encode_output(output: Any) -> str:
     """Serialise a tool's output for the store: the fast form, or the exact form.
 
@@ -170,9 +206,13 @@ def encode_output(output: Any) -> str:
         InvalidOutputError: not JSON (see :func:`validate_output`); permanent by nature.
         OutputNotStorableError: JSON, but beyond what can be stored (see the module
             docstring); not the provider's fault: salvage it with :func:`salvage_form`.
+        UnreadableOutputError: an :class:`UnreadableOutput` (a stored text that could not
+            be read back).
     """
     if type(output) is EncodedOutput:
         return output.text
+    if type(output) is UnreadableOutput:
+        raise UnreadableOutputError(f"the stored output cannot be read back ({output.problem})")
     if not validate_output(output):
         try:
             return orjson.dumps(output).decode("utf-8")

@@ -71,8 +71,8 @@ def _action(a: str) -> str:
         WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN 'claim' ELSE 'restore' END
         ELSE 'claim' END
       WHEN {a}.status = 'failed' THEN CASE WHEN %(retry)s::boolean THEN 'claim' ELSE 'none' END
-      WHEN {a}.status = 'uncertain' THEN 'none'
-      ELSE 'claim' END)"""
+      WHEN {a}.status IN ('pending', 'skipped') THEN 'claim'
+      ELSE 'none' END)"""
 
 
 _FENCE_SET = {
@@ -225,7 +225,8 @@ SELECT count(*) FROM gone
             action: f"""
 WITH clk AS ({_NOW})
 UPDATE {t} SET {assignments}, updated_at = clk.now FROM clk
-WHERE org_id = %(org)s AND key = %(key)s AND status = 'uncertain'
+WHERE org_id = %(org)s AND key = %(key)s
+  AND status NOT IN ('pending', 'queued', 'running', 'completed', 'failed', 'skipped')
 RETURNING {_COLS}
 """
             for action, assignments in _RESOLVE.items()

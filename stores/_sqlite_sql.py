@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._codec import decode_output
+from ._codec import decode_stored
 from ._sqlite_schema import COLUMNS
 from .types import FailureKind, Receipt, ReceiptStatus
 
@@ -124,10 +124,21 @@ _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
 
 
 def receipt_from_row(row: Sequence[Any]) -> Receipt:
+    """A receipt from a row of :data:`COLUMNS` (SQLite's and Postgres's). A row this code
+    cannot read whole fails nobody else's key: an output that does not decode is an
+    :class:`~stores._codec.UnreadableOutput`, a status it does not know reads as
+    ``uncertain`` (never re-run nor reused silently; an operator resolves it), with an
+    error saying so."""
     values = list(row)
     status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
-    values[4] = status if status is not None else ReceiptStatus(values[4])
-    values[6] = decode_output(values[6])
+    if status is None:
+        values[7] = (
+            f"its stored status {values[4]!r} is not one this code knows (changed by hand?): decide it with "
+            f"`tooldispatch receipts resolve {str(values[0])[:16]} --rerun` (or --fail)"
+        )
+        status = ReceiptStatus.UNCERTAIN
+    values[4] = status
+    values[6] = decode_stored(values[6])  # one damaged output never fails a bulk read
     if values[8] is not None:
         values[8] = FailureKind(values[8])
     return Receipt(*values)

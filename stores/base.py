@@ -292,14 +292,16 @@ class ReceiptStore(abc.ABC):
         Returns:
             key -> (input hash, output text as :func:`stores._codec.encode_output` writes
             it) for every ``completed`` receipt fresh enough; other keys are absent (a
-            caller claims them). Nothing is written.
+            caller claims them). Nothing is written. A store that reads the text directly
+            may return a text that does not decode (changed by hand): its caller decodes
+            and leaves such a key to a claim, which reports it for that call alone.
 
         Raises:
             StoreError: the read failed.
 
         This default goes through :meth:`read_settled`; a store may read the text directly.
         """
-        from ._codec import encode_output
+        from ._codec import UnreadableOutput, encode_output
 
         requests = [ClaimRequest(key, "", "", "") for key in dict.fromkeys(keys)]
         answers, _ = self.read_settled(org_id, requests, stale_after_s=stale_after_s)
@@ -308,6 +310,7 @@ class ReceiptStore(abc.ABC):
             for key, claim in answers.items()
             if claim.disposition is ClaimDisposition.REUSED
             and claim.receipt.status is ReceiptStatus.COMPLETED
+            and type(claim.receipt.output) is not UnreadableOutput  # its claim reports it
         }
 
     def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:

@@ -62,5 +62,12 @@ class StoreCorruptError(StoreError):
     """The store's file is not a receipt database (or is damaged)."""
 
 
+class UnreadableOutputError(StoreCorruptError):
+    """A receipt holds an output this code cannot read back (its text was changed by
+    hand, damaged, or written by something else): only the calls of that receipt fail;
+    a forced refresh of it (``force_refresh``, ``tooldispatch run --force-refresh``)
+    pays for it again and replaces it."""
+
+
 class SchemaVersionError(StoreError):
     """The store's schema is newer than this code understands."""

@@ -97,10 +97,14 @@ def receipts_show(key: str, db: str) -> None:
     rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
-    from stores._codec import decode_output
+    from stores._codec import UnreadableOutput, decode_stored
 
     row = dict(rows[0])
-    row["output"] = decode_output(row["output"]) if row["output"] else None
+    output = decode_stored(row["output"]) if row["output"] else None
+    if type(output) is UnreadableOutput:  # shown as stored, with why it cannot be read
+        row["output_unreadable"] = output.problem
+        output = output.text
+    row["output"] = output
     try:
         click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
     except TypeError:  # an exact-form output orjson cannot write (NaN, a lone surrogate...)

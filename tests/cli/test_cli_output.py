@@ -223,6 +223,21 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
     assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
 
 
+def test_cli_output_receipts_show_an_output_that_cannot_be_read(cli, store_from_a_run):
+    import sqlite3
+
+    with sqlite3.connect(store_from_a_run) as conn:
+        (key,) = conn.execute("SELECT key FROM receipts LIMIT 1").fetchone()
+        conn.execute("UPDATE receipts SET output = '{edited by hand' WHERE key = ?", (key,))
+
+    shown = cli.run("receipts", "show", key[:16], "--db", store_from_a_run)
+
+    assert shown.returncode == 0, shown.stderr
+    receipt = json.loads(shown.stdout)
+    assert receipt["output"] == "{edited by hand"  # as stored
+    assert "JSONDecodeError" in receipt["output_unreadable"]
+
+
 def test_cli_output_receipts_purge_completed(cli, store_from_a_run):
     done = cli.run("receipts", "purge", "--db", store_from_a_run, "--status", "completed", "--yes")
 

@@ -1,0 +1,136 @@
+"""A receipt whose stored output cannot be read back (its text edited by hand, damaged,
+written by something else) fails the calls of that receipt alone: every other key of a
+bulk read or claim is answered as usual, and a forced refresh replaces it. Contract
+tests, every backend; the text is changed behind the store's back, as a person with
+``sqlite-utils`` or ``psql`` would."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+
+from stores import (
+    ClaimDisposition,
+    ClaimMode,
+    Completion,
+    ReceiptStatus,
+    ReceiptStore,
+    UnreadableOutput,
+    UnreadableOutputError,
+    encode_output,
+)
+
+from .test_contract import ME, ORG, claim, get, key_of, lease_of, make_completed
+
+BAD_TEXTS = {
+    "not-json": "{not json",
+    "cut-short": '{"answer": [1, 2',
+    "exact-form-broken": ' {"answer": NaN',
+    "python-repr": "{'answer': 42}",
+}
+
+
+def overwrite_output(store: ReceiptStore, key: str, text: str) -> None:
+    """Change a receipt's stored output text directly in the database."""
+    sql = "UPDATE {t} SET output = {p} WHERE org_id = {p} AND key = {p}"
+    schema = getattr(store, "schema", None)
+    if schema is not None:  # Postgres
+        import psycopg
+
+        from .conftest import PG_URL
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.format(t=f'"{schema}".receipts', p="%s"), (text, ORG, key))
+        return
+    path = store.path  # type: ignore[attr-defined]
+    statement = sql.format(t="receipts", p="?")
+    if path == ":memory:":  # one database per connection: the store's own
+        store._run(lambda: store._conn.execute(statement, (text, ORG, key)))  # type: ignore[attr-defined]
+        return
+    with sqlite3.connect(path) as conn:
+        conn.execute(statement, (text, ORG, key))
+
+
+@pytest.mark.parametrize("bad", list(BAD_TEXTS))
+def test_unreadable_output_fails_no_other_key_of_a_bulk_read_or_claim(store: ReceiptStore, bad: str) -> None:
+    keys = [key_of(f"unreadable-{i}") for i in range(5)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    overwrite_output(store, keys[2], BAD_TEXTS[bad])
+
+    receipts = store.get_many(ORG, keys)
+    assert [r.output if r else None for i, r in enumerate(receipts) if i != 2] == [
+        {"answer": i} for i in (0, 1, 3, 4)
+    ]
+    broken = receipts[2]
+    assert broken is not None and broken.status is ReceiptStatus.COMPLETED
+    assert type(broken.output) is UnreadableOutput and broken.output.text == BAD_TEXTS[bad]
+    with pytest.raises(UnreadableOutputError):
+        encode_output(broken.output)
+
+    claims = claim(store, keys)
+    assert [c.disposition for c in claims] == [ClaimDisposition.REUSED] * 5
+    assert type(claims[2].receipt.output) is UnreadableOutput
+    reusable = store.read_reusable(ORG, keys)  # the text as stored: its reader finds it broken
+    assert {k for k in reusable if k != keys[2]} == {k for i, k in enumerate(keys) if i != 2}
+    assert reusable.get(keys[2], (None, BAD_TEXTS[bad]))[1] == BAD_TEXTS[bad]
+
+
+def test_unreadable_output_is_replaced_by_a_forced_refresh(store: ReceiptStore) -> None:
+    key = key_of("unreadable-refresh")
+    make_completed(store, key, {"answer": 1})
+    overwrite_output(store, key, "{not json")
+    (forced,) = claim(store, [key], ME, mode=ClaimMode.FORCE_REFRESH)
+    assert forced.disposition is ClaimDisposition.CLAIMED
+    lease = lease_of(forced)
+    assert store.mark_running_many(ORG, [lease], ME).ok
+    assert store.complete_many(ORG, [Completion(key, lease.lease_id, {"answer": 2})], ME).ok
+    stored: Any = get(store, key)
+    assert stored.output == {"answer": 2}
+
+
+def overwrite_status(store: ReceiptStore, key: str, status: str) -> None:
+    schema = getattr(store, "schema", None)
+    if schema is not None:
+        import psycopg
+
+        from .conftest import PG_URL
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".receipts SET status = %s WHERE key = %s', (status, key))
+        return
+    statement = "UPDATE receipts SET status = ? WHERE key = ?"
+    if store.path == ":memory:":  # type: ignore[attr-defined]
+        store._run(lambda: store._conn.execute(statement, (status, key)))  # type: ignore[attr-defined]
+        return
+    with sqlite3.connect(store.path) as conn:  # type: ignore[attr-defined]
+        conn.execute(statement, (status, key))
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+def test_unknown_status_reads_as_uncertain_and_fails_no_other_key(
+    store: ReceiptStore, mode: ClaimMode
+) -> None:
+    """A status this code does not know (``done``, set by hand) is neither re-run nor reused
+    silently, in any claim mode: it reads as uncertain, with an error saying why and how
+    to decide it, and the other keys of the claim are answered as usual."""
+    keys = [key_of(f"unknown-status-{i}") for i in range(4)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    overwrite_status(store, keys[1], "done")
+
+    receipts = store.get_many(ORG, keys)
+    odd = receipts[1]
+    assert odd is not None and odd.status is ReceiptStatus.UNCERTAIN
+    assert "'done'" in (odd.error or "") and "receipts resolve" in (odd.error or "")
+    claims = claim(store, keys, mode=mode)
+    assert claims[1].disposition is ClaimDisposition.UNCERTAIN
+    others = [c.disposition for i, c in enumerate(claims) if i != 1]
+    expected = ClaimDisposition.CLAIMED if mode is ClaimMode.FORCE_REFRESH else ClaimDisposition.REUSED
+    assert others == [expected] * 3
+
+    resolved = store.resolve(ORG, keys[1], "rerun", note="set by hand")
+    assert resolved is not None and resolved.status is ReceiptStatus.COMPLETED  # it had an output
+    assert claim(store, [keys[1]])[0].disposition is ClaimDisposition.REUSED
