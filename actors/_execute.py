@@ -215,22 +215,41 @@ def attempt(
     gate closed meanwhile, sends nothing: :class:`~actors.errors.NotSentError`.
 
     ``launch``: the last check, right before the tool function (or the batch operation,
-    after its payload is built): a deadline passed, an attempt withdrawn meanwhile, a
-    tripped latch or a stop sends nothing and is told back as ``UnitFinished(withdrawn=...)``; a wait at
-    the gate ends at once for any of them (:mod:`actors._launch`).
+    after its payload is built): a deadline passed (the ticket's, which a caller who
+    joins moves later), an attempt withdrawn meanwhile, a tripped latch or a stop sends
+    nothing and is told back as ``UnitFinished(withdrawn=...)``; a wait at the gate ends
+    at once for any of them, and gives its booked turn back (:mod:`actors._launch`).
     """
     tool = spec.tool
     ticket = spec.ticket
+
+    def not_sent(kind: str, error: BaseException) -> None:
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error, withdrawn=kind))
+
+    def past_deadline(why: str, deadline: float) -> None:
+        if ticket is not None:
+            ticket.judged = deadline
+        not_sent("deadline", NotSentError(f"{tool.tool_id}: {why}; not sent"))
+
     if gate is not None:
-        wake = launch.park(ticket) if launch is not None and gate.paced else None
+        latest = ticket.deadline if ticket is not None else spec.context.deadline
+        park = (lambda: launch.park(ticket)) if launch is not None and ticket is not None else None
         try:
-            turn = gate.wait_turn(latest=spec.context.deadline, stop=wake, clock=clock)
+            turn = gate.wait_turn(latest=latest, clock=clock, park=park)
         finally:
-            if wake is not None and launch is not None:
+            if launch is not None and ticket is not None and ticket.wake is not None:  # it waited
                 launch.unpark(ticket)
-        if not turn and not (wake is not None and wake.is_set()):
-            error = NotSentError(f"{tool.tool_id}: its turn to send came after its deadline; not sent")
-            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+        if not turn:
+            refusal = launch.refusal(ticket) if launch is not None else None
+            blocked = gate.blocked(clock())
+            if refusal is not None:  # withdrawn, tripped or stopped while it waited
+                not_sent(*refusal)
+            elif blocked is not None and blocked[1]:
+                # the provider's circuit opened meanwhile: its tool queue readmits it
+                error = NotSentError(f"{tool.tool_id}: its provider's circuit opened before it was sent")
+                tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+            else:
+                past_deadline("its turn to send came after its deadline", latest)
             return
     sent_at: float | None = None
     nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
@@ -241,16 +260,13 @@ def attempt(
             payload = tool.batch.build(spec.inputs)
         else:
             send, payload = tool.fn, spec.payload
-        if clock() >= spec.context.deadline:  # passed while it waited or its payload was built
-            error = NotSentError(f"{tool.tool_id}: its deadline passed before it was sent; not sent")
-            tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+        deadline = ticket.deadline if ticket is not None else spec.context.deadline  # a joiner may move it
+        if clock() >= deadline:  # passed while it waited or its payload was built
+            past_deadline("its deadline passed before it was sent", deadline)
             return
         refusal = launch.take(ticket) if launch is not None else None
         if refusal is not None:  # withdrawn, tripped or stopped since it was handed over
-            kind, refused = refusal
-            tell(UnitFinished(
-                unit=spec.unit, attempt=spec.attempt, members=None, error=refused, withdrawn=kind
-            ))  # fmt: skip
+            not_sent(*refusal)
             return
         sent_at = clock()
         raw = send(payload, spec.context)

@@ -19,7 +19,7 @@ from stores.types import (
     Failure,
 )
 
-from ._calls import Group, GroupState, Unit
+from ._calls import Group, GroupState, Role, Unit
 from ._execute import error_text, plain_value, retry_in_call, transient
 from ._failure_record import failure_record, may_have_acted
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
@@ -110,27 +110,45 @@ class Finishing(LifecycleBase):
 
     def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
         """Its worker sent nothing: the last check before the request refused it
-        (:mod:`actors._launch`). Counted as never sent; callers left are refused with
-        ``error``, or, when it was withdrawn for callers who left and others came since,
-        it is admitted again."""
+        (:mod:`actors._launch`). Counted as never sent (its stats, its slot's charge).
+        Admitted again when callers still wait on it and can be served: callers who came
+        after all the others cancelled, or who joined with more time than the deadline it
+        was refused by; the rest are refused with ``error`` and the receipts given back."""
         for name in unit.counted:
             self.fx.count(name, -1)
         unit.counted = ()
         unit.attempt -= 1
         unit.sent_on_slot = False  # its slot's provider_calls charge comes back with it
-        if unit.attempt == 0 and unit.readmissions == 0:
-            unit.deadline = unit.sent_first_at = None  # never sent: its first send times it
-        if unit.retry_charged:
+        waiting = [c for g in unit.groups for c in g.calls]
+        if waiting and not self.stopping and self._serve_again(unit, kind, waiting, now):
+            for group in unit.groups:  # a caller who came after the others left: it is theirs
+                if group.calls and not any(c.role is Role.OWNER for c in group.calls):
+                    group.calls[0].role = Role.OWNER
+            self._readmit(unit, now, front=True)  # a retry keeps its charge: its send spends it
+            return
+        if unit.retry_charged:  # a retry that never went out: neither charged nor counted
             unit.retry_charged = False
             self.fx.refund_retry()
+            self.fx.count("retries", -1)
         refusal = error or NotSentError(f"{self.tool.tool_id}: not sent")
         if kind == "latch":
-            self.fx.count("refused_by_latch", sum(len(g.calls) for g in unit.groups))
-            self._give_back(unit, refusal)
-        elif kind == "cancelled" and not self.stopping and any(g.calls for g in unit.groups):
-            self._readmit(unit, now, front=True)
-        else:
-            self._give_back(unit, refusal)
+            self.fx.count("refused_by_latch", len(waiting))
+        elif kind == "stopped":
+            self.fx.count("cancelled", len(waiting))
+        self._give_back(unit, refusal)
+
+    @staticmethod
+    def _serve_again(unit: Unit, kind: str, waiting: list[Any], now: float) -> bool:
+        if kind == "cancelled":
+            return True
+        if kind != "deadline" or unit.ticket is None:
+            return False
+        ends = [now + c.timeout_s if c.timed_from is None else c.timed_from + c.timeout_s for c in waiting]
+        latest = max(ends)
+        if latest <= unit.ticket.judged + 1e-3 or latest <= now:
+            return False  # nobody has more time than the deadline it could not make
+        unit.deadline, unit.timed_out = latest, False
+        return True
 
     def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
         if error is None:
@@ -197,7 +215,8 @@ class Finishing(LifecycleBase):
         if unit.out:
             unit.timed_out = True
             self.fx.count("timed_out")
-            self._warn_overdue(now)
+            if unit.ticket is None or unit.ticket.sent:  # its function runs (not held before it)
+                self._warn_overdue(now)
             for group in unit.groups:
                 self._answer_early(group, error)
             return
@@ -211,7 +230,9 @@ class Finishing(LifecycleBase):
         if now - self.overdue_warned_at < OVERDUE_WARN_EVERY_S:
             return
         self.overdue_warned_at = now
-        held = sum(1 for unit in self.units.values() if unit.timed_out and unit.out)
+        held = sum(
+            1 for u in self.units.values() if u.timed_out and u.out and (u.ticket is None or u.ticket.sent)
+        )
         log.warning(
             "%d call(s) of %s passed their timeout while its function still runs; each keeps its "
             "slot until the function returns (a function that waits on calls it made from threads "

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Launch", "Refusal", "SendTicket", "WithdrawKind"]
 
-WithdrawKind = Literal["cancelled", "lease_lost", "stopped", "latch"]
+WithdrawKind = Literal["cancelled", "lease_lost", "stopped", "latch", "deadline"]
 """Why an attempt was not sent: its callers left, its lease was lost, the system stopped,
-the latch tripped."""
+the latch tripped, its deadline passed (or its turn at the gate came after it)."""
 
 Refusal = tuple[WithdrawKind, BaseException]
 """What :meth:`Launch.take` answers for an attempt that must not be sent."""
@@ -39,9 +39,14 @@ class SendTicket:
     """One attempt's permission to send: taken by its worker, or withdrawn first (one of
     the two, under :class:`Launch`'s lock). Plain data; only :class:`Launch` changes it."""
 
-    __slots__ = ("refusal", "sent", "wake")
+    __slots__ = ("deadline", "judged", "refusal", "sent", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float = float("inf")) -> None:
+        self.deadline = deadline
+        """``time.monotonic()`` after which it is not worth sending; its tool queue moves
+        it later when a more patient caller joins (a float, read as a snapshot)."""
+        self.judged = deadline
+        """The deadline its worker judged it by when it refused it for its deadline."""
         self.sent = False
         """The worker took it: the request went (or is going) out."""
         self.refusal: Refusal | None = None
@@ -85,6 +90,16 @@ class Launch:
             if ticket is not None:
                 ticket.refusal = refusal
             return refusal
+
+    def refusal(self, ticket: SendTicket | None) -> Refusal | None:
+        """Why ``ticket`` would be refused now (withdrawn, tripped, stopped), or None;
+        it is not taken either way (a sender that gave up its turn asks this)."""
+        with self._lock:
+            if ticket is not None and ticket.refusal is not None:
+                return ticket.refusal
+        if self._latch.tripped or self._stopped is not None:
+            return self.take(ticket)  # refused: taking records the refusal, sends nothing
+        return None
 
     def withdraw(self, ticket: SendTicket | None, kind: WithdrawKind, error: BaseException) -> bool:
         """On the tool queue: take back an attempt not sent yet. Returns False when its

@@ -80,12 +80,6 @@ class SendGate:
         return self._rps
 
     @property
-    def paced(self) -> bool:
-        """Whether a sender may have to wait here (the gate was ever paced, paused or
-        closed); an unpaced gate lets every request go at once, without a lock."""
-        return not (self._rps is None and self._epoch == 0)
-
-    @property
     def burst(self) -> float:
         """Requests that may go back to back at the rate (1: every one spaced)."""
         return self._burst
@@ -175,19 +169,30 @@ class SendGate:
             self.passed += 1
             return 0.0
 
+    def unbook(self, epoch: int) -> None:
+        """Give back a turn booked in ``epoch`` that its sender gave up before it came
+        (withdrawn, or its deadline comes first): later senders book one spacing sooner.
+        The passing rule still spaces the sends actually made."""
+        with self._lock:
+            if epoch == self._epoch and self._rps is not None:
+                self._next -= self._spacing()
+
     def wait_turn(
         self,
         latest: float = math.inf,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        park: Callable[[], threading.Event | None] | None = None,
     ) -> bool:
         """Block until this sender may send.
 
         Args:
             latest: the last moment (clock seconds) worth sending at; a turn that would
-                come later is given up without waiting for it.
+                come later is given up without waiting for it (and its booking given back).
             stop: when set, the wait ends at once (waits on it instead of sleeping).
+            park: called once, only if the sender has to wait, for the ``stop`` event of
+                that wait (a sender that never waits makes none).
 
         Returns:
             True when it is this sender's turn; False when the turn would come after
@@ -195,7 +200,10 @@ class SendGate:
         """
 
         def wait(seconds: float) -> bool:
+            nonlocal stop, park
             seconds = bounded(seconds)
+            if stop is None and park is not None and seconds > 0:
+                stop, park = park(), None
             if stop is not None:
                 return not stop.wait(seconds) if seconds > 0 else not stop.is_set()
             if seconds > 0:
@@ -209,7 +217,10 @@ class SendGate:
         while True:
             now = clock()
             delay, epoch = self.book(now)
-            if delay == math.inf or now + delay > latest or not wait(delay):
+            if delay == math.inf:
+                return False
+            if now + delay > latest or not wait(delay):
+                self.unbook(epoch)  # a turn nobody will use: later senders go sooner
                 return False
             while True:
                 now = clock()
@@ -219,6 +230,7 @@ class SendGate:
                 if extra <= 0:
                     return True
                 if extra == math.inf or now + extra > latest or not wait(extra):
+                    self.unbook(epoch)
                     return False
 
 

@@ -213,7 +213,8 @@ class Lifecycle(Cleanup, Finishing):
         for name in counted:
             self.fx.count(name)
         unit.counted = counted  # taken back if its worker sends nothing (``_withdrawn``)
-        unit.ticket = ticket = SendTicket()  # taken by its worker right before the request
+        # taken by its worker right before the request, unless its deadline passed first
+        unit.ticket = ticket = SendTicket(unit.deadline if unit.deadline is not None else math.inf)
         self.fx.start(spec_for(unit, unit.attempt, now, ticket))
 
     def _not_sent(self, unit: Unit, now: float) -> None:
@@ -248,7 +249,7 @@ class Lifecycle(Cleanup, Finishing):
                 self._drop_from_unit(group)
                 self._settle(group, error)
             else:
-                if unit is not None and unit.out and len(unit.groups) == 1:
+                if unit is not None and unit.out and all(g.lease_lost for g in unit.groups):
                     self.fx.withdraw(unit.ticket, "lease_lost", error)  # not sent yet: never is
                 self._answer_early(group, error)
 
@@ -306,6 +307,8 @@ class Lifecycle(Cleanup, Finishing):
         self._deadlines.setdefault(max(0.0, own - now), []).append(unit.id)
         if unit.deadline is not None and not unit.timed_out and own > unit.deadline:
             unit.deadline = own
+            if unit.ticket is not None:  # its worker, not yet sending, sends for it too
+                unit.ticket.deadline = own
 
     def nested_joined(self, key: str) -> None:
         """A nested call joined a group (or waits behind it: another mode of its key)
