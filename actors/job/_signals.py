@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import IO, Any
 
+from .._runtime import runtime_name
+
 __all__ = ["ABORT_S", "Interrupts"]
 
 ABORT_S = 10.0
@@ -31,8 +33,9 @@ class Interrupts:
         say: prints one line for the user (the console's ``print``).
         out: the output file, flushed before an abort exits (or None).
 
-    Handlers run on the main thread (Python runs signal handlers there); the abort runs
-    on a thread of its own, so a handler never blocks.
+    Handlers run on the main thread (Python runs signal handlers there; under gevent
+    possibly inside the hub); the abort runs on a thread of its own (a greenlet under
+    gevent), so a handler never blocks.
     """
 
     def __init__(self, stop: threading.Event, say: Callable[[str], None], out: IO[bytes] | None) -> None:
@@ -40,7 +43,8 @@ class Interrupts:
         self.signals: list[int] = []
         self.system: Any = None
         """The dispatch system, once started (what an abort stops)."""
-        self.aborting: threading.Thread | None = None
+        self.aborting: Any = None
+        """The abort under way (a thread, or a greenlet under gevent), or None."""
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -66,8 +70,15 @@ class Interrupts:
                 "(interrupt again to abort: receipts not yet sent are released)"
             )
         elif self.aborting is None:
-            self.aborting = threading.Thread(target=self._abort, name="tooldispatch-abort")
-            self.aborting.start()
+            if runtime_name() == "gevent":
+                # the handler may run in the hub's loop callback, where starting a (patched)
+                # thread blocks: BlockingSwitchOutError. A greenlet is only scheduled
+                import gevent
+
+                self.aborting = gevent.spawn(self._abort)
+            else:
+                self.aborting = threading.Thread(target=self._abort, name="tooldispatch-abort")
+                self.aborting.start()
 
     def _abort(self) -> None:
         done = threading.Event()
