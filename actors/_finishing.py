@@ -69,8 +69,7 @@ class Finishing(LifecycleBase):
             # the worker's send gate sent nothing because the provider's circuit opened
             # meanwhile: admitted again, its send refuses it as unavailable and gives the
             # receipt back, as for any call reaching an open circuit
-            unit.sent_on_slot = False  # its provider_calls charge comes back with the slot
-            self.fx.count("requests", -1)
+            self._unsend(unit)
             self._readmit(unit, now, front=True)
             return
         unsent = not relayed and (
@@ -114,11 +113,7 @@ class Finishing(LifecycleBase):
         Admitted again when callers still wait on it and can be served: callers who came
         after all the others cancelled, or who joined with more time than the deadline it
         was refused by; the rest are refused with ``error`` and the receipts given back."""
-        for name in unit.counted:
-            self.fx.count(name, -1)
-        unit.counted = ()
-        unit.attempt -= 1
-        unit.sent_on_slot = False  # its slot's provider_calls charge comes back with it
+        self._unsend(unit)
         waiting = [c for g in unit.groups for c in g.calls]
         if waiting and not self.stopping and self._serve_again(unit, kind, waiting, now):
             for group in unit.groups:  # a caller who came after the others left: it is theirs
@@ -136,6 +131,15 @@ class Finishing(LifecycleBase):
         elif kind == "stopped":
             self.fx.count("cancelled", len(waiting))
         self._give_back(unit, refusal)
+
+    def _unsend(self, unit: Unit) -> None:
+        """Its last attempt sent nothing: what its send counted (the stats, the attempt,
+        its slot's provider_calls charge) comes back."""
+        for name in unit.counted:
+            self.fx.count(name, -1)
+        unit.counted = ()
+        unit.attempt -= 1
+        unit.sent_on_slot = False  # its slot's provider_calls charge comes back with it
 
     @staticmethod
     def _serve_again(unit: Unit, kind: str, waiting: list[Any], now: float) -> bool:

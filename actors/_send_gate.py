@@ -8,14 +8,21 @@ step by the governor actor.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
 from collections.abc import Callable
 
+import attrs
+
 from ._futures import bounded
 
-__all__ = ["HEADROOM", "SendGate", "SendGates"]
+__all__ = ["HEADROOM", "WAKE_S", "SendGate", "SendGates"]
+
+WAKE_S = 0.25
+"""Longest slice a sender sleeps at its gate before looking again whether a pause or a
+closure (the provider's circuit opened) voided its turn."""
 
 HEADROOM = 1.02
 """The gates of a system space sends at this many times the governor's rate. The gate
@@ -25,6 +32,15 @@ together, or held up together on their way) adds a delay that never drains (in s
 start that lag let the rate run 20% past the provider's before its first 429). A
 little faster than its input the queue drains; a stated rate, paced at 98% of itself
 (:data:`actors._pacing.PACE_MARGIN`), is then sent at no more than the rate itself."""
+
+
+@attrs.frozen(order=True)
+class _Turn:
+    """A booked turn: when it is, and the gate's next free turn before and after it."""
+
+    at: float
+    before: float = attrs.field(order=False)
+    after: float = attrs.field(order=False)
 
 
 class SendGate:
@@ -71,6 +87,8 @@ class SendGate:
         self.passed = 0
         """Sends this gate let go while it spaced them (at a rate, or after a pause)."""
         self._epoch = 0
+        self._holes: list[_Turn] = []
+        """Turns given back while later ones were booked, earliest first (:meth:`unbook`)."""
         self._closed_until = -math.inf
         self._paused_until = -math.inf
 
@@ -106,6 +124,7 @@ class SendGate:
         """No send before ``until``; senders already waiting book again from there."""
         with self._lock:
             self._epoch += 1
+            self._holes.clear()
             self._paused_until = until
             self._rps = rps
             spacing = self._spacing()
@@ -119,6 +138,7 @@ class SendGate:
         False) instead of waiting for it."""
         with self._lock:
             self._epoch += 1
+            self._holes.clear()
             self._closed_until = until
 
     def blocked(self, now: float) -> tuple[float, bool] | None:
@@ -136,14 +156,32 @@ class SendGate:
     def book(self, now: float) -> tuple[float, int]:
         """Book the next send slot; returns (seconds to wait, booking epoch); the wait is
         infinite while the gate is closed (nothing is booked then)."""
+        delay, epoch, _ = self._book(now)
+        return delay, epoch
+
+    def _book(self, now: float) -> tuple[float, int, _Turn | None]:
+        """:meth:`book`, plus the turn booked (what :meth:`unbook` gives back). A turn given
+        back earlier that is still to come is booked first (the schedule stays spaced)."""
         with self._lock:
             if now < self._closed_until:
-                return math.inf, self._epoch
-            at = max(now, self._next - self._tolerance())
+                return math.inf, self._epoch, None
+            tolerance = self._tolerance()
+            holes = self._holes
+            while holes and holes[0].at < now - tolerance:
+                holes.pop(0)  # its time went by unused
+            if holes:
+                reused = holes.pop(0)
+                at = max(now, reused.at)
+                self.waited_s += at - now
+                return at - now, self._epoch, reused
+            at = max(now, self._next - tolerance)
+            turn: _Turn | None = None
             if self._rps is not None:
+                before = self._next
                 self._next = max(at, self._next) + self._spacing()
+                turn = _Turn(at, before, self._next)
             self.waited_s += at - now
-            return at - now, self._epoch
+            return at - now, self._epoch, turn
 
     def try_pass(self, now: float, epoch: int) -> float | None:
         """Pass a sender whose booking (made in ``epoch``) is due.
@@ -169,13 +207,23 @@ class SendGate:
             self.passed += 1
             return 0.0
 
-    def unbook(self, epoch: int) -> None:
+    def unbook(self, epoch: int, turn: _Turn | None) -> None:
         """Give back a turn booked in ``epoch`` that its sender gave up before it came
-        (withdrawn, or its deadline comes first): later senders book one spacing sooner.
-        The passing rule still spaces the sends actually made."""
+        (withdrawn, or its deadline comes first). The last turn booked is taken back (with
+        any given-back turns just before it); one with later turns booked behind it is
+        kept for the next sender to book (moving the later bookings up would put the next
+        sender on a turn another already holds)."""
+        if turn is None:
+            return
         with self._lock:
-            if epoch == self._epoch and self._rps is not None:
-                self._next -= self._spacing()
+            if epoch != self._epoch:
+                return  # a pause or a closure voided every booking of that epoch
+            if self._next != turn.after:
+                bisect.insort(self._holes, turn)
+                return
+            self._next = turn.before
+            while self._holes and self._holes[-1].after == self._next:
+                self._next = self._holes.pop().before
 
     def wait_turn(
         self,
@@ -199,16 +247,25 @@ class SendGate:
             ``latest``, the gate is closed, or ``stop`` was set (then nothing may be sent).
         """
 
-        def wait(seconds: float) -> bool:
+        def wait(seconds: float, epoch: int) -> bool:
+            """Sleep ``seconds`` (False: ``stop`` was set). A long wait is cut into slices
+            of :data:`WAKE_S`: a pause or a closure of the gate meanwhile (its epoch moved)
+            ends it early, so the sender books again at once (or, closed, gives up)."""
             nonlocal stop, park
             seconds = bounded(seconds)
             if stop is None and park is not None and seconds > 0:
                 stop, park = park(), None
-            if stop is not None:
-                return not stop.wait(seconds) if seconds > 0 else not stop.is_set()
-            if seconds > 0:
-                sleep(seconds)
-            return True
+            end = clock() + seconds
+            while True:
+                left = end - clock()
+                step = min(left, WAKE_S)
+                if stop is not None:
+                    if stop.wait(step) if step > 0 else stop.is_set():
+                        return False
+                elif step > 0:
+                    sleep(step)
+                if left <= WAKE_S or self._epoch != epoch:
+                    return True
 
         if self._rps is None and self._epoch == 0:
             # never paced, paused or closed (an unpaced local tool): no lock, no booking. A
@@ -216,11 +273,11 @@ class SendGate:
             return not (stop is not None and stop.is_set())
         while True:
             now = clock()
-            delay, epoch = self.book(now)
+            delay, epoch, undo = self._book(now)
             if delay == math.inf:
                 return False
-            if now + delay > latest or not wait(delay):
-                self.unbook(epoch)  # a turn nobody will use: later senders go sooner
+            if now + delay > latest or not wait(delay, epoch):
+                self.unbook(epoch, undo)  # a turn nobody will use: the next sender takes it
                 return False
             while True:
                 now = clock()
@@ -229,8 +286,8 @@ class SendGate:
                     break  # a pause voided the booking: book again
                 if extra <= 0:
                     return True
-                if extra == math.inf or now + extra > latest or not wait(extra):
-                    self.unbook(epoch)
+                if extra == math.inf or now + extra > latest or not wait(extra, epoch):
+                    self.unbook(epoch, undo)
                     return False
 
 

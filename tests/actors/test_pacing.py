@@ -26,7 +26,7 @@ from actors._pacing import (
     ProviderBucket,
     parse_retry_after,
 )
-from actors._send_gate import HEADROOM, SendGate, SendGates
+from actors._send_gate import HEADROOM, WAKE_S, SendGate, SendGates
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
@@ -410,8 +410,9 @@ def test_send_gate_pause_rebooks_senders_already_waiting() -> None:
     fake.hook = pause_once
     # the sender sleeps in steps only because the fake sleep runs the hook afterwards
     assert gate.wait_turn(clock=fake.clock, sleep=fake.sleep) is True
-    assert fake.slept[0] == pytest.approx(0.5)  # its first booking
+    assert fake.slept[0] == pytest.approx(WAKE_S)  # a slice of its first booking (0.5 s away)
     assert fake.now == pytest.approx(11.0)  # re-booked from the pause, not sent into it
+    assert sum(fake.slept) == pytest.approx(1.0)  # it saw the pause after that slice
 
 
 def test_send_gate_unpaused_sender_goes_at_its_booking() -> None:

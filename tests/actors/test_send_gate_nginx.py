@@ -1,0 +1,60 @@
+"""A cancel at the send gate against a real limiter (nginx ``limit_req``, 2 r/s, no
+burst): calls wait at the gate for their turns and one is cancelled. The turn it gives
+back must not put a later call on a turn another holds (on 09450ef nginx answered 429
+and the learnt rate was cut to 1.69)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from actors import CallCancelledError, Pacing, Policy, RateLimitedError
+from actors.http import http_tool
+
+from .conftest import ORG
+
+pytestmark = pytest.mark.scenario
+WAIT_S = 60.0
+
+
+def _until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        threading.Event().wait(0.005)
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["no-cancel", "cancel"])
+def test_gate_nginx_a_cancel_at_the_gate_meets_no_429(nginx: Any, make_system: Any, cancel: bool) -> None:
+    limiter = nginx(2, burst=0)  # one request per 500 ms
+    tool = http_tool("verify", limiter.url, provider="nginx", pacing=Pacing(rps=2), timeout_s=30.0)
+    system = make_system([tool], policy=Policy(batch_grace_s=0.0, retry_attempts=1))
+    assert system.proxy().execute("verify", {"i": 0}).get(timeout=WAIT_S).execution == "live"
+    gate = system.gates.get(ORG, "nginx")
+    gate.set_rate(1.0)  # the gate a little slower than the governor: a queue forms there
+    futures = {}
+    for i in (1, 2, 3, 4):
+        booked = gate._next
+        futures[i] = system.proxy().execute("verify", {"i": i})
+        _until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
+    if cancel:
+        futures[3].cancel()
+    threading.Event().wait(0.05)
+    futures[5] = system.proxy().execute("verify", {"i": 5})
+    outcomes = {}
+    for i, f in futures.items():
+        try:
+            outcomes[i] = f.get(timeout=WAIT_S)
+        except Exception as exc:
+            outcomes[i] = exc
+    statuses = limiter.statuses()
+    limited = [i for i, o in outcomes.items() if isinstance(o, RateLimitedError)]
+    kinds = {i: type(o).__name__ for i, o in outcomes.items()}
+    failed = [o for o in outcomes.values() if isinstance(o, Exception) and not isinstance(o, CallCancelledError)]
+    assert not failed, f"nginx saw {statuses}; outcomes {kinds} (429: {limited})"
+    assert statuses.get(429, 0) == 0, (
+        f"nginx (2 r/s, burst 0) answered {statuses}; outcomes {kinds}; gate rate now {gate.rps}"
+    )
