@@ -24,6 +24,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
+from ._exc import error_text, flag_of
 from ._nesting import NestScope, enter_keys, leave_keys, relayed_here
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ._launch import Launch, SendTicket
     from ._send_gate import SendGate
 
-__all__ = ["attempt", "failure_kind_for", "split_members", "transient"]
+__all__ = ["attempt", "error_text", "failure_kind_for", "split_members", "transient"]
 
 
 def failure_kind_for(exc: BaseException) -> FailureKind:
@@ -60,19 +61,11 @@ def transient(exc: BaseException) -> bool:
     )
 
 
-def error_text(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises."""
-    try:
-        return str(exc) or type(exc).__name__
-    except BaseException:  # a __str__ raising anything, SystemExit included: never passed on
-        return f"{type(exc).__name__} (its message could not be read)"
-
-
 def retry_in_call(exc: BaseException) -> bool:
     """Whether another in-call attempt may help: transient, and not marked otherwise
     (an error with ``retry_in_call = False``, such as a refused connection, is evidence
     for the circuit, not worth another attempt)."""
-    return transient(exc) and getattr(exc, "retry_in_call", True)
+    return transient(exc) and flag_of(exc, "retry_in_call", True)
 
 
 def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:

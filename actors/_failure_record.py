@@ -11,6 +11,7 @@ import pykka
 from stores import output_too_large_error
 from stores.types import FailureKind
 
+from ._exc import flag_of
 from ._execute import error_text, failure_kind_for
 from ._lifecycle_base import RELEASE_ON, TooLarge
 from ._nesting import cause_chain
@@ -55,9 +56,8 @@ def exiting(exc: BaseException) -> bool:
     interpreter is exiting: ``concurrent.futures`` schedules nothing once its shutdown
     began, before ``atexit`` stops the system. Not the provider's answer nor the
     input's fault: recorded as a stop (``transient``; ``uncertain`` if not retry-safe)."""
-    return any(
-        isinstance(link, RuntimeError) and "interpreter shutdown" in str(link) for link in cause_chain(exc)
-    )
+    shut = "interpreter shutdown"
+    return any(isinstance(link, RuntimeError) and shut in error_text(link) for link in cause_chain(exc))
 
 
 def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:
@@ -74,7 +74,7 @@ def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> boo
     if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
         return False
     if isinstance(exc, ProviderError):
-        return isinstance(exc, ToolTimeoutError) or bool(getattr(exc, "sent", False))
+        return isinstance(exc, ToolTimeoutError) or flag_of(exc, "sent", False)
     return isinstance(exc, (TimeoutError, ConnectionError))
 
 

@@ -20,6 +20,7 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Role, Unit
+from ._exc import attr_of
 from ._execute import error_text, plain_value, retry_in_call, transient
 from ._failure_record import failure_record, may_have_acted
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
@@ -374,7 +375,7 @@ class Finishing(LifecycleBase):
         released: list[Group] = []
         outcome: dict[str, BaseException] = {}
         for group, exc in failed:
-            raw = getattr(exc, "raw_output", MISSING)
+            raw = attr_of(exc, "raw_output", MISSING)
             if raw is not MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")

@@ -132,7 +132,7 @@ def _note_relayed(exc: BaseException) -> None:
         elif not any(m is held for m in marks):
             del marks[:-15]  # an error raised into many attempts: the latest few
             marks.append(held)
-    except (AttributeError, TypeError):  # an error that takes no attribute: not recognised later
+    except Exception:  # an error that takes no attribute (or refuses it): not recognised later
         pass
 
 
@@ -145,9 +145,17 @@ def relayed_here(token: Any, exc: BaseException) -> bool:
     levels), from a nested call's future (on its worker, or on one lent to it): raised
     on, it is that call's error, not one about the function's own request."""
     held = _running.get(token)
-    return held is not None and any(
-        any(m is held for m in getattr(link, _MARK, ())) for link in cause_chain(exc)
-    )
+    return held is not None and any(any(m is held for m in _marks(link)) for link in cause_chain(exc))
+
+
+def _marks(link: BaseException) -> list[Any]:
+    """The attempts ``link`` was raised into (read from its own ``__dict__``: a class's
+    ``__getattr__`` is never asked, whatever it raises)."""
+    try:
+        marks = vars(link).get(_MARK)
+    except Exception:  # no __dict__, or one that cannot be read
+        return []
+    return marks if isinstance(marks, list) else []
 
 
 def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:

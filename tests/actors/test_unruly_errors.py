@@ -1,0 +1,148 @@
+"""Errors whose own methods raise, raised by a tool: a ``RuntimeError`` whose ``__str__``
+raises, an SDK-style error whose ``__getattr__`` looks names up in its body (``KeyError``
+for anything else), one whose ``__setattr__`` refuses. Each fails its own call, with the
+very error raised, whatever path reads it (the failure record, the uncertain check, the
+nested-call marks, the in-call retry check); nothing waits forever and no slot is kept.
+
+Before, the first hung its call past its timeout and kept its slot (``str(link)`` in
+the failure record raised on the actor); the second raised ``KeyError`` inside the
+worker's report, so the unit was never told back: its caller timed out, its slot and
+lease were held for good (4 such errors wedged ``max_concurrency=4``). Real systems on
+SQLite files, both runtimes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors import BatchStrategy, Policy, ProviderError, Tool
+from stores import ReceiptStatus
+from stores.types import FailureKind
+
+from .conftest import WAIT_S
+
+
+class RuntimeUnprintable(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("message not available")
+
+
+class BodyError(Exception):
+    """Attribute-style access to the error body; KeyError for anything absent."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body.get("message", "api error"))
+        self.body = body
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.body[name]
+
+
+class ProviderBody(ProviderError):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise KeyError(name)
+
+
+class TransientBody(BodyError):
+    """A retry-safe tool's transient error of the same kind (the in-call retry check reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__({"message": "busy"})
+
+
+class Refusing(Exception):
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise ValueError(f"{name} is read-only")
+
+
+def _error(kind: str) -> BaseException:
+    if kind == "runtime_unprintable":
+        return RuntimeUnprintable()
+    if kind == "body":
+        return BodyError({"message": "quota exceeded for this key", "code": 403})
+    if kind == "provider_body":
+        return ProviderBody("quota", failure_kind=FailureKind.TRANSIENT)
+    if kind == "timeout_body":
+        return TransientBody()
+    return Refusing("no")
+
+
+KINDS = ["runtime_unprintable", "body", "provider_body", "timeout_body"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", ["single", "batch", "member"])
+@pytest.mark.parametrize("retry_safe", [False, True], ids=["not-retry-safe", "retry-safe"])
+def test_an_error_whose_methods_raise_fails_its_call_alone(
+    make_system: Any, read_receipts: Any, key_of: Any, kind: str, shape: str, retry_safe: bool
+) -> None:
+    raised: list[BaseException] = []
+
+    def fail(input: Any) -> Any:
+        if input.get("bad"):
+            error = _error(kind)
+            raised.append(error)
+            return error
+        return {"v": input["n"]}
+
+    def fn(input: Any, ctx: Any) -> Any:
+        out = fail(input)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        outs = [fail(i) for i in payload]
+        if shape == "batch" and any(isinstance(o, BaseException) for o in outs):
+            raise next(o for o in outs if isinstance(o, BaseException))
+        return outs
+
+    batch = BatchStrategy(batch_fn=batch_fn, max_batch_size=10) if shape != "single" else None
+    tool = Tool(tool_id="t", fn=fn, batch=batch, retry_safe=retry_safe, timeout_s=5.0)
+    policy = Policy(batch_grace_s=0.02, max_concurrency=2, retry_backoff_s=0.01)
+    system = make_system([tool], policy=policy)
+    bad = [{"bad": True, "n": i} for i in range(3)]
+    goods = [{"n": i} for i in range(3)] if shape == "member" else []
+    futures = system.proxy().execute_many("t", bad + goods)
+    for future in futures[: len(bad)]:
+        with pytest.raises(BaseException) as caught:
+            future.get(timeout=WAIT_S)
+        assert any(caught.value is e for e in raised), f"{type(caught.value).__name__}: not the tool's error"
+    assert [f.get(timeout=WAIT_S).value for f in futures[len(bad) :]] == [{"v": i} for i in range(len(goods))]
+    # every slot came back: calls after them run at once
+    after = system.proxy().execute_many("t", [{"n": 10}, {"n": 11}, {"n": 12}])
+    assert [f.get(timeout=WAIT_S).value for f in after] == [{"v": 10}, {"v": 11}, {"v": 12}]
+    statuses = {r.status for r in read_receipts([key_of(tool, i) for i in bad]) if r is not None}
+    assert statuses <= {ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN, ReceiptStatus.PENDING}, statuses
+
+
+@pytest.mark.parametrize("kind", ["body", "refusing", "runtime_unprintable"])
+def test_a_nested_calls_unruly_error_passed_on_fails_the_parent_alone(make_system: Any, kind: str) -> None:
+    raised: list[BaseException] = []
+    box: dict[str, Any] = {}
+
+    def child(input: Any, ctx: Any) -> Any:
+        error = _error(kind)
+        raised.append(error)
+        raise error
+
+    def parent(input: Any, ctx: Any) -> Any:
+        return box["proxy"].execute("child", input).get(timeout=WAIT_S)
+
+    def ok(input: Any, ctx: Any) -> Any:
+        return input
+
+    tools = [Tool(tool_id="child", fn=child), Tool(tool_id="parent", fn=parent), Tool(tool_id="ok", fn=ok)]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.0, max_concurrency=2))
+    box["proxy"] = system.proxy()
+    for i in range(3):
+        with pytest.raises(BaseException) as caught:
+            system.proxy().execute("parent", {"i": i}).get(timeout=WAIT_S)
+        assert caught.value is raised[-1]
+    assert system.proxy().execute("ok", {"i": 1}).get(timeout=WAIT_S).value == {"i": 1}  # no slot kept
