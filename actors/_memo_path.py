@@ -35,6 +35,7 @@ from stores.types import ClaimMode
 
 from ._calls import Call
 from ._checks import check_number
+from ._exc import error_text
 from ._futures import fail, new_future, resolved_future
 from ._nesting import in_tool, running_keys
 from .errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
@@ -138,7 +139,9 @@ class Intake:
         for input in inputs:
             try:
                 key, input_hash = make(input)
-            except Exception as exc:
+            except KeyboardInterrupt:  # the caller's own interrupt: never swallowed
+                raise
+            except BaseException as exc:  # SystemExit & co from the input's own code: its call's error
                 future = new_future()
                 fail(future, _as_input_error(exc))
                 futures.append(future)
@@ -172,7 +175,9 @@ class Intake:
             future = futures[index] = new_future()
             try:
                 private = snapshot(input)
-            except Exception as exc:  # an input that cannot be copied fails alone
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # an input that cannot be copied fails alone
                 fail(future, _as_input_error(exc))
                 errors += 1
                 continue
@@ -277,16 +282,12 @@ def snapshot(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def _as_input_error(exc: Exception) -> Exception:
+def _as_input_error(exc: BaseException) -> Exception:
     """What a caller hears when its input could not be keyed or copied: the error itself
     when it already says so (InvalidInputError), else an InvalidInputError naming it
     (its message may itself raise: the type alone then)."""
     if isinstance(exc, InvalidInputError):
         return exc
-    try:
-        text = f"{type(exc).__name__}: {exc}"
-    except Exception:
-        text = type(exc).__name__
-    error = InvalidInputError(f"input cannot be used: {text}")
+    error = InvalidInputError(f"input cannot be used: {type(exc).__name__}: {error_text(exc)}")
     error.__cause__ = exc
     return error

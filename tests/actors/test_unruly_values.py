@@ -264,3 +264,36 @@ def test_each_caller_times_out_at_its_own_timeout_not_a_batch_mates(make_system:
     assert ctx.timeout_s > 1.0  # the provider call runs for the patient caller
     again = make_system(tools, run_id="r2").proxy().execute("b", {"i": 0})
     assert again.get(timeout=WAIT_S).execution == "cached"  # the impatient caller's result was kept
+
+
+class _Rows(list):  # type: ignore[type-arg]
+    """An input whose own code raises while it is read (a lazy list whose loader exits)."""
+
+    def __init__(self, raising: type[BaseException]) -> None:
+        super().__init__([1])
+        self.raising = raising
+
+    def __iter__(self) -> Any:
+        raise self.raising()
+
+
+@pytest.mark.parametrize("raising", [SystemExit, GeneratorExit])
+def test_an_input_that_raises_a_base_exception_while_keyed_fails_its_call_alone(
+    make_system: Any, raising: type[BaseException]
+) -> None:
+    from actors import InvalidInputError
+
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: {"n": i["n"]})])
+    inputs: list[Any] = [{"n": i} for i in range(40)]
+    futures = system.proxy().execute_many("t", [*inputs, {"rows": _Rows(raising)}])
+    assert [f.get(timeout=WAIT_S).value for f in futures[:40]] == inputs
+    with pytest.raises(InvalidInputError, match=raising.__name__):
+        futures[40].get(timeout=WAIT_S)
+    with pytest.raises(InvalidInputError):
+        system.proxy().execute("t", {"rows": _Rows(raising)}).get(timeout=WAIT_S)
+
+
+def test_the_callers_own_interrupt_while_inputs_are_keyed_is_never_swallowed(make_system: Any) -> None:
+    system = make_system([Tool(tool_id="t", fn=lambda i, c: i)])
+    with pytest.raises(KeyboardInterrupt):
+        system.proxy().execute_many("t", [{"n": 1}, {"rows": _Rows(KeyboardInterrupt)}])
