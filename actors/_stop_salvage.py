@@ -5,26 +5,30 @@ the process exits would be lost. Both run on stop's thread."""
 from __future__ import annotations
 
 import contextlib
+import queue
 from typing import Any
 
-from ._inbox import answer_left, left_in
+from ._flush_held import request_entries
+from ._inbox import answer_left
 from .errors import CallCancelledError
 from .messages import FlushCompletions
-from .salvage import SalvageLog, salvage_entry
+from .salvage import SalvageLog
 
-__all__ = ["salvage_unread", "salvage_writing"]
+__all__ = ["salvage_unread", "salvage_writing", "take_flushes"]
 
 
 def salvage_writing(writing: dict[int, Any], salvage: SalvageLog) -> int:
-    """Salvage the outputs of writes still in progress (called by a stop whose bound ran
-    out while the flusher waited on the store): a paid result is then on disk before stop
-    returns even if the process exits. A write that lands later leaves a salvage entry of
+    """Salvage the outputs of writes still in progress, and of what the flusher holds
+    (waiting on its ladder, buffered), called by a stop whose bound ran out while the
+    flusher waited on the store: a paid result is then on disk before stop returns even
+    if the process exits. A write that lands later leaves a salvage entry of
     an already completed receipt, which ``salvage replay`` counts and drops. Returns the
     number of outputs salvaged."""
     entries = []
-    for make in list(writing.values()):
+    for token, make in list(writing.items()):
         with contextlib.suppress(Exception):
             entries += make("the dispatcher stopped while this result was being stored")
+        writing.pop(token, None)  # salvaged once
     if entries:
         salvage.append(entries)
     return len(entries)
@@ -36,20 +40,28 @@ def salvage_unread(inbox: Any, salvage: SalvageLog, scope: str) -> int:
     own ``on_stop`` may never come before the process exits: its thread is a daemon).
     Called from stop's thread; the flusher may take messages meanwhile, so each is taken
     without waiting. Their callers are answered. Returns the number of outputs salvaged."""
-    left = left_in(inbox)
-    entries = []
+    left = take_flushes(inbox)
     reason = "the dispatcher stopped before this result was stored"
-    for message in left:
-        if not isinstance(message, FlushCompletions):
-            continue
-        for completion in message.entries:
-            entries.append(salvage_entry(
-                key=completion.key, org_id=message.org_id, scope=scope, tool_id=message.tool_id,
-                input_hash=message.input_hashes.get(completion.key, ""), output=completion.output,
-                attempts=2 if message.failed else 1, first_error_at=None, error=message.failed or reason,
-                lease_id=completion.lease_id, generation=completion.generation, replaces=completion.replaces,
-            ))  # fmt: skip
+    entries = [entry for message in left for entry in request_entries(message, scope, reason)]
     if entries:
         salvage.append(entries)
     answer_left(left, CallCancelledError("the dispatcher stopped before this result was stored"))
     return len(entries)
+
+
+def take_flushes(inbox: Any) -> list[FlushCompletions]:
+    """Take the flush requests out of the flusher's inbox, without waiting; everything else
+    (pykka's stop, a ``give_up_now``, a retry) is put back, so a flusher that gets past
+    its wait on the store still stops (it did not: its stop was taken with the rest)."""
+    taken: list[FlushCompletions] = []
+    others: list[Any] = []
+    while True:
+        try:
+            envelope = inbox.get_nowait()
+        except queue.Empty:
+            break
+        message = getattr(envelope, "message", envelope)
+        (taken if isinstance(message, FlushCompletions) else others).append(envelope)
+    for envelope in others:
+        inbox.put(envelope)
+    return [getattr(e, "message", e) for e in taken]

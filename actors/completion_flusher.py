@@ -14,6 +14,7 @@ store actor's futures, which is safe because that actor never waits on anyone.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -24,12 +25,14 @@ import attrs
 from stores._codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus
 
+from ._exc import error_text
+from ._flush_held import HeldOutputs
 from ._inbox import answer_left, left_in
 from ._persistence import FlushOutcome, Latch, fence_outcomes, ladder_backoff
 from ._runtime import InboxActor, Timers, guarded, log
 from .errors import CallCancelledError
 from .messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
-from .salvage import SalvageLog, salvage_entry
+from .salvage import SalvageLog
 from .tool import Policy
 
 __all__ = ["CompletionFlusherActor", "FlushOutcome", "Latch", "ladder_backoff"]
@@ -60,7 +63,7 @@ class _Chunk:
     error: str = ""
 
 
-class CompletionFlusherActor(InboxActor):
+class CompletionFlusherActor(HeldOutputs, InboxActor):
     """Buffers completions and writes them in bulk (see the module doc)."""
 
     def __init__(
@@ -92,6 +95,8 @@ class CompletionFlusherActor(InboxActor):
         self._buffer: list[FlushCompletions] = []
         self._due = False
         self._retrying: dict[int, _Chunk] = {}
+        self._held: set[int] = set()
+        """This actor's keys in ``writing``."""
         self._ids = itertools.count()
         self.persisted = 0
         self.salvaged = 0
@@ -103,6 +108,7 @@ class CompletionFlusherActor(InboxActor):
             self._failed_first(message)
         elif isinstance(message, FlushCompletions):
             self._buffer.append(message)
+            self._hold(-id(message), functools.partial(self._entries_of, message))
             if self._due:  # a FlushDue in the inbox takes it
                 return None
             if self.actor_inbox.empty():
@@ -126,6 +132,8 @@ class CompletionFlusherActor(InboxActor):
     def _flush(self) -> None:
         """Write everything buffered, in chunks."""
         buffered, self._buffer = self._buffer, []
+        for message in buffered:
+            self._let_go(-id(message))  # held as chunks from here on
         chunks: list[_Chunk] = []
         try:
             chunks = self._chunks(buffered)
@@ -150,11 +158,7 @@ class CompletionFlusherActor(InboxActor):
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
-        self.writing[id(chunk)] = lambda reason: [
-            self._entry(chunk, m, reason)
-            for m in list(chunk.members)
-            if m.completion.key in m.request.remaining
-        ]
+        self._held_chunk(chunk)
         try:
             self._write(chunk)
         except Exception as exc:
@@ -168,7 +172,8 @@ class CompletionFlusherActor(InboxActor):
                 for member in members:
                     self._settle(member, FlushOutcome("salvaged", error=chunk.error))
         finally:
-            self.writing.pop(id(chunk), None)
+            if not any(c is chunk for c in self._retrying.values()):  # else held on the ladder
+                self._let_go(id(chunk))
 
     def pending(self) -> int:
         """Members buffered or waiting for a retry (0 once everything is settled)."""
@@ -192,6 +197,8 @@ class CompletionFlusherActor(InboxActor):
         except Exception:
             log.exception("salvaging at stop")
         self._buffer = []
+        for token in list(self._held):  # salvaged below, here on this thread
+            self._let_go(token)
         for chunk in chunks:
             members = [m for m in chunk.members if m.completion.key in m.request.remaining]
             try:
@@ -226,10 +233,8 @@ class CompletionFlusherActor(InboxActor):
                         if type(exc).__name__ == "OutputNotStorableError"
                         else "invalid_output"
                     )
-                    self._settle(
-                        member,
-                        FlushOutcome("refused", error=f"output has no JSON form: {exc}", reason=reason),
-                    )
+                    why = f"output has no JSON form: {error_text(exc)}"
+                    self._settle(member, FlushOutcome("refused", error=why, reason=reason))
                     continue
                 group = (message.org_id, message.owner)
                 current = open_chunks.get(group)
@@ -286,10 +291,18 @@ class CompletionFlusherActor(InboxActor):
         else:
             chunk_id = next(self._ids)
             self._retrying[chunk_id] = chunk
+            self._held_chunk(chunk)
             self.timers.call_later(backoff, self.actor_ref.tell, RetryWrite(chunk_id=chunk_id))
 
     def _give_up(self, chunk: _Chunk) -> None:
         """Trip the latch, recover what can be recovered by reading back, salvage the rest."""
+        self._held_chunk(chunk)  # the read-backs wait on the store: held until settled
+        try:
+            self._recover_or_salvage(chunk)
+        finally:
+            self._let_go(id(chunk))
+
+    def _recover_or_salvage(self, chunk: _Chunk) -> None:
         self.latch.trip(f"receipt completion failed after {chunk.failures} attempts: {chunk.error}")
         step = max(1, self.policy.recovery_max_reads)
         started = time.perf_counter()
@@ -341,22 +354,6 @@ class CompletionFlusherActor(InboxActor):
         return out
 
     # -- settling ---------------------------------------------------------------------
-
-    def _entry(self, chunk: _Chunk, member: _Member, error: str) -> Any:
-        return salvage_entry(
-            key=member.completion.key,
-            org_id=chunk.org_id,
-            scope=self.scope,
-            tool_id=member.tool_id,
-            input_hash=member.input_hash,
-            output=member.completion.output,
-            attempts=chunk.failures + 1,
-            first_error_at=chunk.first_error_at,
-            error=error,
-            lease_id=member.completion.lease_id,
-            generation=member.completion.generation,
-            replaces=member.completion.replaces,
-        )
 
     def _settle(self, member: _Member, outcome: FlushOutcome) -> None:
         key = member.completion.key

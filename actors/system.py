@@ -337,11 +337,15 @@ class DispatchSystem:
         if pending:
             with contextlib.suppress(Exception):
                 self._flusher.proxy().give_up_now().get(timeout=max(0.1, end - time.monotonic()))
+        ran_out = False
         for done in pending:
             try:
                 done.get(timeout=max(0.0, end - time.monotonic()))
             except pykka.Timeout:
+                ran_out = True
                 break
+        if ran_out or self._writing:  # on disk first: a host may exit as soon as stop returns
+            self._salvage_held()
         self._pool.shutdown()
         refs: list[Any] = [
             *self._queues.values(),
@@ -353,12 +357,18 @@ class DispatchSystem:
         for ref in refs:  # typed Any: pykka 4.4 types the mixed list as object
             with contextlib.suppress(Exception):
                 ref.stop(timeout=max(0.1, end - time.monotonic()))
-        if self._writing:  # the bound ran out while a write waited on the store: on disk now
-            with contextlib.suppress(Exception):
-                salvage_writing(self._writing, self.salvage)
-            with contextlib.suppress(Exception):  # and what waited behind it, unread
-                salvage_unread(self._flusher.actor_inbox, self.salvage, self.run.scope)
+        if self._writing:  # taken meanwhile, and still waiting on the store
+            self._salvage_held()
         self.timers.stop()
+
+    def _salvage_held(self) -> None:
+        """The bound ran out while writes wait on the store: salvage, from this thread,
+        what is being written or held by the flusher, and the flush requests it has not
+        read yet (its thread, a daemon, may never get to them before the process exits)."""
+        with contextlib.suppress(Exception):
+            salvage_writing(self._writing, self.salvage)
+        with contextlib.suppress(Exception):
+            salvage_unread(self._flusher.actor_inbox, self.salvage, self.run.scope)
 
     def __enter__(self) -> DispatchSystem:
         return self

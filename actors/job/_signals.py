@@ -19,10 +19,14 @@ from typing import IO, Any
 
 from .._runtime import runtime_name
 
-__all__ = ["ABORT_S", "Interrupts"]
+__all__ = ["ABORT_S", "ABORT_STOP_S", "Interrupts"]
 
 ABORT_S = 10.0
 """After a second interrupt: seconds given to stopping the system before exiting."""
+
+ABORT_STOP_S = ABORT_S - 2.0
+"""The stop's own bound within :data:`ABORT_S`: what it has not stored by then (writes
+waiting on a locked or unreachable store) it salvages, with time left before the exit."""
 
 
 class Interrupts:
@@ -86,7 +90,7 @@ class Interrupts:
         def stop_system() -> None:
             try:
                 if self.system is not None:
-                    self.system.stop(timeout_s=ABORT_S)
+                    self.system.stop(timeout_s=ABORT_STOP_S)
             finally:
                 done.set()
 

@@ -150,3 +150,58 @@ def test_a_result_that_comes_back_after_stop_returned_is_salvaged(make_system: A
     while {"late": 3} not in _salvaged_outputs(system) and time.monotonic() < end:
         returned.wait(0.05)
     assert {"late": 3} in _salvaged_outputs(system), "a paid result came back after stop and was dropped"
+
+
+class DownStore(SqliteReceiptStore):
+    """Every completion write fails at once (the database went away); once ``hang`` is set,
+    reads wait for it to clear (a read-back waiting out a connect timeout)."""
+
+    hang = threading.Event()
+    clear = threading.Event()
+
+    def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("injected: the database went away")
+
+    def get_many(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hang.is_set():
+            self.clear.wait(WAIT_S)
+        return super().get_many(*args, **kwargs)
+
+
+def test_results_held_on_the_completion_ladder_are_salvaged_before_stop_returns(
+    make_system: Any, db_path: Path
+) -> None:
+    """Results whose writes failed wait on the ladder (a 5 s back-off); the stop gives the
+    ladder up, and its read-backs hang on the store: when the bound runs out, every paid
+    result must be on disk before stop returns (the flusher's thread is a daemon stuck in
+    the store; a host exits as soon as stop returns). Breaker: 4 of 20 were."""
+    runs: list[int] = []
+    store = DownStore(db_path)
+    DownStore.hang.clear()
+    DownStore.clear.clear()
+    try:
+        policy = Policy(batch_grace_s=0.0, completion_ladder_s=(5.0, 5.0), max_concurrency=16)
+        system = make_system([Tool(tool_id="api", fn=lambda i, c: runs.append(i["n"]) or i)], policy=policy,
+                             store=store)  # fmt: skip
+        futures = [system.proxy().execute("api", {"n": n}) for n in range(12)]
+        end = time.monotonic() + WAIT_S
+        while len(runs) < 12 and time.monotonic() < end:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.3)  # their first writes failed: held on the ladder
+        DownStore.hang.set()  # the stop's read-backs now wait on the store
+        started = time.monotonic()
+        system.stop(timeout_s=1.0)
+        took = time.monotonic() - started
+        kept = {entry.output["n"] for entry in system.salvage.entries()}  # on disk as stop returned
+        assert set(runs) == set(range(12))
+        assert set(runs) <= kept, f"paid and not on disk when stop returned: {sorted(set(runs) - kept)}"
+        assert took < 5.0, f"stop took {took:.1f} s on a 1 s bound"
+        assert "Timeout" not in _outcomes(futures)
+        DownStore.clear.set()  # the store answers again: the flusher gets past its wait and stops
+        end = time.monotonic() + WAIT_S
+        while system._flusher.is_alive() and time.monotonic() < end:
+            threading.Event().wait(0.05)
+        assert not system._flusher.is_alive(), "the flusher never stopped (its stop was taken from its inbox)"
+    finally:
+        DownStore.clear.set()
+        store.close()

@@ -281,3 +281,77 @@ def test_cli_waits_on_another_live_run_are_shown(cli, provider_factory, tmp_path
     assert "waited on another run (calls)" in report, f"no owner-wait row in the report: {report}"
     assert int(report["waited on another run (calls)"]) > 0
     assert "waiting on another run" in second.stderr  # in the progress line
+
+
+PAID_PLAY = """
+import fcntl, os, threading
+
+from actors import Tool
+
+LOG = os.environ["PAID_LOG"]
+
+
+def fn(input, ctx):
+    threading.Event().wait(0.2)  # the provider's latency
+    with open(LOG, "a") as log:  # paid: the provider ran it
+        fcntl.flock(log, fcntl.LOCK_EX)
+        log.write(input["k"] + "\\n")
+    return {"k": input["k"]}
+
+
+tools = [Tool(tool_id="paid", fn=fn)]
+
+
+def play(row, ctx):
+    return ctx.tool("paid", {"k": row})
+"""
+
+
+def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli, tmp_path):
+    """Another process holds the receipt file's write lock, so results wait to be stored;
+    two signals abort the run. Every result the provider was paid for must be stored or in
+    the salvage file when the process has exited (the abort exited at its 10 s bound
+    before stop salvaged what waited: 8 of 72 lost; now the stop's own bound comes first)."""
+    play, rows, db = tmp_path / "paid_play.py", tmp_path / "rows.txt", tmp_path / "r.db"
+    play.write_text(PAID_PLAY, encoding="utf-8")
+    rows.write_text("".join(f"row{i}\n" for i in range(300)), encoding="utf-8")
+    paid_log, err_path = tmp_path / "paid.log", tmp_path / "run.stderr"
+    env = cli.env(PAID_LOG=str(paid_log))
+    args = ("run", play, "--input", rows, "--output", tmp_path / "o.jsonl", "--db", db, "--concurrency", "8")
+    proc, err = _start(cli, args, env, err_path, tmp_path)
+    locker = None
+    try:
+        cli.poll_until(
+            lambda: proc.poll() is not None or _receipts(db).get("completed", (0, 0))[0] >= 16,
+            timeout_s=STOP_TIMEOUT_S, what="the first results to be stored",
+        )  # fmt: skip
+        locker = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
+        locker.execute("BEGIN IMMEDIATE")  # another worker's long write
+        paid_before = len(paid_log.read_text().split())
+        cli.poll_until(
+            lambda: proc.poll() is not None or len(paid_log.read_text().split()) >= paid_before + 8,
+            timeout_s=STOP_TIMEOUT_S, what="results paid while the store is locked",
+        )  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        cli.poll_until(
+            lambda: proc.poll() is not None or "interrupted" in err_path.read_text(),
+            timeout_s=STOP_TIMEOUT_S, what="the first signal to be handled",
+        )  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        code = _finish(proc, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if locker is not None:
+            locker.execute("ROLLBACK")
+            locker.close()
+    text = err_path.read_text()
+    assert code == 130, text[-3000:]
+    paid = set(paid_log.read_text().split())
+    with sqlite3.connect(db) as conn:
+        outputs = conn.execute("select output from receipts where status = 'completed'").fetchall()
+    stored = {json.loads(o)["k"] for (o,) in outputs}
+    salvage = db.parent / (db.name + ".salvage.jsonl")
+    lines = salvage.read_text().splitlines() if salvage.exists() else []
+    kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
+    assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)[:10]} ({len(paid)} paid)"
