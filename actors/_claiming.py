@@ -147,7 +147,9 @@ class Claiming(Reconciling):
                 if receipt.attempts <= 1 and receipt.generation <= 1:
                     created += 1
                 group.state = GroupState.CLAIMED
-                if not group.calls or self.stopping:  # every caller gave up meanwhile
+                if not group.calls or self.stopping:  # every caller gave up meanwhile, or the stop
+                    if self.stopping:  # its callers are refused now: counted as the stop's
+                        self.fx.count("cancelled", len(group.calls))
                     self._spare_slot(group)
                     self._release_group(
                         group, CallCancelledError("the call was cancelled before it was sent")

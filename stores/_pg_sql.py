@@ -110,7 +110,7 @@ NOTIFYING = frozenset({"complete", "fail", "uncertain", "release"})
 _RESOLVE = {
     "rerun": (
         "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
-        "error = NULL, failure_kind = NULL"
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL"
     ),
     "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent'",
     "complete": (
@@ -221,12 +221,13 @@ SELECT count(*) FROM gone
 """
         self.purge_epoch = f"SELECT value FROM {schema}.meta WHERE name = 'purge_epoch'"
         self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
+        # the row is locked (``lock_one``) and judged uncertain in Python first (a status or
+        # a lease expiry it cannot read reads as uncertain there, whatever the column says)
         self.resolve = {
             action: f"""
 WITH clk AS ({_NOW})
 UPDATE {t} SET {assignments}, updated_at = clk.now FROM clk
 WHERE org_id = %(org)s AND key = %(key)s
-  AND status NOT IN ('pending', 'queued', 'running', 'completed', 'failed', 'skipped')
 RETURNING {_COLS}
 """
             for action, assignments in _RESOLVE.items()

@@ -6,6 +6,7 @@ the text of each is constant, so sqlite3's statement cache reuses it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,7 +98,7 @@ _RESOLVE = {
     action: f"UPDATE receipts SET {assignments}, updated_at = ? WHERE org_id = ? AND key = ?"
     for action, assignments in {
         "rerun": "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
-        "error = NULL, failure_kind = NULL",
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL",
         "fail": "status = 'failed', error = ?, failure_kind = 'permanent'",
         "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?",
     }.items()
@@ -122,18 +123,67 @@ def error_text(error: str) -> str:
 
 _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
 
+_IN_FLIGHT_STATUSES = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+# column index: default when its value is not a number (None: optional); "decides":
+# a claim's decision reads it, so a bad value makes the receipt uncertain instead
+_NUMBERS: tuple[tuple[int, Any], ...] = (
+    (11, None),  # lease_owner_attempt
+    (13, 0),  # attempts
+    (14, 0.0),  # created_at
+    (19, None),  # lease_owner_pid
+    (20, None),  # lease_owner_started_at
+)
+_INTS = frozenset({11, 13, 17, 19})
+
+
+def _number(value: Any, integer: bool) -> bool:
+    kind = type(value)
+    if kind is int:
+        return True
+    return kind is float and not integer and math.isfinite(value)
+
+
+def _odd_numbers(values: list[Any], status: ReceiptStatus) -> str | None:
+    """Normalise the numeric columns of ``values`` in place; the column a claim would decide
+    by wrongly, if any (then the receipt is uncertain)."""
+    for index, default in _NUMBERS:
+        value = values[index]
+        if value is not None and not _number(value, index in _INTS):
+            values[index] = default
+    lease = values[12]
+    if lease is not None and not _number(lease, False):
+        values[12] = None
+        if status in _IN_FLIGHT_STATUSES:
+            return f"lease_expires_at {lease!r}"
+    for index in (15, 16):  # updated_at, completed_at
+        if values[index] is not None and not _number(values[index], False):
+            values[index] = None
+    if values[15] is None:
+        values[15] = 0.0
+        if status is ReceiptStatus.COMPLETED and values[16] is None:
+            return "updated_at (none, nor completed_at)"
+    if not _number(values[17], True):
+        generation = values[17]
+        values[17] = 1
+        return f"generation {generation!r}"
+    return None
+
 
 def receipt_from_row(row: Sequence[Any]) -> Receipt:
     """A receipt from a row of :data:`COLUMNS` (SQLite's and Postgres's). A row this code
     cannot read whole fails nobody else's key: an output that does not decode is an
-    :class:`~stores._codec.UnreadableOutput`, a status it does not know reads as
-    ``uncertain`` (never re-run nor reused silently; an operator resolves it), with an
-    error saying so."""
+    :class:`~stores._codec.UnreadableOutput`; a status it does not know, or a value a
+    claim decides by that is not a number (a lease expiry, an output's times, the
+    generation: text or NaN set by hand), reads as ``uncertain`` (never re-run nor
+    reused silently; an operator resolves it), with an error saying why; other numbers
+    that are not (counts, times only shown) read as their defaults."""
     values = list(row)
     status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
-    if status is None:
+    odd = f"status {values[4]!r}" if status is None else _odd_numbers(values, status)
+    if odd is not None:
         values[7] = (
-            f"its stored status {values[4]!r} is not one this code knows (changed by hand?): decide it with "
+            f"its stored {odd} is not one this code can read (changed by hand?): decide it with "
             f"`tooldispatch receipts resolve {str(values[0])[:16]} --rerun` (or --fail)"
         )
         status = ReceiptStatus.UNCERTAIN

@@ -106,11 +106,18 @@ def receipts_show(key: str, db: str) -> None:
         output = output.text
     row["output"] = output
     try:
-        click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2, default=_shown).decode())
     except TypeError:  # an exact-form output orjson cannot write (NaN, a lone surrogate...)
         import json
 
-        click.echo(json.dumps(row, indent=2))
+        click.echo(json.dumps(row, indent=2, default=_shown))
+
+
+def _shown(value: object) -> str:
+    """A column value JSON has no form for (a BLOB written by hand): as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return repr(value)
 
 
 @receipts.command("resolve", short_help="Decide an uncertain receipt: --rerun or --fail.")
@@ -129,7 +136,7 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
     with the same Idempotency-Key, so a provider that honours it answers from its records)
     or --fail (later calls are refused with the recorded error).
     """
-    from stores.types import ResolveAction
+    from stores.types import ReceiptStatus, ResolveAction
 
     if rerun == fail_:
         raise ConfigError("say what to do: --rerun or --fail (one of them)")
@@ -138,10 +145,12 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     row = rows[0]
-    if row["status"] != "uncertain":
-        raise ConfigError(f"receipt {row['key'][:16]} is {row['status']}, not uncertain: nothing to resolve")
     store = open_db(db)
     try:
+        (receipt,) = store.get_many(row["org_id"], [row["key"]])  # a status it cannot read: uncertain
+        if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+            status = receipt.status.value if receipt is not None else "gone"
+            raise ConfigError(f"receipt {row['key'][:16]} is {status}, not uncertain: nothing to resolve")
         store.resolve(
             row["org_id"], row["key"], ResolveAction(action), note=note or "resolved by an operator"
         )

@@ -99,3 +99,48 @@ def test_unknown_status_fails_its_own_call_alone_and_is_never_run_again(
         assert isinstance(outcomes[2], UncertainOutcomeError) and "'done'" in str(outcomes[2]), outcomes[2]
         assert all(not isinstance(o, Exception) for i, o in enumerate(outcomes) if i != 2), outcomes
     assert [c.input for c in recorder.calls].count({"i": 2}) == 1  # never paid again
+
+
+EDITS = {
+    "lease-expires-text": (
+        "UPDATE receipts SET status = 'running', lease_expires_at = '2026-12-02 10:00' "
+        "WHERE org_id = ? AND key = ?",
+        {},
+    ),
+    "attempts-text": (
+        "UPDATE receipts SET status = 'pending', output = NULL, completed_at = NULL, "
+        "attempts = 'two' WHERE org_id = ? AND key = ?",
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_column_it_cannot_read_fails_its_own_call_alone(
+    make_system: Any, recorder: Any, db_path: Path, key_of: Any, edit: str
+) -> None:
+    sql, kw = EDITS[edit]
+
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record("t", input, ctx)
+        return {"v": input["i"]}
+
+    tool = Tool(tool_id="t", fn=fn)
+    inputs = [{"i": i} for i in range(5)]
+    first = make_system([tool], run_id="r1", policy=Policy(batch_grace_s=0.01))
+    assert {r.execution for r in _outcomes(first.proxy().execute_many("t", inputs, **kw))} == {"live"}
+    first.stop()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(sql, (ORG, key_of(tool, {"i": 3})))
+
+    again = make_system([tool], run_id="r2", policy=Policy(batch_grace_s=0.01))
+    outcomes = _outcomes(again.proxy().execute_many("t", inputs, **kw))
+    fresh = _outcomes([again.proxy().execute("t", {"i": 99}, **kw)])[0]
+    others = [o for i, o in enumerate(outcomes) if i != 3]
+    seen = [
+        f"{type(o).__name__}: {str(o)[:60]}" if isinstance(o, Exception) else o.execution for o in outcomes
+    ]
+    assert all(not isinstance(o, Exception) for o in others), (
+        f"one hand-edited row ({edit}) failed the other calls of the claim: {seen}"
+    )
+    assert not isinstance(fresh, Exception), fresh

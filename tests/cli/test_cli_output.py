@@ -9,6 +9,7 @@ import pty
 import re
 import select
 import shutil
+import sqlite3
 import subprocess
 import time
 
@@ -224,8 +225,6 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
 
 
 def test_cli_output_receipts_show_an_output_that_cannot_be_read(cli, store_from_a_run):
-    import sqlite3
-
     with sqlite3.connect(store_from_a_run) as conn:
         (key,) = conn.execute("SELECT key FROM receipts LIMIT 1").fetchone()
         conn.execute("UPDATE receipts SET output = '{edited by hand' WHERE key = ?", (key,))
@@ -236,6 +235,12 @@ def test_cli_output_receipts_show_an_output_that_cannot_be_read(cli, store_from_
     receipt = json.loads(shown.stdout)
     assert receipt["output"] == "{edited by hand"  # as stored
     assert "JSONDecodeError" in receipt["output_unreadable"]
+
+    with sqlite3.connect(store_from_a_run) as conn:  # a column set to a BLOB
+        conn.execute("UPDATE receipts SET error = x'ff00' WHERE key = ?", (key,))
+    shown = cli.run("receipts", "show", key[:16], "--db", store_from_a_run)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["error"] == "\\xff\x00"
 
 
 def test_cli_output_receipts_purge_completed(cli, store_from_a_run):
@@ -257,3 +262,36 @@ def test_cli_output_salvage_ls_empty(cli, store_from_a_run):
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "0 salvaged"
+
+
+UNKNOWN_STATUS_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="t", fn=lambda input, ctx: {"v": input["n"]})]
+
+def play(row, ctx):
+    return ctx.tool("t", {"n": int(row)})
+"""
+
+
+def test_cli_resolve_decides_an_unknown_status_as_the_error_says(cli, tmp_path):
+    play = tmp_path / "p.py"
+    play.write_text(UNKNOWN_STATUS_PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("1\n2\n3\n", encoding="utf-8")
+    db = tmp_path / "receipts.db"
+    out = tmp_path / "out.jsonl"
+    args = ("run", play, "--input", rows, "--db", db, "--output", out)
+    assert cli.run(*args).returncode == 0
+    with sqlite3.connect(db) as conn:
+        key = conn.execute("SELECT key FROM receipts ORDER BY rowid LIMIT 1").fetchone()[0]
+        conn.execute("UPDATE receipts SET status = 'done' WHERE key = ?", (key,))
+    again = cli.run(*args)
+    said = again.stderr + out.read_text()
+    told = re.search(r"receipts resolve ([0-9a-f]{16}) --rerun", said)
+    assert told is not None, said[-2000:]
+    resolved = cli.run("receipts", "resolve", told.group(1), "--rerun", "--db", db)
+    assert resolved.returncode == 0, (
+        f"the run said `tooldispatch receipts resolve {told.group(1)} --rerun`; it answered "
+        f"rc={resolved.returncode}: {resolved.stderr.strip()}"
+    )

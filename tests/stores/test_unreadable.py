@@ -22,7 +22,7 @@ from stores import (
     encode_output,
 )
 
-from .test_contract import ME, ORG, claim, get, key_of, lease_of, make_completed
+from .test_contract import ME, ORG, claim, get, key_of, lease_of, make_completed, make_running
 
 BAD_TEXTS = {
     "not-json": "{not json",
@@ -134,3 +134,78 @@ def test_unknown_status_reads_as_uncertain_and_fails_no_other_key(
     resolved = store.resolve(ORG, keys[1], "rerun", note="set by hand")
     assert resolved is not None and resolved.status is ReceiptStatus.COMPLETED  # it had an output
     assert claim(store, [keys[1]])[0].disposition is ClaimDisposition.REUSED
+
+
+def edit_columns(store: ReceiptStore, key: str, assignments: str) -> None:
+    """``UPDATE ... SET assignments`` on one receipt, behind the store's back."""
+    sql = f"UPDATE {{t}} SET {assignments} WHERE org_id = {{p}} AND key = {{p}}"
+    schema = getattr(store, "schema", None)
+    if schema is not None:  # Postgres
+        import psycopg
+
+        from .conftest import PG_URL
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.format(t=f'"{schema}".receipts', p="%s"), (ORG, key))
+        return
+    statement = sql.format(t="receipts", p="?")
+    if store.path == ":memory:":  # type: ignore[attr-defined]
+        store._run(lambda: store._conn.execute(statement, (ORG, key)))  # type: ignore[attr-defined]
+        return
+    with sqlite3.connect(store.path) as conn:  # type: ignore[attr-defined]
+        conn.execute(statement, (ORG, key))
+
+
+def test_completed_receipt_without_times_fails_no_other_key_of_a_stale_claim(store: ReceiptStore) -> None:
+    keys = [key_of(f"no-times-{i}") for i in range(4)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    edit_columns(store, keys[1], "completed_at = NULL, updated_at = NULL")
+    try:
+        claims = claim(store, keys, stale_after_s=3600.0)
+    except Exception as exc:
+        pytest.fail(f"one receipt without times failed the whole claim: {type(exc).__name__}: {exc}")
+    assert [c.disposition for i, c in enumerate(claims) if i != 1] == [ClaimDisposition.REUSED] * 3
+
+
+def test_running_receipt_with_a_nan_lease_fails_no_other_key(store: ReceiptStore) -> None:
+    if getattr(store, "schema", None) is None:
+        pytest.skip("SQLite stores NaN as NULL")
+    keys = [key_of(f"nan-lease-{i}") for i in range(4)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    odd = key_of("nan-lease-odd")
+    make_running(store, odd)
+    edit_columns(store, odd, "lease_expires_at = 'NaN'")
+    try:
+        claims = claim(store, [*keys, odd])
+    except Exception as exc:
+        pytest.fail(f"one NaN lease failed the whole claim: {type(exc).__name__}: {exc}")
+    assert [c.disposition for c in claims[:4]] == [ClaimDisposition.REUSED] * 4
+
+
+def test_running_receipt_with_a_text_lease_fails_no_other_key(store: ReceiptStore) -> None:
+    if getattr(store, "schema", None) is not None:
+        pytest.skip("Postgres types the column")
+    keys = [key_of(f"text-lease-{i}") for i in range(4)]
+    odd = key_of("text-lease-odd")
+    make_running(store, odd)
+    edit_columns(store, odd, "lease_expires_at = '2026-12-02 10:00:00'")
+    try:
+        claims = claim(store, [*keys, odd])
+    except Exception as exc:
+        pytest.fail(f"one text lease failed the whole claim: {type(exc).__name__}: {exc}")
+    assert [c.disposition for c in claims[:4]] == [ClaimDisposition.CLAIMED] * 4
+
+
+def test_a_receipt_uncertain_for_a_column_it_cannot_read_is_resolved_claimable(store: ReceiptStore) -> None:
+    odd = key_of("resolve-odd-lease")
+    make_running(store, odd)
+    bad = "'NaN'" if getattr(store, "schema", None) is not None else "'2026-12-02 10:00:00'"
+    edit_columns(store, odd, f"lease_expires_at = {bad}")
+    (claimed,) = claim(store, [odd])
+    assert claimed.disposition is ClaimDisposition.UNCERTAIN
+    assert "lease_expires_at" in (claimed.receipt.error or "")
+    resolved = store.resolve(ORG, odd, "rerun", note="by hand")
+    assert resolved is not None and resolved.status is ReceiptStatus.PENDING
+    assert claim(store, [odd])[0].disposition is ClaimDisposition.CLAIMED
