@@ -115,6 +115,13 @@ class Finishing(LifecycleBase):
         after all the others cancelled, or who joined with more time than the deadline it
         was refused by; the rest are refused with ``error`` and the receipts given back."""
         self._unsend(unit)
+        if kind == "lease_lost":  # members another run holds now go no further; the rest go again
+            for group in [g for g in unit.groups if g.lease_lost]:
+                self._drop_from_unit(group)
+                self._settle(group, error)  # its callers heard at the loss
+            if not unit.groups:
+                self._leave(unit)
+                return
         waiting = [c for g in unit.groups for c in g.calls]
         if waiting and not self.stopping and self._serve_again(unit, kind, waiting, now):
             for group in unit.groups:  # a caller who came after the others left: it is theirs
@@ -144,7 +151,7 @@ class Finishing(LifecycleBase):
 
     @staticmethod
     def _serve_again(unit: Unit, kind: str, waiting: list[Any], now: float) -> bool:
-        if kind == "cancelled":
+        if kind in ("cancelled", "lease_lost"):
             return True
         if kind != "deadline" or unit.ticket is None:
             return False

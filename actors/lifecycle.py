@@ -249,8 +249,11 @@ class Lifecycle(Cleanup, Finishing):
                 self._drop_from_unit(group)
                 self._settle(group, error)
             else:
-                if unit is not None and unit.out and all(g.lease_lost for g in unit.groups):
-                    self.fx.withdraw(unit.ticket, "lease_lost", error)  # not sent yet: never is
+                # not sent yet: withdrawn; the members still ours go again without the lost (a
+                # batch sent before goes again whole: its idempotency key covers every member)
+                first = unit is not None and unit.attempt == 1 and unit.readmissions == 0
+                if unit is not None and unit.out and (first or all(g.lease_lost for g in unit.groups)):
+                    self.fx.withdraw(unit.ticket, "lease_lost", error)
                 self._answer_early(group, error)
 
     def cancel(self, call: Call, now: float) -> bool:

@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from actors._calls import Role
-from actors.errors import CallCancelledError, LeaseLostError, PersistenceCircuitOpenError, ProviderError
+from actors.errors import (
+    CallCancelledError,
+    LeaseLostError,
+    PersistenceCircuitOpenError,
+    ProviderError,
+    RateLimitedError,
+)
 from actors.messages import RetryDue, UnitFinished
 from actors.tool import Policy
 from stores.types import FailureKind
@@ -153,3 +159,39 @@ def test_withdrawn_retry_gives_its_retry_charge_back() -> None:
     assert isinstance(d.outcome(call), CallCancelledError)
     d.stop()
     d.assert_nothing_held()
+
+
+def test_withdrawn_batch_partly_lost_goes_again_with_the_members_still_ours() -> None:
+    d = _held(BATCHED)
+    calls = _run_to_running(d, "a", "b", "c")
+    d.leases_lost("a", "b")
+    assert all(isinstance(d.outcome(c), LeaseLostError) for c in calls[:2])
+    assert _worker_looks(d) is not None and d.fx.withdrawn[0][0] == "lease_lost"
+    assert d.fx.released == []  # a and b are another run's now; c goes again
+    d.fx.hold_sends = False
+    d.grant()
+    d.mark()
+    assert d.fx.starts[-1].context.receipt_keys == ("c",)
+    d.finish({"v": "c"})
+    d.persisted()
+    assert _value(d.outcome(calls[2])) == {"v": "c"}
+    assert d.fx.counts["provider_calls"] == 1
+    d.assert_nothing_held()
+
+
+def test_withdrawn_batch_sent_before_goes_again_whole_after_a_partial_loss() -> None:
+    d = _held(BATCHED)
+    calls = _run_to_running(d, "a", "b")
+    d.fx.hold_sends = False
+    d.finish(error=RateLimitedError(retry_after="1"))  # it went out once: its key covers both
+    d.retry_charged()
+    d.fx.hold_sends = True
+    d.grant()
+    d.mark()
+    d.leases_lost("a")
+    assert d.fx.withdrawn == []  # sent before: it goes again whole, the lost member rides along
+    assert isinstance(d.outcome(calls[0]), LeaseLostError)
+    d.fx.launch.take(d.fx.starts[-1].ticket)
+    d.finish()
+    d.persisted()
+    assert _value(d.outcome(calls[1])) == {"v": "b"}

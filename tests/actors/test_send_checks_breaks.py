@@ -14,6 +14,7 @@ from typing import Any
 from actors import (
     BatchStrategy,
     CallCancelledError,
+    LeaseLostError,
     Pacing,
     Policy,
     ProviderError,
@@ -296,3 +297,38 @@ def test_send_a_caller_who_came_after_every_cancel_gets_a_live_result(make_syste
     release.set()
     assert [(r.execution, r.value) for r in map(_outcome, again)] == [("live", {"i": 1}), ("live", {"i": 2})]
     assert held.sent == [(1, [1, 2])]
+
+
+def test_send_a_batch_whose_leases_were_partly_lost_before_it_was_sent_goes_without_them(
+    make_system: Any, db_path: Any
+) -> None:
+    release = threading.Event()
+    mine = Batch(lambda n: release.wait(WAIT_S) if n == 1 else None, retry_safe=True)
+    theirs = Batch(lambda n: None, retry_safe=True)
+    policy = Policy(batch_grace_s=0.05, lease_ttl_s=1.0, timeout_s=30.0)
+    store = _BusyRenewals(db_path)
+    try:
+        r1 = make_system([mine.tool()], run_id="r1", policy=policy, store=store)
+        futures = r1.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}, {"i": 3}])
+        assert mine.building.wait(WAIT_S)
+        threading.Event().wait(0.4)  # its leases are registered with the heartbeat
+        _Hiccup.on.set()  # renewals fail for a while: the leases lapse
+        threading.Event().wait(1.5)
+        r2 = make_system([theirs.tool()], run_id="r2", policy=policy)
+        got = [_outcome(f) for f in r2.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])]
+        assert [g.execution for g in got] == ["live", "live"], got
+        _Hiccup.on.clear()  # r1's next renewal finds the leases of 1 and 2 taken
+        _until(lambda: futures[0].done and futures[1].done, "r1's callers of 1 and 2 to hear of it")
+        assert all(isinstance(_outcome(f), LeaseLostError) for f in futures[:2])
+        release.set()
+        third = _outcome(futures[2])
+        threading.Event().wait(0.3)
+        assert theirs.sent == [(1, [1, 2])]
+        paid_twice = sorted({i for _, members in mine.sent for i in members} & {1, 2})
+        assert paid_twice == [], (
+            f"r1 sent {mine.sent} after losing the leases of 1 and 2 before the send: "
+            f"{paid_twice} paid twice (r2 sent {theirs.sent}); third: {third!r}"
+        )
+    finally:
+        release.set()
+        _Hiccup.on.clear()
