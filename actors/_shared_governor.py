@@ -210,7 +210,10 @@ class SharedGovernor(Governor):
             self._grow(key, bucket, successes, out)
         answered_n = successes if answered is None else answered
         refusals = []
-        unsent_probe = key in self.probing and refunds > 0
+        # the probe's slot came back with no verdict (not sent, or an outcome that says
+        # nothing of the provider, such as a nested call's error passed on): let go of it,
+        # so the next call probes at once (else every worker waited out its 30 s claim)
+        unsent_probe = key in self.probing and (refunds > 0 or (count > 0 and not exempt))
         if answered_n or unavailable or unsent_probe:
             self.probing.discard(key)  # reported (record(0, 0): the probe claim is let go)
             recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)

@@ -150,6 +150,32 @@ def test_a_half_open_probe_given_back_unsent_lets_the_next_worker_probe_at_once(
     assert sum(n for _, n in two.acquire("org", "p", 1, "next", now[0]).grants) == 1  # not 30 s later
 
 
+def test_a_half_open_probe_that_ends_with_no_verdict_lets_the_next_worker_probe_at_once():
+    """The probe went, but its outcome says nothing of the provider (the tool passed on a
+    nested call's error: no answer, not unavailable, nothing refunded). As the local
+    governor does, the next call probes at once; the shared one waited out the probe's
+    30 s claim, for every worker (breaker)."""
+    now, _, one, two = _pair(rps=1000.0, circuit_failures=1, circuit_open_s=1.0)
+    one.acquire("org", "p", 1, "a", now[0])
+    assert ("org", "p") in one.release("org", "p", 1, 0, now[0], unavailable=1).closed
+    now[0] += 1.5
+    assert sum(n for _, n in one.acquire("org", "p", 1, "probe", now[0]).grants) == 1
+    now[0] += 0.1
+    one.release("org", "p", 1, 0, now[0], answered=0)  # sent, and it says nothing
+    now[0] += 0.1
+    assert sum(n for _, n in two.acquire("org", "p", 1, "next", now[0]).grants) == 1
+
+
+def test_a_nested_calls_slot_coming_back_while_the_probe_is_out_keeps_the_probe():
+    now, _, one, two = _pair(rps=1000.0, circuit_failures=1, circuit_open_s=1.0)
+    one.acquire("org", "p", 1, "a", now[0])
+    one.release("org", "p", 1, 0, now[0], unavailable=1)
+    now[0] += 1.5
+    assert sum(n for _, n in one.acquire("org", "p", 1, "probe", now[0]).grants) == 1
+    one.release("org", "p", 1, 0, now[0], answered=0, exempt=True)  # a nested call's, not the probe's
+    assert sum(n for _, n in two.acquire("org", "p", 1, "next", now[0]).grants) == 0  # the probe is out
+
+
 def test_a_dated_retry_after_is_read_against_the_pacers_clock_not_this_hosts():
     import email.utils
 
