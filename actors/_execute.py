@@ -13,6 +13,7 @@ and how a batch result is split (:func:`split_members`).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -215,18 +216,9 @@ def attempt(
     """
     tool = spec.tool
     ticket = spec.ticket
-
-    def not_sent(kind: str, error: BaseException) -> None:
-        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error, withdrawn=kind))
-
-    def past_deadline(why: str, deadline: float) -> None:
-        if ticket is not None:
-            ticket.judged = deadline
-        not_sent("deadline", NotSentError(f"{tool.tool_id}: {why}; not sent"))
-
-    if gate is not None:
+    if gate is not None and gate.paced:  # an unpaced gate lets every request go at once
         latest = ticket.deadline if ticket is not None else spec.context.deadline
-        park = (lambda: launch.park(ticket)) if launch is not None and ticket is not None else None
+        park = functools.partial(launch.park, ticket) if launch is not None and ticket is not None else None
         try:
             turn = gate.wait_turn(latest=latest, clock=clock, park=park)
         finally:
@@ -236,13 +228,13 @@ def attempt(
             refusal = launch.refusal(ticket) if launch is not None else None
             blocked = gate.blocked(clock())
             if refusal is not None:  # withdrawn, tripped or stopped while it waited
-                not_sent(*refusal)
+                _not_sent(spec, tell, *refusal)
             elif blocked is not None and blocked[1]:
                 # the provider's circuit opened meanwhile: its tool queue readmits it
                 error = NotSentError(f"{tool.tool_id}: its provider's circuit opened before it was sent")
                 tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
             else:
-                past_deadline("its turn to send came after its deadline", latest)
+                _past_deadline(spec, tell, "its turn to send came after its deadline", latest)
             return
     sent_at: float | None = None
     nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
@@ -255,11 +247,11 @@ def attempt(
             send, payload = tool.fn, spec.payload
         deadline = ticket.deadline if ticket is not None else spec.context.deadline  # a joiner may move it
         if clock() >= deadline:  # passed while it waited or its payload was built
-            past_deadline("its deadline passed before it was sent", deadline)
+            _past_deadline(spec, tell, "its deadline passed before it was sent", deadline)
             return
         refusal = launch.take(ticket) if launch is not None else None
         if refusal is not None:  # withdrawn, tripped or stopped since it was handed over
-            not_sent(*refusal)
+            _not_sent(spec, tell, *refusal)
             return
         sent_at = clock()
         raw = send(payload, spec.context)
@@ -288,6 +280,16 @@ def attempt(
     tell(UnitFinished(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed
     ))  # fmt: skip
+
+
+def _not_sent(spec: AttemptSpec, tell: Callable[[Any], None], kind: str, error: BaseException) -> None:
+    tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error, withdrawn=kind))
+
+
+def _past_deadline(spec: AttemptSpec, tell: Callable[[Any], None], why: str, deadline: float) -> None:
+    if spec.ticket is not None:
+        spec.ticket.judged = deadline
+    _not_sent(spec, tell, "deadline", NotSentError(f"{spec.tool.tool_id}: {why}; not sent"))
 
 
 @attrs.frozen

@@ -98,6 +98,13 @@ class SendGate:
         return self._rps
 
     @property
+    def paced(self) -> bool:
+        """Whether a sender may have to wait here (the gate was ever paced, paused or
+        closed); an unpaced gate lets every request go at once, without a lock. A read
+        racing the first pause lets that request go with those already in flight."""
+        return not (self._rps is None and self._epoch == 0)
+
+    @property
     def burst(self) -> float:
         """Requests that may go back to back at the rate (1: every one spaced)."""
         return self._burst
