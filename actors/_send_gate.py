@@ -147,6 +147,9 @@ class SendGate:
             self._epoch += 1
             self._holes.clear()
             self._closed_until = until
+            # every booking is void (its sender gives up): none may hold the next sender
+            # back; the passing rule still spaces the sends actually made
+            self._next = -math.inf
 
     def blocked(self, now: float) -> tuple[float, bool] | None:
         """Whether a request may leave at ``now``: None, or (until when not, closed).

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from actors import CallCancelledError, Pacing, Policy, ProviderUnavailableError, Tool
 from actors._send_gate import SendGate
 
@@ -215,3 +217,64 @@ def test_gate_senders_parked_when_the_circuit_opens_never_reach_the_dead_provide
         f"{after} (s after the open); outcomes {[type(o).__name__ for o in outcomes]}; "
         f"circuit {report.get(f'{ORG}/p', {}).get('circuit')}"
     )
+
+
+# -- round 3: a closure voids every booking (breaker: the probe waited 8.9 s behind them) --
+
+
+def test_gate_a_closure_leaves_no_turn_of_a_sender_that_gave_up() -> None:
+    t = 100.0
+    g = SendGate(rps=1.0)
+    g._book(t)  # sent now
+    for _ in range(10):
+        g._book(t)  # ten senders parked at 101..110
+    g.close(100.4)  # the circuit opens at 100.1 for 0.3 s: each parked sender gives up
+    for _ in range(10):
+        assert g._book(100.1)[0] == float("inf")
+    delay = g.book(100.5)[0]  # the half-open probe
+    assert delay <= 1.0, f"half-open probe waits {delay} s for turns of senders that gave up"
+
+
+@pytest.mark.parametrize("probe_timeout_s", [60.0, 3.0])
+def test_gate_the_half_open_probe_never_waits_behind_turns_of_senders_that_gave_up(
+    make_system: Any, probe_timeout_s: float
+) -> None:
+    sent: list[float] = []
+    release = threading.Event()
+    fail = [False]
+
+    def down(input: Any, ctx: Any) -> Any:
+        sent.append(time.monotonic())
+        if input["i"] == 1:
+            release.wait(30)
+        if fail[0]:
+            raise ConnectionError("provider down")
+        return {"i": input["i"]}
+
+    tools = [Tool(tool_id="down", fn=down, provider="p", pacing=Pacing(rps=50.0))]
+    policy = Policy(batch_grace_s=0.0, circuit_failures=1, circuit_open_s=0.3, circuit_open_max_s=60.0,
+                    timeout_s=60.0, retry_attempts=1)  # fmt: skip
+    system = make_system(tools, policy=policy)
+    assert system.proxy().execute("down", {"i": 0}).get(timeout=30).value == {"i": 0}
+    fail[0] = True
+    gate = system.gates.get(ORG, "p")
+    gate.set_rate(1.0)  # as after a 429's cut (the repo's own tests do this)
+    first = system.proxy().execute("down", {"i": 1})
+    _until(lambda: len(sent) == 2, "first sent")
+    waited = gate.waited_s
+    parked = [system.proxy().execute("down", {"i": i}) for i in range(2, 12)]
+    _until(lambda: gate.waited_s > waited + 40.0, "ten calls to book turns")
+    release.set()  # ConnectionError: the circuit opens; the ten parked give up
+    for f in [first, *parked]:
+        with contextlib.suppress(Exception):
+            f.get(timeout=60)
+    fail[0] = False  # the provider is back
+    threading.Event().wait(0.5)  # the circuit (open 0.3 s) is half-open; nothing sent for 0.5 s+
+    asked = time.monotonic()
+    try:
+        probe: Any = system.proxy().execute("down", {"i": 99}, timeout_s=probe_timeout_s).get(timeout=60)
+    except Exception as exc:
+        probe = exc
+    took = time.monotonic() - asked
+    assert not isinstance(probe, Exception), f"the half-open probe failed after {took:.2f} s: {probe!r}"
+    assert took < 2.0, f"the half-open probe took {took:.2f} s at a gate paced to 1 rps, idle for 0.5 s"
