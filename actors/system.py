@@ -35,7 +35,7 @@ from ._execute import error_text
 from ._futures import MAX_WAIT_S, fail, new_future
 from ._launch import Launch
 from ._memo_path import Intake
-from ._pacing import SLOW_START_RPS
+from ._providers import provider_pacings
 from ._purge_watch import PurgeWatcher
 from ._runtime import Timers, WorkerPool, runtime_name
 from ._send_gate import SendGates
@@ -51,39 +51,10 @@ from .proxy import DispatchProxy
 from .receipt_store import ReceiptStoreActor
 from .salvage import ReplayReport, SalvageLog
 from .stats import Stats
-from .tool import Pacing, Policy, RunInfo, Tool
+from .tool import Policy, RunInfo, Tool
 from .tool_queue import Memo, ToolQueueActor
 
 __all__ = ["DispatchProxy", "DispatchSystem"]
-
-
-def provider_pacings(tools: Iterable[Tool]) -> dict[str, Pacing]:
-    """Each provider's limits: the one :class:`Pacing` its tools give (tools left at a
-    default, ``Pacing()`` or :func:`~actors.http.http_tool`'s slow start, take another's;
-    with only defaults, the slow start).
-
-    Raises:
-        ValueError: two tools of one provider give different pacings (before, the last
-            tool's silently replaced the others').
-    """
-    defaults = (Pacing(start_rps=SLOW_START_RPS), Pacing())  # http_tool's, Tool's; most careful first
-    given: dict[str, dict[Pacing, list[str]]] = {}
-    for tool in tools:
-        given.setdefault(tool.provider_name, {}).setdefault(tool.pacing, []).append(tool.tool_id)
-    out: dict[str, Pacing] = {}
-    for provider, pacings in given.items():
-        chosen = {p: ids for p, ids in pacings.items() if p not in defaults}
-        if not chosen:  # only defaults: the most careful of them
-            first = next(p for p in defaults if p in pacings)
-            chosen = {first: pacings[first]}
-        if len(chosen) > 1:
-            listed = "; ".join(f"{', '.join(ids)}: {p}" for p, ids in chosen.items())
-            raise ValueError(
-                f"tools of provider {provider!r} give different pacings ({listed}): a provider has one "
-                "set of limits, give them all the same Pacing (or leave all but one at the default)"
-            )
-        (out[provider],) = chosen
-    return out
 
 
 class DispatchSystem:
@@ -116,6 +87,7 @@ class DispatchSystem:
         self._digests: dict[str, str] = {}
         self._stopping = threading.Event()
         self._stopped = False
+        self._stop_done = threading.Event()
         self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
         self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
@@ -303,13 +275,24 @@ class DispatchSystem:
         flushed (or salvaged) before this returns, unless ``timeout_s`` runs out first
         (a hung tool: its worker is a daemon and never keeps the process alive; its
         lease simply expires). Idempotent; a call submitted meanwhile gets
-        CallCancelledError.
+        CallCancelledError. A stop called while another thread's is under way waits for it
+        within its own bound, and salvages what is still held if that runs out first.
         """
         with self._lock:
-            if self._stopped:
-                return
-            self.launch.stop()  # from here on no request leaves, not even one a worker holds
-            self._stopped = True
+            first = not self._stopped
+            if first:
+                self.launch.stop()  # from here on no request leaves, not even one a worker holds
+                self._stopped = True
+        if not first:  # another thread's stop is under way: this one's bound holds too
+            if not self._stop_done.wait(min(timeout_s, MAX_WAIT_S)):
+                self._salvage_held()  # on disk before this caller goes on (it may exit)
+            return
+        try:
+            self._stop(timeout_s)
+        finally:
+            self._stop_done.set()
+
+    def _stop(self, timeout_s: float) -> None:
         self._stopping.set()
         untrack(self)
         end = time.monotonic() + min(timeout_s, MAX_WAIT_S)  # a huge bound means "wait as long as it takes"

@@ -9,6 +9,7 @@ import re
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 
 import pytest
@@ -42,6 +43,10 @@ def _receipts(db) -> dict[str, tuple[int, int]]:
     finally:
         conn.close()
     return {status: (n, int(leased or 0)) for status, n, leased in rows}
+
+
+def _paid(log) -> int:
+    return len(log.read_text().split()) if log.exists() else 0
 
 
 def _start(cli, args, env, err_path, cwd):
@@ -355,3 +360,61 @@ def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli
     lines = salvage.read_text().splitlines() if salvage.exists() else []
     kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
     assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)[:10]} ({len(paid)} paid)"
+
+
+SLOW_PAID_PLAY = PAID_PLAY.replace(
+    "threading.Event().wait(0.2)",
+    'threading.Event().wait(0.05 if input["k"] in ("row0", "row1", "row2", "row3") else 1.0)',
+).replace('Tool(tool_id="paid", fn=fn)', 'Tool(tool_id="paid", fn=fn, timeout_s=1.5)')
+
+
+def test_cli_second_signal_while_the_run_is_already_stopping_keeps_every_paid_result(cli, tmp_path):
+    """Four rows' results are stored; then another process locks the receipt file, and the
+    other eight calls are paid (at 1 s) while their writes wait on it. Their callers are
+    answered at the 1.5 s timeout, the rows end and the run is in its own final stop (a
+    60 s bound) when two signals abort it. The abort's stop found a stop under way and
+    returned at once, and the process exited with the held results lost (breaker); it now
+    waits for that stop within its own bound, and salvages what is still held."""
+    play, rows, db = tmp_path / "paid_play.py", tmp_path / "rows.txt", tmp_path / "r.db"
+    assert SLOW_PAID_PLAY != PAID_PLAY and "timeout_s=1.5" in SLOW_PAID_PLAY
+    play.write_text(SLOW_PAID_PLAY, encoding="utf-8")
+    rows.write_text("".join(f"row{i}\n" for i in range(12)), encoding="utf-8")
+    paid_log, err_path = tmp_path / "paid.log", tmp_path / "run.stderr"
+    env = cli.env(PAID_LOG=str(paid_log))
+    args = ("run", play, "--input", rows, "--output", tmp_path / "o.jsonl", "--db", db, "--concurrency", "12")
+    proc, err = _start(cli, args, env, err_path, tmp_path)
+    locker = None
+    try:
+        cli.poll_until(
+            lambda: proc.poll() is not None or _receipts(db).get("completed", (0, 0))[0] >= 4,
+            timeout_s=STOP_TIMEOUT_S, what="the fast rows' results to be stored",
+        )  # fmt: skip
+        locker = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
+        locker.execute("BEGIN IMMEDIATE")
+        stored_before = _receipts(db).get("completed", (0, 0))[0]
+        cli.poll_until(
+            lambda: proc.poll() is not None or _paid(paid_log) == 12,
+            timeout_s=STOP_TIMEOUT_S, what="every row to be paid",
+        )  # fmt: skip
+        threading.Event().wait(2.0)  # the callers' 1.5 s timeouts pass: the rows end, the stop begins
+        assert proc.poll() is None, err_path.read_text()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        threading.Event().wait(0.5)
+        proc.send_signal(signal.SIGINT)
+        code = _finish(proc, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if locker is not None:
+            locker.execute("ROLLBACK")
+            locker.close()
+    assert stored_before < 12  # some paid results were waiting on the lock
+    assert code in (1, 130), err_path.read_text()[-3000:]
+    paid = set(paid_log.read_text().split())
+    with sqlite3.connect(db) as conn:
+        outputs = conn.execute("select output from receipts where status = 'completed'").fetchall()
+    stored = {json.loads(o)["k"] for (o,) in outputs}
+    salvage = db.parent / (db.name + ".salvage.jsonl")
+    lines = salvage.read_text().splitlines() if salvage.exists() else []
+    kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
+    assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)} ({len(paid)} paid)"
