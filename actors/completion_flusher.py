@@ -132,8 +132,6 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
     def _flush(self) -> None:
         """Write everything buffered, in chunks."""
         buffered, self._buffer = self._buffer, []
-        for message in buffered:
-            self._let_go(-id(message))  # held as chunks from here on
         chunks: list[_Chunk] = []
         try:
             chunks = self._chunks(buffered)
@@ -141,6 +139,10 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             for request in buffered:
                 if not getattr(request.reply, "done", False):
                     request.reply.set_exception((type(exc), exc, exc.__traceback__))
+        for chunk in chunks:  # every chunk shown to stop before the first write waits on the store
+            self._held_chunk(chunk)
+        for message in buffered:
+            self._let_go(-id(message))  # held as chunks from here on
         for chunk in chunks:
             self._write_guarded(chunk)
 
@@ -153,6 +155,8 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             if not getattr(message.reply, "done", False):
                 message.reply.set_exception((type(exc), exc, exc.__traceback__))
             return
+        for chunk in chunks:  # all shown to stop first: a give-up's read-backs wait on the store
+            self._held_chunk(chunk)
         for chunk in chunks:
             self._failed(chunk, message.failed)
 

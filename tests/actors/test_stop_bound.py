@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from actors import Policy, Tool
+from actors.tool import BatchStrategy
 from stores import SqliteReceiptStore
 
 WAIT_S = 15.0
@@ -205,3 +206,53 @@ def test_results_held_on_the_completion_ladder_are_salvaged_before_stop_returns(
     finally:
         DownStore.clear.set()
         store.close()
+
+
+@pytest.mark.parametrize("members", [1, 10, 25], ids=["chunks-of-1", "chunks-of-10", "chunks-of-25"])
+def test_a_batch_written_in_many_chunks_while_the_store_is_locked_is_salvaged_whole(
+    make_system: Any, db_path: Path, members: int
+) -> None:
+    """One batch's 50 results are written in chunks (``completion_max_members``) while
+    another process holds the file's write lock, and stop's bound runs out: every chunk
+    must be salvaged, not only the one being written. The flusher let go of the buffered
+    request before its chunks were registered, so chunks 2..k were invisible to stop's
+    salvage (breaker: a 600-member batch, 100 lost)."""
+    entered, release = threading.Event(), threading.Event()
+    sent: list[int] = []
+
+    def batch_fn(payload: list[Any], ctx: Any) -> list[Any]:
+        entered.set()
+        release.wait(WAIT_S)
+        sent.extend(item["n"] for item in payload)
+        return [{"n": item["n"]} for item in payload]
+
+    tool = Tool(tool_id="t", fn=lambda i, c: batch_fn([i], c)[0],
+                batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=50))  # fmt: skip
+    policy = Policy(batch_grace_s=0.3, completion_max_members=members)
+    system = make_system([tool], policy=policy)
+    futures = system.proxy().execute_many("t", [{"n": n} for n in range(50)])
+    blocker = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    try:
+        assert entered.wait(WAIT_S)  # claimed and sent: the batch is in the provider's hands
+        blocker.execute("BEGIN IMMEDIATE")  # another worker's long write holds the lock
+        release.set()
+        end = time.monotonic() + WAIT_S
+        while len(sent) < 50 and time.monotonic() < end:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.3)  # its writes now wait on the lock
+        system.stop(timeout_s=1.0)
+        kept = {output["n"] for output in _salvaged_outputs(system)}  # on disk before stop returned
+        assert "Timeout" not in _outcomes(futures)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    conn = sqlite3.connect(db_path)
+    try:
+        stored = {
+            orjson.loads(o)["n"]
+            for (o,) in conn.execute("SELECT output FROM receipts WHERE status = 'completed'")
+        }
+    finally:
+        conn.close()
+    assert sorted(sent) == list(range(50))
+    assert set(sent) <= kept | stored, f"paid and lost: {sorted(set(sent) - kept - stored)}"
