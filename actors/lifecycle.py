@@ -145,7 +145,18 @@ class Lifecycle(Cleanup, Finishing):
             return
         lost = set(report.refused) if report is not None else set()
         for unit in units:
-            for group in [g for g in unit.groups if g.key in lost]:
+            taken = [g for g in unit.groups if g.key in lost]
+            if taken and _sent_batch(unit) and len(taken) < len(unit.groups):
+                # a batch sent before goes again whole (its key): the lost ride along,
+                # answered now; their outputs are salvaged (the store refuses them)
+                for group in taken:
+                    if not group.lease_lost:
+                        group.lease_lost = True
+                        self.fx.count("lease_lost")
+                    group.beating = self._unbeat(group)
+                    self._answer_early(group, LeaseLostError("the lease was taken before the retry"))
+                taken = []
+            for group in taken:
                 self.fx.count("lease_lost")
                 group.beating = self._unbeat(group)
                 self._drop_from_unit(group)

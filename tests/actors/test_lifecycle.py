@@ -1458,6 +1458,51 @@ def test_lifecycle_a_sent_batch_retries_whole_under_the_key_the_provider_saw(lea
 
 
 @pytest.mark.parametrize("again", ["retry", "429"])
+def test_lifecycle_a_sent_batch_whose_lease_is_refused_at_the_next_mark_still_goes_whole(again: str) -> None:
+    """The lease of one member of a batch sent before is found taken when the batch is
+    marked running again (after a retry's back-off, a 429's re-admission): the member
+    rides along, answered LeaseLostError, so the request keeps the key the provider saw.
+    Dropping it (as for a batch never sent) changed the key, and the provider billed the
+    others again (breaker round 3)."""
+    d = Driver(SAFE_BATCHED)
+    calls = _run_to_running(d, "a", "b", "c")
+    first = d.fx.starts[-1]
+    if again == "429":
+        d.finish(error=RateLimitedError(retry_after="1"))
+        d.retry_charged()
+    else:
+        d.finish(error=ConnectionError("reset after sending"))
+        d.retry_charged()
+        d.fire(RetryDue)
+    d.grant()
+    d.mark(refused=("b",))
+    assert isinstance(d.outcome(calls[1]), LeaseLostError)  # answered now, not when the batch ends
+    retry = d.fx.starts[-1]
+    assert retry is not first
+    assert retry.context.receipt_keys == first.context.receipt_keys
+    assert retry.context.idempotency_key == first.context.idempotency_key
+    d.finish()
+    d.persisted()
+    assert [_value(d.outcome(c)) for c in (calls[0], calls[2])] == [{"v": "a"}, {"v": "c"}]
+    assert {e.key for entries in d.fx.persists.values() for e in entries} == {"a", "b", "c"}
+    d.assert_nothing_held()
+
+
+def test_lifecycle_a_sent_batch_whose_every_lease_is_refused_at_the_next_mark_is_not_sent_again() -> None:
+    d = Driver(SAFE_BATCHED)
+    calls = _run_to_running(d, "a", "b")
+    d.finish(error=ConnectionError("reset after sending"))
+    d.retry_charged()
+    d.fire(RetryDue)
+    d.grant()
+    sends = len(d.fx.starts)
+    d.mark(refused=("a", "b"))
+    assert len(d.fx.starts) == sends  # nobody's leases: the owners now run them
+    assert all(isinstance(d.outcome(c), LeaseLostError) for c in calls)
+    d.assert_nothing_held()
+
+
+@pytest.mark.parametrize("again", ["retry", "429"])
 def test_lifecycle_a_unit_a_nested_call_joined_while_it_held_a_slot_goes_again_on_a_borrowed_one(
     again: str,
 ) -> None:
