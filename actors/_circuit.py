@@ -32,6 +32,8 @@ class Circuit:
     open_until: float = 0.0
     period_s: float = 0.0
     probing: bool = False
+    probe_exempt: bool = False
+    """Whether the probe out is a nested call's (granted outside the concurrency ceiling)."""
     opened: int = 0
 
     def admits(self, now: float) -> str:
@@ -45,9 +47,9 @@ class Circuit:
             return "wait" if self.probing else "probe"
         return "go"
 
-    def probe_sent(self) -> None:
-        """The half-open probe was granted."""
-        self.probing = True
+    def probe_sent(self, exempt: bool = False) -> None:
+        """The half-open probe was granted (``exempt``: to a nested call)."""
+        self.probing, self.probe_exempt = True, exempt
 
     def record(self, answered: int, unavailable: int, now: float) -> bool:
         """Outcomes of calls that ended: ``answered`` by the provider (successes, 4xx,

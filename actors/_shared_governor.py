@@ -89,10 +89,10 @@ class SharedGovernor(Governor):
         """(org, provider) of an unknown limit -> this worker's learner role."""
         self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
         """This governor's name for the learner lease."""
-        self.probing: set[BucketKey] = set()
+        self.probing: dict[BucketKey, bool] = {}
         """(org, provider) whose half-open probe this worker was granted and has not yet
-        reported: a probe given back unsent releases the shared claim at once (else every
-        worker would wait out the probe lease)."""
+        reported -> whether a nested call has it: a probe given back unsent releases the
+        shared claim at once (else every worker would wait out the probe lease)."""
 
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
@@ -139,7 +139,7 @@ class SharedGovernor(Governor):
             return 0
         self._version = grant.version
         if grant.verdict == "probe":
-            self.probing.add(key)
+            self.probing[key] = wkey[2]
         return grant.granted
 
     def _take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
@@ -205,6 +205,7 @@ class SharedGovernor(Governor):
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)
+        self._returned(key, exempt, count)
         out = Decisions()
         if bucket.learner is None or not self._learn(key, bucket, successes, now, out):
             self._grow(key, bucket, successes, out)
@@ -213,9 +214,11 @@ class SharedGovernor(Governor):
         # the probe's slot came back with no verdict (not sent, or an outcome that says
         # nothing of the provider, such as a nested call's error passed on): let go of it,
         # so the next call probes at once (else every worker waited out its 30 s claim)
-        unsent_probe = key in self.probing and (refunds > 0 or (count > 0 and not exempt))
+        # (only once no slot of the probe's kind is out: the slot back may be another call's,
+        # granted before the circuit opened, and the probe still out)
+        unsent_probe = key in self.probing and not self.probe_out(key, self.probing[key])
         if answered_n or unavailable or unsent_probe:
-            self.probing.discard(key)  # reported (record(0, 0): the probe claim is let go)
+            self.probing.pop(key, None)  # reported (record(0, 0): the probe claim is let go)
             recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
             if recorded.opened:
                 refusals = self._refuse_waiters(key)

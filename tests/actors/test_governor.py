@@ -489,3 +489,28 @@ def test_governor_a_nested_call_is_not_held_by_a_half_open_probe() -> None:
     assert _granted(gov.acquire(ORG, "p", 1, probe, now=1.5)) == {probe: 1}  # half-open: the probe
     assert gov.acquire(ORG, "p", 1, ordinary, now=1.6).grants == []
     assert _granted(gov.acquire(ORG, "p", 1, nested, now=1.6, exempt=True)) == {nested: 1}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["ordinary-probe", "nested-probe"])
+def test_governor_a_call_granted_before_the_circuit_opened_ending_with_no_verdict_keeps_the_probe(
+    nested: bool,
+) -> None:
+    """Two calls were out when the circuit opened; at half-open one probe goes. One of the
+    two earlier calls then ends with no verdict (its outcome says nothing of the provider):
+    that is not the probe, which is still out, so no second probe goes (breaker round 3:
+    any verdict-less release ended the probe). Once nothing of the probe's kind is out,
+    the next call probes."""
+    gov = _gov(Policy(max_concurrency=3, circuit_failures=1, circuit_open_s=1.0))
+    assert _granted(gov.acquire(ORG, "p", 3, object(), now=0.0)) != {}
+    gov.release(ORG, "p", 1, 0, now=0.1, unavailable=1)  # opens; two calls still out
+    probe, second = object(), object()
+    assert _granted(gov.acquire(ORG, "p", 1, probe, now=1.5, exempt=nested)) == {probe: 1}
+    gov.release(ORG, "p", 1, 0, now=1.6, answered=0)  # an earlier call, no verdict
+    assert gov.acquire(ORG, "p", 1, second, now=1.7).grants == []  # the probe is still out
+    if nested:  # the probe (a nested call's) ends with no verdict: the next call probes
+        assert _granted(gov.release(ORG, "p", 1, 0, now=1.8, answered=0, exempt=True)) == {second: 1}
+    else:
+        gov.release(ORG, "p", 1, 0, now=1.8, answered=0)  # the probe or the other: one still out
+        assert gov.acquire(ORG, "p", 1, object(), now=1.85).grants == []
+        assert _granted(gov.release(ORG, "p", 1, 0, now=1.9, answered=0)) == {second: 1}  # none out
+    assert gov.circuits[(ORG, "p")].probing

@@ -188,3 +188,20 @@ def test_a_dated_retry_after_is_read_against_the_pacers_clock_not_this_hosts():
         out = one.backpressure("org", "p", date, now[0], shared_wall + skew, sent_at=now[0])
         _, until = out.gates[("org", "p")]
         assert until - now[0] == pytest.approx(60.0, abs=1.5)
+
+
+def test_a_call_granted_before_the_circuit_opened_ending_with_no_verdict_keeps_the_shared_probe():
+    """As the local governor: a slot coming back with no verdict ends this worker's probe
+    only when no slot of the probe's kind is out here (it may be an earlier call's, and
+    the probe still out: breaker round 3 found a second probe sent meanwhile)."""
+    now, _, one, two = _pair(rps=1000.0, max_concurrency=3, circuit_failures=1, circuit_open_s=1.0)
+    assert sum(n for _, n in one.acquire("org", "p", 3, "abc", now[0]).grants) == 3
+    one.release("org", "p", 1, 0, now[0], unavailable=1)  # opens; two calls still out
+    now[0] += 1.5
+    assert sum(n for _, n in one.acquire("org", "p", 1, "probe", now[0]).grants) == 1
+    now[0] += 0.1
+    one.release("org", "p", 1, 0, now[0], answered=0)  # an earlier call, no verdict
+    assert sum(n for _, n in two.acquire("org", "p", 1, "next", now[0]).grants) == 0  # the probe is out
+    one.release("org", "p", 1, 0, now[0], answered=0)
+    one.release("org", "p", 1, 0, now[0], answered=0)  # nothing of this worker's is out now
+    assert sum(n for _, n in two.wake(now[0]).grants) == 1  # the next probe
