@@ -26,7 +26,7 @@ import attrs
 import cattrs
 import filelock
 
-from stores._codec import converter, decode_output, encode_output, salvage_form
+from stores._codec import UnreadableOutput, converter, decode_output, encode_output, salvage_form
 from stores.base import ReceiptStore
 from stores.types import (
     ClaimDisposition,
@@ -99,6 +99,8 @@ class ReplayReport:
     already_completed: int
     kept: int
     unreadable: int = 0
+    superseded: int = 0
+    """Entries dropped for a later entry of the same call in the file (its newer output)."""
 
 
 class SalvageLog:
@@ -193,7 +195,9 @@ class SalvageLog:
 
         A receipt already completed (by anyone) just drops its entry, unless its stored
         output is older than the entry's (a forced refresh, paid for, whose write failed:
-        the entry's output then replaces it, as the refresh would have); one still held
+        the entry's output then replaces it, as the refresh would have) or cannot be read
+        back (:class:`~stores._codec.UnreadableOutput`: the entry's is then the only copy
+        anyone can read, and replaces it); one still held
         under the lease its output was produced (and salvaged) under is completed
         under that lease, since the store gave up before that owner could; one under
         another owner's live lease is kept for a later replay.
@@ -209,14 +213,14 @@ class SalvageLog:
                     f"{self.path} is not a salvage file: none of its {lines} lines is one"
                 )
             kept: list[SalvageEntry] = [e for e in entries if e.output_form != "json"]
-            completed = already = 0
+            completed = already = superseded = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
             for entry in entries:  # one per key: the latest generation's (the file's last of it)
                 if entry.output_form == "json":
                     members_ = by_org.setdefault(entry.org_id, {})
                     seen = members_.get(entry.receipt_key)
                     if seen is not None:
-                        already += 1  # superseded by a later output of the same call
+                        superseded += 1  # one of the two goes: the later output of the call
                         if _gen(seen) > _gen(entry):
                             continue
                     members_[entry.receipt_key] = entry
@@ -228,7 +232,8 @@ class SalvageLog:
                 refresh = []
                 for key, receipt in zip(keys, stored, strict=True):
                     if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
-                        if _newer(members[key], receipt):  # a paid refresh the store never took
+                        if _newer(members[key], receipt) or isinstance(receipt.output, UnreadableOutput):
+                            # a paid refresh the store never took; or what it holds is unreadable
                             refresh.append(members[key])
                         else:
                             already += 1
@@ -248,8 +253,9 @@ class SalvageLog:
                         kept.extend(left)
             self._rewrite(kept, unreadable, carry_from=size)
             return ReplayReport(
-                completed=completed, already_completed=already, kept=len(kept), unreadable=len(unreadable)
-            )
+                completed=completed, already_completed=already, kept=len(kept), unreadable=len(unreadable),
+                superseded=superseded,
+            )  # fmt: skip
 
 
 _LOCKS: dict[str, threading.Lock] = {}

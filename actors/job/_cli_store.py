@@ -297,5 +297,6 @@ def salvage_replay(db: str, salvage_path: str | None) -> None:
         store.close()
     click.echo(
         f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}"
+        + (f", {report.superseded} superseded by a later output of its call" if report.superseded else "")
         + (f", {report.unreadable} unreadable lines left in the file" if report.unreadable else "")
     )

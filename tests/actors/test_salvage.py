@@ -315,9 +315,37 @@ def test_salvage_replay_of_several_entries_for_one_key_keeps_the_latest_generati
     older = attrs.evolve(_salvaged(refresh, "dup", {"v": "older"}), generation=refresh.generation - 1)
     log.append([older])
     report = log.replay(store)
-    assert (report.completed, report.already_completed, report.kept) == (1, 1, 0)
+    # the older entry is superseded, not "already completed" (it was counted so)
+    assert (report.completed, report.already_completed, report.kept, report.superseded) == (1, 0, 0, 1)
     (receipt,) = store.get_many(ORG, ["dup"])
     assert receipt.output == {"v": "refreshed"}
+
+
+@pytest.mark.parametrize("bad", ["not json", "\x00\x01", '{"cut": '])
+def test_salvage_replay_puts_back_an_output_over_a_stored_one_nobody_can_read(
+    tmp_path: Path, store: Any, bad: str
+) -> None:
+    """The receipt is completed, but its stored output cannot be read back (changed by
+    hand, damaged): the salvaged entry holds the only readable copy of a paid result. It
+    was dropped as "already completed"; it now replaces the unreadable one."""
+    import sqlite3
+
+    from stores._codec import UnreadableOutput
+
+    other = Owner("run-2", 1)
+    lease = _claim(store, "k", other)
+    assert store.complete_many(ORG, [Completion("k", lease.lease_id, {"v": "stored"})], other).ok
+    with sqlite3.connect(tmp_path / "receipts.db") as conn:
+        conn.execute("UPDATE receipts SET output = ? WHERE key = 'k'", (bad,))
+    (broken,) = store.get_many(ORG, ["k"])
+    assert type(broken.output) is UnreadableOutput
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([_entry("k", {"v": "salvaged"})])
+    report = log.replay(store)
+    assert (report.completed, report.already_completed, report.kept) == (1, 0, 0)
+    (receipt,) = store.get_many(ORG, ["k"])
+    assert receipt.status is ReceiptStatus.COMPLETED and receipt.output == {"v": "salvaged"}
+    assert log.entries() == []
 
 
 def test_salvage_replay_keeps_a_key_under_another_owners_live_lease(tmp_path: Path, store: Any) -> None:
