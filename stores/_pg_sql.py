@@ -108,8 +108,12 @@ NOTIFYING = frozenset({"complete", "fail", "uncertain", "release"})
 """Fenced writes that end leases, and so may wake a waiter."""
 
 _RESOLVE = {
+    # the stored output is kept only when a reader takes it as one (a time, an output there)
     "rerun": (
-        "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        "status = CASE WHEN completed_at IS NOT NULL AND output IS NOT NULL THEN 'completed' "
+        "ELSE 'pending' END, "
+        "output = CASE WHEN completed_at IS NOT NULL THEN output END, "
+        "completed_at = CASE WHEN output IS NOT NULL THEN completed_at END, "
         "error = NULL, failure_kind = NULL, lease_expires_at = NULL"
     ),
     "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent'",
@@ -135,7 +139,10 @@ class Statements:
         self.reusable = (
             f"WITH clk AS ({_NOW}) SELECT key, input_hash, output, "
             f"clk.now - coalesce(completed_at, updated_at) FROM {t}, clk "
-            "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) AND status = 'completed'"
+            "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) AND status = 'completed' "
+            # set by hand: left to a claim, which says so for that call alone (a NULL age
+            # failed the whole bulk read with a TypeError)
+            "AND output IS NOT NULL AND coalesce(completed_at, updated_at) IS NOT NULL"
         )
         self.claim = f"""
 WITH req AS (

@@ -21,7 +21,12 @@ _BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(
 # the output text as stored: the caller's plain read of a cold rerun.
 _REUSABLE = (
     "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
-    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND status = 'completed'"
+    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND status = 'completed' "
+    # values a reader would not take (set by hand): left to a claim, which says so for
+    # that call alone (a text time here failed the whole bulk read with a TypeError)
+    "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' "
+    "AND typeof(coalesce(completed_at, updated_at)) IN ('integer', 'real') "
+    "AND typeof(generation) = 'integer'"
 )
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
@@ -94,10 +99,18 @@ _SET_RELEASE = (
     "lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL, "
     "lease_expires_at = NULL, updated_at = ?"
 )
+_KEPT_OUTPUT = "typeof(completed_at) IN ('integer', 'real') AND output IS NOT NULL"
+"""A rerun keeps the stored output only when it is one a reader takes as an output (a
+completion time that is a number, an output there): else the call goes again."""
 _RESOLVE = {
-    action: f"UPDATE receipts SET {assignments}, updated_at = ? WHERE org_id = ? AND key = ?"
+    # generation: a value a reader cannot take (text, a fraction) is what made the receipt
+    # uncertain; resolved, it starts again at 1 (else it stayed uncertain after resolve)
+    action: f"UPDATE receipts SET {assignments}, updated_at = ?, generation = CASE WHEN "
+    "typeof(generation) = 'integer' THEN generation ELSE 1 END WHERE org_id = ? AND key = ?"
     for action, assignments in {
-        "rerun": "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        "rerun": f"status = CASE WHEN {_KEPT_OUTPUT} THEN 'completed' ELSE 'pending' END, "
+        f"output = CASE WHEN {_KEPT_OUTPUT} THEN output END, "
+        f"completed_at = CASE WHEN {_KEPT_OUTPUT} THEN completed_at END, "
         "error = NULL, failure_kind = NULL, lease_expires_at = NULL",
         "fail": "status = 'failed', error = ?, failure_kind = 'permanent'",
         "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?",

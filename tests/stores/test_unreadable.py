@@ -209,3 +209,72 @@ def test_a_receipt_uncertain_for_a_column_it_cannot_read_is_resolved_claimable(s
     resolved = store.resolve(ORG, odd, "rerun", note="by hand")
     assert resolved is not None and resolved.status is ReceiptStatus.PENDING
     assert claim(store, [odd])[0].disposition is ClaimDisposition.CLAIMED
+
+
+def _sqlite_only(store: ReceiptStore) -> None:
+    if getattr(store, "schema", None) is not None:
+        pytest.skip("Postgres types the column")
+
+
+ODD_GENERATIONS = {"text": "'abc'", "fraction": "2.5", "blob": "x'01'", "huge": "1e30"}
+
+
+@pytest.mark.parametrize("action", ["rerun", "fail"])
+@pytest.mark.parametrize("odd", list(ODD_GENERATIONS))
+def test_a_receipt_uncertain_for_its_generation_is_resolved_readable(
+    store: ReceiptStore, odd: str, action: str
+) -> None:
+    """Resolve left a generation it cannot read as it was, so the receipt read uncertain
+    again right after (breaker round 3): it now starts again at 1."""
+    _sqlite_only(store)
+    key = key_of(f"odd-generation-{odd}")
+    make_completed(store, key, {"answer": 1})
+    edit_columns(store, key, f"generation = {ODD_GENERATIONS[odd]}")
+    assert get(store, key).status is ReceiptStatus.UNCERTAIN
+    resolved = store.resolve(ORG, key, action, note="by hand")
+    assert resolved is not None and resolved.status is not ReceiptStatus.UNCERTAIN
+    assert get(store, key).status is (ReceiptStatus.COMPLETED if action == "rerun" else ReceiptStatus.FAILED)
+    expected = ClaimDisposition.REUSED if action == "rerun" else ClaimDisposition.CLAIMED
+    assert claim(store, [key], mode=ClaimMode.RETRY_FAILED)[0].disposition is expected
+
+
+@pytest.mark.parametrize("odd", ["completed_at = 'yesterday'", "completed_at = x'00'", "output = NULL"])
+def test_a_rerun_resolve_never_makes_a_completed_receipt_of_no_readable_output(
+    store: ReceiptStore, odd: str
+) -> None:
+    """An uncertain receipt whose completion time or output is not one a reader takes:
+    resolved --rerun, it goes again (pending); it was made ``completed`` with no output,
+    and the next claim reused nothing as the call's result."""
+    if odd != "output = NULL":
+        _sqlite_only(store)
+    key = key_of(f"no-output-{odd}")
+    make_completed(store, key, {"answer": 1})
+    edit_columns(store, key, f"{odd}, status = 'done'")
+    resolved = store.resolve(ORG, key, "rerun", note="by hand")
+    assert resolved is not None and resolved.status is ReceiptStatus.PENDING
+    assert claim(store, [key])[0].disposition is ClaimDisposition.CLAIMED
+
+
+@pytest.mark.parametrize(
+    "odd",
+    ["completed_at = NULL, updated_at = NULL", "completed_at = 'yesterday'", "completed_at = x'00'",
+     "output = x'7b7d'", "output = NULL", "input_hash = x'00'"],
+)  # fmt: skip
+def test_a_receipt_with_odd_columns_fails_no_other_key_of_a_plain_reusable_read(
+    store: ReceiptStore, odd: str
+) -> None:
+    """The cold rerun's plain read (``read_reusable``): a text or missing completion time
+    failed the whole bulk read with a TypeError (breaker round 3). That key is left to a
+    claim, which reports it for that call alone; the others are read as usual."""
+    if "x'" in odd or "'yesterday'" in odd:
+        _sqlite_only(store)
+    keys = [key_of(f"plain-read-{i}") for i in range(3)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    edit_columns(store, keys[1], odd)
+    try:
+        found = store.read_reusable(ORG, keys, stale_after_s=3600.0)
+    except Exception as exc:
+        pytest.fail(f"one odd receipt failed the whole read: {type(exc).__name__}: {exc}")
+    assert set(found) == {keys[0], keys[2]}
+    assert set(store.read_reusable(ORG, keys)) <= set(keys)  # no age asked: never raises either
