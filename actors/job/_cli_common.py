@@ -13,9 +13,11 @@ __all__ = [
     "DEFAULT_DB",
     "EXIT_CODES",
     "ConfigError",
+    "cell",
     "db_option",
     "is_url",
     "open_db",
+    "plain_console",
     "salvage_default",
 ]
 
@@ -66,3 +68,24 @@ def open_db(db: str) -> Any:
         return open_store(db)
     except (StoreError, ValueError) as exc:  # ValueError: a bad schema name, say
         raise ConfigError(str(exc)) from None
+
+
+def plain_console(**kwargs: Any) -> Any:
+    """A rich console that prints text as it is: no markup, emoji codes or highlighting.
+    What it prints comes from users' plays and stores (tool ids, error texts, paths): a
+    ``[/x]`` in an error made rich raise MarkupError and the end-of-run report crash."""
+    from rich.console import Console
+
+    return Console(markup=False, emoji=False, highlight=False, **kwargs)
+
+
+def cell(value: Any) -> str:
+    """A stored column value as table text, whatever its type (a BLOB or a number where
+    text belongs, set by hand: rich renders only text, and raised NotRenderableError)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)

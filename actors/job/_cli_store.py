@@ -13,10 +13,9 @@ from typing import Any
 
 import click
 import orjson
-from rich.console import Console
 from rich.table import Table
 
-from ._cli_common import ConfigError, db_option, is_url, open_db, salvage_default
+from ._cli_common import ConfigError, cell, db_option, is_url, open_db, plain_console, salvage_default
 
 __all__ = ["receipts", "salvage"]
 
@@ -66,8 +65,8 @@ def receipts_stats(db: str) -> None:
     )
     table = Table("tool", "status", "receipts")
     for row in rows:
-        table.add_row(row["tool_id"], row["status"], str(row["n"]))
-    Console().print(table)
+        table.add_row(cell(row["tool_id"]), cell(row["status"]), cell(row["n"]))
+    plain_console().print(table)
 
 
 @receipts.command("ls", short_help="The most recently updated receipts.")
@@ -85,8 +84,9 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
     )
     table = Table("key", "org", "tool", "status", "attempts")
     for row in rows:
-        table.add_row(row["key"][:16], row["org_id"], row["tool_id"], row["status"], str(row["attempts"]))
-    Console().print(table)
+        shown = (cell(row[name]) for name in ("org_id", "tool_id", "status", "attempts"))
+        table.add_row(cell(row["key"])[:16], *shown)
+    plain_console().print(table)
 
 
 @receipts.command("show", short_help="One receipt as JSON.")
@@ -265,8 +265,9 @@ def salvage_ls(db: str, salvage_path: str | None) -> None:
         raise ConfigError(f"cannot read the salvage file {path}: {exc.strerror or exc}") from None
     table = Table("key", "org", "tool", "attempts", "error")
     for e in entries:
-        table.add_row(e.receipt_key[:16], e.org_id, e.tool_id, str(e.completion_attempts), e.error[:60])
-    Console().print(table)
+        shown = (e.org_id, e.tool_id, e.completion_attempts)
+        table.add_row(cell(e.receipt_key)[:16], *map(cell, shown), cell(e.error)[:60])
+    plain_console().print(table)
     click.echo(
         f"{len(entries)} salvaged" + (f"; {unreadable} unreadable lines left in {path}" if unreadable else "")
     )

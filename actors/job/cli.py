@@ -14,9 +14,8 @@ import uuid
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
 
-from ._cli_common import CONTEXT, DB_HELP, DEFAULT_DB, EXIT_CODES, ConfigError, salvage_default
+from ._cli_common import CONTEXT, DB_HELP, DEFAULT_DB, EXIT_CODES, ConfigError, plain_console, salvage_default
 from ._cli_store import receipts, salvage
 
 
@@ -147,7 +146,7 @@ def _run(
             pacer.close()
         raise ConfigError(str(exc)) from None
     width = concurrency or (1000 if runtime_name() == "gevent" else 256)
-    console = Console(stderr=True)
+    console = plain_console(stderr=True)
     run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name)
     stop = threading.Event()
     tally = CallTally(play.tools)
@@ -199,7 +198,7 @@ def _run(
     if close_error:
         raise ConfigError(f"cannot write the output {output_path}: {close_error}")
     if not console.is_terminal:  # a log, CI: rich would fit tables to 80 columns and cut names
-        console = Console(stderr=True, width=max(console.width, 200))
+        console = plain_console(stderr=True, width=max(console.width, 200))
     console.print(report_table(stats, summary, tally, play.tools, output_path))
     console.print(tools_table(stats, tally))
     if summary.interrupted:

@@ -410,3 +410,34 @@ def test_cli_errors_play_raising_systemexit_and_co_fails_its_row_alone(cli, tmp_
     assert [line["result"] for line in lines] == [{"n": "1"}, None, {"n": "3"}]  # no row lost
     assert lines[1]["error"].startswith(f"{kind}: leaving from row 2")
     assert cli.report(done.stderr)["rows"] == "3 (2 ok, 1 failed)"
+
+
+MARKUP_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="t[/x]", fn=lambda input, ctx: input)]
+
+
+def play(row, ctx):
+    if row == "bad":
+        raise ValueError("the provider said [/x] :smile: [bold]no")
+    return ctx.tool("t[/x]", {"row": row})
+"""
+
+
+def test_cli_errors_report_shows_text_that_looks_like_markup_as_it_is(cli, tmp_path):
+    """An error text, tool id or path holding ``[/x]``: rich read it as markup and the
+    end-of-run report crashed with MarkupError after the whole run (breaker round 3's
+    kind: text from users' plays and stores rendered as if it were ours)."""
+    play = tmp_path / "p.py"
+    play.write_text(MARKUP_PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a\nbad\nz\n", encoding="utf-8")
+    out = tmp_path / "out[bold].jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "MarkupError" not in done.stderr, done.stderr[-3000:]
+    assert "the provider said [/x] :smile: [bold]no" in done.stderr
+    assert "t[/x]" in done.stderr and "out[bold].jsonl" in done.stderr

@@ -264,6 +264,46 @@ def test_cli_output_salvage_ls_empty(cli, store_from_a_run):
     assert done.stdout.splitlines()[-1] == "0 salvaged"
 
 
+ODD_CELLS = {
+    "status-blob": "status = x'ff00'",
+    "tool-blob": "tool_id = x'00ff'",
+    "tool-number": "tool_id = 7",
+    "tool-markup": "tool_id = 'sq[/x] :smile:'",
+    "key-number": "key = 12345",
+    "attempts-text": "attempts = 'many'",
+    "org-blob": "org_id = x'01'",
+}
+
+
+@pytest.mark.parametrize("odd", list(ODD_CELLS))
+def test_cli_output_receipts_stats_and_ls_show_columns_set_by_hand(cli, store_from_a_run, odd):
+    """A column set by hand to a BLOB, a number, NULL or text that looks like rich's markup:
+    ``receipts stats`` and ``ls`` crashed (NotRenderableError, MarkupError) on it (breaker
+    round 3); every cell is shown as text, as stored."""
+    with sqlite3.connect(store_from_a_run) as conn:
+        (key,) = conn.execute("SELECT key FROM receipts ORDER BY updated_at DESC LIMIT 1").fetchone()
+        conn.execute(f"UPDATE receipts SET {ODD_CELLS[odd]}, updated_at = 1e12 WHERE key = ?", (key,))
+    for command in (("stats",), ("ls", "--limit", "3")):
+        done = cli.run("receipts", *command, "--db", store_from_a_run)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+    if odd == "tool-markup":
+        assert "sq[/x] :smile:" in done.stdout  # as stored, not read as markup or an emoji code
+
+
+def test_cli_salvage_ls_shows_error_text_that_looks_like_markup(cli, store_from_a_run):
+    from actors.salvage import SalvageLog, salvage_entry
+
+    log = SalvageLog(store_from_a_run.parent / "receipts.db.salvage.jsonl")
+    log.append([salvage_entry(
+        key="k" * 64, org_id="default", scope="s", tool_id="t[/b]", input_hash="h", output={"v": 1},
+        attempts=3, first_error_at=None, error="ValueError: [/x] not [bold]", lease_id=None,
+    )])  # fmt: skip
+    done = cli.run("salvage", "ls", "--db", store_from_a_run)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "t[/b]" in done.stdout and "[/x]" in done.stdout
+
+
 UNKNOWN_STATUS_PLAY = """
 from actors import Tool
 
