@@ -31,6 +31,7 @@ from .errors import (
     ToolTimeoutError,
     UncertainOutcomeError,
     UnknownToolError,
+    UnreadableToolError,
 )
 from .results import ToolContext, ToolResult
 from .salvage import SalvageEntry, SalvageLog
@@ -74,4 +75,5 @@ __all__ = [
     "ToolTimeoutError",
     "UncertainOutcomeError",
     "UnknownToolError",
+    "UnreadableToolError",
 ]

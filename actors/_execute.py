@@ -25,7 +25,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
-from ._exc import error_text, flag_of
+from ._exc import attr_of, error_text, flag_of, is_a, tame
 from ._nesting import NestScope, enter_keys, leave_keys, relayed_here
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
@@ -42,13 +42,14 @@ __all__ = ["attempt", "error_text", "failure_kind_for", "split_members", "transi
 def failure_kind_for(exc: BaseException) -> FailureKind:
     """How a tool error is recorded: ProviderError says; timeouts and connection
     errors are transient; invalid input is invalid_input; anything else permanent."""
-    if isinstance(exc, ProviderError):
-        return exc.failure_kind
-    if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
+    if is_a(exc, ProviderError):  # (reads that may raise, of a foreign error: never raise here)
+        kind = attr_of(exc, "failure_kind")
+        return kind if is_a(kind, FailureKind) else FailureKind.PERMANENT
+    if is_a(exc, (TimeoutError, concurrent.futures.TimeoutError)):
         return FailureKind.TIMEOUT
-    if isinstance(exc, (ConnectionError, OSError)):
+    if is_a(exc, (ConnectionError, OSError)):
         return FailureKind.TRANSIENT
-    if isinstance(exc, InvalidInputError):
+    if is_a(exc, InvalidInputError):
         return FailureKind.INVALID_INPUT
     return FailureKind.PERMANENT
 
@@ -56,7 +57,7 @@ def failure_kind_for(exc: BaseException) -> FailureKind:
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the provider could not serve at all (connection errors,
     5xx, timeouts): retried in-call (retry-safe tools), and counted by the circuit."""
-    return not isinstance(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
+    return not is_a(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
         FailureKind.TRANSIENT,
         FailureKind.TIMEOUT,
     )
@@ -91,8 +92,8 @@ def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:
         by_id: dict[Any, Any] = {}
         errors: list[BaseException] = []
         for item in items:
-            if isinstance(item, BaseException):
-                item_id = getattr(item, "input_id", None)
+            if is_a(item, BaseException):
+                item_id = attr_of(item, "input_id")
                 if item_id is None:
                     errors.append(item)
                 else:
@@ -121,7 +122,7 @@ _MISSING = object()
 
 
 def _encode(value: Any) -> tuple[str | None, BaseException | None]:
-    if isinstance(value, BaseException):
+    if is_a(value, BaseException):
         return None, value
     try:
         return encode_output(value), None
@@ -256,14 +257,18 @@ def attempt(
         sent_at = clock()
         raw = send(payload, spec.context)
         values = split_members(tool, spec.inputs, raw) if spec.batched else [raw]
-        # a nested call's error given as a member's outcome: that call's, not the request's
-        relayed = tuple(v for v in values if isinstance(v, BaseException) and relayed_here(token, v))
+        # a nested call's error given as a member's outcome: that call's, not the request's;
+        # an error whose reads raise is told as its stand-in (``tame``), from here on
+        relayed_at = [i for i, v in enumerate(values) if is_a(v, BaseException) and relayed_here(token, v)]
+        values = [tame(v) if is_a(v, BaseException) else v for v in values]
+        relayed = tuple(values[i] for i in relayed_at)
     except BaseException as exc:
-        passed_on = (exc,) if relayed_here(token, exc) else ()  # a nested call's error: this request went out
+        told = tame(exc)
+        passed_on = (told,) if relayed_here(token, exc) else ()  # a nested call's error: its request went out
         tell(UnitFinished(
-            unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at, relayed=passed_on
+            unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at, relayed=passed_on
         ))  # fmt: skip
-        if not isinstance(exc, Exception):
+        if not is_a(exc, Exception):
             raise
         return
     finally:
@@ -273,7 +278,7 @@ def attempt(
         if spec.durable:
             members = [_encode(v) for v in values]
         else:
-            members = [(None, v) if isinstance(v, BaseException) else (_Plain(v), None) for v in values]
+            members = [(None, v) if is_a(v, BaseException) else (_Plain(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
         return

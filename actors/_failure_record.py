@@ -11,7 +11,7 @@ import pykka
 from stores import output_too_large_error
 from stores.types import FailureKind
 
-from ._exc import flag_of
+from ._exc import flag_of, is_a
 from ._execute import error_text, failure_kind_for
 from ._lifecycle_base import RELEASE_ON, TooLarge
 from ._nesting import cause_chain
@@ -48,7 +48,7 @@ not retry-safe, ``uncertain`` (it acted; never re-run silently)."""
 def passing(exc: BaseException) -> bool:
     """``exc``, or an error it was explicitly raised from (a few levels), is a refusal
     that passes (:data:`PASSING`)."""
-    return any(isinstance(link, PASSING) for link in cause_chain(exc))
+    return any(is_a(link, PASSING) for link in cause_chain(exc))
 
 
 def exiting(exc: BaseException) -> bool:
@@ -57,7 +57,7 @@ def exiting(exc: BaseException) -> bool:
     began, before ``atexit`` stops the system. Not the provider's answer nor the
     input's fault: recorded as a stop (``transient``; ``uncertain`` if not retry-safe)."""
     shut = "interpreter shutdown"
-    return any(isinstance(link, RuntimeError) and shut in error_text(link) for link in cause_chain(exc))
+    return any(is_a(link, RuntimeError) and shut in error_text(link) for link in cause_chain(exc))
 
 
 def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import _futures
+from ._exc import cause_of
 
 _getcurrent: Callable[[], Any] | None
 try:
@@ -155,7 +156,7 @@ def _marks(link: BaseException) -> list[Any]:
         marks = vars(link).get(_MARK)
     except Exception:  # no __dict__, or one that cannot be read
         return []
-    return marks if isinstance(marks, list) else []
+    return marks if type(marks) is list else []
 
 
 def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
@@ -165,7 +166,7 @@ def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
         if link is None:
             return
         yield link
-        link = link.__cause__
+        link = cause_of(link)  # the slot: a foreign __cause__ property may raise
 
 
 def running_keys() -> frozenset[str]:

@@ -36,6 +36,7 @@ __all__ = [
     "ToolTimeoutError",
     "UncertainOutcomeError",
     "UnknownToolError",
+    "UnreadableToolError",
 ]
 
 
@@ -178,3 +179,18 @@ class UncertainOutcomeError(RecordedFailureError):
 
 class AuthScopeChangedError(DispatchError):
     """Raised by a tool when its credentials changed mid-run: keys are recomputed, re-queued once."""
+
+
+class UnreadableToolError(DispatchError):
+    """A tool raised an error this library cannot read: asking its type (``isinstance``
+    asks its ``__class__``), its cause, its class's name or a ProviderError's
+    ``failure_kind`` raised. Its call fails with this stand-in instead (recorded as a
+    permanent failure), so no reading of it can fail anything else.
+
+    Attributes:
+        original: the error the tool raised.
+    """
+
+    def __init__(self, message: str, original: BaseException) -> None:
+        super().__init__(message)
+        self.original = original

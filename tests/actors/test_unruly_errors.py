@@ -146,3 +146,101 @@ def test_a_nested_calls_unruly_error_passed_on_fails_the_parent_alone(make_syste
             system.proxy().execute("parent", {"i": i}).get(timeout=WAIT_S)
         assert caught.value is raised[-1]
     assert system.proxy().execute("ok", {"i": 1}).get(timeout=WAIT_S).value == {"i": 1}  # no slot kept
+
+
+class KindUnreadable(ProviderError):
+    """A provider SDK's error whose ``failure_kind`` looks itself up in a body that is gone."""
+
+    @property  # type: ignore[override]
+    def failure_kind(self) -> Any:
+        raise KeyError("failure_kind")
+
+
+class ClassUnreadable(Exception):
+    """``isinstance`` asks ``__class__`` of an object whose type does not match: it raises."""
+
+    @property  # type: ignore[override]
+    def __class__(self) -> Any:
+        raise RuntimeError("__class__ is not available")
+
+
+class CauseUnreadable(Exception):
+    @property  # type: ignore[override]
+    def __cause__(self) -> Any:
+        raise RuntimeError("no cause here")
+
+
+class NamelessMeta(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError("no name")
+
+
+class Nameless(Exception, metaclass=NamelessMeta):
+    def __str__(self) -> str:
+        raise ValueError("no message either")
+
+
+def _foreign(kind: str) -> BaseException:
+    kinds = {"kind": KindUnreadable, "class": ClassUnreadable, "cause": CauseUnreadable, "name": Nameless}
+    return kinds[kind]()
+
+
+def _is_it(caught: BaseException, raised: list[BaseException]) -> bool:
+    """The very error, or the stand-in that says it could not be read (``original``)."""
+    try:
+        stand_in = vars(caught).get("original")
+    except TypeError:
+        stand_in = None
+    return any(caught is e or stand_in is e for e in raised)
+
+
+@pytest.mark.parametrize("kind", ["kind", "class", "cause", "name"])
+@pytest.mark.parametrize("shape", ["single", "batch", "member"])
+def test_an_error_whose_type_checks_raise_fails_its_call_alone(
+    make_system: Any, read_receipts: Any, key_of: Any, kind: str, shape: str
+) -> None:
+    """Reads of a foreign error that raise (breaker round 3): a ProviderError whose
+    ``failure_kind`` raises, one whose ``__class__`` (asked by ``isinstance``) or
+    ``__cause__`` raises, a class whose metaclass's ``__name__`` raises. Each fails its
+    own call (with the error, or a stand-in naming it), the others are answered, no slot
+    is kept."""
+    raised: list[BaseException] = []
+
+    def fail(input: Any) -> Any:
+        if input.get("bad"):
+            error = _foreign(kind)
+            raised.append(error)
+            return error
+        return {"v": input["n"]}
+
+    def fn(input: Any, ctx: Any) -> Any:
+        out = fail(input)
+        if type(out) is not dict:
+            raise out
+        return out
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        outs = [fail(i) for i in payload]
+        if shape == "batch" and any(type(o) is not dict for o in outs):
+            raise next(o for o in outs if type(o) is not dict)
+        return outs
+
+    batch = BatchStrategy(batch_fn=batch_fn, max_batch_size=10) if shape != "single" else None
+    tool = Tool(tool_id="t", fn=fn, batch=batch, timeout_s=5.0)
+    system = make_system([tool], policy=Policy(batch_grace_s=0.02, max_concurrency=2))
+    bad = [{"bad": True, "n": i} for i in range(3)]
+    goods = [{"n": i} for i in range(3)] if shape == "member" else []
+    futures = system.proxy().execute_many("t", bad + goods)
+    for future in futures[: len(bad)]:
+        try:
+            future.get(timeout=WAIT_S)
+        except BaseException as caught:  # whatever it is, it must be the call's
+            assert _is_it(caught, raised), "not the tool's error"
+        else:
+            pytest.fail("the bad call succeeded")
+    assert [f.get(timeout=WAIT_S).value for f in futures[len(bad) :]] == [{"v": i} for i in range(len(goods))]
+    after = system.proxy().execute_many("t", [{"n": 10}, {"n": 11}, {"n": 12}])
+    assert [f.get(timeout=WAIT_S).value for f in after] == [{"v": 10}, {"v": 11}, {"v": 12}]
+    statuses = {r.status for r in read_receipts([key_of(tool, i) for i in bad]) if r is not None}
+    assert statuses <= {ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN, ReceiptStatus.PENDING}, statuses
