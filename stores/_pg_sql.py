@@ -116,9 +116,12 @@ _RESOLVE = {
         "completed_at = CASE WHEN output IS NOT NULL THEN completed_at END, "
         "error = NULL, failure_kind = NULL, lease_expires_at = NULL"
     ),
-    "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent'",
+    # no lease is held once decided: one left (a NaN or Infinity expiry set by hand, greater
+    # than every time) kept the failed or completed receipt from every purge
+    "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent', lease_expires_at = NULL",
     "complete": (
-        "status = 'completed', output = %(output)s, error = NULL, failure_kind = NULL, completed_at = clk.now"
+        "status = 'completed', output = %(output)s, error = NULL, failure_kind = NULL, "
+        "completed_at = clk.now, lease_expires_at = NULL"
     ),
 }
 

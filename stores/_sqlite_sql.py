@@ -112,8 +112,11 @@ _RESOLVE = {
         f"output = CASE WHEN {_KEPT_OUTPUT} THEN output END, "
         f"completed_at = CASE WHEN {_KEPT_OUTPUT} THEN completed_at END, "
         "error = NULL, failure_kind = NULL, lease_expires_at = NULL",
-        "fail": "status = 'failed', error = ?, failure_kind = 'permanent'",
-        "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?",
+        # no lease is held once decided: one left (a text or far expiry set by hand) kept the
+        # failed or completed receipt from every purge (a text sorts after every number)
+        "fail": "status = 'failed', error = ?, failure_kind = 'permanent', lease_expires_at = NULL",
+        "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?, "
+        "lease_expires_at = NULL",
     }.items()
 }
 _BUMP_PURGE_EPOCH = (

@@ -278,3 +278,37 @@ def test_a_receipt_with_odd_columns_fails_no_other_key_of_a_plain_reusable_read(
         pytest.fail(f"one odd receipt failed the whole read: {type(exc).__name__}: {exc}")
     assert set(found) == {keys[0], keys[2]}
     assert set(store.read_reusable(ORG, keys)) <= set(keys)  # no age asked: never raises either
+
+
+ODD_LEASES = {  # backend -> the expiry set by hand (absent: the column cannot hold it)
+    "far-future": {"sqlite": "1e12", "postgres": "1e12"},
+    "text": {"sqlite": "'soon'"},
+    "blob": {"sqlite": "x'00'"},
+    "infinity": {"sqlite": "9e999", "postgres": "'Infinity'"},
+    "nan": {"postgres": "'NaN'"},
+}
+
+
+@pytest.mark.parametrize("action", ["fail", "complete"])
+@pytest.mark.parametrize("odd", list(ODD_LEASES))
+def test_a_receipt_resolved_failed_or_completed_holds_no_lease_a_purge_keeps(
+    store: ReceiptStore, odd: str, action: str
+) -> None:
+    """Resolve --fail (and a reconcile hook's complete) left the lease expiry as it was:
+    a far one kept the decided receipt under a lease, and one that is not a number (read
+    as none) kept it from every purge, which compares the column (a text, a BLOB, NaN
+    or Infinity sorts after every time)."""
+    backend = "postgres" if getattr(store, "schema", None) is not None else "sqlite"
+    if backend not in ODD_LEASES[odd]:
+        pytest.skip(f"the {backend} column cannot hold it")
+    key = key_of(f"odd-lease-{odd}")
+    make_running(store, key)
+    edit_columns(store, key, f"lease_expires_at = {ODD_LEASES[odd][backend]}, status = 'done'")
+    assert get(store, key).status is ReceiptStatus.UNCERTAIN  # type: ignore[union-attr]
+
+    resolved = store.resolve(ORG, key, action, output={"answer": 1}, note="by hand")
+
+    assert resolved is not None and resolved.status is not ReceiptStatus.UNCERTAIN
+    assert resolved.lease_expires_at is None
+    assert store.purge() == 1
+    assert get(store, key) is None
