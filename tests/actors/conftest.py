@@ -35,6 +35,24 @@ ORG = "acme"
 SCOPE = "enrich"
 
 
+def until(condition: Callable[[], Any], what: str = "the condition", timeout: float = WAIT_S) -> None:
+    """Poll ``condition()`` (bounded, yielding) until it holds; fails naming ``what``.
+    For counts kept on other threads: under gevent the store's threads are native, and
+    cannot set a greenlet's event."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        threading.Event().wait(0.005)
+
+
+def outcome(future: Any, timeout: float = WAIT_S) -> Any:
+    """A future's value, or the exception it raised."""
+    try:
+        return future.get(timeout=timeout)
+    except Exception as exc:
+        return exc
+
+
 @attrs.frozen
 class ProviderCall:
     """One recorded provider call."""

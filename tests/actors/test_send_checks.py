@@ -32,21 +32,7 @@ from actors import (
 )
 from stores import ReceiptStatus, SqliteReceiptStore
 
-from .conftest import ORG, WAIT_S
-
-
-def _until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        threading.Event().wait(0.005)
-
-
-def _outcome(future: Any, timeout: float = WAIT_S) -> Any:
-    try:
-        return future.get(timeout=timeout)
-    except Exception as exc:
-        return exc
+from .conftest import ORG, WAIT_S, outcome, until
 
 
 class FailingWrites(SqliteReceiptStore):
@@ -72,7 +58,7 @@ class HeldBuild:
 
     def build(self, inputs: list[Any]) -> Any:
         self.building.set()
-        _until(lambda: self.until(), "the event the build waits for")
+        until(lambda: self.until(), "the event the build waits for")
         return list(inputs)
 
     def batch_fn(self, payload: Any, ctx: Any) -> Any:
@@ -111,12 +97,12 @@ def test_send_latch_tripped_while_a_batch_payload_is_built_sends_nothing(
         # another tool's output cannot be written: the flusher gives up and trips the latch
         writer = system.proxy().execute("writer", {"x": 1})
         assert writer.get(timeout=WAIT_S).value == {"written": 1}  # delivered, and salvaged
-        outcomes = [_outcome(f) for f in futures]
+        outcomes = [outcome(f) for f in futures]
         assert held.sent == [], "the batch went out after the latch tripped"
         assert all(isinstance(o, PersistenceCircuitOpenError) for o in outcomes), outcomes
         assert system.stats()["refused_by_latch"] == 2
         keys = [key_of(held.tool(), {"i": i}) for i in (1, 2)]
-        _until(
+        until(
             lambda: all(r is not None and r.status is ReceiptStatus.PENDING for r in read_receipts(keys)),
             "the receipts to be given back",
         )
@@ -135,7 +121,7 @@ def test_send_stop_while_a_batch_payload_is_built_sends_nothing(
     started = time.monotonic()
     system.stop(timeout_s=WAIT_S)
     assert time.monotonic() - started < WAIT_S / 2
-    outcomes = [_outcome(f, timeout=0) for f in futures]
+    outcomes = [outcome(f, timeout=0) for f in futures]
     assert held.sent == [], "the batch went out after the system began to stop"
     assert all(isinstance(o, CallCancelledError) for o in outcomes), outcomes
     receipts = read_receipts([key_of(held.tool(), {"i": i}) for i in (1, 2)])
@@ -156,14 +142,14 @@ def test_send_cancel_while_a_batch_payload_is_built_sends_nothing(
     timer = threading.Timer(3.0, lambda: setattr(held, "timed_out", True))
     timer.start()
     try:
-        outcomes = [_outcome(f) for f in futures]
+        outcomes = [outcome(f) for f in futures]
     finally:
         timer.cancel()
     assert all(isinstance(o, CallCancelledError) for o in outcomes), outcomes
-    _until(lambda: system.stats().get("cancelled", 0) == 2, "the cancels to be counted")
+    until(lambda: system.stats().get("cancelled", 0) == 2, "the cancels to be counted")
     assert held.sent == [], "the batch went out after every caller cancelled"
     keys = [key_of(held.tool(), {"i": i}) for i in (1, 2)]
-    _until(
+    until(
         lambda: all(r is not None and r.status is ReceiptStatus.PENDING for r in read_receipts(keys)),
         "the receipts to be given back",
     )
@@ -179,10 +165,10 @@ def test_send_deadline_passed_while_a_batch_payload_is_built_sends_nothing(
     system = make_system([held.tool()])
     futures = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}], timeout_s=0.3)
     held.until = lambda: all(f.done for f in futures)  # both callers timed out
-    outcomes = [_outcome(f) for f in futures]
+    outcomes = [outcome(f) for f in futures]
     assert all(isinstance(o, ToolTimeoutError) for o in outcomes), outcomes
     keys = [key_of(held.tool(), {"i": i}) for i in (1, 2)]
-    _until(
+    until(
         lambda: all(r is not None and r.status is ReceiptStatus.PENDING for r in read_receipts(keys)),
         "the receipts to be given back",
     )
@@ -220,7 +206,7 @@ def _held_at_gate(system: Any) -> Any:
     assert system.proxy().execute("paced", {"i": 1}).get(timeout=WAIT_S).value == {"i": 1}
     waited = gate.waited_s
     future = system.proxy().execute("paced", {"i": 2})
-    _until(lambda: gate.waited_s > waited + 1.0, "the third call to wait at its gate")
+    until(lambda: gate.waited_s > waited + 1.0, "the third call to wait at its gate")
     return future
 
 
@@ -246,14 +232,14 @@ def test_send_held_at_the_gate_then_refused_sends_nothing(
         else:
             future.cancel()
             expected = CallCancelledError
-        got = _outcome(future)
+        got = outcome(future)
         took = time.monotonic() - started
         assert hold.sent == [{"i": 0}, {"i": 1}], f"a call held at its gate went out after the {event}"
         assert isinstance(got, expected), got
         assert took < 4.0, f"answered {took:.1f} s after the {event}: when its turn came"
         if event != "stop":
             key = key_of(hold.tool(), {"i": 2})
-            _until(
+            until(
                 lambda: (r := read_receipts([key])[0]) is not None and r.status is ReceiptStatus.PENDING,
                 "the receipt to be given back",
             )

@@ -24,21 +24,7 @@ from actors import (
 from stores import ReceiptStatus, SqliteReceiptStore
 from stores.types import FailureKind
 
-from .conftest import ORG, WAIT_S
-
-
-def _until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        threading.Event().wait(0.005)
-
-
-def _outcome(future: Any, timeout: float = WAIT_S) -> Any:
-    try:
-        return future.get(timeout=timeout)
-    except Exception as exc:
-        return exc
+from .conftest import ORG, WAIT_S, outcome, until
 
 
 class Batch:
@@ -87,16 +73,16 @@ def test_send_deadline_passed_during_build_gives_the_budget_and_stats_back(make_
     held = Batch(lambda n: release.wait(WAIT_S) if n == 1 else None)
     system = make_system([held.tool()], policy=Policy(batch_grace_s=0.05, max_provider_calls=1))
     futures = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}], timeout_s=0.3)
-    assert all(isinstance(_outcome(f), ToolTimeoutError) for f in futures)
+    assert all(isinstance(outcome(f), ToolTimeoutError) for f in futures)
     release.set()
-    _until(lambda: system.stats().get("requests", 1) == 0, "the attempt to come back unsent")
+    until(lambda: system.stats().get("requests", 1) == 0, "the attempt to come back unsent")
     assert held.sent == []
     stats = system.stats()
     assert (stats.get("provider_calls", 0), stats.get("batches", 0)) == (0, 0), (
         f"nothing was sent, stats say provider_calls={stats.get('provider_calls')} "
         f"batches={stats.get('batches')}"
     )
-    later = _outcome(system.proxy().execute("lookup", {"i": 3}))
+    later = outcome(system.proxy().execute("lookup", {"i": 3}))
     assert not isinstance(later, Exception), f"budget of 1 with nothing sent: {later!r}"
 
 
@@ -109,8 +95,8 @@ def test_send_a_joiner_within_its_timeout_is_served_not_refused(make_system: Any
     first = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}], timeout_s=0.5)
     assert held.building.wait(WAIT_S)
     joiner = system.proxy().execute("lookup", {"i": 1}, timeout_s=10.0)  # joins the batch being built
-    got = _outcome(joiner)
-    assert all(isinstance(_outcome(f), ToolTimeoutError) for f in first)
+    got = outcome(joiner)
+    assert all(isinstance(outcome(f), ToolTimeoutError) for f in first)
     assert not isinstance(got, Exception), (
         f"the joiner was 0.8 s into its 10 s timeout_s and got {got!r}; sent: {held.sent}"
     )
@@ -151,11 +137,11 @@ def test_send_a_batch_whose_leases_were_lost_before_it_was_sent_is_not_sent(
         _Hiccup.on.set()  # renewals fail for a while: the leases lapse
         threading.Event().wait(1.5)
         r2 = make_system([theirs.tool()], run_id="r2", policy=policy)
-        assert [_outcome(f).execution for f in r2.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])] == [
+        assert [outcome(f).execution for f in r2.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])] == [
             "live", "live",
         ]  # fmt: skip
         _Hiccup.on.clear()  # r1's next renewal finds both leases taken
-        _until(lambda: all(f.done for f in futures), "r1's callers to hear of the lost leases")
+        until(lambda: all(f.done for f in futures), "r1's callers to hear of the lost leases")
         release.set()
         threading.Event().wait(0.5)
         assert theirs.sent == [(1, [1, 2])]
@@ -178,15 +164,15 @@ def test_send_max_retries_holds_across_a_withdrawn_retry(make_system: Any) -> No
     policy = Policy(batch_grace_s=0.05, max_retries=1, retry_attempts=5, retry_backoff_s=0.05)
     system = make_system([held.tool()], policy=policy)
     futures = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])
-    _until(lambda: held.builds >= 2, "the first retry's payload to be built")
+    until(lambda: held.builds >= 2, "the first retry's payload to be built")
     for future in futures:
         future.cancel()
-    assert all(isinstance(_outcome(f), CallCancelledError) for f in futures)
+    assert all(isinstance(outcome(f), CallCancelledError) for f in futures)
     again = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])  # joins before the worker reports
     threading.Event().wait(0.2)
     release.set()
     for future in again:
-        _outcome(future)
+        outcome(future)
     retries_sent = len([a for a, _ in held.sent if a > 1])
     assert retries_sent <= 1, f"max_retries=1, retries sent: {retries_sent} ({held.sent})"
 
@@ -200,10 +186,10 @@ def test_send_a_retry_withdrawn_by_stop_is_not_counted_in_stats(make_system: Any
     held = Batch(lambda n: release.wait(WAIT_S) if n == 2 else None, fail=fail, retry_safe=True)
     system = make_system([held.tool()], policy=Policy(batch_grace_s=0.05, retry_backoff_s=0.05))
     futures = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])
-    _until(lambda: held.builds >= 2, "the first retry's payload to be built")
+    until(lambda: held.builds >= 2, "the first retry's payload to be built")
     threading.Timer(0.2, release.set).start()
     system.stop(timeout_s=WAIT_S)
-    assert all(isinstance(_outcome(f, 0), CallCancelledError) for f in futures)
+    assert all(isinstance(outcome(f, 0), CallCancelledError) for f in futures)
     assert [a for a, _ in held.sent] == [1]  # the retry never went out
     stats = system.stats()
     assert stats.get("retries", 0) == 0, f"no retry was sent, stats say retries={stats.get('retries')}"
@@ -229,9 +215,9 @@ def test_send_calls_refused_at_the_gate_by_stop_are_counted_cancelled(
     assert system.proxy().execute("paced", {"i": 1}).get(timeout=WAIT_S).value == {"i": 1}
     waited = gate.waited_s
     future = system.proxy().execute("paced", {"i": 2})
-    _until(lambda: gate.waited_s > waited + 1.0, "the call to wait at its gate")
+    until(lambda: gate.waited_s > waited + 1.0, "the call to wait at its gate")
     system.stop(timeout_s=WAIT_S)
-    assert isinstance(_outcome(future, 0), CallCancelledError)
+    assert isinstance(outcome(future, 0), CallCancelledError)
     assert sent == [0, 1]
     receipt = read_receipts([key_of(tool, {"i": 2})])[0]
     assert receipt is not None and receipt.status is ReceiptStatus.PENDING
@@ -257,12 +243,12 @@ def test_send_a_withdrawn_sender_gives_its_turn_at_the_gate_back(make_system: An
     assert system.proxy().execute("paced", {"i": 1}).get(timeout=WAIT_S).value == {"i": 1}
     waited = gate.waited_s
     waiting = system.proxy().execute_many("paced", [{"i": 10}, {"i": 11}, {"i": 12}])
-    _until(lambda: gate.waited_s > waited + 20.0, "three calls to book turns at the gate")
+    until(lambda: gate.waited_s > waited + 20.0, "three calls to book turns at the gate")
     for future in waiting:
         future.cancel()
-    assert all(isinstance(_outcome(f), CallCancelledError) for f in waiting)
+    assert all(isinstance(outcome(f), CallCancelledError) for f in waiting)
     # the turns those three booked (5, 10, 15 s from now) are nobody's now
-    fresh = _outcome(system.proxy().execute("paced", {"i": 2}, timeout_s=8.0), timeout=12.0)
+    fresh = outcome(system.proxy().execute("paced", {"i": 2}, timeout_s=8.0), timeout=12.0)
     assert not isinstance(fresh, Exception), (
         f"the first free turn is ~5 s away, within the call's 8 s; got {fresh!r} "
         f"(the gate is booked {gate._next - time.monotonic():.0f} s ahead by withdrawn senders)"
@@ -274,10 +260,10 @@ def test_send_a_caller_who_came_after_the_others_timed_out_is_served(make_system
     held = Batch(lambda n: release.wait(WAIT_S) if n == 1 else None)
     system = make_system([held.tool()], policy=Policy(batch_grace_s=0.05))
     first = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}], timeout_s=0.3)
-    assert all(isinstance(_outcome(f), ToolTimeoutError) for f in first)
+    assert all(isinstance(outcome(f), ToolTimeoutError) for f in first)
     late = system.proxy().execute("lookup", {"i": 1}, timeout_s=10.0)  # joins the unit still held
     release.set()
-    got = _outcome(late)
+    got = outcome(late)
     assert not isinstance(got, Exception), got
     assert got.execution == "live" and got.value == {"i": 1}
     assert system.proxy().execute("lookup", {"i": 1}).get(timeout=WAIT_S).execution == "cached"
@@ -292,10 +278,10 @@ def test_send_a_caller_who_came_after_every_cancel_gets_a_live_result(make_syste
     assert held.building.wait(WAIT_S)
     for future in futures:
         future.cancel()
-    assert all(isinstance(_outcome(f), CallCancelledError) for f in futures)
+    assert all(isinstance(outcome(f), CallCancelledError) for f in futures)
     again = system.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])  # before the worker reports
     release.set()
-    assert [(r.execution, r.value) for r in map(_outcome, again)] == [("live", {"i": 1}), ("live", {"i": 2})]
+    assert [(r.execution, r.value) for r in map(outcome, again)] == [("live", {"i": 1}), ("live", {"i": 2})]
     assert held.sent == [(1, [1, 2])]
 
 
@@ -315,13 +301,13 @@ def test_send_a_batch_whose_leases_were_partly_lost_before_it_was_sent_goes_with
         _Hiccup.on.set()  # renewals fail for a while: the leases lapse
         threading.Event().wait(1.5)
         r2 = make_system([theirs.tool()], run_id="r2", policy=policy)
-        got = [_outcome(f) for f in r2.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])]
+        got = [outcome(f) for f in r2.proxy().execute_many("lookup", [{"i": 1}, {"i": 2}])]
         assert [g.execution for g in got] == ["live", "live"], got
         _Hiccup.on.clear()  # r1's next renewal finds the leases of 1 and 2 taken
-        _until(lambda: futures[0].done and futures[1].done, "r1's callers of 1 and 2 to hear of it")
-        assert all(isinstance(_outcome(f), LeaseLostError) for f in futures[:2])
+        until(lambda: futures[0].done and futures[1].done, "r1's callers of 1 and 2 to hear of it")
+        assert all(isinstance(outcome(f), LeaseLostError) for f in futures[:2])
         release.set()
-        third = _outcome(futures[2])
+        third = outcome(futures[2])
         threading.Event().wait(0.3)
         assert theirs.sent == [(1, [1, 2])]
         paid_twice = sorted({i for _, members in mine.sent for i in members} & {1, 2})

@@ -19,7 +19,7 @@ import pytest
 from actors import CallCancelledError, Pacing, Policy, ProviderUnavailableError, Tool
 from actors._send_gate import SendGate
 
-from .conftest import ORG, WAIT_S
+from .conftest import ORG, WAIT_S, until
 
 
 class Clock:
@@ -79,13 +79,6 @@ def test_gate_the_last_turn_given_back_is_the_next_senders() -> None:
     assert gate.book(clock())[0] == 1.0  # C takes 101, not 102
 
 
-def _until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        threading.Event().wait(0.005)
-
-
 def test_gate_a_cancel_at_the_gate_never_lets_two_requests_leave_at_once(make_system: Any) -> None:
     sends: list[tuple[int, float]] = []
     lock = threading.Lock()
@@ -106,7 +99,7 @@ def test_gate_a_cancel_at_the_gate_never_lets_two_requests_leave_at_once(make_sy
     for i in (1, 2, 3, 4):  # one at a time, so they book turns in this order
         booked = gate._next
         futures[i] = system.proxy().execute("paced", {"i": i})
-        _until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
+        until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
     futures[2].cancel()  # it waits at the gate for its turn
     with contextlib.suppress(CallCancelledError):
         futures[2].get(timeout=WAIT_S)
@@ -148,10 +141,10 @@ def test_gate_a_call_refused_there_as_the_circuit_opens_is_not_counted_sent(make
     gate = system.gates.get(ORG, "p")
     gate.set_rate(0.5)  # one request in 2 s, as after a 429's cut
     failing = system.proxy().execute("down", {"i": 1})  # its turn is now
-    _until(lambda: "down" in sent, "the failing call to be sent")
+    until(lambda: "down" in sent, "the failing call to be sent")
     waited = gate.waited_s
     held = system.proxy().execute("ok", {"i": 2})  # books a turn ~2 s ahead, waits at the gate
-    _until(lambda: gate.waited_s > waited + 1.0, "the second call to wait at its gate")
+    until(lambda: gate.waited_s > waited + 1.0, "the second call to wait at its gate")
     before = system.stats()
     release.set()  # ConnectionError: the circuit opens (threshold 1) while `held` waits
     with contextlib.suppress(Exception):
@@ -162,7 +155,7 @@ def test_gate_a_call_refused_there_as_the_circuit_opens_is_not_counted_sent(make
         got = exc
     assert isinstance(got, ProviderUnavailableError), got
     assert sent == ["ok0", "down"]  # `held` was never sent
-    _until(lambda: system.stats().get("requests") == 2, "stats to settle")
+    until(lambda: system.stats().get("requests") == 2, "stats to settle")
     stats = system.stats()
     assert stats.get("provider_calls") == 2, (
         f"2 requests sent (ok0, down); held was refused unsent, stats say provider_calls="
@@ -199,10 +192,10 @@ def test_gate_senders_parked_when_the_circuit_opens_never_reach_the_dead_provide
     gate = system.gates.get(ORG, "p")
     gate.set_rate(1.0)  # one request a second, as after a 429's cut
     first = system.proxy().execute("down", {"i": 1})  # its turn is now
-    _until(lambda: len(sent) == 1, "the first call to be sent")
+    until(lambda: len(sent) == 1, "the first call to be sent")
     waited = gate.waited_s
     parked = [system.proxy().execute("down", {"i": i}) for i in (2, 3, 4)]  # turns ~1, 2, 3 s ahead
-    _until(lambda: gate.waited_s > waited + 5.0, "three calls to book turns at the gate")
+    until(lambda: gate.waited_s > waited + 5.0, "three calls to book turns at the gate")
     release.set()  # ConnectionError: the circuit opens (threshold 1) while three wait
     outcomes = []
     for future in [first, *parked]:
@@ -260,10 +253,10 @@ def test_gate_the_half_open_probe_never_waits_behind_turns_of_senders_that_gave_
     gate = system.gates.get(ORG, "p")
     gate.set_rate(1.0)  # as after a 429's cut (the repo's own tests do this)
     first = system.proxy().execute("down", {"i": 1})
-    _until(lambda: len(sent) == 2, "first sent")
+    until(lambda: len(sent) == 2, "first sent")
     waited = gate.waited_s
     parked = [system.proxy().execute("down", {"i": i}) for i in range(2, 12)]
-    _until(lambda: gate.waited_s > waited + 40.0, "ten calls to book turns")
+    until(lambda: gate.waited_s > waited + 40.0, "ten calls to book turns")
     release.set()  # ConnectionError: the circuit opens; the ten parked give up
     for f in [first, *parked]:
         with contextlib.suppress(Exception):

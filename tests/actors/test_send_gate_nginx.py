@@ -6,7 +6,6 @@ and the learnt rate was cut to 1.69)."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,17 +13,10 @@ import pytest
 from actors import CallCancelledError, Pacing, Policy, RateLimitedError
 from actors.http import http_tool
 
-from .conftest import ORG
+from .conftest import ORG, until
 
 pytestmark = pytest.mark.scenario
 WAIT_S = 60.0
-
-
-def _until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        threading.Event().wait(0.005)
 
 
 @pytest.mark.parametrize("cancel", [False, True], ids=["no-cancel", "cancel"])
@@ -39,7 +31,7 @@ def test_gate_nginx_a_cancel_at_the_gate_meets_no_429(nginx: Any, make_system: A
     for i in (1, 2, 3, 4):
         booked = gate._next
         futures[i] = system.proxy().execute("verify", {"i": i})
-        _until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
+        until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
     if cancel:
         futures[3].cancel()
     threading.Event().wait(0.05)

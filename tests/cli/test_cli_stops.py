@@ -312,6 +312,18 @@ def play(row, ctx):
 """
 
 
+def _assert_every_paid_result_kept(paid_log, db) -> None:
+    """Every result the provider was paid for (its log) is stored or in the salvage file."""
+    paid = set(paid_log.read_text().split())
+    with sqlite3.connect(db) as conn:
+        outputs = conn.execute("select output from receipts where status = 'completed'").fetchall()
+    stored = {json.loads(o)["k"] for (o,) in outputs}
+    salvage = db.parent / (db.name + ".salvage.jsonl")
+    lines = salvage.read_text().splitlines() if salvage.exists() else []
+    kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
+    assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)[:10]} ({len(paid)} paid)"
+
+
 def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli, tmp_path):
     """Another process holds the receipt file's write lock, so results wait to be stored;
     two signals abort the run. Every result the provider was paid for must be stored or in
@@ -352,14 +364,7 @@ def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli
             locker.close()
     text = err_path.read_text()
     assert code == 130, text[-3000:]
-    paid = set(paid_log.read_text().split())
-    with sqlite3.connect(db) as conn:
-        outputs = conn.execute("select output from receipts where status = 'completed'").fetchall()
-    stored = {json.loads(o)["k"] for (o,) in outputs}
-    salvage = db.parent / (db.name + ".salvage.jsonl")
-    lines = salvage.read_text().splitlines() if salvage.exists() else []
-    kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
-    assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)[:10]} ({len(paid)} paid)"
+    _assert_every_paid_result_kept(paid_log, db)
 
 
 SLOW_PAID_PLAY = PAID_PLAY.replace(
@@ -410,11 +415,4 @@ def test_cli_second_signal_while_the_run_is_already_stopping_keeps_every_paid_re
             locker.close()
     assert stored_before < 12  # some paid results were waiting on the lock
     assert code in (1, 130), err_path.read_text()[-3000:]
-    paid = set(paid_log.read_text().split())
-    with sqlite3.connect(db) as conn:
-        outputs = conn.execute("select output from receipts where status = 'completed'").fetchall()
-    stored = {json.loads(o)["k"] for (o,) in outputs}
-    salvage = db.parent / (db.name + ".salvage.jsonl")
-    lines = salvage.read_text().splitlines() if salvage.exists() else []
-    kept = {json.loads(line)["output"]["k"] for line in lines if line.strip()}
-    assert paid <= stored | kept, f"paid and lost: {sorted(paid - stored - kept)} ({len(paid)} paid)"
+    _assert_every_paid_result_kept(paid_log, db)
