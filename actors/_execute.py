@@ -25,7 +25,7 @@ from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorab
 from stores.types import FailureKind
 
 from ._calls import Unit
-from ._exc import attr_of, error_text, flag_of, is_a, tame
+from ._exc import attr_of, error_text, flag_of, is_a, tame, type_name
 from ._nesting import NestScope, enter_keys, leave_keys, relayed_here
 from .errors import NotSentError, ProviderError, RateLimitedError
 from .messages import UnitFinished
@@ -131,7 +131,7 @@ def _encode(value: Any) -> tuple[str | None, BaseException | None]:
         return None, exc
     except BaseException as exc:  # anything a value raises while serialised fails its member alone
         error = InvalidOutputError(
-            f"the tool's output cannot be serialised: {type(exc).__name__}: {error_text(exc)}"
+            f"the tool's output cannot be serialised: {type_name(exc)}: {error_text(exc)}"
         )
         error.raw_output = value
         return None, error
@@ -280,7 +280,8 @@ def attempt(
         else:
             members = [(None, v) if is_a(v, BaseException) else (_Plain(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
-        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=exc, sent_at=sent_at))
+        told = tame(exc)
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at))
         return
     tell(UnitFinished(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed

@@ -71,21 +71,22 @@ def may_have_acted(tool: Tool, exc: BaseException, relayed: bool = False) -> boo
         return passing(exc) or failure_kind_for(exc).retryable
     if exiting(exc):  # cut short by the exit, perhaps after its own request
         return True
-    if isinstance(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
+    # by its real type (a tool's error's own __class__ may lie, or raise)
+    if is_a(exc, (ProviderUnreachableError, NotSentError, ConnectionRefusedError)):
         return False
-    if isinstance(exc, ProviderError):
-        return isinstance(exc, ToolTimeoutError) or flag_of(exc, "sent", False)
-    return isinstance(exc, (TimeoutError, ConnectionError))
+    if is_a(exc, ProviderError):
+        return is_a(exc, ToolTimeoutError) or flag_of(exc, "sent", False)
+    return is_a(exc, (TimeoutError, ConnectionError))
 
 
 def failure_record(exc: BaseException, relayed: bool, salvage_path: str) -> tuple[str, Any]:
     """(error text, ``FailureKind``) to record for ``exc`` (``relayed``: passed on by the
     tool from a nested call; ``salvage_path``: named where a paid answer was kept)."""
-    if isinstance(exc, TooLarge):
+    if is_a(exc, TooLarge):
         return output_too_large_error(exc.size_bytes, salvage_path), FailureKind.OUTPUT_TOO_LARGE
-    if isinstance(exc, InvalidOutputError):
+    if is_a(exc, InvalidOutputError):
         return error_text(exc), FailureKind.PERMANENT
-    if isinstance(exc, OutputNotStorableError):  # paid for: never re-paid by a normal rerun
+    if is_a(exc, OutputNotStorableError):  # paid for: never re-paid by a normal rerun
         # recorded permanent, as an InvalidOutputError (a kind every version reads)
         return (
             f"{error_text(exc)}; the answer was salvaged to {salvage_path} (tooldispatch "

@@ -20,11 +20,12 @@ from stores.types import (
 )
 
 from ._calls import Group, GroupState, Role, Unit
-from ._exc import attr_of
+from ._exc import attr_of, is_a
 from ._execute import error_text, plain_value, retry_in_call, transient
 from ._failure_record import failure_record, may_have_acted
 from ._lifecycle_base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from .errors import (
+    InvalidOutputError,
     LeaseLostError,
     NotSentError,
     OutputNotStorableError,
@@ -41,6 +42,9 @@ __all__ = ["Finishing"]
 log = logging.getLogger("tooldispatch")
 
 OVERDUE_WARN_EVERY_S = 60.0
+
+_UNSTORABLE = (InvalidOutputError, OutputNotStorableError)
+"""The errors that carry a paid output the store cannot take (``raw_output``, set on the worker)."""
 
 
 class Finishing(LifecycleBase):
@@ -63,9 +67,7 @@ class Finishing(LifecycleBase):
             error
         )  # a nested call's error passed on: no evidence about this provider
         policy = self.policy
-        blocked = (
-            self.fx.blocked_until(now) if isinstance(error, NotSentError) and msg.sent_at is None else None
-        )
+        blocked = self.fx.blocked_until(now) if is_a(error, NotSentError) and msg.sent_at is None else None
         if blocked is not None and blocked[1]:
             # the worker's send gate sent nothing because the provider's circuit opened
             # meanwhile: admitted again, its send refuses it as unavailable and gives the
@@ -74,8 +76,8 @@ class Finishing(LifecycleBase):
             self._readmit(unit, now, front=True)
             return
         unsent = not relayed and (
-            isinstance(error, (ProviderUnreachableError, ConnectionRefusedError))
-            or (isinstance(error, NotSentError) and msg.sent_at is None)
+            is_a(error, (ProviderUnreachableError, ConnectionRefusedError))
+            or (is_a(error, NotSentError) and msg.sent_at is None)
         )  # a refused connection, an attempt never started or held past its turn: no request
         if unsent:
             self.fx.count("requests", -1)
@@ -84,8 +86,10 @@ class Finishing(LifecycleBase):
             if unsent:
                 self.fx.refund_retry()
         if error is not None:
-            if isinstance(error, RateLimitedError) and not relayed:
-                self.fx.backpressure(error.retry_after, msg.sent_at)
+            # a tool's error is judged by its real type, never by what it says its
+            # ``__class__`` is (a property that may lie, or raise on this thread)
+            if is_a(error, RateLimitedError) and not relayed:
+                self.fx.backpressure(attr_of(error, "retry_after"), msg.sent_at)
                 self.fx.count("backpressure")
                 unit.last_error = error
                 self.fx.release_slots(0, exempt=unit.exempt, answered=1)
@@ -169,7 +173,7 @@ class Finishing(LifecycleBase):
             return  # a nested call's error: nothing learnt of this provider (no circuit count)
         elif transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
-        elif not isinstance(error, (RateLimitedError, NotSentError)):
+        elif not is_a(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
 
     def _charge_then(self, unit: Unit) -> None:
@@ -191,7 +195,7 @@ class Finishing(LifecycleBase):
             return
         unit.retry_charged = True
         self.fx.count("retries")
-        if isinstance(unit.last_error, RateLimitedError):
+        if is_a(unit.last_error, RateLimitedError):
             self._enqueue([unit], front=True)  # the governor holds it until the pause ends
             self.pump(now)
             return
@@ -234,7 +238,8 @@ class Finishing(LifecycleBase):
             return
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
-        self._conclude(unit, None, unit.last_error or error, now)
+        last = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
+        self._conclude(unit, None, last if last is not None else error, now)
 
     def _warn_overdue(self, now: float) -> None:
         """Say, once a minute at most, that functions past their timeout still hold slots:
@@ -382,12 +387,13 @@ class Finishing(LifecycleBase):
         released: list[Group] = []
         outcome: dict[str, BaseException] = {}
         for group, exc in failed:
-            raw = attr_of(exc, "raw_output", MISSING)
+            # only ours carry a paid output: a tool's own error may answer any name (``__getattr__``)
+            raw = attr_of(exc, "raw_output", MISSING) if is_a(exc, _UNSTORABLE) else MISSING
             if raw is not MISSING:  # paid for but not storable: kept in a described form
                 self.fx.salvage(group, raw, error_text(exc))  # kept described, never replayed
                 self.fx.count("salvaged")
             relayed = group.unit is not None and group.unit.relayed_error(exc)
-            if (isinstance(exc, (RELEASE_ON, LeaseLostError)) and not relayed) or group.receipt is None:
+            if (is_a(exc, (*RELEASE_ON, LeaseLostError)) and not relayed) or group.receipt is None:
                 released.append(group)
                 outcome[group.key] = exc
                 continue
@@ -402,7 +408,7 @@ class Finishing(LifecycleBase):
             group.written = exc
         for group in released:
             exc = outcome[group.key]
-            self._release_group(group, exc, lease_lost=isinstance(exc, LeaseLostError))
+            self._release_group(group, exc, lease_lost=is_a(exc, LeaseLostError))
         for chosen, is_uncertain in ((records, False), (uncertain, True)):
             if chosen:
                 batch = next(self._ids)

@@ -17,6 +17,8 @@ from typing import Any
 
 import pykka
 
+from ._exc import exc_info_of, with_traceback
+
 __all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
 
 MAX_WAIT_S = 1e9
@@ -85,10 +87,12 @@ class LightFuture(pykka.Future[Any]):
                 raise timed_out
             self._lock.release()
         if self._exc_info is not None:
-            exc = self._exc_info[1] or self._exc_info[0]()
+            # read by identity and BaseException's own method: a tool's error may be falsy
+            # (its __len__ says 0), or make its own with_traceback raise
+            exc = self._exc_info[1] if self._exc_info[1] is not None else self._exc_info[0]()
             if on_raise is not None:
                 on_raise(exc)
-            raise exc.with_traceback(self._exc_info[2])
+            raise with_traceback(exc, self._exc_info[2])
         return self._value
 
     def set(self, value: Any = None) -> None:
@@ -202,4 +206,4 @@ def resolved_future(value: Any) -> LightFuture:
 def fail(future: Any, exc: BaseException) -> None:
     """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
     with contextlib.suppress(queue.Full):
-        future.set_exception((type(exc), exc, exc.__traceback__))
+        future.set_exception(exc_info_of(exc))  # (a tool's error may make __traceback__ raise)

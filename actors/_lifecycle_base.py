@@ -28,6 +28,7 @@ from stores.types import (
 
 from ._calls import Call, Group, GroupState, Role, Unit
 from ._effects import Effects
+from ._exc import is_a
 from .errors import (
     AuthScopeChangedError,
     BudgetExceededError,
@@ -232,7 +233,7 @@ class LifecycleBase(abc.ABC):
         """A claim raised after it may have committed (see :mod:`actors._cleanup`)."""
 
     def _released(self, group: Group, error: BaseException | None) -> None:
-        if isinstance(error, AuthScopeChangedError):
+        if is_a(error, AuthScopeChangedError):  # (its real type: see Finishing.on_finished)
             calls, group.calls = group.calls, []
             self._settle(group, None)
             for call in calls:
@@ -308,7 +309,7 @@ class LifecycleBase(abc.ABC):
         group.state = GroupState.SETTLED
         if self.groups.get(group.key) is group:
             del self.groups[group.key]
-        if isinstance(outcome, Done):
+        if is_a(outcome, Done):  # an outcome may be a tool's error: judged by its real type
             if outcome.execution == "live" and group.ran:
                 self.fx.count("live")
             if self.tool.durable:
@@ -320,7 +321,7 @@ class LifecycleBase(abc.ABC):
             self.fx.answer(call, self._outcome_for(call, group, outcome))
 
     def _outcome_for(self, call: Call, group: Group, outcome: Any) -> Any:
-        if not isinstance(outcome, Done):
+        if not is_a(outcome, Done):
             return outcome
         execution = outcome.execution
         if execution == "live" and (call.role is not Role.OWNER or not group.ran):

@@ -19,6 +19,7 @@ import pykka
 from stores._codec import EncodedOutput
 
 from ._calls import Call, Group
+from ._exc import exc_info_of, is_a
 from ._execute import AttemptSpec, attempt, error_text
 from ._futures import fail
 from ._runtime import Reply, log
@@ -101,7 +102,7 @@ class LocalEffects:
             try:
                 reply.set(hook(inp, context))
             except BaseException as exc:  # SystemExit too: the call is answered, never left waiting
-                reply.set_exception((type(exc), exc, exc.__traceback__))
+                reply.set_exception(exc_info_of(exc))  # (the hook's error may make __traceback__ raise)
 
         try:
             self.ports.pool.submit(ask)
@@ -110,7 +111,7 @@ class LocalEffects:
 
     def answer(self, call: Call, outcome: Any) -> None:
         future = call.future
-        if isinstance(outcome, ToolResult):
+        if is_a(outcome, ToolResult):  # by its real type: a tool's error may say it is one
             with contextlib.suppress(Exception):
                 future.set(outcome)
             if outcome.execution != "live":

@@ -133,8 +133,8 @@ def _note_relayed(exc: BaseException) -> None:
         elif not any(m is held for m in marks):
             del marks[:-15]  # an error raised into many attempts: the latest few
             marks.append(held)
-    except Exception:  # an error that takes no attribute (or refuses it): not recognised later
-        pass
+    except BaseException:  # an error that takes no attribute, or refuses it (SystemExit too):
+        pass  # not recognised later; whoever waits on the future still gets the very error
 
 
 _futures.on_raise = _note_relayed
@@ -154,8 +154,8 @@ def _marks(link: BaseException) -> list[Any]:
     ``__getattr__`` is never asked, whatever it raises)."""
     try:
         marks = vars(link).get(_MARK)
-    except Exception:  # no __dict__, or one that cannot be read
-        return []
+    except BaseException:  # no __dict__, or one that cannot be read; SystemExit too (this runs
+        return []  # where the worker reports the call's error: it is told whatever this does)
     return marks if type(marks) is list else []
 
 

@@ -23,6 +23,7 @@ from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import ClaimMode, Receipt
 
 from ._calls import Call, Group, GroupState
+from ._exc import is_a, type_name
 from ._execute import error_text
 from ._lifecycle_base import Done, LifecycleBase
 from .errors import ReceiptWaitTimeoutError, UncertainOutcomeError
@@ -131,9 +132,9 @@ class Reconciling(LifecycleBase):
         try:
             text = None if value is NOT_DONE else encode_output(value)
         except BaseException as exc:  # whatever the hook's value raises: this call's error alone
-            if not isinstance(exc, (InvalidOutputError, OutputNotStorableError)):
-                exc = InvalidOutputError(
-                    f"the reconcile hook's value cannot be stored: {type(exc).__name__}: {error_text(exc)}"
+            if not is_a(exc, (InvalidOutputError, OutputNotStorableError)):  # (raised by the value's
+                exc = InvalidOutputError(  # own code, as a repr: read by its real type and name)
+                    f"the reconcile hook's value cannot be stored: {type_name(exc)}: {error_text(exc)}"
                 )
             self.fx.salvage(group, value, f"the reconcile hook's answer: {error_text(exc)}")  # the provider's
             self.fx.count("salvaged")  # paid answer, kept for an operator; the receipt stays uncertain

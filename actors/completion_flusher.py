@@ -25,7 +25,7 @@ import attrs
 from stores._codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus
 
-from ._exc import error_text
+from ._exc import error_text, exc_info_of, type_name
 from ._flush_held import HeldOutputs
 from ._inbox import answer_left, left_in
 from ._persistence import FlushOutcome, Latch, fence_outcomes, ladder_backoff
@@ -138,7 +138,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         except Exception as exc:  # never leave a request unanswered
             for request in buffered:
                 if not getattr(request.reply, "done", False):
-                    request.reply.set_exception((type(exc), exc, exc.__traceback__))
+                    request.reply.set_exception(exc_info_of(exc))
         for chunk in chunks:  # every chunk shown to stop before the first write waits on the store
             self._held_chunk(chunk)
         for message in buffered:
@@ -153,7 +153,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             chunks = self._chunks([message])
         except Exception as exc:
             if not getattr(message.reply, "done", False):
-                message.reply.set_exception((type(exc), exc, exc.__traceback__))
+                message.reply.set_exception(exc_info_of(exc))
             return
         for chunk in chunks:  # all shown to stop first: a give-up's read-backs wait on the store
             self._held_chunk(chunk)
@@ -167,7 +167,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             self._write(chunk)
         except Exception as exc:
             log.exception("the completion flusher failed on a chunk; salvaging it")
-            chunk.error = f"{type(exc).__name__}: {exc}"
+            chunk.error = f"{type_name(exc)}: {error_text(exc)}"
             members = [m for m in chunk.members if m.completion.key in m.request.remaining]
             salvage = [self._entry(chunk, m, chunk.error) for m in members]
             try:
@@ -234,7 +234,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                     member = _Member(completion, hashes.get(completion.key, ""), message.tool_id, request)
                     reason = (
                         "output_not_storable"
-                        if type(exc).__name__ == "OutputNotStorableError"
+                        if type_name(exc) == "OutputNotStorableError"
                         else "invalid_output"
                     )
                     why = f"output has no JSON form: {error_text(exc)}"
@@ -259,7 +259,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         try:
             report = self.store.complete_many(chunk.org_id, completions, chunk.owner).get()
         except Exception as exc:
-            self._failed(chunk, f"{type(exc).__name__}: {exc}")
+            self._failed(chunk, f"{type_name(exc)}: {error_text(exc)}")
             return
         salvage = []
         settled: list[tuple[_Member, FlushOutcome]] = []

@@ -11,6 +11,8 @@ from stores.errors import (
 )
 from stores.types import FailureKind
 
+from ._exc import error_repr
+
 __all__ = [
     "AuthScopeChangedError",
     "BudgetExceededError",
@@ -78,7 +80,9 @@ class ReceiptPersistenceError(DispatchError):
     """Recording a result or failure failed; carries the tool's own error as ``cause`` when any."""
 
     def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
-        super().__init__(message if cause is None else f"{message}; the call had failed with: {cause!r}")
+        if cause is not None:  # often a tool's own error, whose __repr__ may raise
+            message = f"{message}; the call had failed with: {error_repr(cause)}"
+        super().__init__(message)
         self.cause = cause
 
 

@@ -229,9 +229,9 @@ class Lifecycle(Cleanup, Finishing):
         self.fx.start(spec_for(unit, unit.attempt, now, ticket))
 
     def _not_sent(self, unit: Unit, now: float) -> None:
-        error = unit.last_error or NotSentError(
-            f"{self.tool.tool_id}: its turn to send came after its deadline; not sent"
-        )
+        error = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
+        if error is None:
+            error = NotSentError(f"{self.tool.tool_id}: its turn to send came after its deadline; not sent")
         self._conclude(unit, None, error, now)
 
     # -- leases, cancellation, stop -----------------------------------------------------

@@ -31,6 +31,7 @@ from stores.types import Owner
 
 from ._at_exit import track, untrack
 from ._calls import Call, Role
+from ._exc import is_a, type_name
 from ._execute import error_text
 from ._futures import MAX_WAIT_S, fail, new_future
 from ._launch import Launch
@@ -180,7 +181,7 @@ class DispatchSystem:
                 raise
             except BaseException as exc:  # SystemExit & co: this call's error, not the process's
                 raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
-                                    f"({type(exc).__name__})") from None  # fmt: skip
+                                    f"({type_name(exc)})") from None  # fmt: skip
             self._digests[tool.tool_id] = found
         return found
 
@@ -207,9 +208,11 @@ class DispatchSystem:
             digest = self._digest(call.tool)
             key, input_hash = self._intake._maker(call.tool, digest, call.stale_after_s)(call.input)
         except BaseException as exc:  # on the tool queue's thread: answered, never passed on
-            fail(call.future, exc if isinstance(exc, Exception) else DispatchError(
-                f"{call.tool.tool_id}: asking for its credentials again raised {type(exc).__name__}"
-            ))  # fmt: skip
+            # judged by its real type and name: a foreign error's own may raise on this thread
+            if not is_a(exc, Exception):
+                name = type_name(exc)
+                exc = DispatchError(f"{call.tool.tool_id}: asking for its credentials again raised {name}")
+            fail(call.future, exc)
             return
         now = time.monotonic()
         left = call.timeout_s if call.timed_from is None else call.timeout_s - (now - call.timed_from)

@@ -16,6 +16,7 @@ from typing import IO, Any
 import attrs
 import orjson
 
+from .._exc import type_name
 from .._execute import error_text
 from ..errors import UnknownToolError
 from ._error_kinds import ErrorKinds
@@ -79,7 +80,7 @@ def encode_outcome(outcome: RowOutcome) -> tuple[bytes, str | None]:
             line, ensure_ascii=True, allow_nan=False, separators=(",", ":")
         ).encode() + b"\n", None
     except (TypeError, ValueError, RecursionError) as exc:
-        why = f"{type(exc).__name__}: {error_text(exc)}"
+        why = f"{type_name(exc)}: {error_text(exc)}"
         error = f"ResultNotWritableError: the row's result has no JSON form ({why})"
     failed = {"index": outcome.index, "row": outcome.row, "result": None, "error": error}
     try:
@@ -125,7 +126,9 @@ def run_rows(
                     exhausted.set()
                 return item
             except Exception as exc:  # the input cannot be read on: stop, say so (exit 2)
-                reason = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+                reason = error_text(exc)
+                if not isinstance(exc, InputError):
+                    reason = f"{type_name(exc)}: {reason}"
                 summary.config_error = summary.config_error or f"cannot read the input: {reason}"
                 stop.set()
                 return None
@@ -135,7 +138,7 @@ def run_rows(
             _work()
         except Exception as exc:  # writing the output failed (disk full, ...): stop, say so
             summary.config_error = (
-                summary.config_error or f"cannot write the output: {type(exc).__name__}: {exc}"
+                summary.config_error or f"cannot write the output: {type_name(exc)}: {error_text(exc)}"
             )
             stop.set()
 
@@ -152,7 +155,7 @@ def run_rows(
                     stop.set()
                     outcome = RowOutcome(index, row, error=f"UnknownToolError: {exc}")
                 except BaseException as exc:  # SystemExit & co from a play fail its row, not the run
-                    outcome = RowOutcome(index, row, error=f"{type(exc).__name__}: {error_text(exc)}")
+                    outcome = RowOutcome(index, row, error=f"{type_name(exc)}: {error_text(exc)}")
             if out is not None:
                 line, unwritable = encode_outcome(outcome)
                 if unwritable is not None:
@@ -178,7 +181,8 @@ def run_rows(
     try:
         writer.close()
     except Exception as exc:
-        summary.config_error = summary.config_error or f"cannot write the output: {type(exc).__name__}: {exc}"
+        why = f"cannot write the output: {type_name(exc)}: {error_text(exc)}"
+        summary.config_error = summary.config_error or why
     summary.written = writer.written
     summary.buffer_peak_bytes = writer.peak_memory_bytes
     summary.spilled_bytes = writer.spilled_bytes

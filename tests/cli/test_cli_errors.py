@@ -441,3 +441,47 @@ def test_cli_errors_report_shows_text_that_looks_like_markup_as_it_is(cli, tmp_p
     assert "Traceback" not in done.stderr and "MarkupError" not in done.stderr, done.stderr[-3000:]
     assert "the provider said [/x] :smile: [bold]no" in done.stderr
     assert "t[/x]" in done.stderr and "out[bold].jsonl" in done.stderr
+
+
+NAMELESS_PLAY = """
+from actors import Tool
+
+
+class NamelessMeta(type):
+    @property
+    def __name__(cls):
+        raise RuntimeError("no name")
+
+
+class Nameless(Exception, metaclass=NamelessMeta):
+    def __str__(self):
+        raise ValueError("no message either")
+
+
+tools = [Tool(tool_id="echo", fn=lambda input, ctx: input, durable=False)]
+
+
+def play(row, ctx):
+    if row == "bad":
+        raise Nameless()
+    return ctx.tool("echo", {"row": row})
+"""
+
+
+def test_cli_errors_a_play_error_whose_class_name_raises_fails_its_row_alone(cli, tmp_path):
+    """The runner named a play's error by ``type(exc).__name__`` in its worker loop: a
+    class whose metaclass's ``__name__`` raises ended that worker, and its rows were
+    never written. The row fails alone, with a stand-in for what cannot be read."""
+    play = tmp_path / "p.py"
+    play.write_text(NAMELESS_PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a\nbad\nz\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--output", out)
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = cli.read_jsonl(out)
+    assert [line["result"] for line in lines] == [{"row": "a"}, None, {"row": "z"}]
+    assert "Nameless" in lines[1]["error"]
