@@ -103,10 +103,9 @@ class Governor:
         self.waiters: dict[tuple[str, str, bool], collections.deque[_Waiter]] = {}
         """(org, provider, exempt) -> waiters in arrival order."""
         self.out: collections.Counter[tuple[str, str, bool]] = collections.Counter()
-        """(org, provider, exempt) -> slots granted and not yet released: a release with
-        no verdict ends a half-open probe only when none of the probe's kind is out (the
-        release may be another call's, granted before the circuit opened: ending the probe
-        then let a second probe go while the first was out)."""
+        """(org, provider, exempt) -> slots granted, not yet released: a release with no
+        verdict ends a half-open probe only when none of the probe's kind is out (it may be
+        another call's, granted before the circuit opened, with the probe still out)."""
         self.stopped = False
         self._arrivals = itertools.count()
 
