@@ -221,21 +221,18 @@ def _is_it(caught: BaseException, raised: list[BaseException]) -> bool:
     return any(caught is e or stand_in is e for e in raised)
 
 
-@pytest.mark.parametrize("kind", ["kind", "class", "cause", "name"])
-@pytest.mark.parametrize("shape", ["single", "batch", "member"])
-def test_an_error_whose_type_checks_raise_fails_its_call_alone(
-    make_system: Any, read_receipts: Any, key_of: Any, kind: str, shape: str
-) -> None:
-    """Reads of a foreign error that raise (breaker round 3): a ProviderError whose
-    ``failure_kind`` raises, one whose ``__class__`` (asked by ``isinstance``) or
-    ``__cause__`` raises, a class whose metaclass's ``__name__`` raises. Each fails its
-    own call (with the error, or a stand-in naming it), the others are answered, no slot
-    is kept."""
+def _bad_calls_fail_alone(
+    make_system: Any, read_receipts: Any, key_of: Any, make_error: Any, shape: str
+) -> list[Any]:
+    """Three calls whose tool raises ``make_error()`` (``shape``: alone, as a whole batch,
+    or as members beside three good ones): each fails with that very error (or the
+    stand-in naming it), the good ones are answered, every slot comes back. Returns the
+    bad calls' receipt statuses (None: no receipt)."""
     raised: list[BaseException] = []
 
     def fail(input: Any) -> Any:
         if input.get("bad"):
-            error = _foreign(kind)
+            error = make_error()
             raised.append(error)
             return error
         return {"v": input["n"]}
@@ -261,15 +258,28 @@ def test_an_error_whose_type_checks_raise_fails_its_call_alone(
     for future in futures[: len(bad)]:
         try:
             future.get(timeout=WAIT_S)
-        except BaseException as caught:  # whatever it is, it must be the call's
+        except BaseException as caught:  # SystemExit too: whatever it is, it must be the call's
             assert _is_it(caught, raised), "not the tool's error"
         else:
             pytest.fail("the bad call succeeded")
     assert [f.get(timeout=WAIT_S).value for f in futures[len(bad) :]] == [{"v": i} for i in range(len(goods))]
     after = system.proxy().execute_many("t", [{"n": 10}, {"n": 11}, {"n": 12}])
     assert [f.get(timeout=WAIT_S).value for f in after] == [{"v": 10}, {"v": 11}, {"v": 12}]
-    statuses = {r.status for r in read_receipts([key_of(tool, i) for i in bad]) if r is not None}
-    assert statuses <= {ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN, ReceiptStatus.PENDING}, statuses
+    return [r.status if r is not None else None for r in read_receipts([key_of(tool, i) for i in bad])]
+
+
+@pytest.mark.parametrize("kind", ["kind", "class", "cause", "name"])
+@pytest.mark.parametrize("shape", ["single", "batch", "member"])
+def test_an_error_whose_type_checks_raise_fails_its_call_alone(
+    make_system: Any, read_receipts: Any, key_of: Any, kind: str, shape: str
+) -> None:
+    """Reads of a foreign error that raise (breaker round 3): a ProviderError whose
+    ``failure_kind`` raises, one whose ``__class__`` (asked by ``isinstance``) or
+    ``__cause__`` raises, a class whose metaclass's ``__name__`` raises. Each fails its
+    own call (with the error, or a stand-in naming it), the others are answered, no slot
+    is kept."""
+    statuses = _bad_calls_fail_alone(make_system, read_receipts, key_of, lambda: _foreign(kind), shape)
+    assert set(statuses) <= {ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN, ReceiptStatus.PENDING}, statuses
 
 
 class TracebackUnreadable(Exception):
@@ -375,44 +385,7 @@ def test_an_error_read_past_its_message_fails_its_call_alone(
     call was never told back), a message whose ``in`` raises (the interpreter-exit
     check). Each failed with another error, or hung its call and kept its slot (later
     calls too). Now each fails its call with the very error, recorded ``failed``."""
-    raised: list[BaseException] = []
-
-    def fail(input: Any) -> Any:
-        if input.get("bad"):
-            error = _odd(kind)
-            raised.append(error)
-            return error
-        return {"v": input["n"]}
-
-    def fn(input: Any, ctx: Any) -> Any:
-        out = fail(input)
-        if type(out) is not dict:
-            raise out
-        return out
-
-    def batch_fn(payload: Any, ctx: Any) -> Any:
-        outs = [fail(i) for i in payload]
-        if shape == "batch" and any(type(o) is not dict for o in outs):
-            raise next(o for o in outs if type(o) is not dict)
-        return outs
-
-    batch = BatchStrategy(batch_fn=batch_fn, max_batch_size=10) if shape != "single" else None
-    tool = Tool(tool_id="t", fn=fn, batch=batch, timeout_s=5.0)
-    system = make_system([tool], policy=Policy(batch_grace_s=0.02, max_concurrency=2))
-    bad = [{"bad": True, "n": i} for i in range(3)]
-    goods = [{"n": i} for i in range(3)] if shape == "member" else []
-    futures = system.proxy().execute_many("t", bad + goods)
-    for future in futures[: len(bad)]:
-        try:
-            future.get(timeout=WAIT_S)
-        except BaseException as caught:  # SystemExit too: whatever it is, it must be the call's
-            assert _is_it(caught, raised), "not the tool's error"
-        else:
-            pytest.fail("the bad call succeeded")
-    assert [f.get(timeout=WAIT_S).value for f in futures[len(bad) :]] == [{"v": i} for i in range(len(goods))]
-    after = system.proxy().execute_many("t", [{"n": 10}, {"n": 11}, {"n": 12}])
-    assert [f.get(timeout=WAIT_S).value for f in after] == [{"v": 10}, {"v": 11}, {"v": 12}]
-    statuses = [r.status if r is not None else None for r in read_receipts([key_of(tool, i) for i in bad])]
+    statuses = _bad_calls_fail_alone(make_system, read_receipts, key_of, lambda: _odd(kind), shape)
     assert statuses == [ReceiptStatus.FAILED] * 3, statuses
 
 
