@@ -100,14 +100,19 @@ class InboxActor(pykka.ThreadingActor):
         return queue.SimpleQueue()
 
 
-_actor_idents: set[int] = set()
-"""Threads (greenlets, under gevent) that have run an actor's message handler."""
+class _Handling(threading.local):
+    on = False
+
+
+_handling = _Handling()
+"""Set while this thread (greenlet, under gevent) runs an actor's message handler; an
+ident kept after the actor ended could be another thread's later."""
 
 
 def on_actor() -> bool:
-    """Whether the caller runs on an actor's thread (a future's done callback runs on the
-    thread that resolved it: a tool queue actor's)."""
-    return threading.get_ident() in _actor_idents
+    """Whether the caller runs inside an actor's message handler (a future's done callback
+    runs on the thread that resolved it: a tool queue actor's, in its handler)."""
+    return _handling.on
 
 
 def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -120,7 +125,8 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
     @functools.wraps(on_receive)
     def handle(self: Any, message: Any) -> Any:
-        _actor_idents.add(threading.get_ident())  # (one set.add: ~40 ns a message)
+        outer = _handling.on
+        _handling.on = True
         try:
             return on_receive(self, message)
         except Exception as exc:
@@ -129,6 +135,8 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             if reply is not None and not getattr(reply, "done", True):
                 fail(reply, exc)
             return None
+        finally:
+            _handling.on = outer
 
     return handle
 
