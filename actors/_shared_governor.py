@@ -49,6 +49,11 @@ from .governor import BucketKey, Decisions, Governor
 from .shared_pacer import Pacer
 from .tool import Pacing, Policy
 
+WAIT_POLL_S = 1.0
+"""Longest a worker told to wait asks the shared pacer again: another worker's half-open
+probe settling wakes nobody here, and its claim is 30 s (breaker round 4: a 29 s stall
+after the circuit had closed)."""
+
 __all__ = ["SharedGovernor"]
 
 KEPT_VERSIONS = 64
@@ -131,7 +136,10 @@ class SharedGovernor(Governor):
             out.closed[key] = now + grant.wait_s
             return None
         if grant.granted < 1:
-            again = now + max(grant.wait_s, MIN_WAKE_S)
+            wait = max(grant.wait_s, MIN_WAKE_S)
+            if grant.verdict == "wait":  # (a probe out may be another worker's: its verdict
+                wait = min(wait, WAIT_POLL_S)  # wakes nobody here; ask again soon, not at its lease's end)
+            again = now + wait
             out.wake_at = again if out.wake_at is None else min(out.wake_at, again)
             if grant.verdict == "paused":  # another worker's 429: hold this process's senders too
                 bucket.gate_until = max(bucket.gate_until, again)

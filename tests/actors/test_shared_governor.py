@@ -205,3 +205,21 @@ def test_a_call_granted_before_the_circuit_opened_ending_with_no_verdict_keeps_t
     one.release("org", "p", 1, 0, now[0], answered=0)
     one.release("org", "p", 1, 0, now[0], answered=0)  # nothing of this worker's is out now
     assert sum(n for _, n in two.wake(now[0]).grants) == 1  # the next probe
+
+
+def test_a_worker_waiting_on_another_workers_probe_asks_again_soon_after_it_closes_the_circuit():
+    """Another worker's probe settling wakes nobody here: this worker was told to wait the
+    probe's whole 30 s claim, and its calls went 29 s after the circuit had closed
+    (breaker round 4). It asks the pacer again within a second (``WAIT_POLL_S``)."""
+    now, _, one, two = _pair(rps=1000.0, circuit_failures=1, circuit_open_s=1.0)
+    one.acquire("org", "p", 1, "a", now[0])
+    one.release("org", "p", 1, 0, now[0], unavailable=1)  # opens
+    now[0] += 1.5
+    assert sum(n for _, n in one.acquire("org", "p", 1, "probe", now[0]).grants) == 1
+    waiting = two.acquire("org", "p", 1, "next", now[0])
+    assert waiting.grants == [] and waiting.wake_at is not None
+    assert waiting.wake_at <= now[0] + 1.0 + 1e-9  # not the probe claim's 30 s
+    now[0] += 0.2
+    one.release("org", "p", 1, 1, now[0])  # the probe succeeded: the circuit closes
+    now[0] = waiting.wake_at
+    assert sum(n for _, n in two.wake(now[0]).grants) == 1
