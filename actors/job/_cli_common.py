@@ -63,7 +63,10 @@ def open_db(db: str) -> Any:
     from stores import StoreError, open_store
 
     if not is_url(db) and not os.path.exists(db):
-        raise ConfigError(f"no receipt store at {db}")
+        raise ConfigError(
+            f"no receipt store at {db}: give the run's store with --db PATH (or TOOLDISPATCH_DB; "
+            "examples/demo.py keeps its own in .tooldispatch-demo/receipts.db)"
+        )
     try:
         return open_store(db)
     except (StoreError, ValueError) as exc:  # ValueError: a bad schema name, say
