@@ -193,6 +193,7 @@ class ProviderBucket:
     tokens: float = 0.0
     refilled_at: float = 0.0
     in_flight: int = 0
+    nested_out: int = 0  # slots granted to nested calls (outside the ceiling), not yet back
     gate_until: float = 0.0
     backpressure_events: int = 0
     last_cut_at: float = -math.inf

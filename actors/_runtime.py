@@ -105,13 +105,14 @@ class _Handling(threading.local):
 
 
 _handling = _Handling()
-"""Set while this thread (greenlet, under gevent) runs an actor's message handler; an
-ident kept after the actor ended could be another thread's later."""
+"""Set on a thread (greenlet, under gevent) once it ran an actor's message handler: an
+actor's thread is its own for life, and the flag dies with it (an ident kept in a set
+could be another thread's later)."""
 
 
 def on_actor() -> bool:
-    """Whether the caller runs inside an actor's message handler (a future's done callback
-    runs on the thread that resolved it: a tool queue actor's, in its handler)."""
+    """Whether the caller runs on an actor's thread (a future's done callback runs on the
+    thread that resolved it: a tool queue actor's)."""
     return _handling.on
 
 
@@ -125,8 +126,8 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
     @functools.wraps(on_receive)
     def handle(self: Any, message: Any) -> Any:
-        outer = _handling.on
-        _handling.on = True
+        if not _handling.on:  # (a read a message, once a write: the thread is an actor's for life)
+            _handling.on = True
         try:
             return on_receive(self, message)
         except Exception as exc:
@@ -135,8 +136,6 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             if reply is not None and not getattr(reply, "done", True):
                 fail(reply, exc)
             return None
-        finally:
-            _handling.on = outer
 
     return handle
 

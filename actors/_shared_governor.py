@@ -213,7 +213,6 @@ class SharedGovernor(Governor):
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)
-        self._returned(key, exempt, count)
         out = Decisions()
         if bucket.learner is None or not self._learn(key, bucket, successes, now, out):
             self._grow(key, bucket, successes, out)

@@ -102,10 +102,6 @@ class Governor:
         self.circuits: dict[BucketKey, Circuit] = {}
         self.waiters: dict[tuple[str, str, bool], collections.deque[_Waiter]] = {}
         """(org, provider, exempt) -> waiters in arrival order."""
-        self.out: collections.Counter[tuple[str, str, bool]] = collections.Counter()
-        """(org, provider, exempt) -> slots granted, not yet released: a release with no
-        verdict ends a half-open probe only when none of the probe's kind is out (it may be
-        another call's, granted before the circuit opened, with the probe still out)."""
         self.stopped = False
         self._arrivals = itertools.count()
 
@@ -210,13 +206,12 @@ class Governor:
         key = (org_id, provider)
         bucket = self.bucket(org_id, provider)
         self._return_slots(bucket, count, exempt, refunds)
-        self._returned(key, exempt, count)
         rate = bucket.rate
         for i in range(successes):
             bucket.on_success(now, sent_at[i] if i < len(sent_at) else None)
         circuit = self.circuits[key]
         answered_n = successes if answered is None else answered
-        opened = False
+        opened = False  # a release with no verdict may be another call's, the probe still out
         if answered_n or unavailable or not (circuit.probing and self.probe_out(key, circuit.probe_exempt)):
             opened = circuit.record(answered_n, unavailable, now)
         refusals = self._refuse_waiters(key) if opened else []
@@ -281,7 +276,8 @@ class Governor:
                 continue
             bucket.admission_wait_s += max(0.0, now - waiter.since)
             self._take(wkey, bucket, n, now)
-            self.out[wkey] += n
+            if wkey[2]:
+                bucket.nested_out += n
             out.grants.append((waiter.reply, n))
         out.wake_at = self._next_wake(now, out)
         return out
@@ -330,21 +326,17 @@ class Governor:
         if not exempt:
             bucket.in_flight = max(0, bucket.in_flight - count)
             self.in_flight = max(0, self.in_flight - count)
+        else:
+            bucket.nested_out = max(0, bucket.nested_out - count)
         if refunds:  # granted but never sent (stop, latch, a pause, its deadline): not spent
             self.spent["provider_calls"] = max(0, self.spent["provider_calls"] - refunds)
 
-    def _returned(self, key: BucketKey, exempt: bool, count: int) -> None:
-        wkey = (key[0], key[1], exempt)
-        left = self.out[wkey] - count
-        if left > 0:
-            self.out[wkey] = left
-        else:
-            self.out.pop(wkey, None)
-
     def probe_out(self, key: BucketKey, exempt: bool) -> bool:
         """Whether a slot of the half-open probe's kind (``exempt``: a nested call's) is
-        still out for ``key``: the probe may be among them."""
-        return self.out[(key[0], key[1], exempt)] > 0
+        still out for ``key``: the probe may be among them (a release with no verdict ends
+        the probe only once none is)."""
+        bucket = self.buckets[key]
+        return (bucket.nested_out if exempt else bucket.in_flight) > 0
 
     def _refuse_waiters(self, key: BucketKey) -> list[tuple[Any, BaseException]]:
         """Take every waiter of ``key`` (nested ones too) off its queue, refused: unavailable."""
