@@ -6,10 +6,7 @@
     from stores import SqliteReceiptStore
 """
 
-from stores.errors import InvalidInputError, StoreError, ToolDispatchError
-from stores.types import FailureKind
-
-from .errors import (
+from actors.errors import (
     AuthScopeChangedError,
     BudgetExceededError,
     CallCancelledError,
@@ -33,10 +30,12 @@ from .errors import (
     UnknownToolError,
     UnreadableToolError,
 )
-from .results import ToolContext, ToolResult
-from .salvage import SalvageEntry, SalvageLog
-from .system import DispatchProxy, DispatchSystem
-from .tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
+from actors.flusher.salvage import SalvageEntry, SalvageLog
+from actors.results import ToolContext, ToolResult
+from actors.system import DispatchProxy, DispatchSystem
+from actors.tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
+from stores.errors import InvalidInputError, StoreError, ToolDispatchError
+from stores.types import FailureKind
 
 __all__ = [
     "AuthScopeChangedError",

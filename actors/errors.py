@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from actors.runtime.foreign import error_repr
 from stores.errors import (
     InvalidInputError,
     InvalidOutputError,
@@ -10,8 +11,6 @@ from stores.errors import (
     ToolDispatchError,
 )
 from stores.types import FailureKind
-
-from ._exc import error_repr
 
 __all__ = [
     "AuthScopeChangedError",

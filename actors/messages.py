@@ -6,7 +6,7 @@ that may wait on the sender).
 
 The actor-to-actor commands live here; the call lifecycle's own messages (calls
 submitted, facts answering its requests, its timers) live in
-:mod:`actors._lifecycle_messages` and are re-exported here.
+:mod:`actors.lifecycle.messages` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from typing import Any
 
 import attrs
 
-from stores.types import LeaseRef, Owner
-
-from ._lifecycle_messages import (
+from actors.lifecycle.messages import (
     Answered,
     CallCancelled,
     CleanupDue,
@@ -45,6 +43,7 @@ from ._lifecycle_messages import (
     UnitFinished,
     WaitDue,
 )
+from stores.types import LeaseRef, Owner
 
 __all__ = [
     "AcquireSlots",
@@ -125,7 +124,7 @@ class AcquireSlots:
     provider's rate still applies."""
     immediate: bool = False
     """Slots asked before a claim: granted now or not at all (0), see
-    :meth:`actors.governor.Governor.acquire`."""
+    :meth:`actors.governor.decisions.Governor.acquire`."""
     reply: Any
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 

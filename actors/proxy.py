@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 if TYPE_CHECKING:
-    from .system import DispatchSystem
+    from actors.system import DispatchSystem
 
 __all__ = ["DispatchProxy"]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from ._nesting import NestScope, lend
+from actors.runtime.nesting import NestScope, lend
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -9,7 +9,7 @@
     system.stop()
 
 ``execute`` validates the call and computes its receipt key on the caller's thread,
-then queues it on the tool's :class:`~actors.tool_queue.ToolQueueActor`. Errors that
+then queues it on the tool's :class:`~actors.queue.actor.ToolQueueActor`. Errors that
 concern one call (unknown tool, input that is not JSON) resolve that call's future
 alone.
 """
@@ -26,34 +26,33 @@ from typing import Any
 import attrs
 import pykka
 
+from actors.errors import AuthScopeChangedError, CallCancelledError, DispatchError, ToolTimeoutError
+from actors.flusher.actor import CompletionFlusherActor, Latch
+from actors.flusher.salvage import ReplayReport, SalvageLog
+from actors.flusher.stop_salvage import salvage_unread, salvage_writing
+from actors.front import Intake
+from actors.governor.actor import GovernorActor
+from actors.governor.decisions import suggested_parallelism
+from actors.heartbeat.actor import HeartbeatActor
+from actors.lifecycle.calls import Call, Role
+from actors.messages import CallCancelled, StopQueue, SubmitCalls
+from actors.pacing.providers import provider_pacings
+from actors.pacing.send_gate import SendGates
+from actors.proxy import DispatchProxy
+from actors.queue.actor import Memo, ToolQueueActor
+from actors.queue.system_ports import Ports
+from actors.runtime.actor import Timers, WorkerPool, on_actor, runtime_name
+from actors.runtime.at_exit import track, untrack
+from actors.runtime.foreign import is_a, type_name
+from actors.runtime.futures import MAX_WAIT_S, fail, new_future
+from actors.stats import Stats
+from actors.store.actor import ReceiptStoreActor
+from actors.store.purge_watch import PurgeWatcher
+from actors.tool import Policy, RunInfo, Tool
+from actors.worker.attempt import error_text
+from actors.worker.launch import Launch
 from stores.base import ReceiptStore
 from stores.types import Owner
-
-from ._at_exit import track, untrack
-from ._calls import Call, Role
-from ._exc import is_a, type_name
-from ._execute import error_text
-from ._futures import MAX_WAIT_S, fail, new_future
-from ._launch import Launch
-from ._memo_path import Intake
-from ._providers import provider_pacings
-from ._purge_watch import PurgeWatcher
-from ._runtime import Timers, WorkerPool, on_actor, runtime_name
-from ._send_gate import SendGates
-from ._stop_salvage import salvage_unread, salvage_writing
-from ._system_ports import Ports
-from .completion_flusher import CompletionFlusherActor, Latch
-from .errors import AuthScopeChangedError, CallCancelledError, DispatchError, ToolTimeoutError
-from .governor import suggested_parallelism
-from .governor_actor import GovernorActor
-from .heartbeat import HeartbeatActor
-from .messages import CallCancelled, StopQueue, SubmitCalls
-from .proxy import DispatchProxy
-from .receipt_store import ReceiptStoreActor
-from .salvage import ReplayReport, SalvageLog
-from .stats import Stats
-from .tool import Policy, RunInfo, Tool
-from .tool_queue import Memo, ToolQueueActor
 
 __all__ = ["DispatchProxy", "DispatchSystem"]
 
@@ -82,7 +81,7 @@ class DispatchSystem:
         self.stats_ = Stats(policy.perf_hook)
         self.latch = Latch()
         self.launch = Launch(self.latch)
-        """The last check before each request leaves (:mod:`actors._launch`)."""
+        """The last check before each request leaves (:mod:`actors.worker.launch`)."""
         self.timers = Timers()
         self.salvage = SalvageLog(policy.salvage_path or _default_salvage_path(store))
         self._digests: dict[str, str] = {}
@@ -148,9 +147,9 @@ class DispatchSystem:
             store: the receipt store (the system does not close it).
             run: the run's identity (run id, attempt, org, scope).
             policy: settings (default :class:`~actors.tool.Policy`).
-            pacer: an :class:`~actors.shared_pacer.Pacer` to pace providers with (e.g. one
+            pacer: an :class:`~actors.pacing.pacers.Pacer` to pace providers with (e.g. one
                 shared through Redis by several worker processes, from
-                :func:`~actors.shared_pacer.open_pacer`); None: this process paces alone.
+                :func:`~actors.pacing.pacers.open_pacer`); None: this process paces alone.
                 The system does not close it.
 
         Raises:
@@ -246,11 +245,11 @@ class DispatchSystem:
         (every attempt sent), owner_waits (calls that waited on another live owner's
         receipt), waiting_on_owner (calls waiting so right now), receipts_created,
         orphan_leases_released and lease_cleanup_failed (leases a failed claim or release left
-        this process holding, given back or given up: see :mod:`actors._cleanup`); plus
+        this process holding, given back or given up: see :mod:`actors.lifecycle.cleanup`); plus
         ``latch_tripped``, ``phases`` (p50/p95 ms), ``tools`` (tool id -> its own
         counters) and ``pacing`` ("org/provider" -> current rate and how it was learnt,
         limit estimate, pauses with their Retry-After, 429s, circuit state, time waited;
-        see :func:`actors._pacing.pacing_report`).
+        see :func:`actors.pacing.bucket.pacing_report`).
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["tools"] = self.stats_.snapshot_tools()

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from ._checks import check_count, check_number
+from actors.checks import check_count, check_number
 
 __all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
 
@@ -30,7 +30,7 @@ def _split_list(result: Any, n: int) -> list[Any]:
 
 @attrs.frozen(kw_only=True)
 class Pacing:
-    """A provider's limits, as far as they are known (see :mod:`actors._pacing`).
+    """A provider's limits, as far as they are known (see :mod:`actors.pacing.bucket`).
 
     With ``rps`` stated, calls are paced just under it and a 429 still cuts the rate
     for a while (AIMD). Without it the rate is learnt from 429s: with ``start_rps``,

@@ -57,7 +57,7 @@ except ImportError:  # run as a script from a checkout: put the repository root 
 
 from actors import DispatchSystem, Pacing, Policy, RunInfo, Tool
 from stores import SqliteReceiptStore
-from stores._sqlite_schema import COLUMNS, migrate
+from stores.sqlite.schema import COLUMNS, migrate
 
 ORG_ID = "org-bench"
 SCOPE = "dispatch-bench"

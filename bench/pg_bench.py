@@ -41,8 +41,8 @@ except ImportError:  # run as a script from a checkout: put the repository root 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stores import ClaimDisposition, ClaimRequest, Completion, LeaseRef, Owner
-from stores._offload import gevent_active
-from stores._sqlite_schema import COLUMNS
+from stores.sqlite.offload import gevent_active
+from stores.sqlite.schema import COLUMNS
 
 ORG_ID = "org-bench"
 SCOPE = "bench-play"

@@ -49,9 +49,9 @@ from stores import (
     Owner,
     SqliteReceiptStore,
 )
-from stores._offload import gevent_active
-from stores._sqlite_schema import COLUMNS as _ALL_COLUMNS
-from stores._sqlite_schema import migrate
+from stores.sqlite.offload import gevent_active
+from stores.sqlite.schema import COLUMNS as _ALL_COLUMNS
+from stores.sqlite.schema import migrate
 
 COLUMNS = _ALL_COLUMNS[:17]
 """The v1 columns the raw upserts write (later ones have defaults or stay NULL)."""

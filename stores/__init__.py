@@ -15,12 +15,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ._codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
-from ._dispositions import decide_disposition, next_generation
-from ._process import ProcessIdentity, current_process_identity, process_gone
-from ._rules import output_too_large_error
-from .base import MAX_OUTPUT_BYTES, Clock, ReceiptStore
-from .errors import (
+from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore
+from stores.codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
+from stores.dispositions import decide_disposition, next_generation
+from stores.errors import (
     InvalidInputError,
     InvalidOutputError,
     OutputNotStorableError,
@@ -31,9 +29,11 @@ from .errors import (
     ToolDispatchError,
     UnreadableOutputError,
 )
-from .keys import KeyExplanation, canonical_json, explain_key, receipt_key
-from .sqlite import SqliteReceiptStore
-from .types import (
+from stores.keys import KeyExplanation, canonical_json, explain_key, receipt_key
+from stores.process import ProcessIdentity, current_process_identity, process_gone
+from stores.rules import output_too_large_error
+from stores.sqlite.store import SqliteReceiptStore
+from stores.types import (
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -52,12 +52,12 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .postgres import PostgresReceiptStore
+    from stores.postgres.store import PostgresReceiptStore
 
 
 def __getattr__(name: str) -> Any:
     if name == "PostgresReceiptStore":
-        from .postgres import PostgresReceiptStore
+        from stores.postgres.store import PostgresReceiptStore
 
         return PostgresReceiptStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -85,7 +85,7 @@ def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
                 f"a postgresql:// store needs psycopg ({exc.name} is not installed): "
                 "pip install 'tooldispatch[postgres]'"
             ) from None
-        from .postgres import PostgresReceiptStore
+        from stores.postgres.store import PostgresReceiptStore
 
         return PostgresReceiptStore(target, **kwargs)
     return SqliteReceiptStore(target, **kwargs)

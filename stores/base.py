@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
-from .types import (
+from stores.types import (
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -80,7 +80,7 @@ class ChangeFeed(Protocol):
 
 
 class ReceiptStore(abc.ABC):
-    """Abstract receipt store. Backends: :class:`stores.sqlite.SqliteReceiptStore`.
+    """Abstract receipt store. Backends: :class:`stores.sqlite.store.SqliteReceiptStore`.
 
     Implementations are safe to call from several threads (and greenlets) at once,
     and never block a gevent hub.
@@ -122,18 +122,18 @@ class ReceiptStore(abc.ABC):
         Contract details (tests/stores/test_contract.py):
 
         * receipts a plain read settles (completed and reused, failed in normal mode,
-          uncertain: :func:`stores._claims.settled_by_read`) are answered by a read
+          uncertain: :func:`stores.claims.settled_by_read`) are answered by a read
           without the write lock; only the other keys are claimed in the transaction
           (a rerun of settled keys never waits for another writer);
 
         * the owner's process identity is recorded with the lease; when ``owner``
           leaves it None the store records :func:`stores.current_process_identity`;
         * a live lease whose holder ran on this host in a process that is gone is
-          taken over at once (``stores._dispositions.decide_disposition(holder_gone=True)``);
+          taken over at once (``stores.dispositions.decide_disposition(holder_gone=True)``);
         * claiming a completed receipt (force refresh, or stale) keeps its output and
           ``completed_at``: failing, releasing or losing that lease restores it as
           ``completed``, and a later normal claim of a lost refresh reuses it;
-        * ``generation`` follows :func:`stores._dispositions.next_generation`;
+        * ``generation`` follows :func:`stores.dispositions.next_generation`;
         * a ``running`` receipt whose lease was lost, claimed with
           ``retry_safe=False``, is recorded ``uncertain`` (answer ``UNCERTAIN``).
         """
@@ -269,7 +269,7 @@ class ReceiptStore(abc.ABC):
         This default reads with :meth:`get_many` and judges by :attr:`clock`; a store
         whose clock is its server's (Postgres) overrides it.
         """
-        from ._claims import settled_by_read
+        from stores.claims import settled_by_read
 
         if mode is ClaimMode.FORCE_REFRESH or not requests:
             return {}, list(requests)
@@ -290,7 +290,7 @@ class ReceiptStore(abc.ABC):
             stale_after_s: as :meth:`claim_many` (older completions are not returned).
 
         Returns:
-            key -> (input hash, output text as :func:`stores._codec.encode_output` writes
+            key -> (input hash, output text as :func:`stores.codec.encode_output` writes
             it) for every ``completed`` receipt fresh enough; other keys are absent (a
             caller claims them). Nothing is written. A store that reads the text directly
             may return a text that does not decode (changed by hand): its caller decodes
@@ -301,7 +301,7 @@ class ReceiptStore(abc.ABC):
 
         This default goes through :meth:`read_settled`; a store may read the text directly.
         """
-        from ._codec import UnreadableOutput, encode_output
+        from stores.codec import UnreadableOutput, encode_output
 
         requests = [ClaimRequest(key, "", "", "") for key in dict.fromkeys(keys)]
         answers, _ = self.read_settled(org_id, requests, stale_after_s=stale_after_s)

@@ -39,9 +39,9 @@ class InvalidOutputError(ToolDispatchError, TypeError):
 
 class OutputNotStorableError(ToolDispatchError, ValueError):
     """A JSON output the store cannot hold exactly (nesting deeper than
-    ``stores._codec.MAX_OUTPUT_DEPTH``, an integer beyond Python's 4300-digit limit).
+    ``stores.codec.MAX_OUTPUT_DEPTH``, an integer beyond Python's 4300-digit limit).
     Not the provider's fault, but paid for: the answer is salvaged
-    (``stores._codec.salvage_form``) and the receipt is recorded failed (kind
+    (``stores.codec.salvage_form``) and the receipt is recorded failed (kind
     ``permanent``, the error text naming the salvage), so a rerun answers this error from
     the receipt instead of paying again (``retry_failed`` or ``force_refresh`` call the
     provider again)."""

@@ -32,7 +32,7 @@ import attrs
 import orjson
 import rfc8785
 
-from .errors import InvalidInputError
+from stores.errors import InvalidInputError
 
 __all__ = [
     "KEY_FORMAT",

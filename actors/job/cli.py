@@ -15,8 +15,16 @@ from typing import Any, NoReturn
 
 import click
 
-from ._cli_common import CONTEXT, DB_HELP, DEFAULT_DB, EXIT_CODES, ConfigError, plain_console, salvage_default
-from ._cli_store import receipts, salvage
+from actors.job.cli_common import (
+    CONTEXT,
+    DB_HELP,
+    DEFAULT_DB,
+    EXIT_CODES,
+    ConfigError,
+    plain_console,
+    salvage_default,
+)
+from actors.job.cli_store import receipts, salvage
 
 
 @click.group(context_settings=CONTEXT)
@@ -81,7 +89,7 @@ def run(
     Receipts are scoped by the play's name (the file or module name, or the attr): the
     same play under another name, or --scope, starts a new cache.
     """
-    from .._runtime import runtime_name
+    from actors.runtime.actor import runtime_name
 
     if runtime == "gevent" and runtime_name() != "gevent":
         if os.environ.get("TOOLDISPATCH_REEXEC"):
@@ -115,16 +123,15 @@ def _run(
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None,
 ) -> int:  # fmt: skip
+    from actors import DispatchSystem, RunInfo
+    from actors.job.play import PlayContext, PlayLoadError, load_play
+    from actors.job.report import ProgressDisplay, output_line, report_table, tools_table
+    from actors.job.runner import run_rows
+    from actors.job.signals import Interrupts
+    from actors.job.tally import CallTally
+    from actors.pacing.pacers import InvalidPacerURLError, open_pacer
+    from actors.runtime.actor import runtime_name
     from stores import StoreError, open_store
-
-    from .. import DispatchSystem, RunInfo
-    from .._runtime import runtime_name
-    from ..shared_pacer import InvalidPacerURLError, open_pacer
-    from ._signals import Interrupts
-    from ._tally import CallTally
-    from .play import PlayContext, PlayLoadError, load_play
-    from .report import ProgressDisplay, output_line, report_table, tools_table
-    from .runner import run_rows
 
     try:
         play = load_play(play_spec)
@@ -239,7 +246,7 @@ def _first_rows(path: str) -> Any:
     """The rows of ``path``, after checking that it has one (a usage error otherwise)."""
     import itertools
 
-    from .play import InputError, read_rows
+    from actors.job.play import InputError, read_rows
 
     rows = read_rows(path)
     try:

@@ -22,9 +22,8 @@ from typing import Any
 import attrs
 import orjson
 
+from actors.errors import DispatchError
 from stores import MAX_OUTPUT_BYTES
-
-from ..errors import DispatchError
 
 __all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
 

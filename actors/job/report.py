@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ._tally import CallTally
-from .runner import RunSummary
+from actors.job.runner import RunSummary
+from actors.job.tally import CallTally
 
 __all__ = ["PHASE_NAMES", "ProgressDisplay", "output_line", "progress_line", "report_table", "tools_table"]
 
@@ -148,7 +148,7 @@ a call meets them (the report's order)."""
 
 def pacing_cell(view: dict[str, Any]) -> str:
     """One provider's pacing, from ``stats()["pacing"]`` (see
-    :func:`actors._pacing.pacing_report`): how the rate was set, the rate and the limit
+    :func:`actors.pacing.bucket.pacing_report`): how the rate was set, the rate and the limit
     (requests/s), pauses and time waited, the circuit when not closed."""
     limit = view.get("limit_rps")
     text = f"{view.get('learnt')}: {view['rate_rps']:.1f}/s"

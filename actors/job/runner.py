@@ -16,12 +16,12 @@ from typing import IO, Any
 import attrs
 import orjson
 
-from .._exc import type_name
-from .._execute import error_text
-from ..errors import UnknownToolError
-from ._error_kinds import ErrorKinds
-from ._ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
-from .play import InputError, Play, PlayContext, RowError
+from actors.errors import UnknownToolError
+from actors.job.error_kinds import ErrorKinds
+from actors.job.ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
+from actors.job.play import InputError, Play, PlayContext, RowError
+from actors.runtime.foreign import type_name
+from actors.worker.attempt import error_text
 
 __all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
 

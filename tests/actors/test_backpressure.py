@@ -130,8 +130,8 @@ def test_pacing_unknown_rate_with_a_start_rate_is_not_hit_all_at_once(
 
 
 def test_http_tool_slow_starts_when_the_rate_is_not_stated() -> None:
-    from actors._pacing import SLOW_START_RPS
     from actors.http import http_tool
+    from actors.pacing.bucket import SLOW_START_RPS
 
     assert http_tool("t", "http://127.0.0.1:9/x").pacing == Pacing(start_rps=SLOW_START_RPS)
     stated = Pacing(rps=3.0)

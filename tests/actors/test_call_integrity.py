@@ -260,7 +260,7 @@ def test_call_receipt_ops_budget_refuses_new_claims_never_a_paid_write(
 
 
 def test_call_provider_calls_charged_for_a_call_never_sent_are_refunded() -> None:
-    from actors.governor import Governor
+    from actors.governor.decisions import Governor
     from actors.tool import Pacing
 
     gov = Governor(Policy(max_provider_calls=1), {"p": Pacing()})

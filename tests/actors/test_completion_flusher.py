@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from actors.completion_flusher import Latch, ladder_backoff
+from actors.flusher.actor import Latch, ladder_backoff
 
 LADDER = (1.0, 3.0, 9.0)
 HEADROOM_S = 10.0

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from actors import BatchStrategy, Pacing, Policy, RateLimitedError, Tool
-from actors._pacing import plain_retry_after
 from actors.errors import AuthScopeChangedError, DispatchError
-from actors.shared_pacer import InvalidPacerURLError, open_pacer
+from actors.pacing.bucket import plain_retry_after
+from actors.pacing.pacers import InvalidPacerURLError, open_pacer
 
 WAIT_S = 15.0
 HUGE = 10**400

@@ -1,8 +1,8 @@
-"""State-machine tests of the leases held back from the heartbeat (actors._deferred_beats)."""
+"""State-machine tests of the leases held back from the heartbeat (actors.heartbeat.deferred_beats)."""
 
 from __future__ import annotations
 
-from actors._deferred_beats import MAX_DEFER_S, DeferredBeats
+from actors.heartbeat.deferred_beats import MAX_DEFER_S, DeferredBeats
 from stores.types import LeaseRef
 
 

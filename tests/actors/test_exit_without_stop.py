@@ -43,9 +43,9 @@ _SCRIPT = textwrap.dedent(
         run = RunInfo(run_id=ending, org_id="o", scope="s")
         return DispatchSystem.start(tools=[Tool(tool_id="slow", fn=slow)], store=store, run=run)
 
-    import actors._at_exit
+    import actors.runtime.at_exit
     if ending == "locked":  # the tools (0.5 s) come back well inside it, even on a loaded machine
-        actors._at_exit.AT_EXIT_STOP_S = 8.0
+        actors.runtime.at_exit.AT_EXIT_STOP_S = 8.0
     if ending == "sigint-twice":
         def slow(i, c):
             time.sleep(20)
@@ -310,7 +310,7 @@ def test_after_an_interrupt_every_later_run_of_the_exit_hook_leaves_at_once(monk
     """The hook runs twice at exit (``atexit``, then multiprocessing's finalizers): once an
     interrupt ended its wait, the second run must not start the stop again (before: the
     second run waited the whole bound, the process did not leave)."""
-    from actors import _at_exit
+    from actors.runtime import at_exit as _at_exit
 
     class Host:
         stopped = False

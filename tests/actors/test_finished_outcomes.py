@@ -14,8 +14,8 @@ from typing import Any
 
 import pykka
 
-from actors._local_effects import FINISHED_READY, Finished, _Report
 from actors.messages import UnitFinished
+from actors.queue.local_effects import FINISHED_READY, Finished, _Report
 
 
 class _Effects:
@@ -92,7 +92,7 @@ def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
     make_system: Any, monkeypatch: Any
 ) -> None:
     from actors import Tool
-    from actors.lifecycle import Lifecycle
+    from actors.lifecycle.machine import Lifecycle
 
     n = 20
     original_take, original_on_finished = Finished.take, Lifecycle.on_finished

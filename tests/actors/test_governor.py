@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors._pacing import AIMD_DECREASE, PACE_MARGIN
 from actors.errors import BudgetExceededError, CallCancelledError
-from actors.governor import Decisions, Governor, suggested_parallelism
+from actors.governor.decisions import Decisions, Governor, suggested_parallelism
+from actors.pacing.bucket import AIMD_DECREASE, PACE_MARGIN
 from actors.tool import Pacing, Policy
 
 ORG = "acme"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from actors.heartbeat import LeaseSet, Renewal
+from actors.heartbeat.actor import LeaseSet, Renewal
 from actors.messages import RegisterLeases
 from stores.types import LeaseRef, Owner
 

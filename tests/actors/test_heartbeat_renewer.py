@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from actors import Policy
-from actors.heartbeat import HeartbeatActor
+from actors.heartbeat.actor import HeartbeatActor
 from actors.messages import RegisterLeases
 from stores import ClaimRequest, SqliteReceiptStore
 from stores.types import LeaseRef, Owner

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from actors import Policy, Tool
-from actors.heartbeat import HeartbeatActor
+from actors.heartbeat.actor import HeartbeatActor
 from actors.messages import RegisterLeases
 from stores import ClaimRequest, ReceiptStore, SqliteReceiptStore
 from stores.types import LeaseRef, Owner, ReceiptStatus

@@ -19,7 +19,7 @@ from actors import (
     RecordedFailureError,
     Tool,
 )
-from actors.salvage import SalvageLog
+from actors.flusher.salvage import SalvageLog
 from stores import MAX_OUTPUT_BYTES, FailureKind, ReceiptStatus
 
 WAIT_S = 15.0

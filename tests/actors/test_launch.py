@@ -1,4 +1,4 @@
-"""The last check before a request (``actors._launch.Launch``), as a plain class.
+"""The last check before a request (``actors.worker.launch.Launch``), as a plain class.
 
 Its point is that two threads never both win: a worker taking a ticket and a tool queue
 withdrawing it, or a worker taking one while the latch trips. Under the GIL the window
@@ -14,9 +14,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from actors._launch import Launch, SendTicket
-from actors._persistence import Latch
 from actors.errors import CallCancelledError, PersistenceCircuitOpenError
+from actors.flusher.latch import Latch
+from actors.worker.launch import Launch, SendTicket
 
 HOLD_S = 0.3
 """How long a held read waits for the other side (then it goes on)."""

@@ -1,4 +1,4 @@
-"""State-machine tests of :class:`actors.lifecycle.Lifecycle`: a fake clock, a recording
+"""State-machine tests of :class:`actors.lifecycle.machine.Lifecycle`: a fake clock, a recording
 ``Effects``, no threads, no sleeps.
 
 Each test drives groups to one exit (claim error, mark_running error, failure-record
@@ -20,11 +20,6 @@ from typing import Any
 
 import pytest
 
-from actors._calls import Call, Group, GroupState
-from actors._execute import AttemptSpec
-from actors._futures import new_future
-from actors._launch import Launch
-from actors.completion_flusher import FlushOutcome, Latch
 from actors.errors import (
     BudgetExceededError,
     CallCancelledError,
@@ -40,11 +35,16 @@ from actors.errors import (
     StoreError,
     ToolTimeoutError,
 )
-from actors.lifecycle import Lifecycle
+from actors.flusher.actor import FlushOutcome, Latch
+from actors.lifecycle.calls import Call, Group, GroupState
+from actors.lifecycle.machine import Lifecycle
 from actors.messages import CleanupDue, DeadlineDue, PollDue, RetryDue, UnitFinished
 from actors.results import ToolResult
+from actors.runtime.futures import new_future
 from actors.tool import BatchStrategy, Policy, Tool
-from stores._codec import encode_output
+from actors.worker.attempt import AttemptSpec
+from actors.worker.launch import Launch
+from stores.codec import encode_output
 from stores.types import (
     Claim,
     ClaimDisposition,
@@ -280,7 +280,7 @@ class Driver:
 
     def attach(self, key: str) -> Call:
         """A call of a key already in flight joins its group (``ToolQueue.submit``)."""
-        from actors._calls import Role
+        from actors.lifecycle.calls import Role
 
         call = self.call(key)
         self.life.groups[key].join(call, Role.ATTACHED)
@@ -547,7 +547,7 @@ def test_lifecycle_reused_and_followers_share_one_answer_each() -> None:
     d = Driver()
     owner = d.call("a")
     group = Group.of(owner)
-    from actors._calls import Role
+    from actors.lifecycle.calls import Role
 
     follower = d.call("a")
     group.join(follower, Role.FOLLOWER)
@@ -575,7 +575,7 @@ def test_lifecycle_unbatched_tool_runs_non_durable_without_receipts() -> None:
 
 
 def _plain(value: Any) -> Any:
-    from actors._execute import _Plain
+    from actors.worker.attempt import _Plain
 
     return _Plain(value)
 
@@ -1509,7 +1509,7 @@ def test_lifecycle_a_unit_a_nested_call_joined_while_it_held_a_slot_goes_again_o
     """A running tool's nested call joined this unit while it ran; its next attempt (a
     retry, a 429's re-admission) borrows the waiting parent's slot, as a nested call
     does, instead of queueing for a slot of the ceiling the parent holds one of."""
-    from actors._calls import Role
+    from actors.lifecycle.calls import Role
 
     d = Driver(SAFE)
     (call,) = _run_to_running(d, "a")

@@ -1,4 +1,4 @@
-"""State-machine tests of claiming straight into running (:mod:`actors._claiming`).
+"""State-machine tests of claiming straight into running (:mod:`actors.lifecycle.claiming`).
 
 When admission looks immediate (a durable, non-batch, unpaced tool; nothing waits for a
 slot; the drained groups fit in the free width), the lifecycle asks the governor for
@@ -225,7 +225,7 @@ def test_straight_system_calls_beyond_the_free_width_are_marked_as_usual(
 
 
 def test_straight_a_bulk_drain_is_claimed_in_chunks_and_its_first_calls_start_before_the_rest() -> None:
-    from actors._claiming import CLAIM_CHUNK
+    from actors.lifecycle.claiming import CLAIM_CHUNK
 
     n = 2 * CLAIM_CHUNK + 7
     d = Driver(straight=True, width=n)

@@ -1,4 +1,4 @@
-"""Ways found to break claiming straight into running (:mod:`actors._claiming`), each
+"""Ways found to break claiming straight into running (:mod:`actors.lifecycle.claiming`), each
 kept as a test: the state machine driven by hand (:class:`Driver`), then a real system
 on a SQLite file where the fault shows as a caller that hangs or a slot never returned.
 """
@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from actors._calls import Role
+from actors.lifecycle.calls import Role
 from actors.tool import Pacing, Policy, Tool
 from stores import SqliteReceiptStore
 from stores.types import ClaimMode, ReceiptStatus

@@ -31,7 +31,7 @@ from actors import (
     Tool,
 )
 from actors.errors import BudgetExceededError, ProviderUnavailableError
-from actors.governor import Governor
+from actors.governor.decisions import Governor
 from stores import SqliteReceiptStore
 
 WAIT_S = 10.0

@@ -1,14 +1,13 @@
 """Lifecycle state machine: an attempt handed to its worker but not sent yet (waiting for
 its turn at the send gate, a batch being built) is withdrawn by a cancel or a lost
 lease, and refused by its worker's last check after a trip or a stop
-(:mod:`actors._launch`). Fake clock, recording effects (``test_lifecycle.Driver``); each
+(:mod:`actors.worker.launch`). Fake clock, recording effects (``test_lifecycle.Driver``); each
 test drives one such exit and checks that nothing is held after it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from actors._calls import Role
 from actors.errors import (
     CallCancelledError,
     LeaseLostError,
@@ -16,6 +15,7 @@ from actors.errors import (
     ProviderError,
     RateLimitedError,
 )
+from actors.lifecycle.calls import Role
 from actors.messages import RetryDue, UnitFinished
 from actors.tool import Policy
 from stores.types import FailureKind
@@ -32,7 +32,7 @@ def _held(tool: Any = None, **kwargs: Any) -> Driver:
 
 def _worker_looks(d: Driver) -> tuple[str, BaseException] | None:
     """The worker of the latest attempt reaches its last check: it sends (None: the test
-    then finishes it) or reports why not, as ``actors._execute.attempt`` does."""
+    then finishes it) or reports why not, as ``actors.worker.attempt.attempt`` does."""
     spec = d.fx.starts[-1]
     refusal = d.fx.launch.take(spec.ticket)
     if refusal is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from actors import CallCancelledError, InvalidInputError, RecordedFailureError, Tool, UnknownToolError
-from actors._memo_path import READ_FIRST
+from actors.front import READ_FIRST
 
 WAIT_S = 10.0
 
@@ -104,7 +104,7 @@ def test_settled_calls_leave_no_reference_cycles(make_system: Any, recorder: Any
     # group and its unit held each other), freed only by the cyclic collector, whose full
     # passes then dominated the cost of a large run. With the collector off, nothing of
     # a finished call may stay alive once the system is idle.
-    from actors._calls import Call, Group, Unit
+    from actors.lifecycle.calls import Call, Group, Unit
 
     tool = Tool(tool_id="t", fn=lambda x, ctx: recorder.record("t", x, ctx) and {"i": x["i"]})
     system = make_system([tool])

@@ -115,7 +115,7 @@ def test_a_thread_lent_after_the_call_returned_acts_for_nobody(make_system: Any)
 
     system = make_system([Tool(tool_id="parent", fn=parent)], policy=Policy(batch_grace_s=0.01))
     system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S)
-    from actors._nesting import in_tool, running_keys
+    from actors.runtime.nesting import in_tool, running_keys
 
     seen: list[Any] = []
 

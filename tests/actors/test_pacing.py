@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from actors._circuit import Circuit
-from actors._pacing import (
+from actors.pacing.bucket import (
     AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
@@ -26,7 +25,8 @@ from actors._pacing import (
     ProviderBucket,
     parse_retry_after,
 )
-from actors._send_gate import HEADROOM, WAKE_S, SendGate, SendGates
+from actors.pacing.circuit import Circuit
+from actors.pacing.send_gate import HEADROOM, WAKE_S, SendGate, SendGates
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors._send_gate import SendGate
-from actors.governor import Governor
+from actors.governor.decisions import Governor
+from actors.pacing.send_gate import SendGate
 from actors.tool import Pacing, Policy
 
 

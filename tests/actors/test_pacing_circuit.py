@@ -16,7 +16,7 @@ from actors import (
     ProviderUnreachableError,
     ToolContext,
 )
-from actors.governor import Governor
+from actors.governor.decisions import Governor
 from actors.http import HttpEndpoint, http_tool
 from actors.tool import Pacing
 

@@ -1,4 +1,4 @@
-"""Learning an unknown limit (:class:`actors._plateau.LimitLearner`), driven with a fake
+"""Learning an unknown limit (:class:`actors.pacing.learner.LimitLearner`), driven with a fake
 clock against a simulated provider: nginx's ``limit_req`` (rate R, burst B, nodelay)
 answering 429 with ``Retry-After: 1``, a sender that always has calls waiting."""
 
@@ -10,8 +10,8 @@ import math
 import attrs
 import pytest
 
-from actors._pacing import SLOW_START_RPS
-from actors._plateau import FIRST_HOLD_FRACTION, FIRST_HOLD_S, HOLD_FRACTION, LimitLearner
+from actors.pacing.bucket import SLOW_START_RPS
+from actors.pacing.learner import FIRST_HOLD_FRACTION, FIRST_HOLD_S, HOLD_FRACTION, LimitLearner
 
 
 @attrs.define

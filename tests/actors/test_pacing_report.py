@@ -1,12 +1,12 @@
-"""Pacing made visible: :func:`actors._pacing.pacing_report` over the governor's state
+"""Pacing made visible: :func:`actors.pacing.bucket.pacing_report` over the governor's state
 (plain state machine, time passed in)."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors._pacing import PACE_MARGIN, pacing_report
-from actors.governor import Governor
+from actors.governor.decisions import Governor
+from actors.pacing.bucket import PACE_MARGIN, pacing_report
 from actors.tool import Pacing, Policy
 
 ORG = "org"

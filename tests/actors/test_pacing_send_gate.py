@@ -1,5 +1,5 @@
 """The send gate is the last step before a request leaves: every attempt of a paced
-provider waits there for its turn (:func:`actors._execute.attempt`), so requests granted
+provider waits there for its turn (:func:`actors.worker.attempt.attempt`), so requests granted
 together, or held up together between the grant and the send, still reach the provider
 spaced at its rate."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from actors import NotSentError, Pacing, Tool
-from actors._execute import AttemptSpec, attempt
-from actors._send_gate import SendGate
 from actors.messages import UnitFinished
+from actors.pacing.send_gate import SendGate
 from actors.results import ToolContext
+from actors.worker.attempt import AttemptSpec, attempt
 
 from .conftest import ORG
 

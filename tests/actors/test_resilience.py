@@ -5,8 +5,8 @@ from __future__ import annotations
 import pykka
 
 from actors import DispatchSystem, Policy, RunInfo, Tool
-from actors._futures import new_future
-from actors._runtime import guarded
+from actors.runtime.actor import guarded
+from actors.runtime.futures import new_future
 from stores import SqliteReceiptStore
 
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.salvage import REPLAY_OWNER, SalvageEntry, SalvageLog, salvage_entry
+from actors.flusher.salvage import REPLAY_OWNER, SalvageEntry, SalvageLog, salvage_entry
 from stores import SqliteReceiptStore
-from stores._codec import encode_json
+from stores.codec import encode_json
 from stores.types import (
     ClaimMode,
     ClaimRequest,
@@ -330,7 +330,7 @@ def test_salvage_replay_puts_back_an_output_over_a_stored_one_nobody_can_read(
     was dropped as "already completed"; it now replaces the unreadable one."""
     import sqlite3
 
-    from stores._codec import UnreadableOutput
+    from stores.codec import UnreadableOutput
 
     other = Owner("run-2", 1)
     lease = _claim(store, "k", other)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from actors import OutputNotStorableError, RecordedFailureError, Tool
-from actors.salvage import NotASalvageFileError, SalvageLog
+from actors.flusher.salvage import NotASalvageFileError, SalvageLog
 from stores import FailureKind, SqliteReceiptStore
 
 WAIT_S = 15.0

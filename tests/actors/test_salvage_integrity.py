@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import stores
-from actors.salvage import SalvageLog, salvage_entry
+from actors.flusher.salvage import SalvageLog, salvage_entry
 from stores import ClaimRequest, Owner, ReceiptStatus, SqliteReceiptStore
 
 ORG = "acme"
@@ -84,7 +84,7 @@ def test_salvage_keeps_unstorable_outputs_described_and_never_replays_them(
 
 _WORKER = """
 import json, sys
-from actors.salvage import SalvageLog, salvage_entry
+from actors.flusher.salvage import SalvageLog, salvage_entry
 from stores import SqliteReceiptStore
 role, salvage_path, db_path, keys = (json.loads(a) for a in sys.argv[1:])
 log = SalvageLog(salvage_path)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from actors import CallCancelledError, Pacing, Policy, ProviderUnavailableError, Tool
-from actors._send_gate import SendGate
+from actors.pacing.send_gate import SendGate
 
 from .conftest import ORG, WAIT_S, until
 

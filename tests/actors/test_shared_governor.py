@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from actors import Pacing, Policy
-from actors._pacing import pacing_report
-from actors._shared_governor import SharedGovernor
 from actors.errors import ProviderUnavailableError
-from actors.shared_pacer import LocalPacer
+from actors.governor.shared import SharedGovernor
+from actors.pacing.bucket import pacing_report
+from actors.pacing.pacers import LocalPacer
 
 
 def _pair(rps: float = 10.0, **policy):

@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any
 
-from actors._lifecycle_messages import StoreCall
-from actors._store_merge import Merged, mergeable
-from actors.receipt_store import Lanes, ReceiptStoreActor
+from actors.lifecycle.messages import StoreCall
+from actors.store.actor import Lanes, ReceiptStoreActor
+from actors.store.merge import Merged, mergeable
 from stores import (
     ClaimRequest,
     Completion,

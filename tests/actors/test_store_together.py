@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actors._lifecycle_messages import StoreCall
-from actors.receipt_store import ReceiptStoreActor
+from actors.lifecycle.messages import StoreCall
+from actors.store.actor import ReceiptStoreActor
 from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
 
 from .conftest import WAIT_S

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from actors._calls import Call, Group, Role
-from actors._futures import new_future
+from actors.lifecycle.calls import Call, Group, Role
+from actors.queue.actor import Memo, Submitted, ToolQueue
+from actors.runtime.futures import new_future
 from actors.tool import BatchStrategy, Tool
-from actors.tool_queue import Memo, Submitted, ToolQueue
 from stores.types import ClaimMode
 
 GRACE_S = 0.25

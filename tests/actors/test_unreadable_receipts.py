@@ -64,7 +64,7 @@ def test_unreadable_receipt_fails_its_own_call_alone(
 def test_unreadable_output_of_the_run_that_completed_it_first_answers_ours_and_keeps_it() -> None:
     """Our completion met a receipt another run completed, with an output nobody can read:
     the caller gets what we paid for, which is kept in the salvage file."""
-    from actors.completion_flusher import FlushOutcome
+    from actors.flusher.actor import FlushOutcome
 
     d = Driver()
     (call,) = _run_to_running(d, "a")

@@ -34,7 +34,7 @@ from actors import (
     Tool,
     UncertainOutcomeError,
 )
-from actors._exc import type_name
+from actors.runtime.foreign import type_name
 from stores import ReceiptStatus, SqliteReceiptStore
 from stores.types import FailureKind
 
@@ -655,7 +655,7 @@ def test_a_tool_error_that_answers_any_name_is_not_salvaged_as_a_paid_output(
     """Only our own unstorable-output errors carry a paid output (``raw_output``, set on
     the worker); a tool's error was asked too, and one answering any name (None) had
     that None written to the salvage file as the call's paid answer."""
-    from actors.salvage import SalvageLog
+    from actors.flusher.salvage import SalvageLog
 
     raised: list[BaseException] = []
 

@@ -110,7 +110,7 @@ def test_cli_errors_unknown_tool_after_paid_calls_says_what_was_kept(cli, good_c
 
 
 def test_cli_error_kinds_keep_words_with_digits_and_abstract_numbers() -> None:
-    from actors.job._error_kinds import error_kind
+    from actors.job.error_kinds import error_kind
 
     kind = error_kind(
         "ProviderUnavailableError: provider 'p' is unavailable (connection errors, 5xx or timeouts): "

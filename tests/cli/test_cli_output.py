@@ -292,7 +292,7 @@ def test_cli_output_receipts_stats_and_ls_show_columns_set_by_hand(cli, store_fr
 
 
 def test_cli_salvage_ls_shows_error_text_that_looks_like_markup(cli, store_from_a_run):
-    from actors.salvage import SalvageLog, salvage_entry
+    from actors.flusher.salvage import SalvageLog, salvage_entry
 
     log = SalvageLog(store_from_a_run.parent / "receipts.db.salvage.jsonl")
     log.append([salvage_entry(

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.job._tally import CallTally
+from actors.job.tally import CallTally
 
 A, B = "ab" * 32, "cd" * 32
 

@@ -28,7 +28,7 @@ from stores import (
     salvage_form,
     validate_output,
 )
-from stores._codec import EXACT_PREFIX, MAX_OUTPUT_DEPTH
+from stores.codec import EXACT_PREFIX, MAX_OUTPUT_DEPTH
 
 
 def shape(value: Any) -> list[Any]:

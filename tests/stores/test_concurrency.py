@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from stores import ClaimDisposition, ClaimRequest, Owner, ReceiptStatus, SqliteReceiptStore
-from stores._offload import gevent_active
+from stores.sqlite.offload import gevent_active
 
 ORG = "org-a"
 KEYS = [hashlib.sha256(f"key-{i}".encode()).hexdigest() for i in range(1000)]

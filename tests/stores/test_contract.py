@@ -40,7 +40,7 @@ from stores import (
     current_process_identity,
     output_too_large_error,
 )
-from stores._codec import MAX_OUTPUT_DEPTH
+from stores.codec import MAX_OUTPUT_DEPTH
 
 ORG = "org-a"
 OTHER_ORG = "org-b"

@@ -21,7 +21,7 @@ import pytest
 
 import stores
 from stores import ClaimRequest, Completion, LeaseRef, Owner
-from stores._pg_listen import Listener, channel_name
+from stores.postgres.listen import Listener, channel_name
 
 from .conftest import drop_pg_schema, wait_for
 

@@ -31,7 +31,7 @@ from stores import (
     StoreUnavailableError,
     open_store,
 )
-from stores._offload import gevent_active
+from stores.sqlite.offload import gevent_active
 
 from .conftest import wait_for
 

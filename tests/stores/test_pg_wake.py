@@ -252,7 +252,7 @@ def test_listener_notices_a_silent_connection_and_listens_again(
 ) -> None:
     import psycopg
 
-    from stores._pg_listen import Listener
+    from stores.postgres.listen import Listener
 
     channel = f"tooldispatch:{pg_schema}"
     listener = Listener(proxy.conninfo(pg_url), channel, {}, probe_after_s=0.2, probe_timeout_s=1.0)

@@ -18,12 +18,12 @@ from typing import Any
 import psutil
 import pytest
 
-from stores._process import current_process_identity, process_gone
+from stores.process import current_process_identity, process_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
 _RECORD = (
-    "from stores._process import current_process_identity as c; print(c().started_at, flush=True); input()"
+    "from stores.process import current_process_identity as c; print(c().started_at, flush=True); input()"
 )
 
 

@@ -35,7 +35,7 @@ from stores import (
     RefusalReason,
     SqliteReceiptStore,
 )
-from stores._offload import gevent_active
+from stores.sqlite.offload import gevent_active
 
 from .conftest import BACKENDS, Backend, FakeClock, require_backend
 from .test_contract import ORG, TTL_S, claim, key_of, lease_of

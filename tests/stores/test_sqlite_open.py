@@ -32,7 +32,7 @@ from stores import (
     StoreError,
     StoreUnavailableError,
 )
-from stores._sqlite_schema import SCHEMA_VERSION
+from stores.sqlite.schema import SCHEMA_VERSION
 
 OWNER = Owner("run-1")
 ISSUE_COLUMNS = {
@@ -326,7 +326,7 @@ def test_sqlite_store_reopens_with_its_receipts(tmp_path: Path) -> None:
 def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Path) -> None:
     """A file written before issue 9 (schema 1) opens as schema 2: receipts kept, generation 1,
     lease owner identity empty, purge epoch 0; its completed outputs are reused."""
-    from stores._sqlite_schema import _create_v1
+    from stores.sqlite.schema import _create_v1
 
     path = tmp_path / "v1.db"
     conn = sqlite3.connect(path, isolation_level=None)

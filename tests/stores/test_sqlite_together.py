@@ -27,7 +27,7 @@ from stores import (
     SqliteReceiptStore,
     StoreError,
 )
-from stores._together import TOGETHER
+from stores.sqlite.together import TOGETHER
 
 ORG = "org-t"
 ME = Owner("run-t", 1)

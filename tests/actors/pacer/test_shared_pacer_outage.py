@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from actors import DispatchSystem, Pacing, Policy, RunInfo, Tool
-from actors.shared_pacer import Pacer, ProviderLimits, open_pacer
+from actors.pacing.pacers import Pacer, ProviderLimits, open_pacer
 from stores import SqliteReceiptStore
 
 from .conftest import RedisServer
@@ -31,7 +31,7 @@ class FakeClock:
 
 
 def _pacer(server: RedisServer, prefix: str, clock: FakeClock, workers: int = 4) -> Any:
-    from actors._redis_pacer import RedisPacer
+    from actors.pacing.redis_pacer import RedisPacer
 
     limits = {"p": ProviderLimits(rate_rps=40.0, burst=4)}
     return RedisPacer(server.url, limits, prefix=prefix, expected_workers=workers, clock=clock, retry_s=1.0)
@@ -103,8 +103,8 @@ def test_redis_pacer_rejoins_when_redis_returns_and_hands_over_its_pause(
 def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    from actors._pacing import SLOW_START_RPS
-    from actors._redis_pacer import RedisPacer
+    from actors.pacing.bucket import SLOW_START_RPS
+    from actors.pacing.redis_pacer import RedisPacer
 
     clock = FakeClock()
     pacer = RedisPacer(redis_server.url, {}, prefix=prefix, expected_workers=2, clock=clock)
@@ -136,8 +136,8 @@ def test_an_unknown_limit_is_learnt_again_after_redis_comes_back(
     redis_server: RedisServer, prefix: str
 ) -> None:
     from actors import Pacing, Policy
-    from actors._redis_pacer import RedisPacer
-    from actors._shared_governor import SharedGovernor
+    from actors.governor.shared import SharedGovernor
+    from actors.pacing.redis_pacer import RedisPacer
 
     clock = FakeClock()
     pacer = RedisPacer(redis_server.url, prefix=prefix, expected_workers=4, clock=clock, retry_s=1.0)
@@ -170,7 +170,7 @@ def test_redis_pacer_error_that_is_no_outage_still_serves_a_waiting_call(
     # hits maxmemory while 'a' runs: every pacer call raises OutOfMemoryError, which is no
     # outage by name: it was not treated as one (no fallback to local pacing), the
     # governor's release and wakes raised before granting 'b', and 'b' waited forever
-    from actors._redis_pacer import RedisPacer
+    from actors.pacing.redis_pacer import RedisPacer
 
     admin = redis_server.client()
     go, running = threading.Event(), threading.Event()
@@ -214,7 +214,7 @@ def test_redis_pacer_alone_never_paces_past_its_share(
 ) -> None:
     """Growth (and a rate set or published) while Redis is away is scaled to this worker's
     share: four workers pacing alone stay within the provider's rate together."""
-    from actors._redis_pacer import RedisPacer
+    from actors.pacing.redis_pacer import RedisPacer
 
     clock = FakeClock()
     limits = {"p": ProviderLimits(rate_rps=8.0, burst=4, max_rps=8.0)}
@@ -238,8 +238,8 @@ def test_redis_pacer_alone_never_paces_past_its_share(
 def test_redis_pacer_keeps_a_shared_pause_and_an_open_circuit_when_redis_goes_away(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    from actors._redis_pacer import RedisPacer
-    from actors.shared_pacer import PacerSettings
+    from actors.pacing.pacers import PacerSettings
+    from actors.pacing.redis_pacer import RedisPacer
 
     clock = FakeClock()
     limits = {"p": ProviderLimits(rate_rps=40.0, burst=4), "q": ProviderLimits(rate_rps=40.0, burst=4)}

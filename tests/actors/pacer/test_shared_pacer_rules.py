@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
-from actors.shared_pacer import (
+from actors.pacing.pacers import (
     InvalidPacerURLError,
     LocalPacer,
     Pacer,

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from actors.shared_pacer import ProviderLimits, open_pacer
+from actors.pacing.pacers import ProviderLimits, open_pacer
 
 
 def main() -> None:

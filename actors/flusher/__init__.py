@@ -1,0 +1,1 @@
+"""The completion flusher: bulk completion, the latch, and salvage of what could not be persisted."""

@@ -1,0 +1,292 @@
+"""The caller's side of ``execute`` / ``execute_many``: keys, memo hits, and the hand-off.
+
+Runs on the caller's thread. Every call's receipt key is computed here (the parts that
+do not depend on the input are checked and hashed once per tool, credentials digest and
+staleness: :func:`stores.keys.key_maker`); a call whose key this system completed is
+answered at once from the tool's memo, a read-only view of encoded JSON text (each hit
+decodes its own copy, so no caller can change what another sees), with a future that is
+resolved when it is made. When many calls are left (:data:`READ_FIRST`), their receipts
+are read from the store in one plain read (no lock, no write: ``read_settled``) and the
+completed ones answered here too (the stored text, decoded per call), so a cold rerun
+never reaches the actors. The rest are
+queued on the tool's queue actor in one message.
+
+Rules (docs/how-it-works.md, Life of a call): the memo answers normal calls only (a
+forced refresh or a retry of a failure goes to the store), never past the call's
+``stale_after_s``; an error that concerns one call (input that is not JSON) fails that
+call's future alone; an unknown tool, a bad option or a stopped system fails them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pykka
+
+from actors.checks import check_number
+from actors.errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
+from actors.lifecycle.calls import Call
+from actors.messages import RememberOutputs
+from actors.results import ToolResult
+from actors.runtime.foreign import error_text
+from actors.runtime.futures import fail, new_future, resolved_future
+from actors.runtime.nesting import in_tool, running_keys
+from stores.codec import decode_output
+from stores.keys import key_maker
+from stores.types import ClaimMode
+
+if TYPE_CHECKING:
+    from actors.system import DispatchSystem
+    from actors.tool import Tool
+
+__all__ = ["READ_FIRST", "Intake"]
+
+READ_FIRST = 32
+"""Fewest calls (left after the memo) of one ``execute_many`` whose receipts are read on the
+caller's thread before they are queued: a cold rerun is then answered without the actors,
+while a lone call (or a few) goes straight to its queue, which claims it."""
+
+_MODES = {
+    (False, False): ClaimMode.NORMAL,
+    (False, True): ClaimMode.RETRY_FAILED,
+    (True, False): ClaimMode.FORCE_REFRESH,
+    (True, True): ClaimMode.FORCE_REFRESH,
+}
+
+
+class Intake:
+    """Takes calls for one :class:`~actors.system.DispatchSystem` (any thread).
+
+    Args:
+        system: the system (its tools, memos, stats, run, policy, queues).
+    """
+
+    def __init__(self, system: DispatchSystem) -> None:
+        self.system = system
+        self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str]]] = {}
+
+    def _maker(
+        self, tool: Tool, digest: str, stale_after_s: float | None
+    ) -> Callable[[Any], tuple[str, str]]:
+        """The key function of ``tool`` under ``digest`` and ``stale_after_s`` (cached; a
+        few entries per tool: one per credentials digest and staleness seen)."""
+        cache_key = (tool.tool_id, digest, stale_after_s)
+        make = self._makers.get(cache_key)
+        if make is None:
+            run = self.system.run
+            make = key_maker(
+                org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id, credential_scope_digest=digest,
+                version=tool.version, stale_after_s=stale_after_s, ignore_fields=tool.non_semantic_fields,
+            )  # fmt: skip
+            if len(self._makers) >= 256:  # many staleness values: keep the cache bounded
+                self._makers.clear()
+            self._makers[cache_key] = make
+        return make
+
+    def execute_many(
+        self,
+        tool_id: str,
+        inputs: Sequence[Any],
+        force_refresh: bool,
+        retry_failed: bool,
+        stale_after_s: float | None,
+        timeout_s: float | None,
+    ) -> list[Any]:
+        """One future per input, same order (see :meth:`DispatchProxy.execute_many`)."""
+
+        system = self.system
+        stats = system.stats_
+        tool = system.tools.get(tool_id) if isinstance(tool_id, str) else None
+        try:
+            if system._stopping.is_set():
+                raise CallCancelledError("the dispatcher is stopped")
+            if not isinstance(tool_id, str):
+                raise InvalidInputError(f"tool_id must be a string, got {type(tool_id).__name__}")
+            if tool is None:
+                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(system.tools))}")
+            for name, flag in (("force_refresh", force_refresh), ("retry_failed", retry_failed)):
+                if not isinstance(flag, bool):
+                    raise InvalidInputError(f"{name} must be True or False, got {type(flag).__name__}")
+            check_seconds("timeout_s", timeout_s, positive=True)
+            check_seconds("stale_after_s", stale_after_s, positive=False)
+            digest = system._digest(tool)
+            make = self._maker(tool, digest, stale_after_s)
+        except Exception as exc:
+            failed = [new_future() for _ in inputs]
+            for future in failed:
+                fail(future, exc)
+            known = tool_id if tool is not None else None
+            stats.add("calls", len(failed), tool=known)
+            stats.add("errors", len(failed), tool=known)
+            return failed
+        mode = _MODES[force_refresh, retry_failed]
+        memo = system._memos.get(tool_id)
+        recall = memo.recall if memo is not None and memo.max_bytes and mode is ClaimMode.NORMAL else None
+        nested = in_tool()
+        cycle = running_keys() if nested else frozenset()
+        now = time.monotonic()
+        timeout = timeout_s or tool.timeout_s or system.policy.timeout_s
+        futures: list[Any] = []
+        misses: list[tuple[int, Any, str, str]] = []  # (index, input, key, input hash)
+        errors = cached = 0
+        for input in inputs:
+            try:
+                key, input_hash = make(input)
+            except KeyboardInterrupt:  # the caller's own interrupt: never swallowed
+                raise
+            except BaseException as exc:  # SystemExit & co from the input's own code: its call's error
+                future = new_future()
+                fail(future, _as_input_error(exc))
+                futures.append(future)
+                errors += 1
+                continue
+            if key in cycle:
+                future = new_future()
+                fail(
+                    future,
+                    CallCycleError(f"{tool_id} was called inside its own call of that input (key {key})"),
+                )
+                futures.append(future)
+                errors += 1
+                continue
+            if recall is not None:
+                text = recall(key, stale_after_s, now)
+                if text is not None:  # answered here, from a read-only view (a copy per call)
+                    futures.append(
+                        resolved_future(ToolResult.of(decode_output(text), "cached", key, tool_id))
+                    )
+                    cached += 1
+                    continue
+            misses.append((len(futures), input, key, input_hash))
+            futures.append(None)
+        if len(misses) >= READ_FIRST and tool.durable and mode is not ClaimMode.FORCE_REFRESH:
+            before = len(misses)
+            misses = self._from_store(tool, misses, futures, stale_after_s)
+            cached += before - len(misses)
+        calls: list[Call] = []
+        for index, input, key, input_hash in misses:
+            future = futures[index] = new_future()
+            try:
+                private = snapshot(input)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # an input that cannot be copied fails alone
+                fail(future, _as_input_error(exc))
+                errors += 1
+                continue
+            calls.append(
+                Call(
+                    tool=tool,
+                    input=private,
+                    key=key,
+                    input_hash=input_hash,
+                    credential_digest=digest,
+                    mode=mode,
+                    stale_after_s=stale_after_s,
+                    timeout_s=timeout,
+                    future=future,
+                    submitted_at=now,
+                    nested=nested,
+                    ancestors=cycle,
+                )
+            )
+        stats.add("calls", len(futures), tool=tool_id)
+        if errors:
+            stats.add("errors", errors, tool=tool_id)
+        if cached:
+            stats.add("cached", cached, tool=tool_id)
+        if calls:
+            system._submit(tool_id, calls)
+        return futures
+
+    def _from_store(
+        self,
+        tool: Tool,
+        misses: list[tuple[int, Any, str, str]],
+        futures: list[Any],
+        stale_after_s: float | None,
+    ) -> list[tuple[int, Any, str, str]]:
+        """Answer the calls whose receipts a plain read of the store finds completed (a
+        cold rerun): their ``futures`` slots get resolved futures; returns the misses left
+        for the tool's queue.
+
+        Only completed receipts a normal claim would reuse are taken here
+        (``read_reusable``: a recorded failure, an uncertain receipt or anything to claim
+        goes to the queue, whose lifecycle decides it); a read that fails answers nothing
+        (the claim will meet the error). Under a receipt-op budget every read must be
+        charged by the store actor, so none is made here.
+        """
+        system = self.system
+        if system.policy.max_receipt_ops is not None:
+            return misses
+        tool_id = tool.tool_id
+        try:
+            found = system.store.read_reusable(
+                system.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
+            )
+        except Exception:
+            return misses
+        texts: dict[str, str] = {}
+        left: list[tuple[int, Any, str, str]] = []
+        for miss in misses:
+            index, _, key, input_hash = miss
+            stored = found.get(key)
+            if stored is None or stored[0] != input_hash or stored[1] is None:
+                left.append(miss)  # a collision or a corrupted receipt: the lifecycle reports it
+                continue
+            try:
+                value = decode_output(stored[1])
+            except Exception:
+                left.append(miss)
+                continue
+            texts[key] = stored[1]
+            futures[index] = resolved_future(ToolResult.of(value, "cached", key, tool_id))
+        if texts and system._memos[tool_id].max_bytes:
+            with contextlib.suppress(pykka.ActorDeadError):
+                system._queues[tool_id].tell(RememberOutputs(entries=tuple(texts.items())))
+        return left
+
+
+def check_seconds(name: str, value: Any, *, positive: bool) -> None:
+    """A duration option: None, or a finite number of seconds (> 0, or >= 0).
+
+    Raises:
+        InvalidInputError: anything else (a string, a bool, NaN, a negative number).
+    """
+    try:  # a number (not NaN, an int within a float's range), and here finite too
+        check_number(name, value, positive=positive, optional=True)
+        ok = value is None or math.isfinite(value)
+    except ValueError:
+        ok = False
+    if not ok:
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
+
+
+def snapshot(value: Any) -> Any:
+    """A private copy of a caller's input, taken at ``execute``: later changes by the
+    caller are not seen by the tool (docs/how-it-works.md, Execution)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except (TypeError, orjson.JSONDecodeError):
+        return copy.deepcopy(value)
+
+
+def _as_input_error(exc: BaseException) -> Exception:
+    """What a caller hears when its input could not be keyed or copied: the error itself
+    when it already says so (InvalidInputError), else an InvalidInputError naming it
+    (its message may itself raise: the type alone then)."""
+    if isinstance(exc, InvalidInputError):
+        return exc
+    error = InvalidInputError(f"input cannot be used: {type(exc).__name__}: {error_text(exc)}")
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,1 @@
+"""The governor: admission decisions (budgets, concurrency, pacing, backpressure) and its actor."""

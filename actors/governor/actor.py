@@ -1,0 +1,158 @@
+"""The governor actor: runs :class:`~actors.governor.decisions.Governor` and performs its decisions.
+
+It resolves grant and refusal replies, keeps the send gates' rates, pauses and closures
+in step with the governor's buckets, and arms one wake-up timer. With a shared pacer it
+runs a :class:`~actors.governor.shared.SharedGovernor` instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+from actors.errors import BudgetExceededError, CallCancelledError
+from actors.governor.decisions import Decisions, Governor
+from actors.governor.shared import SharedGovernor
+from actors.messages import (
+    AcquireSlots,
+    BackpressureReported,
+    ChargeBudget,
+    GovernorWake,
+    RefundBudget,
+    ReleaseSlots,
+)
+from actors.pacing.bucket import pacing_report
+from actors.pacing.send_gate import SendGates
+from actors.runtime.actor import Timers, guarded
+from actors.runtime.futures import fail
+from actors.runtime.inbox import answer_left, left_in
+from actors.tool import Pacing, Policy
+
+__all__ = ["GovernorActor"]
+
+
+class GovernorActor(pykka.ThreadingActor):
+    """Runs the :class:`Governor`; all its methods run on this actor's thread.
+
+    ``gates`` are the send gates the tool pool waits at before each request; the
+    actor keeps their rate and pauses in step with the buckets (its clock must be
+    ``time.monotonic``, the gates' clock, when gates are shared). With ``pacer`` (an
+    :class:`~actors.pacing.pacers.Pacer`, closed by its owner), rates, pauses and circuits
+    are those of the pacer (:class:`~actors.governor.shared.SharedGovernor`).
+    """
+
+    use_daemon_thread = True  # as InboxActor's: stopped at exit by actors.runtime.at_exit
+
+    def __init__(
+        self,
+        policy: Policy,
+        pacings: dict[str, Pacing],
+        timers: Timers,
+        gates: SendGates | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        pacer: Any = None,
+    ) -> None:
+        super().__init__()
+        self.governor = Governor(policy, pacings) if pacer is None else SharedGovernor(policy, pacings, pacer)
+        self.pacer = pacer
+        self.timers = timers
+        self.gates = gates if gates is not None else SendGates()
+        self.clock = clock
+        self._armed: float | None = None
+
+    @guarded
+    def on_receive(self, message: Any) -> Any:
+        now = self.clock()
+        if isinstance(message, AcquireSlots):
+            gov = self.governor
+            self._perform(
+                gov.acquire(
+                    message.org_id,
+                    message.provider,
+                    message.want,
+                    message.reply,
+                    now,
+                    message.exempt,
+                    message.immediate,
+                )
+            )
+        elif isinstance(message, ReleaseSlots):
+            gov = self.governor
+            self._perform(
+                gov.release(
+                    message.org_id, message.provider, message.count, message.successes, now,
+                    unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
+                    refunds=message.refunds, sent_at=message.sent_at,
+                )
+            )  # fmt: skip
+        elif isinstance(message, BackpressureReported):
+            gov = self.governor
+            self._perform(
+                gov.backpressure(
+                    message.org_id, message.provider, message.retry_after, now, time.time(), message.sent_at
+                )
+            )
+        elif isinstance(message, GovernorWake):
+            self._armed = None
+            self._perform(self.governor.wake(now))
+        elif isinstance(message, ChargeBudget):
+            try:
+                self.governor.charge(message.kind, message.amount)
+                message.reply.set(True)
+            except BudgetExceededError as exc:
+                fail(message.reply, exc)
+        elif isinstance(message, RefundBudget):
+            self.governor.refund(message.kind, message.amount)
+        return None
+
+    def _perform(self, decisions: Decisions) -> None:
+        for (org_id, provider), burst in decisions.bursts.items():
+            self.gates.get(org_id, provider).set_burst(burst)
+        for (org_id, provider), (rate, until) in decisions.gates.items():
+            gate = self.gates.get(org_id, provider)
+            if until is None:
+                gate.set_rate(rate)
+            else:
+                gate.pause_until(until, rate)
+        for (org_id, provider), until in decisions.closed.items():
+            self.gates.get(org_id, provider).close(until)
+        for reply, n in decisions.grants:
+            reply.set(n)
+        for reply, exc in decisions.refusals:
+            fail(reply, exc)
+        if decisions.wake_at is not None and (self._armed is None or decisions.wake_at < self._armed):
+            self._armed = decisions.wake_at
+            ref = self.actor_ref
+            self.timers.call_later(decisions.wake_at - self.clock(), lambda: ref.tell(GovernorWake()))
+
+    def on_stop(self) -> None:
+        """Requests left unread are refused (their requesters wait on each), never dropped."""
+        answer_left(left_in(self.actor_inbox), CallCancelledError("the dispatcher is stopping"))
+
+    def stop_waiters(self) -> None:
+        """Refuse all waiters (called through the proxy at system stop)."""
+        self._perform(self.governor.stop())
+
+    def pacing_report(self) -> dict[str, dict[str, Any]]:
+        """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
+        429s, circuit state, time waited (see :func:`actors.pacing.bucket.pacing_report`)."""
+        gov = self.governor
+        gov.refresh_report(self.clock())
+        return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""
+        gov = self.governor
+        return {
+            "in_flight": gov.in_flight,
+            "spent": dict(gov.spent),
+            "backpressure": sum(b.backpressure_events for b in gov.buckets.values()),
+            "buckets": {
+                f"{org}/{provider}": {"rate": b.rate, "in_flight": b.in_flight, "gate_until": b.gate_until}
+                for (org, provider), b in gov.buckets.items()
+            },
+            **({"pacer": self.pacer.snapshot()} if self.pacer is not None else {}),
+        }

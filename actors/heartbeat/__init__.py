@@ -1,0 +1,1 @@
+"""The heartbeat: renews the leases of running receipts."""

@@ -1,0 +1,311 @@
+"""The ``tooldispatch receipts`` and ``tooldispatch salvage`` command groups (click).
+
+``receipts`` inspects and maintains the receipt store (stats, ls, show, resolve, purge);
+``salvage`` lists and replays outputs that were paid for but could not be stored. Both
+work on a SQLite file or a ``postgresql://`` URL (``--db``, env ``TOOLDISPATCH_DB``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import click
+import orjson
+from rich.table import Table
+
+from actors.job.cli_common import (
+    ConfigError,
+    cell,
+    db_option,
+    is_url,
+    open_db,
+    plain_console,
+    salvage_default,
+)
+
+__all__ = ["receipts", "salvage"]
+
+
+# -- receipts -----------------------------------------------------------------------
+
+
+def _statuses(ctx: Any, param: Any, values: Any) -> Any:
+    """Check ``--status`` values against the receipt statuses (one line, exit 2)."""
+    from stores import ReceiptStatus
+
+    known = [s.value for s in ReceiptStatus]
+    for value in values if isinstance(values, tuple) else [values] if values else []:
+        if value not in known:
+            raise ConfigError(f"--status {value!r} is not a receipt status (one of {', '.join(known)})")
+    return values
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _query(db: str, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    """Rows of a read-only query (``?`` placeholders) on the receipts table of ``db``."""
+    store = open_db(db)
+    try:
+        if is_url(db):
+            return store.query(sql.replace("?", "%s"), params)  # type: ignore[no-any-return]
+    finally:
+        store.close()
+    import sqlite_utils
+
+    return list(sqlite_utils.Database(db).query(sql, params))
+
+
+@click.group(short_help="Inspect and maintain the receipt store.")
+def receipts() -> None:
+    """Inspect and maintain the receipt store."""
+
+
+@receipts.command("stats", short_help="Receipts per tool and status.")
+@db_option
+def receipts_stats(db: str) -> None:
+    """Receipts per tool and status."""
+    rows = _query(
+        db, "select tool_id, status, count(*) as n from receipts group by tool_id, status order by 1, 2", []
+    )
+    table = Table("tool", "status", "receipts")
+    for row in rows:
+        table.add_row(cell(row["tool_id"]), cell(row["status"]), cell(row["n"]))
+    plain_console().print(table)
+
+
+@receipts.command("ls", short_help="The most recently updated receipts.")
+@db_option
+@click.option("--status", default=None, callback=_statuses, help="Only this status.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+def receipts_ls(db: str, status: str | None, limit: int) -> None:
+    """The most recently updated receipts."""
+    where, params = ("where status = ?", [status]) if status else ("", [])
+    rows = _query(
+        db,
+        f"select key, org_id, tool_id, status, attempts, updated_at from receipts {where} "
+        "order by updated_at desc limit ?",
+        [*params, limit],
+    )
+    table = Table("key", "org", "tool", "status", "attempts")
+    for row in rows:
+        shown = (cell(row[name]) for name in ("org_id", "tool_id", "status", "attempts"))
+        table.add_row(cell(row["key"])[:16], *shown)
+    plain_console().print(table)
+
+
+@receipts.command("show", short_help="One receipt as JSON.")
+@click.argument("key")
+@db_option
+def receipts_show(key: str, db: str) -> None:
+    """One receipt (KEY may be a unique prefix), as JSON."""
+    rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
+    if len(rows) != 1:
+        raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
+    from stores.codec import UnreadableOutput, decode_stored
+
+    row = dict(rows[0])
+    output = decode_stored(row["output"]) if row["output"] else None
+    if type(output) is UnreadableOutput:  # shown as stored, with why it cannot be read
+        row["output_unreadable"] = output.problem
+        output = output.text
+    row["output"] = output
+    try:
+        click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2, default=_shown).decode())
+    except TypeError:  # an exact-form output orjson cannot write (NaN, a lone surrogate...)
+        import json
+
+        click.echo(json.dumps(row, indent=2, default=_shown))
+
+
+def _shown(value: object) -> str:
+    """A column value JSON has no form for (a BLOB written by hand): as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return repr(value)
+
+
+@receipts.command("resolve", short_help="Decide an uncertain receipt: --rerun or --fail.")
+@click.argument("key")
+@db_option
+@click.option("--rerun", is_flag=True, help="Claimable again (same idempotency key).")
+@click.option("--fail", "fail_", is_flag=True, help="Record it failed (later calls are refused).")
+@click.option("--note", default="", help="Text kept with the decision.")
+def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> None:
+    """Decide a receipt whose outcome is uncertain (KEY may be a unique prefix).
+
+    A call to a tool that is not retry-safe whose request may have reached the provider
+    (it timed out or lost its connection after sending, or its process died while it
+    ran) is recorded uncertain and never re-run silently. Check with the provider (the
+    call sent the receipt's idempotency key), then --rerun (the next run calls it again,
+    with the same Idempotency-Key, so a provider that honours it answers from its records)
+    or --fail (later calls are refused with the recorded error).
+    """
+    from stores.types import ReceiptStatus, ResolveAction
+
+    if rerun == fail_:
+        raise ConfigError("say what to do: --rerun or --fail (one of them)")
+    action = "rerun" if rerun else "fail"
+    rows = _query(db, "select org_id, key, status from receipts where key like ? limit 2", [f"{key}%"])
+    if len(rows) != 1:
+        raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
+    row = rows[0]
+    store = open_db(db)
+    try:
+        (receipt,) = store.get_many(row["org_id"], [row["key"]])  # a status it cannot read: uncertain
+        if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+            status = receipt.status.value if receipt is not None else "gone"
+            raise ConfigError(f"receipt {row['key'][:16]} is {status}, not uncertain: nothing to resolve")
+        store.resolve(
+            row["org_id"], row["key"], ResolveAction(action), note=note or "resolved by an operator"
+        )
+    finally:
+        store.close()
+    click.echo(f"receipt {row['key'][:16]}: {'claimable again' if action == 'rerun' else 'failed'}")
+
+
+@receipts.command("purge", short_help="Delete receipts (asks first).")
+@db_option
+@click.option("--older-than-days", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    callback=_statuses,
+    help="Statuses to purge (default completed, failed, pending, skipped).",
+)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def receipts_purge(db: str, older_than_days: float, statuses: tuple[str, ...], yes: bool) -> None:
+    """Delete receipts (and their outputs); never those under a live lease.
+
+    Completed receipts are what makes a rerun free: purging them means paying again.
+    """
+    from stores import ReceiptStatus
+
+    store = open_db(db)
+    chosen = [ReceiptStatus(s) for s in statuses] or None
+    wanted = [s.value for s in chosen] if chosen else ["completed", "failed", "pending", "skipped"]
+    older_than_s = older_than_days * 86400.0
+    count = _purgeable(db, wanted, older_than_s)
+    what = ", ".join(wanted[:-1]) + f" or {wanted[-1]}" if len(wanted) > 1 else wanted[0]
+    age = (
+        f" older than {older_than_days:g} {'day' if older_than_days == 1 else 'days'}"
+        if older_than_days
+        else ""
+    )
+    if count == 0:
+        store.close()
+        click.echo(f"no {what} receipts{age} in {db} (outside a live lease): nothing to purge")
+        return
+    question = (
+        f"delete {_plural(count, 'receipt')} ({what}{age}) from {db}? (calls they cached will be paid again)"
+    )
+    try:
+        agreed = yes or click.confirm(question)
+    except click.Abort:  # no answer (stdin closed): the same as no
+        agreed = False
+    if not agreed:
+        store.close()
+        click.echo("nothing deleted")
+        return
+    removed = store.purge(older_than_s=older_than_s, statuses=chosen)
+    store.close()
+    click.echo(f"purged {_plural(removed, 'receipt')}")
+
+
+def _purgeable(db: str, statuses: list[str], older_than_s: float) -> int:
+    """How many receipts ``purge`` would delete now (same rule: old enough, one of
+    ``statuses``, not under a live lease)."""
+
+    marks = ", ".join("?" for _ in statuses)
+    if is_url(db):  # the database's clock, as the store's purge judges (this host's may be off)
+        now = "(select extract(epoch from now())::float8)"
+        sql = (
+            f"select count(*) as n from receipts where updated_at <= {now} - ? and status in ({marks}) "
+            f"and not coalesce(lease_expires_at > {now}, false)"
+        )
+        return int(_query(db, sql, [older_than_s, *statuses])[0]["n"])
+    now_s = time.time()  # SQLite: one host, and the store's clock is this one
+    rows = _query(
+        db,
+        f"select count(*) as n from receipts where updated_at <= ? and status in ({marks}) "
+        "and not coalesce(lease_expires_at > ?, false)",
+        [now_s - older_than_s, *statuses, now_s],
+    )
+    return int(rows[0]["n"])
+
+
+# -- salvage ------------------------------------------------------------------------
+
+
+@click.group(short_help="Outputs paid for but not yet stored.")
+def salvage() -> None:
+    """Outputs that were paid for but could not be stored."""
+
+
+def _salvage_option(fn: Any) -> Any:
+    return click.option(
+        "--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl)."
+    )(fn)
+
+
+@salvage.command("ls", short_help="List salvaged outputs.")
+@db_option
+@_salvage_option
+def salvage_ls(db: str, salvage_path: str | None) -> None:
+    """List salvaged outputs."""
+    from actors.flusher.salvage import SalvageLog
+
+    path = salvage_path or salvage_default(db)
+    if not os.path.exists(path):
+        if salvage_path is not None:
+            raise ConfigError(f"no salvage file at {salvage_path}")
+        if not is_url(db) and not os.path.exists(db):
+            raise ConfigError(f"no receipt store at {db} (and no salvage file at {path})")
+    log = SalvageLog(path)
+    try:
+        entries = log.entries()
+        unreadable = log.unreadable()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the salvage file {path}: {exc.strerror or exc}") from None
+    table = Table("key", "org", "tool", "attempts", "error")
+    for e in entries:
+        shown = (e.org_id, e.tool_id, e.completion_attempts)
+        table.add_row(cell(e.receipt_key)[:16], *map(cell, shown), cell(e.error)[:60])
+    plain_console().print(table)
+    click.echo(
+        f"{len(entries)} salvaged" + (f"; {unreadable} unreadable lines left in {path}" if unreadable else "")
+    )
+
+
+@salvage.command("replay", short_help="Write salvaged outputs into the store.")
+@db_option
+@_salvage_option
+def salvage_replay(db: str, salvage_path: str | None) -> None:
+    """Write salvaged outputs into the receipt store; keep what cannot be replayed yet."""
+    from actors.flusher.salvage import NotASalvageFileError, SalvageLog
+
+    store = open_db(db)
+    path = salvage_path or salvage_default(db)
+    if not os.path.exists(path):  # a healthy store: nothing to replay, nothing to create
+        store.close()
+        if salvage_path is not None:
+            raise ConfigError(f"no salvage file at {salvage_path}")
+        click.echo(f"no salvage file at {path}: nothing to replay")
+        return
+    try:
+        report = SalvageLog(path).replay(store)
+    except NotASalvageFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot replay the salvage file {path}: {exc.strerror or exc}") from None
+    finally:
+        store.close()
+    click.echo(
+        f"completed {report.completed}, already completed {report.already_completed}, kept {report.kept}"
+        + (f", {report.superseded} superseded by a later output of its call" if report.superseded else "")
+        + (f", {report.unreadable} unreadable lines left in the file" if report.unreadable else "")
+    )

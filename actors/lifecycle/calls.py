@@ -1,0 +1,242 @@
+"""Calls, groups and units: the data the call lifecycle moves through its states.
+
+A :class:`Call` is one ``execute``. Calls sharing a receipt key form a :class:`Group`
+(one execution, one receipt). A :class:`Unit` is one provider call: a single group,
+or the members of one compiled batch. What a group or unit holds (a lease, a slot, a
+heartbeat registration) is recorded on it, so the lifecycle can release it in one
+place whichever way it leaves (the house style: the life of a call).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from actors.tool import Tool
+from stores.types import ClaimMode, LeaseRef, Receipt
+
+__all__ = ["Call", "Group", "GroupState", "Role", "Unit", "strongest_mode"]
+
+_MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_REFRESH: 2}
+
+
+def strongest_mode(modes: Iterable[ClaimMode]) -> ClaimMode:
+    """force_refresh beats retry_failed beats normal."""
+    return max(modes, key=_MODE_RANK.__getitem__)
+
+
+def mode_covers(running: ClaimMode, wanted: ClaimMode) -> bool:
+    """Whether a call in mode ``wanted`` may share an execution claimed in ``running``:
+    a forced refresh or a retry of a failure never takes a normal call's answer."""
+    return _MODE_RANK[running] >= _MODE_RANK[wanted]
+
+
+class Role(str, enum.Enum):
+    """How a call relates to its group's execution (decides its ``execution`` kind)."""
+
+    OWNER = "owner"
+    """The call the group was made for: ``live`` when the tool ran."""
+    FOLLOWER = "follower"
+    """Same key, same drain: ``in_flight``."""
+    ATTACHED = "attached"
+    """Same key, joined while the group was already past its queue: ``in_flight``."""
+
+
+@attrs.define(eq=False)
+class Call:
+    """One ``execute`` from the host, with its reply future."""
+
+    tool: Tool
+    input: Any
+    """A snapshot of the caller's input, taken at ``execute`` (later changes unseen)."""
+    key: str
+    input_hash: str
+    credential_digest: str
+    mode: ClaimMode
+    stale_after_s: float | None
+    timeout_s: float
+    future: Any
+    submitted_at: float
+    requeued: bool = False
+    nested: bool = False
+    """Made from inside a running tool (borrows its parent's slot)."""
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls it was made inside (a call of one is a cycle)."""
+    role: Role = Role.OWNER
+    timed_from: float | None = None
+    """``time.monotonic()`` when its timeout began (its call's first send, or its joining
+    one already sent); a call queued again (credentials changed) keeps only what is left."""
+
+
+class GroupState(str, enum.Enum):
+    """Where a group is in its life (one receipt key, one execution)."""
+
+    QUEUED = "queued"
+    """In its tool's batch grace window."""
+    CLAIMING = "claiming"
+    """A bulk claim of its receipt is out."""
+    WAITING = "waiting"
+    """Another owner holds the receipt: polled on a timer."""
+    CLAIMED = "claimed"
+    """We hold the lease; waiting for a slot (heartbeats renew the lease)."""
+    ADMITTED = "admitted"
+    """Its unit holds a slot; marking the receipt running."""
+    RUNNING = "running"
+    """Its unit's provider call is out (or being retried)."""
+    PERSISTING = "persisting"
+    """The output (or failure) is being written."""
+    RELEASING = "releasing"
+    """Its receipt is being given back (pending); then its callers hear why."""
+    SETTLED = "settled"
+    """Every caller was answered and nothing is held."""
+
+
+@attrs.define(eq=False)
+class Group:
+    """Calls sharing one receipt key, and what their execution holds."""
+
+    key: str
+    tool: Tool
+    input: Any
+    """The owner's input snapshot: what the tool runs on."""
+    input_hash: str
+    credential_digest: str
+    stale_after_s: float | None
+    calls: list[Call] = attrs.field(factory=list)
+    """Every caller still waiting (owner, followers, attached)."""
+    state: GroupState = GroupState.QUEUED
+    receipt: Receipt | None = None
+    """The claimed receipt (durable tools)."""
+    mode: ClaimMode = ClaimMode.NORMAL
+    nested: bool = False
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls its nested callers were made inside."""
+    unit: Unit | None = None
+    beating: bool = False
+    """Its lease is registered with the heartbeat."""
+    polls: int = 0
+    poll_delay_s: float = 0.0
+    timer_armed: bool = False
+    """A poll timer (PollDue) is pending for its key."""
+    watched: bool = False
+    """Its key is registered for change notifications while it waits on another owner."""
+    rereading: bool = False
+    """A read woken by a change notification is out."""
+    reread_again: bool = False
+    """Another notification came while that read was out: read once more after it."""
+    force_after_wait: bool = False
+    """A force refresh that met a live lease: claim with force once it is free."""
+    lease_lost: bool = False
+    answered: bool = False
+    """Its callers were answered early (timed out, lease lost): a late result is still
+    persisted for the next caller."""
+    waiting_counted: int = 0
+    """Callers counted in the ``waiting_on_owner`` gauge while it waits on another owner."""
+    ran: bool = False
+    """The tool ran for it (its owner's result is ``live``)."""
+    slotted: bool = False
+    """Holds a slot taken before its claim (claimed straight into running)."""
+    reconciling_since: float | None = None
+    """When its reconcile hook was started, while the hook is out (its callers' timeouts)."""
+    written: Any = None
+    """What its write in progress will answer (a ``Done`` or the error being recorded): a
+    caller whose timeout passes meanwhile gets it then."""
+    waiting_since: float | None = None
+    """When it began to wait on another owner's receipt, while it waits (its callers' timeouts)."""
+
+    @classmethod
+    def of(cls, call: Call) -> Group:
+        """A new group owned by ``call``."""
+        call.role = Role.OWNER
+        return cls(
+            key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
+            credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
+            calls=[call], mode=call.mode, nested=call.nested, ancestors=call.ancestors,
+        )  # fmt: skip
+
+    def join(self, call: Call, role: Role) -> None:
+        """Add a caller (mode and nesting are the strongest of the callers)."""
+        call.role = role
+        self.calls.append(call)
+        if call.mode is not self.mode:
+            self.mode = strongest_mode((self.mode, call.mode))
+        self.nested = self.nested or call.nested
+        if call.ancestors:
+            self.ancestors |= call.ancestors
+
+    def take_late(self, since: float, now: float) -> list[Call]:
+        """Take out the callers whose own ``timeout_s`` has passed, counted from ``since``
+        (a send, or the start of a wait) or from when the caller came, if later."""
+        late = [c for c in self.calls if max(since, c.submitted_at) + c.timeout_s <= now + 1e-3]
+        if late:
+            self.calls = [c for c in self.calls if c not in late]
+        return late
+
+    @property
+    def timeout_s(self) -> float:
+        """The largest timeout of its callers (inf when none is left): the call runs as
+        long as its most patient caller waits; each caller times out at its own."""
+        return max((c.timeout_s for c in self.calls), default=math.inf)
+
+    @property
+    def lease(self) -> LeaseRef | None:
+        receipt = self.receipt
+        if receipt is None or receipt.lease_id is None:
+            return None
+        return LeaseRef(receipt.key, receipt.lease_id)
+
+
+@attrs.define(eq=False)
+class Unit:
+    """One provider call: a single group, or the members of one compiled batch."""
+
+    id: int
+    groups: list[Group]
+    attempt: int = 0
+    """Attempts sent so far."""
+    readmissions: int = 0
+    """Times put back for admission (429, not sent)."""
+    slot: bool = False
+    """Holds a governor slot."""
+    queued: bool = False
+    """Waits in the lifecycle's admission queue."""
+    sent_on_slot: bool = False
+    """A request went out under the slot it holds now (else the slot's charge is refunded)."""
+    exempt: bool = False
+    """Its slot is a nested call's (not counted against the ceiling)."""
+    deadline: float | None = None
+    """``time.monotonic()`` after which its last callers time out (set at the first send)."""
+    sent_first_at: float | None = None
+    """``time.monotonic()`` of its first send: each caller times out ``timeout_s`` after it."""
+    out: bool = False
+    """A provider call is running on the pool."""
+    ticket: Any = None
+    """Its last attempt's ``actors.worker.launch.SendTicket`` (withdrawn while not yet sent)."""
+    counted: tuple[str, ...] = ()
+    """The stats its last send counted (``requests``, ...), taken back if nothing went."""
+    timed_out: bool = False
+    relayed: tuple[BaseException, ...] = ()
+    """Its last attempt's errors (the call's, or members') that the tool's function passed
+    on from nested calls: its own request went out, and they say nothing of its provider."""
+
+    def relayed_error(self, exc: BaseException | None) -> bool:
+        """Whether ``exc`` is one of :attr:`relayed` (the very object)."""
+        return exc is not None and any(e is exc for e in self.relayed)
+
+    last_error: BaseException | None = None
+    """The previous attempt's error (its outcome if no further attempt goes)."""
+    persisting: int = 0
+    """Groups whose write is still out; the slot is free when it reaches 0."""
+    retry_charged: bool = False
+    """The retry budget was charged for its next attempt, and that attempt has not yet
+    shown a request went out (else the charge comes back: ``Effects.refund_retry``)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """The largest per-call timeout of its groups' callers (groups whose callers all
+        left do not count): the provider call's own deadline."""
+        return max((g.timeout_s for g in self.groups if g.calls), default=math.inf)

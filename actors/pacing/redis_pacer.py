@@ -1,0 +1,313 @@
+"""The pacer shared through Redis (made by :func:`actors.pacing.pacers.open_pacer`).
+
+redis-py is imported here, inside :class:`RedisPacer`'s constructor, so a process that
+never opens a Redis pacer does not need it, and one that does imports it after gevent
+patched the socket module (redis-py's sockets then yield to the hub).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from actors.pacing.pacers import LocalPacer, Pacer, PacerSettings, ProviderLimits
+from actors.pacing.redis_script import SCRIPT
+
+__all__ = ["DEFAULT_PREFIX", "RedisPacer"]
+
+log = logging.getLogger("tooldispatch")
+
+DEFAULT_PREFIX = "tooldispatch:pacer"
+
+
+def _redact(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+_ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "{": "%7B", "}": "%7D"})
+
+
+def _escape(name: str) -> str:
+    return name.translate(_ESCAPES)
+
+
+_RATE_ARGS = {"grow": (6, 8), "set": (6,), "learn": (9, 11)}
+"""Per verb, the positions of its arguments that are rates (requests per second)."""
+
+
+def _scaled(argv: list[str], share: float) -> list[str]:
+    """``argv`` with its rates (a growth step, a cap, a rate set or published) scaled to
+    this worker's ``share``: pacing alone, a worker never grows, or is set, past its share
+    of what the workers would have together (values <= 0 mean "none" and stay)."""
+    out = list(argv)
+    for i in _RATE_ARGS.get(argv[0], ()):
+        if i < len(out) and float(out[i]) > 0:
+            out[i] = repr(float(out[i]) * share)
+    return out
+
+
+class RedisPacer(Pacer):
+    """Pacing state shared by every worker pointed at one Redis (7 or later).
+
+    Each verb is one EVALSHA of :data:`actors.pacing.redis_script.SCRIPT` (loaded with SCRIPT
+    LOAD on first use and again when Redis answers NOSCRIPT: a restart or failover
+    flushed its script cache), atomic on the server and timed by its ``TIME``. Keys are
+    ``{prefix}:{<org>/<provider>}:state`` (a hash), ``...:workers`` (a sorted set) and
+    ``...:learner`` (the learner lease, a string), each written with a TTL
+    (``state_ttl_s`` past the last write, longer while a pause or an open circuit lasts;
+    ``2 * presence_s`` for the workers; ``learner_lease_s`` for the lease).
+
+    **Redis away.** Connecting and reading time out after ``connect_timeout_s`` /
+    ``timeout_s`` and are never retried inside a call, so no call waits longer than
+    that. A Redis that answers but cannot serve the call (READONLY: the address now names a
+    replica after a failover; CLUSTERDOWN; OOM at maxmemory; BUSY; LOADING: any
+    redis-py error) counts as away too. A call that fails that
+    way is answered by a :class:`LocalPacer` instead, and the pacer says so: one warning
+    in the ``tooldispatch`` log, ``degraded=True`` on every reply and in :meth:`snapshot`.
+    The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
+    ``share = 1 / max(expected_workers, workers seen taking from that bucket)``, with
+    the burst scaled the same way (at least one token); a bucket with no rate yet
+    (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. Every
+    ``retry_s`` one call tries Redis again; when it answers the pacer rejoins (an info
+    line; pauses taken meanwhile are handed to Redis) and the local state is dropped.
+
+    Args:
+        url: a redis-py URL (``redis://host:port/db``), or a ready ``redis.Redis`` client
+            (then its own timeouts apply).
+        limits / settings: as :class:`~actors.pacing.pacers.Pacer`.
+        prefix: key prefix (tests use a unique one and delete it).
+        expected_workers: workers assumed to share a bucket when Redis is away.
+        connect_timeout_s / timeout_s: socket connect and read timeouts, seconds.
+        retry_s: while degraded, how often a call tries Redis again.
+        worker_id: this worker's name in the workers set (default host:pid:random).
+        clock: monotonic seconds for the retry schedule and the local fallback.
+    """
+
+    backend = "redis"
+
+    def __init__(
+        self,
+        url: Any,
+        limits: Mapping[str, ProviderLimits] | None = None,
+        settings: PacerSettings | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        expected_workers: int = 4,
+        connect_timeout_s: float = 0.25,
+        timeout_s: float = 0.5,
+        retry_s: float = 1.0,
+        worker_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(limits, settings)
+        import redis  # lazily: after gevent patching
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        if isinstance(url, str):
+            self.url = _redact(url)
+            self._client = redis.Redis.from_url(
+                url,
+                socket_connect_timeout=connect_timeout_s,
+                socket_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=True,
+            )
+        else:
+            self.url, self._client = repr(url), url
+        errors = redis.exceptions
+        # away, or unable to serve this call: a replica after a failover (READONLY), a
+        # cluster without a master, maxmemory (OOM), a busy script, a loading dataset...:
+        # any error from Redis (NOSCRIPT is handled in _run). A caller waiting on a pacer
+        # call that raised would never be granted (its actor only logs the error).
+        self._down_errors: tuple[type[BaseException], ...] = (errors.RedisError, OSError)
+        self._noscript = redis.exceptions.NoScriptError
+        self.prefix = prefix
+        self.expected_workers = max(1, expected_workers)
+        self.retry_s = retry_s
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.clock = clock
+        self._sha: str | None = None
+        self._lock = threading.Lock()
+        self._presence_at: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, str], tuple[float | None, int, int]] = {}
+        self._fallback = LocalPacer({}, self.settings, clock)
+        self._seeded: set[tuple[str, str]] = set()
+        self._holds: dict[tuple[str, str], tuple[float, float]] = {}
+        """(org, provider) -> (paused until, circuit open until), this clock, as Redis last
+        said: the local fallback keeps them."""
+        self._degraded_since: float | None = None
+        self._retry_at = 0.0
+        self.outages = 0
+        self.script_loads = 0
+        self.last_error = ""
+
+    def keys(self, org_id: str, provider: str) -> list[str]:
+        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease].
+
+        ``%``, ``/``, ``{`` and ``}`` in the names are percent-escaped (``a/b`` + ``c`` and
+        ``a`` + ``b/c`` are two buckets; a brace cannot move the cluster hash tag); other
+        names keep the keys of earlier releases."""
+        base = f"{self.prefix}:{{{_escape(org_id)}/{_escape(provider)}}}"
+        return [f"{base}:state", f"{base}:workers", f"{base}:learner"]
+
+    def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
+        keys = self.keys(org_id, provider)
+        if argv[0] == "take":  # name this worker in the workers set every presence_s / 4
+            now, key = self.clock(), (org_id, provider)
+            due = now >= self._presence_at.get(key, -math.inf) + self.settings.presence_s / 4
+            if due:
+                self._presence_at[key] = now
+            argv = [*argv[:8], self.worker_id if due else "", *argv[9:]]
+        sha = self._sha or self._load()
+        try:
+            reply = self._client.evalsha(sha, len(keys), *keys, *argv)
+        except self._noscript:  # the script cache was flushed (restart, failover, SCRIPT FLUSH)
+            reply = self._client.evalsha(self._load(), len(keys), *keys, *argv)
+        return [str(x) for x in reply]
+
+    def _load(self) -> str:
+        sha: str = self._client.script_load(SCRIPT)
+        self._sha = sha
+        self.script_loads += 1
+        return sha
+
+    def _reply(self, org_id: str, provider: str, argv: list[str]) -> tuple[list[str], bool]:
+        key = (org_id, provider)
+        now = self.clock()
+        if self._degraded_since is None or now >= self._retry_at:
+            try:
+                if self._degraded_since is not None:
+                    self._hand_over()
+                reply = self._run(org_id, provider, argv)
+            except self._down_errors as exc:
+                self._degrade(exc, now)
+            else:
+                if self._degraded_since is not None:
+                    self._rejoin()
+                rate, workers = float(reply[1]), self._seen.get(key, (None, 0, 1))[2]
+                if argv[0] == "take":
+                    if reply[8] == "-1":
+                        reply[8] = str(workers)
+                    workers = int(reply[8])
+                self._seen[key] = (rate if rate > 0 else None, int(float(reply[3])), workers)
+                self._hold(key, argv[0], reply, now)
+                return reply, False
+        return self._local(org_id, provider, argv), True
+
+    def _hold(self, key: tuple[str, str], op: str, reply: list[str], now: float) -> None:
+        """Note a pause or an open circuit the reply tells of (or that one has ended)."""
+        paused, opened = self._holds.get(key, (0.0, 0.0))
+        if op == "take":
+            verdict, wait = reply[7], reply[6]
+            left = float(wait) if wait != "inf" else 0.0
+            if verdict == "paused":
+                paused = now + left
+            elif verdict == "refuse":
+                opened = now + left
+            elif verdict != "wait":  # granted: neither holds now
+                paused = opened = 0.0
+        elif op == "pause":
+            paused = now + float(reply[6])
+        elif op == "record":
+            opened = now + float(reply[6]) if float(reply[6]) > 0 else 0.0
+        if paused > now or opened > now:
+            self._holds[key] = (paused, opened)
+        else:
+            self._holds.pop(key, None)
+
+    def _share(self, key: tuple[str, str]) -> float:
+        return 1.0 / max(self.expected_workers, self._seen.get(key, (None, 0, 1))[2])
+
+    def _local(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
+        key = (org_id, provider)
+        with self._lock:
+            if key not in self._seeded:
+                self._seeded.add(key)
+                share = self._share(key)
+                lim = self.limits.get(provider) or ProviderLimits()
+                rate, version, _ = self._seen.get(key, (lim.rate_rps, 0, 1))
+                rate = (rate if rate is not None else self.settings.unpaced_start_rps) * share
+                burst = None if lim.burst is None else max(1.0, lim.burst * share)
+                max_rps = None if lim.max_rps is None else lim.max_rps * share
+                self._fallback.limits[provider] = ProviderLimits(rate_rps=rate, burst=burst, max_rps=max_rps)
+                paused, opened = self._holds.get(key, (0.0, 0.0))
+                now = self.clock()
+                self._fallback.seed(
+                    org_id, provider, rate, version, pause_s=paused - now, open_s=opened - now
+                )
+            share = self._share(key)
+        local = self._fallback._argv(provider, argv[0])
+        return self._fallback._run(org_id, provider, [*local[:6], *_scaled(argv, share)[6:]])
+
+    def _degrade(self, exc: BaseException, now: float) -> None:
+        with self._lock:
+            self._retry_at = now + self.retry_s
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if self._degraded_since is not None:
+                return
+            self._degraded_since = now
+            self.outages += 1
+        log.warning(
+            "pacer %s unreachable (%s): pacing locally at 1/%d of the last shared rates (or of what "
+            "each provider starts at) until it answers again; retrying every %.1f s",
+            self.url, self.last_error, self.expected_workers, self.retry_s,
+        )  # fmt: skip
+
+    def _hand_over(self) -> None:
+        """Pauses taken while degraded go to Redis first (raises if it is still away)."""
+        for (org_id, provider), left_s in self._fallback.pending_pauses():
+            self._run(org_id, provider, self._argv(provider, "pause", repr(left_s), "-1", "0", "0", "0", "0"))
+
+    def _rejoin(self) -> None:
+        with self._lock:
+            if self._degraded_since is None:
+                return
+            self._degraded_since = None
+            self._seeded.clear()
+            self._fallback.forget()
+        log.info("pacer %s answers again: workers share its pacing state again", self.url)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``backend``, ``url`` (password redacted), ``prefix``, ``degraded`` (True while
+        pacing locally), ``outages`` (times it went away), ``script_loads`` (1 + NOSCRIPT
+        reloads), ``last_error``, and per bucket the last shared ``rate`` and ``workers``."""
+        return {
+            "backend": self.backend,
+            "url": self.url,
+            "prefix": self.prefix,
+            "degraded": self._degraded_since is not None,
+            "outages": self.outages,
+            "script_loads": self.script_loads,
+            "last_error": self.last_error,
+            "buckets": {
+                f"{org}/{provider}": {"rate": rate, "version": version, "workers": workers}
+                for (org, provider), (rate, version, workers) in self._seen.items()
+            },
+        }
+
+    def wall_time(self, fallback: float) -> float:
+        """Redis's ``TIME`` (one round trip; ``fallback`` when it does not answer)."""
+        if self._degraded_since is not None:
+            return fallback
+        try:
+            seconds, micros = self._client.time()
+        except self._down_errors:
+            return fallback
+        return float(seconds) + float(micros) / 1e6
+
+    def close(self) -> None:
+        """Close the Redis connections."""
+        self._client.close()

@@ -1,0 +1,258 @@
+"""The Lua script behind :class:`actors.pacing.redis_pacer.RedisPacer`: one atomic step per call.
+
+One script, one SHA (loaded with SCRIPT LOAD, run with EVALSHA, loaded again on
+NOSCRIPT), with the operation named in ``ARGV[1]``. Each call is one round trip, runs
+atomically on the server, reads the time from the server (``TIME``, so a worker whose
+clock is off cannot skew anyone's pacing) and leaves every key it writes with a TTL.
+
+The same rules, in Python, are :class:`actors.pacing.pacers.BucketState`; the conformance
+suite runs both. Keys:
+
+* ``KEYS[1]``: a hash, the state of one (org, provider): GCRA's theoretical arrival time
+  ``tat``, the rate ``rate`` (requests per second, 0 = unpaced), the rate before the
+  last cut ``ref``, ``ver`` (bumped by every cut or set), ``ss`` (slow start), the
+  moving average of grants ``used``/``used_at``, the pause ``pause``, and the circuit:
+  consecutive unavailable outcomes ``c_fail``, open until ``c_open`` (0 = closed),
+  period ``c_period``, half-open probe lease ``c_probe``.
+  A rate change keeps the tokens owed, not the time: the part of ``tat`` still ahead is
+  rescaled by old rate / new rate, so a new rate applies from the moment it is set.
+* ``KEYS[2]``: a sorted set of worker ids scored by their last take (how many workers
+  share the bucket; their local share when Redis is away). A take updates it only when
+  it names its worker (the client does every ``presence_s / 4``); otherwise it answers
+  -1 workers (unchanged).
+* ``KEYS[3]``: a string, the worker holding the *learner lease* of a provider whose limit
+  is unknown (``SET NX PX``, renewed by each ``learn`` of its holder; it lapses when the
+  holder dies or goes quiet, and the next ``learn`` of any worker takes it).
+
+Learning an unknown limit together (:mod:`actors.pacing.shared_learner`): the hash also keeps
+``acc`` (responses accepted, every worker's, added by ``learn``), the last congestion
+event (``ev`` counted by each cutting ``pause``, at ``ev_at``, when ``acc`` was
+``ev_acc``), and what the learner published: the limit estimate ``lim``, its phase
+``ph`` and its ``cuts``. ``learn`` publishes a rate without bumping ``ver`` (only a
+congestion event does, so a 429 for a request granted before the learner's last
+publication is still a new event).
+
+Arguments: ``op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate),
+ttl_ms, use_window_s``, then the operation's own (see ``_OPS`` in the client).
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCRIPT"]
+
+SCRIPT = r"""
+local key, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
+local op = ARGV[1]
+local init_rate, init_ss = tonumber(ARGV[2]), tonumber(ARGV[3])
+local burst_arg, ttl_ms, use_window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+
+local names = {'tat', 'rate', 'ref', 'ver', 'ss', 'used', 'used_at', 'pause',
+               'c_fail', 'c_open', 'c_period', 'c_probe',
+               'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}
+local raw = redis.call('HMGET', key, unpack(names))
+local s = {}
+for i, name in ipairs(names) do s[name] = tonumber(raw[i]) end
+local absent = s.rate == nil
+if absent then
+  s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = 0,
+       used_at = now, pause = 0, c_fail = 0, c_open = 0, c_period = 0, c_probe = 0}
+end
+for _, name in ipairs({'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}) do
+  if s[name] == nil then s[name] = 0 end
+end
+
+local function fmt(x) return string.format('%.17g', x) end
+local function burst()
+  local b = burst_arg
+  if b < 0 then b = 1 + s.rate / 100 end
+  if b < 1 then b = 1 end
+  return b
+end
+local function used_rps()
+  local age = now - s.used_at
+  if age < 0 then age = 0 end
+  return s.used * math.exp(-age / use_window) / use_window
+end
+local fresh = absent
+local function save(only)
+  local flat = {}
+  local which = names
+  if only and not fresh then which = only end
+  for _, name in ipairs(which) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = fmt(s[name])
+  end
+  redis.call('HSET', key, unpack(flat))
+  local last = math.max(s.tat, s.pause, s.c_open, s.c_probe)
+  local extra = 0
+  if last > now then extra = math.ceil((last - now) * 1000) end
+  redis.call('PEXPIRE', key, ttl_ms + extra)
+end
+local function rescale(old)
+  if old > 0 and s.rate > 0 and s.tat > now then s.tat = now + (s.tat - now) * old / s.rate end
+end
+local function state(extra)
+  local out = {fmt(now), fmt(s.rate), fmt(s.ref), tostring(s.ver), tostring(s.ss)}
+  for _, v in ipairs(extra) do out[#out + 1] = v end
+  return out
+end
+
+if op == 'take' then
+  local n, partial = tonumber(ARGV[7]), ARGV[8] == '1'
+  local worker, presence_s = ARGV[9], tonumber(ARGV[10])
+  local probe_lease = tonumber(ARGV[11])
+  local workers = -1
+  if worker ~= '' then
+    redis.call('ZADD', wkey, now, worker)
+    redis.call('ZREMRANGEBYSCORE', wkey, '-inf', now - presence_s)
+    redis.call('PEXPIRE', wkey, math.ceil(presence_s * 2000))
+    workers = redis.call('ZCARD', wkey)
+  end
+  local verdict = 'go'
+  if s.c_open > 0 then
+    if now < s.c_open then
+      return state({'0', fmt(s.c_open - now), 'refuse', tostring(workers)})
+    end
+    if s.c_probe > now then
+      return state({'0', fmt(s.c_probe - now), 'wait', tostring(workers)})
+    end
+    verdict, n, partial = 'probe', 1, true
+  end
+  if now < s.pause then
+    return state({'0', fmt(s.pause - now), 'paused', tostring(workers)})
+  end
+  local k = n
+  local wait = 0
+  if s.rate > 0 then
+    local T, b = 1 / s.rate, burst()
+    local tat = math.max(s.tat, now)
+    -- tat and now are epoch seconds (about 1.8e9: a double's step there is 0.24 µs), so
+    -- the time still owed is taken first and given 1 µs of slack: an idle bucket grants
+    -- its whole burst (burst 1 included), never a token less
+    local avail = math.floor((b * T - (tat - now) + 1e-6) / T)
+    if partial then k = math.min(n, avail) elseif avail < n then k = 0 end
+    if k < 1 then
+      local need = n
+      if partial then need = 1 end
+      if need > b then
+        return state({'0', 'inf', 'wait', tostring(workers)})
+      end
+      return state({'0', fmt(math.max(tat + need * T - b * T - now, 0.000001)), 'wait', tostring(workers)})
+    end
+    s.tat = tat + k * T
+    wait = math.max(0, s.tat + T - b * T - now)
+  end
+  s.used = s.used * math.exp(-math.max(0, now - s.used_at) / use_window) + k
+  s.used_at = now
+  if verdict == 'probe' then
+    s.c_probe = now + probe_lease
+    save({'tat', 'used', 'used_at', 'c_probe'})
+  else
+    save({'tat', 'used', 'used_at'})
+  end
+  return state({tostring(k), fmt(wait), verdict, tostring(workers)})
+elseif op == 'pause' then
+  local pause_s, cut_ver = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local dec, ss_dec = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local min_rps, start_rps = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local cut = 0
+  local old = s.rate
+  if cut_ver >= 0 and cut_ver == s.ver then
+    cut = 1
+    s.ver = s.ver + 1
+    s.ev, s.ev_at, s.ev_acc = s.ev + 1, now, s.acc
+    if s.rate <= 0 then
+      s.rate, s.ss = math.max(start_rps, used_rps() * ss_dec), 1
+    else
+      local d = dec
+      if s.ss == 1 then d = ss_dec end
+      s.ss, s.ref = 0, s.rate
+      s.rate = math.max(min_rps, s.rate * d)
+    end
+  end
+  rescale(old)
+  s.pause = math.max(s.pause, now + pause_s)
+  if s.rate > 0 then s.tat = math.max(s.tat, s.pause + burst() / s.rate) end
+  save()
+  return state({tostring(cut), fmt(s.pause - now)})
+elseif op == 'grow' then
+  local add, mul = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local max_rps, in_use = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local grown = 0
+  if s.rate > 0 and used_rps() >= in_use * s.rate then
+    local rate = s.rate * mul + add
+    if max_rps > 0 then rate = math.min(rate, max_rps) end
+    if rate ~= s.rate then grown = 1 end
+    local old = s.rate
+    s.rate = rate
+    rescale(old)
+    save()
+  end
+  return state({tostring(grown)})
+elseif op == 'set' then
+  local old = s.rate
+  s.rate, s.ref, s.ss, s.ver = tonumber(ARGV[7]), tonumber(ARGV[7]), tonumber(ARGV[8]), s.ver + 1
+  rescale(old)
+  save()
+  return state({})
+elseif op == 'record' then
+  local answered, unavailable = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local threshold, open_s, open_max = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+  local opened = 0
+  if answered > 0 then
+    s.c_fail, s.c_open, s.c_period, s.c_probe = 0, 0, 0, 0
+  elseif unavailable <= 0 then
+    s.c_probe = 0
+  else
+    s.c_fail = s.c_fail + unavailable
+    if s.c_open > 0 and now >= s.c_open then
+      s.c_period = math.min(open_max, math.max(open_s, 2 * s.c_period))
+      opened = 1
+    elseif s.c_open == 0 and threshold > 0 and s.c_fail >= threshold then
+      s.c_period = open_s
+      opened = 1
+    end
+    if opened == 1 then s.c_open, s.c_probe = now + s.c_period, 0 end
+  end
+  save()
+  local left = 0
+  if s.c_open > now then left = s.c_open - now end
+  return state({tostring(opened), fmt(left)})
+elseif op == 'learn' then
+  local n, holder, lease_ms = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+  local rate, in_use = tonumber(ARGV[10]), tonumber(ARGV[15])
+  s.acc = s.acc + n
+  local leader = 0
+  if holder ~= '' then
+    local cur = redis.call('GET', lkey)
+    if not cur then
+      redis.call('SET', lkey, holder, 'PX', lease_ms)
+      leader = 1
+    elseif cur == holder then
+      redis.call('PEXPIRE', lkey, lease_ms)
+      leader = 1
+    end
+  end
+  if leader == 1 and rate >= 0 then
+    local old = s.rate
+    s.rate, s.ss = rate, tonumber(ARGV[11])
+    s.lim, s.ph, s.cuts = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+    if s.lim > 0 then s.ref = s.lim end
+    rescale(old)
+    save()
+  elseif n > 0 or fresh then
+    save({'acc'})
+  end
+  local busy = 0
+  if s.rate > 0 and used_rps() >= in_use * s.rate then busy = 1 end
+  return state({tostring(leader), fmt(s.acc), tostring(s.ev), fmt(now - s.ev_at), fmt(s.ev_acc),
+                fmt(s.pause - now), tostring(busy), fmt(s.lim), tostring(s.ph), tostring(s.cuts)})
+elseif op == 'state' then
+  local left = 0
+  if s.pause > now then left = s.pause - now end
+  return state({fmt(left), fmt(used_rps())})
+end
+return redis.error_reply('unknown pacer op ' .. tostring(op))
+"""

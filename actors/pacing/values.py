@@ -1,0 +1,199 @@
+"""Value classes of the pacers (see :mod:`actors.pacing.pacers`): limits, settings, replies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from actors.pacing.bucket import (
+    AIMD_DECREASE,
+    AIMD_MIN_RPS,
+    PACE_MARGIN,
+    SLOW_START_EXIT_DECREASE,
+    SLOW_START_RPS,
+)
+from actors.tool import Pacing, Policy
+
+__all__ = [
+    "CircuitRecorded",
+    "Grant",
+    "Grown",
+    "Learnt",
+    "PacerSettings",
+    "PacerState",
+    "Paused",
+    "ProviderLimits",
+]
+
+
+@attrs.frozen(kw_only=True)
+class ProviderLimits:
+    """How a provider's bucket starts; the state then lives in the pacer.
+
+    Attributes:
+        rate_rps: initial pacing rate, requests per second (None: unpaced until a 429).
+        burst: tokens the bucket holds (None: one call plus 10 ms worth of the rate).
+        max_rps: growth never passes this (None: no cap).
+        slow_start: whether the initial rate is in slow start (an unknown rate).
+    """
+
+    rate_rps: float | None = None
+    burst: float | None = None
+    max_rps: float | None = None
+    slow_start: bool = False
+
+    @classmethod
+    def from_pacing(cls, pacing: Pacing) -> ProviderLimits:
+        """As :class:`~actors.pacing.bucket.ProviderBucket` starts: a stated rate paced at
+        :data:`~actors.pacing.bucket.PACE_MARGIN` of itself and never above, else slow start
+        from ``start_rps``, else unpaced."""
+        if pacing.rps is not None:
+            rate = pacing.rps * PACE_MARGIN
+            return cls(rate_rps=rate, burst=pacing.burst, max_rps=rate)
+        if pacing.start_rps is not None:
+            return cls(rate_rps=pacing.start_rps, burst=pacing.burst, slow_start=True)
+        return cls(burst=pacing.burst)
+
+
+@attrs.frozen(kw_only=True)
+class PacerSettings:
+    """Rules shared by every bucket of a pacer (defaults: those of :mod:`actors.pacing.bucket`
+    and :class:`~actors.pacing.circuit.Circuit`)."""
+
+    decrease: float = AIMD_DECREASE
+    """A congestion event cuts the rate to this share of itself."""
+    slow_start_decrease: float = SLOW_START_EXIT_DECREASE
+    """...or to this share when it ends slow start."""
+    min_rps: float = AIMD_MIN_RPS
+    """The rate is never cut below this."""
+    unpaced_start_rps: float = SLOW_START_RPS
+    """An unpaced provider's first 429 starts slow start from max(this, half its use)."""
+    use_window_s: float = 0.5
+    """Time constant of the moving average of grants (all workers' grants when shared)."""
+    in_use_fraction: float = 0.5
+    """The rate grows only while grants run at no less than this share of it."""
+    circuit_failures: int | None = 5
+    """Consecutive unavailable outcomes that open a circuit (None: never)."""
+    circuit_open_s: float = 5.0
+    circuit_open_max_s: float = 60.0
+    probe_lease_s: float = 30.0
+    """A half-open probe claim lapses after this, so a worker that died while probing does
+    not keep the circuit half-open forever."""
+    state_ttl_s: float = 3600.0
+    """Idle buckets are forgotten (Redis keys expire) this long after their last write."""
+    presence_s: float = 10.0
+    """A worker counts as sharing a bucket for this long after its last take."""
+    learner_lease_s: float = 3.0
+    """The learner lease of a provider whose limit is unknown lapses this long after its
+    holder's last :meth:`~actors.pacing.pacers.Pacer.learn` (a dead or idle holder is
+    replaced by the next worker that learns)."""
+
+    @classmethod
+    def from_policy(cls, policy: Policy, **overrides: Any) -> PacerSettings:
+        """The circuit settings of a dispatcher's :class:`~actors.tool.Policy`, the rest default."""
+        return cls(
+            circuit_failures=policy.circuit_failures,
+            circuit_open_s=policy.circuit_open_s,
+            circuit_open_max_s=policy.circuit_open_max_s,
+            **overrides,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class PacerState:
+    """A bucket's shared state as of a call.
+
+    Attributes:
+        rate_rps: the current rate, requests per second (None: unpaced).
+        reference_rps: the rate just before the last cut (the last known limit).
+        version: bumped by every cut and every :meth:`Pacer.set_rate`; pass the version a
+            429'd request was granted under to :meth:`Pacer.pause` so that several 429s of
+            one congestion event (from any worker) cut once.
+        slow_start: whether the rate is in slow start.
+        degraded: the answer came from the local fallback (Redis unreachable).
+    """
+
+    rate_rps: float | None
+    reference_rps: float | None
+    version: int
+    slow_start: bool
+    degraded: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Grant(PacerState):
+    """Reply to :meth:`Pacer.take`.
+
+    Attributes:
+        granted: tokens taken (0: none; then ``wait_s`` says when to try again).
+        wait_s: seconds until a take could succeed (when refused: a lower bound; infinity
+            when ``n`` exceeds the burst); after a grant, until the next token.
+        verdict: ``"go"``; ``"probe"`` (granted 1 token as the circuit's half-open probe:
+            report its outcome with :meth:`Pacer.record`); ``"wait"`` (no token yet, or
+            another worker's probe is out); ``"paused"`` (a Retry-After pause);
+            ``"refuse"`` (the circuit is open for ``wait_s`` more seconds).
+        workers: workers seen taking from this bucket in the last ``presence_s``.
+    """
+
+    granted: int
+    wait_s: float
+    verdict: str
+    workers: int = 1
+
+
+@attrs.frozen(kw_only=True)
+class Paused(PacerState):
+    """Reply to :meth:`Pacer.pause`: ``cut`` (this call cut the rate), ``pause_s`` (left)."""
+
+    cut: bool
+    pause_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Grown(PacerState):
+    """Reply to :meth:`Pacer.grow`: ``grown`` (the rate changed)."""
+
+    grown: bool
+
+
+@attrs.frozen(kw_only=True)
+class CircuitRecorded(PacerState):
+    """Reply to :meth:`Pacer.record`: ``opened`` (this call opened the circuit; exactly
+    one caller per opening sees it), ``open_s`` (seconds it stays open, 0 if closed)."""
+
+    opened: bool
+    open_s: float
+
+
+PHASES = ("unpaced", "slow_start", "plateau", "probe")
+"""The phases of :class:`~actors.pacing.learner.LimitLearner`, by their number in the pacer."""
+
+
+@attrs.frozen(kw_only=True)
+class Learnt(PacerState):
+    """Reply to :meth:`Pacer.learn`: what an unknown limit is learnt from, every worker's.
+
+    Attributes:
+        leader: the caller holds the learner lease (it learns and publishes the rate).
+        accepted: responses accepted so far, every worker's (a running count).
+        events: congestion events so far (pauses that cut the rate).
+        event_ago_s: seconds since the last event (meaningless while ``events`` is 0).
+        event_accepted: ``accepted`` when the last event happened.
+        pause_in_s: seconds until the shared pause ends (negative: it ended that long ago).
+        in_use: grants (every worker's) run at ``in_use_fraction`` of the rate or more.
+        limit_rps: the limit estimate the learner published (None: none yet).
+        phase: the learner's phase as published (one of :data:`PHASES`).
+        cuts: congestion events the learner cut for, as published.
+    """
+
+    leader: bool
+    accepted: int
+    events: int
+    event_ago_s: float
+    event_accepted: int
+    pause_in_s: float
+    in_use: bool
+    limit_rps: float | None
+    phase: str
+    cuts: int

@@ -1,0 +1,1 @@
+"""The tool queue actor: one per tool; grace window, dedupe, memo, and the effects of its lifecycle."""

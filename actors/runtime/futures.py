@@ -1,0 +1,209 @@
+"""Futures: the one-shot future every call and actor reply gets, and its helpers.
+
+:class:`LightFuture` keeps :class:`pykka.ThreadingFuture`'s contract on a single lock;
+under gevent monkey-patching the lock is gevent's, and ``await`` never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sys
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pykka
+
+from actors.runtime.foreign import exc_info_of, with_traceback
+
+__all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
+
+MAX_WAIT_S = 1e9
+"""Longest single wait handed to a lock, condition or event, seconds (about 31 years).
+Longer ones (a ``timeout_s=1e10`` meaning "no timeout") raise OverflowError there
+(``threading.TIMEOUT_MAX`` is about 9.2e9), so every wait is cut to this; the waits
+that loop simply wait again."""
+
+
+def bounded(seconds: float) -> float:
+    """``seconds`` cut to :data:`MAX_WAIT_S` (and never below 0)."""
+    return max(0.0, min(seconds, MAX_WAIT_S))
+
+
+log = logging.getLogger("tooldispatch")
+
+_UNSET: Any = pykka._future._Unset()
+"""pykka's "no hook result yet" marker (checked by ``isinstance``), shared by every future."""
+
+on_raise: Callable[[BaseException], None] | None = None
+"""Told of each error a future's ``get`` raises (set by :mod:`actors.runtime.actor`: an error a
+tool's function got from a nested call)."""
+
+
+class LightFuture(pykka.Future[Any]):
+    """A one-shot pykka future on a single lock (instead of a Condition).
+
+    Same contract as :class:`pykka.ThreadingFuture` (``get(timeout=)``, ``set``,
+    ``set_exception``, ``map``/``join``), at a fraction of the cost: every call and
+    every actor reply gets one. Set exactly once, by any thread; read by any number.
+    Under gevent the lock is gevent's (greenlet-friendly).
+
+    Beyond pykka's contract:
+
+    * ``await future`` never blocks the event loop: the value is handed to the loop
+      with ``call_soon_threadsafe`` when the future is set.
+    * :meth:`add_done_callback` runs a callback (on the setting thread) once set.
+    * :meth:`cancel` says the caller gave up (``asyncio`` cancellation of an
+      ``await`` calls it too); a timeout on :meth:`get` is not giving up.
+    """
+
+    def __init__(self) -> None:  # pykka's own, without a new _Unset per future (GC pressure)
+        self._get_hook = None
+        self._get_hook_result = _UNSET
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._value: Any = None
+        self._exc_info: Any = None
+        self._callbacks: list[Callable[[LightFuture], None]] | None = None
+        self.done = False
+        self.cancelled = False
+        self.on_cancel: Callable[[], None] | None = None
+        """Set by the dispatcher: told when the caller cancels (runs on the caller's thread)."""
+
+    def get(self, *, timeout: float | None = None) -> Any:
+        if self._get_hook is not None:
+            return super().get(timeout=None if timeout is None else bounded(timeout))
+        if not self.done:
+            acquired = (
+                self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
+            )
+            if not acquired:
+                timed_out = pykka.Timeout(f"{timeout} seconds")
+                if on_raise is not None:  # a tool's own wait on a nested call ran out
+                    on_raise(timed_out)
+                raise timed_out
+            self._lock.release()
+        if self._exc_info is not None:
+            # read by identity and BaseException's own method: a tool's error may be falsy
+            # (its __len__ says 0), or make its own with_traceback raise
+            exc = self._exc_info[1] if self._exc_info[1] is not None else self._exc_info[0]()
+            if on_raise is not None:
+                on_raise(exc)
+            raise with_traceback(exc, self._exc_info[2])
+        return self._value
+
+    def set(self, value: Any = None) -> None:
+        if self.done or self._get_hook is not None:
+            raise queue.Full
+        self._value = value
+        self.done = True
+        self.on_cancel = None  # never called once set; it holds the call (a cycle)
+        self._lock.release()
+        self._run_callbacks()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        if self.done or self._get_hook is not None:
+            raise queue.Full
+        self._exc_info = exc_info or sys.exc_info()
+        self.done = True
+        self.on_cancel = None
+        self._lock.release()
+        self._run_callbacks()
+
+    def add_done_callback(self, fn: Callable[[LightFuture], None]) -> None:
+        """Call ``fn(self)`` once set: at once if it is set already, else on the setter's thread."""
+        if not self.done:
+            callbacks = self._callbacks
+            if callbacks is None:
+                callbacks = self._callbacks = []
+            callbacks.append(fn)
+            if not self._is_done():
+                return
+            # set meanwhile: run it here unless the setter already took it
+            with contextlib.suppress(ValueError):
+                callbacks.remove(fn)
+                fn(self)
+            return
+        fn(self)
+
+    def _is_done(self) -> bool:
+        return self.done
+
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a future's done callback failed")
+
+    def cancel(self) -> bool:
+        """Give up on this call: a call not yet sent to its provider is removed (unless
+        another caller shares it); once sent, it is persisted as usual.
+
+        Returns:
+            False when the future is already resolved, else True (the future then
+            fails with CallCancelledError once the dispatcher has taken it out).
+        """
+        if self.done:
+            return False
+        if not self.cancelled:
+            self.cancelled = True
+            hook = self.on_cancel
+            if hook is not None:
+                hook()
+        return True
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if not self.done:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake(_: LightFuture) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(_resolve, waiter)
+
+            self.add_done_callback(wake)
+            try:
+                yield from waiter.__await__()
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+        return self.get(timeout=0)
+
+
+def _resolve(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def new_future() -> LightFuture:
+    """A fresh :class:`LightFuture`."""
+    return LightFuture()
+
+
+class _Resolved(LightFuture):
+    """A :class:`LightFuture` made already set (a memo hit): no lock is ever taken."""
+
+    def __init__(self, value: Any) -> None:  # every attribute of LightFuture, set
+        self._get_hook = None
+        self._value = value
+        self._exc_info = None
+        self._callbacks = None
+        self.done = True
+        self.cancelled = False
+        self.on_cancel = None
+
+
+def resolved_future(value: Any) -> LightFuture:
+    """A :class:`LightFuture` already resolved with ``value``."""
+    return _Resolved(value)
+
+
+def fail(future: Any, exc: BaseException) -> None:
+    """Resolve ``future`` with ``exc`` (a future already resolved is left alone)."""
+    with contextlib.suppress(queue.Full):
+        future.set_exception(exc_info_of(exc))  # (a tool's error may make __traceback__ raise)

@@ -1,0 +1,309 @@
+"""What runs on the worker pool: one attempt of one provider call, reported as a message.
+
+The lifecycle never waits for a tool. It hands :func:`attempt` to the pool; the
+attempt builds the tool's context, calls the tool (or the batch operation), splits a
+batch result per member and encodes every member's output on the worker (so a value
+that cannot be serialised fails its own member, off every actor), then tells the tool
+queue actor :class:`~actors.messages.UnitFinished`.
+
+Also here: how an error is classified (:func:`failure_kind_for`, :func:`transient`)
+and how a batch result is split (:func:`split_members`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from actors.errors import NotSentError, ProviderError, RateLimitedError
+from actors.lifecycle.calls import Unit
+from actors.messages import UnitFinished
+from actors.results import ToolContext, batch_idempotency_key, provider_idempotency_key
+from actors.runtime.foreign import attr_of, error_text, flag_of, is_a, tame, type_name
+from actors.runtime.nesting import NestScope, enter_keys, leave_keys, relayed_here
+from actors.tool import Tool
+from stores.codec import encode_output
+from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorableError
+from stores.types import FailureKind
+
+if TYPE_CHECKING:
+    from actors.pacing.send_gate import SendGate
+    from actors.worker.launch import Launch, SendTicket
+
+__all__ = ["attempt", "error_text", "failure_kind_for", "split_members", "transient"]
+
+
+def failure_kind_for(exc: BaseException) -> FailureKind:
+    """How a tool error is recorded: ProviderError says; timeouts and connection
+    errors are transient; invalid input is invalid_input; anything else permanent."""
+    if is_a(exc, ProviderError):  # (reads that may raise, of a foreign error: never raise here)
+        kind = attr_of(exc, "failure_kind")
+        return kind if is_a(kind, FailureKind) else FailureKind.PERMANENT
+    if is_a(exc, (TimeoutError, concurrent.futures.TimeoutError)):
+        return FailureKind.TIMEOUT
+    if is_a(exc, (ConnectionError, OSError)):
+        return FailureKind.TRANSIENT
+    if is_a(exc, InvalidInputError):
+        return FailureKind.INVALID_INPUT
+    return FailureKind.PERMANENT
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the provider could not serve at all (connection errors,
+    5xx, timeouts): retried in-call (retry-safe tools), and counted by the circuit."""
+    return not is_a(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
+        FailureKind.TRANSIENT,
+        FailureKind.TIMEOUT,
+    )
+
+
+def retry_in_call(exc: BaseException) -> bool:
+    """Whether another in-call attempt may help: transient, and not marked otherwise
+    (an error with ``retry_in_call = False``, such as a refused connection, is evidence
+    for the circuit, not worth another attempt)."""
+    return transient(exc) and flag_of(exc, "retry_in_call", True)
+
+
+def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:
+    """One value (or exception) per member of a batch, in member order.
+
+    By position, or matched by id when the strategy gives ``input_id``/``result_id``
+    (a member with no matching item gets None: ``no_result``). An item that is an
+    exception (a per-member provider error) stays that member's outcome, by position
+    or by id (by id, an exception item must carry the member's id as ``result_id``
+    of the exception, or ``input_id`` attribute; else it cannot be matched and the
+    member it belongs to fails with it when the result holds exactly one such item
+    per unmatched member in order).
+
+    Raises:
+        ProviderError: the batch result does not have one result per member.
+    """
+    batch = tool.batch
+    assert batch is not None
+    n = len(inputs)
+    items = list(batch.split(raw, n))
+    if batch.input_id is not None and batch.result_id is not None:
+        by_id: dict[Any, Any] = {}
+        errors: list[BaseException] = []
+        for item in items:
+            if is_a(item, BaseException):
+                item_id = attr_of(item, "input_id")
+                if item_id is None:
+                    errors.append(item)
+                else:
+                    by_id[item_id] = item
+            else:
+                by_id[batch.result_id(item)] = item
+        out = [by_id.get(batch.input_id(value), _MISSING) for value in inputs]
+        unmatched = [i for i, value in enumerate(out) if value is _MISSING]
+        if errors and len(errors) == len(unmatched):
+            for i, error in zip(unmatched, errors, strict=True):
+                out[i] = error
+        elif errors:
+            error = errors[0]
+            for i in unmatched:
+                out[i] = error
+        return [None if value is _MISSING else value for value in out]
+    if len(items) != n:
+        raise ProviderError(
+            f"{batch.batch_operation or tool.tool_id} returned {len(items)} results for {n} members",
+            failure_kind=FailureKind.TRANSIENT,
+        )
+    return items
+
+
+_MISSING = object()
+
+
+def _encode(value: Any) -> tuple[str | None, BaseException | None]:
+    if is_a(value, BaseException):
+        return None, value
+    try:
+        return encode_output(value), None
+    except (InvalidOutputError, OutputNotStorableError) as exc:
+        exc.raw_output = value  # salvaged in a described form
+        return None, exc
+    except BaseException as exc:  # anything a value raises while serialised fails its member alone
+        error = InvalidOutputError(
+            f"the tool's output cannot be serialised: {type_name(exc)}: {error_text(exc)}"
+        )
+        error.raw_output = value
+        return None, error
+
+
+@attrs.frozen(kw_only=True)
+class AttemptSpec:
+    """Everything one attempt needs, fixed on the actor before it is handed to the pool."""
+
+    unit: int
+    attempt: int
+    tool: Tool
+    payload: Any
+    inputs: list[Any]
+    batched: bool
+    context: ToolContext
+    durable: bool
+    ancestors: frozenset[str] = frozenset()
+    """The receipt keys of the tool calls its nested callers were made inside."""
+    ticket: SendTicket | None = None
+    """Its permission to send, taken right before the request (:mod:`actors.worker.launch`)."""
+
+
+def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None) -> AttemptSpec:
+    """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
+
+    A batch's members are first put in one canonical order, by their provider idempotency
+    keys (``unit.groups`` is sorted in place: the answer's members are matched to it by
+    position). Its idempotency key does not depend on the order
+    (:func:`~actors.results.batch_idempotency_key`), so the same members must make the
+    same request: a provider that replays a stored answer for that key (a batch the
+    killed run sent, sent again whole by the rerun) answers in the order first sent, and
+    members in another order would each get another member's result.
+    """
+    tool = unit.groups[0].tool
+    groups = unit.groups
+    idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
+    if len(groups) > 1:
+        order = sorted(range(len(groups)), key=idem.__getitem__)
+        groups[:] = [groups[i] for i in order]
+        idem = [idem[i] for i in order]
+    deadline = unit.deadline if unit.deadline is not None else now + unit.timeout_s
+    context = ToolContext(
+        tool_id=tool.tool_id,
+        idempotency_key=idem[0] if len(groups) == 1 else batch_idempotency_key(idem),
+        receipt_keys=tuple(g.key for g in groups),
+        credential_scope_digest=groups[0].credential_digest,
+        deadline=deadline,
+        timeout_s=max(0.001, deadline - now),
+        attempt=attempt_no,
+        _nest=NestScope(),
+    )
+    batched = tool.batch is not None and len(groups) > 1
+    inputs = [g.input for g in groups]
+    payload = None if batched else inputs[0]  # a batch payload is built on the worker
+    return AttemptSpec(
+        unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
+        context=context, durable=tool.durable, ancestors=frozenset().union(*(g.ancestors for g in groups)),
+        ticket=ticket,
+    )  # fmt: skip
+
+
+def attempt(
+    spec: AttemptSpec,
+    tell: Callable[[Any], None],
+    clock: Callable[[], float] = time.monotonic,
+    gate: SendGate | None = None,
+    launch: Launch | None = None,
+) -> None:
+    """Run one attempt on the calling worker and ``tell`` the outcome (never raises).
+
+    ``gate``: the provider's send gate; the request waits there for its turn (spaced at
+    the governor's rate: the steps between a grant and the send, such as marking a batch
+    of receipts running, would otherwise let granted calls go out in bunches larger
+    than the provider's burst). A turn that would come after the call's deadline, or a
+    gate closed meanwhile, sends nothing: :class:`~actors.errors.NotSentError`.
+
+    ``launch``: the last check, right before the tool function (or the batch operation,
+    after its payload is built): a deadline passed (the ticket's, which a caller who
+    joins moves later), an attempt withdrawn meanwhile, a tripped latch or a stop sends
+    nothing and is told back as ``UnitFinished(withdrawn=...)``; a wait at the gate ends
+    at once for any of them, and gives its booked turn back (:mod:`actors.worker.launch`).
+    """
+    tool = spec.tool
+    ticket = spec.ticket
+    if gate is not None and gate.paced:  # an unpaced gate lets every request go at once
+        latest = ticket.deadline if ticket is not None else spec.context.deadline
+        park = functools.partial(launch.park, ticket) if launch is not None and ticket is not None else None
+        try:
+            turn = gate.wait_turn(latest=latest, clock=clock, park=park)
+        finally:
+            if launch is not None and ticket is not None and ticket.wake is not None:  # it waited
+                launch.unpark(ticket)
+        if not turn:
+            refusal = launch.refusal(ticket) if launch is not None else None
+            blocked = gate.blocked(clock())
+            if refusal is not None:  # withdrawn, tripped or stopped while it waited
+                _not_sent(spec, tell, *refusal)
+            elif blocked is not None and blocked[1]:
+                # the provider's circuit opened meanwhile: its tool queue readmits it
+                error = NotSentError(f"{tool.tool_id}: its provider's circuit opened before it was sent")
+                tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
+            else:
+                _past_deadline(spec, tell, "its turn to send came after its deadline", latest)
+            return
+    sent_at: float | None = None
+    nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
+    token = enter_keys(spec.ancestors.union(spec.context.receipt_keys), nest)  # a nested call of one: a cycle
+    try:
+        if spec.batched and tool.batch is not None:
+            send: Callable[[Any, Any], Any] = tool.batch.batch_fn
+            payload = tool.batch.build(spec.inputs)
+        else:
+            send, payload = tool.fn, spec.payload
+        deadline = ticket.deadline if ticket is not None else spec.context.deadline  # a joiner may move it
+        if clock() >= deadline:  # passed while it waited or its payload was built
+            _past_deadline(spec, tell, "its deadline passed before it was sent", deadline)
+            return
+        refusal = launch.take(ticket) if launch is not None else None
+        if refusal is not None:  # withdrawn, tripped or stopped since it was handed over
+            _not_sent(spec, tell, *refusal)
+            return
+        sent_at = clock()
+        raw = send(payload, spec.context)
+        values = split_members(tool, spec.inputs, raw) if spec.batched else [raw]
+        # a nested call's error given as a member's outcome: that call's, not the request's;
+        # an error whose reads raise is told as its stand-in (``tame``), from here on
+        relayed_at = [i for i, v in enumerate(values) if is_a(v, BaseException) and relayed_here(token, v)]
+        values = [tame(v) if is_a(v, BaseException) else v for v in values]
+        relayed = tuple(values[i] for i in relayed_at)
+    except BaseException as exc:
+        told = tame(exc)
+        passed_on = (told,) if relayed_here(token, exc) else ()  # a nested call's error: its request went out
+        tell(UnitFinished(
+            unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at, relayed=passed_on
+        ))  # fmt: skip
+        if not is_a(exc, Exception):
+            raise
+        return
+    finally:
+        leave_keys(token, nest)
+    members: list[tuple[Any, BaseException | None]]
+    try:
+        if spec.durable:
+            members = [_encode(v) for v in values]
+        else:
+            members = [(None, v) if is_a(v, BaseException) else (_Plain(v), None) for v in values]
+    except BaseException as exc:  # a guard: the unit is told whatever its values do
+        told = tame(exc)
+        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at))
+        return
+    tell(UnitFinished(
+        unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed
+    ))  # fmt: skip
+
+
+def _not_sent(spec: AttemptSpec, tell: Callable[[Any], None], kind: str, error: BaseException) -> None:
+    tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error, withdrawn=kind))
+
+
+def _past_deadline(spec: AttemptSpec, tell: Callable[[Any], None], why: str, deadline: float) -> None:
+    if spec.ticket is not None:
+        spec.ticket.judged = deadline
+    _not_sent(spec, tell, "deadline", NotSentError(f"{spec.tool.tool_id}: {why}; not sent"))
+
+
+@attrs.frozen
+class _Plain:
+    """A non-durable tool's output, handed over as is (it is never stored)."""
+
+    value: Any
+
+
+def plain_value(member: Any) -> Any:
+    """The value of a non-durable member (see :func:`attempt`)."""
+    return member.value if isinstance(member, _Plain) else member

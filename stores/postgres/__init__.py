@@ -1,0 +1,1 @@
+"""The Postgres receipt store, for many workers on many hosts."""

@@ -1,0 +1,228 @@
+"""Connections of the Postgres receipt store: one direct connection to migrate, then a
+psycopg_pool pool, and the mapping of driver errors onto the store's error tree.
+
+Driver errors: a lost or refused connection (``psycopg.OperationalError``, which
+includes a terminated backend and a detected deadlock) and a pool that hands out no
+connection in time are :class:`~stores.errors.StoreUnavailableError`; anything else
+psycopg raises is :class:`~stores.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from stores.errors import StoreError, StoreUnavailableError
+from stores.postgres.schema import migrate, quote_ident
+
+__all__ = ["PgConnections", "is_postgres_url", "split_schema"]
+
+T = TypeVar("T")
+
+_IDLE_CHECK_S = 2.0
+"""A pooled connection idle longer than this is checked (one empty query) before use."""
+
+
+def is_postgres_url(target: object) -> bool:
+    """True for ``postgresql://`` and ``postgres://`` URLs."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """Take a ``schema=NAME`` query parameter (ours, not libpq's) out of a URL."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if "schema=" not in url or "://" not in url:
+        return url, None
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in query if k == "schema"), None)
+    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
+def redact(url: str) -> str:
+    head, sep, tail = url.partition("@")
+    if not sep or "://" not in head:
+        return url
+    scheme, _, creds = head.partition("://")
+    return f"{scheme}://{creds.split(':', 1)[0]}@{tail}"
+
+
+def _readable(fd: int) -> bool:
+    """True when ``fd`` has something to read (or hung up), without waiting.
+
+    ``poll`` rather than ``select``: select refuses descriptors above 1023, which a
+    process serving many sockets (gevent) reaches.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class PgConnections:
+    """A pool of autocommit connections to one database, for one store schema.
+
+    Args:
+        url: libpq connection string or URL (without our ``schema=`` parameter).
+        schema: the store's schema, migrated (created) on the first connection.
+        min_size, max_size: the pool's bounds.
+        connect_timeout_s: how long to wait for a connection, seconds.
+        application_name: what ``pg_stat_activity`` shows.
+
+    Raises:
+        StoreUnavailableError: the server cannot be reached (or refused us).
+        SchemaVersionError: the schema was written by a newer tooldispatch.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        *,
+        min_size: int,
+        max_size: int,
+        connect_timeout_s: float,
+        application_name: str,
+    ) -> None:
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self.where = redact(url)
+        self.timeout_s = connect_timeout_s
+        self._max_size = max_size
+        self._closed = False
+        self.connect_kwargs: dict[str, Any] = {
+            "application_name": application_name[:63],
+            "connect_timeout": max(1, int(connect_timeout_s)),
+            # psycopg prepares a statement on its 5th run; Postgres may then switch to a
+            # generic plan, which for these array statements cannot use the key values
+            # (measured: a rerun claim of 500 keys went from 20 ms to 2 s). Custom plans
+            # keep the statement parsed once and planned for its arrays every time.
+            "options": "-c plan_cache_mode=force_custom_plan",
+            # A host or network that vanishes sends no FIN: TCP keepalives notice a dead
+            # peer within about a minute even while a call waits for its answer, and
+            # unacknowledged data gives up after 30 s, so no call waits forever.
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 30_000,
+        }
+        self._pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, **self.connect_kwargs},
+            timeout=connect_timeout_s,
+            name=f"tooldispatch-{schema}",
+            open=False,
+        )
+        try:
+            # One direct connection first: an unreachable server fails at once with
+            # libpq's own message (the pool would retry quietly until its timeout).
+            with psycopg.connect(url, autocommit=True, **self.connect_kwargs) as conn:
+                migrate(conn, schema, self.where)
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise StoreUnavailableError(
+                f"{self.where}: cannot open the receipt store: {str(exc).strip()}; check the server "
+                "is up and the URL (user, database) is right"
+            ) from exc
+        except BaseException as exc:
+            self._pool.close()
+            if type(exc).__module__.startswith("psycopg_pool"):
+                raise StoreUnavailableError(
+                    f"{self.where}: cannot open the receipt store: no connection within "
+                    f"{connect_timeout_s:g} s ({exc})"
+                ) from exc
+            raise
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A pooled connection, probed first when it may be dead.
+
+        An idle connection in autocommit has nothing to read; a readable socket means
+        the server sent something (a termination notice, EOF), so it is probed, as is a
+        connection idle for more than ``_IDLE_CHECK_S`` (a server restarted while it
+        slept). A busy pool pays no round trip. A dead one is closed and handed back
+        (the pool replaces it) and the next is tried at once: the pool's own check
+        would sleep with a back-off between dead connections.
+        """
+        import psycopg
+
+        for _ in range(self._max_size + 1):
+            conn = self._pool.getconn()
+            idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
+            if idle_s > _IDLE_CHECK_S or _readable(conn.fileno()):
+                try:
+                    conn.execute("")
+                except psycopg.Error:
+                    conn.close()
+                    self._pool.putconn(conn)
+                    continue
+            try:
+                yield conn
+            finally:
+                conn._td_returned_at = time.monotonic()  # type: ignore[attr-defined]
+                self._pool.putconn(conn)
+            return
+        raise psycopg.OperationalError("every pooled connection was dead")
+
+    def run(self, fn: Callable[[Any], T], *, transaction: bool = False) -> T:
+        """``fn(conn)`` on a pooled connection (in one transaction if asked), errors mapped.
+
+        Raises:
+            StoreUnavailableError: no connection, or it was lost (a result may or may not
+                have been written: the caller reads back).
+            StoreError: the store is closed, or any other database error.
+        """
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise StoreError(f"{self.where}: the receipt store is closed")
+        try:
+            with self.connection() as conn:
+                if not transaction:
+                    return fn(conn)
+                with conn.transaction():
+                    return fn(conn)
+        except PoolTimeout as exc:
+            raise StoreUnavailableError(f"{self.where}: no connection within {self.timeout_s:g} s") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailableError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+
+    def execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
+        """Run one statement; all its rows (a statement without rows: its row count)."""
+
+        def work(conn: Any) -> list[tuple[Any, ...]]:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
+
+        return self.run(work)
+
+    def query(self, schema: str, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """A read-only query in ``schema`` (``%s`` placeholders): rows as dicts."""
+        from psycopg.rows import dict_row
+
+        def work(conn: Any) -> list[dict[str, Any]]:
+            conn.execute("SET TRANSACTION READ ONLY")
+            conn.execute(f"SET LOCAL search_path TO {quote_ident(schema)}")
+            rows: list[dict[str, Any]] = (
+                conn.cursor(row_factory=dict_row).execute(sql, list(params)).fetchall()
+            )
+            return rows
+
+        return self.run(work, transaction=True)
+
+    def close(self) -> None:
+        """Close the pool; later calls raise StoreError."""
+        self._closed = True
+        self._pool.close()

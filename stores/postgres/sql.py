@@ -1,0 +1,276 @@
+"""SQL statements of the Postgres receipt store.
+
+Each bulk operation is ONE statement whose keys travel as arrays (``unnest``), so a
+call costs one round trip whatever its size. The rules every statement keeps:
+
+- "Now" is ``now()`` on the database server, read inside the deciding statement. A test
+  passes its fake time as ``%(now)s`` instead; production passes NULL.
+- Rows are locked in one fixed order (``ORDER BY key FOR UPDATE``, keys in the "C"
+  collation), so two bulk calls over overlapping keys in different orders never
+  deadlock. A claim first inserts the absent keys (also in key order), and only then
+  locks the existing ones: the scalar subquery on ``ins`` in ``locked`` forces that order
+  (sibling CTEs otherwise run in an unspecified order).
+- Arrays travel in binary (``%(keys)b``): psycopg's text dumping of a 500-key list
+  costs more than the statement.
+- In READ COMMITTED a ``FOR UPDATE`` returns the newest committed version of each row,
+  so every decision and every refusal is made on the row as it stands, not on the
+  statement's snapshot; each change is guarded by status, lease id and owner.
+- A row another transaction inserted after this statement's snapshot is invisible to
+  it (``ON CONFLICT DO NOTHING`` waits for that insert, then skips it); such keys come
+  back without an answer and the store runs the statement again for them alone.
+- Writes that end leases (complete, fail, release) NOTIFY once per statement, never per
+  row: the payload is the org id, and waiters re-read their own keys.
+"""
+
+from __future__ import annotations
+
+from stores.postgres.claims import read_settled_sql
+from stores.sqlite.schema import COLUMNS
+
+__all__ = ["Statements"]
+
+_NOW = "SELECT coalesce(%(now)s::float8, extract(epoch FROM now())::float8) AS now"
+_COLS = ", ".join(COLUMNS)
+_LEASE_COLUMNS = (
+    "lease_id", "lease_owner_run_id", "lease_owner_attempt", "lease_owner_host", "lease_owner_pid",
+    "lease_owner_started_at",
+)  # fmt: skip
+
+
+_KEEPS = "l.completed_at IS NOT NULL AND l.status IN ('completed', 'queued', 'running')"
+"""A claim of such a receipt keeps its output until a new one is stored (a refresh)."""
+
+
+_NULLS = ", ".join("NULL" for _ in COLUMNS[1:])
+"""Padding for the rows a fenced write applied: only their key is sent back."""
+
+
+def _cols(alias: str) -> str:
+    return ", ".join(f"{alias}.{c}" for c in COLUMNS)
+
+
+def _action(a: str) -> str:
+    """What a claim does to row alias ``a`` (joined to ``req``), as docs/how-it-works.md's claim
+    table and :func:`stores.dispositions.decide_disposition`: 'claim' (a new lease), 'restore' (a
+    lost refresh goes back to completed), 'uncertain' (a lost running call of a tool that
+    is not retry-safe) or 'none' (the answer is the row as it stands). A lease whose id
+    is in ``%(gone)s`` (its holder's process is known to be gone) counts as expired."""
+    live = (
+        f"(coalesce({a}.lease_expires_at > clk.now, false) "
+        f"AND NOT coalesce({a}.lease_id = ANY(%(gone)b::text[]), false))"
+    )
+    rerun = (
+        f"(%(force)s::boolean OR (%(stale)s::float8 IS NOT NULL "
+        f"AND clk.now - coalesce({a}.completed_at, {a}.updated_at) > %(stale)s::float8))"
+    )
+    return f"""(CASE
+      WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN 'claim' ELSE 'none' END
+      WHEN {a}.status IN ('queued', 'running') THEN CASE
+        WHEN {live} THEN 'none'
+        WHEN {a}.status = 'running' AND NOT req.safe THEN 'uncertain'
+        WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN 'claim' ELSE 'restore' END
+        ELSE 'claim' END
+      WHEN {a}.status = 'failed' THEN CASE WHEN %(retry)s::boolean THEN 'claim' ELSE 'none' END
+      WHEN {a}.status IN ('pending', 'skipped') THEN 'claim'
+      ELSE 'none' END)"""
+
+
+_FENCE_SET = {
+    "running": "status = 'running', updated_at = clk.now",
+    "running_renew": "status = 'running', lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
+    "renew": "lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
+    "complete": (
+        "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = clk.now, "
+        "completed_at = clk.now"
+    ),
+    # A receipt holding a previous output (a refresh) goes back to completed, its lease
+    # dropped, so the lost owner's late writes are refused as completed by another.
+    "fail": ", ".join(
+        [
+            "status = CASE WHEN l.completed_at IS NULL THEN 'failed' ELSE 'completed' END",
+            "error = CASE WHEN l.completed_at IS NULL THEN j.a END",
+            "failure_kind = CASE WHEN l.completed_at IS NULL THEN j.b END",
+            "lease_expires_at = NULL",
+            "updated_at = clk.now",
+        ]
+        + [f"{c} = CASE WHEN l.completed_at IS NULL THEN l.{c} END" for c in _LEASE_COLUMNS]
+    ),
+    "uncertain": (
+        "status = 'uncertain', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now"
+    ),
+    "release": (
+        "status = CASE WHEN l.completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+        + ", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)
+        + ", lease_expires_at = NULL, updated_at = clk.now"
+    ),
+}
+NOTIFYING = frozenset({"complete", "fail", "uncertain", "release"})
+"""Fenced writes that end leases, and so may wake a waiter."""
+
+_RESOLVE = {
+    # the stored output is kept only when a reader takes it as one (a time, an output there)
+    "rerun": (
+        "status = CASE WHEN completed_at IS NOT NULL AND output IS NOT NULL THEN 'completed' "
+        "ELSE 'pending' END, "
+        "output = CASE WHEN completed_at IS NOT NULL THEN output END, "
+        "completed_at = CASE WHEN output IS NOT NULL THEN completed_at END, "
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL"
+    ),
+    # no lease is held once decided: one left (a NaN or Infinity expiry set by hand, greater
+    # than every time) kept the failed or completed receipt from every purge
+    "fail": "status = 'failed', error = %(error)s, failure_kind = 'permanent', lease_expires_at = NULL",
+    "complete": (
+        "status = 'completed', output = %(output)s, error = NULL, failure_kind = NULL, "
+        "completed_at = clk.now, lease_expires_at = NULL"
+    ),
+}
+
+
+_STARTED = "CASE WHEN req.running THEN 'running' ELSE 'queued' END"
+"""A claimed receipt's status: ``running`` when claimed straight into running."""
+
+
+class Statements:
+    """The statements for one schema (``schema`` is an already quoted identifier)."""
+
+    def __init__(self, schema: str, channel: str) -> None:
+        t = f"{schema}.receipts"
+        self.table = t
+        self.channel = channel
+        self.by_keys = f"SELECT {_COLS} FROM {t} WHERE org_id = %s AND key = ANY(%b::text[])"
+        self.read_settled = read_settled_sql(t, _COLS, _NOW)
+        self.reusable = (
+            f"WITH clk AS ({_NOW}) SELECT key, input_hash, output, "
+            f"clk.now - coalesce(completed_at, updated_at) FROM {t}, clk "
+            "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) AND status = 'completed' "
+            # set by hand: left to a claim, which says so for that call alone (a NULL age
+            # failed the whole bulk read with a TypeError)
+            "AND output IS NOT NULL AND coalesce(completed_at, updated_at) IS NOT NULL"
+        )
+        self.claim = f"""
+WITH req AS (
+  SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],
+                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[])
+    AS r(key, scope, tool_id, input_hash, lease_id, safe, running)
+),
+clk AS ({_NOW}),
+snap AS (
+  SELECT {_cols("s")}, {_action("s")} AS action
+  FROM {t} s JOIN req ON req.key = s.key, clk WHERE s.org_id = %(org)s
+),
+ins AS (
+  INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
+                        lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, generation,
+                        lease_owner_host, lease_owner_pid, lease_owner_started_at)
+  SELECT req.key, %(org)s, req.scope, req.tool_id, {_STARTED}, req.input_hash, req.lease_id, %(run)s,
+         %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s
+  FROM req, clk WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.key = req.key) ORDER BY req.key
+  ON CONFLICT (org_id, key) DO NOTHING
+  RETURNING {_cols("r")}
+),
+lk AS (
+  SELECT {_COLS} FROM {t}
+  WHERE org_id = %(org)s AND key IN (SELECT key FROM snap WHERE action <> 'none')
+    AND (SELECT count(*) FROM ins) >= 0
+  ORDER BY key FOR UPDATE
+),
+la AS (SELECT {_cols("l")}, {_action("l")} AS action FROM lk l JOIN req ON req.key = l.key, clk),
+claimed AS (
+  UPDATE {t} AS r SET status = {_STARTED}, error = NULL, failure_kind = NULL,
+    output = CASE WHEN {_KEEPS} THEN l.output END,
+    completed_at = CASE WHEN {_KEEPS} THEN l.completed_at END,
+    scope = req.scope, tool_id = req.tool_id, input_hash = req.input_hash, lease_id = req.lease_id,
+    lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = clk.now + %(ttl)s,
+    attempts = l.attempts + 1, updated_at = clk.now,
+    generation = CASE WHEN l.status IN ('completed', 'failed') THEN l.generation + 1 ELSE l.generation END,
+    lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s
+  FROM la l JOIN req ON req.key = l.key, clk
+  WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'claim'
+  RETURNING {_cols("r")}
+),
+restored AS (
+  UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, updated_at = clk.now,
+    {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
+  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'restore'
+  RETURNING {_cols("r")}
+),
+lost AS (
+  UPDATE {t} AS r SET status = 'uncertain', error = %(lost)s, failure_kind = NULL,
+    lease_expires_at = NULL, updated_at = clk.now
+  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'uncertain'
+  RETURNING {_cols("r")}
+)
+SELECT 'claimed', clk.now, ins.* FROM ins, clk
+UNION ALL SELECT 'claimed', clk.now, claimed.* FROM claimed, clk
+UNION ALL SELECT 'restored', clk.now, restored.* FROM restored, clk
+UNION ALL SELECT 'uncertain', clk.now, lost.* FROM lost, clk
+UNION ALL SELECT 'read', clk.now, {_cols("l")} FROM la l, clk WHERE l.action = 'none'
+UNION ALL SELECT 'read', clk.now, {_cols("s")} FROM snap s, clk WHERE s.action = 'none'
+"""
+        self.fence = {op: self._fence(t, set_sql, op in NOTIFYING) for op, set_sql in _FENCE_SET.items()}
+        self.in_flight = f"""
+WITH clk AS ({_NOW})
+SELECT key FROM {t}, clk WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
+  AND status IN ('queued', 'running') AND coalesce(lease_expires_at > clk.now, false)
+"""
+        self.purge = f"""
+WITH clk AS ({_NOW}),
+doomed AS (
+  SELECT org_id, key FROM {t}, clk
+  WHERE updated_at <= clk.now - %(older)s AND status = ANY(%(statuses)b::text[])
+    AND NOT coalesce(lease_expires_at > clk.now, false)
+    AND (%(org)s::text IS NULL OR org_id = %(org)s::text)
+  ORDER BY org_id, key FOR UPDATE
+),
+gone AS (DELETE FROM {t} r USING doomed d WHERE r.org_id = d.org_id AND r.key = d.key RETURNING 1),
+bump AS (
+  INSERT INTO {schema}.meta AS m (name, value) SELECT 'purge_epoch', '1' WHERE EXISTS (SELECT 1 FROM gone)
+  ON CONFLICT (name) DO UPDATE SET value = (m.value::bigint + 1)::text
+)
+SELECT count(*) FROM gone
+"""
+        self.purge_epoch = f"SELECT value FROM {schema}.meta WHERE name = 'purge_epoch'"
+        self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
+        # the row is locked (``lock_one``) and judged uncertain in Python first (a status or
+        # a lease expiry it cannot read reads as uncertain there, whatever the column says)
+        self.resolve = {
+            action: f"""
+WITH clk AS ({_NOW})
+UPDATE {t} SET {assignments}, updated_at = clk.now FROM clk
+WHERE org_id = %(org)s AND key = %(key)s
+RETURNING {_COLS}
+"""
+            for action, assignments in _RESOLVE.items()
+        }
+
+    def _fence(self, t: str, set_sql: str, notify: bool) -> str:
+        note = ""
+        join = ""
+        if notify:
+            note = """,
+note AS (
+  SELECT count(*) AS n FROM (SELECT pg_notify(%(channel)s, %(org)s)::text
+                             FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM upd)) w) x
+)"""
+            join = ", note"
+        return f"""
+WITH j AS (
+  SELECT * FROM unnest(%(keys)b::text[], %(leases)b::text[], %(a)b::text[], %(b)b::text[])
+    AS u(key, lease_id, a, b)
+),
+clk AS ({_NOW}),
+locked AS (
+  SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
+  ORDER BY key FOR UPDATE
+),
+upd AS (
+  UPDATE {t} AS r SET {set_sql}
+  FROM locked l JOIN j ON j.key = l.key, clk
+  WHERE r.org_id = %(org)s AND r.key = l.key AND l.lease_id = j.lease_id
+    AND l.lease_owner_run_id = %(run)s AND l.lease_owner_attempt = %(attempt)s
+    AND l.status IN ('queued', 'running')
+  RETURNING r.key
+){note}
+SELECT true, u.key, {_NULLS} FROM upd u{join}
+UNION ALL SELECT false, l.* FROM locked l WHERE l.key NOT IN (SELECT key FROM upd)
+"""

@@ -1,0 +1,398 @@
+"""Postgres receipt store (psycopg 3 + psycopg_pool), for many workers on many hosts.
+
+Same contract as :class:`stores.base.ReceiptStore`; the SQL and its rules are in
+:mod:`stores.postgres.sql`. What differs from SQLite:
+
+- Lease expiry, staleness and purge ages are judged by the DATABASE clock (``now()``)
+  inside the statement that decides, so a worker whose clock is off can never steal a
+  live lease. ``clock`` exists only as a test hook (the contract suite's FakeClock).
+- Each bulk call is one statement over arrays: one round trip whatever its size.
+- A connection pool serves every thread or greenlet; connections idle for a while are
+  checked before use, so after the database restarts the pool reconnects by itself.
+  A connection that drops mid-call raises :class:`~stores.errors.StoreUnavailableError`
+  (the caller's completion ladder and salvage handle it); the next call gets a fresh one.
+- :meth:`wait_for_change` is woken by LISTEN/NOTIFY (see :mod:`stores.postgres.listen`).
+
+psycopg is imported when a store is made, never when :mod:`stores` is imported, so a
+gevent process that patches first gets psycopg's cooperative waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from stores.base import Clock, ReceiptStore
+from stores.codec import encode_output
+from stores.dispositions import decide_disposition
+from stores.errors import StoreError
+from stores.fenced import FencedWrites, FenceItem, refusal
+from stores.postgres.claims import read_settled
+from stores.postgres.conn import PgConnections, is_postgres_url, split_schema
+from stores.postgres.listen import channel_name
+from stores.postgres.schema import quote_ident
+from stores.postgres.sql import Statements
+from stores.rules import (
+    IN_FLIGHT,
+    LOST_WHILE_RUNNING,
+    holder_gone,
+    owner_identity,
+    resolved_as_failed,
+)
+from stores.sqlite.sql import _DEFAULT_PURGE, error_text, receipt_from_row
+from stores.types import (
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    FenceReport,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    Refusal,
+    ResolveAction,
+)
+
+__all__ = ["PostgresReceiptStore", "is_postgres_url", "split_schema"]
+
+_RACED_RETRIES = 8
+_WRITTEN = {
+    "claimed": ClaimDisposition.CLAIMED,
+    "restored": ClaimDisposition.REUSED,
+    "uncertain": ClaimDisposition.UNCERTAIN,
+}
+"""What the claim statement did to a row, as the claim's answer."""
+_LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
+
+
+class PostgresReceiptStore(FencedWrites, ReceiptStore):
+    """Receipt store in a Postgres database (one schema).
+
+    Args:
+        url: libpq connection string or ``postgresql://`` URL; a ``schema=NAME`` query
+            parameter picks the schema (``postgresql://host/db?schema=fleet_a``).
+        schema: the Postgres schema holding the tables (created if missing); default
+            the URL's ``schema`` parameter, else ``tooldispatch``.
+        clock: TEST HOOK ONLY: a fake "now" (epoch seconds) sent into every statement.
+            None (the default) means the database server's clock.
+        min_size: connections kept open.
+        max_size: most connections at once; size it for the drain (claims, mark
+            running, heartbeats, bulk completions and up to 25 recovery reads).
+        connect_timeout_s: how long to wait for a connection, seconds.
+        poll_s: longest a :meth:`wait_for_change` waits between re-reads, seconds.
+        application_name: what ``pg_stat_activity`` shows for the store's connections
+            (default ``tooldispatch:SCHEMA``; the listener adds ``:listen``).
+
+    Raises:
+        StoreUnavailableError: the server cannot be reached (or refused us).
+        SchemaVersionError: the schema was written by a newer tooldispatch.
+        ValueError: a schema name over 63 bytes (Postgres would cut it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        clock: Clock | None = None,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout_s: float = 10.0,
+        poll_s: float = 1.0,
+        application_name: str | None = None,
+    ) -> None:
+        self.parallel_calls = max(1, min(4, max_size // 2))
+        """Store calls a dispatcher may run at once (each on a pooled connection)."""
+        url, url_schema = split_schema(url)
+        schema = schema or url_schema or "tooldispatch"
+        self.url = url
+        self.schema = schema
+        self.clock = clock if clock is not None else time.time
+        self._fake_clock = clock
+        self.poll_s = poll_s
+        self._channel = channel_name(schema)
+        self._sql = Statements(quote_ident(schema), self._channel)
+        self._listener: Any = None
+        self._listener_lock = threading.Lock()
+        self._conns = PgConnections(
+            url,
+            schema,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout_s=connect_timeout_s,
+            application_name=application_name or f"tooldispatch:{schema}",
+        )
+        self._where = self._conns.where
+
+    def __repr__(self) -> str:
+        return f"PostgresReceiptStore({self._where!r}, schema={self.schema!r})"
+
+    # -- connections -------------------------------------------------------------------
+
+    def _now(self) -> float | None:
+        return self._fake_clock() if self._fake_clock is not None else None
+
+    def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
+        return self._conns.execute(query, params)
+
+    def renewal_handle(self) -> PostgresReceiptStore:
+        """A copy of this store on one connection of its own (see :mod:`stores.postgres.renewal`)."""
+        from stores.postgres.renewal import renewal_copy
+
+        return renewal_copy(self)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the pool and the listener; later calls raise StoreError."""
+        if self._listener is not None:
+            self._listener.close()
+        self._conns.close()
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Run a read-only inspection query (``%s`` placeholders) in the store's schema.
+
+        For operators' tools (the CLI's ``receipts`` commands): rows as dicts.
+
+        Raises:
+            StoreError: the query failed (StoreUnavailableError: no connection).
+        """
+        return self._conns.query(self.schema, sql, params)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        rows = self._execute(self._sql.by_keys, (org_id, list(keys)))
+        found = {row[0]: receipt_from_row(row) for row in rows}
+        return [found.get(key) for key in keys]
+
+    # -- claims -----------------------------------------------------------------------
+
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+        running: Collection[str] = frozenset(),
+    ) -> list[Claim]:
+        unique = {request.key: request for request in reversed(requests)}
+        # settled receipts: answered by one plain read (no lock); the rest are claimed
+        decided, pending = read_settled(self, org_id, list(unique.values()), mode, stale_after_s)
+        gone: set[str] = set()  # lease ids whose holder's process is known to be gone
+        for _ in range(_RACED_RETRIES):
+            decided.update(
+                self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running)
+            )
+            # Keys another transaction inserted after this statement's snapshot (or
+            # deleted under it) got no answer, nor did live leases of dead holders on
+            # this host: ask again for them alone (those leases now count as expired).
+            pending = [r for r in pending if r.key not in decided]
+            if not pending:
+                return [decided[request.key] for request in requests]
+        raise StoreError(f"{self._where}: {len(pending)} keys kept changing under {_RACED_RETRIES} claims")
+
+    def read_settled(
+        self, org_id: str, requests: Sequence[ClaimRequest], *, mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+    ) -> tuple[dict[str, Claim], list[ClaimRequest]]:  # fmt: skip
+        return read_settled(self, org_id, list(requests), mode, stale_after_s)  # the database's clock
+
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        """As :meth:`ReceiptStore.read_reusable`: the stored output text as it is, one
+        statement, ages judged by the database's clock (no receipt built, no re-encoding)."""
+        params = {"org": org_id, "keys": list(dict.fromkeys(keys)), "now": self._now()}
+        return {
+            key: (input_hash, text)
+            for key, input_hash, text, age in self._execute(self._sql.reusable, params)
+            if stale_after_s is None or age <= stale_after_s
+        }
+
+    def _claim(
+        self,
+        org_id: str,
+        requests: list[ClaimRequest],
+        owner: Owner,
+        lease_ttl_s: float,
+        mode: ClaimMode,
+        stale_after_s: float | None,
+        gone: set[str],
+        running: Collection[str] = frozenset(),
+    ) -> dict[str, Claim]:
+        if not requests:
+            return {}
+        host, pid, started_at = owner_identity(owner)
+        random_hex = os.urandom(16 * len(requests)).hex()
+        params = {
+            "keys": [r.key for r in requests],
+            "scopes": [r.scope for r in requests],
+            "tools": [r.tool_id for r in requests],
+            "hashes": [r.input_hash for r in requests],
+            "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
+            "safe": [r.retry_safe for r in requests],
+            "running": [r.key in running for r in requests],
+            "org": org_id,
+            "run": owner.run_id,
+            "attempt": owner.run_attempt,
+            "host": host,
+            "pid": pid,
+            "started": started_at,
+            "ttl": lease_ttl_s,
+            "now": self._now(),
+            "force": mode is ClaimMode.FORCE_REFRESH,
+            "retry": mode is not ClaimMode.NORMAL,
+            "stale": stale_after_s,
+            "gone": sorted(gone),
+            "lost": LOST_WHILE_RUNNING,
+        }
+        safe = {r.key: r.retry_safe for r in requests}
+        seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
+        decided: dict[str, Claim] = {}
+        for row in self._execute(self._sql.claim, params):
+            kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
+            if kind != "read":
+                decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
+                continue
+            if receipt.lease_id not in gone and holder_gone(receipt, now, seen):
+                gone.add(receipt.lease_id)  # type: ignore[arg-type]  # taken over on the next pass
+                continue
+            disposition = decide_disposition(
+                receipt,
+                mode,
+                now,
+                stale_after_s,
+                holder_gone=receipt.lease_id in gone,
+                retry_safe=safe[receipt.key],
+            )
+            if disposition is ClaimDisposition.CLAIMED or (
+                receipt.status in IN_FLIGHT and disposition not in _LEAVES_IN_FLIGHT
+            ):  # the SQL and the table disagree: a bug
+                raise StoreError(f"{self._where}: claim of {receipt.key} was not decided ({receipt.status})")
+            decided[receipt.key] = Claim(disposition, receipt)
+        return decided
+
+    # -- fenced writes ----------------------------------------------------------------
+
+    def _fence(
+        self,
+        org_id: str,
+        owner: Owner,
+        op: str,
+        items: list[FenceItem],
+        refused: dict[str, Refusal],
+        idempotent_status: ReceiptStatus | None = None,
+        ttl_s: float | None = None,
+    ) -> FenceReport:
+        keys = [item[0] for item in items]
+        applied: set[str] = set()
+        if items:
+            params = {
+                "keys": keys,
+                "leases": [item[1] for item in items],
+                "a": [item[2] for item in items],
+                "b": [item[3] for item in items],
+                "org": org_id,
+                "run": owner.run_id,
+                "attempt": owner.run_attempt,
+                "now": self._now(),
+                "ttl": ttl_s,
+                "channel": self._channel,
+            }
+            stored: dict[str, Receipt] = {}
+            for row in self._execute(self._sql.fence[op], params):
+                if row[0]:
+                    applied.add(row[1])
+                else:
+                    stored[row[1]] = receipt_from_row(row[1:])
+            lease_of = {item[0]: item[1] for item in items}
+            for key in keys:
+                if key in applied or key in refused:
+                    continue
+                why = refusal(stored.get(key), lease_of[key], owner, idempotent_status)
+                if why is None:
+                    applied.add(key)
+                else:
+                    refused[key] = why
+        return FenceReport(tuple(k for k in keys if k in applied), refused)
+
+    def resolve(
+        self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
+    ) -> Receipt | None:
+        action = ResolveAction(action)
+        text = encode_output(output) if action is ResolveAction.COMPLETE else None  # raises first
+
+        def work(conn: Any) -> Receipt | None:
+            row = conn.execute(self._sql.lock_one, {"org": org_id, "key": key}).fetchone()
+            receipt = receipt_from_row(row) if row else None
+            if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+                return receipt
+            params = {"org": org_id, "key": key, "now": self._now(), "output": text}
+            params["error"] = error_text(resolved_as_failed(receipt.error, note))
+            (new,) = conn.execute(self._sql.resolve[action.value], params).fetchall()
+            return receipt_from_row(new)
+
+        return self._conns.run(work, transaction=True)
+
+    def purge_epoch(self) -> int:
+        rows = self._execute(self._sql.purge_epoch, {})
+        return int(rows[0][0]) if rows else 0
+
+    # -- waiting on other owners --------------------------------------------------------
+
+    def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
+        """Wait until some of ``keys`` are no longer under a live lease (see the base class).
+
+        Woken by NOTIFY from completions, failures and releases on any worker, and
+        re-reads at least every ``poll_s`` seconds (a lease that simply expires sends
+        nothing). Runs on the calling thread or greenlet.
+        """
+        listener = self._listener_started(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = listener.version(org_id)
+            settled = self._settled(org_id, keys)
+            remaining = deadline - time.monotonic()
+            if settled or remaining <= 0:
+                return settled
+            listener.wait(org_id, seen, min(remaining, self.poll_s))
+
+    def change_feed(self) -> Any:
+        """The store's listener, started (see the base class); returns at once."""
+        return self._listener_started(0.0)
+
+    def _listener_started(self, timeout_s: float) -> Any:
+        """The store's one listener, started by the first waiter."""
+        from stores.postgres.listen import Listener
+
+        with self._listener_lock:
+            if self._listener is None:
+                app = self._conns.connect_kwargs["application_name"]
+                kwargs = {**self._conns.connect_kwargs, "application_name": f"{app}:listen"}
+                self._listener = Listener(self.url, self._channel, kwargs)
+                self._listener.start()
+        self._listener.wait_connected(min(timeout_s, self._conns.timeout_s))
+        return self._listener
+
+    def _settled(self, org_id: str, keys: Sequence[str]) -> set[str]:
+        rows = self._execute(self._sql.in_flight, {"org": org_id, "keys": list(keys), "now": self._now()})
+        return set(keys) - {row[0] for row in rows}
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+        params = {"older": older_than_s, "statuses": wanted, "org": org_id, "now": self._now()}
+        ((count,),) = self._execute(self._sql.purge, params)
+        return int(count)

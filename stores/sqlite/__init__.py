@@ -1,0 +1,1 @@
+"""The SQLite receipt store (the embedded default)."""

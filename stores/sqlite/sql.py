@@ -1,0 +1,210 @@
+"""SQL statements and row conversion of the SQLite receipt store.
+
+Every statement carries all keys of a bulk operation at once through ``json_each(?)``;
+the text of each is constant, so sqlite3's statement cache reuses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from stores.codec import decode_stored
+from stores.sqlite.schema import COLUMNS
+from stores.types import FailureKind, Receipt, ReceiptStatus
+
+_KEEPS_OUTPUT = "receipts.completed_at IS NOT NULL AND receipts.status IN ('completed', 'queued', 'running')"
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
+_BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
+# What a normal claim reuses (stores.dispositions.decide_disposition: completed, fresh enough),
+# the output text as stored: the caller's plain read of a cold rerun.
+_REUSABLE = (
+    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND status = 'completed' "
+    # values a reader would not take (set by hand): left to a claim, which says so for
+    # that call alone (a text time here failed the whole bulk read with a TypeError)
+    "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' "
+    "AND typeof(coalesce(completed_at, updated_at)) IN ('integer', 'real') "
+    "AND typeof(generation) = 'integer'"
+)
+_UPSERT_CLAIMS = f"""
+INSERT INTO receipts ({", ".join(COLUMNS)})
+SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?
+FROM json_each(?) WHERE true
+ON CONFLICT (org_id, key) DO UPDATE SET
+  status = excluded.status, error = NULL, failure_kind = NULL,
+  output = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.output END,
+  completed_at = CASE WHEN {_KEEPS_OUTPUT} THEN receipts.completed_at END,
+  scope = excluded.scope, tool_id = excluded.tool_id, input_hash = excluded.input_hash,
+  lease_id = excluded.lease_id, lease_owner_run_id = excluded.lease_owner_run_id,
+  lease_owner_attempt = excluded.lease_owner_attempt,
+  lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
+  updated_at = excluded.updated_at, generation = excluded.generation,
+  lease_owner_host = excluded.lease_owner_host, lease_owner_pid = excluded.lease_owner_pid,
+  lease_owner_started_at = excluded.lease_owner_started_at
+"""
+# Claims that change a receipt without taking a lease (decided in Python on the rows
+# read in the same transaction): a lost refresh goes back to completed, a lost running
+# call of a tool that is not retry-safe becomes uncertain.
+_RESTORE_COMPLETED = """
+UPDATE receipts SET status = 'completed', lease_expires_at = NULL, updated_at = ?,
+  lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL,
+  lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL
+WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
+"""
+_SET_UNCERTAIN_LOST = """
+UPDATE receipts SET status = 'uncertain', error = ?, failure_kind = NULL,
+  lease_expires_at = NULL, updated_at = ?
+WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
+"""
+# The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
+# up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
+_FENCE = """
+WITH j(k, l, a, b) AS MATERIALIZED (
+  SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each(?)
+)
+UPDATE receipts SET {set} FROM j
+WHERE receipts.org_id = ? AND receipts.key = j.k AND receipts.lease_id = j.l
+  AND receipts.lease_owner_run_id = ? AND receipts.lease_owner_attempt = ?
+  AND receipts.status IN ('queued', 'running')
+RETURNING receipts.key
+"""
+_SET_RUNNING = "status = 'running', updated_at = ?"
+_SET_RUNNING_RENEW = "status = 'running', lease_expires_at = ? + ?, updated_at = ?"
+_SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
+_SET_COMPLETE = (
+    "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
+)
+# A receipt that still holds a previous output (a refresh) goes back to completed.
+# Its lease is dropped (lease id and owner too), so the lost owner's late completion is
+# refused as completed by another, never answered "applied".
+_LEASE_COLUMNS = (
+    "lease_id", "lease_owner_run_id", "lease_owner_attempt", "lease_owner_host", "lease_owner_pid",
+    "lease_owner_started_at",
+)  # fmt: skip
+_SET_FAIL = (
+    "status = CASE WHEN completed_at IS NULL THEN 'failed' ELSE 'completed' END, "
+    "error = CASE WHEN completed_at IS NULL THEN j.a END, "
+    "failure_kind = CASE WHEN completed_at IS NULL THEN j.b END, lease_expires_at = NULL, updated_at = ?, "
+    + ", ".join(f"{c} = CASE WHEN completed_at IS NULL THEN {c} END" for c in _LEASE_COLUMNS)
+)
+_SET_UNCERTAIN = (
+    "status = 'uncertain', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = ?"
+)
+_SET_RELEASE = (
+    "status = CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
+    "lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL, "
+    "lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL, "
+    "lease_expires_at = NULL, updated_at = ?"
+)
+_KEPT_OUTPUT = "typeof(completed_at) IN ('integer', 'real') AND output IS NOT NULL"
+"""A rerun keeps the stored output only when it is one a reader takes as an output (a
+completion time that is a number, an output there): else the call goes again."""
+_RESOLVE = {
+    # generation: a value a reader cannot take (text, a fraction) is what made the receipt
+    # uncertain; resolved, it starts again at 1 (else it stayed uncertain after resolve)
+    action: f"UPDATE receipts SET {assignments}, updated_at = ?, generation = CASE WHEN "
+    "typeof(generation) = 'integer' THEN generation ELSE 1 END WHERE org_id = ? AND key = ?"
+    for action, assignments in {
+        "rerun": f"status = CASE WHEN {_KEPT_OUTPUT} THEN 'completed' ELSE 'pending' END, "
+        f"output = CASE WHEN {_KEPT_OUTPUT} THEN output END, "
+        f"completed_at = CASE WHEN {_KEPT_OUTPUT} THEN completed_at END, "
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL",
+        # no lease is held once decided: one left (a text or far expiry set by hand) kept the
+        # failed or completed receipt from every purge (a text sorts after every number)
+        "fail": "status = 'failed', error = ?, failure_kind = 'permanent', lease_expires_at = NULL",
+        "complete": "status = 'completed', output = ?, error = NULL, failure_kind = NULL, completed_at = ?, "
+        "lease_expires_at = NULL",
+    }.items()
+}
+_BUMP_PURGE_EPOCH = (
+    "INSERT INTO meta (name, value) VALUES ('purge_epoch', 1) "
+    "ON CONFLICT (name) DO UPDATE SET value = value + 1"
+)
+_DEFAULT_PURGE = (
+    ReceiptStatus.COMPLETED,
+    ReceiptStatus.FAILED,
+    ReceiptStatus.PENDING,
+    ReceiptStatus.SKIPPED,
+)
+
+
+def error_text(error: str) -> str:
+    """Error text as stored: NUL (where SQLite's JSON functions cut a string short) and
+    lone surrogates (no UTF-8 form) are written as backslash escapes."""
+    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
+
+_IN_FLIGHT_STATUSES = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+# column index: default when its value is not a number (None: optional); "decides":
+# a claim's decision reads it, so a bad value makes the receipt uncertain instead
+_NUMBERS: tuple[tuple[int, Any], ...] = (
+    (11, None),  # lease_owner_attempt
+    (13, 0),  # attempts
+    (14, 0.0),  # created_at
+    (19, None),  # lease_owner_pid
+    (20, None),  # lease_owner_started_at
+)
+_INTS = frozenset({11, 13, 17, 19})
+
+
+def _number(value: Any, integer: bool) -> bool:
+    kind = type(value)
+    if kind is int:
+        return True
+    return kind is float and not integer and math.isfinite(value)
+
+
+def _odd_numbers(values: list[Any], status: ReceiptStatus) -> str | None:
+    """Normalise the numeric columns of ``values`` in place; the column a claim would decide
+    by wrongly, if any (then the receipt is uncertain)."""
+    for index, default in _NUMBERS:
+        value = values[index]
+        if value is not None and not _number(value, index in _INTS):
+            values[index] = default
+    lease = values[12]
+    if lease is not None and not _number(lease, False):
+        values[12] = None
+        if status in _IN_FLIGHT_STATUSES:
+            return f"lease_expires_at {lease!r}"
+    for index in (15, 16):  # updated_at, completed_at
+        if values[index] is not None and not _number(values[index], False):
+            values[index] = None
+    if values[15] is None:
+        values[15] = 0.0
+        if status is ReceiptStatus.COMPLETED and values[16] is None:
+            return "updated_at (none, nor completed_at)"
+    if not _number(values[17], True):
+        generation = values[17]
+        values[17] = 1
+        return f"generation {generation!r}"
+    return None
+
+
+def receipt_from_row(row: Sequence[Any]) -> Receipt:
+    """A receipt from a row of :data:`COLUMNS` (SQLite's and Postgres's). A row this code
+    cannot read whole fails nobody else's key: an output that does not decode is an
+    :class:`~stores.codec.UnreadableOutput`; a status it does not know, or a value a
+    claim decides by that is not a number (a lease expiry, an output's times, the
+    generation: text or NaN set by hand), reads as ``uncertain`` (never re-run nor
+    reused silently; an operator resolves it), with an error saying why; other numbers
+    that are not (counts, times only shown) read as their defaults."""
+    values = list(row)
+    status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
+    odd = f"status {values[4]!r}" if status is None else _odd_numbers(values, status)
+    if odd is not None:
+        values[7] = (
+            f"its stored {odd} is not one this code can read (changed by hand?): decide it with "
+            f"`tooldispatch receipts resolve {str(values[0])[:16]} --rerun` (or --fail)"
+        )
+        status = ReceiptStatus.UNCERTAIN
+    values[4] = status
+    values[6] = decode_stored(values[6])  # one damaged output never fails a bulk read
+    if values[8] is not None:
+        values[8] = FailureKind(values[8])
+    return Receipt(*values)

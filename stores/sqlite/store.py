@@ -1,0 +1,384 @@
+"""SQLite receipt store (the embedded default), built on sqlite-utils.
+
+One file, WAL mode, a busy timeout, ``BEGIN IMMEDIATE`` for every write. Each bulk
+operation is one transaction whose statements carry all keys at once through
+``json_each(?)`` (never ``executemany`` with RETURNING, which differs across Python
+3.10-3.13). Under gevent the work runs on the hub's threadpool. Inspect a file with
+the sqlite-utils CLI, for instance ``sqlite-utils rows receipts.db receipts --limit 5``
+or ``sqlite-utils query receipts.db "select status, count(*) from receipts group by 1"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from stores.base import Clock, ReceiptStore
+from stores.claims import plan_claims, settled_by_read
+from stores.codec import encode_output
+from stores.errors import StoreError
+from stores.fenced import FencedWrites, FenceItem, refusal
+from stores.rules import (
+    LOST_WHILE_RUNNING,
+    resolved_as_failed,
+)
+from stores.sqlite.conn import bound_wal, open_connection
+from stores.sqlite.offload import BlockingRunner
+from stores.sqlite.schema import rollback
+from stores.sqlite.sql import (
+    _BUMP_PURGE_EPOCH,
+    _BY_KEYS,
+    _DEFAULT_PURGE,
+    _FENCE,
+    _RESOLVE,
+    _RESTORE_COMPLETED,
+    _REUSABLE,
+    _SET_COMPLETE,
+    _SET_FAIL,
+    _SET_RELEASE,
+    _SET_RENEW,
+    _SET_RUNNING,
+    _SET_RUNNING_RENEW,
+    _SET_UNCERTAIN,
+    _SET_UNCERTAIN_LOST,
+    _UPSERT_CLAIMS,
+    error_text,
+    receipt_from_row,
+)
+from stores.sqlite.together import WritesTogether
+from stores.types import (
+    Claim,
+    ClaimMode,
+    ClaimRequest,
+    FenceReport,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    Refusal,
+    ResolveAction,
+)
+
+__all__ = ["WAL_SIZE_LIMIT_BYTES", "SqliteReceiptStore"]
+
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+"""Default bound on the WAL file once checkpoints resume (64 MiB)."""
+
+
+_SET = {
+    "running": (_SET_RUNNING, 1),
+    "running_renew": (_SET_RUNNING_RENEW, 3),
+    "renew": (_SET_RENEW, 3),
+    "complete": (_SET_COMPLETE, 2),
+    "fail": (_SET_FAIL, 1),
+    "uncertain": (_SET_UNCERTAIN, 1),
+    "release": (_SET_RELEASE, 1),
+}
+"""Fenced write -> (its SET clause, how many time parameters it takes: now; now, now;
+now, ttl, now)."""
+
+
+class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
+    """Receipt store in one SQLite file (or ``":memory:"``).
+
+    Args:
+        path: the database file; created owner-read/write only (0600) if missing.
+        clock: the store's clock, epoch seconds (injectable for tests).
+        busy_timeout_s: how long a write waits for another process's lock, seconds.
+        wal_size_limit_bytes: the WAL file's size once checkpoints can run again. A long
+            reader (another connection holding a snapshot) makes the WAL grow past it;
+            the first write after the reader ends checkpoints and truncates it
+            (``PRAGMA wal_checkpoint(TRUNCATE)`` without waiting for readers), and
+            ``PRAGMA journal_size_limit`` caps what a reset WAL keeps (SQLite docs, "Write-Ahead
+            Logging" section 6, and the pragma's page).
+
+    Raises:
+        StoreUnavailableError: the directory is missing or not writable.
+        StoreCorruptError: the file is not a SQLite database.
+        SchemaVersionError: the file was written by a newer tooldispatch.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        busy_timeout_s: float = 30.0,
+        wal_size_limit_bytes: int = WAL_SIZE_LIMIT_BYTES,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.clock = clock
+        self.wal_size_limit_bytes = wal_size_limit_bytes
+        self._wal_path = None if self.path == ":memory:" else self.path + "-wal"
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._run = BlockingRunner()
+        self._conn: sqlite3.Connection | None = None
+        self._run(self._open, busy_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"SqliteReceiptStore({self.path!r})"
+
+    # -- connection -------------------------------------------------------------------
+
+    def _open(self, busy_timeout_s: float) -> None:
+        self._conn = open_connection(self.path, busy_timeout_s, self.wal_size_limit_bytes)
+
+    def renewal_handle(self) -> SqliteReceiptStore:
+        """A new store on the same file with its own connection, opened on the calling
+        thread (which, under gevent, has no hub: its work then runs inline there). An
+        in-memory store has one database per connection: it is shared (``self``)."""
+        if self.path == ":memory:":
+            return self
+        return SqliteReceiptStore(
+            self.path,
+            clock=self.clock,
+            busy_timeout_s=self._busy_ms / 1000.0,
+            wal_size_limit_bytes=self.wal_size_limit_bytes,
+        )
+
+    def close(self) -> None:
+        """Close the connection; later calls raise StoreError."""
+        if self._conn is not None:
+            self._run(self._conn.close)
+            self._conn = None
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        if self._together:  # one call of write_together's transaction
+            with self._savepoint(conn):
+                yield conn
+            return
+        conn = self._open_for_write()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            self._end_failed(conn)
+            raise
+        self._bound_wal(conn)
+
+    def _open_for_write(self) -> sqlite3.Connection:
+        """The connection, with no transaction left open by an earlier failure (a write
+        never builds on one)."""
+        conn = self._connection()
+        if conn.in_transaction and not rollback(conn):
+            conn = self._reconnect()
+        return conn
+
+    def _end_failed(self, conn: sqlite3.Connection) -> None:
+        """End a failed write's transaction; if even ROLLBACK fails, the connection is
+        closed (SQLite then discards the transaction) and another opened."""
+        if not rollback(conn):
+            self._reconnect()
+
+    def _reconnect(self) -> sqlite3.Connection:
+        with contextlib.suppress(sqlite3.Error):
+            self._connection().close()
+        self._open(self._busy_ms / 1000.0)
+        return self._connection()
+
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        if self._wal_path is not None:
+            bound_wal(conn, self._wal_path, self.wal_size_limit_bytes, self._busy_ms)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self.path}: the receipt store is closed")
+        return self._conn
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return self._run(fn, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+
+    # -- reads ------------------------------------------------------------------------
+
+    def _rows(self, conn: sqlite3.Connection, org_id: str, keys: Iterable[str]) -> dict[str, Receipt]:
+        cursor = conn.execute(_BY_KEYS, (org_id, orjson.dumps(list(keys)).decode()))
+        return {row[0]: receipt_from_row(row) for row in cursor}
+
+    def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
+        found = self._call(lambda: self._rows(self._connection(), org_id, keys))
+        return [found.get(key) for key in keys]
+
+    def read_reusable(
+        self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
+    ) -> dict[str, tuple[str, str]]:
+        def read() -> dict[str, tuple[str, str]]:
+            rows = self._connection().execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
+            now = self.clock()
+            return {
+                key: (input_hash, text)
+                for key, input_hash, text, at in rows
+                if stale_after_s is None or now - at <= stale_after_s
+            }
+
+        return self._call(read)  # type: ignore[no-any-return]
+
+    # -- claims -----------------------------------------------------------------------
+
+    def claim_many(
+        self,
+        org_id: str,
+        requests: Sequence[ClaimRequest],
+        owner: Owner,
+        *,
+        lease_ttl_s: float,
+        mode: ClaimMode = ClaimMode.NORMAL,
+        stale_after_s: float | None = None,
+        running: Collection[str] = frozenset(),
+    ) -> list[Claim]:
+        unique = {request.key: request for request in reversed(requests)}
+        decided: dict[str, Claim] = self._call(
+            self._claim, org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s, running
+        )
+        return [decided[request.key] for request in requests]
+
+    def _claim(
+        self,
+        org_id: str,
+        requests: list[ClaimRequest],
+        owner: Owner,
+        lease_ttl_s: float,
+        mode: ClaimMode,
+        stale_after_s: float | None,
+        running: Collection[str] = frozenset(),
+    ) -> dict[str, Claim]:
+        decided: dict[str, Claim] = {}
+        if mode is not ClaimMode.FORCE_REFRESH:  # settled receipts: a plain read, no lock
+            existing = self._rows(self._connection(), org_id, (r.key for r in requests))
+            if existing:
+                decided, requests = settled_by_read(requests, existing, self.clock(), mode, stale_after_s)
+                if not requests:
+                    return decided
+        with self._write() as conn:
+            now = self.clock()
+            existing = self._rows(conn, org_id, (r.key for r in requests))
+            plan = plan_claims(
+                org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s, running
+            )
+            if plan.writes:
+                host, pid, started_at = plan.identity
+                params = (
+                    org_id,
+                    owner.run_id,
+                    owner.run_attempt,
+                    now + lease_ttl_s,
+                    now,
+                    host,
+                    pid,
+                    started_at,
+                )
+                conn.execute(_UPSERT_CLAIMS, (*params, orjson.dumps(plan.writes).decode()))
+            if plan.restored:
+                conn.execute(_RESTORE_COMPLETED, (now, org_id, orjson.dumps(plan.restored).decode()))
+            if plan.lost:
+                lost = orjson.dumps(plan.lost).decode()
+                conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+        if decided:
+            decided.update(plan.decided)
+            return decided
+        return plan.decided
+
+    # -- fenced writes ----------------------------------------------------------------
+
+    def _fence(
+        self,
+        org_id: str,
+        owner: Owner,
+        op: str,
+        items: list[FenceItem],
+        refused: dict[str, Refusal],
+        idempotent_status: ReceiptStatus | None = None,
+        ttl_s: float | None = None,
+    ) -> FenceReport:
+        keys = [item[0] for item in items]
+        set_sql, arity = _SET[op]
+        now = self.clock()
+        set_params = (now,) if arity == 1 else (now, now) if arity == 2 else (now, ttl_s, now)
+
+        def work() -> FenceReport:
+            with self._write() as conn:
+                applied: set[str] = set()
+                if items:
+                    sql = _FENCE.format(set=set_sql)
+                    payload = orjson.dumps(items).decode()
+                    params = (payload, *set_params, org_id, owner.run_id, owner.run_attempt)
+                    applied = {row[0] for row in conn.execute(sql, params)}
+                missed = [item for item in items if item[0] not in applied]
+                if missed:
+                    stored = self._rows(conn, org_id, (item[0] for item in missed))
+                    for item in missed:
+                        why = refusal(stored.get(item[0]), item[1], owner, idempotent_status)
+                        if why is None:
+                            applied.add(item[0])
+                        else:
+                            refused[item[0]] = why
+            return FenceReport(tuple(k for k in keys if k in applied), refused)
+
+        return self._call(work)  # type: ignore[no-any-return]
+
+    def resolve(
+        self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
+    ) -> Receipt | None:
+        action = ResolveAction(action)
+        params: tuple[Any, ...] = ()
+        if action is ResolveAction.COMPLETE:
+            text = encode_output(output)  # raises before anything changes
+
+        def work() -> Receipt | None:
+            nonlocal params
+            with self._write() as conn:
+                now = self.clock()
+                receipt = self._rows(conn, org_id, [key]).get(key)
+                if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
+                    return receipt
+                if action is ResolveAction.FAIL:
+                    params = (error_text(resolved_as_failed(receipt.error, note)),)
+                elif action is ResolveAction.COMPLETE:
+                    params = (text, now)
+                conn.execute(_RESOLVE[action.value], (*params, now, org_id, key))
+                return self._rows(conn, org_id, [key]).get(key)
+
+        return self._call(work)  # type: ignore[no-any-return]
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def purge(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        statuses: Iterable[ReceiptStatus] | None = None,
+        org_id: str | None = None,
+    ) -> int:
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+
+        def work() -> int:
+            with self._write() as conn:
+                now = self.clock()
+                cursor = conn.execute(
+                    "DELETE FROM receipts WHERE updated_at <= ? "
+                    "AND status IN (SELECT value FROM json_each(?)) "
+                    "AND NOT coalesce(lease_expires_at > ?, 0) AND (? IS NULL OR org_id = ?)",
+                    (now - older_than_s, orjson.dumps(wanted).decode(), now, org_id, org_id),
+                )
+                if cursor.rowcount:
+                    conn.execute(_BUMP_PURGE_EPOCH)
+                return cursor.rowcount
+
+        return self._call(work)  # type: ignore[no-any-return]
+
+    def purge_epoch(self) -> int:
+        def read() -> int:
+            row = self._connection().execute("SELECT value FROM meta WHERE name = 'purge_epoch'").fetchone()
+            return int(row[0]) if row else 0
+
+        return self._call(read)  # type: ignore[no-any-return]
