@@ -1,4 +1,5 @@
-"""The caller's side of ``execute`` / ``execute_many``: keys, memo hits, and the hand-off.
+"""The front door: the host's handle (:class:`DispatchProxy`) and the caller's side of a call
+(:class:`Intake`): keys, memo hits, and the hand-off.
 
 Runs on the caller's thread. Every call's receipt key is computed here (the parts that
 do not depend on the input are checked and hashed once per tool, credentials digest and
@@ -22,30 +23,38 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import orjson
 import pykka
 
 from actors.checks import check_number
-from actors.errors import CallCancelledError, CallCycleError, InvalidInputError, UnknownToolError
+from actors.errors import (
+    CallCancelledError,
+    CallCycleError,
+    DispatchError,
+    InvalidInputError,
+    UnknownToolError,
+    error_text,
+    type_name,
+)
 from actors.lifecycle.calls import Call
-from actors.messages import RememberOutputs
+from actors.messages import CallCancelled, RememberOutputs, SubmitCalls
+from actors.queue.memo import Memo
 from actors.results import ToolResult
-from actors.runtime.foreign import error_text
 from actors.runtime.futures import fail, new_future, resolved_future
 from actors.runtime.nesting import in_tool, running_keys
+from actors.stats import Stats
+from actors.tool import Policy, RunInfo, Tool
+from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.keys import key_maker
 from stores.types import ClaimMode
 
-if TYPE_CHECKING:
-    from actors.system import DispatchSystem
-    from actors.tool import Tool
-
-__all__ = ["READ_FIRST", "Intake"]
+__all__ = ["READ_FIRST", "DispatchProxy", "Intake"]
 
 READ_FIRST = 32
 """Fewest calls (left after the memo) of one ``execute_many`` whose receipts are read on the
@@ -64,14 +73,32 @@ class Intake:
     """Takes calls for one :class:`~actors.system.DispatchSystem` (any thread).
 
     Args:
-        system: the system (its tools, memos, stats, run, policy, queues).
+        run: the run's identity (org and scope key every call).
+        policy: the system's settings.
+        tools: the tools by id.
+        stats: the system's counters.
+        stopping: set once the system stops taking calls.
+        memos: each tool's memo, by tool id.
+        queues: each tool's queue actor, by tool id.
+        store: the receipt store (plain reads of a cold rerun, on the caller's thread).
     """
 
-    def __init__(self, system: DispatchSystem) -> None:
-        self.system = system
+    def __init__(
+        self, *, run: RunInfo, policy: Policy, tools: dict[str, Tool], stats: Stats,
+        stopping: threading.Event, memos: dict[str, Memo], queues: dict[str, Any], store: ReceiptStore,
+    ) -> None:  # fmt: skip
+        self.run = run
+        self.policy = policy
+        self.tools = tools
+        self.stats = stats
+        self.stopping = stopping
+        self.memos = memos
+        self.queues = queues
+        self.store = store
+        self._digests: dict[str, str] = {}
         self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str]]] = {}
 
-    def _maker(
+    def key_maker(
         self, tool: Tool, digest: str, stale_after_s: float | None
     ) -> Callable[[Any], tuple[str, str]]:
         """The key function of ``tool`` under ``digest`` and ``stale_after_s`` (cached; a
@@ -79,7 +106,7 @@ class Intake:
         cache_key = (tool.tool_id, digest, stale_after_s)
         make = self._makers.get(cache_key)
         if make is None:
-            run = self.system.run
+            run = self.run
             make = key_maker(
                 org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id, credential_scope_digest=digest,
                 version=tool.version, stale_after_s=stale_after_s, ignore_fields=tool.non_semantic_fields,
@@ -88,6 +115,37 @@ class Intake:
                 self._makers.clear()
             self._makers[cache_key] = make
         return make
+
+    def digest(self, tool: Tool) -> str:
+        """The credential-scope digest of ``tool`` (asked once, then cached; '' without credentials)."""
+        if tool.credentials is None:
+            return ""
+        found = self._digests.get(tool.tool_id)
+        if found is None:
+            try:
+                found = str(tool.credentials())
+            except (Exception, KeyboardInterrupt):  # an error, or the caller's own interrupt
+                raise
+            except BaseException as exc:  # SystemExit & co: this call's error, not the process's
+                raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
+                                    f"({type_name(exc)})") from None  # fmt: skip
+            self._digests[tool.tool_id] = found
+        return found
+
+    def submit(self, tool_id: str, calls: list[Call]) -> None:
+        """Queue ``calls`` on their tool's queue actor in one message (cancelled if it is gone)."""
+        ref = self.queues[tool_id]
+        for call in calls:
+            call.future.on_cancel = _cancel_hook(ref, call)
+        try:
+            ref.tell(SubmitCalls(calls=tuple(calls)))
+        except pykka.ActorDeadError:
+            for call in calls:
+                fail(call.future, CallCancelledError("the dispatcher is stopped"))
+
+    def forget_digest(self, tool_id: str) -> None:
+        """Ask ``tool_id``'s credentials again at its next call."""
+        self._digests.pop(tool_id, None)
 
     def execute_many(
         self,
@@ -100,23 +158,22 @@ class Intake:
     ) -> list[Any]:
         """One future per input, same order (see :meth:`DispatchProxy.execute_many`)."""
 
-        system = self.system
-        stats = system.stats_
-        tool = system.tools.get(tool_id) if isinstance(tool_id, str) else None
+        stats = self.stats
+        tool = self.tools.get(tool_id) if isinstance(tool_id, str) else None
         try:
-            if system._stopping.is_set():
+            if self.stopping.is_set():
                 raise CallCancelledError("the dispatcher is stopped")
             if not isinstance(tool_id, str):
                 raise InvalidInputError(f"tool_id must be a string, got {type(tool_id).__name__}")
             if tool is None:
-                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(system.tools))}")
+                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
             for name, flag in (("force_refresh", force_refresh), ("retry_failed", retry_failed)):
                 if not isinstance(flag, bool):
                     raise InvalidInputError(f"{name} must be True or False, got {type(flag).__name__}")
             check_seconds("timeout_s", timeout_s, positive=True)
             check_seconds("stale_after_s", stale_after_s, positive=False)
-            digest = system._digest(tool)
-            make = self._maker(tool, digest, stale_after_s)
+            digest = self.digest(tool)
+            make = self.key_maker(tool, digest, stale_after_s)
         except Exception as exc:
             failed = [new_future() for _ in inputs]
             for future in failed:
@@ -126,12 +183,12 @@ class Intake:
             stats.add("errors", len(failed), tool=known)
             return failed
         mode = _MODES[force_refresh, retry_failed]
-        memo = system._memos.get(tool_id)
+        memo = self.memos.get(tool_id)
         recall = memo.recall if memo is not None and memo.max_bytes and mode is ClaimMode.NORMAL else None
         nested = in_tool()
         cycle = running_keys() if nested else frozenset()
         now = time.monotonic()
-        timeout = timeout_s or tool.timeout_s or system.policy.timeout_s
+        timeout = timeout_s or tool.timeout_s or self.policy.timeout_s
         futures: list[Any] = []
         misses: list[tuple[int, Any, str, str]] = []  # (index, input, key, input hash)
         errors = cached = 0
@@ -202,7 +259,7 @@ class Intake:
         if cached:
             stats.add("cached", cached, tool=tool_id)
         if calls:
-            system._submit(tool_id, calls)
+            self.submit(tool_id, calls)
         return futures
 
     def _from_store(
@@ -222,13 +279,12 @@ class Intake:
         (the claim will meet the error). Under a receipt-op budget every read must be
         charged by the store actor, so none is made here.
         """
-        system = self.system
-        if system.policy.max_receipt_ops is not None:
+        if self.policy.max_receipt_ops is not None:
             return misses
         tool_id = tool.tool_id
         try:
-            found = system.store.read_reusable(
-                system.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
+            found = self.store.read_reusable(
+                self.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
             )
         except Exception:
             return misses
@@ -247,9 +303,9 @@ class Intake:
                 continue
             texts[key] = stored[1]
             futures[index] = resolved_future(ToolResult.of(value, "cached", key, tool_id))
-        if texts and system._memos[tool_id].max_bytes:
+        if texts and self.memos[tool_id].max_bytes:
             with contextlib.suppress(pykka.ActorDeadError):
-                system._queues[tool_id].tell(RememberOutputs(entries=tuple(texts.items())))
+                self.queues[tool_id].tell(RememberOutputs(entries=tuple(texts.items())))
         return left
 
 
@@ -290,3 +346,82 @@ def _as_input_error(exc: BaseException) -> Exception:
     error = InvalidInputError(f"input cannot be used: {type(exc).__name__}: {error_text(exc)}")
     error.__cause__ = exc
     return error
+
+
+class _cancel_hook:
+    """A call's ``on_cancel``: tells its queue actor (one object per call, not a closure)."""
+
+    __slots__ = ("call", "ref")
+
+    def __init__(self, ref: Any, call: Call) -> None:
+        self.ref = ref
+        self.call = call
+
+    def __call__(self) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(CallCancelled(call=self.call))
+
+
+class DispatchProxy:
+    """The host's handle for submitting calls; every method is thread-safe."""
+
+    def __init__(self, intake: Intake, stats: Callable[[], dict[str, Any]]) -> None:
+        self._intake = intake
+        self._stats = stats
+
+    def execute(
+        self,
+        tool_id: str,
+        input: Any,
+        *,
+        force_refresh: bool = False,
+        retry_failed: bool = False,
+        stale_after_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> pykka.Future[Any]:
+        """Queue one call.
+
+        Args:
+            tool_id: a tool the system was started with.
+            input: the call's JSON input.
+            force_refresh: re-run even if a completed receipt exists.
+            retry_failed: re-run a receipt that failed.
+            stale_after_s: completed receipts older than this (seconds) are re-run.
+            timeout_s: this call's timeout (default the tool's, then the policy's).
+
+        Returns:
+            A pykka future (awaitable) of :class:`~actors.results.ToolResult`. It fails
+            with UnknownToolError, InvalidInputError, the tool's error,
+            RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
+            BudgetExceededError, PersistenceCircuitOpenError, CallCancelledError or
+            CallCycleError (from inside a tool, a call of the input it runs for).
+        """
+        (future,) = self._intake.execute_many(
+            tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s
+        )
+        one: pykka.Future[Any] = future
+        return one
+
+    def execute_many(
+        self,
+        tool_id: str,
+        inputs: Iterable[Any],
+        *,
+        force_refresh: bool = False,
+        retry_failed: bool = False,
+        stale_after_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> list[pykka.Future[Any]]:
+        """Queue many calls of one tool in one message (same options as :meth:`execute`).
+
+        Returns:
+            list of futures, same order as ``inputs``. An input that is not JSON fails
+            its own future alone.
+        """
+        return self._intake.execute_many(
+            tool_id, tuple(inputs), force_refresh, retry_failed, stale_after_s, timeout_s
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """See :meth:`DispatchSystem.stats`."""
+        return self._stats()

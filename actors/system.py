@@ -26,30 +26,34 @@ from typing import Any
 import attrs
 import pykka
 
-from actors.errors import AuthScopeChangedError, CallCancelledError, DispatchError, ToolTimeoutError
+from actors.errors import (
+    AuthScopeChangedError,
+    DispatchError,
+    ToolTimeoutError,
+    error_text,
+    is_a,
+    type_name,
+)
 from actors.flusher.actor import CompletionFlusherActor, Latch
 from actors.flusher.salvage import ReplayReport, SalvageLog
 from actors.flusher.stop_salvage import salvage_unread, salvage_writing
-from actors.front import Intake
+from actors.front import DispatchProxy, Intake
 from actors.governor.actor import GovernorActor
 from actors.governor.decisions import suggested_parallelism
 from actors.heartbeat.actor import HeartbeatActor
 from actors.lifecycle.calls import Call, Role
-from actors.messages import CallCancelled, StopQueue, SubmitCalls
+from actors.messages import StopQueue
 from actors.pacing.providers import provider_pacings
 from actors.pacing.send_gate import SendGates
-from actors.proxy import DispatchProxy
 from actors.queue.actor import Memo, ToolQueueActor
 from actors.queue.system_ports import Ports
 from actors.runtime.actor import Timers, WorkerPool, on_actor, runtime_name
 from actors.runtime.at_exit import track, untrack
-from actors.runtime.foreign import is_a, type_name
 from actors.runtime.futures import MAX_WAIT_S, fail, new_future
 from actors.stats import Stats
 from actors.store.actor import ReceiptStoreActor
 from actors.store.purge_watch import PurgeWatcher
 from actors.tool import Policy, RunInfo, Tool
-from actors.worker.attempt import error_text
 from actors.worker.launch import Launch
 from stores.base import ReceiptStore
 from stores.types import Owner
@@ -84,7 +88,6 @@ class DispatchSystem:
         """The last check before each request leaves (:mod:`actors.worker.launch`)."""
         self.timers = Timers()
         self.salvage = SalvageLog(policy.salvage_path or _default_salvage_path(store))
-        self._digests: dict[str, str] = {}
         self._stopping = threading.Event()
         self._stopped = False
         self._stop_done = threading.Event()
@@ -124,8 +127,11 @@ class DispatchSystem:
             tool_id: ToolQueueActor.start(tool, self.ports, self._memos[tool_id])
             for tool_id, tool in self.tools.items()
         }
-        self._proxy = DispatchProxy(self)
-        self._intake = Intake(self)
+        self._intake = Intake(
+            run=run, policy=policy, tools=self.tools, stats=self.stats_, stopping=self._stopping,
+            memos=self._memos, queues=self._queues, store=store,
+        )  # fmt: skip
+        self._proxy = DispatchProxy(self._intake, self.stats)
         if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
             PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
         track(self)  # stopped at interpreter exit if the host never stops it
@@ -169,31 +175,6 @@ class DispatchSystem:
 
     # -- calls ------------------------------------------------------------------------
 
-    def _digest(self, tool: Tool) -> str:
-        if tool.credentials is None:
-            return ""
-        found = self._digests.get(tool.tool_id)
-        if found is None:
-            try:
-                found = str(tool.credentials())
-            except (Exception, KeyboardInterrupt):  # an error, or the caller's own interrupt
-                raise
-            except BaseException as exc:  # SystemExit & co: this call's error, not the process's
-                raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
-                                    f"({type_name(exc)})") from None  # fmt: skip
-            self._digests[tool.tool_id] = found
-        return found
-
-    def _submit(self, tool_id: str, calls: list[Call]) -> None:
-        ref = self._queues[tool_id]
-        for call in calls:
-            call.future.on_cancel = _cancel_hook(ref, call)
-        try:
-            ref.tell(SubmitCalls(calls=tuple(calls)))
-        except pykka.ActorDeadError:
-            for call in calls:
-                fail(call.future, CallCancelledError("the dispatcher is stopped"))
-
     def _requeue(self, call: Call, error: BaseException) -> None:
         """Credentials changed: recompute the key and queue the call once more.
 
@@ -202,10 +183,10 @@ class DispatchSystem:
         if call.requeued:
             fail(call.future, error)
             return
-        self._digests.pop(call.tool.tool_id, None)
+        self._intake.forget_digest(call.tool.tool_id)
         try:  # the same input (already a private copy), keyed under the new credentials
-            digest = self._digest(call.tool)
-            key, input_hash = self._intake._maker(call.tool, digest, call.stale_after_s)(call.input)
+            digest = self._intake.digest(call.tool)
+            key, input_hash = self._intake.key_maker(call.tool, digest, call.stale_after_s)(call.input)
         except BaseException as exc:  # on the tool queue's thread: answered, never passed on
             # judged by its real type and name: a foreign error's own may raise on this thread
             if not is_a(exc, Exception):
@@ -233,7 +214,7 @@ class DispatchSystem:
             )
             return
         self.stats_.add("requeued")
-        self._submit(call.tool.tool_id, [fresh])
+        self._intake.submit(call.tool.tool_id, [fresh])
 
     # -- observation ------------------------------------------------------------------
 
@@ -371,20 +352,6 @@ class DispatchSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class _cancel_hook:
-    """A call's ``on_cancel``: tells its queue actor (one object per call, not a closure)."""
-
-    __slots__ = ("call", "ref")
-
-    def __init__(self, ref: Any, call: Call) -> None:
-        self.ref = ref
-        self.call = call
-
-    def __call__(self) -> None:
-        with contextlib.suppress(pykka.ActorDeadError):
-            self.ref.tell(CallCancelled(call=self.call))
 
 
 def _default_salvage_path(store: ReceiptStore) -> str:

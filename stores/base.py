@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
+from stores.rules import MAX_OUTPUT_BYTES
 from stores.types import (
     Claim,
     ClaimDisposition,
@@ -45,9 +46,6 @@ __all__ = ["MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptStore"]
 
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
-
-MAX_OUTPUT_BYTES = 32 * 1024 * 1024
-"""Largest serialised output one receipt may hold (32 MiB, docs/how-it-works.md Completion)."""
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from stores.base import MAX_OUTPUT_BYTES
 from stores.codec import encode_output
 from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.process import current_process_identity, process_gone
@@ -18,6 +17,7 @@ __all__ = [
     "IN_FLIGHT",
     "KEEPS_OUTPUT",
     "LOST_WHILE_RUNNING",
+    "MAX_OUTPUT_BYTES",
     "NO_LEASE",
     "encode_for_store",
     "holder_gone",
@@ -25,6 +25,9 @@ __all__ = [
     "owner_identity",
     "resolved_as_failed",
 ]
+
+MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+"""Largest serialised output one receipt may hold (32 MiB, docs/how-it-works.md Completion)."""
 
 IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 KEEPS_OUTPUT = (ReceiptStatus.COMPLETED, ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)

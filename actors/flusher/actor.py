@@ -22,13 +22,12 @@ from typing import Any
 
 import attrs
 
-from actors.errors import CallCancelledError
+from actors.errors import CallCancelledError, error_text, exc_info_of, type_name
 from actors.flusher.held import HeldOutputs
 from actors.flusher.latch import FlushOutcome, Latch, fence_outcomes, ladder_backoff
 from actors.flusher.salvage import SalvageLog
 from actors.messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from actors.runtime.actor import InboxActor, Timers, guarded, log
-from actors.runtime.foreign import error_text, exc_info_of, type_name
 from actors.runtime.inbox import answer_left, left_in
 from actors.tool import Policy
 from stores.codec import encode_output

@@ -16,12 +16,10 @@ from typing import IO, Any
 import attrs
 import orjson
 
-from actors.errors import UnknownToolError
+from actors.errors import UnknownToolError, error_text, type_name
 from actors.job.error_kinds import ErrorKinds
 from actors.job.ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
 from actors.job.play import InputError, Play, PlayContext, RowError
-from actors.runtime.foreign import type_name
-from actors.worker.attempt import error_text
 
 __all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
 

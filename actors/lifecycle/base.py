@@ -26,12 +26,12 @@ from actors.errors import (
     PersistenceCircuitOpenError,
     RecordedFailureError,
     SuspendedError,
+    is_a,
 )
 from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit
 from actors.lifecycle.effects import Effects
 from actors.messages import DeadlineDue
 from actors.results import ToolResult
-from actors.runtime.foreign import is_a
 from actors.tool import Policy, Tool
 from stores.codec import EncodedOutput, decode_output
 from stores.types import (

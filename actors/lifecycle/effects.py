@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from actors.lifecycle.attempts import AttemptSpec
 from actors.lifecycle.calls import Call, Group
-from actors.worker.attempt import AttemptSpec
 from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 __all__ = ["Effects"]

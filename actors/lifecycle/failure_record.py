@@ -21,12 +21,14 @@ from actors.errors import (
     ReceiptWaitTimeoutError,
     ToolTimeoutError,
     UncertainOutcomeError,
+    error_text,
+    flag_of,
+    is_a,
 )
+from actors.lifecycle.attempts import failure_kind_for
 from actors.lifecycle.base import RELEASE_ON, TooLarge
-from actors.runtime.foreign import flag_of, is_a
 from actors.runtime.nesting import cause_chain
 from actors.tool import Tool
-from actors.worker.attempt import error_text, failure_kind_for
 from stores import output_too_large_error
 from stores.types import FailureKind
 

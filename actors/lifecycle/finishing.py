@@ -21,13 +21,14 @@ from actors.errors import (
     RateLimitedError,
     StoreError,
     ToolTimeoutError,
+    attr_of,
+    is_a,
 )
+from actors.lifecycle.attempts import plain_value, retry_in_call, transient
 from actors.lifecycle.base import Done
 from actors.lifecycle.calls import Group, GroupState, Role, Unit
 from actors.lifecycle.persisting import Persisting
 from actors.messages import RetryDue, UnitFinished
-from actors.runtime.foreign import attr_of, is_a
-from actors.worker.attempt import plain_value, retry_in_call, transient
 
 __all__ = ["Finishing"]
 

@@ -36,12 +36,11 @@ from actors.errors import (
     NotSentError,
     ProviderUnavailableError,
 )
+from actors.lifecycle.attempts import SendTicket, spec_for
 from actors.lifecycle.base import Effects
 from actors.lifecycle.calls import Call, Group, GroupState, Unit
 from actors.lifecycle.cleanup import Cleanup
 from actors.lifecycle.finishing import Finishing
-from actors.worker.attempt import spec_for
-from actors.worker.launch import SendTicket
 
 __all__ = ["Effects", "Lifecycle"]
 

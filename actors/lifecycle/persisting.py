@@ -13,12 +13,13 @@ from actors.errors import (
     LeaseLostError,
     OutputNotStorableError,
     ReceiptPersistenceError,
+    attr_of,
+    error_text,
+    is_a,
 )
 from actors.lifecycle.base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from actors.lifecycle.calls import Group, GroupState
 from actors.lifecycle.failure_record import failure_record, may_have_acted
-from actors.runtime.foreign import attr_of, is_a
-from actors.worker.attempt import error_text
 from stores.codec import EncodedOutput, decode_output, encode_output
 from stores.types import Failure
 

@@ -18,13 +18,11 @@ import abc
 import math
 from typing import Any
 
-from actors.errors import ReceiptWaitTimeoutError, UncertainOutcomeError
+from actors.errors import ReceiptWaitTimeoutError, UncertainOutcomeError, error_text, is_a, type_name
 from actors.lifecycle.base import Done, LifecycleBase
 from actors.lifecycle.calls import Call, Group, GroupState
 from actors.messages import WaitDue
-from actors.runtime.foreign import is_a, type_name
 from actors.tool import NOT_DONE
-from actors.worker.attempt import error_text
 from stores.codec import EncodedOutput, encode_output
 from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import ClaimMode, Receipt

@@ -21,11 +21,11 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from actors.errors import error_text
 from actors.flusher.latch import FlushOutcome, fence_outcomes
 from actors.flusher.salvage import salvage_entry
 from actors.messages import CompletionsPersisted, CompletionsWritten
 from actors.runtime.actor import log
-from actors.worker.attempt import error_text
 from stores.codec import EncodedOutput
 from stores.types import Completion
 

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pykka
 
-from actors.errors import NotSentError
+from actors.errors import NotSentError, error_text, exc_info_of, is_a
 from actors.flusher.salvage import salvage_entry
+from actors.lifecycle.attempts import AttemptSpec
 from actors.lifecycle.calls import Call, Group
 from actors.messages import Reconciled, UnitFinished
 from actors.results import ToolContext, ToolResult, provider_idempotency_key
 from actors.runtime.actor import Reply, log
-from actors.runtime.foreign import exc_info_of, is_a
 from actors.runtime.futures import fail
-from actors.worker.attempt import AttemptSpec, attempt, error_text
+from actors.worker.attempt import attempt
 from stores.codec import EncodedOutput
 
 if TYPE_CHECKING:

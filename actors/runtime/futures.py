@@ -17,7 +17,7 @@ from typing import Any
 
 import pykka
 
-from actors.runtime.foreign import exc_info_of, with_traceback
+from actors.errors import exc_info_of, with_traceback
 
 __all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
 

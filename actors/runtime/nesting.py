@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from actors.errors import cause_of
 from actors.runtime import futures as _futures
-from actors.runtime.foreign import cause_of
 
 _getcurrent: Callable[[], Any] | None
 try:

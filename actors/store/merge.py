@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from actors.lifecycle.messages import StoreCall
+from actors.messages import StoreCall
 from actors.runtime.actor import log
 from stores.sqlite.together import TOGETHER
 from stores.types import FenceReport

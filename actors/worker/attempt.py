@@ -12,61 +12,33 @@ and how a batch result is split (:func:`split_members`).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
-from actors.errors import NotSentError, ProviderError, RateLimitedError
-from actors.lifecycle.calls import Unit
+from actors.errors import (
+    NotSentError,
+    ProviderError,
+    attr_of,
+    error_text,
+    is_a,
+    tame,
+    type_name,
+)
+from actors.lifecycle.attempts import AttemptSpec, PlainValue
 from actors.messages import UnitFinished
-from actors.results import ToolContext, batch_idempotency_key, provider_idempotency_key
-from actors.runtime.foreign import attr_of, error_text, flag_of, is_a, tame, type_name
-from actors.runtime.nesting import NestScope, enter_keys, leave_keys, relayed_here
+from actors.runtime.nesting import enter_keys, leave_keys, relayed_here
 from actors.tool import Tool
 from stores.codec import encode_output
-from stores.errors import InvalidInputError, InvalidOutputError, OutputNotStorableError
+from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import FailureKind
 
 if TYPE_CHECKING:
     from actors.pacing.send_gate import SendGate
-    from actors.worker.launch import Launch, SendTicket
+    from actors.worker.launch import Launch
 
-__all__ = ["attempt", "error_text", "failure_kind_for", "split_members", "transient"]
-
-
-def failure_kind_for(exc: BaseException) -> FailureKind:
-    """How a tool error is recorded: ProviderError says; timeouts and connection
-    errors are transient; invalid input is invalid_input; anything else permanent."""
-    if is_a(exc, ProviderError):  # (reads that may raise, of a foreign error: never raise here)
-        kind = attr_of(exc, "failure_kind")
-        return kind if is_a(kind, FailureKind) else FailureKind.PERMANENT
-    if is_a(exc, (TimeoutError, concurrent.futures.TimeoutError)):
-        return FailureKind.TIMEOUT
-    if is_a(exc, (ConnectionError, OSError)):
-        return FailureKind.TRANSIENT
-    if is_a(exc, InvalidInputError):
-        return FailureKind.INVALID_INPUT
-    return FailureKind.PERMANENT
-
-
-def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` says the provider could not serve at all (connection errors,
-    5xx, timeouts): retried in-call (retry-safe tools), and counted by the circuit."""
-    return not is_a(exc, (RateLimitedError, NotSentError)) and failure_kind_for(exc) in (
-        FailureKind.TRANSIENT,
-        FailureKind.TIMEOUT,
-    )
-
-
-def retry_in_call(exc: BaseException) -> bool:
-    """Whether another in-call attempt may help: transient, and not marked otherwise
-    (an error with ``retry_in_call = False``, such as a refused connection, is evidence
-    for the circuit, not worth another attempt)."""
-    return transient(exc) and flag_of(exc, "retry_in_call", True)
+__all__ = ["attempt", "split_members"]
 
 
 def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:
@@ -134,63 +106,6 @@ def _encode(value: Any) -> tuple[str | None, BaseException | None]:
         )
         error.raw_output = value
         return None, error
-
-
-@attrs.frozen(kw_only=True)
-class AttemptSpec:
-    """Everything one attempt needs, fixed on the actor before it is handed to the pool."""
-
-    unit: int
-    attempt: int
-    tool: Tool
-    payload: Any
-    inputs: list[Any]
-    batched: bool
-    context: ToolContext
-    durable: bool
-    ancestors: frozenset[str] = frozenset()
-    """The receipt keys of the tool calls its nested callers were made inside."""
-    ticket: SendTicket | None = None
-    """Its permission to send, taken right before the request (:mod:`actors.worker.launch`)."""
-
-
-def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None) -> AttemptSpec:
-    """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
-
-    A batch's members are first put in one canonical order, by their provider idempotency
-    keys (``unit.groups`` is sorted in place: the answer's members are matched to it by
-    position). Its idempotency key does not depend on the order
-    (:func:`~actors.results.batch_idempotency_key`), so the same members must make the
-    same request: a provider that replays a stored answer for that key (a batch the
-    killed run sent, sent again whole by the rerun) answers in the order first sent, and
-    members in another order would each get another member's result.
-    """
-    tool = unit.groups[0].tool
-    groups = unit.groups
-    idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
-    if len(groups) > 1:
-        order = sorted(range(len(groups)), key=idem.__getitem__)
-        groups[:] = [groups[i] for i in order]
-        idem = [idem[i] for i in order]
-    deadline = unit.deadline if unit.deadline is not None else now + unit.timeout_s
-    context = ToolContext(
-        tool_id=tool.tool_id,
-        idempotency_key=idem[0] if len(groups) == 1 else batch_idempotency_key(idem),
-        receipt_keys=tuple(g.key for g in groups),
-        credential_scope_digest=groups[0].credential_digest,
-        deadline=deadline,
-        timeout_s=max(0.001, deadline - now),
-        attempt=attempt_no,
-        _nest=NestScope(),
-    )
-    batched = tool.batch is not None and len(groups) > 1
-    inputs = [g.input for g in groups]
-    payload = None if batched else inputs[0]  # a batch payload is built on the worker
-    return AttemptSpec(
-        unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
-        context=context, durable=tool.durable, ancestors=frozenset().union(*(g.ancestors for g in groups)),
-        ticket=ticket,
-    )  # fmt: skip
 
 
 def attempt(
@@ -277,7 +192,7 @@ def attempt(
         if spec.durable:
             members = [_encode(v) for v in values]
         else:
-            members = [(None, v) if is_a(v, BaseException) else (_Plain(v), None) for v in values]
+            members = [(None, v) if is_a(v, BaseException) else (PlainValue(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
         told = tame(exc)
         tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at))
@@ -295,15 +210,3 @@ def _past_deadline(spec: AttemptSpec, tell: Callable[[Any], None], why: str, dea
     if spec.ticket is not None:
         spec.ticket.judged = deadline
     _not_sent(spec, tell, "deadline", NotSentError(f"{spec.tool.tool_id}: {why}; not sent"))
-
-
-@attrs.frozen
-class _Plain:
-    """A non-durable tool's output, handed over as is (it is never stored)."""
-
-    value: Any
-
-
-def plain_value(member: Any) -> Any:
-    """The value of a non-durable member (see :func:`attempt`)."""
-    return member.value if isinstance(member, _Plain) else member

@@ -18,41 +18,15 @@ waiting at a gate is woken at once by a withdrawal, a trip or a stop.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from actors.errors import CallCancelledError, PersistenceCircuitOpenError
+from actors.lifecycle.attempts import Refusal, SendTicket, WithdrawKind
 
 if TYPE_CHECKING:
     from actors.flusher.latch import Latch
 
-__all__ = ["Launch", "Refusal", "SendTicket", "WithdrawKind"]
-
-WithdrawKind = Literal["cancelled", "lease_lost", "stopped", "latch", "deadline"]
-"""Why an attempt was not sent: its callers left, its lease was lost, the system stopped,
-the latch tripped, its deadline passed (or its turn at the gate came after it)."""
-
-Refusal = tuple[WithdrawKind, BaseException]
-"""What :meth:`Launch.take` answers for an attempt that must not be sent."""
-
-
-class SendTicket:
-    """One attempt's permission to send: taken by its worker, or withdrawn first (one of
-    the two, under :class:`Launch`'s lock). Plain data; only :class:`Launch` changes it."""
-
-    __slots__ = ("deadline", "judged", "refusal", "sent", "wake")
-
-    def __init__(self, deadline: float = float("inf")) -> None:
-        self.deadline = deadline
-        """``time.monotonic()`` after which it is not worth sending; its tool queue moves
-        it later when a more patient caller joins (a float, read as a snapshot)."""
-        self.judged = deadline
-        """The deadline its worker judged it by when it refused it for its deadline."""
-        self.sent = False
-        """The worker took it: the request went (or is going) out."""
-        self.refusal: Refusal | None = None
-        """Withdrawn by the tool queue, and why."""
-        self.wake: threading.Event | None = None
-        """Set to wake its sender from a wait at the gate (only while it waits there)."""
+__all__ = ["Launch"]
 
 
 class Launch:

@@ -16,7 +16,8 @@ from typing import Any
 
 from actors.errors import CallCancelledError, PersistenceCircuitOpenError
 from actors.flusher.latch import Latch
-from actors.worker.launch import Launch, SendTicket
+from actors.lifecycle.attempts import SendTicket
+from actors.worker.launch import Launch
 
 HOLD_S = 0.3
 """How long a held read waits for the other side (then it goes on)."""

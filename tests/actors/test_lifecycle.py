@@ -36,13 +36,13 @@ from actors.errors import (
     ToolTimeoutError,
 )
 from actors.flusher.actor import FlushOutcome, Latch
+from actors.lifecycle.attempts import AttemptSpec
 from actors.lifecycle.calls import Call, Group, GroupState
 from actors.lifecycle.machine import Lifecycle
 from actors.messages import CleanupDue, DeadlineDue, PollDue, RetryDue, UnitFinished
 from actors.results import ToolResult
 from actors.runtime.futures import new_future
 from actors.tool import BatchStrategy, Policy, Tool
-from actors.worker.attempt import AttemptSpec
 from actors.worker.launch import Launch
 from stores.codec import encode_output
 from stores.types import (

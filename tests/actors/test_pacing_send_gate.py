@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from actors import NotSentError, Pacing, Tool
+from actors.lifecycle.attempts import AttemptSpec
 from actors.messages import UnitFinished
 from actors.pacing.send_gate import SendGate
 from actors.results import ToolContext
-from actors.worker.attempt import AttemptSpec, attempt
+from actors.worker.attempt import attempt
 
 from .conftest import ORG
 

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from actors.lifecycle.messages import StoreCall
+from actors.messages import StoreCall
 from actors.store.actor import Lanes, ReceiptStoreActor
 from actors.store.merge import Merged, mergeable
 from stores import (

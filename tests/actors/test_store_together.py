@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actors.lifecycle.messages import StoreCall
+from actors.messages import StoreCall
 from actors.store.actor import ReceiptStoreActor
 from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
 

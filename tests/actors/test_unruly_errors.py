@@ -34,7 +34,7 @@ from actors import (
     Tool,
     UncertainOutcomeError,
 )
-from actors.runtime.foreign import type_name
+from actors.errors import type_name
 from stores import ReceiptStatus, SqliteReceiptStore
 from stores.types import FailureKind
 

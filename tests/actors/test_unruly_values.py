@@ -150,7 +150,7 @@ def _has_perf_hook() -> bool:
 
 
 def test_error_text_never_raises() -> None:
-    from actors.worker.attempt import error_text
+    from actors.errors import error_text
 
     class Exits(Exception):
         def __str__(self) -> str:
