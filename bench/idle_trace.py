@@ -30,7 +30,10 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import DispatchSystem, RunInfo, Tool, _local_effects, _ports, lifecycle
+from actors import DispatchSystem, RunInfo, Tool
+from actors.lifecycle import machine as lifecycle
+from actors.queue import local_effects as _local_effects
+from actors.queue import ports as _ports
 from stores import SqliteReceiptStore
 
 STEPS: dict[Any, tuple[str, ...]] = {

@@ -41,6 +41,7 @@ __all__ = [
     "explain_key",
     "key_and_input_hash",
     "key_maker",
+    "orjson_is_jcs",
     "receipt_key",
 ]
 
@@ -61,7 +62,7 @@ def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
     """
     if ignore_fields and isinstance(value, Mapping):
         value = {k: v for k, v in value.items() if k not in ignore_fields}
-    if _orjson_is_jcs(value):
+    if orjson_is_jcs(value):
         try:
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
         except orjson.JSONEncodeError:
@@ -75,7 +76,7 @@ def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
 _MAX_SAFE_INT = 2**53 - 1
 
 
-def _orjson_is_jcs(value: Any) -> bool:
+def orjson_is_jcs(value: Any) -> bool:
     """True when orjson's sorted output is byte-identical to RFC 8785 for ``value``.
 
     That holds for exact dict/list/str/int/bool/None trees with ASCII object keys
@@ -261,7 +262,7 @@ def key_maker(
         value = input
         if ignored and isinstance(value, Mapping):
             value = {k: v for k, v in value.items() if k not in ignored}
-        if _orjson_is_jcs(value):
+        if orjson_is_jcs(value):
             try:
                 data = dumps(value, option=sort)
             except orjson.JSONEncodeError:

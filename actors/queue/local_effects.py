@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from actors.queue.system_ports import Ports
     from actors.tool import Tool
 
-__all__ = ["LocalEffects"]
+__all__ = ["FINISHED_READY", "FinishReport", "Finished", "LocalEffects"]
 
 
 class LocalEffects:
@@ -50,7 +50,7 @@ class LocalEffects:
         gate = self.ports.gates.get(self.org_id, self.tool.provider_name)
         unit = self.actor.lifecycle.units.get(spec.unit)
         groups = list(unit.groups) if unit is not None and self.tool.durable else None
-        report = _Report(self.finished, tell, self, groups)
+        report = FinishReport(self.finished, tell, self, groups)
         try:
             self.ports.pool.submit(attempt, spec, report, time.monotonic, gate, self.ports.launch)
         except Exception as exc:  # shut down (the system stopped), or no thread could start
@@ -188,10 +188,10 @@ class Finished:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: list[tuple[UnitFinished, _Report]] = []
+        self._items: list[tuple[UnitFinished, FinishReport]] = []
         self._closed = False
 
-    def put(self, message: UnitFinished, report: _Report) -> bool | None:
+    def put(self, message: UnitFinished, report: FinishReport) -> bool | None:
         """Keep an outcome. Returns True: ring the actor; False: a ring is on its way;
         None: closed (nothing kept)."""
         with self._lock:
@@ -200,7 +200,7 @@ class Finished:
             self._items.append((message, report))
             return len(self._items) == 1
 
-    def take(self) -> list[tuple[UnitFinished, _Report]]:
+    def take(self) -> list[tuple[UnitFinished, FinishReport]]:
         """Every outcome kept so far (on the actor's thread). The actor answers for them
         from now on: their reports let go of the groups kept for salvage (a worker still
         returning from its report, or idle with its last task, holds nothing of the call)."""
@@ -210,7 +210,7 @@ class Finished:
             report.groups = None
         return items
 
-    def close(self) -> list[tuple[UnitFinished, _Report]]:
+    def close(self) -> list[tuple[UnitFinished, FinishReport]]:
         """Refuse later puts; return what is left unread."""
         with self._lock:
             self._closed = True
@@ -218,7 +218,7 @@ class Finished:
         return items
 
 
-class _Report:
+class FinishReport:
     """How an attempt tells its outcome (on the worker): into the tool's
     :class:`Finished`, or, once its actor is gone, to the salvage file (``groups``:
     durable tools only)."""

@@ -48,7 +48,7 @@ import sqlite_utils
 
 from stores.errors import SchemaVersionError
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "enable_wal", "migrate"]
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "create_v1", "enable_wal", "migrate"]
 
 SCHEMA_VERSION = 2
 
@@ -78,7 +78,7 @@ COLUMNS = (
 """Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
 
-def _create_v1(db: sqlite_utils.Database) -> None:
+def create_v1(db: sqlite_utils.Database) -> None:
     db["receipts"].create(  # type: ignore[union-attr]
         {
             "key": str,
@@ -117,7 +117,7 @@ def _add_v2(db: sqlite_utils.Database) -> None:
     db["meta"].create({"name": str, "value": int}, pk="name")  # type: ignore[union-attr]
 
 
-_MIGRATIONS = {1: _create_v1, 2: _add_v2}
+_MIGRATIONS = {1: create_v1, 2: _add_v2}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pykka
 
 from actors.messages import UnitFinished
-from actors.queue.local_effects import FINISHED_READY, Finished, _Report
+from actors.queue.local_effects import FINISHED_READY, Finished, FinishReport
 
 
 class _Effects:
@@ -33,7 +33,7 @@ def _finished(unit: int) -> UnitFinished:
 def test_finished_only_the_first_outcome_rings_and_all_are_taken_together() -> None:
     rings: list[Any] = []
     buffer, effects = Finished(), _Effects()
-    reports = [_Report(buffer, rings.append, effects, [f"g{i}"]) for i in range(3)]  # type: ignore[arg-type]
+    reports = [FinishReport(buffer, rings.append, effects, [f"g{i}"]) for i in range(3)]  # type: ignore[arg-type]
     for i, report in enumerate(reports):
         report(_finished(i))
     assert rings == [FINISHED_READY]
@@ -45,19 +45,19 @@ def test_finished_only_the_first_outcome_rings_and_all_are_taken_together() -> N
 def test_finished_an_outcome_after_the_actor_stopped_is_salvaged_by_its_worker() -> None:
     buffer, effects = Finished(), _Effects()
     assert buffer.close() == []  # the actor's on_stop
-    _Report(buffer, lambda m: None, effects, ["g1"])(_finished(1))  # type: ignore[arg-type]
+    FinishReport(buffer, lambda m: None, effects, ["g1"])(_finished(1))  # type: ignore[arg-type]
     assert [(groups, m.unit) for groups, m in effects.kept] == [(["g1"], 1)]
 
 
 def test_finished_a_doorbell_to_a_dead_actor_salvages_everything_waiting() -> None:
     buffer, effects = Finished(), _Effects()
-    other = _Report(buffer, lambda m: None, effects, ["g2"])  # type: ignore[arg-type]
+    other = FinishReport(buffer, lambda m: None, effects, ["g2"])  # type: ignore[arg-type]
 
     def dead(message: Any) -> None:
         assert buffer.put(_finished(2), other) is False  # another worker, between put and ring
         raise pykka.ActorDeadError("gone")
 
-    _Report(buffer, dead, effects, ["g1"])(_finished(1))  # type: ignore[arg-type]
+    FinishReport(buffer, dead, effects, ["g1"])(_finished(1))  # type: ignore[arg-type]
     assert [(groups, m.unit) for groups, m in effects.kept] == [(["g1"], 1), (["g2"], 2)]
     assert buffer.put(_finished(3), other) is None  # closed: later ones salvage themselves
 
@@ -73,7 +73,7 @@ def test_finished_many_workers_lose_nothing() -> None:
 
     def worker(base: int) -> None:
         for i in range(2000):
-            _Report(buffer, tell, effects, None)(_finished(base + i))  # type: ignore[arg-type]
+            FinishReport(buffer, tell, effects, None)(_finished(base + i))  # type: ignore[arg-type]
 
     threads = [threading.Thread(target=worker, args=(n * 10_000,)) for n in range(4)]
     for t in threads:

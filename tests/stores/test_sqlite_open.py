@@ -326,11 +326,11 @@ def test_sqlite_store_reopens_with_its_receipts(tmp_path: Path) -> None:
 def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Path) -> None:
     """A file written before issue 9 (schema 1) opens as schema 2: receipts kept, generation 1,
     lease owner identity empty, purge epoch 0; its completed outputs are reused."""
-    from stores.sqlite.schema import _create_v1
+    from stores.sqlite.schema import create_v1
 
     path = tmp_path / "v1.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    _create_v1(sqlite_utils.Database(conn))
+    create_v1(sqlite_utils.Database(conn))
     conn.execute("PRAGMA user_version = 1")
     conn.execute(
         "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, output, lease_id, "
