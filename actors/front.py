@@ -25,8 +25,8 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import orjson
 import pykka
@@ -43,7 +43,6 @@ from actors.errors import (
 )
 from actors.lifecycle.calls import Call
 from actors.messages import CallCancelled, RememberOutputs, SubmitCalls
-from actors.queue.memo import Memo
 from actors.results import ToolResult
 from actors.runtime.futures import fail, new_future, resolved_future
 from actors.runtime.nesting import in_tool, running_keys
@@ -54,7 +53,7 @@ from stores.codec import decode_output
 from stores.keys import key_maker
 from stores.types import ClaimMode
 
-__all__ = ["READ_FIRST", "DispatchProxy", "Intake"]
+__all__ = ["READ_FIRST", "DispatchProxy", "Intake", "MemoView"]
 
 READ_FIRST = 32
 """Fewest calls (left after the memo) of one ``execute_many`` whose receipts are read on the
@@ -67,6 +66,18 @@ _MODES = {
     (True, False): ClaimMode.FORCE_REFRESH,
     (True, True): ClaimMode.FORCE_REFRESH,
 }
+
+
+class MemoView(Protocol):
+    """What the front door reads of a tool's memo (:class:`actors.queue.memo.Memo`)."""
+
+    max_bytes: int
+    """Its bound in bytes; 0: the tool keeps no memo."""
+
+    def recall(self, key: str, stale_after_s: float | None, now: float) -> str | None:
+        """The output text this system completed under ``key`` (``now``: ``time.monotonic()``),
+        or None."""
+        ...
 
 
 class Intake:
@@ -85,7 +96,7 @@ class Intake:
 
     def __init__(
         self, *, run: RunInfo, policy: Policy, tools: dict[str, Tool], stats: Stats,
-        stopping: threading.Event, memos: dict[str, Memo], queues: dict[str, Any], store: ReceiptStore,
+        stopping: threading.Event, memos: Mapping[str, MemoView], queues: dict[str, Any], store: ReceiptStore,
     ) -> None:  # fmt: skip
         self.run = run
         self.policy = policy

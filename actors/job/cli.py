@@ -123,7 +123,6 @@ def _run(
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None,
 ) -> int:  # fmt: skip
-    from actors import DispatchSystem, RunInfo
     from actors.job.play import PlayContext, PlayLoadError, load_play
     from actors.job.report import ProgressDisplay, output_line, report_table, tools_table
     from actors.job.runner import run_rows
@@ -131,6 +130,8 @@ def _run(
     from actors.job.tally import CallTally
     from actors.pacing.pacers import InvalidPacerURLError, open_pacer
     from actors.runtime.actor import runtime_name
+    from actors.system import DispatchSystem
+    from actors.tool import RunInfo
     from stores import StoreError, open_store
 
     try:
