@@ -125,3 +125,14 @@ def test_docs_readme_quickstart_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (tmp_path / "receipts.db").exists()
     assert printed[0][0] == "live", printed
     assert printed[1][0] == "cached", printed
+
+
+def test_docs_host_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = DOCS / "host-api.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    assert blocks, "docs/host-api.md has no python block"
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(blocks[0], "docs/host-api.md example", "exec"), {"__name__": "__example__"})
+    assert out.getvalue().split()[0] == "live", out.getvalue()
