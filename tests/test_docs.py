@@ -136,3 +136,11 @@ def test_docs_host_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with contextlib.redirect_stdout(out):
         exec(compile(blocks[0], "docs/host-api.md example", "exec"), {"__name__": "__example__"})
     assert out.getvalue().split()[0] == "live", out.getvalue()
+
+
+@pytest.mark.parametrize("page", [README, *_pages()], ids=lambda p: p.name)
+def test_docs_named_paths_exist(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    named = re.findall(r"`((?:actors|stores|tests|bench|examples|docs)/[\w/.-]*)`", text)
+    missing = sorted({path for path in named if not (ROOT / path).exists()})
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
