@@ -29,6 +29,7 @@ from actors.flusher.salvage import SalvageLog
 from actors.messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
 from actors.runtime.actor import InboxActor, Timers, guarded, log
 from actors.runtime.inbox import answer_left, left_in
+from actors.store.client import StoreClient
 from actors.tool import Policy
 from stores.codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus
@@ -66,7 +67,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
 
     def __init__(
         self,
-        store: Any,
+        store: StoreClient,
         policy: Policy,
         latch: Latch,
         salvage: SalvageLog,
@@ -255,7 +256,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
     def _write(self, chunk: _Chunk) -> None:
         completions = [m.completion for m in chunk.members]
         try:
-            report = self.store.complete_many(chunk.org_id, completions, chunk.owner).get()
+            report = self.store.complete(chunk.org_id, completions, chunk.owner).get()
         except Exception as exc:
             self._failed(chunk, f"{type_name(exc)}: {error_text(exc)}")
             return
@@ -331,7 +332,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
 
     def _recover(self, chunk: _Chunk, members: list[_Member]) -> list[FlushOutcome | None]:
         try:
-            stored = self.store.get_many(chunk.org_id, [m.completion.key for m in members]).get()
+            stored = self.store.read(chunk.org_id, [m.completion.key for m in members]).get()
         except Exception:
             return [None] * len(members)
         out: list[FlushOutcome | None] = []
@@ -347,7 +348,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                 and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
             ):
                 try:
-                    alone = self.store.complete_many(chunk.org_id, [member.completion], chunk.owner).get()
+                    alone = self.store.complete(chunk.org_id, [member.completion], chunk.owner).get()
                     out.append(FlushOutcome("persisted") if alone.ok else None)
                 except Exception:
                     out.append(None)

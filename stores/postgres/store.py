@@ -25,7 +25,9 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from stores.base import Clock, ReceiptStore
+import attrs
+
+from stores.base import Clock, ReceiptStore, StoreCapabilities
 from stores.codec import encode_output
 from stores.dispositions import decide_disposition
 from stores.errors import StoreError
@@ -92,6 +94,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
 
+    capabilities = StoreCapabilities(claims_into_running=True)
+    """Claims into running; each instance adds ``parallel_calls`` (half its ``max_size``,
+    1 to 4)."""
+
     def __init__(
         self,
         url: str,
@@ -104,8 +110,8 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         poll_s: float = 1.0,
         application_name: str | None = None,
     ) -> None:
-        self.parallel_calls = max(1, min(4, max_size // 2))
-        """Store calls a dispatcher may run at once (each on a pooled connection)."""
+        lanes = max(1, min(4, max_size // 2))
+        self.capabilities = attrs.evolve(type(self).capabilities, parallel_calls=lanes)
         url, url_schema = split_schema(url)
         schema = schema or url_schema or "tooldispatch"
         self.url = url
