@@ -26,7 +26,6 @@ __all__ = [
     "ClaimReceipts",
     "CleanupDue",
     "CompleteReceipts",
-    "CompletionsFlushed",
     "CompletionsPersisted",
     "CompletionsWritten",
     "DeadlineDue",
@@ -234,16 +233,6 @@ class FlushCompletions:
 @attrs.frozen(kw_only=True)
 class FlushDue:
     """Write what is buffered (or retry a write whose back-off elapsed)."""
-
-
-@attrs.frozen(kw_only=True)
-class CompletionsFlushed:
-    """Fact: a flush ended (for observers and tests)."""
-
-    persisted: int
-    """Members whose receipts are completed."""
-    salvaged: int
-    """Members kept in salvage."""
 
 
 @attrs.frozen(kw_only=True)

@@ -3,14 +3,14 @@
 It serialises every store operation on its own thread, a greenlet under gevent (the
 SQLite store then runs the work on gevent's threadpool, so the hub never blocks). Lease
 renewals are the exception: the heartbeat's renewer thread makes them on a store handle
-of its own (see :mod:`actors.heartbeat.renewer`), so a tool starving the hub cannot stop them.
-Callers tell it the store commands of :mod:`actors.messages` (``ClaimReceipts``,
+of its own (see :mod:`actors.heartbeat.renewer`), so a tool starving the hub cannot stop
+them. Callers tell it the store commands of :mod:`actors.messages` (``ClaimReceipts``,
 ``MarkRunning``, ``CompleteReceipts`` ...), each carrying its reply; it dispatches them by
 type (:data:`PERFORM`). It never waits on another actor, so any actor may wait on its
-replies (the flusher does, through :class:`~actors.store.client.StoreClient`). It also keeps the keys tool queue
-actors wait on for other owners (:class:`~actors.messages.WatchReceipts`), and when the
-store has a change feed, a :class:`~actors.store.watch.ReceiptWatch` tells them of
-changes.
+replies (the flusher does, through :class:`~actors.store.client.StoreClient`). It also
+keeps the keys tool queue actors wait on for other owners
+(:class:`~actors.messages.WatchReceipts`), and when the store has a change feed, a
+:class:`~actors.store.watch.ReceiptWatch` tells them of changes.
 """
 
 from __future__ import annotations
