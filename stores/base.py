@@ -49,8 +49,6 @@ __all__ = ["FENCED_WRITES", "MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptS
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
 
-_IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
-
 Outcome = tuple[Any, BaseException | None]
 """One call's answer in :meth:`ReceiptStore.write_together`: (value, None) or (None, error)."""
 
@@ -346,45 +344,6 @@ class ReceiptStore(abc.ABC):
             and claim.receipt.status is ReceiptStatus.COMPLETED
             and type(claim.receipt.output) is not UnreadableOutput  # its claim reports it
         }
-
-    def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
-        """Wait until some of ``keys`` are no longer held under a live lease.
-
-        For a waiter on another worker's running receipt: returns as soon as at least
-        one key is settled (completed, failed, released, missing, or its lease expired
-        by the store's clock), so the caller can claim again and take the output.
-
-        Args:
-            org_id: the org of the keys.
-            keys: receipt keys (sha256 hex).
-            timeout_s: longest wait, seconds.
-
-        Returns:
-            The settled keys (a set; empty when ``timeout_s`` passed with every key
-            still under a live lease).
-
-        Raises:
-            StoreError: a read failed.
-
-        This default polls :meth:`get_many`, backing off from 10 ms to 0.5 s; a store
-        that can be told of changes (Postgres: LISTEN/NOTIFY) overrides it. Runs on the
-        calling thread or greenlet.
-        """
-        deadline = time.monotonic() + timeout_s
-        pause_s = 0.01
-        while True:
-            now = self.clock()
-            receipts = self.get_many(org_id, keys)
-            settled = {
-                key
-                for key, r in zip(keys, receipts)  # noqa: B905 - same length by contract
-                if r is None or r.status not in _IN_FLIGHT or not r.lease_live(now)
-            }
-            remaining = deadline - time.monotonic()
-            if settled or remaining <= 0:
-                return settled
-            time.sleep(min(pause_s, remaining))
-            pause_s = min(pause_s * 2, 0.5)
 
     def change_feed(self) -> ChangeFeed | None:
         """What tells waiters on other owners' receipts that something changed, if anything.
