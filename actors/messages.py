@@ -10,11 +10,12 @@ messages (calls submitted, facts answering its requests, its timers).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import attrs
 
-from stores.types import LeaseRef, Owner
+from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner, ResolveAction
 
 __all__ = [
     "AcquireSlots",
@@ -22,28 +23,37 @@ __all__ = [
     "BackpressureReported",
     "CallCancelled",
     "ChargeBudget",
+    "ClaimReceipts",
     "CleanupDue",
-    "CompletionsFlushed",
+    "CompleteReceipts",
     "CompletionsPersisted",
     "CompletionsWritten",
     "DeadlineDue",
     "DrainDue",
     "FailuresRecorded",
+    "FencedWrite",
     "FlushCompletions",
     "FlushDue",
     "ForgetMemo",
     "GovernorWake",
     "LatchTripped",
+    "MarkRunning",
     "PollDue",
+    "ReadPurgeEpoch",
+    "ReadReceipts",
     "ReceiptsChanged",
     "ReceiptsClaimed",
     "ReceiptsRead",
     "ReceiptsReleased",
     "Reconciled",
+    "RecordFailures",
+    "RecordUncertain",
     "RefundBudget",
     "RegisterLeases",
+    "ReleaseReceipts",
     "ReleaseSlots",
     "RememberOutputs",
+    "ResolveReceipt",
     "Resolved",
     "RetryCharged",
     "RetryDue",
@@ -51,7 +61,7 @@ __all__ = [
     "RunningMarked",
     "SlotsGranted",
     "StopQueue",
-    "StoreCall",
+    "StoreCommand",
     "SubmitCalls",
     "TripLatch",
     "UnitFinished",
@@ -223,16 +233,6 @@ class FlushCompletions:
 @attrs.frozen(kw_only=True)
 class FlushDue:
     """Write what is buffered (or retry a write whose back-off elapsed)."""
-
-
-@attrs.frozen(kw_only=True)
-class CompletionsFlushed:
-    """Fact: a flush ended (for observers and tests)."""
-
-    persisted: int
-    """Members whose receipts are completed."""
-    salvaged: int
-    """Members kept in salvage."""
 
 
 @attrs.frozen(kw_only=True)
@@ -450,18 +450,196 @@ class RetryDue:
     """The unit id."""
 
 
-@attrs.frozen(kw_only=True)
-class StoreCall:
-    """Run one receipt store method on the store actor; the answer goes to ``reply``."""
+# -- to the receipt store actor: one command per store operation ------------------------
+# Each runs the ReceiptStore method it names on the store actor; ``reply`` (a future or
+# an actors.runtime.actor.Reply) gets its value or its error.
 
-    method: str
-    """The :class:`stores.ReceiptStore` method name."""
-    args: tuple[Any, ...]
-    """Positional arguments."""
-    kwargs: dict[str, Any]
-    """Keyword arguments."""
+
+@attrs.frozen(kw_only=True)
+class ClaimReceipts:
+    """Claim receipts (``ReceiptStore.claim_many``); reply: list of Claim, request order.
+
+    Refused with BudgetExceededError once the ``receipt_ops`` budget is spent.
+    """
+
+    org_id: str
+    """The org."""
+    requests: Sequence[ClaimRequest]
+    """One per key."""
+    owner: Owner
+    """The claiming run."""
+    lease_ttl_s: float
+    """Lease lifetime, seconds from the store's now."""
+    mode: ClaimMode = ClaimMode.NORMAL
+    """Normal, retry_failed or force_refresh."""
+    stale_after_s: float | None = None
+    """Completed receipts older than this, seconds, are claimed again."""
+    running: frozenset[str] = frozenset()
+    """Keys to claim straight into running (left out for a store that cannot)."""
     reply: Any
-    """A future or :class:`actors.runtime.actor.Reply`."""
+    """Gets the claims."""
+
+
+@attrs.frozen(kw_only=True)
+class FencedWrite:
+    """A fenced bulk write: ``method(org_id, <items>, owner, **extra)``; reply: FenceReport.
+
+    Writes of one kind, org, owner and extra waiting together may be merged into one
+    store call or committed together (:mod:`actors.store.merge`).
+    """
+
+    method: ClassVar[str]
+    """The ReceiptStore method (the name crosses into ``ReceiptStore.write_together``)."""
+    org_id: str
+    """The org."""
+    owner: Owner
+    """The lease holder (the fence)."""
+    reply: Any
+    """Gets the FenceReport."""
+
+    @property
+    def items(self) -> Sequence[Any]:
+        """The keyed items written (each has ``.key``)."""
+        raise NotImplementedError
+
+    def with_items(self, items: list[Any]) -> FencedWrite:
+        """The same write over ``items``."""
+        raise NotImplementedError
+
+    def extra(self) -> dict[str, Any]:
+        """The keyword arguments beyond (org_id, items, owner)."""
+        return {}
+
+    def store_call(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        """``(method, args, kwargs)``, as ``ReceiptStore.write_together`` takes it."""
+        return self.method, (self.org_id, self.items, self.owner), self.extra()
+
+
+@attrs.frozen(kw_only=True)
+class MarkRunning(FencedWrite):
+    """Move claimed receipts to running (``mark_running_many``), renewing their leases."""
+
+    method: ClassVar[str] = "mark_running_many"
+    leases: Sequence[LeaseRef]
+    """The leases held."""
+    lease_ttl_s: float | None = None
+    """Renew to now + this, seconds (None: leave the expiry)."""
+
+    @property
+    def items(self) -> Sequence[LeaseRef]:
+        return self.leases
+
+    def with_items(self, items: list[Any]) -> MarkRunning:
+        return attrs.evolve(self, leases=items)
+
+    def extra(self) -> dict[str, Any]:
+        return {"lease_ttl_s": self.lease_ttl_s}
+
+
+@attrs.frozen(kw_only=True)
+class CompleteReceipts(FencedWrite):
+    """Store outputs and mark receipts completed (``complete_many``)."""
+
+    method: ClassVar[str] = "complete_many"
+    completions: Sequence[Completion]
+    """One per key."""
+
+    @property
+    def items(self) -> Sequence[Completion]:
+        return self.completions
+
+    def with_items(self, items: list[Any]) -> CompleteReceipts:
+        return attrs.evolve(self, completions=items)
+
+
+@attrs.frozen(kw_only=True)
+class RecordFailures(FencedWrite):
+    """Record failures and drop the leases (``fail_many``)."""
+
+    method: ClassVar[str] = "fail_many"
+    failures: Sequence[Failure]
+    """One per key."""
+
+    @property
+    def items(self) -> Sequence[Failure]:
+        return self.failures
+
+    def with_items(self, items: list[Any]) -> RecordFailures:
+        return attrs.evolve(self, failures=items)
+
+
+@attrs.frozen(kw_only=True)
+class RecordUncertain(FencedWrite):
+    """Record uncertain outcomes and drop the leases (``mark_uncertain_many``)."""
+
+    method: ClassVar[str] = "mark_uncertain_many"
+    failures: Sequence[Failure]
+    """One per key: the failure seen."""
+
+    @property
+    def items(self) -> Sequence[Failure]:
+        return self.failures
+
+    def with_items(self, items: list[Any]) -> RecordUncertain:
+        return attrs.evolve(self, failures=items)
+
+
+@attrs.frozen(kw_only=True)
+class ReleaseReceipts(FencedWrite):
+    """Give receipts back (``release``)."""
+
+    method: ClassVar[str] = "release"
+    leases: Sequence[LeaseRef]
+    """The leases held."""
+
+    @property
+    def items(self) -> Sequence[LeaseRef]:
+        return self.leases
+
+    def with_items(self, items: list[Any]) -> ReleaseReceipts:
+        return attrs.evolve(self, leases=items)
+
+
+@attrs.frozen(kw_only=True)
+class ReadReceipts:
+    """Read receipts (``get_many``); reply: list of Receipt or None, key order."""
+
+    org_id: str
+    """The org."""
+    keys: Sequence[str]
+    """Receipt keys."""
+    reply: Any
+    """Gets the receipts."""
+
+
+@attrs.frozen(kw_only=True)
+class ResolveReceipt:
+    """Decide an uncertain receipt (``resolve``); reply: the Receipt as it now stands, or None."""
+
+    org_id: str
+    """The org."""
+    key: str
+    """The receipt key."""
+    action: ResolveAction
+    """Rerun, fail or complete."""
+    output: Any = None
+    """The output for ``COMPLETE``."""
+    note: str = ""
+    """Text added to the recorded error for ``FAIL``."""
+    reply: Any
+    """Gets the receipt."""
+
+
+@attrs.frozen(kw_only=True)
+class ReadPurgeEpoch:
+    """Read how many purges ever deleted receipts (``purge_epoch``); reply: int."""
+
+    reply: Any
+    """Gets the epoch."""
+
+
+StoreCommand = ClaimReceipts | FencedWrite | ReadReceipts | ResolveReceipt | ReadPurgeEpoch
+"""Every command the receipt store actor runs on its store."""
 
 
 @attrs.frozen(kw_only=True)

@@ -52,6 +52,7 @@ from actors.runtime.at_exit import track, untrack
 from actors.runtime.futures import MAX_WAIT_S, fail, new_future
 from actors.stats import Stats
 from actors.store.actor import ReceiptStoreActor
+from actors.store.client import StoreClient
 from actors.store.purge_watch import PurgeWatcher
 from actors.tool import Policy, RunInfo, Tool
 from actors.worker.launch import Launch
@@ -94,7 +95,6 @@ class DispatchSystem:
         self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
         self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
-        self.store_proxy = self._store_ref.proxy()
         pacings = self._pacings
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
@@ -102,7 +102,7 @@ class DispatchSystem:
         self._writing: dict[int, Any] = {}
         """The flusher's writes in progress (salvaged by a stop whose bound runs out)."""
         self._flusher = CompletionFlusherActor.start(
-            self.store_proxy,
+            StoreClient(self._store_ref),
             policy,
             self.latch,
             self.salvage,
@@ -132,7 +132,7 @@ class DispatchSystem:
             memos=self._memos, queues=self._queues, store=store,
         )  # fmt: skip
         self._proxy = DispatchProxy(self._intake, self.stats)
-        if any(m.max_bytes for m in self._memos.values()) and hasattr(store, "purge_epoch"):
+        if any(m.max_bytes for m in self._memos.values()):  # purge_epoch: every store has it
             PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
         track(self)  # stopped at interpreter exit if the host never stops it
 
@@ -355,7 +355,7 @@ class DispatchSystem:
 
 
 def _default_salvage_path(store: ReceiptStore) -> str:
-    path = getattr(store, "path", None)
-    if isinstance(path, str) and path != ":memory:":
+    path = store.capabilities.file_path
+    if path is not None:
         return f"{path}.salvage.jsonl"
     return os.path.abspath("tooldispatch-salvage.jsonl")

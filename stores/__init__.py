@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore
+from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, StoreCapabilities
 from stores.codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
 from stores.dispositions import decide_disposition, next_generation
 from stores.errors import (
@@ -118,6 +118,7 @@ __all__ = [
     "ResolveAction",
     "SchemaVersionError",
     "SqliteReceiptStore",
+    "StoreCapabilities",
     "StoreCorruptError",
     "StoreError",
     "StoreUnavailableError",

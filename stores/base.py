@@ -24,7 +24,9 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+import attrs
 
 from stores.rules import MAX_OUTPUT_BYTES
 from stores.types import (
@@ -42,12 +44,13 @@ from stores.types import (
     ResolveAction,
 )
 
-__all__ = ["MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptStore"]
+__all__ = ["FENCED_WRITES", "MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptStore", "StoreCapabilities"]
 
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
 
-_IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+Outcome = tuple[Any, BaseException | None]
+"""One call's answer in :meth:`ReceiptStore.write_together`: (value, None) or (None, error)."""
 
 
 class ChangeFeed(Protocol):
@@ -77,14 +80,45 @@ class ChangeFeed(Protocol):
         ...
 
 
+FENCED_WRITES = frozenset(
+    {"mark_running_many", "renew_leases", "complete_many", "fail_many", "mark_uncertain_many", "release"}
+)
+"""The fenced writes by name: what :meth:`ReceiptStore.write_together` takes."""
+
+
+@attrs.frozen(kw_only=True)
+class StoreCapabilities:
+    """What a store can do beyond the contract's required methods.
+
+    The dispatch system reads these and nothing else to choose how to use a store; the
+    defaults (the base class's) suit any store that implements the abstract methods.
+    """
+
+    parallel_calls: int = 1
+    """Store calls a dispatcher may run at once, each its own transaction on a pooled
+    connection (Postgres: up to 4); 1: one at a time."""
+    group_commit: bool = False
+    """:meth:`ReceiptStore.write_together` runs fenced writes in one transaction (SQLite)."""
+    claims_into_running: bool = False
+    """:meth:`ReceiptStore.claim_many` honours ``running`` (claims straight into running);
+    False: the dispatcher leaves ``running`` out and marks its claims running after."""
+    file_path: str | None = None
+    """The store's database file, when it is one: files kept for a run (the salvage log)
+    go beside it by default. None: not a file (a server, ``":memory:"``)."""
+
+
 class ReceiptStore(abc.ABC):
-    """Abstract receipt store. Backends: :class:`stores.sqlite.store.SqliteReceiptStore`.
+    """Abstract receipt store. Backends: :class:`stores.sqlite.store.SqliteReceiptStore`,
+    :class:`stores.postgres.store.PostgresReceiptStore`.
 
     Implementations are safe to call from several threads (and greenlets) at once,
-    and never block a gevent hub.
+    and never block a gevent hub. A subclass declares what it can do beyond the
+    abstract methods in :attr:`capabilities` (default: nothing more).
     """
 
     clock: Clock = time.time
+    capabilities: StoreCapabilities = StoreCapabilities()
+    """What this store can do beyond the contract (a class or an instance attribute)."""
 
     @abc.abstractmethod
     def claim_many(
@@ -311,45 +345,6 @@ class ReceiptStore(abc.ABC):
             and type(claim.receipt.output) is not UnreadableOutput  # its claim reports it
         }
 
-    def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
-        """Wait until some of ``keys`` are no longer held under a live lease.
-
-        For a waiter on another worker's running receipt: returns as soon as at least
-        one key is settled (completed, failed, released, missing, or its lease expired
-        by the store's clock), so the caller can claim again and take the output.
-
-        Args:
-            org_id: the org of the keys.
-            keys: receipt keys (sha256 hex).
-            timeout_s: longest wait, seconds.
-
-        Returns:
-            The settled keys (a set; empty when ``timeout_s`` passed with every key
-            still under a live lease).
-
-        Raises:
-            StoreError: a read failed.
-
-        This default polls :meth:`get_many`, backing off from 10 ms to 0.5 s; a store
-        that can be told of changes (Postgres: LISTEN/NOTIFY) overrides it. Runs on the
-        calling thread or greenlet.
-        """
-        deadline = time.monotonic() + timeout_s
-        pause_s = 0.01
-        while True:
-            now = self.clock()
-            receipts = self.get_many(org_id, keys)
-            settled = {
-                key
-                for key, r in zip(keys, receipts)  # noqa: B905 - same length by contract
-                if r is None or r.status not in _IN_FLIGHT or not r.lease_live(now)
-            }
-            remaining = deadline - time.monotonic()
-            if settled or remaining <= 0:
-                return settled
-            time.sleep(min(pause_s, remaining))
-            pause_s = min(pause_s * 2, 0.5)
-
     def change_feed(self) -> ChangeFeed | None:
         """What tells waiters on other owners' receipts that something changed, if anything.
 
@@ -360,6 +355,38 @@ class ReceiptStore(abc.ABC):
         fallback, since a lease that simply expires sends nothing.
         """
         return None
+
+    def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
+        """Run fenced writes (``(method name, args, kwargs)``, names in :data:`FENCED_WRITES`).
+
+        Returns:
+            per call, in order, ``(value, None)`` or ``(None, error)``: the value or the
+            error that call alone would have had.
+
+        Raises:
+            ValueError: a method not in :data:`FENCED_WRITES` (nothing is run).
+
+        This default runs each call on its own, in order; a store with
+        ``capabilities.group_commit`` runs them in one transaction (SQLite).
+        """
+        writes: dict[str, Callable[..., Any]] = {
+            "mark_running_many": self.mark_running_many,
+            "renew_leases": self.renew_leases,
+            "complete_many": self.complete_many,
+            "fail_many": self.fail_many,
+            "mark_uncertain_many": self.mark_uncertain_many,
+            "release": self.release,
+        }
+        for method, _, _ in calls:
+            if method not in writes:
+                raise ValueError(f"write_together takes fenced writes only, not {method!r}")
+        outcomes: list[Outcome] = []
+        for method, args, kwargs in calls:
+            try:
+                outcomes.append((writes[method](*args, **kwargs), None))
+            except Exception as exc:
+                outcomes.append((None, exc))
+        return outcomes
 
     def renewal_handle(self) -> ReceiptStore:
         """A handle for renewing leases from one native OS thread (the lease renewer).

@@ -233,11 +233,6 @@ class Receipt:
             self.lease_owner_started_at,
         )
 
-    @property
-    def holds_previous_output(self) -> bool:
-        """Queued or running while still holding an earlier output (a refresh)."""
-        return self.completed_at is not None and self.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
-
     def lease_live(self, now: float) -> bool:
         """True while a lease is held and has not expired at ``now``."""
         return self.lease_expires_at is not None and self.lease_expires_at > now

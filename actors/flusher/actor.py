@@ -26,9 +26,10 @@ from actors.errors import CallCancelledError, error_text, exc_info_of, type_name
 from actors.flusher.held import HeldOutputs
 from actors.flusher.latch import FlushOutcome, Latch, fence_outcomes, ladder_backoff
 from actors.flusher.salvage import SalvageLog
-from actors.messages import CompletionsFlushed, FlushCompletions, FlushDue, RetryWrite, TripLatch
+from actors.messages import FlushCompletions, FlushDue, RetryWrite, TripLatch
 from actors.runtime.actor import InboxActor, Timers, guarded, log
 from actors.runtime.inbox import answer_left, left_in
+from actors.store.client import StoreClient
 from actors.tool import Policy
 from stores.codec import encode_output
 from stores.types import Completion, Owner, ReceiptStatus
@@ -66,7 +67,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
 
     def __init__(
         self,
-        store: Any,
+        store: StoreClient,
         policy: Policy,
         latch: Latch,
         salvage: SalvageLog,
@@ -96,9 +97,6 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         self._held: set[int] = set()
         """This actor's keys in ``writing``."""
         self._ids = itertools.count()
-        self.persisted = 0
-        self.salvaged = 0
-        self.observers: list[Any] = []
 
     @guarded
     def on_receive(self, message: Any) -> Any:
@@ -177,12 +175,6 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             if not any(c is chunk for c in self._retrying.values()):  # else held on the ladder
                 self._let_go(id(chunk))
 
-    def pending(self) -> int:
-        """Members buffered or waiting for a retry (0 once everything is settled)."""
-        return sum(len(m.entries) for m in self._buffer) + sum(
-            len(c.members) for c in self._retrying.values()
-        )
-
     def on_stop(self) -> None:
         """Outputs not yet stored when the flusher stops (stop's bound ran out) are
         salvaged, never dropped: buffered, waiting on the ladder, or left in the inbox."""
@@ -255,7 +247,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
     def _write(self, chunk: _Chunk) -> None:
         completions = [m.completion for m in chunk.members]
         try:
-            report = self.store.complete_many(chunk.org_id, completions, chunk.owner).get()
+            report = self.store.complete(chunk.org_id, completions, chunk.owner).get()
         except Exception as exc:
             self._failed(chunk, f"{type_name(exc)}: {error_text(exc)}")
             return
@@ -271,8 +263,6 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         finally:
             for member, outcome in settled:
                 self._settle(member, outcome)
-        self.salvaged += len(salvage)
-        self._notify(len(chunk.members) - len(salvage), len(salvage))
 
     def _failed(self, chunk: _Chunk, error: str) -> None:
         """A write of ``chunk`` failed: retry it after the ladder's next back-off, or give up."""
@@ -322,16 +312,14 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         finally:
             for member, outcome in settled:
                 self._settle(member, outcome)
-        self.salvaged += len(salvage)
         if self.stats is not None:
             recovered = len(chunk.members) - len(salvage)
             ms = (time.perf_counter() - started) * 1000.0
             self.stats.record("recovery", ms, recovered=recovered, failed=len(salvage))
-        self._notify(len(chunk.members) - len(salvage), len(salvage))
 
     def _recover(self, chunk: _Chunk, members: list[_Member]) -> list[FlushOutcome | None]:
         try:
-            stored = self.store.get_many(chunk.org_id, [m.completion.key for m in members]).get()
+            stored = self.store.read(chunk.org_id, [m.completion.key for m in members]).get()
         except Exception:
             return [None] * len(members)
         out: list[FlushOutcome | None] = []
@@ -347,7 +335,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                 and receipt.status in (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
             ):
                 try:
-                    alone = self.store.complete_many(chunk.org_id, [member.completion], chunk.owner).get()
+                    alone = self.store.complete(chunk.org_id, [member.completion], chunk.owner).get()
                     out.append(FlushOutcome("persisted") if alone.ok else None)
                 except Exception:
                     out.append(None)
@@ -362,12 +350,5 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         request = member.request
         request.outcomes[key] = outcome
         request.remaining.discard(key)
-        if outcome.kind == "persisted":
-            self.persisted += 1
         if not request.remaining:
             request.reply.set(request.outcomes)
-
-    def _notify(self, persisted: int, salvaged: int) -> None:
-        fact = CompletionsFlushed(persisted=persisted, salvaged=salvaged)
-        for observer in self.observers:
-            observer(fact)

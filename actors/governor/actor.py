@@ -142,17 +142,3 @@ class GovernorActor(pykka.ThreadingActor):
         gov = self.governor
         gov.refresh_report(self.clock())
         return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
-
-    def snapshot(self) -> dict[str, Any]:
-        """Budgets spent, slots in flight and per-bucket rate/backpressure (for stats)."""
-        gov = self.governor
-        return {
-            "in_flight": gov.in_flight,
-            "spent": dict(gov.spent),
-            "backpressure": sum(b.backpressure_events for b in gov.buckets.values()),
-            "buckets": {
-                f"{org}/{provider}": {"rate": b.rate, "in_flight": b.in_flight, "gate_until": b.gate_until}
-                for (org, provider), b in gov.buckets.items()
-            },
-            **({"pacer": self.pacer.snapshot()} if self.pacer is not None else {}),
-        }

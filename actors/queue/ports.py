@@ -26,27 +26,34 @@ from actors.messages import (
     BackpressureReported,
     CallCancelled,
     ChargeBudget,
+    ClaimReceipts,
     CleanupDue,
+    CompleteReceipts,
     CompletionsPersisted,
     CompletionsWritten,
     DeadlineDue,
     FailuresRecorded,
     FlushCompletions,
     LatchTripped,
+    MarkRunning,
     PollDue,
+    ReadReceipts,
     ReceiptsChanged,
     ReceiptsClaimed,
     ReceiptsRead,
     ReceiptsReleased,
     Reconciled,
+    RecordFailures,
+    RecordUncertain,
     RefundBudget,
     RegisterLeases,
+    ReleaseReceipts,
     ReleaseSlots,
     Resolved,
+    ResolveReceipt,
     RetryCharged,
     RetryDue,
     RunningMarked,
-    StoreCall,
     TripLatch,
     UnitFinished,
     UnregisterLeases,
@@ -166,8 +173,9 @@ class ActorEffects(LocalEffects):
 
     # -- effects out --------------------------------------------------------------------
 
-    def _store(self, method: str, reply: Any, *args: Any, **kwargs: Any) -> None:
-        _ask(self.ports.store, StoreCall(method=method, args=args, kwargs=kwargs, reply=reply), reply)
+    def _store(self, message: Any) -> None:
+        """Send a store command; its ``reply`` answers this actor with a fact message."""
+        _ask(self.ports.store, message, message.reply)
 
     def claim(
         self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest],
@@ -175,13 +183,17 @@ class ActorEffects(LocalEffects):
     ) -> None:  # fmt: skip
         self._sent[f"receipt_prepare:{batch}"] = time.monotonic()
         self._store(
-            "claim_many", Reply(self.ref, ReceiptsClaimed, batch=batch), self.org_id, requests,
-            self.ports.owner,
-            lease_ttl_s=self.lease_ttl_s, mode=mode, stale_after_s=stale_after_s, running=running,
+            ClaimReceipts(
+                org_id=self.org_id, requests=requests, owner=self.ports.owner, lease_ttl_s=self.lease_ttl_s,
+                mode=mode, stale_after_s=stale_after_s, running=running,
+                reply=Reply(self.ref, ReceiptsClaimed, batch=batch),
+            )
         )  # fmt: skip
 
     def read(self, batch: int, keys: list[str]) -> None:
-        self._store("get_many", Reply(self.ref, ReceiptsRead, batch=batch), self.org_id, keys)
+        self._store(
+            ReadReceipts(org_id=self.org_id, keys=keys, reply=Reply(self.ref, ReceiptsRead, batch=batch))
+        )
 
     def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
         reply = Reply(self.ref, _SlotsReply, exempt=exempt)
@@ -216,18 +228,23 @@ class ActorEffects(LocalEffects):
 
     def mark_running(self, batch: int, leases: list[LeaseRef]) -> None:
         self._store(
-            "mark_running_many", Reply(self.ref, RunningMarked, batch=batch), self.org_id, leases,
-            self.ports.owner, lease_ttl_s=self.lease_ttl_s,
-        )  # fmt: skip
+            MarkRunning(
+                org_id=self.org_id,
+                leases=leases,
+                owner=self.ports.owner,
+                lease_ttl_s=self.lease_ttl_s,
+                reply=Reply(self.ref, RunningMarked, batch=batch),
+            )
+        )
 
     def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None:
         self._sent[f"receipt_complete:{batch}"] = time.monotonic()
         if self.writer.takes(entries):  # the happy path: straight to the store
             reply = Reply(self.ref, CompletionsWritten, batch=batch)
-            self.writer.write(
-                batch, entries, input_hashes,
-                lambda: self._store("complete_many", reply, self.org_id, entries, self.ports.owner),
-            )  # fmt: skip
+            write = CompleteReceipts(
+                org_id=self.org_id, completions=entries, owner=self.ports.owner, reply=reply
+            )
+            self.writer.write(batch, entries, input_hashes, lambda: self._store(write))
             return
         self._flush_completions(batch, entries, input_hashes)
 
@@ -249,23 +266,29 @@ class ActorEffects(LocalEffects):
         return persisted
 
     def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
-        method = "mark_uncertain_many" if uncertain else "fail_many"
+        record = RecordUncertain if uncertain else RecordFailures
         reply = Reply(self.ref, FailuresRecorded, batch=batch)
-        self._store(method, reply, self.org_id, failures, self.ports.owner)
+        self._store(record(org_id=self.org_id, failures=failures, owner=self.ports.owner, reply=reply))
 
     def resolve(self, batch: int, key: str, action: str, output: Any = None) -> None:
         from stores.types import ResolveAction
 
         reply = Reply(self.ref, Resolved, batch=batch)
         self._store(
-            "resolve", reply, self.org_id, key, ResolveAction(action), output=output,
-            note="reconciled with the provider",
-        )  # fmt: skip
+            ResolveReceipt(
+                org_id=self.org_id,
+                key=key,
+                action=ResolveAction(action),
+                output=output,
+                note="reconciled with the provider",
+                reply=reply,
+            )
+        )
 
     def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
         # best effort: a lease the store cannot release now simply expires
         reply = Reply(self.ref, ReceiptsReleased, batch=batch)
-        self._store("release", reply, self.org_id, leases, self.ports.owner)
+        self._store(ReleaseReceipts(org_id=self.org_id, leases=leases, owner=self.ports.owner, reply=reply))
 
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         if not self.ports.policy.heartbeats or not leases:

@@ -30,7 +30,7 @@ class Ports:
     owner: Owner
     policy: Policy
     store: Any
-    """ReceiptStoreActor ref (takes StoreCall messages)."""
+    """ReceiptStoreActor ref (takes the store commands of actors.messages)."""
     governor: Any
     """GovernorActor ref."""
     heartbeat: Any

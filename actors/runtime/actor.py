@@ -95,8 +95,15 @@ class InboxActor(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # pykka's public attributes, set before the actor starts (nothing was put yet)
+        self.actor_inbox = self.actor_ref.actor_inbox = self.new_inbox()
+
     @staticmethod
-    def _create_actor_inbox() -> Any:
+    def new_inbox() -> Any:
+        """The inbox this actor is made with (a subclass may give its own; runs on the
+        starting thread)."""
         return queue.SimpleQueue()
 
 

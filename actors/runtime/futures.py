@@ -35,8 +35,8 @@ def bounded(seconds: float) -> float:
 
 log = logging.getLogger("tooldispatch")
 
-_UNSET: Any = pykka._future._Unset()
-"""pykka's "no hook result yet" marker (checked by ``isinstance``), shared by every future."""
+_NO_RESULT: Any = object()
+"""A get hook's "not run yet" marker, shared by every future."""
 
 on_raise: Callable[[BaseException], None] | None = None
 """Told of each error a future's ``get`` raises (set by :mod:`actors.runtime.actor`: an error a
@@ -60,9 +60,9 @@ class LightFuture(pykka.Future[Any]):
       ``await`` calls it too); a timeout on :meth:`get` is not giving up.
     """
 
-    def __init__(self) -> None:  # pykka's own, without a new _Unset per future (GC pressure)
-        self._get_hook = None
-        self._get_hook_result = _UNSET
+    def __init__(self) -> None:  # not pykka's: its marker object per future is GC pressure
+        self._hook: Callable[[float | None], Any] | None = None
+        self._hook_result: Any = _NO_RESULT
         self._lock = threading.Lock()
         self._lock.acquire()
         self._value: Any = None
@@ -74,8 +74,10 @@ class LightFuture(pykka.Future[Any]):
         """Set by the dispatcher: told when the caller cancels (runs on the caller's thread)."""
 
     def get(self, *, timeout: float | None = None) -> Any:
-        if self._get_hook is not None:
-            return super().get(timeout=None if timeout is None else bounded(timeout))
+        if self._hook is not None:  # map/filter/join/reduce: computed once, on the first get
+            if self._hook_result is _NO_RESULT:
+                self._hook_result = self._hook(None if timeout is None else bounded(timeout))
+            return self._hook_result
         if not self.done:
             acquired = (
                 self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
@@ -96,7 +98,7 @@ class LightFuture(pykka.Future[Any]):
         return self._value
 
     def set(self, value: Any = None) -> None:
-        if self.done or self._get_hook is not None:
+        if self.done or self._hook is not None:
             raise queue.Full
         self._value = value
         self.done = True
@@ -105,13 +107,24 @@ class LightFuture(pykka.Future[Any]):
         self._run_callbacks()
 
     def set_exception(self, exc_info: Any = None) -> None:
-        if self.done or self._get_hook is not None:
+        if self.done or self._hook is not None:
             raise queue.Full
         self._exc_info = exc_info or sys.exc_info()
         self.done = True
         self.on_cancel = None
         self._lock.release()
         self._run_callbacks()
+
+    def set_get_hook(self, func: Callable[[float | None], Any]) -> None:
+        """pykka's public hook (``map``, ``filter``, ``join``, ``reduce`` use it): ``get``
+        returns ``func(timeout)``, computed once.
+
+        Raises:
+            queue.Full: the future is already set.
+        """
+        if self.done:
+            raise queue.Full
+        self._hook = func
 
     def add_done_callback(self, fn: Callable[[LightFuture], None]) -> None:
         """Call ``fn(self)`` once set: at once if it is set already, else on the setter's thread."""
@@ -189,7 +202,8 @@ class _Resolved(LightFuture):
     """A :class:`LightFuture` made already set (a memo hit): no lock is ever taken."""
 
     def __init__(self, value: Any) -> None:  # every attribute of LightFuture, set
-        self._get_hook = None
+        self._hook = None
+        self._hook_result = _NO_RESULT
         self._value = value
         self._exc_info = None
         self._callbacks = None

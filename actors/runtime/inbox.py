@@ -14,7 +14,7 @@ from typing import Any
 from actors.errors import CallCancelledError
 from actors.runtime.futures import fail
 
-__all__ = ["answer_left", "left_in"]
+__all__ = ["TakeBackInbox", "answer_left", "left_in"]
 
 
 def left_in(inbox: Any) -> list[Any]:
@@ -43,3 +43,45 @@ def answer_left(messages: list[Any], exc: BaseException) -> None:
         reply = getattr(message, "reply", None)
         if reply is not None and not getattr(reply, "done", False):
             fail(reply, exc)
+
+
+class TakeBackInbox:
+    """A ``queue.SimpleQueue`` inbox the actor's own thread can put one envelope back at
+    the front of (:meth:`put_back`): an actor that reads ahead for messages to handle
+    together leaves the first other one to its loop, in order.
+
+    ``put`` from any thread; ``get``, ``get_nowait``, ``empty`` and ``put_back`` from the
+    actor's own thread (and its ``on_stop``).
+    """
+
+    __slots__ = ("_front", "_queue")
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._front: Any = None
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        self._queue.put(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        front = self._front
+        if front is not None:
+            self._front = None
+            return front
+        return self._queue.get(block, timeout)
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def empty(self) -> bool:
+        return self._front is None and self._queue.empty()
+
+    def put_back(self, item: Any) -> None:
+        """Make ``item`` the next one :meth:`get` returns (one at a time).
+
+        Raises:
+            RuntimeError: one is put back already.
+        """
+        if self._front is not None:
+            raise RuntimeError("an envelope is put back already")
+        self._front = item

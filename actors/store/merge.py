@@ -1,8 +1,8 @@
 """Fenced writes of one kind waiting together go to the store as one call.
 
 A fenced bulk write applies or refuses each of its keys on its own (``FenceReport``), so
-two ``complete_many`` of the same org and owner are the same as one over both lists:
-one statement, one round trip (Postgres) instead of two. Each lane of the receipt store
+two :class:`~actors.messages.CompleteReceipts` of the same org and owner are the same as
+one over both lists: one statement, one round trip (Postgres) instead of two. Each lane of the receipt store
 actor (Postgres) takes, with the write it picks up, the writes waiting behind it that
 merge with it (up to :data:`MAX_REQUESTS` requests, :data:`MAX_ITEMS` keys), and
 answers each request with its own share of the report: its keys in its order, applied or
@@ -18,9 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from actors.messages import StoreCall
+from actors.messages import FencedWrite
 from actors.runtime.actor import log
-from stores.sqlite.together import TOGETHER
 from stores.types import FenceReport
 
 __all__ = ["Merged", "answer", "mergeable"]
@@ -32,36 +31,37 @@ MAX_ITEMS = 500
 
 
 class Merged:
-    """Requests sent as one store call (``method(org_id, items, owner, **kwargs)``); each
-    request must be :func:`mergeable`."""
+    """Requests sent as one store call: the first request's write over every request's
+    items; each request must be :func:`mergeable`."""
 
-    __slots__ = ("calls", "items", "keys", "kwargs", "method", "org_id", "owner", "shares")
+    __slots__ = ("calls", "first", "items", "keys", "shares")
 
-    def __init__(self, call: StoreCall, kwargs: dict[str, Any]) -> None:
-        self.method = call.method
-        self.calls: list[StoreCall] = [call]
-        self.kwargs = kwargs
-        self.org_id, items, self.owner = call.args
-        self.items = list(items)
+    def __init__(self, call: FencedWrite) -> None:
+        self.first = call
+        self.calls: list[FencedWrite] = [call]
+        self.items = list(call.items)
         self.shares = [[item.key for item in self.items]]
         """Each request's keys, in its order (what its answer covers)."""
         self.keys = set(self.shares[0])
 
-    @property
-    def args(self) -> tuple[Any, ...]:
-        """The merged call's positional arguments."""
-        return (self.org_id, self.items, self.owner)
+    def command(self) -> FencedWrite:
+        """The merged call: the first request's write over every request's items."""
+        return self.first if len(self.calls) == 1 else self.first.with_items(self.items)
 
-    def takes(self, call: StoreCall, kwargs: dict[str, Any]) -> bool:
-        """Add ``call`` when it is of the same kind, names none of the keys already here,
-        and the merged call stays within :data:`MAX_REQUESTS` and :data:`MAX_ITEMS`."""
-        if call.method != self.method or kwargs != self.kwargs or not mergeable(call):
+    def takes(self, call: Any) -> bool:
+        """Add ``call`` when it is a write of the same kind, org, owner and extra
+        arguments, names none of the keys already here, and the merged call stays within
+        :data:`MAX_REQUESTS` and :data:`MAX_ITEMS`."""
+        first = self.first
+        if type(call) is not type(first) or not mergeable(call):
             return False
-        org_id, items, owner = call.args
-        if org_id != self.org_id or owner != self.owner or len(self.calls) >= MAX_REQUESTS:
+        if call.org_id != first.org_id or call.owner != first.owner or call.extra() != first.extra():
+            return False
+        items = call.items
+        if len(self.calls) >= MAX_REQUESTS or len(self.items) + len(items) > MAX_ITEMS:
             return False
         keys = [item.key for item in items]
-        if len(self.items) + len(items) > MAX_ITEMS or not self.keys.isdisjoint(keys):
+        if not self.keys.isdisjoint(keys):
             return False
         self.keys.update(keys)
         self.calls.append(call)
@@ -78,27 +78,27 @@ class Merged:
             answer(call, None, error, lambda keys=keys: _share(value, keys))
 
 
-def answer(call: StoreCall, value: Any, error: BaseException | None, share: Any = None) -> None:
-    """Answer one request with ``value`` (or what ``share()`` makes of it) or ``error``;
-    it is answered whatever making its share or its reply slot raises."""
+def answer(call: Any, value: Any, error: BaseException | None, share: Any = None) -> None:
+    """Answer one request (a store command) with ``value`` (or what ``share()`` makes of
+    it) or ``error``; it is answered whatever making its share or its reply slot raises."""
     try:
         if error is not None:
             call.reply.set_exception((type(error), error, error.__traceback__))
         else:
             call.reply.set(share() if share is not None else value)
     except Exception as exc:  # e.g. a store answering with something else
-        log.exception("answering a store call (%s) failed", call.method)
+        log.exception("answering a store command (%s) failed", type(call).__name__)
         with contextlib.suppress(Exception):
             call.reply.set_exception((type(exc), exc, exc.__traceback__))
 
 
 def mergeable(call: Any) -> bool:
-    """A fenced write whose arguments are ``(org_id, items, owner)``, ``items`` a list
-    naming distinct keys: what merging (and SQLite's group commit) takes. Anything else
-    goes to the store alone, and gets its own answer or error there."""
-    if not (isinstance(call, StoreCall) and call.method in TOGETHER and len(call.args) == 3):
+    """A :class:`~actors.messages.FencedWrite` whose items are a list naming distinct
+    keys: what merging (and SQLite's group commit) takes. Anything else goes to the
+    store alone, and gets its own answer or error there."""
+    if not isinstance(call, FencedWrite):
         return False
-    items = call.args[1]
+    items = call.items
     if type(items) is not list:
         return False
     try:

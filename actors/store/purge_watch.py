@@ -16,7 +16,7 @@ from typing import Any
 
 import pykka
 
-from actors.messages import ForgetMemo, StoreCall
+from actors.messages import ForgetMemo, ReadPurgeEpoch
 from actors.runtime.actor import Timers
 
 __all__ = ["PURGE_POLL_S", "PurgeWatcher"]
@@ -29,7 +29,7 @@ class PurgeWatcher:
     """Polls the purge epoch until ``stopping`` is set.
 
     Args:
-        store: the ReceiptStoreActor ref (takes StoreCall).
+        store: the ReceiptStoreActor ref (takes ReadPurgeEpoch).
         queues: the tool queue actor refs to tell.
         timers: where the polls are scheduled.
         stopping: set when the system stops; the polls end.
@@ -50,7 +50,7 @@ class PurgeWatcher:
         if self.stopping.is_set():
             return
         try:
-            self.store.tell(StoreCall(method="purge_epoch", args=(), kwargs={}, reply=self))
+            self.store.tell(ReadPurgeEpoch(reply=self))
         except pykka.ActorDeadError:
             return
         self.timers.call_later(PURGE_POLL_S, self._poll)

@@ -59,8 +59,6 @@ class ReceiptWatch:
         """org id -> the feed's token when its waiters were last told (or first watched)."""
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self.wakes = 0
-        """How many ReceiptsChanged messages were sent (for tests and stats)."""
 
     def watch(self, org_id: str, keys: Sequence[str], ref: Any) -> None:
         """``ref`` waits on ``keys`` of ``org_id`` from now on; starts the watcher once."""
@@ -116,7 +114,6 @@ class ReceiptWatch:
             for ref, keys in self._due():
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(ReceiptsChanged(keys=keys))
-                    self.wakes += 1
             self._closed.wait(GATHER_S)
 
     def _due(self) -> list[tuple[Any, tuple[str, ...]]]:

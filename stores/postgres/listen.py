@@ -15,10 +15,9 @@ on every (re)connect it bumps every org's counter: waiters re-read, so a complet
 sent while nobody listened is not missed. Waiters also poll (the caller's poll
 interval), so a listener that is down only makes wake-ups slower, never lost.
 
-Two ways to wait: :meth:`Listener.wait` blocks one waiter on one org (the store's
-``wait_for_change``); :meth:`Listener.wait_any` blocks until anything changed (one
-watcher thread serving every waiting call of a dispatch system,
-:mod:`actors.store.watch`).
+Two ways to wait: :meth:`Listener.wait_any` blocks until anything changed (one watcher
+thread serving every waiting call of a dispatch system, :mod:`actors.store.watch`);
+:meth:`Listener.wait` blocks one waiter on one org.
 """
 
 from __future__ import annotations

@@ -208,11 +208,6 @@ UNION ALL SELECT 'read', clk.now, {_cols("l")} FROM la l, clk WHERE l.action = '
 UNION ALL SELECT 'read', clk.now, {_cols("s")} FROM snap s, clk WHERE s.action = 'none'
 """
         self.fence = {op: self._fence(t, set_sql, op in NOTIFYING) for op, set_sql in _FENCE_SET.items()}
-        self.in_flight = f"""
-WITH clk AS ({_NOW})
-SELECT key FROM {t}, clk WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
-  AND status IN ('queued', 'running') AND coalesce(lease_expires_at > clk.now, false)
-"""
         self.purge = f"""
 WITH clk AS ({_NOW}),
 doomed AS (

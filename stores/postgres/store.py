@@ -11,7 +11,8 @@ Same contract as :class:`stores.base.ReceiptStore`; the SQL and its rules are in
   checked before use, so after the database restarts the pool reconnects by itself.
   A connection that drops mid-call raises :class:`~stores.errors.StoreUnavailableError`
   (the caller's completion ladder and salvage handle it); the next call gets a fresh one.
-- :meth:`wait_for_change` is woken by LISTEN/NOTIFY (see :mod:`stores.postgres.listen`).
+- :meth:`change_feed` hears other workers' writes by LISTEN/NOTIFY (see
+  :mod:`stores.postgres.listen`).
 
 psycopg is imported when a store is made, never when :mod:`stores` is imported, so a
 gevent process that patches first gets psycopg's cooperative waiting.
@@ -25,7 +26,9 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from stores.base import Clock, ReceiptStore
+import attrs
+
+from stores.base import Clock, ReceiptStore, StoreCapabilities
 from stores.codec import encode_output
 from stores.dispositions import decide_disposition
 from stores.errors import StoreError
@@ -82,7 +85,6 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         max_size: most connections at once; size it for the drain (claims, mark
             running, heartbeats, bulk completions and up to 25 recovery reads).
         connect_timeout_s: how long to wait for a connection, seconds.
-        poll_s: longest a :meth:`wait_for_change` waits between re-reads, seconds.
         application_name: what ``pg_stat_activity`` shows for the store's connections
             (default ``tooldispatch:SCHEMA``; the listener adds ``:listen``).
 
@@ -91,6 +93,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         SchemaVersionError: the schema was written by a newer tooldispatch.
         ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
+
+    capabilities = StoreCapabilities(claims_into_running=True)
+    """Claims into running; each instance adds ``parallel_calls`` (half its ``max_size``,
+    1 to 4)."""
 
     def __init__(
         self,
@@ -101,18 +107,16 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
-        poll_s: float = 1.0,
         application_name: str | None = None,
     ) -> None:
-        self.parallel_calls = max(1, min(4, max_size // 2))
-        """Store calls a dispatcher may run at once (each on a pooled connection)."""
+        lanes = max(1, min(4, max_size // 2))
+        self.capabilities = attrs.evolve(type(self).capabilities, parallel_calls=lanes)
         url, url_schema = split_schema(url)
         schema = schema or url_schema or "tooldispatch"
         self.url = url
         self.schema = schema
         self.clock = clock if clock is not None else time.time
         self._fake_clock = clock
-        self.poll_s = poll_s
         self._channel = channel_name(schema)
         self._sql = Statements(quote_ident(schema), self._channel)
         self._listener: Any = None
@@ -345,23 +349,6 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
 
     # -- waiting on other owners --------------------------------------------------------
 
-    def wait_for_change(self, org_id: str, keys: Sequence[str], timeout_s: float) -> set[str]:
-        """Wait until some of ``keys`` are no longer under a live lease (see the base class).
-
-        Woken by NOTIFY from completions, failures and releases on any worker, and
-        re-reads at least every ``poll_s`` seconds (a lease that simply expires sends
-        nothing). Runs on the calling thread or greenlet.
-        """
-        listener = self._listener_started(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            seen = listener.version(org_id)
-            settled = self._settled(org_id, keys)
-            remaining = deadline - time.monotonic()
-            if settled or remaining <= 0:
-                return settled
-            listener.wait(org_id, seen, min(remaining, self.poll_s))
-
     def change_feed(self) -> Any:
         """The store's listener, started (see the base class); returns at once."""
         return self._listener_started(0.0)
@@ -378,10 +365,6 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 self._listener.start()
         self._listener.wait_connected(min(timeout_s, self._conns.timeout_s))
         return self._listener
-
-    def _settled(self, org_id: str, keys: Sequence[str]) -> set[str]:
-        rows = self._execute(self._sql.in_flight, {"org": org_id, "keys": list(keys), "now": self._now()})
-        return set(keys) - {row[0] for row in rows}
 
     # -- maintenance ------------------------------------------------------------------
 

@@ -17,9 +17,10 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import orjson
 
-from stores.base import Clock, ReceiptStore
+from stores.base import Clock, ReceiptStore, StoreCapabilities
 from stores.claims import plan_claims, settled_by_read
 from stores.codec import encode_output
 from stores.errors import StoreError
@@ -103,6 +104,9 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         SchemaVersionError: the file was written by a newer tooldispatch.
     """
 
+    capabilities = StoreCapabilities(group_commit=True, claims_into_running=True)
+    """Group commit and claims into running; each instance adds its ``file_path``."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -113,6 +117,8 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
+        file_path = None if self.path == ":memory:" else self.path
+        self.capabilities = attrs.evolve(type(self).capabilities, file_path=file_path)
         self.wal_size_limit_bytes = wal_size_limit_bytes
         self._wal_path = None if self.path == ":memory:" else self.path + "-wal"
         self._busy_ms = int(busy_timeout_s * 1000)

@@ -21,16 +21,13 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stores.base import FENCED_WRITES, Outcome
 from stores.errors import StoreError
 
 __all__ = ["TOGETHER", "WritesTogether"]
 
-TOGETHER = frozenset(
-    {"mark_running_many", "renew_leases", "complete_many", "fail_many", "mark_uncertain_many", "release"}
-)
+TOGETHER = FENCED_WRITES
 """The store methods :meth:`WritesTogether.write_together` takes (the fenced writes)."""
-
-Outcome = tuple[Any, BaseException | None]
 
 
 class WritesTogether:

@@ -11,7 +11,7 @@ from typing import Any
 
 from actors.lifecycle.calls import Role
 from actors.tool import Pacing, Policy, Tool
-from stores import SqliteReceiptStore
+from stores import SqliteReceiptStore, StoreCapabilities
 from stores.types import ClaimMode, ReceiptStatus
 
 from .conftest import WAIT_S
@@ -148,7 +148,9 @@ def test_straight_system_a_store_without_claims_into_running_keeps_working(
     seen: list[Any] = []
 
     class Old(SqliteReceiptStore):
-        """claim_many as written before claims into running (no ``running``)."""
+        """claim_many as written before claims into running (no ``running``), declared so."""
+
+        capabilities = StoreCapabilities(group_commit=True)
 
         def claim_many(  # type: ignore[override]
             self, org_id: str, requests: Any, owner: Any, *, lease_ttl_s: float,

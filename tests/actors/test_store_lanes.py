@@ -52,6 +52,6 @@ def test_lanes_a_slow_write_does_not_hold_up_another_calls_claim(make_system: An
 def test_lanes_none_for_sqlite(tmp_path: Any) -> None:
     store = SqliteReceiptStore(tmp_path / "r.db")
     try:
-        assert getattr(store, "parallel_calls", 1) == 1  # one writer: calls run in order
+        assert store.capabilities.parallel_calls == 1  # one writer: calls run in order
     finally:
         store.close()

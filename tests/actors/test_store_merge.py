@@ -1,4 +1,4 @@
-"""Fenced writes of one kind waiting together go as one store call (``_store_merge``);
+"""Fenced writes of one kind waiting together go as one store call (``actors.store.merge``);
 each request is answered with its own share of the report, in its own order.
 
 Plain objects for the merging rules; a real Postgres store for the lanes, held busy so
@@ -11,7 +11,14 @@ import threading
 import time
 from typing import Any
 
-from actors.messages import StoreCall
+from actors.messages import (
+    ClaimReceipts,
+    CompleteReceipts,
+    FencedWrite,
+    MarkRunning,
+    ReadReceipts,
+    ReleaseReceipts,
+)
 from actors.store.actor import Lanes, ReceiptStoreActor
 from actors.store.merge import Merged, mergeable
 from stores import (
@@ -42,43 +49,43 @@ def _claimed(store: Any, n: int) -> tuple[list[str], list[LeaseRef]]:
     return keys, [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
 
 
-def _call(method: str, keys: list[str], owner: Owner = ME, **kwargs: Any) -> StoreCall:
-    return StoreCall(
-        method=method, args=(ORG, [LeaseRef(k, f"l-{k}") for k in keys], owner), kwargs=kwargs, reply=_Reply()
-    )
+def _call(kind: type[FencedWrite], keys: list[str], owner: Owner = ME, **kwargs: Any) -> Any:
+    items = [LeaseRef(k, f"l-{k}") for k in keys]
+    field = "completions" if kind is CompleteReceipts else "leases"
+    return kind(org_id=ORG, owner=owner, reply=_Reply(), **{field: items}, **kwargs)
 
 
 def test_merge_same_kind_disjoint_keys_go_as_one_call_each_answered_its_share() -> None:
-    a, b = _call("mark_running_many", ["k1", "k2"]), _call("mark_running_many", ["k3"])
-    c = _call("release", ["k4"])
-    merged = Merged(a, {})
-    assert not merged.takes(c, {})  # another kind: a call of its own
-    assert merged.takes(b, {})
+    a, b = _call(MarkRunning, ["k1", "k2"]), _call(MarkRunning, ["k3"])
+    c = _call(ReleaseReceipts, ["k4"])
+    merged = Merged(a)
+    assert not merged.takes(c)  # another kind: a call of its own
+    assert merged.takes(b)
     assert [i.key for i in merged.items] == ["k1", "k2", "k3"]
     refused = {"k2": Refusal(RefusalReason.LEASE_LOST, "taken")}
     merged.answer(FenceReport(("k3", "k1"), refused), None)
     assert (a.reply.value.applied, a.reply.value.refused) == (("k1",), refused)
     assert (b.reply.value.applied, b.reply.value.refused) == (("k3",), {})
-    assert [i.key for i in a.args[1]] == ["k1", "k2"]  # the request's own list is untouched
+    assert [i.key for i in a.leases] == ["k1", "k2"]  # the request's own list is untouched
 
 
 def test_merge_never_joins_overlapping_keys_other_owners_or_options() -> None:
     calls = [
-        _call("mark_running_many", ["k1"]),
-        _call("mark_running_many", ["k1"]),  # the same key again: a request of its own
-        _call("mark_running_many", ["k2"], owner=Owner("run-other", 1)),
-        _call("mark_running_many", ["k3"], lease_ttl_s=5.0),
-        _call("mark_running_many", ["k4", "k4"]),  # a key twice in one request
+        _call(MarkRunning, ["k1"]),
+        _call(MarkRunning, ["k1"]),  # the same key again: a request of its own
+        _call(MarkRunning, ["k2"], owner=Owner("run-other", 1)),
+        _call(MarkRunning, ["k3"], lease_ttl_s=5.0),
+        _call(MarkRunning, ["k4", "k4"]),  # a key twice in one request
     ]
     for i, call in enumerate(calls):
-        merged = Merged(call, call.kwargs)
-        assert not any(merged.takes(other, other.kwargs) for other in calls[i + 1 :])
+        merged = Merged(call)
+        assert not any(merged.takes(other) for other in calls[i + 1 :])
 
 
 def test_merge_an_error_is_every_merged_requests_error() -> None:
-    a, b = _call("complete_many", ["k1"]), _call("complete_many", ["k2"])
-    one = Merged(a, {})
-    assert one.takes(b, {})
+    a, b = _call(CompleteReceipts, ["k1"]), _call(CompleteReceipts, ["k2"])
+    one = Merged(a)
+    assert one.takes(b)
     boom = ConnectionError("server closed the connection")
     one.answer(None, boom)
     assert a.reply.error is boom and b.reply.error is boom
@@ -108,18 +115,15 @@ def test_lanes_merge_waiting_writes_and_answer_each(pg_schema: str) -> None:
         try:
             assert len(ref.proxy().lanes.get(timeout=WAIT_S).threads) == 2
             for hold in held:  # both lanes busy
-                ref.tell(StoreCall(method="get_many", args=(ORG, [hold]), kwargs={}, reply=_Reply()))
+                ref.tell(ReadReceipts(org_id=ORG, keys=[hold], reply=_Reply()))
                 assert held[hold].wait(WAIT_S)
             stolen = LeaseRef(keys[2], "stolen")
             completion = Completion(keys[4], leases[4].lease_id, {"n": 4})
-            calls = [
-                StoreCall(method=method, args=(ORG, items, ME), kwargs={}, reply=_Reply())
-                for method, items in (
-                    ("mark_running_many", [leases[0], leases[1]]),
-                    ("mark_running_many", [stolen]),
-                    ("mark_running_many", [leases[3]]),
-                    ("complete_many", [completion]),
-                )
+            calls: list[Any] = [
+                MarkRunning(org_id=ORG, leases=[leases[0], leases[1]], owner=ME, reply=_Reply()),
+                MarkRunning(org_id=ORG, leases=[stolen], owner=ME, reply=_Reply()),
+                MarkRunning(org_id=ORG, leases=[leases[3]], owner=ME, reply=_Reply()),
+                CompleteReceipts(org_id=ORG, completions=[completion], owner=ME, reply=_Reply()),
             ]
             for call in calls:
                 ref.tell(call)
@@ -146,16 +150,16 @@ def test_lanes_merge_waiting_writes_and_answer_each(pg_schema: str) -> None:
 
 
 def test_mergeable_only_lists_naming_distinct_keys() -> None:
-    def call(items: Any) -> StoreCall:
-        return StoreCall(method="release", args=(ORG, items, ME), kwargs={}, reply=_Reply())
+    def call(items: Any) -> ReleaseReceipts:
+        return ReleaseReceipts(org_id=ORG, leases=items, owner=ME, reply=_Reply())
 
     assert mergeable(call([LeaseRef("k1", "l1"), LeaseRef("k2", "l2")]))
     assert not mergeable(call(None))
     assert not mergeable(call(LeaseRef(k, "l") for k in ("k1", "k2")))  # a generator
     assert not mergeable(call([LeaseRef("k1", "l1"), LeaseRef("k1", "l2")]))
     assert not mergeable(call([{"key": "k1"}]))
-    assert not mergeable(StoreCall(method="release", args=(ORG,), kwargs={"leases": []}, reply=_Reply()))
-    assert not mergeable(StoreCall(method="claim_many", args=(ORG, [], ME), kwargs={}, reply=_Reply()))
+    assert not mergeable(ReadReceipts(org_id=ORG, keys=[], reply=_Reply()))  # not a fenced write
+    assert not mergeable(ClaimReceipts(org_id=ORG, requests=[], owner=ME, lease_ttl_s=1.0, reply=_Reply()))
 
 
 def test_a_lane_takes_only_what_merges_with_its_call() -> None:
@@ -169,15 +173,15 @@ def test_a_lane_takes_only_what_merges_with_its_call() -> None:
 
     store = Recording()
     lanes = Lanes(store, 0)  # type: ignore[arg-type]  # no threads: the test runs the lane
-    first = _call("mark_running_many", ["k1"], lease_ttl_s=1.0)
+    first = _call(MarkRunning, ["k1"], lease_ttl_s=1.0)
     waiting = [
-        _call("mark_running_many", ["k2"], lease_ttl_s=2.0),  # another tool's lease: no merge
-        _call("mark_running_many", ["k3"], lease_ttl_s=1.0),
-        _call("mark_running_many", ["k4"], lease_ttl_s=1.0),
+        _call(MarkRunning, ["k2"], lease_ttl_s=2.0),  # another tool's lease: no merge
+        _call(MarkRunning, ["k3"], lease_ttl_s=1.0),
+        _call(MarkRunning, ["k4"], lease_ttl_s=1.0),
     ]
     for call in waiting:
-        lanes.inbox.put((call, call.kwargs))
-    assert lanes._run_merged((first, first.kwargs))
+        lanes.inbox.put(call)
+    assert lanes.run_merged(first)
     assert store.calls == [("mark_running_many", ["k1"]), ("mark_running_many", ["k2"])]
     assert lanes.inbox.qsize() == 2  # the rest wait for whichever lane is free first
     assert first.reply.value.applied == ("k1",) and waiting[0].reply.value.applied == ("k2",)
@@ -190,10 +194,9 @@ def test_lanes_a_request_with_odd_items_gets_its_own_error_and_the_lanes_go_on(p
         ref = ReceiptStoreActor.start(store)
         try:
             calls = [
-                StoreCall(method="release", args=(ORG, None, ME), kwargs={}, reply=_Reply()),
-                StoreCall(method="mark_running_many", args=(ORG, [leases[0]], ME), kwargs={}, reply=_Reply()),
-                StoreCall(method="mark_running_many", args=(ORG, (x for x in [leases[1]]), ME), kwargs={},
-                          reply=_Reply()),
+                ReleaseReceipts(org_id=ORG, leases=None, owner=ME, reply=_Reply()),
+                MarkRunning(org_id=ORG, leases=[leases[0]], owner=ME, reply=_Reply()),
+                MarkRunning(org_id=ORG, leases=(x for x in [leases[1]]), owner=ME, reply=_Reply()),
             ]  # fmt: skip
             for _ in range(3):  # more than there are lanes: each must still be alive
                 for call in calls:

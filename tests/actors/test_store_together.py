@@ -13,8 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actors.messages import StoreCall
+from actors.messages import (
+    CompleteReceipts,
+    MarkRunning,
+    ReadReceipts,
+    RecordFailures,
+    ReleaseReceipts,
+    StoreCommand,
+)
+from actors.runtime.futures import new_future
 from actors.store.actor import ReceiptStoreActor
+from actors.store.client import StoreClient
 from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
 
 from .conftest import WAIT_S
@@ -54,7 +63,7 @@ def _held(store: _HeldStore, key: str) -> Iterator[Any]:
     stopped and its store closed afterwards."""
     ref = ReceiptStoreActor.start(store)
     try:
-        ref.tell(StoreCall(method="get_many", args=(ORG, [key]), kwargs={}, reply=_Reply()))
+        ref.tell(ReadReceipts(org_id=ORG, keys=[key], reply=_Reply()))
         assert store.entered.wait(WAIT_S)
         yield ref
     finally:
@@ -74,25 +83,34 @@ def test_store_actor_commits_waiting_fenced_writes_together_and_answers_each(tmp
     ref = ReceiptStoreActor.start(store)
     try:
         holder = _Reply()
-        ref.tell(StoreCall(method="get_many", args=(ORG, keys[:1]), kwargs={}, reply=holder))
+        ref.tell(ReadReceipts(org_id=ORG, keys=keys[:1], reply=holder))
         assert store.entered.wait(WAIT_S)
         # queued while the store is busy: marks, completions, a refused one, and a read behind them
-        calls = [
-            ("mark_running_many", (ORG, [leases[0], leases[1]], ME)),
-            ("complete_many", (ORG, [Completion(keys[2], leases[2].lease_id, {"n": 2})], ME)),
-            ("release", (ORG, [LeaseRef(keys[3], "not-the-lease")], ME)),
-            ("fail_many", (ORG, [], ME)),
-        ]
-        replies = [_Reply() for _ in calls]
-        for (method, args), reply in zip(calls, replies, strict=True):
-            ref.tell(StoreCall(method=method, args=args, kwargs={}, reply=reply))
-        read = ref.proxy().get_many(ORG, keys)  # an ask behind the writes: answered after them
+        replies = [_Reply() for _ in range(4)]
+        calls: list[StoreCommand] = [
+            MarkRunning(org_id=ORG, leases=[leases[0], leases[1]], owner=ME, reply=replies[0]),
+            CompleteReceipts(
+                org_id=ORG, completions=[Completion(keys[2], leases[2].lease_id, {"n": 2})], owner=ME,
+                reply=replies[1],
+            ),
+            ReleaseReceipts(
+                org_id=ORG, leases=[LeaseRef(keys[3], "not-the-lease")], owner=ME, reply=replies[2]
+            ),
+            RecordFailures(org_id=ORG, failures=[], owner=ME, reply=replies[3]),
+        ]  # fmt: skip
+        for call in calls:
+            ref.tell(call)
+        read = new_future()  # an ask behind the writes: answered after them
+        asked = ref.ask(ReadReceipts(org_id=ORG, keys=keys, reply=read), block=False)
         store.release_first.set()
         statuses = [r.status if r else None for r in read.get(timeout=WAIT_S)]
+        assert asked.get(timeout=WAIT_S) is None
         for reply in replies:
             assert reply.done.wait(WAIT_S)
             assert reply.error is None
-        assert store.groups == [[method for method, _ in calls]]  # one transaction
+        assert store.groups == [
+            ["mark_running_many", "complete_many", "release", "fail_many"]
+        ]  # one transaction
         assert replies[0].value.applied == (keys[0], keys[1])
         assert replies[1].value.applied == (keys[2],)
         assert replies[2].value.applied == () and keys[3] in replies[2].value.refused
@@ -121,7 +139,7 @@ def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_pa
     with _held(store, keys[0]) as ref:
         replies = [_Reply() for _ in keys]
         for lease, reply in zip(leases, replies, strict=True):
-            ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
+            ref.tell(MarkRunning(org_id=ORG, leases=[lease], owner=ME, reply=reply))
         store.release_first.set()
         for reply in replies:
             assert reply.done.wait(WAIT_S)
@@ -141,7 +159,7 @@ def test_store_actor_a_reply_that_raises_never_keeps_the_groups_other_replies_ba
     with _held(store, keys[0]) as ref:
         replies = [_Broken(), _Reply(), _Reply()]
         for lease, reply in zip(leases, replies, strict=True):
-            ref.tell(StoreCall(method="mark_running_many", args=(ORG, [lease], ME), kwargs={}, reply=reply))
+            ref.tell(MarkRunning(org_id=ORG, leases=[lease], owner=ME, reply=reply))
         store.release_first.set()
         for reply in replies[1:]:
             assert reply.done.wait(WAIT_S)
@@ -154,11 +172,10 @@ def test_store_actor_a_write_with_odd_items_gets_its_own_error_and_the_others_go
     keys, leases = _claimed(store, 3)
     with _held(store, keys[0]) as ref:
         calls = [
-            StoreCall(method="mark_running_many", args=(ORG, [leases[0]], ME), kwargs={}, reply=_Reply()),
-            StoreCall(method="release", args=(ORG, None, ME), kwargs={}, reply=_Reply()),
-            StoreCall(method="mark_running_many", args=(ORG, [leases[1]], ME), kwargs={}, reply=_Reply()),
-            StoreCall(method="mark_running_many", args=(ORG, (x for x in [leases[2]]), ME), kwargs={},
-                      reply=_Reply()),
+            MarkRunning(org_id=ORG, leases=[leases[0]], owner=ME, reply=_Reply()),
+            ReleaseReceipts(org_id=ORG, leases=None, owner=ME, reply=_Reply()),  # type: ignore[arg-type]
+            MarkRunning(org_id=ORG, leases=[leases[1]], owner=ME, reply=_Reply()),
+            MarkRunning(org_id=ORG, leases=(x for x in [leases[2]]), owner=ME, reply=_Reply()),  # type: ignore[arg-type]
         ]  # fmt: skip
         for call in calls:
             ref.tell(call)
@@ -168,4 +185,4 @@ def test_store_actor_a_write_with_odd_items_gets_its_own_error_and_the_others_go
         assert calls[1].reply.error is not None
         assert [calls[0].reply.value.applied, calls[2].reply.value.applied] == [(keys[0],), (keys[1],)]
         assert ref.is_alive()
-        assert ref.proxy().get_many(ORG, keys[:1]).get(timeout=WAIT_S)[0].status is ReceiptStatus.RUNNING
+        assert StoreClient(ref).read(ORG, keys[:1]).get(timeout=WAIT_S)[0].status is ReceiptStatus.RUNNING

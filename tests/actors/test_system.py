@@ -703,11 +703,12 @@ def test_actors_never_wait_except_on_receipt_store_futures() -> None:
 
     The rule (STYLE.md, Messages): inside a pykka actor class, the only blocking wait
     allowed is ``.get()`` on a future returned by ``self.store``, the receipt store
-    actor's proxy. That actor owns the store and never waits on any actor, so waiting
-    on it cannot deadlock. Any other reply an actor needs arrives as a message, or as a
-    future it resolves for someone else (it never ``.get()``s it). ``ask``, ``result``
-    and ``get_all`` are forbidden inside actors too. A ``.get(key)`` with a non-numeric
-    argument is a mapping lookup and is not a wait.
+    actor's client (:class:`actors.store.client.StoreClient`). That actor owns the store
+    and never waits on any actor, so waiting on it cannot deadlock. Any other reply an
+    actor needs arrives as a message, or as a future it resolves for someone else (it
+    never ``.get()``s it). ``ask``, ``result`` and ``get_all`` are forbidden inside
+    actors too. A ``.get(key)`` with a non-numeric argument is a mapping lookup and is
+    not a wait.
     """
     package = Path(actors.__file__).parent
     classes: list[str] = []

@@ -289,3 +289,29 @@ def children(tmp_path: Path) -> Iterator[Children]:
         yield group
     finally:
         group.close()
+
+
+def held_keys(store: Any, org_id: str, keys: list[str]) -> set[str]:
+    """The keys of ``org_id`` still under a live lease, by the Postgres server's clock."""
+    rows = store.query(
+        "SELECT key FROM receipts WHERE org_id = %s AND key = ANY(%s) AND status IN ('queued', 'running')"
+        " AND coalesce(lease_expires_at > extract(epoch FROM now())::float8, false)",
+        (org_id, keys),
+    )
+    return {row["key"] for row in rows}
+
+
+def wait_settled(store: Any, org_id: str, keys: list[str], timeout_s: float) -> set[str]:
+    """A waiter on another owner's receipts, by the store's change feed and nothing else
+    (no polling): read; while every key is still held, wait for the org's token to change
+    (LISTEN/NOTIFY, or the listener's reconnect), then read again. Returns the settled keys
+    (empty when ``timeout_s`` passed first)."""
+    feed = store.change_feed()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = feed.version(org_id)
+        settled = set(keys) - held_keys(store, org_id, keys)
+        remaining = deadline - time.monotonic()
+        if settled or remaining <= 0:
+            return settled
+        feed.wait(org_id, seen, remaining)

@@ -23,7 +23,7 @@ import stores
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores.postgres.listen import Listener, channel_name
 
-from .conftest import drop_pg_schema, wait_for
+from .conftest import drop_pg_schema, wait_for, wait_settled
 
 ORG = "acme"
 A, B = Owner("run-a"), Owner("run-b")
@@ -49,14 +49,14 @@ def long_schema(request: pytest.FixtureRequest, pg_url: str) -> Iterator[str]:
 def test_a_long_legal_schema_name_stores_results_and_wakes_waiters(pg_url: str, long_schema: str) -> None:
     channel = channel_name(long_schema)
     assert len(channel.encode()) <= 63 and channel == channel_name(long_schema)  # every worker agrees
-    a = stores.PostgresReceiptStore(pg_url, schema=long_schema, max_size=2, poll_s=60.0)
+    a = stores.PostgresReceiptStore(pg_url, schema=long_schema, max_size=2)
     b = stores.PostgresReceiptStore(pg_url, schema=long_schema, max_size=2)
     try:
         (claim,) = b.claim_many(ORG, [ClaimRequest("k1", "s", "t", "h1")], B, lease_ttl_s=300.0)
         lease = LeaseRef("k1", claim.receipt.lease_id)
         assert b.mark_running_many(ORG, [lease], B).ok
         woken: list[set[str]] = []
-        waiter = threading.Thread(target=lambda: woken.append(a.wait_for_change(ORG, ["k1"], 60.0)))
+        waiter = threading.Thread(target=lambda: woken.append(wait_settled(a, ORG, ["k1"], 60.0)))
         waiter.start()
         assert a.change_feed().wait_connected(ANSWER_S)
         started = time.monotonic()

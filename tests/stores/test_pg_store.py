@@ -33,7 +33,7 @@ from stores import (
 )
 from stores.sqlite.offload import gevent_active
 
-from .conftest import wait_for
+from .conftest import held_keys, wait_for, wait_settled
 
 ORG = "org-a"
 A, B = Owner("run-a"), Owner("run-b")
@@ -91,7 +91,7 @@ def test_pg_expiry_judged_by_database_clock_not_client(
     }
 
     assert got == {live: ClaimDisposition.RUNNING, expired: ClaimDisposition.CLAIMED}
-    assert store.wait_for_change(ORG, [live], 0.0) == set()  # still live by the server's clock
+    assert held_keys(store, ORG, [live]) == {live}  # still live by the server's clock
 
 
 def test_pg_lease_times_are_server_times(open_pg: Callable[..., Any], pg_url: str) -> None:
@@ -122,12 +122,12 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 
 def test_pg_waiter_woken_by_completion_on_another_store(open_pg: Callable[..., Any]) -> None:
-    worker, waiter = open_pg(), open_pg(poll_s=3600.0)  # polling alone would never wake it
+    worker, waiter = open_pg(), open_pg()  # the waiter never polls: only a notification wakes it
     leases = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
-    assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
-    assert waiter._listener.wait_connected(10.0)
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
-    wait_for(lambda: waiter._listener.waiting)  # the waiter has read "k1" (running) and now blocks
+    assert wait_settled(waiter, ORG, ["k1"], 0.0) == set()
+    assert waiter.change_feed().wait_connected(10.0)
+    thread, result = _in_thread(lambda: wait_settled(waiter, ORG, ["k1"], 20.0))
+    wait_for(lambda: waiter.change_feed().waiting)  # the waiter has read "k1" (running) and now blocks
 
     assert worker.complete_many(ORG, [Completion(leases[0].key, leases[0].lease_id, "out")], A).ok
 
@@ -163,12 +163,12 @@ def test_pg_one_notify_per_bulk_write(open_pg: Callable[..., Any], pg_url: str, 
 
 
 def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[..., Any], pg_url: str) -> None:
-    worker, waiter = open_pg(), open_pg(poll_s=3600.0)  # polling alone would never wake it
+    worker, waiter = open_pg(), open_pg()  # the waiter never polls: only a notification wakes it
     first, second = leases_of(worker.claim_many(ORG, requests(["k1", "k2"]), A, lease_ttl_s=300.0))
-    assert waiter.wait_for_change(ORG, ["k1"], 0.0) == set()
-    listener = waiter._listener
+    assert wait_settled(waiter, ORG, ["k1"], 0.0) == set()
+    listener = waiter.change_feed()
     assert listener.wait_connected(10.0)
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k1"], 20.0))
+    thread, result = _in_thread(lambda: wait_settled(waiter, ORG, ["k1"], 20.0))
     wait_for(lambda: listener.waiting)  # the waiter has read "k1" (running) and now blocks
     with raw(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
@@ -178,23 +178,12 @@ def test_pg_listener_reconnects_after_its_connection_dies(open_pg: Callable[...,
     thread.join(timeout=60.0)
     assert result == [{"k1"}]
     wait_for(lambda: listener.reconnects)  # LISTEN re-established on a new connection...
-    thread, result = _in_thread(lambda: waiter.wait_for_change(ORG, ["k2"], 20.0))
+    thread, result = _in_thread(lambda: wait_settled(waiter, ORG, ["k2"], 20.0))
     wait_for(lambda: listener.waiting)
     assert worker.complete_many(ORG, [Completion(second.key, second.lease_id, "out")], A).ok
     thread.join(timeout=60.0)
     assert result == [{"k2"}]  # ...which hears the next NOTIFY
     assert listener.reconnects == 1
-
-
-def test_sqlite_wait_for_change_polls(tmp_path: Any) -> None:
-    with SqliteReceiptStore(tmp_path / "r.db") as store:
-        (lease,) = leases_of(store.claim_many(ORG, requests(["k"]), A, lease_ttl_s=300.0))
-        assert store.wait_for_change(ORG, ["k", "absent"], 0.0) == {"absent"}
-        assert store.wait_for_change(ORG, ["k"], 0.0) == set()
-        thread, result = _in_thread(lambda: store.wait_for_change(ORG, ["k"], 120.0))
-        assert store.complete_many(ORG, [Completion(lease.key, lease.lease_id, "out")], A).ok
-        thread.join(timeout=60.0)
-    assert result == [{"k"}]
 
 
 # -- dropped connections ---------------------------------------------------------------------
