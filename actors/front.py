@@ -12,7 +12,7 @@ completed ones answered here too (the stored text, decoded per call), so a cold 
 never reaches the actors. The rest are
 queued on the tool's queue actor in one message.
 
-Rules (docs/how-it-works.md, Life of a call): the memo answers normal calls only (a
+Rules (docs/how-it-works.md, The life of a call): the memo answers normal calls only (a
 forced refresh or a retry of a failure goes to the store), never past the call's
 ``stale_after_s``; an error that concerns one call (input that is not JSON) fails that
 call's future alone; an unknown tool, a bad option or a stopped system fails them all.
@@ -338,7 +338,7 @@ def check_seconds(name: str, value: Any, *, positive: bool) -> None:
 
 def snapshot(value: Any) -> Any:
     """A private copy of a caller's input, taken at ``execute``: later changes by the
-    caller are not seen by the tool (docs/how-it-works.md, Execution)."""
+    caller are not seen by the tool (docs/host-api.md, Calls)."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value

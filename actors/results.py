@@ -129,7 +129,7 @@ def provider_idempotency_key(receipt_key: str, generation: int | None) -> str:
     crashed attempt's key and a provider that honours ``Idempotency-Key`` (IETF draft
     "The Idempotency-Key HTTP Header Field") answers it from its records instead of
     billing again. It grows after a recorded failure or for a forced (or stale)
-    re-run, which must reach the provider anew (docs/how-it-works.md, Execution).
+    re-run, which must reach the provider anew (docs/host-api.md, Calls).
     """
     return hashlib.sha256(f"{receipt_key}:{'' if generation is None else generation}".encode()).hexdigest()
 

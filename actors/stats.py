@@ -21,7 +21,7 @@ PHASES = (
     "group",
     "recovery",
 )
-"""Phases timed (docs/how-it-works.md, Observability)."""
+"""Phases timed (docs/host-api.md, Configuration: perf_hook)."""
 
 _KEEP = 50_000
 """Timings kept per phase for percentiles (the newest)."""

@@ -182,7 +182,7 @@ class RunInfo:
 
 @attrs.frozen(kw_only=True)
 class Policy:
-    """Dispatcher settings; defaults from docs/how-it-works.md (Defaults). Times in seconds.
+    """Dispatcher settings; defaults from docs/host-api.md (Configuration). Times in seconds.
 
     Attributes:
         batch_grace_s: how long a batchable tool's queue waits for more calls.

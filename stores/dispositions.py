@@ -19,7 +19,7 @@ def decide_disposition(
     holder_gone: bool = False,
     retry_safe: bool = True,
 ) -> ClaimDisposition:
-    """Decide a claim, exactly as the table in docs/how-it-works.md (Claims).
+    """Decide a claim, exactly as the table in docs/receipts.md (Claims and dispositions).
 
     Args:
         receipt: the stored receipt, or None when there is none.

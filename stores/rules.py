@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 MAX_OUTPUT_BYTES = 32 * 1024 * 1024
-"""Largest serialised output one receipt may hold (32 MiB, docs/how-it-works.md Completion)."""
+"""Largest serialised output one receipt may hold (32 MiB, docs/receipts.md, Outputs)."""
 
 IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 KEEPS_OUTPUT = (ReceiptStatus.COMPLETED, ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)

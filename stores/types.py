@@ -52,7 +52,7 @@ class ReceiptStatus(str, enum.Enum):
 
 
 class ClaimMode(str, enum.Enum):
-    """How a claim treats completed and failed receipts (docs/how-it-works.md, Claims)."""
+    """How a claim treats completed and failed receipts (docs/receipts.md, Claims and dispositions)."""
 
     NORMAL = "normal"
     RETRY_FAILED = "retry_failed"

@@ -2,7 +2,7 @@
 
 Completions from every drain are buffered and written in bulk: store requests of at
 most ``completion_max_members`` members and ``completion_max_bytes`` of serialised
-output (docs/how-it-works.md, Completion). A write that raises is retried on the ladder
+output (docs/receipts.md, Outputs). A write that raises is retried on the ladder
 (default 1 s, 3 s, 9 s), giving up early when the run's deadline leaves less than the
 back-off plus the headroom, or when the latch is already tripped. Giving up trips the
 latch, reads every member back (``recovery_max_reads`` at a time) and salvages what

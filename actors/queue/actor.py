@@ -6,7 +6,7 @@ group past the queue. :class:`ToolQueueActor` feeds both with messages and perfo
 their effects, each as a message to another actor or a task on the worker pool: it
 never waits on anyone.
 
-Rules (docs/how-it-works.md, Life of a call): a tool without a batch strategy drains at once;
+Rules (docs/how-it-works.md, The life of a call): a tool without a batch strategy drains at once;
 a batchable tool drains when ``max_batch_size`` unique calls are queued, otherwise
 ``batch_grace_s`` after the first queued call. Calls with the same receipt key share
 one execution: same drain -> followers; while the key is in flight -> attached (both

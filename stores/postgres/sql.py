@@ -50,7 +50,7 @@ def _cols(alias: str) -> str:
 
 
 def _action(a: str) -> str:
-    """What a claim does to row alias ``a`` (joined to ``req``), as docs/how-it-works.md's claim
+    """What a claim does to row alias ``a`` (joined to ``req``), as docs/receipts.md's claim
     table and :func:`stores.dispositions.decide_disposition`: 'claim' (a new lease), 'restore' (a
     lost refresh goes back to completed), 'uncertain' (a lost running call of a tool that
     is not retry-safe) or 'none' (the answer is the row as it stands). A lease whose id
