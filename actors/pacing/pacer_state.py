@@ -1,6 +1,6 @@
 """The pacing state of one (org, provider) in Python: the rules of the Redis script.
 
-:class:`BucketState` is :data:`actors.pacing.redis_script.SCRIPT` line for line (GCRA take,
+:class:`BucketState` is the Redis script (``actors/pacing/pacer.lua``) line for line (GCRA take,
 shared pause with a once-per-event cut, AIMD growth, the circuit with one half-open
 probe, the learner lease and the counts an unknown limit is learnt from), run
 in-process by :class:`actors.pacing.pacers.LocalPacer` and by a
@@ -27,7 +27,7 @@ def _fmt(x: float) -> str:
 
 @attrs.define
 class BucketState:
-    """State of one (org, provider); see :mod:`actors.pacing.redis_script` for the fields."""
+    """State of one (org, provider); the fields are the script's (``pacer.lua``'s header)."""
 
     tat: float = 0.0
     rate: float = 0.0

@@ -1,8 +1,9 @@
-"""The pacer shared through Redis (made by :func:`actors.pacing.pacers.open_pacer`).
+"""The pacer shared through Redis (made by :func:`actors.pacing.pacer_url.open_pacer`).
 
 redis-py is imported here, inside :class:`RedisPacer`'s constructor, so a process that
 never opens a Redis pacer does not need it, and one that does imports it after gevent
-patched the socket module (redis-py's sockets then yield to the hub).
+patched the socket module (redis-py's sockets then yield to the hub). The rules run on
+the server are the Lua script ``pacer.lua`` shipped inside this package (:data:`SCRIPT`).
 """
 
 from __future__ import annotations
@@ -16,16 +17,21 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from importlib import resources
 from typing import Any
 
-from actors.pacing.pacers import LocalPacer, Pacer, PacerSettings, ProviderLimits
-from actors.pacing.redis_script import SCRIPT
+from actors.pacing.pacers import LocalPacer, Pacer
+from actors.pacing.values import PacerSettings, ProviderLimits
 
-__all__ = ["DEFAULT_PREFIX", "RedisPacer"]
+__all__ = ["DEFAULT_PREFIX", "SCRIPT", "RedisPacer"]
 
 log = logging.getLogger("tooldispatch")
 
 DEFAULT_PREFIX = "tooldispatch:pacer"
+
+SCRIPT = resources.files("actors.pacing").joinpath("pacer.lua").read_text(encoding="utf-8")
+"""The Lua script every verb runs (``actors/pacing/pacer.lua``, package data; its header
+documents the keys and arguments)."""
 
 
 def _redact(url: str) -> str:
@@ -61,7 +67,7 @@ def _scaled(argv: list[str], share: float) -> list[str]:
 class RedisPacer(Pacer):
     """Pacing state shared by every worker pointed at one Redis (7 or later).
 
-    Each verb is one EVALSHA of :data:`actors.pacing.redis_script.SCRIPT` (loaded with SCRIPT
+    Each verb is one EVALSHA of :data:`SCRIPT` (loaded with SCRIPT
     LOAD on first use and again when Redis answers NOSCRIPT: a restart or failover
     flushed its script cache), atomic on the server and timed by its ``TIME``. Keys are
     ``{prefix}:{<org>/<provider>}:state`` (a hash), ``...:workers`` (a sorted set) and
