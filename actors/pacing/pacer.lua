@@ -44,7 +44,7 @@
 --   learn   accepted, holder ('' = only read), lease_ms, rate (<0: publish nothing),
 --           slow_start, limit_rps, phase, cuts, in_use_fraction
 --   state   (none)
--- Every reply starts now, rate, ref, ver, ss; see actors.pacing.pacers.Pacer for the rest.
+-- Every reply starts now, rate, ref, ver, ss; actors.pacing.redis_pacer.parse_reply reads the rest.
 
 local key, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
 local op = ARGV[1]
