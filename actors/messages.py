@@ -59,7 +59,6 @@ __all__ = [
     "RetryDue",
     "RetryWrite",
     "RunningMarked",
-    "SlotsGranted",
     "StopQueue",
     "StoreCommand",
     "SubmitCalls",
@@ -352,16 +351,6 @@ class FailuresRecorded(Answered):
     ``batch``: which write. ``value``: stores.FenceReport (None on error). ``error``: why the write
     failed, or None.
     """
-
-
-@attrs.frozen(kw_only=True)
-class SlotsGranted:
-    """Fact: the governor granted slots (or refused: budget, stop, provider down)."""
-
-    value: Any
-    """Number of slots granted (None on refusal)."""
-    error: BaseException | None
-    """Why nothing was granted, or None."""
 
 
 @attrs.frozen(kw_only=True)

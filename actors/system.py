@@ -155,7 +155,7 @@ class DispatchSystem:
             policy: settings (default :class:`~actors.tool.Policy`).
             pacer: an :class:`~actors.pacing.pacers.Pacer` to pace providers with (e.g. one
                 shared through Redis by several worker processes, from
-                :func:`~actors.pacing.pacers.open_pacer`); None: this process paces alone.
+                :func:`~actors.pacing.open_pacer`); None: this process paces alone.
                 The system does not close it.
 
         Raises:

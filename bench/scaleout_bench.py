@@ -93,7 +93,7 @@ def run_child_pacing(
 ) -> None:
     from actors import DispatchSystem, Pacing, RunInfo
     from actors.http import http_tool
-    from actors.pacing.pacers import open_pacer
+    from actors.pacing import open_pacer
     from stores import open_store
 
     index, count = (int(x) for x in shard.split("/"))

@@ -38,7 +38,7 @@ try:
 except ImportError:  # run from a checkout without an install
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.pacing.pacers import LocalPacer, ProviderLimits, open_pacer
+from actors.pacing import LocalPacer, ProviderLimits, open_pacer
 
 RATE = 1e9
 Take = Callable[[], Any]

@@ -1,1 +1,28 @@
-"""The governor: admission decisions (budgets, concurrency, pacing, backpressure) and its actor."""
+"""The governor: admission decisions (budgets, concurrency, pacing, backpressure) and its actor.
+
+A :class:`Governor` holds a :class:`GovernorPacing`: :class:`LocalPacing` (this process's
+buckets) or :class:`SharedPacing` (a shared pacer, as in :class:`SharedGovernor`).
+"""
+
+from actors.governor.actor import GovernorActor
+from actors.governor.decisions import (
+    BUDGET_KINDS,
+    Decisions,
+    Governor,
+    GovernorPacing,
+    LocalPacing,
+    suggested_parallelism,
+)
+from actors.governor.shared import SharedGovernor, SharedPacing
+
+__all__ = [
+    "BUDGET_KINDS",
+    "Decisions",
+    "Governor",
+    "GovernorActor",
+    "GovernorPacing",
+    "LocalPacing",
+    "SharedGovernor",
+    "SharedPacing",
+    "suggested_parallelism",
+]

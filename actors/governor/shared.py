@@ -1,12 +1,13 @@
 """The governor's pacing done by a :class:`~actors.pacing.pacers.Pacer` (shared through Redis).
 
-:class:`SharedGovernor` is a :class:`~actors.governor.decisions.Governor` whose rate, Retry-After
-pauses and circuit live in the pacer, so every worker process pointed at the same pacer
-paces one provider together (issue 11, section 2). What stays in this process: budgets,
-the global ceiling (``Policy.max_concurrency``) and each provider's ``max_concurrency``
-(both are per process), the send gates, and the counters of the pacing report.
+:class:`SharedPacing` is the :class:`~actors.governor.decisions.GovernorPacing` of a
+:class:`SharedGovernor`: its rate, Retry-After pauses and circuit live in the pacer, so
+every worker process pointed at the same pacer paces one provider together. What stays
+in this process: budgets, the global ceiling (``Policy.max_concurrency``) and each
+provider's ``max_concurrency`` (both are per process), the send gates, and the counters of
+the pacing report.
 
-Mapping (the shared pacer's author's proposal, checked against the pacer's replies):
+Mapping of the governor's steps onto the pacer:
 
 * ``wake``: the local circuit, ``bucket.available`` and ``bucket.take`` are replaced by
   ``pacer.take(org, provider, n, partial=True)``; ``refuse`` refuses the waiters and
@@ -36,7 +37,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from actors.governor.decisions import BucketKey, Decisions, Governor
+from actors.governor.decisions import BucketKey, Decisions, Governor, GovernorPacing
 from actors.pacing.bucket import (
     AIMD_INCREASE_FRACTION,
     AIMD_MIN_RPS,
@@ -51,34 +52,26 @@ from actors.tool import Pacing, Policy
 
 WAIT_POLL_S = 1.0
 """Longest a worker told to wait asks the shared pacer again: another worker's half-open
-probe settling wakes nobody here, and its claim is 30 s (breaker round 4: a 29 s stall
-after the circuit had closed)."""
+probe settling wakes nobody here, and its claim lasts ``probe_lease_s`` (30 s), so without
+this a worker could stall that long after the circuit had closed."""
 
-__all__ = ["SharedGovernor"]
+__all__ = ["SharedGovernor", "SharedPacing"]
 
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
 
 
-class SharedGovernor(Governor):
-    """A governor pacing through ``pacer`` (see the module docstring).
+class SharedPacing(GovernorPacing):
+    """A governor's pacing done by ``pacer`` (see the module docstring).
 
     Args:
-        policy: as :class:`~actors.governor.decisions.Governor`.
+        pacer: the pacer (the caller closes it).
+        policy: the governor's policy: its circuit settings, when the pacer's were not chosen.
         pacings: provider name -> Pacing; a provider the pacer has no limits for gets
             :meth:`ProviderLimits.from_pacing` of its Pacing.
-        pacer: the pacer (the caller closes it).
-        rng: jitter source.
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        pacings: dict[str, Pacing],
-        pacer: Pacer,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        super().__init__(policy, pacings, rng)
+    def __init__(self, pacer: Pacer, policy: Policy, pacings: dict[str, Pacing]) -> None:
         self.pacer = pacer
         for name, pacing in pacings.items():
             pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
@@ -87,7 +80,7 @@ class SharedGovernor(Governor):
         self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
         """(org, provider) -> (grant time, rate version), oldest first."""
         self._version = 0
-        """The rate version of the grant :meth:`_grantable` last made."""
+        """The rate version of the grant :meth:`grantable` last made."""
         self.shared: dict[BucketKey, tuple[float | None, float | None, bool]] = {}
         """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
         self.roles: dict[BucketKey, SharedLearner] = {}
@@ -99,29 +92,24 @@ class SharedGovernor(Governor):
         reported -> whether a nested call has it: a probe given back unsent releases the
         shared claim at once (else every worker would wait out the probe lease)."""
 
-    def acquire(
-        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
-        immediate: bool = False,
-    ) -> Decisions:  # fmt: skip
-        """As :meth:`Governor.acquire`; a first request during another worker's pause
-        starts this process's send gate paused too."""
-        out = super().acquire(org_id, provider, want, reply, now, exempt, immediate)
-        bucket = self.buckets.get((org_id, provider))
+    def acquired(self, key: BucketKey, now: float, out: Decisions) -> None:
+        """A first request during another worker's pause starts this process's send gate
+        paused too."""
+        bucket = self.gov.buckets.get(key)
         if bucket is not None and bucket.gate_until > now:
-            out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
-        return out
+            out.gates[key] = (bucket.rate, bucket.gate_until)
 
     def unpaced(self, key: BucketKey) -> bool:
         """Never: the shared pacer decides each grant (one round trip)."""
         return False
 
-    def _grantable(
+    def grantable(
         self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
     ) -> int | None:
         """What the pacer grants (one round trip); None when its circuit is open."""
         key = (wkey[0], wkey[1])
         if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
-            free = self.ceiling - self.in_flight
+            free = self.gov.ceiling - self.gov.in_flight
             if bucket.max_concurrency is not None:
                 free = min(free, bucket.max_concurrency - bucket.in_flight)
             want = min(want, free)
@@ -150,17 +138,17 @@ class SharedGovernor(Governor):
             self.probing[key] = wkey[2]
         return grant.granted
 
-    def _take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
+    def take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
         """Count the grant against this process's ceilings; remember its rate version."""
         if not wkey[2]:
             bucket.in_flight += n
-            self.in_flight += n
+            self.gov.in_flight += n
         seen = self.grants_at.setdefault((wkey[0], wkey[1]), [])
         seen.append((now, self._version))
         del seen[:-KEPT_VERSIONS]
 
-    def _next_wake(self, now: float, out: Decisions) -> float | None:
-        """The earliest time the pacer said to ask again (gathered by :meth:`_grantable`)."""
+    def next_wake(self, now: float, out: Decisions) -> float | None:
+        """The earliest time the pacer said to ask again (gathered by :meth:`grantable`)."""
         return out.wake_at
 
     def backpressure(
@@ -176,9 +164,9 @@ class SharedGovernor(Governor):
         key = (org_id, provider)
         if _is_date(retry_after):  # read against the clock the workers share, not this host's
             wall = self.pacer.wall_time(wall)
-        pause = self._pause_s(retry_after, wall)
-        pause += self.rng() * min(1.0, 0.1 * pause)
-        bucket = self.bucket(org_id, provider)
+        pause = self.gov.pause_s(retry_after, wall)
+        pause += self.gov.rng() * min(1.0, 0.1 * pause)
+        bucket = self.gov.bucket(org_id, provider)
         seen = self.grants_at.get(key, [])
         at = len(seen) if sent_at is None else bisect.bisect_right(seen, (sent_at, 1 << 62))
         cut_version = seen[at - 1][1] if at else None
@@ -187,7 +175,7 @@ class SharedGovernor(Governor):
         bucket.pauses.append((now, paused.pause_s, None if retry_after is None else str(retry_after)))
         del bucket.pauses[:-16]
         bucket.gate_until = max(bucket.gate_until, now + paused.pause_s)
-        out = self.wake(now)
+        out = self.gov.wake(now)
         self._saw(key, paused.rate_rps, paused.reference_rps, paused.slow_start, out)
         role = self.roles.get(key)
         if paused.cut and role is not None and role.learner is not None:  # the learner is here: cut now
@@ -211,8 +199,8 @@ class SharedGovernor(Governor):
         """Return slots; grow the shared rate by ``successes``; feed the shared circuit.
         (``sent_at`` is not used: the shared learner counts every worker's answers.)"""
         key = (org_id, provider)
-        bucket = self.bucket(org_id, provider)
-        self._return_slots(bucket, count, exempt, refunds)
+        bucket = self.gov.bucket(org_id, provider)
+        self.gov.return_slots(bucket, count, exempt, refunds)
         out = Decisions()
         if bucket.learner is None or not self._learn(key, bucket, successes, now, out):
             self._grow(key, bucket, successes, out)
@@ -223,14 +211,14 @@ class SharedGovernor(Governor):
         # so the next call probes at once (else every worker waited out its 30 s claim)
         # (only once no slot of the probe's kind is out: the slot back may be another call's,
         # granted before the circuit opened, and the probe still out)
-        unsent_probe = key in self.probing and not self.probe_out(key, self.probing[key])
+        unsent_probe = key in self.probing and not self.gov.probe_out(key, self.probing[key])
         if answered_n or unavailable or unsent_probe:
             self.probing.pop(key, None)  # reported (record(0, 0): the probe claim is let go)
             recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
             if recorded.opened:
-                refusals = self._refuse_waiters(key)
+                refusals = self.gov.refuse_waiters(key)
                 out.closed[key] = now + recorded.open_s
-        woken = self.wake(now)
+        woken = self.gov.wake(now)
         woken.refusals.extend(refusals)
         woken.closed.update(out.closed)
         woken.gates = {**out.gates, **woken.gates}
@@ -280,7 +268,7 @@ class SharedGovernor(Governor):
     def refresh_report(self, now: float) -> None:
         """Before a pacing report: each unknown limit's published estimate (one read each)."""
         for key, role in self.roles.items():
-            bucket = self.buckets.get(key)
+            bucket = self.gov.buckets.get(key)
             if bucket is None or bucket.learner is None or role.learner is not None:
                 continue
             got = self.pacer.learn(key[0], key[1], 0, "")
@@ -291,11 +279,49 @@ class SharedGovernor(Governor):
         """Keep the pacer's rate; retime this process's send gate when it changed."""
         before = self.shared.get(key)
         self.shared[key] = (rate, ref, slow)
-        bucket = self.buckets.get(key)
+        bucket = self.gov.buckets.get(key)
         if bucket is not None:
             bucket.rate, bucket.slow_start = rate, slow
         if before is None or before[0] != rate:
             out.gates.setdefault(key, (rate, None))
+
+
+class SharedGovernor(Governor):
+    """A :class:`~actors.governor.decisions.Governor` whose pacing is a :class:`SharedPacing`.
+
+    Args:
+        policy: as :class:`~actors.governor.decisions.Governor`.
+        pacings: provider name -> Pacing; a provider the pacer has no limits for gets
+            :meth:`ProviderLimits.from_pacing` of its Pacing.
+        pacer: the pacer (the caller closes it).
+        rng: jitter source.
+    """
+
+    pacing: SharedPacing
+
+    def __init__(
+        self,
+        policy: Policy,
+        pacings: dict[str, Pacing],
+        pacer: Pacer,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(policy, pacings, rng, SharedPacing(pacer, policy, pacings))
+
+    @property
+    def pacer(self) -> Pacer:
+        """The shared pacer."""
+        return self.pacing.pacer
+
+    @property
+    def roles(self) -> dict[BucketKey, SharedLearner]:
+        """(org, provider) of an unknown limit -> this worker's learner role."""
+        return self.pacing.roles
+
+    @property
+    def shared(self) -> dict[BucketKey, tuple[float | None, float | None, bool]]:
+        """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
+        return self.pacing.shared
 
 
 def _is_date(retry_after: Any) -> bool:

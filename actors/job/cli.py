@@ -128,7 +128,7 @@ def _run(
     from actors.job.runner import run_rows
     from actors.job.signals import Interrupts
     from actors.job.tally import CallTally
-    from actors.pacing.pacers import InvalidPacerURLError, open_pacer
+    from actors.pacing import InvalidPacerURLError, open_pacer
     from actors.runtime.actor import runtime_name
     from actors.system import DispatchSystem
     from actors.tool import RunInfo

@@ -1,33 +1,50 @@
 """The pacing state of one (org, provider) in Python: the rules of the Redis script.
 
-:class:`BucketState` is :data:`actors.pacing.redis_script.SCRIPT` line for line (GCRA take,
-shared pause with a once-per-event cut, AIMD growth, the circuit with one half-open
-probe, the learner lease and the counts an unknown limit is learnt from), run
-in-process by :class:`actors.pacing.pacers.LocalPacer` and by a
-:class:`~actors.pacing.redis_pacer.RedisPacer` whose Redis is away. It takes the script's
-argument list and answers the script's reply list, so one parser reads both and the
-conformance suite holds them to the same behaviour.
+:class:`BucketState` is the Redis script (``actors/pacing/pacer.lua``) line for line: GCRA
+take (ITU-T I.371), shared pause with a once-per-event cut (TCP NewReno's rule, RFC 6582),
+AIMD growth while the rate is in use (RFC 7661), the circuit with one half-open probe, the
+learner lease and the counts an unknown limit is learnt from. It is the engine of
+:class:`actors.pacing.pacers.LocalPacer` (and of a
+:class:`~actors.pacing.redis_pacer.RedisPacer` whose Redis is away); the conformance test
+(``tests/actors/pacer/test_pacer_rules_conformance.py``) holds the script to it.
+
+Typed operations in (:data:`~actors.pacing.values.PacerOp`), typed replies out, time passed
+in as float seconds; no strings.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
+from actors.pacing.values import (
+    PHASES,
+    CircuitRecorded,
+    Grant,
+    Grow,
+    Grown,
+    Learn,
+    Learnt,
+    PacerOp,
+    PacerSettings,
+    PacerState,
+    Pause,
+    Paused,
+    ProviderLimits,
+    ReadState,
+    Record,
+    SetRate,
+    Take,
+)
+
 __all__ = ["BucketState"]
-
-Reply = list[str]
-
-
-def _fmt(x: float) -> str:
-    return repr(float(x)) if math.isfinite(x) else "inf"
 
 
 @attrs.define
 class BucketState:
-    """State of one (org, provider); see :mod:`actors.pacing.redis_script` for the fields."""
+    """State of one (org, provider); the fields are the script's (``pacer.lua``'s header)."""
 
     tat: float = 0.0
     rate: float = 0.0
@@ -55,36 +72,53 @@ class BucketState:
     _burst_arg: float = -1.0
     _use_window: float = 0.5
 
-    def run(self, argv: Sequence[str], now: float) -> Reply:
-        """Apply one operation (the script's ARGV) at ``now`` (seconds); the script's reply."""
-        op = argv[0]
-        init_rate, init_ss = float(argv[1]), int(argv[2])
-        self._burst_arg, self._use_window = float(argv[3]), float(argv[5])
-        if self.fresh:
-            self.rate = self.ref = init_rate
-            self.ss, self.used_at, self.fresh = init_ss, now, False
-        args = argv[6:]
-        if op == "take":
-            return self._take(now, int(args[0]), args[1] == "1", float(args[4]))
-        if op == "pause":
-            return self._pause(now, *(float(a) for a in args[:6]))
-        if op == "grow":
-            return self._grow(now, *(float(a) for a in args[:4]))
-        if op == "set":
-            old, self.rate = self.rate, float(args[0])
-            self.ref, self.ss, self.ver = self.rate, int(args[1]), self.ver + 1
-            self._rescale(old, now)
-            return self._state(now, [])
-        if op == "record":
-            return self._record(now, *(float(a) for a in args[:5]))
-        if op == "learn":
-            return self._learn(now, args)
-        if op == "state":
-            return self._state(now, [_fmt(max(0.0, self.pause - now)), _fmt(self._used_rps(now))])
-        raise ValueError(f"unknown pacer op {op!r}")
+    def handle(self, op: PacerOp, now: float, limits: ProviderLimits, settings: PacerSettings) -> PacerState:
+        """Apply ``op`` at ``now`` (seconds) to this bucket, started from ``limits``.
 
-    def _state(self, now: float, extra: list[str]) -> Reply:
-        return [_fmt(now), _fmt(self.rate), _fmt(self.ref), str(self.ver), str(self.ss), *extra]
+        Returns:
+            The reply of ``op``'s kind: :class:`Grant` for :class:`Take`, :class:`Paused`
+            for :class:`Pause`, :class:`Grown` for :class:`Grow`, :class:`CircuitRecorded`
+            for :class:`Record`, :class:`Learnt` for :class:`Learn`, else :class:`PacerState`.
+
+        Raises:
+            TypeError: ``op`` is not a pacer operation.
+        """
+        self._burst_arg = -1.0 if limits.burst is None else float(limits.burst)
+        self._use_window = settings.use_window_s
+        if self.fresh:
+            self.rate = self.ref = 0.0 if limits.rate_rps is None else float(limits.rate_rps)
+            self.ss, self.used_at, self.fresh = int(limits.slow_start), now, False
+        if isinstance(op, Take):
+            return self._take(now, op.n, op.partial, settings.probe_lease_s)
+        if isinstance(op, Pause):
+            cut = -1 if op.cut_version is None else op.cut_version
+            return self._pause(now, max(0.0, op.pause_s), cut, settings)
+        if isinstance(op, Grow):
+            max_rps = 0.0 if limits.max_rps is None else limits.max_rps
+            return self._grow(now, op.add_rps, op.mul, max_rps, settings.in_use_fraction)
+        if isinstance(op, SetRate):
+            old, self.rate = self.rate, 0.0 if op.rate_rps is None else float(op.rate_rps)
+            self.ref, self.ss, self.ver = self.rate, int(op.slow_start), self.ver + 1
+            self._rescale(old, now)
+            return self._state()
+        if isinstance(op, Record):
+            return self._record(now, op.answered, op.unavailable, settings)
+        if isinstance(op, Learn):
+            return self._learn(now, op, settings)
+        if isinstance(op, ReadState):
+            return self._state()
+        raise TypeError(f"not a pacer operation: {op!r}")
+
+    def _state(self) -> PacerState:
+        return PacerState(**self._fields())
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "rate_rps": self.rate if self.rate > 0 else None,
+            "reference_rps": self.ref if self.ref > 0 else None,
+            "version": self.ver,
+            "slow_start": self.ss == 1,
+        }
 
     def _rescale(self, old: float, now: float) -> None:
         if old > 0 and self.rate > 0 and self.tat > now:
@@ -97,16 +131,16 @@ class BucketState:
     def _used_rps(self, now: float) -> float:
         return self.used * math.exp(-max(0.0, now - self.used_at) / self._use_window) / self._use_window
 
-    def _take(self, now: float, n: int, partial: bool, probe_lease_s: float) -> Reply:
-        verdict, workers = "go", "1"
+    def _take(self, now: float, n: int, partial: bool, probe_lease_s: float) -> Grant:
+        verdict = "go"
         if self.c_open > 0:
             if now < self.c_open:
-                return self._state(now, ["0", _fmt(self.c_open - now), "refuse", workers])
+                return Grant(**self._fields(), granted=0, wait_s=self.c_open - now, verdict="refuse")
             if self.c_probe > now:
-                return self._state(now, ["0", _fmt(self.c_probe - now), "wait", workers])
+                return Grant(**self._fields(), granted=0, wait_s=self.c_probe - now, verdict="wait")
             verdict, n, partial = "probe", 1, True
         if now < self.pause:
-            return self._state(now, ["0", _fmt(self.pause - now), "paused", workers])
+            return Grant(**self._fields(), granted=0, wait_s=self.pause - now, verdict="paused")
         k, wait = n, 0.0
         if self.rate > 0:
             period, b = 1 / self.rate, self._burst()
@@ -120,83 +154,92 @@ class BucketState:
             if k < 1:
                 need = 1 if partial else n
                 if need > b:
-                    return self._state(now, ["0", "inf", "wait", workers])
+                    return Grant(**self._fields(), granted=0, wait_s=math.inf, verdict="wait")
                 wait = max(tat + need * period - b * period - now, 1e-6)
-                return self._state(now, ["0", _fmt(wait), "wait", workers])
+                return Grant(**self._fields(), granted=0, wait_s=wait, verdict="wait")
             self.tat = tat + k * period
             wait = max(0.0, self.tat + period - b * period - now)
         decay = math.exp(-max(0.0, now - self.used_at) / self._use_window)
         self.used, self.used_at = self.used * decay + k, now
         if verdict == "probe":
             self.c_probe = now + probe_lease_s
-        return self._state(now, [str(k), _fmt(wait), verdict, workers])
+        return Grant(**self._fields(), granted=k, wait_s=wait, verdict=verdict)
 
-    def _pause(
-        self, now: float, pause_s: float, cut_ver: float, dec: float, ss_dec: float, min_rps: float,
-        start_rps: float,
-    ) -> Reply:  # fmt: skip
-        cut, old = 0, self.rate
+    def _pause(self, now: float, pause_s: float, cut_ver: int, settings: PacerSettings) -> Paused:
+        cut, old = False, self.rate
         if cut_ver >= 0 and cut_ver == self.ver:
-            cut, self.ver = 1, self.ver + 1
+            cut, self.ver = True, self.ver + 1
             self.ev, self.ev_at, self.ev_acc = self.ev + 1, now, self.acc
             if self.rate <= 0:
-                self.rate, self.ss = max(start_rps, self._used_rps(now) * ss_dec), 1
+                used = self._used_rps(now) * settings.slow_start_decrease
+                self.rate, self.ss = max(settings.unpaced_start_rps, used), 1
             else:
-                d = ss_dec if self.ss == 1 else dec
+                d = settings.slow_start_decrease if self.ss == 1 else settings.decrease
                 self.ss, self.ref = 0, self.rate
-                self.rate = max(min_rps, self.rate * d)
+                self.rate = max(settings.min_rps, self.rate * d)
         self._rescale(old, now)
         self.pause = max(self.pause, now + pause_s)
         if self.rate > 0:
             self.tat = max(self.tat, self.pause + self._burst() / self.rate)
-        return self._state(now, [str(cut), _fmt(self.pause - now)])
+        return Paused(**self._fields(), cut=cut, pause_s=self.pause - now)
 
-    def _grow(self, now: float, add: float, mul: float, max_rps: float, in_use: float) -> Reply:
-        grown = 0
+    def _grow(self, now: float, add: float, mul: float, max_rps: float, in_use: float) -> Grown:
+        grown = False
         if self.rate > 0 and self._used_rps(now) >= in_use * self.rate:
             rate = self.rate * mul + add
             if max_rps > 0:
                 rate = min(rate, max_rps)
-            grown, old = int(rate != self.rate), self.rate
+            grown, old = rate != self.rate, self.rate
             self.rate = rate
             self._rescale(old, now)
-        return self._state(now, [str(grown)])
+        return Grown(**self._fields(), grown=grown)
 
-    def _learn(self, now: float, args: Sequence[str]) -> Reply:
-        n, holder, lease_s = float(args[0]), args[1], float(args[2]) / 1000
-        rate, in_use = float(args[3]), float(args[8])
-        self.acc += n
-        leader = 0
+    def _learn(self, now: float, op: Learn, settings: PacerSettings) -> Learnt:
+        # the lease in whole milliseconds, as the script's PX
+        lease_s = math.ceil(settings.learner_lease_s * 1000) / 1000
+        self.acc += op.accepted
+        leader = False
+        holder = op.holder
         if holder and (not self.holder or now >= self.lease_until or self.holder == holder):
-            self.holder, self.lease_until, leader = holder, now + lease_s, 1
-        if leader and rate >= 0:
-            old, self.rate, self.ss = self.rate, rate, int(args[4])
-            self.lim, self.ph, self.cuts = float(args[5]), int(args[6]), int(args[7])
+            self.holder, self.lease_until, leader = holder, now + lease_s, True
+        if leader and op.publish is not None and op.publish[0] >= 0:
+            rate, slow, limit, phase, cuts = op.publish
+            old, self.rate, self.ss = self.rate, float(rate), int(slow)
+            self.lim, self.ph, self.cuts = 0.0 if limit is None else float(limit), PHASES.index(phase), cuts
             if self.lim > 0:
                 self.ref = self.lim
             self._rescale(old, now)
-        busy = int(self.rate > 0 and self._used_rps(now) >= in_use * self.rate)
-        return self._state(
-            now,
-            [str(leader), _fmt(self.acc), str(self.ev), _fmt(now - self.ev_at), _fmt(self.ev_acc),
-             _fmt(self.pause - now), str(busy), _fmt(self.lim), str(self.ph), str(self.cuts)],
-        )  # fmt: skip
+        busy = self.rate > 0 and self._used_rps(now) >= settings.in_use_fraction * self.rate
+        return Learnt(
+            **self._fields(),
+            leader=leader,
+            accepted=round(self.acc),
+            events=self.ev,
+            event_ago_s=now - self.ev_at,
+            event_accepted=round(self.ev_acc),
+            pause_in_s=self.pause - now,
+            in_use=busy,
+            limit_rps=self.lim if self.lim > 0 else None,
+            phase=PHASES[min(len(PHASES) - 1, max(0, self.ph))],
+            cuts=self.cuts,
+        )
 
     def _record(
-        self, now: float, answered: float, unavailable: float, threshold: float, open_s: float,
-        open_max_s: float,
-    ) -> Reply:  # fmt: skip
-        opened = 0
+        self, now: float, answered: int, unavailable: int, settings: PacerSettings
+    ) -> CircuitRecorded:
+        opened = False
+        threshold = settings.circuit_failures or 0
         if answered > 0:
             self.c_fail, self.c_open, self.c_period, self.c_probe = 0, 0.0, 0.0, 0.0
         elif unavailable <= 0:
             self.c_probe = 0.0
         else:
-            self.c_fail += int(unavailable)
+            self.c_fail += unavailable
             if self.c_open > 0 and now >= self.c_open:
-                self.c_period, opened = min(open_max_s, max(open_s, 2 * self.c_period)), 1
+                period = max(settings.circuit_open_s, 2 * self.c_period)
+                self.c_period, opened = min(settings.circuit_open_max_s, period), True
             elif self.c_open == 0 and threshold > 0 and self.c_fail >= threshold:
-                self.c_period, opened = open_s, 1
+                self.c_period, opened = settings.circuit_open_s, True
             if opened:
                 self.c_open, self.c_probe = now + self.c_period, 0.0
-        return self._state(now, [str(opened), _fmt(max(0.0, self.c_open - now))])
+        return CircuitRecorded(**self._fields(), opened=opened, open_s=max(0.0, self.c_open - now))

@@ -7,7 +7,8 @@ Retry-After pause, and the provider's circuit (open until, one half-open probe a
 time). Two pacers have the same semantics (one conformance suite runs on both):
 
 * :class:`LocalPacer`: in this process (thread-safe; a plain lock, gevent's when patched);
-* ``RedisPacer`` (:mod:`actors.pacing.redis_pacer`, made by :func:`open_pacer`): shared by
+* :class:`~actors.pacing.redis_pacer.RedisPacer` (made by
+  :func:`~actors.pacing.pacer_url.open_pacer`): shared by
   every worker process pointed at the same Redis, so N workers together stay within a
   provider's limit and one worker's 429 pauses them all. Each call is one round trip
   (EVALSHA of one Lua script), atomic, timed by Redis's clock, and leaves every key with
@@ -22,33 +23,36 @@ never mix their clocks with the caller's.
 from __future__ import annotations
 
 import abc
-import importlib.util
-import math
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from actors.errors import DispatchError
 from actors.pacing.pacer_state import BucketState
 from actors.pacing.values import (
     PHASES,
     CircuitRecorded,
     Grant,
+    Grow,
     Grown,
+    Learn,
     Learnt,
+    PacerOp,
     PacerSettings,
     PacerState,
+    Pause,
     Paused,
     ProviderLimits,
+    ReadState,
+    Record,
+    SetRate,
+    Take,
 )
 
 __all__ = [
     "CircuitRecorded",
     "Grant",
     "Grown",
-    "InvalidPacerURLError",
     "Learnt",
     "LocalPacer",
     "Pacer",
@@ -56,26 +60,18 @@ __all__ = [
     "PacerState",
     "Paused",
     "ProviderLimits",
-    "open_pacer",
 ]
 
-PACER_ENV_VAR = "TOOLDISPATCH_PACER"
-
-
-class InvalidPacerURLError(DispatchError, ValueError):
-    """A ``--pacer`` / ``TOOLDISPATCH_PACER`` value is not a pacer URL this version knows."""
-
-
-def _num(x: float | None) -> str:
-    return "0" if x is None else repr(float(x))
+R = TypeVar("R", bound=PacerState)
 
 
 class Pacer(abc.ABC):
     """Pacing state of every (org, provider), kept atomically per call.
 
-    Subclasses implement :meth:`_run` (one atomic step of the rules in
-    :class:`~actors.pacing.pacer_state.BucketState`); the verbs below build its arguments and
-    read its reply. Every method may be called from any thread or greenlet.
+    Subclasses implement :meth:`apply` (one atomic step of the rules of
+    :class:`~actors.pacing.pacer_state.BucketState` on one bucket); the verbs below make
+    the operation and type its reply. Every method may be called from any thread or
+    greenlet.
 
     Args:
         limits: provider name -> how its bucket starts (others start unpaced).
@@ -90,29 +86,20 @@ class Pacer(abc.ABC):
         self.limits = dict(limits or {})
         self.settings = settings or PacerSettings()
 
+    def limits_of(self, provider: str) -> ProviderLimits:
+        """How ``provider``'s bucket starts (unpaced when it has no limits)."""
+        return self.limits.get(provider) or ProviderLimits()
+
     @abc.abstractmethod
-    def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
-        """Apply one operation to (org, provider) atomically; the reply list."""
+    def apply(self, org_id: str, provider: str, op: PacerOp) -> PacerState:
+        """Apply ``op`` to (org, provider)'s bucket atomically; the reply of ``op``'s kind
+        (see :meth:`~actors.pacing.pacer_state.BucketState.handle`)."""
 
-    def _argv(self, provider: str, op: str, *args: str) -> list[str]:
-        lim = self.limits.get(provider) or ProviderLimits()
-        burst = -1.0 if lim.burst is None else lim.burst
-        ttl_ms = math.ceil(self.settings.state_ttl_s * 1000)
-        head = [op, _num(lim.rate_rps), str(int(lim.slow_start)), repr(float(burst)), str(ttl_ms)]
-        return [*head, repr(self.settings.use_window_s), *args]
-
-    def _state(self, reply: Sequence[str], degraded: bool = False) -> dict[str, Any]:
-        rate, ref = float(reply[1]), float(reply[2])
-        return {
-            "rate_rps": rate if rate > 0 else None,
-            "reference_rps": ref if ref > 0 else None,
-            "version": int(float(reply[3])),
-            "slow_start": reply[4] == "1",
-            "degraded": degraded,
-        }
-
-    def _reply(self, org_id: str, provider: str, argv: list[str]) -> tuple[list[str], bool]:
-        return self._run(org_id, provider, argv), False
+    def _apply(self, org_id: str, provider: str, op: PacerOp, kind: type[R]) -> R:
+        reply = self.apply(org_id, provider, op)
+        if not isinstance(reply, kind):
+            raise TypeError(f"{type(self).__name__}.apply({op!r}) answered {reply!r}")
+        return reply
 
     def take(self, org_id: str, provider: str, n: int = 1, *, partial: bool = False) -> Grant:
         """Take ``n`` tokens of (org, provider)'s bucket, all or none (``partial``: as many
@@ -123,18 +110,7 @@ class Pacer(abc.ABC):
         """
         if n < 1:
             raise ValueError(f"take needs n >= 1, got {n}")
-        s = self.settings
-        argv = self._argv(provider, "take", str(n), "1" if partial else "0", "", repr(s.presence_s))
-        argv.append(repr(s.probe_lease_s))
-        reply, degraded = self._reply(org_id, provider, argv)
-        wait = float(reply[6])
-        return Grant(
-            **self._state(reply, degraded),
-            granted=int(float(reply[5])),
-            wait_s=wait,
-            verdict=reply[7],
-            workers=int(reply[8]),
-        )
+        return self._apply(org_id, provider, Take(n=n, partial=partial), Grant)
 
     def pause(self, org_id: str, provider: str, pause_s: float, *, cut_version: int | None = None) -> Paused:
         """Pause (org, provider) for ``pause_s`` seconds (for every worker), its bucket left
@@ -142,32 +118,21 @@ class Pacer(abc.ABC):
         version (once per congestion event, as TCP NewReno cuts once per window, RFC 6582):
         an unpaced provider starts slow start, slow start ends at
         ``slow_start_decrease``, else the rate drops to ``decrease`` of itself."""
-        s = self.settings
-        cut = -1 if cut_version is None else cut_version
-        argv = self._argv(provider, "pause", repr(max(0.0, float(pause_s))), str(cut), repr(s.decrease))
-        argv += [repr(s.slow_start_decrease), repr(s.min_rps), repr(s.unpaced_start_rps)]
-        reply, degraded = self._reply(org_id, provider, argv)
-        return Paused(**self._state(reply, degraded), cut=reply[5] == "1", pause_s=float(reply[6]))
+        op = Pause(pause_s=max(0.0, float(pause_s)), cut_version=cut_version)
+        return self._apply(org_id, provider, op, Paused)
 
     def grow(self, org_id: str, provider: str, *, add_rps: float = 0.0, mul: float = 1.0) -> Grown:
         """Grow the rate to ``rate * mul + add_rps`` (capped at the provider's ``max_rps``),
         only while grants (every worker's) run at ``in_use_fraction`` of it or more
         (RFC 7661's rule for an unused window). Additive increase per successful call:
         summed over workers it grows as one process serving all their calls would."""
-        lim = self.limits.get(provider) or ProviderLimits()
-        argv = self._argv(provider, "grow", repr(float(add_rps)), repr(float(mul)), _num(lim.max_rps))
-        argv.append(repr(self.settings.in_use_fraction))
-        reply, degraded = self._reply(org_id, provider, argv)
-        return Grown(**self._state(reply, degraded), grown=reply[5] == "1")
+        return self._apply(org_id, provider, Grow(add_rps=float(add_rps), mul=float(mul)), Grown)
 
     def set_rate(
         self, org_id: str, provider: str, rate_rps: float | None, *, slow_start: bool = False
     ) -> PacerState:
         """Set the rate (None: unpaced) and its reference; bumps the version."""
-        reply, degraded = self._reply(
-            org_id, provider, self._argv(provider, "set", _num(rate_rps), str(int(slow_start)))
-        )
-        return PacerState(**self._state(reply, degraded))
+        return self._apply(org_id, provider, SetRate(rate_rps=rate_rps, slow_start=slow_start), PacerState)
 
     def record(self, org_id: str, provider: str, *, answered: int, unavailable: int) -> CircuitRecorded:
         """Outcomes of calls that ended, for the circuit (Nygard, *Release It!*): any
@@ -175,11 +140,8 @@ class Pacer(abc.ABC):
         open it after ``circuit_failures`` in a row, or again (for twice as long, up to
         ``circuit_open_max_s``) when the half-open probe fails; neither releases the
         probe claim (the probe was not sent)."""
-        s = self.settings
-        argv = self._argv(provider, "record", str(answered), str(unavailable), str(s.circuit_failures or 0))
-        argv += [repr(s.circuit_open_s), repr(s.circuit_open_max_s)]
-        reply, degraded = self._reply(org_id, provider, argv)
-        return CircuitRecorded(**self._state(reply, degraded), opened=reply[5] == "1", open_s=float(reply[6]))
+        op = Record(answered=answered, unavailable=unavailable)
+        return self._apply(org_id, provider, op, CircuitRecorded)
 
     def learn(
         self,
@@ -200,34 +162,13 @@ class Pacer(abc.ABC):
         """
         if accepted < 0:
             raise ValueError(f"learn needs accepted >= 0, got {accepted}")
-        lease_ms = str(math.ceil(self.settings.learner_lease_s * 1000))
-        rate, slow, limit, phase, cuts = publish or (-1.0, False, None, "unpaced", 0)
-        if phase not in PHASES:
-            raise ValueError(f"unknown learner phase {phase!r}")
-        argv = self._argv(
-            provider, "learn", str(accepted), holder, lease_ms, repr(float(rate)), str(int(slow))
-        )
-        argv += [_num(limit), str(PHASES.index(phase)), str(cuts), repr(self.settings.in_use_fraction)]
-        reply, degraded = self._reply(org_id, provider, argv)
-        limit_rps = float(reply[12])
-        return Learnt(
-            **self._state(reply, degraded),
-            leader=reply[5] == "1",
-            accepted=round(float(reply[6])),
-            events=int(float(reply[7])),
-            event_ago_s=float(reply[8]),
-            event_accepted=round(float(reply[9])),
-            pause_in_s=float(reply[10]),
-            in_use=reply[11] == "1",
-            limit_rps=limit_rps if limit_rps > 0 else None,
-            phase=PHASES[min(len(PHASES) - 1, max(0, int(float(reply[13]))))],
-            cuts=int(float(reply[14])),
-        )
+        if publish is not None and publish[3] not in PHASES:
+            raise ValueError(f"unknown learner phase {publish[3]!r}")
+        return self._apply(org_id, provider, Learn(accepted=accepted, holder=holder, publish=publish), Learnt)
 
     def state(self, org_id: str, provider: str) -> PacerState:
         """The bucket's state (creates it if absent)."""
-        reply, degraded = self._reply(org_id, provider, self._argv(provider, "state"))
-        return PacerState(**self._state(reply, degraded))
+        return self._apply(org_id, provider, ReadState(), PacerState)
 
     def snapshot(self) -> dict[str, Any]:
         """What the pacer is (for stats): ``backend``, ``degraded``."""
@@ -263,12 +204,14 @@ class LocalPacer(Pacer):
         self._lock = threading.Lock()
         self._states: dict[tuple[str, str], BucketState] = {}
 
-    def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
+    def apply(self, org_id: str, provider: str, op: PacerOp) -> PacerState:
+        """Apply ``op`` to (org, provider)'s :class:`~actors.pacing.pacer_state.BucketState`
+        under this pacer's lock, at its clock's now."""
         with self._lock:
             state = self._states.get((org_id, provider))
             if state is None:
                 state = self._states[(org_id, provider)] = BucketState()
-            return state.run(argv, self.clock())
+            return state.handle(op, self.clock(), self.limits_of(provider), self.settings)
 
     def seed(
         self, org_id: str, provider: str, rate_rps: float | None, version: int,
@@ -296,65 +239,3 @@ class LocalPacer(Pacer):
         """Drop every bucket."""
         with self._lock:
             self._states.clear()
-
-
-MAX_TIMEOUT_S = 60.0
-"""The longest Redis connect or read timeout a pacer URL may set, seconds (each call may
-wait that long while Redis is away)."""
-
-
-def open_pacer(
-    url: str | None,
-    limits: Mapping[str, ProviderLimits] | None = None,
-    settings: PacerSettings | None = None,
-) -> Pacer:
-    """The pacer a ``--pacer`` option (or ``TOOLDISPATCH_PACER``) names.
-
-    ``None``, ``""`` or ``local``: a :class:`LocalPacer`. ``redis://[:password@]host[:port][/db]``
-    (or ``rediss://``, ``unix://``): a shared ``RedisPacer``; query parameters:
-    ``prefix`` (key prefix, default ``tooldispatch:pacer``), ``workers`` (how many
-    workers to assume sharing a bucket when Redis is away and none was seen, default 4),
-    ``connect_timeout`` / ``timeout`` (seconds, default 0.25 / 0.5). Other query
-    parameters are handed to redis-py.
-
-    Raises:
-        InvalidPacerURLError: another scheme, a bad value, or redis-py not installed.
-    """
-    if not url or url.strip() == "local":
-        return LocalPacer(limits, settings)
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise InvalidPacerURLError(
-            f"--pacer {url!r}: expected 'local' or a redis://host:port/db URL (also rediss://, unix://)"
-        )
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    ours: dict[str, Any] = {}
-    try:
-        for name, key, kind in (
-            ("prefix", "prefix", str),
-            ("workers", "expected_workers", int),
-            ("connect_timeout", "connect_timeout_s", float),
-            ("timeout", "timeout_s", float),
-        ):
-            if name in query:
-                ours[key] = kind(query.pop(name))
-    except ValueError as exc:
-        raise InvalidPacerURLError(f"--pacer {url!r}: {exc}") from None
-    if ours.get("expected_workers", 1) < 1:
-        raise InvalidPacerURLError(f"--pacer {url!r}: workers must be at least 1")
-    for name in ("connect_timeout_s", "timeout_s"):  # NaN, inf, 1e300, -1: refused here, not per call
-        value = ours.get(name)
-        if value is not None and not (0 < value <= MAX_TIMEOUT_S):
-            option = name.removesuffix("_s")
-            raise InvalidPacerURLError(
-                f"--pacer {url!r}: {option} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
-            )
-    rest = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
-    if importlib.util.find_spec("redis") is None:  # found, not imported: gevent may patch later
-        raise InvalidPacerURLError(
-            f"--pacer {url!r}: a shared pacer needs redis-py (not installed): "
-            "pip install 'tooldispatch[redis]'"
-        )
-    from actors.pacing.redis_pacer import RedisPacer  # redis-py is imported there, lazily, after patching
-
-    return RedisPacer(rest, limits, settings, **ours)

@@ -1,8 +1,9 @@
-"""The pacer shared through Redis (made by :func:`actors.pacing.pacers.open_pacer`).
+"""The pacer shared through Redis (made by :func:`actors.pacing.pacer_url.open_pacer`).
 
 redis-py is imported here, inside :class:`RedisPacer`'s constructor, so a process that
 never opens a Redis pacer does not need it, and one that does imports it after gevent
-patched the socket module (redis-py's sockets then yield to the hub).
+patched the socket module (redis-py's sockets then yield to the hub). The rules run on
+the server are the Lua script ``pacer.lua`` shipped inside this package (:data:`SCRIPT`).
 """
 
 from __future__ import annotations
@@ -15,17 +16,42 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
-from actors.pacing.pacers import LocalPacer, Pacer, PacerSettings, ProviderLimits
-from actors.pacing.redis_script import SCRIPT
+import attrs
 
-__all__ = ["DEFAULT_PREFIX", "RedisPacer"]
+from actors.pacing.pacers import LocalPacer, Pacer
+from actors.pacing.values import (
+    PHASES,
+    CircuitRecorded,
+    Grant,
+    Grow,
+    Grown,
+    Learn,
+    Learnt,
+    PacerOp,
+    PacerSettings,
+    PacerState,
+    Pause,
+    Paused,
+    ProviderLimits,
+    ReadState,
+    Record,
+    SetRate,
+    Take,
+)
+
+__all__ = ["DEFAULT_PREFIX", "SCRIPT", "RedisPacer", "parse_reply", "script_args"]
 
 log = logging.getLogger("tooldispatch")
 
 DEFAULT_PREFIX = "tooldispatch:pacer"
+
+SCRIPT = resources.files("actors.pacing").joinpath("pacer.lua").read_text(encoding="utf-8")
+"""The Lua script every verb runs (``actors/pacing/pacer.lua``, package data; its header
+documents the keys and arguments)."""
 
 
 def _redact(url: str) -> str:
@@ -43,25 +69,114 @@ def _escape(name: str) -> str:
     return name.translate(_ESCAPES)
 
 
-_RATE_ARGS = {"grow": (6, 8), "set": (6,), "learn": (9, 11)}
-"""Per verb, the positions of its arguments that are rates (requests per second)."""
+def _num(x: float | None) -> str:
+    return "0" if x is None else repr(float(x))
 
 
-def _scaled(argv: list[str], share: float) -> list[str]:
-    """``argv`` with its rates (a growth step, a cap, a rate set or published) scaled to
+def script_args(op: PacerOp, limits: ProviderLimits, settings: PacerSettings, worker: str = "") -> list[str]:
+    """The script's ARGV for ``op`` on a bucket started from ``limits`` (the layout is in
+    ``pacer.lua``'s header). ``worker``: name this worker in the bucket's workers set (a
+    take only; ``""``: leave the set alone).
+
+    Raises:
+        TypeError: ``op`` is not a pacer operation.
+    """
+    s = settings
+    burst = -1.0 if limits.burst is None else limits.burst
+    head = [_num(limits.rate_rps), str(int(limits.slow_start)), repr(float(burst))]
+    head += [str(math.ceil(s.state_ttl_s * 1000)), repr(s.use_window_s)]
+    if isinstance(op, Take):
+        own = [
+            "take",
+            str(op.n),
+            "1" if op.partial else "0",
+            worker,
+            repr(s.presence_s),
+            repr(s.probe_lease_s),
+        ]
+    elif isinstance(op, Pause):
+        cut = -1 if op.cut_version is None else op.cut_version
+        own = ["pause", repr(float(op.pause_s)), str(cut), repr(s.decrease), repr(s.slow_start_decrease)]
+        own += [repr(s.min_rps), repr(s.unpaced_start_rps)]
+    elif isinstance(op, Grow):
+        own = ["grow", repr(op.add_rps), repr(op.mul), _num(limits.max_rps), repr(s.in_use_fraction)]
+    elif isinstance(op, SetRate):
+        own = ["set", _num(op.rate_rps), str(int(op.slow_start))]
+    elif isinstance(op, Record):
+        own = ["record", str(op.answered), str(op.unavailable), str(s.circuit_failures or 0)]
+        own += [repr(s.circuit_open_s), repr(s.circuit_open_max_s)]
+    elif isinstance(op, Learn):
+        rate, slow, limit, phase, cuts = op.publish or (-1.0, False, None, "unpaced", 0)
+        lease_ms = str(math.ceil(s.learner_lease_s * 1000))
+        own = ["learn", str(op.accepted), op.holder, lease_ms, repr(float(rate)), str(int(slow))]
+        own += [_num(limit), str(PHASES.index(phase)), str(cuts), repr(s.in_use_fraction)]
+    elif isinstance(op, ReadState):
+        own = ["state"]
+    else:
+        raise TypeError(f"not a pacer operation: {op!r}")
+    return [own[0], *head, *own[1:]]
+
+
+def parse_reply(op: PacerOp, reply: Sequence[str], degraded: bool = False) -> PacerState:
+    """The script's reply to ``op`` as the value :class:`~actors.pacing.pacers.Pacer`'s verb
+    returns (``Grant.workers`` is -1 when the take named no worker)."""
+    rate, ref = float(reply[1]), float(reply[2])
+    base: dict[str, Any] = {
+        "rate_rps": rate if rate > 0 else None,
+        "reference_rps": ref if ref > 0 else None,
+        "version": int(float(reply[3])),
+        "slow_start": reply[4] == "1",
+        "degraded": degraded,
+    }
+    if isinstance(op, Take):
+        granted, wait_s, verdict, workers = int(float(reply[5])), float(reply[6]), reply[7], int(reply[8])
+        return Grant(**base, granted=granted, wait_s=wait_s, verdict=verdict, workers=workers)
+    if isinstance(op, Pause):
+        return Paused(**base, cut=reply[5] == "1", pause_s=float(reply[6]))
+    if isinstance(op, Grow):
+        return Grown(**base, grown=reply[5] == "1")
+    if isinstance(op, Record):
+        return CircuitRecorded(**base, opened=reply[5] == "1", open_s=float(reply[6]))
+    if isinstance(op, Learn):
+        limit_rps = float(reply[12])
+        return Learnt(
+            **base,
+            leader=reply[5] == "1",
+            accepted=round(float(reply[6])),
+            events=int(float(reply[7])),
+            event_ago_s=float(reply[8]),
+            event_accepted=round(float(reply[9])),
+            pause_in_s=float(reply[10]),
+            in_use=reply[11] == "1",
+            limit_rps=limit_rps if limit_rps > 0 else None,
+            phase=PHASES[min(len(PHASES) - 1, max(0, int(float(reply[13]))))],
+            cuts=int(float(reply[14])),
+        )
+    return PacerState(**base)
+
+
+def _scaled(op: PacerOp, share: float) -> PacerOp:
+    """``op`` with its rates (a growth step, a rate set or published, a limit) scaled to
     this worker's ``share``: pacing alone, a worker never grows, or is set, past its share
-    of what the workers would have together (values <= 0 mean "none" and stay)."""
-    out = list(argv)
-    for i in _RATE_ARGS.get(argv[0], ()):
-        if i < len(out) and float(out[i]) > 0:
-            out[i] = repr(float(out[i]) * share)
-    return out
+    of what the workers would have together (None and values <= 0 mean "none" and stay)."""
+
+    def scale(x: float | None) -> float | None:
+        return x * share if x is not None and x > 0 else x
+
+    if isinstance(op, Grow):
+        return attrs.evolve(op, add_rps=op.add_rps * share if op.add_rps > 0 else op.add_rps)
+    if isinstance(op, SetRate):
+        return attrs.evolve(op, rate_rps=scale(op.rate_rps))
+    if isinstance(op, Learn) and op.publish is not None:
+        rate, slow, limit, phase, cuts = op.publish
+        return attrs.evolve(op, publish=(rate * share if rate > 0 else rate, slow, scale(limit), phase, cuts))
+    return op
 
 
 class RedisPacer(Pacer):
     """Pacing state shared by every worker pointed at one Redis (7 or later).
 
-    Each verb is one EVALSHA of :data:`actors.pacing.redis_script.SCRIPT` (loaded with SCRIPT
+    Each verb is one EVALSHA of :data:`SCRIPT` (loaded with SCRIPT
     LOAD on first use and again when Redis answers NOSCRIPT: a restart or failover
     flushed its script cache), atomic on the server and timed by its ``TIME``. Keys are
     ``{prefix}:{<org>/<provider>}:state`` (a hash), ``...:workers`` (a sorted set) and
@@ -163,14 +278,16 @@ class RedisPacer(Pacer):
         base = f"{self.prefix}:{{{_escape(org_id)}/{_escape(provider)}}}"
         return [f"{base}:state", f"{base}:workers", f"{base}:learner"]
 
-    def _run(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
+    def _eval(self, org_id: str, provider: str, op: PacerOp) -> list[str]:
+        """One EVALSHA of ``op`` (the script loaded again if Redis lost it); the raw reply."""
         keys = self.keys(org_id, provider)
-        if argv[0] == "take":  # name this worker in the workers set every presence_s / 4
+        worker = ""
+        if isinstance(op, Take):  # name this worker in the workers set every presence_s / 4
             now, key = self.clock(), (org_id, provider)
-            due = now >= self._presence_at.get(key, -math.inf) + self.settings.presence_s / 4
-            if due:
+            if now >= self._presence_at.get(key, -math.inf) + self.settings.presence_s / 4:
                 self._presence_at[key] = now
-            argv = [*argv[:8], self.worker_id if due else "", *argv[9:]]
+                worker = self.worker_id
+        argv = script_args(op, self.limits_of(provider), self.settings, worker)
         sha = self._sha or self._load()
         try:
             reply = self._client.evalsha(sha, len(keys), *keys, *argv)
@@ -184,45 +301,46 @@ class RedisPacer(Pacer):
         self.script_loads += 1
         return sha
 
-    def _reply(self, org_id: str, provider: str, argv: list[str]) -> tuple[list[str], bool]:
+    def apply(self, org_id: str, provider: str, op: PacerOp) -> PacerState:
+        """One EVALSHA of ``op``; while Redis is away, the local fallback's reply
+        (``degraded=True``)."""
         key = (org_id, provider)
         now = self.clock()
         if self._degraded_since is None or now >= self._retry_at:
             try:
                 if self._degraded_since is not None:
                     self._hand_over()
-                reply = self._run(org_id, provider, argv)
+                reply = parse_reply(op, self._eval(org_id, provider, op))
             except self._down_errors as exc:
                 self._degrade(exc, now)
             else:
                 if self._degraded_since is not None:
                     self._rejoin()
-                rate, workers = float(reply[1]), self._seen.get(key, (None, 0, 1))[2]
-                if argv[0] == "take":
-                    if reply[8] == "-1":
-                        reply[8] = str(workers)
-                    workers = int(reply[8])
-                self._seen[key] = (rate if rate > 0 else None, int(float(reply[3])), workers)
-                self._hold(key, argv[0], reply, now)
-                return reply, False
-        return self._local(org_id, provider, argv), True
+                workers = self._seen.get(key, (None, 0, 1))[2]
+                if isinstance(reply, Grant):
+                    if reply.workers == -1:
+                        reply = attrs.evolve(reply, workers=workers)
+                    workers = reply.workers
+                self._seen[key] = (reply.rate_rps, reply.version, workers)
+                self._hold(key, reply, now)
+                return reply
+        return attrs.evolve(self._local(org_id, provider, op), degraded=True)
 
-    def _hold(self, key: tuple[str, str], op: str, reply: list[str], now: float) -> None:
+    def _hold(self, key: tuple[str, str], reply: PacerState, now: float) -> None:
         """Note a pause or an open circuit the reply tells of (or that one has ended)."""
         paused, opened = self._holds.get(key, (0.0, 0.0))
-        if op == "take":
-            verdict, wait = reply[7], reply[6]
-            left = float(wait) if wait != "inf" else 0.0
-            if verdict == "paused":
+        if isinstance(reply, Grant):
+            left = reply.wait_s if reply.wait_s != math.inf else 0.0
+            if reply.verdict == "paused":
                 paused = now + left
-            elif verdict == "refuse":
+            elif reply.verdict == "refuse":
                 opened = now + left
-            elif verdict != "wait":  # granted: neither holds now
+            elif reply.verdict != "wait":  # granted: neither holds now
                 paused = opened = 0.0
-        elif op == "pause":
-            paused = now + float(reply[6])
-        elif op == "record":
-            opened = now + float(reply[6]) if float(reply[6]) > 0 else 0.0
+        elif isinstance(reply, Paused):
+            paused = now + reply.pause_s
+        elif isinstance(reply, CircuitRecorded):
+            opened = now + reply.open_s if reply.open_s > 0 else 0.0
         if paused > now or opened > now:
             self._holds[key] = (paused, opened)
         else:
@@ -231,13 +349,13 @@ class RedisPacer(Pacer):
     def _share(self, key: tuple[str, str]) -> float:
         return 1.0 / max(self.expected_workers, self._seen.get(key, (None, 0, 1))[2])
 
-    def _local(self, org_id: str, provider: str, argv: list[str]) -> list[str]:
+    def _local(self, org_id: str, provider: str, op: PacerOp) -> PacerState:
         key = (org_id, provider)
         with self._lock:
             if key not in self._seeded:
                 self._seeded.add(key)
                 share = self._share(key)
-                lim = self.limits.get(provider) or ProviderLimits()
+                lim = self.limits_of(provider)
                 rate, version, _ = self._seen.get(key, (lim.rate_rps, 0, 1))
                 rate = (rate if rate is not None else self.settings.unpaced_start_rps) * share
                 burst = None if lim.burst is None else max(1.0, lim.burst * share)
@@ -249,8 +367,7 @@ class RedisPacer(Pacer):
                     org_id, provider, rate, version, pause_s=paused - now, open_s=opened - now
                 )
             share = self._share(key)
-        local = self._fallback._argv(provider, argv[0])
-        return self._fallback._run(org_id, provider, [*local[:6], *_scaled(argv, share)[6:]])
+        return self._fallback.apply(org_id, provider, _scaled(op, share))
 
     def _degrade(self, exc: BaseException, now: float) -> None:
         with self._lock:
@@ -269,7 +386,7 @@ class RedisPacer(Pacer):
     def _hand_over(self) -> None:
         """Pauses taken while degraded go to Redis first (raises if it is still away)."""
         for (org_id, provider), left_s in self._fallback.pending_pauses():
-            self._run(org_id, provider, self._argv(provider, "pause", repr(left_s), "-1", "0", "0", "0", "0"))
+            self._eval(org_id, provider, Pause(pause_s=left_s))
 
     def _rejoin(self) -> None:
         with self._lock:

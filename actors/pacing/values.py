@@ -1,4 +1,5 @@
-"""Value classes of the pacers (see :mod:`actors.pacing.pacers`): limits, settings, replies."""
+"""Value classes of the pacers (see :mod:`actors.pacing.pacers`): limits, settings, the
+operations a pacer applies to one bucket, and its replies."""
 
 from __future__ import annotations
 
@@ -16,14 +17,23 @@ from actors.pacing.bucket import (
 from actors.tool import Pacing, Policy
 
 __all__ = [
+    "PHASES",
     "CircuitRecorded",
     "Grant",
+    "Grow",
     "Grown",
+    "Learn",
     "Learnt",
+    "PacerOp",
     "PacerSettings",
     "PacerState",
+    "Pause",
     "Paused",
     "ProviderLimits",
+    "ReadState",
+    "Record",
+    "SetRate",
+    "Take",
 ]
 
 
@@ -197,3 +207,82 @@ class Learnt(PacerState):
     limit_rps: float | None
     phase: str
     cuts: int
+
+
+# --- operations: what a pacer applies to one (org, provider) bucket, atomically -------------
+
+
+@attrs.frozen(kw_only=True)
+class Take:
+    """Take ``n`` tokens, all or none (``partial``: as many as there are, up to ``n``);
+    replied with a :class:`Grant`."""
+
+    n: int
+    """Tokens wanted (at least 1)."""
+    partial: bool = False
+    """Grant fewer than ``n`` when fewer are there."""
+
+
+@attrs.frozen(kw_only=True)
+class Pause:
+    """Pause the bucket for ``pause_s`` seconds, its tokens spent; cut the rate once per
+    congestion event; replied with :class:`Paused`."""
+
+    pause_s: float
+    """Seconds, at least 0."""
+    cut_version: int | None = None
+    """The rate version the 429'd request was granted under (None: pause only)."""
+
+
+@attrs.frozen(kw_only=True)
+class Grow:
+    """Grow the rate to ``rate * mul + add_rps`` (capped at the provider's ``max_rps``) while
+    grants run at ``in_use_fraction`` of it; replied with :class:`Grown`."""
+
+    add_rps: float = 0.0
+    """Requests per second added."""
+    mul: float = 1.0
+    """Factor the rate is multiplied by first."""
+
+
+@attrs.frozen(kw_only=True)
+class SetRate:
+    """Set the rate and its reference, bump the version; replied with :class:`PacerState`."""
+
+    rate_rps: float | None
+    """Requests per second (None: unpaced)."""
+    slow_start: bool = False
+    """Whether the new rate is in slow start."""
+
+
+@attrs.frozen(kw_only=True)
+class Record:
+    """Outcomes of calls that ended, for the circuit; replied with :class:`CircuitRecorded`."""
+
+    answered: int
+    """Calls the provider answered (any answer closes the circuit)."""
+    unavailable: int
+    """Calls that found it unavailable (connection errors, 5xx, timeouts)."""
+
+
+@attrs.frozen(kw_only=True)
+class Learn:
+    """Count accepted responses, renew or take the learner lease, publish what the learner
+    learnt; replied with :class:`Learnt`."""
+
+    accepted: int
+    """Responses accepted since the last call (at least 0)."""
+    holder: str
+    """Who asks for the learner lease (``""``: nobody, only read)."""
+    publish: tuple[float, bool, float | None, str, int] | None = None
+    """(rate, slow start, limit estimate, phase, cuts) to publish when ``holder`` holds the
+    lease (None: publish nothing)."""
+
+
+@attrs.frozen(kw_only=True)
+class ReadState:
+    """Read the bucket (creating it if absent); replied with :class:`PacerState`."""
+
+
+PacerOp = Take | Pause | Grow | SetRate | Record | Learn | ReadState
+"""Any operation a :class:`~actors.pacing.pacers.Pacer` applies to a bucket."""

@@ -19,8 +19,8 @@ import pytest
 
 from actors import BatchStrategy, Pacing, Policy, RateLimitedError, Tool
 from actors.errors import AuthScopeChangedError, DispatchError
+from actors.pacing import InvalidPacerURLError, open_pacer
 from actors.pacing.bucket import plain_retry_after
-from actors.pacing.pacers import InvalidPacerURLError, open_pacer
 
 WAIT_S = 15.0
 HUGE = 10**400

@@ -152,7 +152,7 @@ class Candidate:
 class OurPacer(Candidate):
     def __init__(self, url: str, prefix: str, rate: float, burst: int, pacer: Any = None) -> None:
         super().__init__(url, prefix, rate, burst)
-        from actors.pacing.pacers import ProviderLimits, open_pacer
+        from actors.pacing import ProviderLimits, open_pacer
 
         limits = {"prov": ProviderLimits(rate_rps=rate, burst=burst)}
         self.pacer = pacer or open_pacer(self.pacer_url(), limits)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from actors import DispatchSystem, Pacing, Policy, RunInfo, Tool
-from actors.pacing.pacers import Pacer, ProviderLimits, open_pacer
+from actors.pacing import Pacer, ProviderLimits, open_pacer
 from stores import SqliteReceiptStore
 
 from .conftest import RedisServer

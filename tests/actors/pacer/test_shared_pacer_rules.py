@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
-from actors.pacing.pacers import (
+from actors.pacing import (
     InvalidPacerURLError,
     LocalPacer,
     Pacer,

@@ -15,7 +15,7 @@ import sys
 
 from actors import DispatchSystem, RateLimitedError, RunInfo
 from actors.http import http_tool
-from actors.pacing.pacers import open_pacer
+from actors.pacing import open_pacer
 from stores import open_store
 
 

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from actors.pacing.pacers import ProviderLimits, open_pacer
+from actors.pacing import ProviderLimits, open_pacer
 
 
 def main() -> None:

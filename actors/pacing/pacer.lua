@@ -1,46 +1,51 @@
-"""The Lua script behind :class:`actors.pacing.redis_pacer.RedisPacer`: one atomic step per call.
+-- The pacing state of one (org, provider) in Redis: one atomic step per call.
+--
+-- Run by actors.pacing.redis_pacer.RedisPacer (SCRIPT LOAD once, EVALSHA per call, loaded
+-- again on NOSCRIPT), with the operation named in ARGV[1]. Each call is one round trip,
+-- runs atomically on the server, reads the time from the server (TIME, so a worker whose
+-- clock is off cannot skew anyone's pacing) and leaves every key it writes with a TTL.
+--
+-- The same rules in Python are actors.pacing.pacer_state.BucketState (the in-process
+-- pacer); tests/actors/pacer/test_pacer_rules_conformance.py runs both on the same
+-- sequences of operations and requires the same replies.
+--
+-- Keys:
+-- * KEYS[1]: a hash, the state of one (org, provider): GCRA's theoretical arrival time
+--   'tat' (ITU-T I.371), the rate 'rate' (requests per second, 0 = unpaced), the rate
+--   before the last cut 'ref', 'ver' (bumped by every cut or set), 'ss' (slow start),
+--   the moving average of grants 'used'/'used_at', the Retry-After pause 'pause', and
+--   the circuit: consecutive unavailable outcomes 'c_fail', open until 'c_open'
+--   (0 = closed), period 'c_period', half-open probe lease 'c_probe'.
+--   A rate change keeps the tokens owed, not the time: the part of 'tat' still ahead is
+--   rescaled by old rate / new rate, so a new rate applies from the moment it is set.
+-- * KEYS[2]: a sorted set of worker ids scored by their last take (how many workers
+--   share the bucket; their local share when Redis is away). A take updates it only when
+--   it names its worker (the client does every presence_s / 4); otherwise it answers
+--   -1 workers (unchanged).
+-- * KEYS[3]: a string, the worker holding the learner lease of a provider whose limit
+--   is unknown (SET NX PX, renewed by each 'learn' of its holder; it lapses when the
+--   holder dies or goes quiet, and the next 'learn' of any worker takes it).
+--
+-- Learning an unknown limit together (actors.pacing.shared_learner): the hash also keeps
+-- 'acc' (responses accepted, every worker's, added by 'learn'), the last congestion
+-- event ('ev' counted by each cutting 'pause', at 'ev_at', when 'acc' was 'ev_acc'), and
+-- what the learner published: the limit estimate 'lim', its phase 'ph' and its 'cuts'.
+-- 'learn' publishes a rate without bumping 'ver' (only a congestion event does, so a 429
+-- for a request granted before the learner's last publication is still a new event).
+--
+-- ARGV: op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate), ttl_ms,
+-- use_window_s, then the operation's own:
+--   take    n, partial (1/0), worker ('' = do not touch KEYS[2]), presence_s, probe_lease_s
+--   pause   pause_s, cut_version (<0: no cut), decrease, slow_start_decrease, min_rps,
+--           unpaced_start_rps
+--   grow    add_rps, mul, max_rps (0: no cap), in_use_fraction
+--   set     rate_rps (0: unpaced), slow_start (1/0)
+--   record  answered, unavailable, circuit_failures (0: never opens), open_s, open_max_s
+--   learn   accepted, holder ('' = only read), lease_ms, rate (<0: publish nothing),
+--           slow_start, limit_rps, phase, cuts, in_use_fraction
+--   state   (none)
+-- Every reply starts now, rate, ref, ver, ss; actors.pacing.redis_pacer.parse_reply reads the rest.
 
-One script, one SHA (loaded with SCRIPT LOAD, run with EVALSHA, loaded again on
-NOSCRIPT), with the operation named in ``ARGV[1]``. Each call is one round trip, runs
-atomically on the server, reads the time from the server (``TIME``, so a worker whose
-clock is off cannot skew anyone's pacing) and leaves every key it writes with a TTL.
-
-The same rules, in Python, are :class:`actors.pacing.pacers.BucketState`; the conformance
-suite runs both. Keys:
-
-* ``KEYS[1]``: a hash, the state of one (org, provider): GCRA's theoretical arrival time
-  ``tat``, the rate ``rate`` (requests per second, 0 = unpaced), the rate before the
-  last cut ``ref``, ``ver`` (bumped by every cut or set), ``ss`` (slow start), the
-  moving average of grants ``used``/``used_at``, the pause ``pause``, and the circuit:
-  consecutive unavailable outcomes ``c_fail``, open until ``c_open`` (0 = closed),
-  period ``c_period``, half-open probe lease ``c_probe``.
-  A rate change keeps the tokens owed, not the time: the part of ``tat`` still ahead is
-  rescaled by old rate / new rate, so a new rate applies from the moment it is set.
-* ``KEYS[2]``: a sorted set of worker ids scored by their last take (how many workers
-  share the bucket; their local share when Redis is away). A take updates it only when
-  it names its worker (the client does every ``presence_s / 4``); otherwise it answers
-  -1 workers (unchanged).
-* ``KEYS[3]``: a string, the worker holding the *learner lease* of a provider whose limit
-  is unknown (``SET NX PX``, renewed by each ``learn`` of its holder; it lapses when the
-  holder dies or goes quiet, and the next ``learn`` of any worker takes it).
-
-Learning an unknown limit together (:mod:`actors.pacing.shared_learner`): the hash also keeps
-``acc`` (responses accepted, every worker's, added by ``learn``), the last congestion
-event (``ev`` counted by each cutting ``pause``, at ``ev_at``, when ``acc`` was
-``ev_acc``), and what the learner published: the limit estimate ``lim``, its phase
-``ph`` and its ``cuts``. ``learn`` publishes a rate without bumping ``ver`` (only a
-congestion event does, so a 429 for a request granted before the learner's last
-publication is still a new event).
-
-Arguments: ``op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate),
-ttl_ms, use_window_s``, then the operation's own (see ``_OPS`` in the client).
-"""
-
-from __future__ import annotations
-
-__all__ = ["SCRIPT"]
-
-SCRIPT = r"""
 local key, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
 local op = ARGV[1]
 local init_rate, init_ss = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -255,4 +260,3 @@ elseif op == 'state' then
   return state({fmt(left), fmt(used_rps())})
 end
 return redis.error_reply('unknown pacer op ' .. tostring(op))
-"""
