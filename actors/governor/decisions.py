@@ -4,7 +4,7 @@
 in); :class:`~actors.governor.actor.GovernorActor` feeds it messages and performs the
 decisions (resolving reply futures, arming the wake-up timer).
 
-Rules (docs/how-it-works.md, Admission): one provider call (a batch included) takes one slot;
+Rules (docs/pacing.md): one provider call (a batch included) takes one slot;
 waiting for pacing holds no global slot and never blocks another provider's waiters;
 a 429 closes that (org, provider) gate for the Retry-After (plus jitter, so waiters are
 not all released at once) and cuts its rate (AIMD, see :mod:`actors.pacing.bucket`).
