@@ -266,8 +266,8 @@ class DispatchSystem:
         if on_actor() and not self._stop_done.is_set():
             # on an actor's thread (a future's done callback): the stop waits on that very
             # actor, which would wait out the whole bound and leave the results coming back
-            # meanwhile unread (breaker: 4 of 5 paid results lost); it goes on on a thread
-            # of its own, and this returns at once
+            # meanwhile unread (paid results lost); it goes on on a thread of its own, and
+            # this returns at once
             threading.Thread(
                 target=self.stop, args=(timeout_s,), name="tooldispatch-stop", daemon=True
             ).start()
