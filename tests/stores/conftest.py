@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,22 @@ import attrs
 import pytest
 
 import stores
-from stores import ReceiptStore, SqliteReceiptStore
+from stores import (
+    Claim,
+    ClaimDisposition,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FailureKind,
+    FenceReport,
+    LeaseRef,
+    Owner,
+    Receipt,
+    ReceiptStatus,
+    ReceiptStore,
+    SqliteReceiptStore,
+)
 
 REPO_ROOT = Path(stores.__file__).resolve().parent.parent
 CHILD_TIMEOUT_S = 120.0
@@ -315,3 +331,208 @@ def wait_settled(store: Any, org_id: str, keys: list[str], timeout_s: float) -> 
         if settled or remaining <= 0:
             return settled
         feed.wait(org_id, seen, remaining)
+
+
+# -- the contract suite's vocabulary: names, requests, receipts in each state ----------
+
+ORG = "org-a"
+OTHER_ORG = "org-b"
+ME = Owner("run-me", 1)
+OTHER = Owner("run-other", 1)
+TTL_S = 30.0
+KEEPS_OUTPUT = (ReceiptStatus.COMPLETED, ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+N = ClaimMode.NORMAL
+R = ClaimMode.RETRY_FAILED
+F = ClaimMode.FORCE_REFRESH
+CLAIMED = ClaimDisposition.CLAIMED
+
+
+def nested(depth: int) -> Any:
+    """A list ``depth`` containers deep: [[[...]]]."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def same(got: Any, want: Any) -> bool:
+    """Equal with the same types all the way down (NaN equals NaN, -0.0 is not 0.0)."""
+    return _shape(got) == _shape(want)
+
+
+def _shape(value: Any) -> Any:
+    stack: list[Any] = []
+    out: list[Any] = []
+    stack.append(value)
+    while stack:  # iterative: deep outputs must not hit the recursion limit here
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.append(("dict", len(item)))
+            for k, v in item.items():
+                out.append(("key", k))
+                stack.append(v)
+        elif isinstance(item, list):
+            out.append(("list", len(item)))
+            stack.extend(item)
+        elif isinstance(item, float):
+            out.append(("float", "nan" if math.isnan(item) else item.hex()))
+        else:
+            out.append((type(item).__name__, item))
+    return out
+
+
+def key_of(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def request_for(key: str, *, input_hash: str | None = None) -> ClaimRequest:
+    return ClaimRequest(key, "play", "verify_email", input_hash or key_of("input:" + key))
+
+
+def claim(
+    store: ReceiptStore,
+    keys: list[str],
+    owner: Owner = ME,
+    *,
+    mode: ClaimMode = N,
+    stale_after_s: float | None = None,
+    org: str = ORG,
+    lease_ttl_s: float = TTL_S,
+) -> list[Claim]:
+    return store.claim_many(
+        org,
+        [request_for(k) for k in keys],
+        owner,
+        lease_ttl_s=lease_ttl_s,
+        mode=mode,
+        stale_after_s=stale_after_s,
+    )
+
+
+def claim_one(store: ReceiptStore, key: str, owner: Owner = ME, **kw: Any) -> Claim:
+    (result,) = claim(store, [key], owner, **kw)
+    return result
+
+
+def lease_of(result: Claim) -> LeaseRef:
+    assert result.receipt.lease_id
+    return LeaseRef(result.receipt.key, result.receipt.lease_id)
+
+
+def get(store: ReceiptStore, key: str, org: str = ORG) -> Receipt | None:
+    (receipt,) = store.get_many(org, [key])
+    return receipt
+
+
+def complete(
+    store: ReceiptStore, lease: LeaseRef, output: Any, owner: Owner = ME, org: str = ORG
+) -> FenceReport:
+    return store.complete_many(org, [Completion(lease.key, lease.lease_id, output)], owner)
+
+
+def fail(
+    store: ReceiptStore,
+    lease: LeaseRef,
+    owner: Owner = ME,
+    kind: FailureKind = FailureKind.TRANSIENT,
+) -> FenceReport:
+    return store.fail_many(ORG, [Failure(lease.key, lease.lease_id, "provider said no", kind)], owner)
+
+
+def assert_claimed(
+    result: Claim,
+    store: ReceiptStore,
+    owner: Owner,
+    now_s: float,
+    before: Receipt | None,
+) -> None:
+    """A CLAIMED answer: a new queued lease for ``owner``, exactly as stored."""
+    assert result.disposition is CLAIMED
+    receipt = result.receipt
+    assert receipt.status is ReceiptStatus.QUEUED
+    assert receipt.lease_id
+    assert receipt.owner == owner
+    assert receipt.lease_expires_at == now_s + TTL_S
+    assert [receipt.error, receipt.failure_kind] == [None] * 2
+    if before is not None and before.completed_at is not None and before.status in KEEPS_OUTPUT:
+        # A re-run of a completed receipt keeps its output until a new one is stored.
+        assert (receipt.output, receipt.completed_at) == (
+            before.output,
+            before.completed_at,
+        )
+    else:
+        assert (receipt.output, receipt.completed_at) == (None, None)
+    assert receipt.updated_at == now_s
+    if before is None:
+        assert receipt.attempts == 1
+        assert receipt.created_at == now_s
+        assert receipt.generation == 1
+    else:
+        assert receipt.lease_id != before.lease_id
+        assert receipt.attempts == before.attempts + 1
+        assert receipt.created_at == before.created_at
+        bumped = before.status in (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED)
+        assert receipt.generation == before.generation + bumped
+    assert get(store, receipt.key) == receipt
+
+
+def assert_untouched(
+    result: Claim, store: ReceiptStore, disposition: ClaimDisposition, before: Receipt
+) -> None:
+    """A non-claim answer: the stored receipt is returned and nothing changed."""
+    assert result.disposition is disposition
+    assert result.receipt == before
+    assert get(store, before.key) == before
+
+
+# -- store states the dispositions table starts from ------------------------------------
+
+
+def make_pending(store: ReceiptStore, key: str) -> None:
+    assert store.release(ORG, [lease_of(claim_one(store, key, OTHER))], OTHER).ok
+
+
+def make_completed(store: ReceiptStore, key: str, output: Any = None) -> None:
+    lease = lease_of(claim_one(store, key, OTHER))
+    assert store.mark_running_many(ORG, [lease], OTHER).ok
+    assert complete(store, lease, output if output is not None else {"answer": 42}, OTHER).ok
+
+
+def make_queued(store: ReceiptStore, key: str) -> None:
+    assert claim_one(store, key, OTHER).disposition is CLAIMED
+
+
+def make_running(store: ReceiptStore, key: str) -> None:
+    lease = lease_of(claim_one(store, key, OTHER))
+    assert store.mark_running_many(ORG, [lease], OTHER).ok
+
+
+def make_failed(store: ReceiptStore, key: str) -> None:
+    assert fail(store, lease_of(claim_one(store, key, OTHER)), OTHER).ok
+
+
+IN_FLIGHT = {"queued": make_queued, "running": make_running}
+
+
+FencedOp = Callable[[ReceiptStore, LeaseRef, Owner], FenceReport]
+
+OPS: dict[str, FencedOp] = {
+    "mark_running_many": lambda s, lease, owner: s.mark_running_many(ORG, [lease], owner),
+    "renew_leases": lambda s, lease, owner: s.renew_leases(ORG, [lease], owner, lease_ttl_s=TTL_S),
+    "complete_many": lambda s, lease, owner: complete(s, lease, {"ok": True}, owner),
+    "fail_many": lambda s, lease, owner: fail(s, lease, owner),
+    "release": lambda s, lease, owner: s.release(ORG, [lease], owner),
+    "mark_uncertain_many": lambda s, lease, owner: s.mark_uncertain_many(
+        ORG,
+        [
+            Failure(
+                lease.key,
+                lease.lease_id,
+                "timed out after sending",
+                FailureKind.TIMEOUT,
+            )
+        ],
+        owner,
+    ),
+}

@@ -37,8 +37,7 @@ from stores import (
 )
 from stores.sqlite.offload import gevent_active
 
-from .conftest import BACKENDS, Backend, FakeClock, require_backend
-from .test_contract import ORG, TTL_S, claim, key_of, lease_of
+from .conftest import BACKENDS, ORG, TTL_S, Backend, FakeClock, claim, key_of, lease_of, require_backend
 
 RACERS = 6
 ROUNDS = 5

@@ -22,7 +22,7 @@ from stores import (
     encode_output,
 )
 
-from .test_contract import ME, ORG, claim, get, key_of, lease_of, make_completed, make_running
+from .conftest import ME, ORG, claim, get, key_of, lease_of, make_completed, make_running
 
 BAD_TEXTS = {
     "not-json": "{not json",
