@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from actors.lifecycle.states import GroupState, check_transition
 from actors.tool import Tool
 from stores.types import ClaimMode, LeaseRef, Receipt
 
@@ -72,29 +73,6 @@ class Call:
     one already sent); a call queued again (credentials changed) keeps only what is left."""
 
 
-class GroupState(str, enum.Enum):
-    """Where a group is in its life (one receipt key, one execution)."""
-
-    QUEUED = "queued"
-    """In its tool's batch grace window."""
-    CLAIMING = "claiming"
-    """A bulk claim of its receipt is out."""
-    WAITING = "waiting"
-    """Another owner holds the receipt: polled on a timer."""
-    CLAIMED = "claimed"
-    """We hold the lease; waiting for a slot (heartbeats renew the lease)."""
-    ADMITTED = "admitted"
-    """Its unit holds a slot; marking the receipt running."""
-    RUNNING = "running"
-    """Its unit's provider call is out (or being retried)."""
-    PERSISTING = "persisting"
-    """The output (or failure) is being written."""
-    RELEASING = "releasing"
-    """Its receipt is being given back (pending); then its callers hear why."""
-    SETTLED = "settled"
-    """Every caller was answered and nothing is held."""
-
-
 @attrs.define(eq=False)
 class Group:
     """Calls sharing one receipt key, and what their execution holds."""
@@ -108,7 +86,11 @@ class Group:
     stale_after_s: float | None
     calls: list[Call] = attrs.field(factory=list)
     """Every caller still waiting (owner, followers, attached)."""
-    state: GroupState = GroupState.QUEUED
+    state: GroupState = attrs.field(
+        default=GroupState.QUEUED, on_setattr=lambda g, _, new: check_transition(g.key, g.state, new)
+    )
+    """Where it is in its life; each assignment is checked against
+    :data:`actors.lifecycle.states.TRANSITIONS` (``IllegalTransitionError``)."""
     receipt: Receipt | None = None
     """The claimed receipt (durable tools)."""
     mode: ClaimMode = ClaimMode.NORMAL

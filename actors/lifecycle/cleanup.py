@@ -21,6 +21,7 @@ Callers are answered at the first failure; nobody waits on the cleanup.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,11 +29,12 @@ import attrs
 
 from actors.lifecycle.claiming import Claiming
 from actors.messages import CleanupDue
-from actors.runtime.actor import log
 from stores.process import current_process_identity
 from stores.types import LeaseRef, Owner, Receipt, ReceiptStatus
 
 __all__ = ["CLEANUP_RETRY_S", "Cleanup", "owner_here"]
+
+log = logging.getLogger("tooldispatch")
 
 CLEANUP_RETRY_S = (1.0, 3.0, 9.0)
 """Delays before each new attempt of a failed release or orphan read (seconds); then give up."""

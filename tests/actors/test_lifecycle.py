@@ -575,9 +575,9 @@ def test_lifecycle_unbatched_tool_runs_non_durable_without_receipts() -> None:
 
 
 def _plain(value: Any) -> Any:
-    from actors.worker.attempt import _Plain
+    from actors.lifecycle.attempts import PlainValue
 
-    return _Plain(value)
+    return PlainValue(value)
 
 
 def test_lifecycle_nested_calls_take_exempt_slots_and_give_them_back() -> None:
