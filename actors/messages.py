@@ -34,6 +34,7 @@ __all__ = [
     "ForgetMemo",
     "GovernorWake",
     "LatchTripped",
+    "LeasesLost",
     "PollDue",
     "ReceiptsChanged",
     "ReceiptsClaimed",
@@ -362,6 +363,8 @@ class SlotsGranted:
     """Number of slots granted (None on refusal)."""
     error: BaseException | None
     """Why nothing was granted, or None."""
+    exempt: bool = False
+    """The request was for nested calls' slots (not counted against the ceiling)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -492,6 +495,14 @@ class CleanupDue:
     """stores.LeaseRef each, to release again (empty: see ``keys``)."""
     attempt: int
     """Which attempt this is (1 the first retry)."""
+
+
+@attrs.frozen(kw_only=True)
+class LeasesLost:
+    """Fact: a lease renewal found these receipts' leases taken by another owner."""
+
+    keys: tuple[str, ...]
+    """The receipt keys whose leases were lost."""
 
 
 @attrs.frozen(kw_only=True)

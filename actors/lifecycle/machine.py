@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from actors.errors import (
@@ -41,8 +41,30 @@ from actors.lifecycle.base import Effects
 from actors.lifecycle.calls import Call, Group, GroupState, Unit
 from actors.lifecycle.cleanup import Cleanup
 from actors.lifecycle.finishing import Finishing
+from actors.messages import (
+    CallCancelled,
+    CleanupDue,
+    CompletionsPersisted,
+    DeadlineDue,
+    FailuresRecorded,
+    LatchTripped,
+    LeasesLost,
+    PollDue,
+    ReceiptsChanged,
+    ReceiptsClaimed,
+    ReceiptsRead,
+    ReceiptsReleased,
+    Reconciled,
+    Resolved,
+    RetryCharged,
+    RetryDue,
+    RunningMarked,
+    SlotsGranted,
+    UnitFinished,
+    WaitDue,
+)
 
-__all__ = ["Effects", "Lifecycle"]
+__all__ = ["EVENTS", "Effects", "Lifecycle"]
 
 
 class Lifecycle(Cleanup, Finishing):
@@ -50,6 +72,25 @@ class Lifecycle(Cleanup, Finishing):
 
     Built as :class:`~actors.lifecycle.base.LifecycleBase` (same arguments).
     """
+
+    def handle(self, event: Any, now: float) -> None:
+        """Take one fact (an answer to one of its effects, a timer, a cancel) and move the
+        groups it concerns; the requests it makes go out through the effects port.
+
+        Args:
+            event: one of :data:`EVENTS` (typed messages of :mod:`actors.messages`).
+            now: ``time.monotonic()`` seconds.
+
+        Raises:
+            TypeError: ``event`` is not one of :data:`EVENTS`.
+
+        Runs on the owning actor's thread (or a test's); call :meth:`pump` and
+        :meth:`flush` after it, as the actor does at the end of each message.
+        """
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"the call lifecycle takes no {type(event).__name__} message")
+        handler(self, event, now)
 
     def pump(self, now: float) -> None:
         """Ask the governor for slots for what waits (one request out at a time)."""
@@ -385,3 +426,31 @@ def _sent_batch(unit: Unit) -> bool:
     whose caller left, or whose lease was lost, rides along; its output is stored or
     salvaged as usual."""
     return unit.attempt > 0 and len(unit.groups) > 1
+
+
+_HANDLERS: dict[type, Callable[[Lifecycle, Any, float], object]] = {
+    UnitFinished: lambda life, m, now: life.on_finished(m, now),
+    ReceiptsClaimed: lambda life, m, now: life.on_claimed(m.batch, m.value, m.error, now),
+    CompletionsPersisted: lambda life, m, now: life.on_persisted(m.batch, m.value, m.error, now),
+    RunningMarked: lambda life, m, now: life.on_marked(m.batch, m.value, m.error, now),
+    FailuresRecorded: lambda life, m, now: life.on_failures_recorded(m.batch, m.value, m.error, now),
+    LatchTripped: lambda life, m, now: life.on_latch_tripped(m.batch, now),
+    ReceiptsReleased: lambda life, m, now: life.on_released(m.batch, now, m.error),
+    CleanupDue: lambda life, m, now: life.on_cleanup_due(m.keys, m.leases, m.attempt, now),
+    Reconciled: lambda life, m, now: life.on_reconciled(m.batch, m.value, m.error, now),
+    Resolved: lambda life, m, now: life.on_resolved(m.batch, m.error, now),
+    ReceiptsRead: lambda life, m, now: life.on_read(m.batch, m.value, m.error, now),
+    PollDue: lambda life, m, now: life.on_poll(m.keys, now),
+    DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
+    RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
+    RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
+    WaitDue: lambda life, m, now: life.on_wait_due(m.keys, now),
+    SlotsGranted: lambda life, m, now: life.on_granted(m.value, m.error, now, exempt=m.exempt),
+    LeasesLost: lambda life, m, now: life.on_leases_lost(m.keys, now),
+    ReceiptsChanged: lambda life, m, now: life.on_changed(m.keys, now),
+    CallCancelled: lambda life, m, now: life.cancel(m.call, now),
+}
+"""Fact message type -> the transition it drives."""
+
+EVENTS: frozenset[type] = frozenset(_HANDLERS)
+"""The message types :meth:`Lifecycle.handle` takes."""
