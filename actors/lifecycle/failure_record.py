@@ -26,7 +26,7 @@ from actors.errors import (
     is_a,
 )
 from actors.lifecycle.attempts import failure_kind_for
-from actors.lifecycle.base import RELEASE_ON, TooLarge
+from actors.lifecycle.exits import RELEASE_ON, TooLarge
 from actors.runtime.nesting import cause_chain
 from actors.tool import Tool
 from stores import output_too_large_error
