@@ -17,7 +17,7 @@ from actors.errors import (
     RecordedFailureError,
     StoreError,
 )
-from actors.lifecycle.calls import Group, GroupState, Unit
+from actors.lifecycle.calls import Group, GroupState, Reread, Unit
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.messages import PollDue
@@ -167,7 +167,7 @@ class Claims:
             self._spare_slot(group)
             if disposition is ClaimDisposition.REUSED:
                 self.p.exits.settle(
-                    group, self._reused(group, receipt, "in_flight" if group.polls else "cached")
+                    group, self._reused(group, receipt, "in_flight" if group.wait.polls else "cached")
                 )
             elif disposition is ClaimDisposition.FAILED:
                 kind = receipt.failure_kind
@@ -181,7 +181,7 @@ class Claims:
                     self.p.exits.settle(group, self.p.waits.uncertain(group, receipt))
                 else:  # ask the provider whether the uncertain attempt acted
                     self.p.waits.reconcile(group, receipt, now)
-            elif group.polls >= self.policy.receipt_wait_max_attempts:
+            elif group.wait.polls >= self.policy.receipt_wait_max_attempts:
                 self.p.exits.settle(
                     group,
                     ReceiptWaitTimeoutError(
@@ -189,7 +189,7 @@ class Claims:
                     ),
                 )
             else:  # running, blocked_active_lease: another owner holds it
-                group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
+                group.wait.force_after = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
         self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
         if claimed or started:
@@ -252,30 +252,30 @@ class Claims:
         groups = list(groups)
         for group in list(groups):
             group.state = GroupState.WAITING
-            if group.waiting_since is None:  # each caller waits at most its own timeout_s
-                group.waiting_since = now
+            if group.wait.since is None:  # each caller waits at most its own timeout_s
+                group.wait.since = now
                 self.p.waits.time_waiters(group, now, group.calls, now)
             elif self.p.waits.owner_wait_over(group, now):
                 groups.remove(group)
                 continue
-            if group.polls == 0:
-                group.poll_delay_s = policy.receipt_poll_initial_s
+            if group.wait.polls == 0:
+                group.wait.poll_delay_s = policy.receipt_poll_initial_s
                 self.fx.count("owner_waits", len(group.calls))
-            if not group.waiting_counted:
-                group.waiting_counted = len(group.calls)
-                self.fx.count("waiting_on_owner", group.waiting_counted)
-            if not group.watched:
-                group.watched = True
+            if not group.wait.counted:
+                group.wait.counted = len(group.calls)
+                self.fx.count("waiting_on_owner", group.wait.counted)
+            if not group.wait.watched:
+                group.wait.watched = True
                 watch.append(group.key)
         if watch:  # before the timer: its read then sees any change the feed did not hear
             self.fx.watch(watch)
-        timed = [g for g in groups if not g.timer_armed]  # left a wait early: its timer still runs
+        timed = [g for g in groups if not g.wait.timer_armed]  # left a wait early: its timer still runs
         if not timed:
             return
-        delay = min(g.poll_delay_s for g in timed)
+        delay = min(g.wait.poll_delay_s for g in timed)
         for group in timed:
-            group.timer_armed = True
-            group.poll_delay_s = min(group.poll_delay_s * 2, policy.receipt_poll_max_s)
+            group.wait.timer_armed = True
+            group.wait.poll_delay_s = min(group.wait.poll_delay_s * 2, policy.receipt_poll_max_s)
         self.fx.later(delay, PollDue(keys=tuple(g.key for g in timed)))
 
     def on_changed(self, keys: Iterable[str], now: float) -> None:
@@ -286,14 +286,14 @@ class Claims:
             group = self.s.groups.get(key)
             if group is None or group.state is not GroupState.WAITING:
                 continue
-            if group.rereading:
-                group.reread_again = True
+            if group.wait.reread is not Reread.NONE:
+                group.wait.reread = Reread.AGAIN
             else:
                 groups.append(group)
         if not groups or self.s.stopping:
             return
         for group in groups:
-            group.rereading = True
+            group.wait.reread = Reread.OUT
         batch = next(self.s.ids)
         self.s.batches[batch] = groups
         self.s.woken.add(batch)
@@ -303,7 +303,7 @@ class Claims:
         """A poll timer fired: read the receipts still waited on."""
         for key in keys:
             if (group := self.s.groups.get(key)) is not None:
-                group.timer_armed = False
+                group.wait.timer_armed = False
         groups = [
             g for k in keys if (g := self.s.groups.get(k)) is not None and g.state is GroupState.WAITING
         ]
@@ -329,10 +329,9 @@ class Claims:
         again: list[str] = []
         if woken:
             for group in groups:
-                group.rereading = False
-                if group.reread_again:
-                    group.reread_again = False
+                if group.wait.reread is Reread.AGAIN:
                     again.append(group.key)
+                group.wait.reread = Reread.NONE
         read = {id(g): i for i, g in enumerate(groups)}
         groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
         reclaim: list[Group] = []
@@ -341,11 +340,11 @@ class Claims:
         for group in groups:
             i = read[id(group)]
             if not woken:
-                group.polls += 1
+                group.wait.polls += 1
             receipt = None if receipts is None else receipts[i]
             status = None if receipt is None else receipt.status.value
             if error is None and receipt is not None and status == "completed":
-                if group.force_after_wait:
+                if group.wait.force_after:
                     force.append(group)
                 else:
                     self.p.exits.settle(group, self._reused(group, receipt, "in_flight"))
@@ -355,8 +354,8 @@ class Claims:
             # owner may have died), and after the last poll (a live lease then times out)
             if woken and not free:
                 continue  # the pending timer polls it
-            if free or group.polls % 8 == 0 or group.polls >= self.policy.receipt_wait_max_attempts:
-                (force if group.force_after_wait else reclaim).append(group)
+            if free or group.wait.polls % 8 == 0 or group.wait.polls >= self.policy.receipt_wait_max_attempts:
+                (force if group.wait.force_after else reclaim).append(group)
             else:
                 still.append(group)
         if reclaim:

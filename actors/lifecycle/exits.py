@@ -169,13 +169,13 @@ class Exits:
                 group.unit = None
 
     def stop_waiting(self, group: Group) -> None:
-        group.waiting_since = None
-        if group.watched:
-            group.watched = False
+        group.wait.since = None
+        if group.wait.watched:
+            group.wait.watched = False
             self.s.unwatching.append(group.key)
-        if group.waiting_counted:
-            self.fx.count("waiting_on_owner", -group.waiting_counted)
-            group.waiting_counted = 0
+        if group.wait.counted:
+            self.fx.count("waiting_on_owner", -group.wait.counted)
+            group.wait.counted = 0
 
     def unbeat(self, group: Group) -> bool:
         if group.beating:

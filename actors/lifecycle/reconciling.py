@@ -48,11 +48,11 @@ class Waits:
 
     def waiting_joined(self, group: Group, call: Call, now: float) -> None:
         """A caller joined a waiting group: its own timeout, from now."""
-        since = group.reconciling_since if group.reconciling_since is not None else group.waiting_since
+        since = group.reconciling_since if group.reconciling_since is not None else group.wait.since
         if since is not None:
             self.time_waiters(group, since, [call], now)
-        if group.waiting_counted:  # one more caller waiting on another owner (the gauge)
-            group.waiting_counted += 1
+        if group.wait.counted:  # one more caller waiting on another owner (the gauge)
+            group.wait.counted += 1
             self.fx.count("waiting_on_owner")
 
     def on_wait_due(self, keys: tuple[str, ...], now: float) -> None:
@@ -75,17 +75,17 @@ class Waits:
         """Answer the callers whose timeout passed while ``group`` waits on another owner;
         True when none is left and it was waiting (settled: it stops polling; one whose
         reclaim is out is released or waits on when the claim answers)."""
-        if group.waiting_since is None:
+        if group.wait.since is None:
             return False
-        late = group.take_late(group.waiting_since, now)
+        late = group.take_late(group.wait.since, now)
         for call in late:
             self.fx.answer(call, ReceiptWaitTimeoutError(
                 f"receipt {group.key} is still held by another owner's live lease after this "
                 f"call's timeout_s ({call.timeout_s} s); it was not taken over"
             ))  # fmt: skip
-        if late and group.waiting_counted:
-            gone = min(len(late), group.waiting_counted)
-            group.waiting_counted -= gone
+        if late and group.wait.counted:
+            gone = min(len(late), group.wait.counted)
+            group.wait.counted -= gone
             self.fx.count("waiting_on_owner", -gone)
         if group.calls or group.state is not GroupState.WAITING:
             return False
