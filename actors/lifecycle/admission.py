@@ -216,7 +216,7 @@ class Admission:
                 "requests", "provider_calls")  # fmt: skip
         for name in counted:
             self.fx.count(name)
-        unit.counted = counted  # taken back if its worker sends nothing (``_withdrawn``)
+        unit.counted = counted  # taken back if its worker sends nothing (``Finisher._withdrawn``)
         # taken by its worker right before the request, unless its deadline passed first
         unit.ticket = ticket = SendTicket(unit.deadline if unit.deadline is not None else math.inf)
         self.fx.start(spec_for(unit, unit.attempt, now, ticket))
@@ -323,7 +323,7 @@ class Admission:
         parent, holding the slot, waits on it forever)."""
         group = self.s.groups.get(key)
         if group is not None:
-            group.nested = True  # a retry or re-admission borrows a slot too (_enqueue)
+            group.nested = True  # a retry or re-admission borrows a slot too (``Exits.enqueue``)
         unit = group.unit if group is not None else None
         if unit is None or unit.exempt or unit.slot or unit.out:
             return

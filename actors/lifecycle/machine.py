@@ -129,7 +129,7 @@ class Lifecycle:
         self.parts.claims.drained(groups, now)
 
     def joined(self, call: Call, now: float) -> None:
-        """A call joined its key's execution (see :meth:`Admission.joined`)."""
+        """A call joined its key's execution (see :meth:`actors.lifecycle.admission.Admission.joined`)."""
         self.parts.admission.joined(call, now)
 
     def nested_joined(self, key: str) -> None:

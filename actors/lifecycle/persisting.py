@@ -42,7 +42,7 @@ class Persister:
         self.fx = s.fx
 
     def persist(self, values: list[tuple[Group, str]]) -> None:
-        """Queue outputs for the flusher; sent by :meth:`flush` (many units' outputs in
+        """Queue outputs for the flusher; sent by ``Lifecycle.flush`` (many units' outputs in
         one request when many finish together: larger transactions under load)."""
         for group, text in values:
             group.state = GroupState.PERSISTING
