@@ -151,3 +151,20 @@ def test_lifecycle_a_send_held_at_the_workers_gate_when_the_circuit_opens_is_ref
     assert d.fx.failures == {}
     assert d.fx.refunds == 2  # neither grant sent anything: both charges come back
     d.assert_nothing_held()
+
+
+def test_lifecycle_a_retry_whose_deadline_passes_while_it_is_marked_running_records_its_last_error() -> None:
+    d = Driver(SAFE)
+    (call,) = run_to_running(d, "a")
+    d.finish(error=ConnectionError("reset"))
+    d.retry_charged()
+    d.fire(RetryDue)
+    d.grant()  # admitted again: marking its receipt running
+    d.tick(TIMEOUT_S)  # its deadline passes before the mark answers (its timer not yet fired)
+    d.mark()
+    assert len(d.fx.starts) == 1  # the retry is never sent
+    assert [f.key for records in d.fx.failures.values() for f in records] == ["a"]
+    d.failures_recorded()
+    assert isinstance(d.outcome(call), ConnectionError)  # the last attempt's error
+    d.fire(DeadlineDue)  # its timer fires late: nothing is left to end
+    d.assert_nothing_held()
