@@ -68,8 +68,10 @@ class Waits:
                         f"answer within {call.timeout_s} s (its answer is stored when it comes)",
                         failure_kind=None,
                     ))  # fmt: skip
-            elif group.state in (GroupState.WAITING, GroupState.CLAIMING):
-                self.owner_wait_over(group, now)  # claiming: a reclaim is out (it finds no caller)
+            elif group.state in (GroupState.WAITING, GroupState.CLAIMING, GroupState.RECONCILING):
+                # claiming: a reclaim is out (it finds no caller); reconciling: the store's
+                # resolve of the hook's answer is out
+                self.owner_wait_over(group, now)
 
     def owner_wait_over(self, group: Group, now: float) -> bool:
         """Answer the callers whose timeout passed while ``group`` waits on another owner;
@@ -95,7 +97,7 @@ class Waits:
     def reconcile(self, group: Group, receipt: Receipt, now: float) -> None:
         """Ask the provider about ``group``'s uncertain receipt; time its callers out."""
         group.receipt = receipt
-        group.state = GroupState.CLAIMING
+        group.state = GroupState.RECONCILING
         group.reconciling_since = now
         batch = next(self.s.ids)
         self.s.batches[batch] = group

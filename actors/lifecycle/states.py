@@ -11,7 +11,8 @@ The happy path of a durable call::
     queued -> claiming -> claimed -> admitted -> running -> persisting -> settled
 
 A tool that is not durable skips the claim (``queued -> claimed``) and settles from
-``running``. ``settled`` is the only final state: every exit, whichever message made
+``running``; an uncertain receipt is reconciled (``claiming -> reconciling``) and claimed
+again or settled. ``settled`` is the only final state: every exit, whichever message made
 the group leave, ends there.
 """
 
@@ -31,7 +32,10 @@ class GroupState(str, enum.Enum):
     QUEUED = "queued"
     """In its tool's batch grace window."""
     CLAIMING = "claiming"
-    """A bulk claim of its receipt is out (or its reconcile hook, for an uncertain receipt)."""
+    """A bulk claim of its receipt is out."""
+    RECONCILING = "reconciling"
+    """Its receipt is uncertain: the tool's reconcile hook, then the store's resolve of its
+    answer, is out."""
     WAITING = "waiting"
     """Another owner holds the receipt: polled on a timer."""
     CLAIMED = "claimed"
@@ -53,9 +57,11 @@ _S = GroupState
 TRANSITIONS: Mapping[GroupState, frozenset[GroupState]] = {
     # drained: claimed (durable), compiled into a unit (not durable), or refused (a stop)
     _S.QUEUED: frozenset({_S.CLAIMING, _S.CLAIMED, _S.SETTLED}),
-    # claiming -> claiming: slots asked first, then the claim; a reclaim after the
-    # reconcile hook said "not done"; the hook itself (an uncertain receipt)
-    _S.CLAIMING: frozenset({_S.CLAIMING, _S.CLAIMED, _S.WAITING, _S.SETTLED}),
+    # claiming -> claiming: slots asked first, then the claim; -> reconciling: the claim
+    # found the receipt uncertain and the tool has a reconcile hook
+    _S.CLAIMING: frozenset({_S.CLAIMING, _S.CLAIMED, _S.WAITING, _S.RECONCILING, _S.SETTLED}),
+    # reconciling -> claiming: the hook said the provider did not act (run it again)
+    _S.RECONCILING: frozenset({_S.CLAIMING, _S.SETTLED}),
     # waiting -> waiting: polled again; -> claiming: the receipt may be free
     _S.WAITING: frozenset({_S.WAITING, _S.CLAIMING, _S.SETTLED}),
     # claimed -> claimed: compiled into its unit (or a retry queued again); -> persisting /
