@@ -15,6 +15,7 @@ never its truth (``is None``, not ``or``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, TypeGuard, TypeVar, overload
 
 from stores.errors import (
@@ -53,6 +54,7 @@ __all__ = [
     "UnknownToolError",
     "UnreadableToolError",
     "attr_of",
+    "cause_chain",
     "cause_of",
     "error_repr",
     "error_text",
@@ -109,6 +111,16 @@ def cause_of(exc: BaseException) -> BaseException | None:
     except Exception:
         return None
     return cause if is_a(cause, BaseException) else None
+
+
+def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
+    """``exc``, then what it was explicitly raised from (``raise X from e``), ``depth`` at most."""
+    link: BaseException | None = exc
+    for _ in range(depth):
+        if link is None:
+            return
+        yield link
+        link = cause_of(link)  # the slot: a foreign __cause__ property may raise
 
 
 def traceback_of(exc: BaseException) -> Any:

@@ -37,6 +37,7 @@ __all__ = [
     "ForgetMemo",
     "GovernorWake",
     "LatchTripped",
+    "LeasesLost",
     "MarkRunning",
     "PollDue",
     "ReadPurgeEpoch",
@@ -59,6 +60,7 @@ __all__ = [
     "RetryDue",
     "RetryWrite",
     "RunningMarked",
+    "SlotsGranted",
     "StopQueue",
     "StoreCommand",
     "SubmitCalls",
@@ -351,6 +353,18 @@ class FailuresRecorded(Answered):
     ``batch``: which write. ``value``: stores.FenceReport (None on error). ``error``: why the write
     failed, or None.
     """
+
+
+@attrs.frozen(kw_only=True)
+class SlotsGranted:
+    """Fact: the governor granted slots (or refused: budget, stop, provider down)."""
+
+    value: Any
+    """Number of slots granted (None on refusal)."""
+    error: BaseException | None
+    """Why nothing was granted, or None."""
+    exempt: bool = False
+    """The request was for nested calls' slots (not counted against the ceiling)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -659,6 +673,14 @@ class CleanupDue:
     """stores.LeaseRef each, to release again (empty: see ``keys``)."""
     attempt: int
     """Which attempt this is (1 the first retry)."""
+
+
+@attrs.frozen(kw_only=True)
+class LeasesLost:
+    """Fact: a lease renewal found these receipts' leases taken by another owner."""
+
+    keys: tuple[str, ...]
+    """The receipt keys whose leases were lost."""
 
 
 @attrs.frozen(kw_only=True)

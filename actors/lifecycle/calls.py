@@ -16,10 +16,11 @@ from typing import Any
 
 import attrs
 
+from actors.lifecycle.states import GroupState, check_transition
 from actors.tool import Tool
 from stores.types import ClaimMode, LeaseRef, Receipt
 
-__all__ = ["Call", "Group", "GroupState", "Role", "Unit", "strongest_mode"]
+__all__ = ["Call", "Group", "GroupState", "OwnerWait", "Reread", "Role", "Unit", "strongest_mode"]
 
 _MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_REFRESH: 2}
 
@@ -72,27 +73,39 @@ class Call:
     one already sent); a call queued again (credentials changed) keeps only what is left."""
 
 
-class GroupState(str, enum.Enum):
-    """Where a group is in its life (one receipt key, one execution)."""
+class Reread(enum.Enum):
+    """Where a group's read woken by a change notification is (its key waits on another owner)."""
 
-    QUEUED = "queued"
-    """In its tool's batch grace window."""
-    CLAIMING = "claiming"
-    """A bulk claim of its receipt is out."""
-    WAITING = "waiting"
-    """Another owner holds the receipt: polled on a timer."""
-    CLAIMED = "claimed"
-    """We hold the lease; waiting for a slot (heartbeats renew the lease)."""
-    ADMITTED = "admitted"
-    """Its unit holds a slot; marking the receipt running."""
-    RUNNING = "running"
-    """Its unit's provider call is out (or being retried)."""
-    PERSISTING = "persisting"
-    """The output (or failure) is being written."""
-    RELEASING = "releasing"
-    """Its receipt is being given back (pending); then its callers hear why."""
-    SETTLED = "settled"
-    """Every caller was answered and nothing is held."""
+    NONE = "none"
+    """No woken read is out."""
+    OUT = "out"
+    """A woken read is out."""
+    AGAIN = "again"
+    """Another notification came while that read was out: read once more after it."""
+
+
+@attrs.define(eq=False)
+class OwnerWait:
+    """A group's wait on another owner's receipt: how it polls, and what the wait holds
+    (a timer, a change-notification registration, a count in the gauge), each given
+    back by ``Exits.stop_waiting`` (the watch and the count) or when its timer fires."""
+
+    since: float | None = None
+    """``time.monotonic()`` when it began to wait, while it waits (its callers' timeouts)."""
+    polls: int = 0
+    """Timer polls read so far (woken reads do not count)."""
+    poll_delay_s: float = 0.0
+    """The delay of its next poll timer (doubles up to ``Policy.receipt_poll_max_s``)."""
+    timer_armed: bool = False
+    """A poll timer (PollDue) is pending for its key."""
+    watched: bool = False
+    """Its key is registered for change notifications."""
+    reread: Reread = Reread.NONE
+    """Its read woken by a change notification."""
+    force_after: bool = False
+    """A force refresh that met a live lease: claim with force once it is free."""
+    counted: int = 0
+    """Callers counted in the ``waiting_on_owner`` gauge."""
 
 
 @attrs.define(eq=False)
@@ -108,7 +121,11 @@ class Group:
     stale_after_s: float | None
     calls: list[Call] = attrs.field(factory=list)
     """Every caller still waiting (owner, followers, attached)."""
-    state: GroupState = GroupState.QUEUED
+    state: GroupState = attrs.field(
+        default=GroupState.QUEUED, on_setattr=lambda g, _, new: check_transition(g.key, g.state, new)
+    )
+    """Where it is in its life; each assignment is checked against
+    :data:`actors.lifecycle.states.TRANSITIONS` (``IllegalTransitionError``)."""
     receipt: Receipt | None = None
     """The claimed receipt (durable tools)."""
     mode: ClaimMode = ClaimMode.NORMAL
@@ -118,24 +135,12 @@ class Group:
     unit: Unit | None = None
     beating: bool = False
     """Its lease is registered with the heartbeat."""
-    polls: int = 0
-    poll_delay_s: float = 0.0
-    timer_armed: bool = False
-    """A poll timer (PollDue) is pending for its key."""
-    watched: bool = False
-    """Its key is registered for change notifications while it waits on another owner."""
-    rereading: bool = False
-    """A read woken by a change notification is out."""
-    reread_again: bool = False
-    """Another notification came while that read was out: read once more after it."""
-    force_after_wait: bool = False
-    """A force refresh that met a live lease: claim with force once it is free."""
+    wait: OwnerWait = attrs.field(factory=OwnerWait)
+    """Its wait on another owner's receipt: the polls, and what the wait holds."""
     lease_lost: bool = False
     answered: bool = False
     """Its callers were answered early (timed out, lease lost): a late result is still
     persisted for the next caller."""
-    waiting_counted: int = 0
-    """Callers counted in the ``waiting_on_owner`` gauge while it waits on another owner."""
     ran: bool = False
     """The tool ran for it (its owner's result is ``live``)."""
     slotted: bool = False
@@ -145,8 +150,6 @@ class Group:
     written: Any = None
     """What its write in progress will answer (a ``Done`` or the error being recorded): a
     caller whose timeout passes meanwhile gets it then."""
-    waiting_since: float | None = None
-    """When it began to wait on another owner's receipt, while it waits (its callers' timeouts)."""
 
     @classmethod
     def of(cls, call: Call) -> Group:

@@ -17,9 +17,9 @@ from actors.errors import (
     RecordedFailureError,
     StoreError,
 )
-from actors.lifecycle.base import Done
-from actors.lifecycle.calls import Group, GroupState, Unit
-from actors.lifecycle.reconciling import Reconciling
+from actors.lifecycle.calls import Group, GroupState, Reread, Unit
+from actors.lifecycle.exits import Done
+from actors.lifecycle.shared import Parts, Shared
 from actors.messages import PollDue
 from stores.codec import encode_output
 from stores.errors import UnreadableOutputError
@@ -31,7 +31,7 @@ from stores.types import (
     ReceiptStatus,
 )
 
-__all__ = ["Claiming"]
+__all__ = ["CLAIM_CHUNK", "Claims"]
 
 RUNNING = ReceiptStatus.RUNNING
 CLAIM_CHUNK = 500
@@ -40,33 +40,41 @@ calls start while the store claims the rest (chunking calls that wait for slots 
 cost 12% of fresh calls/s in dispatch_bench, threads)."""
 
 
-class Claiming(Reconciling):
-    """The claiming and waiting transitions of :class:`actors.lifecycle.machine.Lifecycle`."""
+class Claims:
+    """Claims and waits on other owners (a part of :class:`actors.lifecycle.machine.Lifecycle`;
+    runs on its owner's thread)."""
+
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
 
     # -- from the queue -----------------------------------------------------------------
 
     def drained(self, groups: list[Group], now: float) -> None:
         """Groups leave the batch grace window: claim (durable) or run (not durable)."""
         for group in groups:
-            self.groups[group.key] = group
-        if self.stopping:
-            self._cancel(groups)
+            self.s.groups[group.key] = group
+        if self.s.stopping:
+            self.p.exits.cancel_groups(groups)
             return
         if not self.tool.durable:
-            self._enqueue(self._compile(groups))
-            self.pump(now)
+            self.p.exits.enqueue(self.p.exits.compile(groups))
+            self.p.admission.pump(now)
             return
-        fits = self.width - self.holding >= len(groups)
-        if fits and self.straight_into_running and not self.pending and not self.acquiring[False]:
+        fits = self.s.width - self.s.holding >= len(groups)
+        if fits and self.straight_into_running and not self.s.pending and not self.s.acquiring[False]:
             # admission looks immediate: take the slots first and claim straight into
             # running (one transaction and one turn through the store fewer per call)
             for group in groups:
                 group.state = GroupState.CLAIMING
-            self.acquiring[False] = True
-            self._slotting = groups
+            self.s.acquiring[False] = True
+            self.s.slotting = groups
             self.fx.acquire(len(groups), False, immediate=True)
             return
-        self._claim(groups, None)
+        self.claim(groups, None)
 
     @property
     def straight_into_running(self) -> bool:
@@ -79,28 +87,28 @@ class Claiming(Reconciling):
         """The slots asked for before a claim: ``n`` granted (0 or -1: none; the claim
         goes the usual way). The first ``n`` groups still wanted are claimed straight
         into running, the rest as usual, in one claim."""
-        groups, self._slotting = self._slotting, []
-        self.acquiring[False] = False
+        groups, self.s.slotting = self.s.slotting, []
+        self.s.acquiring[False] = False
         for group in groups:
             if n <= 0:
                 break
-            if group.calls and not group.nested and not self.stopping:
+            if group.calls and not group.nested and not self.s.stopping:
                 group.slotted = True
-                self.holding += 1
+                self.s.holding += 1
                 n -= 1
         if n > 0:  # granted, charged, never sent
             self.fx.release_slots(n, refunds=n)
-        self._claim(groups, None)
-        self.pump(now)
+        self.claim(groups, None)
+        self.p.admission.pump(now)
 
     def _spare_slot(self, group: Group) -> None:
         """A group that took a slot before its claim and will not be sent on it."""
         if group.slotted:
             group.slotted = False
-            self.holding -= 1
+            self.s.holding -= 1
             self.fx.release_slots(1, refunds=1)
 
-    def _claim(self, groups: list[Group], force: ClaimMode | None) -> None:
+    def claim(self, groups: list[Group], force: ClaimMode | None) -> None:
         buckets: dict[tuple[ClaimMode, float | None], list[Group]] = {}
         for group in groups:
             group.state = GroupState.CLAIMING
@@ -112,10 +120,10 @@ class Claiming(Reconciling):
             chunk = CLAIM_CHUNK if any(g.slotted for g in bucket) else len(bucket)
             for start in range(0, len(bucket), chunk):
                 members = bucket[start : start + chunk]
-                batch = next(self._ids)
-                self._batches[batch] = members
+                batch = next(self.s.ids)
+                self.s.batches[batch] = members
                 requests = [
-                    ClaimRequest(g.key, self.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
+                    ClaimRequest(g.key, self.s.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
                     for g in members
                 ]
                 running = frozenset(g.key for g in members if g.slotted)
@@ -125,13 +133,13 @@ class Claiming(Reconciling):
         self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
         """A bulk claim answered: sort the dispositions."""
-        members: list[Group] = self._batches.pop(batch, [])
+        members: list[Group] = self.s.batches.pop(batch, [])
         if error is not None or claims is None:
-            self._claim_failed([group.key for group in members])
+            self.p.cleanup.claim_failed([group.key for group in members])
             for group in members:
                 self._spare_slot(group)
-                self._settle(group, error or StoreError("the claim returned nothing"))
-            self.pump(now)
+                self.p.exits.settle(group, error or StoreError("the claim returned nothing"))
+            self.p.admission.pump(now)
             return
         claimed: list[Group] = []
         started: list[Group] = []
@@ -141,16 +149,16 @@ class Claiming(Reconciling):
         for group, claim in zip(members, claims, strict=True):
             disposition, receipt = claim.disposition, claim.receipt
             if disposition is ClaimDisposition.CLAIMED:
-                self._stop_waiting(group)
+                self.p.exits.stop_waiting(group)
                 group.receipt = receipt
                 if receipt.attempts <= 1 and receipt.generation <= 1:
                     created += 1
                 group.state = GroupState.CLAIMED
-                if not group.calls or self.stopping:  # every caller gave up meanwhile, or the stop
-                    if self.stopping:  # its callers are refused now: counted as the stop's
+                if not group.calls or self.s.stopping:  # every caller gave up meanwhile, or the stop
+                    if self.s.stopping:  # its callers are refused now: counted as the stop's
                         self.fx.count("cancelled", len(group.calls))
                     self._spare_slot(group)
-                    self._release_group(
+                    self.p.exits.release_group(
                         group, CallCancelledError("the call was cancelled before it was sent")
                     )
                     continue
@@ -158,28 +166,30 @@ class Claiming(Reconciling):
                 continue
             self._spare_slot(group)
             if disposition is ClaimDisposition.REUSED:
-                self._settle(group, self._reused(group, receipt, "in_flight" if group.polls else "cached"))
+                self.p.exits.settle(
+                    group, self._reused(group, receipt, "in_flight" if group.wait.polls else "cached")
+                )
             elif disposition is ClaimDisposition.FAILED:
                 kind = receipt.failure_kind
                 if kind is not None and kind.retryable and group.mode is ClaimMode.NORMAL:
                     group.mode = ClaimMode.RETRY_FAILED  # reuses a receipt completed meanwhile
                     again.append(group)
                 else:
-                    self._settle(group, self._recorded_failure(group, receipt))
+                    self.p.exits.settle(group, self._recorded_failure(group, receipt))
             elif disposition.value == "uncertain":
                 if self.tool.reconcile is None:
-                    self._settle(group, self._uncertain(group, receipt))
+                    self.p.exits.settle(group, self.p.waits.uncertain(group, receipt))
                 else:  # ask the provider whether the uncertain attempt acted
-                    self._reconcile(group, receipt, now)
-            elif group.polls >= self.policy.receipt_wait_max_attempts:
-                self._settle(
+                    self.p.waits.reconcile(group, receipt, now)
+            elif group.wait.polls >= self.policy.receipt_wait_max_attempts:
+                self.p.exits.settle(
                     group,
                     ReceiptWaitTimeoutError(
                         f"receipt {group.key} is still held by another owner's live lease"
                     ),
                 )
             else:  # running, blocked_active_lease: another owner holds it
-                group.force_after_wait = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
+                group.wait.force_after = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
         self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
         if claimed or started:
@@ -187,9 +197,9 @@ class Claiming(Reconciling):
             self.fx.beat(batch, leases)
             for group in (*claimed, *started):
                 group.beating = True
-            self._enqueue(self._compile(claimed))
+            self.p.exits.enqueue(self.p.exits.compile(claimed))
         if started:  # claimed straight into running on slots taken before the claim
-            units = self._compile(started)
+            units = self.p.exits.compile(started)
             for unit in units:
                 unit.slot = True
                 unit.exempt = False  # a nested call that joined since holds the same slot
@@ -201,13 +211,13 @@ class Claiming(Reconciling):
             for unit in units:
                 ran = all(g.receipt.status is RUNNING for g in unit.groups if g.receipt)
                 (marked if ran else queued).append(unit)
-            self._admit(marked, now, marked=True)
-            self._admit(queued, now)
+            self.p.admission.admit(marked, now, marked=True)
+            self.p.admission.admit(queued, now)
         if again:
-            self._claim(again, None)
+            self.claim(again, None)
         if waiting:
             self._wait(waiting, now)
-        self.pump(now)
+        self.p.admission.pump(now)
 
     def _reused(self, group: Group, receipt: Receipt, execution: str) -> Any:
         if receipt.input_hash != group.input_hash:
@@ -242,30 +252,30 @@ class Claiming(Reconciling):
         groups = list(groups)
         for group in list(groups):
             group.state = GroupState.WAITING
-            if group.waiting_since is None:  # each caller waits at most its own timeout_s
-                group.waiting_since = now
-                self._time_waiters(group, now, group.calls, now)
-            elif self._owner_wait_over(group, now):
+            if group.wait.since is None:  # each caller waits at most its own timeout_s
+                group.wait.since = now
+                self.p.waits.time_waiters(group, now, group.calls, now)
+            elif self.p.waits.owner_wait_over(group, now):
                 groups.remove(group)
                 continue
-            if group.polls == 0:
-                group.poll_delay_s = policy.receipt_poll_initial_s
+            if group.wait.polls == 0:
+                group.wait.poll_delay_s = policy.receipt_poll_initial_s
                 self.fx.count("owner_waits", len(group.calls))
-            if not group.waiting_counted:
-                group.waiting_counted = len(group.calls)
-                self.fx.count("waiting_on_owner", group.waiting_counted)
-            if not group.watched:
-                group.watched = True
+            if not group.wait.counted:
+                group.wait.counted = len(group.calls)
+                self.fx.count("waiting_on_owner", group.wait.counted)
+            if not group.wait.watched:
+                group.wait.watched = True
                 watch.append(group.key)
         if watch:  # before the timer: its read then sees any change the feed did not hear
             self.fx.watch(watch)
-        timed = [g for g in groups if not g.timer_armed]  # left a wait early: its timer still runs
+        timed = [g for g in groups if not g.wait.timer_armed]  # left a wait early: its timer still runs
         if not timed:
             return
-        delay = min(g.poll_delay_s for g in timed)
+        delay = min(g.wait.poll_delay_s for g in timed)
         for group in timed:
-            group.timer_armed = True
-            group.poll_delay_s = min(group.poll_delay_s * 2, policy.receipt_poll_max_s)
+            group.wait.timer_armed = True
+            group.wait.poll_delay_s = min(group.wait.poll_delay_s * 2, policy.receipt_poll_max_s)
         self.fx.later(delay, PollDue(keys=tuple(g.key for g in timed)))
 
     def on_changed(self, keys: Iterable[str], now: float) -> None:
@@ -273,35 +283,37 @@ class Claiming(Reconciling):
         whose woken read is still out is read once more when it answers)."""
         groups: list[Group] = []
         for key in keys:
-            group = self.groups.get(key)
+            group = self.s.groups.get(key)
             if group is None or group.state is not GroupState.WAITING:
                 continue
-            if group.rereading:
-                group.reread_again = True
+            if group.wait.reread is not Reread.NONE:
+                group.wait.reread = Reread.AGAIN
             else:
                 groups.append(group)
-        if not groups or self.stopping:
+        if not groups or self.s.stopping:
             return
         for group in groups:
-            group.rereading = True
-        batch = next(self._ids)
-        self._batches[batch] = groups
-        self._woken.add(batch)
+            group.wait.reread = Reread.OUT
+        batch = next(self.s.ids)
+        self.s.batches[batch] = groups
+        self.s.woken.add(batch)
         self.fx.read(batch, [g.key for g in groups])
 
     def on_poll(self, keys: Iterable[str], now: float) -> None:
         """A poll timer fired: read the receipts still waited on."""
         for key in keys:
-            if (group := self.groups.get(key)) is not None:
-                group.timer_armed = False
-        groups = [g for k in keys if (g := self.groups.get(k)) is not None and g.state is GroupState.WAITING]
+            if (group := self.s.groups.get(key)) is not None:
+                group.wait.timer_armed = False
+        groups = [
+            g for k in keys if (g := self.s.groups.get(k)) is not None and g.state is GroupState.WAITING
+        ]
         if not groups:
             return
-        if self.stopping:
-            self._cancel(groups)
+        if self.s.stopping:
+            self.p.exits.cancel_groups(groups)
             return
-        batch = next(self._ids)
-        self._batches[batch] = groups
+        batch = next(self.s.ids)
+        self.s.batches[batch] = groups
         self.fx.read(batch, [g.key for g in groups])
 
     def on_read(
@@ -311,16 +323,15 @@ class Claiming(Reconciling):
 
         A read woken by a notification counts no attempt and arms no timer: what is
         still held waits on for the timer already pending."""
-        woken = batch in self._woken
-        self._woken.discard(batch)
-        groups: list[Group] = self._batches.pop(batch, [])
+        woken = batch in self.s.woken
+        self.s.woken.discard(batch)
+        groups: list[Group] = self.s.batches.pop(batch, [])
         again: list[str] = []
         if woken:
             for group in groups:
-                group.rereading = False
-                if group.reread_again:
-                    group.reread_again = False
+                if group.wait.reread is Reread.AGAIN:
                     again.append(group.key)
+                group.wait.reread = Reread.NONE
         read = {id(g): i for i, g in enumerate(groups)}
         groups = [g for g in groups if g.state is GroupState.WAITING and g.calls]
         reclaim: list[Group] = []
@@ -329,28 +340,28 @@ class Claiming(Reconciling):
         for group in groups:
             i = read[id(group)]
             if not woken:
-                group.polls += 1
+                group.wait.polls += 1
             receipt = None if receipts is None else receipts[i]
             status = None if receipt is None else receipt.status.value
             if error is None and receipt is not None and status == "completed":
-                if group.force_after_wait:
+                if group.wait.force_after:
                     force.append(group)
                 else:
-                    self._settle(group, self._reused(group, receipt, "in_flight"))
+                    self.p.exits.settle(group, self._reused(group, receipt, "in_flight"))
                 continue
             free = error is None and status not in ("queued", "running")
             # the store judges leases: claim when the read says free, now and then (the
             # owner may have died), and after the last poll (a live lease then times out)
             if woken and not free:
                 continue  # the pending timer polls it
-            if free or group.polls % 8 == 0 or group.polls >= self.policy.receipt_wait_max_attempts:
-                (force if group.force_after_wait else reclaim).append(group)
+            if free or group.wait.polls % 8 == 0 or group.wait.polls >= self.policy.receipt_wait_max_attempts:
+                (force if group.wait.force_after else reclaim).append(group)
             else:
                 still.append(group)
         if reclaim:
-            self._claim(reclaim, None)
+            self.claim(reclaim, None)
         if force:
-            self._claim(force, ClaimMode.FORCE_REFRESH)
+            self.claim(force, ClaimMode.FORCE_REFRESH)
         if still:
             self._wait(still, now)
         if again:  # the read may predate the change last heard of

@@ -21,43 +21,53 @@ Callers are answered at the first failure; nobody waits on the cleanup.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from actors.lifecycle.claiming import Claiming
+from actors.lifecycle.shared import Parts, Shared
 from actors.messages import CleanupDue
-from actors.runtime.actor import log
 from stores.process import current_process_identity
 from stores.types import LeaseRef, Owner, Receipt, ReceiptStatus
 
 __all__ = ["CLEANUP_RETRY_S", "Cleanup", "owner_here"]
 
+log = logging.getLogger("tooldispatch")
+
 CLEANUP_RETRY_S = (1.0, 3.0, 9.0)
 """Delays before each new attempt of a failed release or orphan read (seconds); then give up."""
 
 
-class Cleanup(Claiming):
-    """Releases answered, failed releases retried, orphaned claims found and given back."""
+class Cleanup:
+    """Releases answered, failed releases retried, orphaned claims found and given back
+    (a part of :class:`actors.lifecycle.machine.Lifecycle`; runs on its owner's thread)."""
+
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
 
     def on_released(self, batch: int, now: float, error: BaseException | None = None) -> None:
         """The store released receipts, or could not: the callers are answered either
         way; a failed release is tried again later (see the module doc)."""
-        retry = self._cleanups.pop(batch, None)
+        retry = self.s.cleanups.pop(batch, None)
         if retry is not None:
             if error is not None:
                 self._again(retry.keys, retry.leases, retry.attempt, error)
             return
-        found = self._batches.pop(batch, [])
+        found = self.s.batches.pop(batch, [])
         for group, err, _ in found:
-            self._released(group, err)
+            self.p.exits.released(group, err)
         if error is not None and found:
             self._again((), tuple(lease for _, _, lease in found), 0, error)
 
-    def _claim_failed(self, keys: Sequence[str]) -> None:
+    def claim_failed(self, keys: Sequence[str]) -> None:
         """A claim raised: it may have committed. Look for leases it left us holding."""
-        if self.owner is not None and self.tool.durable and keys:
+        if self.s.owner is not None and self.tool.durable and keys:
             self._cleanup(tuple(keys), (), 0)
 
     def on_cleanup_due(
@@ -69,19 +79,19 @@ class Cleanup(Claiming):
     def on_read(
         self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
-        """A read answered: a cleanup's read-back here, a poll's in :class:`Claiming`."""
-        retry = self._cleanups.pop(batch, None)
+        """A read answered: a cleanup's read-back here, a poll's in :meth:`Claims.on_read`."""
+        retry = self.s.cleanups.pop(batch, None)
         if retry is None:
-            super().on_read(batch, receipts, error, now)
+            self.p.claims.on_read(batch, receipts, error, now)
             return
         # the read-back of a failed claim's keys: release what is leased to us, unheld
         if error is not None or receipts is None:
             self._again(retry.keys, (), retry.attempt, error)
             return
-        owner = self.owner
+        owner = self.s.owner
         if owner is None:
             return
-        held = {g.receipt.lease_id for g in self.groups.values() if g.receipt is not None}
+        held = {g.receipt.lease_id for g in self.s.groups.values() if g.receipt is not None}
         orphans = [
             LeaseRef(r.key, r.lease_id)
             for r in receipts
@@ -97,8 +107,8 @@ class Cleanup(Claiming):
             self._cleanup((), tuple(orphans), 0)
 
     def _cleanup(self, keys: tuple[str, ...], leases: tuple[LeaseRef, ...], attempt: int) -> None:
-        batch = next(self._ids)
-        self._cleanups[batch] = _Retry(keys, leases, attempt)
+        batch = next(self.s.ids)
+        self.s.cleanups[batch] = _Retry(keys, leases, attempt)
         if leases:
             self.fx.release_receipts(batch, list(leases))
         else:

@@ -21,13 +21,13 @@ from actors.errors import (
     ReceiptWaitTimeoutError,
     ToolTimeoutError,
     UncertainOutcomeError,
+    cause_chain,
     error_text,
     flag_of,
     is_a,
 )
 from actors.lifecycle.attempts import failure_kind_for
-from actors.lifecycle.base import RELEASE_ON, TooLarge
-from actors.runtime.nesting import cause_chain
+from actors.lifecycle.exits import RELEASE_ON, TooLarge
 from actors.tool import Tool
 from stores import output_too_large_error
 from stores.types import FailureKind

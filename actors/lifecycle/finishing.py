@@ -25,26 +25,34 @@ from actors.errors import (
     is_a,
 )
 from actors.lifecycle.attempts import plain_value, retry_in_call, transient
-from actors.lifecycle.base import Done
 from actors.lifecycle.calls import Group, GroupState, Role, Unit
-from actors.lifecycle.persisting import Persisting
+from actors.lifecycle.exits import Done
+from actors.lifecycle.shared import Parts, Shared
 from actors.messages import RetryDue, UnitFinished
 
-__all__ = ["Finishing"]
+__all__ = ["Finisher"]
 
 log = logging.getLogger("tooldispatch")
 
 OVERDUE_WARN_EVERY_S = 60.0
 
 
-class Finishing(Persisting):
-    """The finishing transitions of :class:`actors.lifecycle.machine.Lifecycle`."""
+class Finisher:
+    """A provider call returned: retries, re-admission, deadlines (a part of
+    :class:`actors.lifecycle.machine.Lifecycle`; runs on its owner's thread)."""
+
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
 
     # -- a provider call returned ---------------------------------------------------------
 
     def on_finished(self, msg: UnitFinished, now: float) -> None:
         """A worker reported an attempt: retry, re-admit, or persist / record per member."""
-        unit = self.units.get(msg.unit)
+        unit = self.s.units.get(msg.unit)
         if unit is None or not unit.out or msg.attempt != unit.attempt:
             return
         unit.out = False
@@ -63,7 +71,7 @@ class Finishing(Persisting):
             # meanwhile: admitted again, its send refuses it as unavailable and gives the
             # receipt back, as for any call reaching an open circuit
             self._unsend(unit)
-            self._readmit(unit, now, front=True)
+            self.p.exits.readmit(unit, now, front=True)
             return
         unsent = not relayed and (
             is_a(error, (ProviderUnreachableError, ConnectionRefusedError))
@@ -83,24 +91,24 @@ class Finishing(Persisting):
                 self.fx.count("backpressure")
                 unit.last_error = error
                 self.fx.release_slots(0, exempt=unit.exempt, answered=1)
-                if unit.readmissions < policy.retry_attempts and not self.stopping and not unit.timed_out:
+                if unit.readmissions < policy.retry_attempts and not self.s.stopping and not unit.timed_out:
                     unit.readmissions += 1
                     unit.deadline = None  # not served: its next send gets a whole timeout
                     self._charge_then(unit)
                     return
             elif (
                 self.tool.retry_safe and not relayed and retry_in_call(error)
-                and unit.attempt < policy.retry_attempts and not self.stopping and not unit.timed_out
+                and unit.attempt < policy.retry_attempts and not self.s.stopping and not unit.timed_out
                 and now < (unit.deadline or math.inf)
             ):  # fmt: skip
                 unit.last_error = error
                 self._charge_then(unit)
                 return
             self._report(unit, error)
-            self._conclude(unit, None, error, now)
+            self.conclude(unit, None, error, now)
             return
         self._report(unit, None, msg.sent_at)
-        self._conclude(unit, msg.members, None, now)
+        self.conclude(unit, msg.members, None, now)
 
     def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
         """Its worker sent nothing: the last check before the request refused it
@@ -111,17 +119,17 @@ class Finishing(Persisting):
         self._unsend(unit)
         if kind == "lease_lost":  # members another run holds now go no further; the rest go again
             for group in [g for g in unit.groups if g.lease_lost]:
-                self._drop_from_unit(group)
-                self._settle(group, error)  # its callers heard at the loss
+                self.p.exits.drop_from_unit(group)
+                self.p.exits.settle(group, error)  # its callers heard at the loss
             if not unit.groups:
-                self._leave(unit)
+                self.p.exits.leave(unit)
                 return
         waiting = [c for g in unit.groups for c in g.calls]
-        if waiting and not self.stopping and self._serve_again(unit, kind, waiting, now):
+        if waiting and not self.s.stopping and self._serve_again(unit, kind, waiting, now):
             for group in unit.groups:  # a caller who came after the others left: it is theirs
                 if group.calls and not any(c.role is Role.OWNER for c in group.calls):
                     group.calls[0].role = Role.OWNER
-            self._readmit(unit, now, front=True)  # a retry keeps its charge: its send spends it
+            self.p.exits.readmit(unit, now, front=True)  # a retry keeps its charge: its send spends it
             return
         if unit.retry_charged:  # a retry that never went out: neither charged nor counted
             unit.retry_charged = False
@@ -132,7 +140,7 @@ class Finishing(Persisting):
             self.fx.count("refused_by_latch", len(waiting))
         elif kind == "stopped":
             self.fx.count("cancelled", len(waiting))
-        self._give_back(unit, refusal)
+        self.p.exits.give_back(unit, refusal)
 
     def _unsend(self, unit: Unit) -> None:
         """Its last attempt sent nothing: what its send counted (the stats, the attempt,
@@ -168,37 +176,37 @@ class Finishing(Persisting):
 
     def _charge_then(self, unit: Unit) -> None:
         """Charge the retry budget; the next attempt is re-admitted after its back-off."""
-        self._free_slot(unit)
+        self.p.exits.free_slot(unit)
         for group in unit.groups:
             group.state = GroupState.CLAIMED
         self.fx.charge_retry(unit.id)
 
     def on_retry_charged(self, unit_id: int, error: BaseException | None, now: float) -> None:
         """The retry budget answered: back off, or give up (not recorded as a failure)."""
-        unit = self.units.get(unit_id)
+        unit = self.s.units.get(unit_id)
         if unit is None or unit.persisting:  # concluded meanwhile (its deadline passed, a
             if error is None:  # cancel, a stop): that retry never goes, its charge comes back
                 self.fx.refund_retry()
             return
         if error is not None:
-            self._conclude(unit, None, error, now)
+            self.conclude(unit, None, error, now)
             return
         unit.retry_charged = True
         self.fx.count("retries")
         if is_a(unit.last_error, RateLimitedError):
-            self._enqueue([unit], front=True)  # the governor holds it until the pause ends
-            self.pump(now)
+            self.p.exits.enqueue([unit], front=True)  # the governor holds it until the pause ends
+            self.p.admission.pump(now)
             return
         backoff = self.policy.retry_backoff_s * (2 ** max(0, unit.attempt - 1))
         self.fx.later(backoff, RetryDue(unit=unit.id))
 
     def on_retry_due(self, unit_id: int, now: float) -> None:
         """A retry's back-off elapsed: queue it for admission (its deadline still holds)."""
-        unit = self.units.get(unit_id)
+        unit = self.s.units.get(unit_id)
         if unit is None or unit.out or unit.slot or unit.persisting:
             return
-        self._enqueue([unit], front=True)
-        self.pump(now)
+        self.p.exits.enqueue([unit], front=True)
+        self.p.admission.pump(now)
 
     def on_deadlines(self, unit_ids: Iterable[int], now: float) -> None:
         """A deadline timer fired for these units (see :meth:`on_deadline`)."""
@@ -208,7 +216,7 @@ class Finishing(Persisting):
     def on_deadline(self, unit_id: int, now: float) -> None:
         """A unit's deadline passed: a running call's callers time out now (the call keeps
         its slot, lease and heartbeat until it returns); a call not running ends here."""
-        unit = self.units.get(unit_id)
+        unit = self.s.units.get(unit_id)
         if unit is None:
             return
         if unit.persisting and not unit.out:
@@ -224,21 +232,21 @@ class Finishing(Persisting):
             if unit.ticket is None or unit.ticket.sent:  # its function runs (not held before it)
                 self._warn_overdue(now)
             for group in unit.groups:
-                self._answer_early(group, error)
+                self.p.exits.answer_early(group, error)
             return
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
         last = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
-        self._conclude(unit, None, last if last is not None else error, now)
+        self.conclude(unit, None, last if last is not None else error, now)
 
     def _warn_overdue(self, now: float) -> None:
         """Say, once a minute at most, that functions past their timeout still hold slots:
         the sign of a tool that waits on calls it made from threads of its own."""
-        if now - self.overdue_warned_at < OVERDUE_WARN_EVERY_S:
+        if now - self.s.overdue_warned_at < OVERDUE_WARN_EVERY_S:
             return
-        self.overdue_warned_at = now
+        self.s.overdue_warned_at = now
         held = sum(
-            1 for u in self.units.values() if u.timed_out and u.out and (u.ticket is None or u.ticket.sent)
+            1 for u in self.s.units.values() if u.timed_out and u.out and (u.ticket is None or u.ticket.sent)
         )
         log.warning(
             "%d call(s) of %s passed their timeout while its function still runs; each keeps its "
@@ -264,7 +272,7 @@ class Finishing(Persisting):
                 group.answered = True  # it goes on, callerless, to its persisted result
             for call in late:
                 error = ToolTimeoutError(f"{self.tool.tool_id} did not return within {call.timeout_s} s")
-                self.fx.answer(call, self._outcome_for(call, group, error))
+                self.fx.answer(call, self.p.exits.outcome_for(call, group, error))
 
     def _answer_writing(self, unit: Unit, now: float) -> None:
         """The tool returned and its outcome is being written (a slow or locked store):
@@ -277,13 +285,13 @@ class Finishing(Persisting):
             if group.state is not GroupState.PERSISTING or group.written is None:
                 continue
             for call in group.take_late(sent, now):
-                self.fx.answer(call, self._outcome_for(call, group, group.written))
+                self.fx.answer(call, self.p.exits.outcome_for(call, group, group.written))
 
-    def _conclude(
+    def conclude(
         self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
         """The unit's last attempt is over: persist values, record or release the rest."""
-        for queue in (self.pending, self.pending_exempt):
+        for queue in (self.s.pending, self.s.pending_exempt):
             if unit.queued and unit in queue:
                 queue.remove(unit)
         values: list[tuple[Group, str]] = []
@@ -298,19 +306,19 @@ class Finishing(Persisting):
             if member_error is not None:
                 failed.append((group, member_error))
             elif not self.tool.durable:
-                self._settle(group, Done(plain_value(text), "live"))
+                self.p.exits.settle(group, Done(plain_value(text), "live"))
             else:
                 values.append((group, text))
         if not self.tool.durable:
             for group, exc in failed:
                 self.fx.count("failures")
-                self._settle(group, exc)
-            self._leave(unit)
+                self.p.exits.settle(group, exc)
+            self.p.exits.leave(unit)
             return
         unit.persisting = len(values) + len(failed)
         if values:
-            self._persist(values)
+            self.p.persister.persist(values)
         if failed:
-            self._fail(failed)
+            self.p.persister.fail(failed)
         if unit.persisting == 0:
-            self._leave(unit)
+            self.p.exits.leave(unit)

@@ -1,387 +1,261 @@
 """The life of a call group, as a plain state machine: messages in, effects out, time passed in.
 
 One :class:`Lifecycle` per tool, owned by that tool's queue actor. Each group moves
-through :class:`~actors.lifecycle.calls.GroupState`::
+through the states of :mod:`actors.lifecycle.states` (the table of legal moves)::
 
     queued -> claiming -> reused | waiting | claimed -> admitted -> running -> persisting -> settled
 
-and every transition is one method taking a message's content and ``now``
-(``time.monotonic()`` seconds). Nothing here blocks or sleeps: a request to another
-actor, the store or the worker pool is an effect (:class:`Effects`), and its answer
-comes back as another method call. A wait on another owner's receipt is a timer plus a
-plain read. What a group or unit holds is released in one place whichever way it
-leaves (see :mod:`actors.lifecycle.base`). Claims and waits are in
-:mod:`actors.lifecycle.claiming`, what follows a provider call in :mod:`actors.lifecycle.finishing`;
-admission, sending, lease loss, cancellation and stop are here.
+:meth:`Lifecycle.handle` is the one entry point for facts: it takes a message of
+:mod:`actors.messages` and ``now`` (``time.monotonic()`` seconds). Nothing here blocks
+or sleeps: a request to another actor, the store or the worker pool is an effect
+(:class:`~actors.lifecycle.effects.Effects`), and its answer comes back as another
+message. A wait on another owner's receipt is a timer plus a plain read.
 
-Rules (docs/how-it-works.md): claims in bulk per claim mode; dispositions as its table says; a
-slot per provider call, free when its result is persisted; the latch, a stop and a
-paused or closed provider are checked right before each send (and again by its worker,
-:mod:`actors.worker.launch`: a unit withdrawn or refused there comes back
-``withdrawn``); a unit whose deadline
-passes before it is sent is never sent; one that times out while running keeps its
-slot, lease and heartbeat until its worker returns, and its late result is persisted.
+``Lifecycle`` composes collaborators that share one :class:`~actors.lifecycle.shared.Shared`
+state: :class:`~actors.lifecycle.exits.Exits` (what a group or unit holds, released in
+one place whichever way it leaves), :class:`~actors.lifecycle.claiming.Claims` (claims
+and waits on other owners), :class:`~actors.lifecycle.reconciling.Waits` (callers'
+timeouts during waits, the reconcile hook), :class:`~actors.lifecycle.admission.Admission`
+(slots, sends, lease loss, cancellation, stop), :class:`~actors.lifecycle.finishing.Finisher`
+(a provider call returned: retries, re-admission, deadlines),
+:class:`~actors.lifecycle.persisting.Persister` (outputs and failures written) and
+:class:`~actors.lifecycle.cleanup.Cleanup` (leases a failed write left held).
 """
 
 from __future__ import annotations
 
 import collections
-import math
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any
 
-from actors.errors import (
-    CallCancelledError,
-    LeaseLostError,
-    NotSentError,
-    ProviderUnavailableError,
-)
-from actors.lifecycle.attempts import SendTicket, spec_for
-from actors.lifecycle.base import Effects
-from actors.lifecycle.calls import Call, Group, GroupState, Unit
+from actors.lifecycle.admission import Admission
+from actors.lifecycle.calls import Call, Group, Unit
+from actors.lifecycle.claiming import Claims
 from actors.lifecycle.cleanup import Cleanup
-from actors.lifecycle.finishing import Finishing
+from actors.lifecycle.effects import Effects
+from actors.lifecycle.exits import PERSIST_BATCH, Exits
+from actors.lifecycle.finishing import Finisher
+from actors.lifecycle.persisting import Persister
+from actors.lifecycle.reconciling import Waits
+from actors.lifecycle.shared import Parts, Shared
+from actors.messages import (
+    CallCancelled,
+    CleanupDue,
+    CompletionsPersisted,
+    DeadlineDue,
+    FailuresRecorded,
+    LatchTripped,
+    LeasesLost,
+    PollDue,
+    ReceiptsChanged,
+    ReceiptsClaimed,
+    ReceiptsRead,
+    ReceiptsReleased,
+    Reconciled,
+    Resolved,
+    RetryCharged,
+    RetryDue,
+    RunningMarked,
+    SlotsGranted,
+    UnitFinished,
+    WaitDue,
+)
+from actors.tool import Policy, Tool
+from stores.codec import EncodedOutput
+from stores.types import Completion, Owner
 
-__all__ = ["Effects", "Lifecycle"]
+__all__ = ["EVENTS", "Effects", "Lifecycle"]
 
 
-class Lifecycle(Cleanup, Finishing):
+class Lifecycle:
     """Every call group of one tool past its batch grace window (see the module doc).
 
-    Built as :class:`~actors.lifecycle.base.LifecycleBase` (same arguments).
+    Args:
+        tool: the tool.
+        policy: timeouts, retries, receipt waits.
+        org_id / scope: the run's org and scope (claim requests).
+        fx: the effects port (the actor, or a recorder in tests).
+        width: most units of this tool holding slots at once (suggested parallelism).
+        owner: this process's lease owner (for the leases a failed claim may leave).
+
+    Every method runs on the owning tool queue actor's thread (or a test's).
     """
 
-    def pump(self, now: float) -> None:
-        """Ask the governor for slots for what waits (one request out at a time)."""
-        for exempt, queue in ((False, self.pending), (True, self.pending_exempt)):
-            self._drop_empty(queue)
-            if not queue or self.acquiring[exempt]:
-                continue
-            reason = self.fx.latch_reason()
-            if reason is not None:
-                refused = list(queue)
-                queue.clear()
-                for unit in refused:
-                    unit.queued = False
-                self._refuse_latch(refused, reason)
-                continue
-            want = len(queue) if exempt else min(len(queue), self.width - self.holding)
-            if want < 1:
-                continue
-            self.acquiring[exempt] = True
-            self.fx.acquire(want, exempt)
-
-    def _drop_empty(self, queue: collections.deque[Unit]) -> None:
-        while queue and not queue[0].groups:
-            dropped = queue.popleft()
-            dropped.queued = False
-            self.units.pop(dropped.id, None)
-
-    def on_granted(
-        self, n: int | None, error: BaseException | None, now: float, exempt: bool = False
+    def __init__(
+        self,
+        tool: Tool,
+        policy: Policy,
+        org_id: str,
+        scope: str,
+        fx: Effects,
+        width: int,
+        owner: Owner | None = None,
     ) -> None:
-        """The governor answered: start up to ``n`` units, or refuse every waiting one."""
-        if self._slotting and not exempt:  # asked before a claim (Claiming.drained)
-            self.slots_for_claim((n or 0) if error is None else -1, now)
-            return
-        self.acquiring[exempt] = False
-        queue = self.pending_exempt if exempt else self.pending
-        if error is not None or not n:
-            units = list(queue)
-            queue.clear()
-            for unit in units:
-                unit.queued = False
-            if isinstance(error, ProviderUnavailableError):
-                self.fx.count("unavailable", sum(len(g.calls) for u in units for g in u.groups))
-            for unit in units:
-                self._give_back(unit, error or CallCancelledError("no slot was granted"))
-            self.pump(now)
-            return
-        admitted: list[Unit] = []
-        while n > 0 and queue:
-            unit = queue.popleft()
-            unit.queued = False
-            if not unit.groups:
-                self.units.pop(unit.id, None)
-                continue
-            unit.slot = True
-            if not exempt:
-                self.holding += 1
-            n -= 1
-            admitted.append(unit)
-        if n > 0:  # granted (and charged) for units gone meanwhile: never sent, charges back
-            self.fx.release_slots(n, exempt=exempt, refunds=n)
-        self._admit(admitted, now)
-        self.pump(now)
+        self.state = s = Shared(tool, policy, org_id, scope, fx, width, owner)
+        self.parts = p = Parts()
+        p.exits = Exits(s, p)
+        p.claims = Claims(s, p)
+        p.waits = Waits(s, p)
+        p.admission = Admission(s, p)
+        p.finisher = Finisher(s, p)
+        p.persister = Persister(s, p)
+        p.cleanup = Cleanup(s, p)
 
-    def _admit(self, units: list[Unit], now: float, marked: bool = False) -> None:
-        """Units holding slots: mark their receipts running (unless ``marked``: claimed
-        straight into running), then send."""
-        for unit in units:
-            for group in unit.groups:
-                group.state = GroupState.ADMITTED
-        marking: list[Unit] = []
-        for unit in units:
-            if unit.groups and self.tool.durable and not marked:
-                marking.append(unit)
-            else:
-                self._send(unit, now)
-        leases = [lease for u in marking for g in u.groups if (lease := g.lease) is not None]
-        if leases:
-            batch = next(self._ids)
-            self._batches[batch] = marking
-            self.fx.mark_running(batch, leases)
-        else:
-            for unit in marking:
-                self._send(unit, now)
+    # -- facts ---------------------------------------------------------------------------
 
-    def on_marked(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
-        """Receipts marked running (fenced): send the units whose leases held."""
-        units: list[Unit] = self._batches.pop(batch, [])
-        if error is not None:
-            for unit in units:
-                self._give_back(unit, error)
-            self.pump(now)
-            return
-        lost = set(report.refused) if report is not None else set()
-        for unit in units:
-            taken = [g for g in unit.groups if g.key in lost]
-            if taken and _sent_batch(unit) and len(taken) < len(unit.groups):
-                # a batch sent before goes again whole (its key): the lost ride along,
-                # answered now; their outputs are salvaged (the store refuses them)
-                for group in taken:
-                    if not group.lease_lost:
-                        group.lease_lost = True
-                        self.fx.count("lease_lost")
-                    group.beating = self._unbeat(group)
-                    self._answer_early(group, LeaseLostError("the lease was taken before the retry"))
-                taken = []
-            for group in taken:
-                self.fx.count("lease_lost")
-                group.beating = self._unbeat(group)
-                self._drop_from_unit(group)
-                self._settle(group, LeaseLostError("the receipt's lease was taken before the call started"))
-            if unit.groups:
-                self._send(unit, now)
-            else:
-                self._leave(unit)
-        self.pump(now)
+    def handle(self, event: Any, now: float) -> None:
+        """Take one fact (an answer to one of its effects, a timer, a cancel) and move the
+        groups it concerns; the requests it makes go out through the effects port.
 
-    # -- sending -------------------------------------------------------------------------
+        Args:
+            event: one of :data:`EVENTS` (typed messages of :mod:`actors.messages`).
+            now: ``time.monotonic()`` seconds.
 
-    def _send(self, unit: Unit, now: float) -> None:
-        """The last checks before a request leaves: stop, latch, provider pause, deadline."""
-        if not _sent_batch(unit):  # a batch sent before goes again whole (its key)
-            for group in [g for g in unit.groups if not g.calls and not g.answered]:
-                self._release_group(group, CallCancelledError("the call was cancelled before it was sent"))
-        if not unit.groups:
-            self._leave(unit)
-            return
-        if self.stopping:
-            self._give_back(unit, CallCancelledError("the dispatcher stopped before the call started"))
-            return
-        reason = self.fx.latch_reason()
-        if reason is not None:
-            self._refuse_latch([unit], reason)
-            return
-        blocked = self.fx.blocked_until(now)
-        if blocked is not None:
-            until, closed = blocked
-            if closed:
-                self.fx.count("unavailable", sum(len(g.calls) for g in unit.groups))
-                self._give_back(
-                    unit, ProviderUnavailableError(f"provider {self.tool.provider_name!r} is unavailable")
-                )
-                return
-            if unit.deadline is not None and until > unit.deadline:
-                self._not_sent(unit, now)
-                return
-            self._readmit(unit, now, front=True)  # the provider paused after this grant
-            return
-        if unit.deadline is not None and now >= unit.deadline:
-            self._not_sent(unit, now)
-            return
-        if unit.deadline is None:
-            timeout_s = unit.timeout_s
-            unit.deadline, unit.sent_first_at = now + timeout_s, now
-            for group in unit.groups:
-                for call in group.calls:
-                    call.timed_from = now
-            # one timer per timeout and message: the unit's, and each shorter caller's own
-            for own in {c.timeout_s for g in unit.groups for c in g.calls if c.timeout_s < timeout_s}:
-                self._deadlines.setdefault(own, []).append(unit.id)
-            self._deadlines.setdefault(timeout_s, []).append(unit.id)
-        unit.attempt += 1
-        unit.out = True
-        unit.sent_on_slot = True
-        for group in unit.groups:
-            group.state = GroupState.RUNNING
-            group.ran = True
-        counted: tuple[str, ...] = ("requests",)
-        if unit.attempt == 1 and unit.readmissions == 0:
-            counted = ("requests", "provider_calls", "batches") if len(unit.groups) > 1 else (
-                "requests", "provider_calls")  # fmt: skip
-        for name in counted:
-            self.fx.count(name)
-        unit.counted = counted  # taken back if its worker sends nothing (``_withdrawn``)
-        # taken by its worker right before the request, unless its deadline passed first
-        unit.ticket = ticket = SendTicket(unit.deadline if unit.deadline is not None else math.inf)
-        self.fx.start(spec_for(unit, unit.attempt, now, ticket))
+        Raises:
+            TypeError: ``event`` is not one of :data:`EVENTS`.
 
-    def _not_sent(self, unit: Unit, now: float) -> None:
-        error = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
-        if error is None:
-            error = NotSentError(f"{self.tool.tool_id}: its turn to send came after its deadline; not sent")
-        self._conclude(unit, None, error, now)
+        Call :meth:`pump` and :meth:`flush` after it, as the actor does at the end of
+        each message.
+        """
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"the call lifecycle takes no {type(event).__name__} message")
+        handler(self.parts, event, now)
 
-    # -- leases, cancellation, stop -----------------------------------------------------
+    # -- commands from the owning actor ------------------------------------------------
 
-    def on_leases_lost(self, keys: Iterable[str], now: float) -> None:
-        """A renewal found these leases taken: callers are told now; a later result is salvaged."""
-        for key in keys:
-            group = self.groups.get(key)
-            if group is None or group.lease_lost:
-                continue
-            if group.state in (GroupState.PERSISTING, GroupState.RELEASING):
-                # its write is out: a renewal that raced it (the receipt already completed,
-                # failed or released) is no loss; a real one shows in the write's report
-                continue
-            group.lease_lost = True
-            group.beating = False
-            self.fx.count("lease_lost")
-            error = LeaseLostError(f"lease on {key} was lost while the call waited or ran")
-            unit = group.unit
-            if (
-                group.state is GroupState.CLAIMED
-                and unit is not None
-                and not unit.slot
-                and not _sent_batch(unit)
-            ):
-                self._drop_from_unit(group)
-                self._settle(group, error)
-            else:
-                # not sent yet: withdrawn; the members still ours go again without the lost (a
-                # batch sent before goes again whole: its idempotency key covers every member)
-                first = unit is not None and unit.attempt == 1 and unit.readmissions == 0
-                if unit is not None and unit.out and (first or all(g.lease_lost for g in unit.groups)):
-                    self.fx.withdraw(unit.ticket, "lease_lost", error)
-                self._answer_early(group, error)
+    def drained(self, groups: list[Group], now: float) -> None:
+        """Groups leave the batch grace window: claim (durable) or run (not durable)."""
+        self.parts.claims.drained(groups, now)
+
+    def joined(self, call: Call, now: float) -> None:
+        """A call joined its key's execution (see :meth:`actors.lifecycle.admission.Admission.joined`)."""
+        self.parts.admission.joined(call, now)
+
+    def nested_joined(self, key: str) -> None:
+        """A nested call joined (or waits behind) the group of ``key``: it borrows a slot."""
+        self.parts.admission.nested_joined(key)
 
     def cancel(self, call: Call, now: float) -> bool:
         """The caller gave up. Returns True when the call was removed (answered cancelled)."""
-        group = self.groups.get(call.key)
-        if group is None or call not in group.calls:
-            return False
-        if group.state in (GroupState.RUNNING, GroupState.PERSISTING) or (group.unit and group.unit.out):
-            # handed to its worker: withdrawn if not sent yet (waiting for its turn at the
-            # gate, a batch being built) and no caller of it is left; else it is persisted
-            # as usual and the caller still gets the answer if it asks
-            return self._withdraw_cancelled(group, call)
-        group.calls.remove(call)
-        self.fx.count("cancelled")
-        self.fx.answer(call, CallCancelledError("the call was cancelled"))
-        if group.calls:
-            return True
-        unit = group.unit
-        if group.state is GroupState.CLAIMED and unit is not None and not unit.slot:
-            if not _sent_batch(unit):  # else it goes again with its batch: output stored
-                self._release_group(group, None)
-        elif group.state is GroupState.WAITING:
-            self._settle(group, None)
-        return True
-
-    def _withdraw_cancelled(self, group: Group, call: Call) -> bool:
-        unit = group.unit
-        if group.state is not GroupState.RUNNING or unit is None or not unit.out:
-            return False
-        calls = [c for g in unit.groups for c in g.calls]
-        if not all(c is call or getattr(c.future, "cancelled", False) is True for c in calls):
-            return False  # another caller still wants it
-        if not self.fx.withdraw(unit.ticket, "cancelled", CallCancelledError("the call was cancelled")):
-            return False  # its request is out
-        for g in unit.groups:  # every caller of the unit cancelled: answered now
-            for c in g.calls:
-                self.fx.count("cancelled")
-                self.fx.answer(c, CallCancelledError("the call was cancelled"))
-            g.calls = []
-        return True  # its worker reports it not sent (``on_withdrawn``): the receipts go back then
-
-    def joined(self, call: Call, now: float) -> None:
-        """A call joined its key's execution. Sent already: it times out on its own
-        timer, ``timeout_s`` after it came (a call that came before the send counts from
-        the send), and the execution runs as long as it waits (``Unit.deadline``)."""
-        group = self.groups.get(call.key)
-        if group is not None:
-            self._waiting_joined(group, call, now)  # a wait (another owner, a reconcile hook) too
-        unit = group.unit if group is not None else None
-        if unit is None or unit.deadline is None or unit.sent_first_at is None or math.isinf(call.timeout_s):
-            return  # not sent (yet, or again): its next send arms a timer for every caller's timeout
-        call.timed_from = max(unit.sent_first_at, call.submitted_at)
-        own = call.timed_from + call.timeout_s
-        self._deadlines.setdefault(max(0.0, own - now), []).append(unit.id)
-        if unit.deadline is not None and not unit.timed_out and own > unit.deadline:
-            unit.deadline = own
-            if unit.ticket is not None:  # its worker, not yet sending, sends for it too
-                unit.ticket.deadline = own
-
-    def nested_joined(self, key: str) -> None:
-        """A nested call joined a group (or waits behind it: another mode of its key)
-        still waiting for a slot: its unit borrows the parent's slot too (else the
-        parent, holding the slot, waits on it forever)."""
-        group = self.groups.get(key)
-        if group is not None:
-            group.nested = True  # a retry or re-admission borrows a slot too (_enqueue)
-        unit = group.unit if group is not None else None
-        if unit is None or unit.exempt or unit.slot or unit.out:
-            return
-        if unit.queued and unit in self.pending:
-            self.pending.remove(unit)
-            unit.queued = False
-            unit.exempt = True
-            self._enqueue([unit], front=True)
-        else:
-            unit.exempt = True
+        return self.parts.admission.cancel(call, now)
 
     def stop(self, now: float) -> int:
-        """Refuse everything not yet sent (claims answered later are released); running
-        calls go on and are persisted. Returns the number of calls refused."""
-        self.stopping = True
-        refused = 0
-        for queue in (self.pending, self.pending_exempt):
-            units = list(queue)
-            queue.clear()
-            for unit in units:
-                unit.queued = False
-                refused += sum(len(g.calls) for g in unit.groups)
-                self._give_back(unit, CallCancelledError("the dispatcher stopped before the call started"))
-        waiting = [g for g in self.groups.values() if g.state is GroupState.WAITING]
-        refused += sum(len(g.calls) for g in waiting)
-        self._cancel(waiting)
-        for unit in list(self.units.values()):
-            if not unit.out and not unit.slot and unit.persisting == 0 and unit.groups:
-                refused += sum(len(g.calls) for g in unit.groups)
-                self._give_back(unit, CallCancelledError("the dispatcher stopped before the call started"))
-        return refused
+        """Refuse everything not yet sent; running calls go on. Returns the calls refused."""
+        return self.parts.admission.stop(now)
 
     def abandon(self, error: BaseException) -> None:
-        """The actor is gone (stop's bound ran out): answer every caller still waiting with
-        ``error``. Nothing else is done: the store and the flusher have stopped; leases
-        lapse at their TTL, a result still to come is not kept."""
-        for group in list(self.groups.values()):
-            calls, group.calls = group.calls, []
-            for call in calls:
-                self.fx.answer(call, error)
+        """The actor is gone: answer every caller still waiting with ``error``."""
+        self.parts.admission.abandon(error)
+
+    def pump(self, now: float) -> None:
+        """Ask the governor for slots for what waits (one request out at a time)."""
+        self.parts.admission.pump(now)
+
+    def flush(self, idle: bool = True) -> None:
+        """End of a message: arm the timers and send the outputs and releases gathered,
+        one request each.
+
+        Args:
+            idle: no other message is waiting. Outputs wait for the next message while
+                more are coming (up to ``PERSIST_BATCH`` members), so units finishing
+                together are written together.
+        """
+        s, fx = self.state, self.state.fx
+        if s.wait_dues:
+            dues, s.wait_dues = s.wait_dues, {}
+            for delay_s, keys in dues.items():
+                fx.later(delay_s, WaitDue(keys=tuple(keys)))
+        if s.deadlines:
+            deadlines, s.deadlines = s.deadlines, {}
+            for timeout_s, units in deadlines.items():
+                fx.later(timeout_s, DeadlineDue(units=tuple(units)))
+        if s.persisting and (idle or len(s.persisting) >= PERSIST_BATCH):
+            values, s.persisting = s.persisting, []
+            batch = next(s.ids)
+            s.batches[batch] = values
+            entries = [
+                Completion(
+                    g.key,
+                    g.receipt.lease_id or "",
+                    EncodedOutput(t),
+                    g.receipt.generation,
+                    g.receipt.completed_at,
+                )
+                for g, t in values
+                if g.receipt
+            ]
+            fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
+        if s.unwatching:
+            keys, s.unwatching = s.unwatching, []
+            fx.unwatch(keys)
+        if s.releasing:
+            items, s.releasing = s.releasing, []
+            batch = next(s.ids)
+            s.batches[batch] = items
+            fx.release_receipts(batch, [lease for _, _, lease in items])
+
+    # -- what the actor and tests read ----------------------------------------------------
+
+    @property
+    def groups(self) -> dict[str, Group]:
+        """Receipt key -> group past its queue and not settled (the actor attaches calls)."""
+        return self.state.groups
+
+    @property
+    def units(self) -> dict[int, Unit]:
+        """Unit id -> unit not yet left."""
+        return self.state.units
+
+    @property
+    def pending(self) -> collections.deque[Unit]:
+        """Units waiting for a slot."""
+        return self.state.pending
+
+    @property
+    def pending_exempt(self) -> collections.deque[Unit]:
+        """Nested calls' units waiting for a borrowed slot."""
+        return self.state.pending_exempt
+
+    @property
+    def holding(self) -> int:
+        """Units holding a non-exempt slot."""
+        return self.state.holding
+
+    @property
+    def stopping(self) -> bool:
+        """The dispatcher is stopping: nothing new is sent."""
+        return self.state.stopping
 
     @property
     def idle(self) -> bool:
         """Nothing running, persisting or held."""
-        return not self.groups and not self.units
+        return not self.state.groups and not self.state.units
 
 
-def _sent_batch(unit: Unit) -> bool:
-    """A batch already sent (waiting to retry, or re-admitted after a 429): its members go
-    again together, so the request keeps the idempotency key the provider saw (a member
-    left out would change the batch key, and the others would be billed again). A member
-    whose caller left, or whose lease was lost, rides along; its output is stored or
-    salvaged as usual."""
-    return unit.attempt > 0 and len(unit.groups) > 1
+_HANDLERS: dict[type, Callable[[Parts, Any, float], object]] = {
+    UnitFinished: lambda p, m, now: p.finisher.on_finished(m, now),
+    ReceiptsClaimed: lambda p, m, now: p.claims.on_claimed(m.batch, m.value, m.error, now),
+    CompletionsPersisted: lambda p, m, now: p.persister.on_persisted(m.batch, m.value, m.error, now),
+    RunningMarked: lambda p, m, now: p.admission.on_marked(m.batch, m.value, m.error, now),
+    FailuresRecorded: lambda p, m, now: p.persister.on_failures_recorded(m.batch, m.value, m.error, now),
+    LatchTripped: lambda p, m, now: p.persister.on_latch_tripped(m.batch, now),
+    ReceiptsReleased: lambda p, m, now: p.cleanup.on_released(m.batch, now, m.error),
+    CleanupDue: lambda p, m, now: p.cleanup.on_cleanup_due(m.keys, m.leases, m.attempt, now),
+    Reconciled: lambda p, m, now: p.waits.on_reconciled(m.batch, m.value, m.error, now),
+    Resolved: lambda p, m, now: p.waits.on_resolved(m.batch, m.error, now),
+    ReceiptsRead: lambda p, m, now: p.cleanup.on_read(m.batch, m.value, m.error, now),
+    PollDue: lambda p, m, now: p.claims.on_poll(m.keys, now),
+    DeadlineDue: lambda p, m, now: p.finisher.on_deadlines(m.units, now),
+    RetryCharged: lambda p, m, now: p.finisher.on_retry_charged(m.unit, m.error, now),
+    RetryDue: lambda p, m, now: p.finisher.on_retry_due(m.unit, now),
+    WaitDue: lambda p, m, now: p.waits.on_wait_due(m.keys, now),
+    SlotsGranted: lambda p, m, now: p.admission.on_granted(m.value, m.error, now, exempt=m.exempt),
+    LeasesLost: lambda p, m, now: p.admission.on_leases_lost(m.keys, now),
+    ReceiptsChanged: lambda p, m, now: p.claims.on_changed(m.keys, now),
+    CallCancelled: lambda p, m, now: p.admission.cancel(m.call, now),
+}
+"""Fact message type -> the part and transition it drives."""
+
+EVENTS: frozenset[type] = frozenset(_HANDLERS)
+"""The message types :meth:`Lifecycle.handle` takes."""

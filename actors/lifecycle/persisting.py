@@ -1,7 +1,7 @@
 """Persistence of a call's outcome: outputs through the completion flusher, errors as
 failure records in bulk (or the receipt released when the error says it was never the
 call's fault), and what callers hear once the store answered. Part of
-:class:`actors.lifecycle.machine.Lifecycle` (through :class:`actors.lifecycle.finishing.Finishing`).
+:class:`actors.lifecycle.machine.Lifecycle`.
 """
 
 from __future__ import annotations
@@ -17,34 +17,43 @@ from actors.errors import (
     error_text,
     is_a,
 )
-from actors.lifecycle.base import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, LifecycleBase, TooLarge
 from actors.lifecycle.calls import Group, GroupState
+from actors.lifecycle.exits import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, TooLarge
 from actors.lifecycle.failure_record import failure_record, may_have_acted
+from actors.lifecycle.shared import Parts, Shared
 from stores.codec import EncodedOutput, decode_output, encode_output
 from stores.types import Failure
 
-__all__ = ["Persisting"]
+__all__ = ["Persister"]
 
 _UNSTORABLE = (InvalidOutputError, OutputNotStorableError)
 """The errors that carry a paid output the store cannot take (``raw_output``, set on the worker)."""
 
 
-class Persisting(LifecycleBase):
-    """Outputs and failures written, and their callers answered."""
+class Persister:
+    """Outputs and failures written, and their callers answered (a part of
+    :class:`actors.lifecycle.machine.Lifecycle`; runs on its owner's thread)."""
 
-    def _persist(self, values: list[tuple[Group, str]]) -> None:
-        """Queue outputs for the flusher; sent by :meth:`flush` (many units' outputs in
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
+
+    def persist(self, values: list[tuple[Group, str]]) -> None:
+        """Queue outputs for the flusher; sent by ``Lifecycle.flush`` (many units' outputs in
         one request when many finish together: larger transactions under load)."""
         for group, text in values:
             group.state = GroupState.PERSISTING
             group.written = Done(text, "live")
-        self._persisting.extend(values)
+        self.s.persisting.extend(values)
 
     def on_persisted(
         self, batch: int, outcomes: dict[str, Any] | None, error: BaseException | None, now: float
     ) -> None:
         """The flusher settled outputs: answer callers; the slot is free once all are written."""
-        values: list[tuple[Group, str]] = self._batches.pop(batch, [])
+        values: list[tuple[Group, str]] = self.s.batches.pop(batch, [])
         refused: list[tuple[Group, BaseException]] = []
         for group, text in values:
             outcome = None if outcomes is None else outcomes.get(group.key)
@@ -55,23 +64,23 @@ class Persisting(LifecycleBase):
             if kind in ("persisted", "salvaged"):
                 if kind == "salvaged":
                     self.fx.count("salvaged")
-                self._settle(group, Done(text, "live"))
+                self.p.exits.settle(group, Done(text, "live"))
             elif kind == "completed_by_other":
                 try:
-                    self._settle(group, Done(encode_output(outcome.output), "cached"))
+                    self.p.exits.settle(group, Done(encode_output(outcome.output), "cached"))
                 except Exception as exc:  # the other run's output cannot be read back: ours is
                     # what the caller gets, and it is kept in the salvage file (not lost)
                     self.fx.salvage(group, EncodedOutput(text), f"the stored output is unreadable: {exc}")
                     self.fx.count("salvaged")
-                    self._settle(group, Done(text, "live"))
+                    self.p.exits.settle(group, Done(text, "live"))
             elif kind == "lease_lost":
                 self.fx.count("lease_lost")
                 self.fx.count("salvaged")
-                self._settle(group, LeaseLostError(f"lease on {group.key} was lost; output salvaged"))
+                self.p.exits.settle(group, LeaseLostError(f"lease on {group.key} was lost; output salvaged"))
             else:  # refused by the store: the caller still gets what was paid for; salvaged
                 self.fx.salvage(group, EncodedOutput(text), outcome.error)
                 self.fx.count("salvaged")
-                self._answer_early(group, Done(text, "live"))
+                self.p.exits.answer_early(group, Done(text, "live"))
                 if outcome.reason == "output_too_large":
                     refused.append((group, TooLarge(len(text.encode("utf-8")))))
                 else:
@@ -86,9 +95,9 @@ class Persisting(LifecycleBase):
                 continue
             self._persisted_one(group)
         if refused:
-            self._fail(refused, counted=False)
+            self.fail(refused, counted=False)
 
-    def _fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None:
+    def fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None:
         records: list[Failure] = []
         uncertain: list[Failure] = []
         released: list[Group] = []
@@ -115,34 +124,34 @@ class Persisting(LifecycleBase):
             group.written = exc
         for group in released:
             exc = outcome[group.key]
-            self._release_group(group, exc, lease_lost=is_a(exc, LeaseLostError))
+            self.p.exits.release_group(group, exc, lease_lost=is_a(exc, LeaseLostError))
         for chosen, is_uncertain in ((records, False), (uncertain, True)):
             if chosen:
-                batch = next(self._ids)
+                batch = next(self.s.ids)
                 keys = {r.key for r in chosen}
-                self._batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
+                self.s.batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
                 self.fx.record_failures(batch, chosen, uncertain=is_uncertain)
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""
-        failed: list[tuple[Group, BaseException]] = self._batches.pop(batch, [])
+        failed: list[tuple[Group, BaseException]] = self.s.batches.pop(batch, [])
         if error is not None:  # callers hear back once the latch is tripped (no new call starts)
             failed = [
                 (g, ReceiptPersistenceError(f"recording the failure of {g.key} failed: {error}", cause=exc))
                 for g, exc in failed
             ]
-            self._batches[batch] = failed
+            self.s.batches[batch] = failed
             self.fx.trip_latch(f"recording failures failed: {error}", batch)
             return
         self._settle_failed(failed)
 
     def on_latch_tripped(self, batch: int, now: float) -> None:
         """The flusher tripped the latch: answer the callers of the failed write."""
-        self._settle_failed(self._batches.pop(batch, []))
+        self._settle_failed(self.s.batches.pop(batch, []))
 
     def _settle_failed(self, failed: list[tuple[Group, BaseException]]) -> None:
         for group, exc in failed:
-            self._settle(group, exc)
+            self.p.exits.settle(group, exc)
             self._persisted_one(group)
 
     def _persisted_one(self, group: Group) -> None:
@@ -151,4 +160,4 @@ class Persisting(LifecycleBase):
             return
         unit.persisting -= 1
         if unit.persisting <= 0:
-            self._leave(unit)
+            self.p.exits.leave(unit)

@@ -14,62 +14,51 @@ docs/how-it-works.md, the disposition table (uncertain).
 
 from __future__ import annotations
 
-import abc
 import math
 from typing import Any
 
 from actors.errors import ReceiptWaitTimeoutError, UncertainOutcomeError, error_text, is_a, type_name
-from actors.lifecycle.base import Done, LifecycleBase
 from actors.lifecycle.calls import Call, Group, GroupState
-from actors.messages import WaitDue
+from actors.lifecycle.exits import Done
+from actors.lifecycle.shared import Parts, Shared
 from actors.tool import NOT_DONE
 from stores.codec import EncodedOutput, encode_output
 from stores.errors import InvalidOutputError, OutputNotStorableError
-from stores.types import ClaimMode, Receipt
+from stores.types import Receipt
 
-__all__ = ["Reconciling"]
+__all__ = ["Waits"]
 
 
-class Reconciling(LifecycleBase):
-    """The reconcile hook's part of the lifecycle (:class:`actors.lifecycle.machine.Lifecycle`)."""
+class Waits:
+    """Callers' own timeouts during waits, and the reconcile hook (a part of
+    :class:`actors.lifecycle.machine.Lifecycle`; runs on its owner's thread)."""
 
-    @abc.abstractmethod
-    def _claim(self, groups: list[Group], force: ClaimMode | None) -> None:
-        """Claim the groups' receipts (``actors.lifecycle.claiming.Claiming``)."""
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._wait_dues: dict[float, list[str]] = {}
-        """Timer delay (ms-rounded seconds) -> keys whose callers' timeouts it ends (one
-        timer per delay and message, as ``DeadlineDue``)."""
-
-    def flush(self, idle: bool = True) -> None:
-        """End of a message: arm the gathered wait timers, then the base's flush."""
-        if self._wait_dues:
-            dues, self._wait_dues = self._wait_dues, {}
-            for delay_s, keys in dues.items():
-                self.fx.later(delay_s, WaitDue(keys=tuple(keys)))
-        super().flush(idle)
-
-    def _time_waiters(self, group: Group, since: float, calls: list[Call], now: float) -> None:
+    def time_waiters(self, group: Group, since: float, calls: list[Call], now: float) -> None:
         """A timer for each of ``calls``' own deadlines, counted from ``since`` (or joining)."""
         for deadline in {max(since, c.submitted_at) + c.timeout_s for c in calls}:
             if not math.isinf(deadline):
-                self._wait_dues.setdefault(round(max(0.0, deadline - now), 3), []).append(group.key)
+                self.s.wait_dues.setdefault(round(max(0.0, deadline - now), 3), []).append(group.key)
 
-    def _waiting_joined(self, group: Group, call: Call, now: float) -> None:
+    def waiting_joined(self, group: Group, call: Call, now: float) -> None:
         """A caller joined a waiting group: its own timeout, from now."""
-        since = group.reconciling_since if group.reconciling_since is not None else group.waiting_since
+        since = group.reconciling_since if group.reconciling_since is not None else group.wait.since
         if since is not None:
-            self._time_waiters(group, since, [call], now)
-        if group.waiting_counted:  # one more caller waiting on another owner (the gauge)
-            group.waiting_counted += 1
+            self.time_waiters(group, since, [call], now)
+        if group.wait.counted:  # one more caller waiting on another owner (the gauge)
+            group.wait.counted += 1
             self.fx.count("waiting_on_owner")
 
     def on_wait_due(self, keys: tuple[str, ...], now: float) -> None:
         """Callers of waiting groups whose own timeout passed are answered now."""
         for key in keys:
-            group = self.groups.get(key)
+            group = self.s.groups.get(key)
             if group is None:
                 continue
             if group.reconciling_since is not None:
@@ -79,48 +68,50 @@ class Reconciling(LifecycleBase):
                         f"answer within {call.timeout_s} s (its answer is stored when it comes)",
                         failure_kind=None,
                     ))  # fmt: skip
-            elif group.state in (GroupState.WAITING, GroupState.CLAIMING):
-                self._owner_wait_over(group, now)  # claiming: a reclaim is out (it finds no caller)
+            elif group.state in (GroupState.WAITING, GroupState.CLAIMING, GroupState.RECONCILING):
+                # claiming: a reclaim is out (it finds no caller); reconciling: the store's
+                # resolve of the hook's answer is out
+                self.owner_wait_over(group, now)
 
-    def _owner_wait_over(self, group: Group, now: float) -> bool:
+    def owner_wait_over(self, group: Group, now: float) -> bool:
         """Answer the callers whose timeout passed while ``group`` waits on another owner;
         True when none is left and it was waiting (settled: it stops polling; one whose
         reclaim is out is released or waits on when the claim answers)."""
-        if group.waiting_since is None:
+        if group.wait.since is None:
             return False
-        late = group.take_late(group.waiting_since, now)
+        late = group.take_late(group.wait.since, now)
         for call in late:
             self.fx.answer(call, ReceiptWaitTimeoutError(
                 f"receipt {group.key} is still held by another owner's live lease after this "
                 f"call's timeout_s ({call.timeout_s} s); it was not taken over"
             ))  # fmt: skip
-        if late and group.waiting_counted:
-            gone = min(len(late), group.waiting_counted)
-            group.waiting_counted -= gone
+        if late and group.wait.counted:
+            gone = min(len(late), group.wait.counted)
+            group.wait.counted -= gone
             self.fx.count("waiting_on_owner", -gone)
         if group.calls or group.state is not GroupState.WAITING:
             return False
-        self._settle(group, None)
+        self.p.exits.settle(group, None)
         return True
 
-    def _reconcile(self, group: Group, receipt: Receipt, now: float) -> None:
+    def reconcile(self, group: Group, receipt: Receipt, now: float) -> None:
         """Ask the provider about ``group``'s uncertain receipt; time its callers out."""
         group.receipt = receipt
-        group.state = GroupState.CLAIMING
+        group.state = GroupState.RECONCILING
         group.reconciling_since = now
-        batch = next(self._ids)
-        self._batches[batch] = group
+        batch = next(self.s.ids)
+        self.s.batches[batch] = group
         self.fx.reconcile(batch, group)
-        self._time_waiters(group, now, group.calls, now)
+        self.time_waiters(group, now, group.calls, now)
 
     def on_reconciled(self, batch: int, value: Any, error: BaseException | None, now: float) -> None:
         """The reconcile hook answered: store what the provider did, or run it again."""
-        group: Group | None = self._batches.pop(batch, None)
+        group: Group | None = self.s.batches.pop(batch, None)
         if group is None:
             return
         group.reconciling_since = None
         if error is not None or group.receipt is None:
-            self._settle(group, UncertainOutcomeError(
+            self.p.exits.settle(group, UncertainOutcomeError(
                 f"the outcome of {group.key} is uncertain and reconciling it failed: "
                 + (error_text(error) if error is not None else "its receipt is gone"),
                 failure_kind=None,
@@ -135,10 +126,10 @@ class Reconciling(LifecycleBase):
                 )
             self.fx.salvage(group, value, f"the reconcile hook's answer: {error_text(exc)}")  # the provider's
             self.fx.count("salvaged")  # paid answer, kept for an operator; the receipt stays uncertain
-            self._settle(group, exc)
+            self.p.exits.settle(group, exc)
             return
-        batch = next(self._ids)
-        self._batches[batch] = (group, text)
+        batch = next(self.s.ids)
+        self.s.batches[batch] = (group, text)
         if text is None:
             self.fx.resolve(batch, group.key, "rerun")
         else:
@@ -147,22 +138,22 @@ class Reconciling(LifecycleBase):
     def on_resolved(self, batch: int, error: BaseException | None, now: float) -> None:
         """The store took the reconcile hook's answer: reuse the output, or claim again
         (only for a caller still waiting: no caller, no provider call)."""
-        found = self._batches.pop(batch, None)
+        found = self.s.batches.pop(batch, None)
         if found is None:
             return
         group, text = found
         if error is not None:
-            self._settle(group, error)
+            self.p.exits.settle(group, error)
         elif text is None:
-            if group.calls and not self.stopping:
-                self._claim([group], None)
+            if group.calls and not self.s.stopping:
+                self.p.claims.claim([group], None)
             else:
-                self._settle(group, None)  # claimable again: the next caller runs it
+                self.p.exits.settle(group, None)  # claimable again: the next caller runs it
         else:
-            self._settle(group, Done(text, "cached"))
+            self.p.exits.settle(group, Done(text, "cached"))
 
     @staticmethod
-    def _uncertain(group: Group, receipt: Receipt) -> BaseException:
+    def uncertain(group: Group, receipt: Receipt) -> BaseException:
         why = f": {receipt.error}" if receipt.error else ""
         return UncertainOutcomeError(
             f"the outcome of {group.key} is uncertain (its request may have reached the provider){why}; "

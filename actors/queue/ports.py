@@ -14,35 +14,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 import pykka
 
 from actors.heartbeat.deferred_beats import DeferredBeats
+from actors.lifecycle.machine import EVENTS
 from actors.messages import (
     AcquireSlots,
     BackpressureReported,
     CallCancelled,
     ChargeBudget,
     ClaimReceipts,
-    CleanupDue,
     CompleteReceipts,
     CompletionsPersisted,
     CompletionsWritten,
-    DeadlineDue,
     FailuresRecorded,
     FlushCompletions,
     LatchTripped,
+    LeasesLost,
     MarkRunning,
-    PollDue,
     ReadReceipts,
-    ReceiptsChanged,
     ReceiptsClaimed,
     ReceiptsRead,
     ReceiptsReleased,
-    Reconciled,
     RecordFailures,
     RecordUncertain,
     RefundBudget,
@@ -52,12 +48,11 @@ from actors.messages import (
     Resolved,
     ResolveReceipt,
     RetryCharged,
-    RetryDue,
     RunningMarked,
+    SlotsGranted,
     TripLatch,
     UnitFinished,
     UnregisterLeases,
-    WaitDue,
     WatchReceipts,
 )
 from actors.pacing.bucket import plain_retry_after
@@ -69,15 +64,6 @@ from actors.tool import Tool
 from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 __all__ = ["ActorEffects"]
-
-
-@attrs.frozen(kw_only=True)
-class _SlotsReply:
-    """Governor fact for one of the two admission queues (normal, exempt)."""
-
-    value: Any
-    error: BaseException | None
-    exempt: bool
 
 
 class ActorEffects(LocalEffects):
@@ -131,12 +117,10 @@ class ActorEffects(LocalEffects):
         phase = _TIMED.get(kind)
         if phase is not None:
             self._timed(phase, message.batch, now)
-        if kind is CallCancelled:
+        if kind is CallCancelled:  # a call still in the queue is the actor's to take out
             self.actor.cancel(message.call)
-        else:
-            handler = _HANDLERS.get(kind)
-            if handler is not None:
-                handler(life, message, now)
+        elif kind in EVENTS:
+            life.handle(message, now)
         life.pump(now)  # a slot freed or a unit queued by any of the above: ask for more
         for key in list(self._settled_keys):
             self.actor.drain_held(key, now)
@@ -196,7 +180,7 @@ class ActorEffects(LocalEffects):
         )
 
     def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
-        reply = Reply(self.ref, _SlotsReply, exempt=exempt)
+        reply = Reply(self.ref, SlotsGranted, exempt=exempt)
         message = AcquireSlots(
             org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt,
             immediate=immediate,
@@ -309,7 +293,7 @@ class ActorEffects(LocalEffects):
                 token=_token(self.tool.tool_id, -next(self._beat_ids)), org_id=self.org_id,
                 owner=self.ports.owner, leases=tuple(leases), lease_ttl_s=self.lease_ttl_s,
                 deadline=float("inf"),
-                on_lost=lambda keys: _tell_quietly(ref, _LeasesLostFact(keys=tuple(keys))),
+                on_lost=lambda keys: _tell_quietly(ref, LeasesLost(keys=tuple(keys))),
             )
         )  # fmt: skip
 
@@ -355,26 +339,6 @@ class ActorEffects(LocalEffects):
         return self.ports.launch.withdraw(ticket, kind, error)
 
 
-_HANDLERS: dict[type, Callable[[Any, Any, float], None]] = {
-    UnitFinished: lambda life, m, now: life.on_finished(m, now),
-    ReceiptsClaimed: lambda life, m, now: life.on_claimed(m.batch, m.value, m.error, now),
-    CompletionsPersisted: lambda life, m, now: life.on_persisted(m.batch, m.value, m.error, now),
-    RunningMarked: lambda life, m, now: life.on_marked(m.batch, m.value, m.error, now),
-    FailuresRecorded: lambda life, m, now: life.on_failures_recorded(m.batch, m.value, m.error, now),
-    LatchTripped: lambda life, m, now: life.on_latch_tripped(m.batch, now),
-    ReceiptsReleased: lambda life, m, now: life.on_released(m.batch, now, m.error),
-    CleanupDue: lambda life, m, now: life.on_cleanup_due(m.keys, m.leases, m.attempt, now),
-    Reconciled: lambda life, m, now: life.on_reconciled(m.batch, m.value, m.error, now),
-    Resolved: lambda life, m, now: life.on_resolved(m.batch, m.error, now),
-    ReceiptsRead: lambda life, m, now: life.on_read(m.batch, m.value, m.error, now),
-    PollDue: lambda life, m, now: life.on_poll(m.keys, now),
-    DeadlineDue: lambda life, m, now: life.on_deadlines(m.units, now),
-    RetryCharged: lambda life, m, now: life.on_retry_charged(m.unit, m.error, now),
-    RetryDue: lambda life, m, now: life.on_retry_due(m.unit, now),
-    WaitDue: lambda life, m, now: life.on_wait_due(m.keys, now),
-}
-"""Fact message type -> the lifecycle transition it drives."""
-
 _TIMED = {ReceiptsClaimed: "receipt_prepare", CompletionsPersisted: "receipt_complete"}
 """Fact message type -> the phase whose time (since the request) it ends."""
 
@@ -385,11 +349,6 @@ _GATHER = 64
 @attrs.frozen(kw_only=True)
 class _BeatDue:
     """Timer: register the leases held back (:mod:`actors.heartbeat.deferred_beats`)."""
-
-
-@attrs.frozen(kw_only=True)
-class _LeasesLostFact:
-    keys: tuple[str, ...]
 
 
 def _token(tool_id: str, batch: int) -> int:
@@ -407,8 +366,3 @@ def _ask(ref: Any, message: Any, reply: Any) -> None:
 def _tell_quietly(ref: Any, message: Any) -> None:
     with contextlib.suppress(pykka.ActorDeadError):
         ref.tell(message)
-
-
-_HANDLERS[_SlotsReply] = lambda life, m, now: life.on_granted(m.value, m.error, now, exempt=m.exempt)
-_HANDLERS[_LeasesLostFact] = lambda life, m, now: life.on_leases_lost(m.keys, now)
-_HANDLERS[ReceiptsChanged] = lambda life, m, now: life.on_changed(m.keys, now)

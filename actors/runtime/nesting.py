@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from actors.errors import cause_of
+from actors.errors import cause_chain
 from actors.runtime import futures as _futures
 
 _getcurrent: Callable[[], Any] | None
@@ -157,16 +157,6 @@ def _marks(link: BaseException) -> list[Any]:
     except BaseException:  # no __dict__, or one that cannot be read; SystemExit too (this runs
         return []  # where the worker reports the call's error: it is told whatever this does)
     return marks if type(marks) is list else []
-
-
-def cause_chain(exc: BaseException, depth: int = 8) -> Iterator[BaseException]:
-    """``exc``, then what it was explicitly raised from (``raise X from e``), ``depth`` at most."""
-    link: BaseException | None = exc
-    for _ in range(depth):
-        if link is None:
-            return
-        yield link
-        link = cause_of(link)  # the slot: a foreign __cause__ property may raise
 
 
 def running_keys() -> frozenset[str]:

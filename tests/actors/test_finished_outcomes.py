@@ -92,10 +92,10 @@ def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
     make_system: Any, monkeypatch: Any
 ) -> None:
     from actors import Tool
-    from actors.lifecycle.machine import Lifecycle
+    from actors.lifecycle.finishing import Finisher
 
     n = 20
-    original_take, original_on_finished = Finished.take, Lifecycle.on_finished
+    original_take, original_on_finished = Finished.take, Finisher.on_finished
 
     def take_all(self: Finished) -> Any:  # every outcome arrives before the actor reads them
         deadline = time.monotonic() + 10.0
@@ -105,14 +105,14 @@ def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
 
     failed: list[int] = []
 
-    def on_finished(self: Lifecycle, msg: Any, now: float) -> None:
+    def on_finished(self: Finisher, msg: Any, now: float) -> None:
         if not failed:  # the first outcome handled: a bug while handling it
             failed.append(msg.unit)
             raise RuntimeError("handling this outcome failed")
         original_on_finished(self, msg, now)
 
     monkeypatch.setattr(Finished, "take", take_all)
-    monkeypatch.setattr(Lifecycle, "on_finished", on_finished)
+    monkeypatch.setattr(Finisher, "on_finished", on_finished)
     system = make_system([Tool(tool_id="t", fn=lambda i, c: {"n": i["n"]})])
     futures = system.proxy().execute_many("t", [{"n": k} for k in range(n)])
     answered = []

@@ -16,7 +16,7 @@ from actors import Policy, Tool, ToolDispatchError
 from stores import UnreadableOutput, UnreadableOutputError
 
 from .conftest import ORG, WAIT_S
-from .test_lifecycle import Driver, _run_to_running, _value
+from .lifecycle.conftest import Driver, run_to_running, value_of
 
 
 def _outcomes(futures: list[Any]) -> list[Any]:
@@ -67,11 +67,11 @@ def test_unreadable_output_of_the_run_that_completed_it_first_answers_ours_and_k
     from actors.flusher.actor import FlushOutcome
 
     d = Driver()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     d.finish({"ours": 1})
     d.persisted(a=FlushOutcome("completed_by_other", UnreadableOutput("{bad", "JSONDecodeError")))
     result = d.outcome(call)
-    assert (_value(result), result.execution) == ({"ours": 1}, "live")
+    assert (value_of(result), result.execution) == ({"ours": 1}, "live")
     assert [k for k, _ in d.fx.salvaged] == ["a"]
     d.assert_nothing_held()
 

@@ -7,21 +7,26 @@ receipts written ``running`` in the claim's transaction, so they are sent with n
 ``mark_running`` round. Every other case claims the usual way. Each test ends with
 :meth:`Driver.assert_nothing_held` (slots back as granted, leases ended, callers
 answered once) and checks that unsent grants give their ``provider_calls`` charge back.
+The ``system`` tests run a real system on a SQLite file, where a fault shows as a caller
+that hangs or a slot never returned.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from actors.errors import CallCancelledError, StoreError
+from actors.lifecycle.calls import Role
 from actors.tool import Pacing, Policy, Tool
-from stores import SqliteReceiptStore
-from stores.types import ClaimDisposition, ReceiptStatus
+from stores import SqliteReceiptStore, StoreCapabilities
+from stores.types import ClaimDisposition, ClaimMode, ReceiptStatus
 
-from .conftest import WAIT_S
-from .test_lifecycle import Driver, _value
+from ..conftest import WAIT_S
+from .conftest import Driver, value_of
 
 
 def test_straight_claims_granted_groups_into_running_and_sends_without_marking() -> None:
@@ -37,7 +42,7 @@ def test_straight_claims_granted_groups_into_running_and_sends_without_marking()
     for spec in list(d.fx.starts):
         d.finish(spec=spec)
         d.persisted()
-    assert [_value(d.outcome(c)) for c in (a, b)] == [{"v": "a"}, {"v": "b"}]
+    assert [value_of(d.outcome(c)) for c in (a, b)] == [{"v": "a"}, {"v": "b"}]
     assert d.fx.refunds == 0
     d.assert_nothing_held()
 
@@ -56,7 +61,7 @@ def test_straight_partial_grant_claims_the_rest_the_usual_way() -> None:
     for spec in list(d.fx.starts):
         d.finish(spec=spec)
         d.persisted()
-    assert {_value(d.outcome(c))["v"] for c in (a, b)} == {"a", "b"}
+    assert {value_of(d.outcome(c))["v"] for c in (a, b)} == {"a", "b"}
     d.assert_nothing_held()
 
 
@@ -72,7 +77,7 @@ def test_straight_no_grant_claims_every_group_the_usual_way(answer: int) -> None
     d.mark()
     d.finish()
     d.persisted()
-    assert _value(d.outcome(call)) == {"v": "a"}
+    assert value_of(d.outcome(call)) == {"v": "a"}
     assert d.fx.refunds == 0
     d.assert_nothing_held()
 
@@ -93,7 +98,7 @@ def test_straight_a_slotted_group_the_claim_does_not_take_gives_its_slot_and_cha
     assert d.fx.slots_released[False] == 1 and d.fx.refunds == 1  # b's slot: never sent
     d.finish()
     d.persisted()
-    assert _value(d.outcome(a)) == {"v": "a"}
+    assert value_of(d.outcome(a)) == {"v": "a"}
     if disposition is ClaimDisposition.RUNNING:  # waits on the other owner: let it go
         d.stop()
     d.outcome(b)
@@ -121,7 +126,7 @@ def test_straight_cancelled_while_its_slots_are_asked_for_is_never_slotted() -> 
     d.answer_claim()
     d.finish()
     d.persisted()
-    assert _value(d.outcome(a)) == {"v": "a"}
+    assert value_of(d.outcome(a)) == {"v": "a"}
     assert isinstance(d.outcome(b), CallCancelledError)
     d.assert_nothing_held()
 
@@ -246,5 +251,158 @@ def test_straight_a_bulk_drain_is_claimed_in_chunks_and_its_first_calls_start_be
     for spec in list(d.fx.starts):
         d.finish(spec=spec)
         d.persisted()
-    assert {_value(d.outcome(c))["v"] for c in calls} == {f"k{i}" for i in range(n)}
+    assert {value_of(d.outcome(c))["v"] for c in calls} == {f"k{i}" for i in range(n)}
     d.assert_nothing_held()
+
+
+# -- a nested call joins a group whose (non-exempt) slot was taken before its claim -------
+
+
+def test_straight_a_nested_call_joining_during_the_claim_keeps_the_slot_non_exempt() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(1)  # a's slot (not exempt) is taken; its claim is out
+    nested = d.call("a", nested=True)
+    d.life.groups["a"].join(nested, Role.ATTACHED)  # as ToolQueue.submit, then nested_joined
+    d.life.nested_joined("a")
+    d.pump()
+    d.answer_claim()
+    (spec,) = d.fx.starts
+    d.finish(spec=spec)
+    d.persisted()
+    assert value_of(d.outcome(call)) == {"v": "a"} and value_of(d.outcome(nested)) == {"v": "a"}
+    # the slot granted as non-exempt comes back as non-exempt (else the governor's count
+    # of the provider's slots in use and the tool's width stay taken for good)
+    assert d.fx.slots_released == {False: 1, True: 0}
+    d.assert_nothing_held()
+
+
+def test_straight_system_a_nested_call_joining_during_the_claim_leaves_the_tool_usable(
+    make_system: Any, open_store: Any
+) -> None:
+    claiming, go = threading.Event(), threading.Event()
+    holder: list[Any] = []
+
+    class HeldClaim(SqliteReceiptStore):
+        """The first claim into running waits until the test lets it go."""
+
+        def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("running") and not claiming.is_set():
+                claiming.set()
+                go.wait(WAIT_S)
+            return super().claim_many(*args, **kwargs)
+
+    def parent(i: Any, c: Any) -> Any:  # a running tool calls the child: a nested call
+        return holder[0].execute("child", {"n": i["n"]}).get(timeout=WAIT_S).value
+
+    child = Tool(tool_id="child", fn=lambda i, c: {"n": i["n"]}, pacing=Pacing(max_concurrency=1))
+    system = make_system(
+        [Tool(tool_id="parent", fn=parent, durable=False), child],
+        store=HeldClaim(open_store().path),
+        policy=Policy(batch_grace_s=0.01),
+    )
+    proxy = system.proxy()
+    holder.append(proxy)
+    top = proxy.execute("child", {"n": 1})
+    assert claiming.wait(WAIT_S), "the child's call was not claimed straight into running"
+    nesting = proxy.execute("parent", {"n": 1})
+    end = time.monotonic() + WAIT_S
+    while system.stats().get("deduped", 0) < 1:  # the nested call joined the child's group
+        assert time.monotonic() < end, "the nested call never joined"
+        threading.Event().wait(0.01)
+    go.set()
+    assert top.get(timeout=WAIT_S).value == {"n": 1}
+    assert nesting.get(timeout=WAIT_S).value == {"n": 1}
+    # its one slot came back: the child's next call runs (it hung for good)
+    assert proxy.execute("child", {"n": 2}).get(timeout=WAIT_S).value == {"n": 2}
+
+
+# -- a provider_calls budget: a charge held for a claim that reuses its receipt ----------
+
+
+def test_straight_with_a_budget_no_charge_is_held_for_a_call_the_claim_answers(
+    make_system: Any, open_store: Any, recorder: Any
+) -> None:
+    """Policy(max_provider_calls=1) allows one real call: a rerun's cached call, whose
+    claim is slow, must not hold the budget's one charge while a new call asks for it."""
+    cached = Tool(tool_id="cached", fn=lambda i, c: {"n": i["n"]})
+    first = make_system([cached], run_id="r0")
+    assert first.proxy().execute("cached", {"n": 1}).get(timeout=WAIT_S).execution == "live"
+    first.stop(timeout_s=WAIT_S)  # a new system: the receipt is in the file, not in its memo
+
+    claiming, go = threading.Event(), threading.Event()
+
+    class HeldClaim(SqliteReceiptStore):
+        """Claims of the cached tool wait until the test lets them go."""
+
+        def claim_many(self, org_id: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+            if any(r.tool_id == "cached" for r in requests):
+                claiming.set()
+                go.wait(WAIT_S)
+            return super().claim_many(org_id, requests, *args, **kwargs)
+
+    def api(i: Any, c: Any) -> Any:
+        recorder.record("api", i, c)
+        return {"api": i["n"]}
+
+    system = make_system(
+        [cached, Tool(tool_id="api", fn=api, durable=False)],
+        store=HeldClaim(open_store().path),
+        policy=Policy(batch_grace_s=0.01, max_provider_calls=1),
+    )
+    proxy = system.proxy()
+    reused = proxy.execute("cached", {"n": 1})
+    try:
+        assert claiming.wait(WAIT_S)
+        fresh = proxy.execute("api", {"n": 2})  # the one real call the budget allows
+        assert fresh.get(timeout=WAIT_S).value == {"api": 2}
+    finally:
+        go.set()
+    assert reused.get(timeout=WAIT_S).execution == "cached"
+    assert recorder.count("api") == 1
+
+
+# -- a store written before claims into running ------------------------------------------
+
+
+def test_straight_a_claim_the_store_left_queued_is_marked_before_it_is_sent() -> None:
+    d = Driver(straight=True)
+    (call,) = d.drain("a")
+    d.grant_now(1)
+    batch = max(d.fx.claims)
+    assert d.fx.running[batch] == {"a"}
+    d.answer_claim(a=d.receipt("a", ReceiptStatus.QUEUED, lease_id="lease-a", attempts=1))
+    assert d.fx.starts == [] and [lease.key for leases in d.fx.marks.values() for lease in leases] == ["a"]
+    d.mark()
+    d.finish()
+    d.persisted()
+    assert value_of(d.outcome(call)) == {"v": "a"}
+    d.assert_nothing_held()
+
+
+def test_straight_system_a_store_without_claims_into_running_keeps_working(
+    make_system: Any, open_store: Any, read_receipts: Any, key_of: Any
+) -> None:
+    seen: list[Any] = []
+
+    class Old(SqliteReceiptStore):
+        """claim_many as written before claims into running (no ``running``), declared so."""
+
+        capabilities = StoreCapabilities(group_commit=True)
+
+        def claim_many(  # type: ignore[override]
+            self, org_id: str, requests: Any, owner: Any, *, lease_ttl_s: float,
+            mode: ClaimMode = ClaimMode.NORMAL, stale_after_s: float | None = None,
+        ) -> Any:  # fmt: skip
+            return super().claim_many(
+                org_id, requests, owner, lease_ttl_s=lease_ttl_s, mode=mode, stale_after_s=stale_after_s
+            )
+
+    def fn(i: Any, c: Any) -> Any:
+        (receipt,) = read_receipts([c.receipt_keys[0]])
+        seen.append(receipt.status if receipt else None)
+        return {"n": i["n"]}
+
+    system = make_system([Tool(tool_id="t", fn=fn)], store=Old(open_store().path))
+    assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"n": 1}
+    assert seen == [ReceiptStatus.RUNNING]  # marked running before it was sent

@@ -1,7 +1,7 @@
 """Lifecycle state machine: an attempt handed to its worker but not sent yet (waiting for
 its turn at the send gate, a batch being built) is withdrawn by a cancel or a lost
 lease, and refused by its worker's last check after a trip or a stop
-(:mod:`actors.worker.launch`). Fake clock, recording effects (``test_lifecycle.Driver``); each
+(:mod:`actors.worker.launch`). Fake clock, recording effects (``conftest.Driver``); each
 test drives one such exit and checks that nothing is held after it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from actors.messages import RetryDue, UnitFinished
 from actors.tool import Policy
 from stores.types import FailureKind
 
-from .test_lifecycle import BATCHED, SAFE, Driver, _run_to_running, _value
+from .conftest import BATCHED, SAFE, Driver, run_to_running, value_of
 
 
 def _held(tool: Any = None, **kwargs: Any) -> Driver:
@@ -37,7 +37,7 @@ def _worker_looks(d: Driver) -> tuple[str, BaseException] | None:
     refusal = d.fx.launch.take(spec.ticket)
     if refusal is not None:
         kind, error = refusal
-        d.life.on_finished(
+        d.life.handle(
             UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error, withdrawn=kind),
             d.now,
         )
@@ -47,7 +47,7 @@ def _worker_looks(d: Driver) -> tuple[str, BaseException] | None:
 
 def test_withdrawn_cancel_while_held_answers_now_and_gives_everything_back() -> None:
     d = _held()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     assert d.cancel(call) is True
     assert isinstance(d.outcome(call), CallCancelledError)  # answered now, not at its turn
     assert d.fx.released == []  # its worker still holds the attempt
@@ -61,18 +61,18 @@ def test_withdrawn_cancel_while_held_answers_now_and_gives_everything_back() -> 
 
 def test_withdrawn_cancel_after_the_worker_sent_is_refused() -> None:
     d = _held()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     assert _worker_looks(d) is None  # it went out
     assert d.cancel(call) is False
     d.finish({"v": 1})
     d.persisted()
-    assert _value(d.outcome(call)) == {"v": 1}
+    assert value_of(d.outcome(call)) == {"v": 1}
     d.assert_nothing_held()
 
 
 def test_withdrawn_batch_only_once_every_caller_cancelled() -> None:
     d = _held(BATCHED)
-    first, second = _run_to_running(d, "a", "b")
+    first, second = run_to_running(d, "a", "b")
     first.future.cancel()
     assert d.cancel(first) is False  # the other member still wants the batch
     assert not d.answered(first)
@@ -87,7 +87,7 @@ def test_withdrawn_batch_only_once_every_caller_cancelled() -> None:
 
 def test_withdrawn_for_a_cancel_then_joined_goes_again_for_the_new_caller() -> None:
     d = _held()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     assert d.cancel(call) is True
     late = d.call("a")
     d.life.groups["a"].join(late, Role.ATTACHED)  # came before the worker reported
@@ -101,14 +101,14 @@ def test_withdrawn_for_a_cancel_then_joined_goes_again_for_the_new_caller() -> N
     d.finish({"v": 2})
     d.persisted()
     assert isinstance(d.outcome(call), CallCancelledError)
-    assert _value(d.outcome(late)) == {"v": 2}
+    assert value_of(d.outcome(late)) == {"v": 2}
     assert d.fx.counts["provider_calls"] == 1
     d.assert_nothing_held()
 
 
 def test_withdrawn_when_the_lease_is_lost_while_held_is_never_sent() -> None:
     d = _held()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     d.leases_lost("a")
     assert isinstance(d.outcome(call), LeaseLostError)
     assert _worker_looks(d) == d.fx.withdrawn[0]
@@ -119,7 +119,7 @@ def test_withdrawn_when_the_lease_is_lost_while_held_is_never_sent() -> None:
 
 def test_withdrawn_by_a_stop_refuses_the_callers_and_gives_the_receipts_back() -> None:
     d = _held()
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     d.fx.launch.stop()  # DispatchSystem.stop, before the queue hears of it
     kind, _ = _worker_looks(d) or ("", None)
     assert kind == "stopped"
@@ -131,7 +131,7 @@ def test_withdrawn_by_a_stop_refuses_the_callers_and_gives_the_receipts_back() -
 
 def test_withdrawn_by_the_latch_counts_its_callers_refused() -> None:
     d = _held(BATCHED)
-    calls = _run_to_running(d, "a", "b")
+    calls = run_to_running(d, "a", "b")
     d.fx.launch._latch.trip("writes failed")
     kind, _ = _worker_looks(d) or ("", None)
     assert kind == "latch"
@@ -143,7 +143,7 @@ def test_withdrawn_by_the_latch_counts_its_callers_refused() -> None:
 
 def test_withdrawn_retry_gives_its_retry_charge_back() -> None:
     d = Driver(SAFE, policy=Policy(timeout_s=5.0, retry_backoff_s=0.5))
-    (call,) = _run_to_running(d, "a")
+    (call,) = run_to_running(d, "a")
     d.finish(error=ProviderError("503", failure_kind=FailureKind.TRANSIENT))
     d.retry_charged()
     d.fire(RetryDue)
@@ -163,7 +163,7 @@ def test_withdrawn_retry_gives_its_retry_charge_back() -> None:
 
 def test_withdrawn_batch_partly_lost_goes_again_with_the_members_still_ours() -> None:
     d = _held(BATCHED)
-    calls = _run_to_running(d, "a", "b", "c")
+    calls = run_to_running(d, "a", "b", "c")
     d.leases_lost("a", "b")
     assert all(isinstance(d.outcome(c), LeaseLostError) for c in calls[:2])
     assert _worker_looks(d) is not None and d.fx.withdrawn[0][0] == "lease_lost"
@@ -174,14 +174,14 @@ def test_withdrawn_batch_partly_lost_goes_again_with_the_members_still_ours() ->
     assert d.fx.starts[-1].context.receipt_keys == ("c",)
     d.finish({"v": "c"})
     d.persisted()
-    assert _value(d.outcome(calls[2])) == {"v": "c"}
+    assert value_of(d.outcome(calls[2])) == {"v": "c"}
     assert d.fx.counts["provider_calls"] == 1
     d.assert_nothing_held()
 
 
 def test_withdrawn_batch_sent_before_goes_again_whole_after_a_partial_loss() -> None:
     d = _held(BATCHED)
-    calls = _run_to_running(d, "a", "b")
+    calls = run_to_running(d, "a", "b")
     d.fx.hold_sends = False
     d.finish(error=RateLimitedError(retry_after="1"))  # it went out once: its key covers both
     d.retry_charged()
@@ -194,4 +194,4 @@ def test_withdrawn_batch_sent_before_goes_again_whole_after_a_partial_loss() -> 
     d.fx.launch.take(d.fx.starts[-1].ticket)
     d.finish()
     d.persisted()
-    assert _value(d.outcome(calls[1])) == {"v": "b"}
+    assert value_of(d.outcome(calls[1])) == {"v": "b"}

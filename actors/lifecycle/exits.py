@@ -1,0 +1,255 @@
+"""The exit actions every path of a call ends in, and the outcomes callers are given.
+
+:class:`Exits` releases what a group or unit holds in one place, whichever message
+made it leave: :meth:`Exits.settle` for a group (heartbeat off, out of the in-flight
+map, callers answered), :meth:`Exits.leave` for a unit (its slot back, forgotten),
+:meth:`Exits.release_group` / :meth:`Exits.give_back` for receipts given back pending.
+It also compiles groups into units and queues units for admission. A part of
+:class:`actors.lifecycle.machine.Lifecycle`; runs on its owner's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from actors.errors import (
+    AuthScopeChangedError,
+    BudgetExceededError,
+    CallCancelledError,
+    NotSentError,
+    PersistenceCircuitOpenError,
+    RecordedFailureError,
+    SuspendedError,
+    is_a,
+)
+from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit
+from actors.lifecycle.shared import Parts, Shared
+from actors.results import ToolResult
+from stores.codec import decode_output
+from stores.types import (
+    FailureKind,
+)
+
+__all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Exits", "TooLarge"]
+
+RELEASE_ON = (
+    SuspendedError,
+    AuthScopeChangedError,
+    BudgetExceededError,
+    NotSentError,
+)
+"""Errors after which a receipt is given back (pending), not failed: none of them
+follows a provider call that was paid for."""
+
+
+PERSIST_BATCH = 500
+"""Most outputs held back for one flusher request while more messages are waiting."""
+
+
+class Exits:
+    """Exit actions, unit building and the admission queues (a part of
+    :class:`actors.lifecycle.machine.Lifecycle`, sharing its :class:`~actors.lifecycle.shared.Shared`)."""
+
+    def __init__(self, s: Shared, p: Parts) -> None:
+        self.s = s
+        self.p = p
+        self.tool = s.tool
+        self.policy = s.policy
+        self.fx = s.fx
+
+    def compile(self, groups: list[Group]) -> list[Unit]:
+        batch = self.tool.batch
+        size = batch.max_batch_size if batch is not None else 1
+        out: list[Unit] = []
+        for exempt in (False, True):
+            chosen = [g for g in groups if g.nested is exempt]
+            for i in range(0, len(chosen), size):
+                unit = Unit(next(self.s.ids), chosen[i : i + size], exempt=exempt)
+                for group in unit.groups:
+                    group.unit = unit
+                    group.state = GroupState.CLAIMED
+                self.s.units[unit.id] = unit
+                out.append(unit)
+        if batch is not None and len(out) > 0:
+            self.fx.count("batches_compiled", sum(1 for u in out if len(u.groups) > 1))
+        return out
+
+    def enqueue(self, units: Iterable[Unit], front: bool = False) -> None:
+        for unit in units:
+            if unit.queued:
+                continue
+            if not unit.exempt and not unit.slot and any(g.nested for g in unit.groups):
+                # a nested call joined while it held a slot, and it goes again (a retry, a
+                # 429): its parent holds a slot and waits on it, so it borrows that one
+                unit.exempt = True
+            queue = self.s.pending_exempt if unit.exempt else self.s.pending
+            unit.queued = True
+            if front:
+                queue.appendleft(unit)
+            else:
+                queue.append(unit)
+
+    # -- exits: every path ends here ------------------------------------------------------
+
+    def cancel_groups(self, groups: list[Group]) -> None:
+        for group in groups:
+            self.settle(group, CallCancelledError("the dispatcher stopped"))
+
+    def refuse_latch(self, units: list[Unit], reason: str) -> None:
+        for unit in units:
+            self.fx.count("refused_by_latch", sum(len(g.calls) for g in unit.groups))
+            self.give_back(unit, PersistenceCircuitOpenError(f"latch tripped: {reason}"))
+
+    def give_back(self, unit: Unit, error: BaseException) -> None:
+        """Release a unit not sent: its receipts go back to pending, callers get ``error``."""
+        for queue in (self.s.pending, self.s.pending_exempt):
+            if unit.queued and unit in queue:
+                queue.remove(unit)
+        for group in list(unit.groups):
+            self.release_group(group, error)
+        self.leave(unit)
+
+    def release_group(self, group: Group, error: BaseException | None, lease_lost: bool = False) -> None:
+        """Give a group's receipt back (pending); its callers hear ``error`` once the store
+        has done it, so a refused call's receipt is already free when its caller learns."""
+        lease = group.lease
+        self.drop_from_unit(group)
+        if lease is not None and self.tool.durable and not lease_lost and not group.lease_lost:
+            group.state = GroupState.RELEASING
+            self.s.releasing.append((group, error, lease))
+            return
+        self.released(group, error)
+
+    def released(self, group: Group, error: BaseException | None) -> None:
+        if is_a(error, AuthScopeChangedError):  # (its real type: see Finisher.on_finished)
+            calls, group.calls = group.calls, []
+            self.settle(group, None)
+            for call in calls:
+                self.fx.requeue(call, error)
+            return
+        self.settle(group, error)
+
+    def drop_from_unit(self, group: Group) -> None:
+        unit = group.unit
+        if unit is not None and group in unit.groups:
+            unit.groups.remove(group)
+            if unit.persisting > 0:
+                unit.persisting -= 1
+            if not unit.groups:
+                self.leave(unit)
+
+    def readmit(self, unit: Unit, now: float, front: bool = False) -> None:
+        """Give the unit's slot back and queue it for admission again (nothing was sent)."""
+        self.free_slot(unit)
+        for group in unit.groups:
+            group.state = GroupState.CLAIMED
+        self.enqueue([unit], front=front)
+
+    def free_slot(self, unit: Unit) -> None:
+        if unit.slot:
+            unit.slot = False
+            if not unit.exempt:
+                self.s.holding -= 1
+            # a slot under which nothing was sent gives its provider_calls charge back
+            self.fx.release_slots(1, exempt=unit.exempt, refunds=0 if unit.sent_on_slot else 1)
+            unit.sent_on_slot = False
+
+    def leave(self, unit: Unit) -> None:
+        """A unit's exit action: its slot back, forgotten."""
+        self.free_slot(unit)
+        if unit.out:
+            return  # its worker still runs: it leaves when the worker reports
+        if unit.retry_charged:  # charged for a retry that never went: the charge comes back
+            unit.retry_charged = False
+            self.fx.refund_retry()
+        self.s.units.pop(unit.id, None)
+        for group in unit.groups:  # settled groups let go of it (no cycle left to collect)
+            if group.unit is unit and group.state is GroupState.SETTLED:
+                group.unit = None
+
+    def stop_waiting(self, group: Group) -> None:
+        group.wait.since = None
+        if group.wait.watched:
+            group.wait.watched = False
+            self.s.unwatching.append(group.key)
+        if group.wait.counted:
+            self.fx.count("waiting_on_owner", -group.wait.counted)
+            group.wait.counted = 0
+
+    def unbeat(self, group: Group) -> bool:
+        if group.beating:
+            self.fx.unbeat([group.key])
+        return False
+
+    def answer_early(self, group: Group, outcome: Any) -> None:
+        """Answer the callers now; the group goes on (a late result is still persisted)."""
+        calls, group.calls = group.calls, []
+        group.answered = True
+        for call in calls:
+            self.fx.answer(call, self.outcome_for(call, group, outcome))
+
+    def settle(self, group: Group, outcome: Any) -> None:
+        """A group's exit action: heartbeat off, out of the in-flight map, callers answered."""
+        if group.state is GroupState.SETTLED:
+            return
+        group.beating = self.unbeat(group)
+        self.stop_waiting(group)
+        group.state = GroupState.SETTLED
+        if self.s.groups.get(group.key) is group:
+            del self.s.groups[group.key]
+        if is_a(outcome, Done):  # an outcome may be a tool's error: judged by its real type
+            if outcome.execution == "live" and group.ran:
+                self.fx.count("live")
+            if self.tool.durable:
+                self.fx.remember(group.key, outcome.value, outcome.execution == "cached")
+        calls, group.calls = group.calls, []
+        if outcome is None:
+            return
+        for call in calls:
+            self.fx.answer(call, self.outcome_for(call, group, outcome))
+
+    def outcome_for(self, call: Call, group: Group, outcome: Any) -> Any:
+        if not is_a(outcome, Done):
+            return outcome
+        execution = outcome.execution
+        if execution == "live" and (call.role is not Role.OWNER or not group.ran):
+            execution = "in_flight"
+        value = decode_output(outcome.value) if self.tool.durable else outcome.value
+        return ToolResult.of(value, execution, group.key, self.tool.tool_id)  # type: ignore[arg-type]
+
+
+MISSING = object()
+
+
+class _FlusherFailed:
+    kind = "salvaged"
+    output: Any = None
+    error = "the completion flusher failed"
+    reason = ""
+
+
+FLUSHER_FAILED: Any = _FlusherFailed()
+
+
+class TooLarge(RecordedFailureError):
+    """An output over the store's cap: the caller got it, it is salvaged, and the receipt
+    records failure kind ``output_too_large`` (not retried by a normal claim). A call
+    that joined the execution meanwhile gets this error."""
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(
+            f"output of {size_bytes} bytes is over the store's cap; it was salvaged",
+            failure_kind=FailureKind.OUTPUT_TOO_LARGE,
+        )
+        self.size_bytes = size_bytes
+
+
+class Done:
+    """A successful outcome: the encoded output (durable) or the value, and how it came."""
+
+    __slots__ = ("execution", "value")
+
+    def __init__(self, value: Any, execution: str) -> None:
+        self.value = value
+        self.execution = execution
