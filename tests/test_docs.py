@@ -145,3 +145,22 @@ def test_docs_named_paths_exist(page: Path) -> None:
     named = re.findall(r"`((?:actors|stores|tests|bench|examples|docs)/[\w/.-]*)`", text)
     missing = sorted({path for path in named if not (ROOT / path).exists()})
     assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+CODE_REF = re.compile(r"docs/([\w-]+\.md)(?:(?:,\s*|\s*\()([A-Z][\w ]*[\w]))?")
+
+
+def test_docs_pages_named_in_the_code_exist() -> None:
+    """A docstring that sends a reader to ``docs/<page>.md`` (and a section of it, as
+    ``docs/page.md, Section`` or ``docs/page.md (Section)``) names a page and heading that exist."""
+    missing: list[str] = []
+    for path in sorted([*(ROOT / "actors").rglob("*.py"), *(ROOT / "stores").rglob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        for match in CODE_REF.finditer(re.sub(r"\s+", " ", text)):
+            page, section = DOCS / match.group(1), match.group(2)
+            where = f"{path.relative_to(ROOT)}: docs/{match.group(1)}"
+            if not page.is_file():
+                missing.append(where)
+            elif section is not None and _slug(section) not in _anchors(page):
+                missing.append(f"{where}, {section}")
+    assert missing == []

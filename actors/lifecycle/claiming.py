@@ -1,7 +1,7 @@
 """Claims and waits: a drained group's receipt claimed in bulk, its disposition sorted,
 another owner's receipt waited on with timers and plain reads (no thread held).
 
-Rules: docs/how-it-works.md, Claims (the disposition table; a retryable failure re-claimed in
+Rules: docs/receipts.md, Claims and dispositions (the disposition table; a retryable failure re-claimed in
 ``retry_failed`` mode so a receipt completed meanwhile is reused; a live lease never
 stolen: after the last poll, ReceiptWaitTimeoutError).
 """
