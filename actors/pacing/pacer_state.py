@@ -6,7 +6,7 @@ AIMD growth while the rate is in use (RFC 7661), the circuit with one half-open 
 learner lease and the counts an unknown limit is learnt from. It is the engine of
 :class:`actors.pacing.pacers.LocalPacer` (and of a
 :class:`~actors.pacing.redis_pacer.RedisPacer` whose Redis is away); the conformance test
-(``tests/actors/pacer/test_pacer_rules_conformance.py``) holds the script to it.
+(``tests/actors/pacing/shared/test_pacer_rules_conformance.py``) holds the script to it.
 
 Typed operations in (:data:`~actors.pacing.values.PacerOp`), typed replies out, time passed
 in as float seconds; no strings.

@@ -1,4 +1,4 @@
-"""The output codec (stores/_codec.py): what a provider answered comes back exactly.
+"""The output codec (stores/codec.py): what a provider answered comes back exactly.
 
 Hypothesis round-trips every JSON value Python can hold (lone surrogates, integers
 beyond 64 bits, NaN and Infinity, nesting beyond orjson's 254 levels) through

@@ -26,7 +26,7 @@ from .conftest import (
     Driver,
 )
 
-# -- leases a failed store write left held (actors/_cleanup.py) ----------------------------
+# -- leases a failed store write left held (actors/lifecycle/cleanup.py) ----------------------------
 
 ME = Owner("r1", 1, "host-a", 4242, 1.0)
 

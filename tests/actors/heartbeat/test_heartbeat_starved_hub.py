@@ -35,7 +35,7 @@ from actors.messages import RegisterLeases
 from stores import ClaimRequest, ReceiptStore, SqliteReceiptStore
 from stores.types import LeaseRef, Owner, ReceiptStatus
 
-from .conftest import ORG, WAIT_S
+from ..conftest import ORG, WAIT_S
 
 pytestmark = pytest.mark.scenario
 

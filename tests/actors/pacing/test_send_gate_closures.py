@@ -19,7 +19,7 @@ import pytest
 from actors import CallCancelledError, Pacing, Policy, ProviderUnavailableError, Tool
 from actors.pacing.send_gate import SendGate
 
-from .conftest import ORG, WAIT_S, until
+from ..conftest import ORG, WAIT_S, until
 
 
 class Clock:

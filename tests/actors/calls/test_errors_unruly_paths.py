@@ -25,8 +25,8 @@ from actors import (
 from actors.errors import type_name
 from stores import ReceiptStatus, SqliteReceiptStore
 
-from .conftest import WAIT_S
-from .test_unruly_errors import (
+from ..conftest import WAIT_S
+from .test_errors_unruly import (
     BodyError,
     Nameless,
     NamelessMeta,

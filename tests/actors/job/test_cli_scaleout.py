@@ -118,7 +118,7 @@ def _start(cli, play, rows, db, pacer, provider, name, *extra):
     # The workers run on threads in both tox envs: four gevent workers sharing two loaded
     # cores with the rest of CI once went 2.5% over the 429 bound (a starved hub sends
     # its granted requests late and together); the shared pacer itself is tested under
-    # gevent in tests/actors/pacer.
+    # gevent in tests/actors/pacing/shared.
     env = cli.env(
         TOOLDISPATCH_PROVIDER_URL=provider.url, SCALEOUT_RPS=str(RATE), SCALEOUT_LEASE_S=str(LEASE_S)
     )

@@ -10,7 +10,7 @@ from typing import Any
 from actors import CallCancelledError, Policy, Tool
 from stores import SqliteReceiptStore
 
-from .conftest import WAIT_S
+from ..conftest import WAIT_S
 
 _claiming = threading.Event()
 _release = threading.Event()

@@ -14,7 +14,7 @@ from actors.pacing.send_gate import SendGate
 from actors.results import ToolContext
 from actors.worker.attempt import attempt
 
-from .conftest import ORG
+from ..conftest import ORG
 
 WAIT_S = 60.0
 

@@ -32,7 +32,7 @@ from actors import (
 )
 from stores import ReceiptStatus, SqliteReceiptStore
 
-from .conftest import ORG, WAIT_S, outcome, until
+from ..conftest import ORG, WAIT_S, outcome, until
 
 
 class FailingWrites(SqliteReceiptStore):

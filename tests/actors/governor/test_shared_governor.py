@@ -1,6 +1,6 @@
-"""SharedGovernor (actors/_shared_governor.py): two governors (two worker processes) pacing
+"""SharedGovernor (actors/governor/shared.py): two governors (two worker processes) pacing
 through one pacer. A plain state machine: a LocalPacer on a fake clock stands for Redis
-(the same rules; the Redis pacer passes the same conformance suite in tests/actors/pacer)."""
+(the same rules; the Redis pacer passes the same conformance suite in tests/actors/pacing/shared)."""
 
 from __future__ import annotations
 

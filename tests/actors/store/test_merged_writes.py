@@ -33,9 +33,9 @@ from stores import (
     RefusalReason,
 )
 
-from .conftest import WAIT_S
-from .conftest import RecordedReply as _Reply
-from .test_lease_cleanup import PG_URL, pg_schema
+from ..calls.test_lease_cleanup import PG_URL, pg_schema
+from ..conftest import WAIT_S
+from ..conftest import RecordedReply as _Reply
 
 __all__ = ["pg_schema"]
 

@@ -15,8 +15,8 @@ from typing import Any
 from actors import Tool
 from stores import PostgresReceiptStore, SqliteReceiptStore
 
-from .conftest import WAIT_S
-from .test_lease_cleanup import PG_URL, pg_schema
+from ..calls.test_lease_cleanup import PG_URL, pg_schema
+from ..conftest import WAIT_S
 
 __all__ = ["pg_schema"]
 

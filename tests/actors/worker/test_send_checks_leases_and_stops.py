@@ -24,7 +24,7 @@ from actors import (
 from stores import ReceiptStatus, SqliteReceiptStore
 from stores.types import FailureKind
 
-from .conftest import ORG, WAIT_S, outcome, until
+from ..conftest import ORG, WAIT_S, outcome, until
 
 
 class Batch:

@@ -25,7 +25,7 @@ from actors.messages import RegisterLeases
 from stores import ClaimRequest, SqliteReceiptStore
 from stores.types import LeaseRef, Owner
 
-from .conftest import ORG, WAIT_S
+from ..conftest import ORG, WAIT_S
 
 OWNER = Owner("r1", 1)
 LEASE_TTL_S = 0.6

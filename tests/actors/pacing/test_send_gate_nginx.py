@@ -13,7 +13,7 @@ import pytest
 from actors import CallCancelledError, Pacing, Policy, RateLimitedError
 from actors.http import http_tool
 
-from .conftest import ORG, until
+from ..conftest import ORG, until
 
 pytestmark = pytest.mark.scenario
 WAIT_S = 60.0

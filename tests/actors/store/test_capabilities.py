@@ -34,7 +34,7 @@ from stores import (
     StoreCapabilities,
 )
 
-from .conftest import WAIT_S
+from ..conftest import WAIT_S
 
 ORG = "org-c"
 ME = Owner("run-c", 1)

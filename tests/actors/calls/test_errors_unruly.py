@@ -25,7 +25,7 @@ from actors import (
 from stores import ReceiptStatus
 from stores.types import FailureKind
 
-from .conftest import WAIT_S
+from ..conftest import WAIT_S
 
 
 class RuntimeUnprintable(RuntimeError):

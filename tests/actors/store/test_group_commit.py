@@ -26,8 +26,8 @@ from actors.store.actor import ReceiptStoreActor
 from actors.store.client import StoreClient
 from stores import ClaimRequest, Completion, LeaseRef, Owner, ReceiptStatus, SqliteReceiptStore
 
-from .conftest import WAIT_S
-from .conftest import RecordedReply as _Reply
+from ..conftest import WAIT_S
+from ..conftest import RecordedReply as _Reply
 
 ORG = "org-t"
 ME = Owner("run-t", 1)

@@ -23,7 +23,7 @@ import stores
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores.postgres.listen import Listener, channel_name
 
-from .conftest import drop_pg_schema, wait_for, wait_settled
+from ..conftest import drop_pg_schema, wait_for, wait_settled
 
 ORG = "acme"
 A, B = Owner("run-a"), Owner("run-b")

@@ -27,7 +27,7 @@ from actors import DispatchSystem, Policy, RunInfo, Tool
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores.keys import key_and_input_hash
 
-from .conftest import wait_for
+from ..conftest import wait_for
 
 ORG, SCOPE = "acme", "enrich"
 B = Owner("run-b")

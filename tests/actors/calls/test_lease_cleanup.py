@@ -1,4 +1,4 @@
-"""Leases a failed store write left this process holding are given back (actors/_cleanup.py).
+"""Leases a failed store write left this process holding are given back (actors/lifecycle/cleanup.py).
 
 A claim that committed and then raised, or a release that raised, used to leave the
 receipt ``queued`` under this process's lease until its TTL: every later call of that

@@ -1,4 +1,4 @@
-"""Calls answered on the caller's thread (actors/_memo_path.py): memo hits, per-call errors.
+"""Calls answered on the caller's thread (actors/front.py): memo hits, per-call errors.
 
 A memo hit's future is resolved when ``execute`` returns (no message, no wait) and
 behaves like any other future; each hit gets its own copy of the output. Real systems

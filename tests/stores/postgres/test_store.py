@@ -33,7 +33,7 @@ from stores import (
 )
 from stores.sqlite.offload import gevent_active
 
-from .conftest import held_keys, wait_for, wait_settled
+from ..conftest import held_keys, wait_for, wait_settled
 
 ORG = "org-a"
 A, B = Owner("run-a"), Owner("run-b")

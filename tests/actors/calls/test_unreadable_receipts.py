@@ -15,8 +15,8 @@ import pytest
 from actors import Policy, Tool, ToolDispatchError
 from stores import UnreadableOutput, UnreadableOutputError
 
-from .conftest import ORG, WAIT_S
-from .lifecycle.conftest import Driver, run_to_running, value_of
+from ..conftest import ORG, WAIT_S
+from ..lifecycle.conftest import Driver, run_to_running, value_of
 
 
 def _outcomes(futures: list[Any]) -> list[Any]:
