@@ -1,4 +1,4 @@
-"""The send gate, breaker round 2 (each case fails on 09450ef, both runtimes): a turn
+"""The send gate's turns (both runtimes): a turn
 given back from the middle of the queue (a sender withdrawn while later ones wait) must
 not put the next sender on a turn another holds (two requests left at once at a gate
 paced to one per spacing; against nginx at burst 0, a 429); senders parked at the gate

@@ -1,5 +1,5 @@
-"""The last check before a request leaves, breaker round 1 (found in 2a4f98d, each test
-fails there, both runtimes): what a call refused at its worker gives back (budget and
+"""The last check before a request leaves (both runtimes): what a call refused at its
+worker gives back (budget and
 stats, a retry's charge, its turn at the gate), callers who joined it or came after
 the others left (served, not refused), and a batch whose every lease was lost (not sent:
 it was paid twice)."""
