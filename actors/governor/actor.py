@@ -57,7 +57,6 @@ class GovernorActor(pykka.ThreadingActor):
     ) -> None:
         super().__init__()
         self.governor = Governor(policy, pacings) if pacer is None else SharedGovernor(policy, pacings, pacer)
-        self.pacer = pacer
         self.timers = timers
         self.gates = gates if gates is not None else SendGates()
         self.clock = clock
