@@ -18,7 +18,7 @@ import attrs
 
 from actors.runtime.futures import bounded
 
-__all__ = ["HEADROOM", "WAKE_S", "SendGate", "SendGates"]
+__all__ = ["HEADROOM", "WAKE_S", "SendGate", "SendGates", "Turn"]
 
 WAKE_S = 0.25
 """Longest slice a sender sleeps at its gate before looking again whether a pause or a
@@ -35,7 +35,7 @@ little faster than its input the queue drains; a stated rate, paced at 98% of it
 
 
 @attrs.frozen(order=True)
-class _Turn:
+class Turn:
     """A booked turn: when it is, and the gate's next free turn before and after it."""
 
     at: float
@@ -87,7 +87,7 @@ class SendGate:
         self.passed = 0
         """Sends this gate let go while it spaced them (at a rate, or after a pause)."""
         self._epoch = 0
-        self._holes: list[_Turn] = []
+        self._holes: list[Turn] = []
         """Turns given back while later ones were booked, earliest first (:meth:`unbook`)."""
         self._closed_until = -math.inf
         self._paused_until = -math.inf
@@ -163,15 +163,11 @@ class SendGate:
             return self._paused_until, False
         return None
 
-    def book(self, now: float) -> tuple[float, int]:
-        """Book the next send slot; returns (seconds to wait, booking epoch); the wait is
-        infinite while the gate is closed (nothing is booked then)."""
-        delay, epoch, _ = self._book(now)
-        return delay, epoch
-
-    def _book(self, now: float) -> tuple[float, int, _Turn | None]:
-        """:meth:`book`, plus the turn booked (what :meth:`unbook` gives back). A turn given
-        back earlier that is still to come is booked first (the schedule stays spaced)."""
+    def book(self, now: float) -> tuple[float, int, Turn | None]:
+        """Book the next send slot: (seconds to wait, booking epoch, the turn booked: what
+        :meth:`unbook` gives back). The wait is infinite while the gate is closed (nothing
+        is booked then). A turn given back earlier that is still to come is booked first
+        (the schedule stays spaced)."""
         with self._lock:
             if now < self._closed_until:
                 return math.inf, self._epoch, None
@@ -185,11 +181,11 @@ class SendGate:
                 self.waited_s += at - now
                 return at - now, self._epoch, reused
             at = max(now, self._next - tolerance)
-            turn: _Turn | None = None
+            turn: Turn | None = None
             if self._rps is not None:
                 before = self._next
                 self._next = max(at, self._next) + self._spacing()
-                turn = _Turn(at, before, self._next)
+                turn = Turn(at, before, self._next)
             self.waited_s += at - now
             return at - now, self._epoch, turn
 
@@ -217,7 +213,7 @@ class SendGate:
             self.passed += 1
             return 0.0
 
-    def unbook(self, epoch: int, turn: _Turn | None) -> None:
+    def unbook(self, epoch: int, turn: Turn | None) -> None:
         """Give back a turn booked in ``epoch`` that its sender gave up before it came
         (withdrawn, or its deadline comes first). The last turn booked is taken back (with
         any given-back turns just before it); one with later turns booked behind it is
@@ -283,7 +279,7 @@ class SendGate:
             return not (stop is not None and stop.is_set())
         while True:
             now = clock()
-            delay, epoch, undo = self._book(now)
+            delay, epoch, undo = self.book(now)
             if delay == math.inf:
                 return False
             if now + delay > latest or not wait(delay, epoch):

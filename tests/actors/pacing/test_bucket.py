@@ -472,7 +472,7 @@ def test_send_gate_senders_woken_late_together_go_at_most_two_back_to_back() -> 
     gate = SendGate(10.0)
     bookings = [gate.book(0.0) for _ in range(4)]  # slots at 0.0, 0.1, 0.2, 0.3
     # the event loop was busy until 0.35: all four wake at once
-    passes = [gate.try_pass(0.35, epoch) for _, epoch in bookings]
+    passes = [gate.try_pass(0.35, epoch) for _, epoch, _ in bookings]
     assert passes[:2] == [0.0, 0.0]  # one spacing of tolerance: two go back to back
     assert passes[2] == pytest.approx(0.1)  # the third waits a spacing; the fourth is not counted yet
     assert gate.try_pass(0.45, bookings[2][1]) == 0.0
@@ -482,10 +482,10 @@ def test_send_gate_senders_woken_late_together_go_at_most_two_back_to_back() -> 
 
 def test_send_gate_pause_voids_bookings_made_before_it() -> None:
     gate = SendGate(10.0)
-    _, epoch = gate.book(0.0)
+    _, epoch, _ = gate.book(0.0)
     gate.pause_until(2.0, 10.0)
     assert gate.try_pass(0.05, epoch) is None  # book again
-    delay, fresh = gate.book(0.05)
+    delay, fresh, _ = gate.book(0.05)
     assert delay == pytest.approx(1.95)
     assert gate.try_pass(2.0, fresh) == 0.0
 

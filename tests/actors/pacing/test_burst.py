@@ -20,7 +20,7 @@ def test_send_gate_burst_lets_that_many_go_at_once_then_spaces() -> None:
 def test_send_gate_burst_passes_that_many_back_to_back() -> None:
     gate = SendGate(10.0, burst=5)
     bookings = [gate.book(0.0) for _ in range(6)]
-    passes = [gate.try_pass(0.0, epoch) for _, epoch in bookings[:5]]
+    passes = [gate.try_pass(0.0, epoch) for _, epoch, _ in bookings[:5]]
     assert passes == [0.0] * 5
     assert gate.try_pass(0.0, bookings[5][1]) == pytest.approx(0.1)  # the sixth waits a spacing
 

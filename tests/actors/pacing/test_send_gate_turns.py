@@ -49,10 +49,10 @@ def _sends(gate: SendGate, clock: Clock, pending: list[tuple[float, str, int]]) 
 def test_gate_a_turn_given_back_from_the_middle_never_lets_two_requests_leave_at_once() -> None:
     clock = Clock()
     gate = SendGate(rps=1.0)  # one request a second, burst 1
-    turns = {name: gate._book(clock()) for name in "ABCD"}  # turns at 100, 101, 102, 103
+    turns = {name: gate.book(clock()) for name in "ABCD"}  # turns at 100, 101, 102, 103
     _delay, epoch, undo = turns.pop("B")
     gate.unbook(epoch, undo)  # B (turn 101) is withdrawn while C and D wait: a gap
-    turns["E"] = gate._book(clock())  # a fresh sender: the turn B gave back
+    turns["E"] = gate.book(clock())  # a fresh sender: the turn B gave back
     assert turns["E"][0] == 1.0
     sends = _sends(gate, clock, [(100 + d, n, ep) for n, (d, ep, _) in turns.items()])
     gaps = [round(b - a, 6) for (_, a), (_, b) in itertools.pairwise(sends)]
@@ -62,8 +62,8 @@ def test_gate_a_turn_given_back_from_the_middle_never_lets_two_requests_leave_at
 def test_gate_turns_given_back_in_any_order_are_all_taken_back() -> None:
     clock = Clock()
     gate = SendGate(rps=1.0)
-    gate._book(clock())  # A: now, sent
-    held = [gate._book(clock()) for _ in range(3)]  # 101, 102, 103
+    gate.book(clock())  # A: now, sent
+    held = [gate.book(clock()) for _ in range(3)]  # 101, 102, 103
     for _delay, epoch, turn in (held[0], held[2], held[1]):  # woken in this order
         gate.unbook(epoch, turn)
     assert gate.book(clock())[0] == 1.0  # the next turn after A's, whatever the order
@@ -73,8 +73,8 @@ def test_gate_turns_given_back_in_any_order_are_all_taken_back() -> None:
 def test_gate_the_last_turn_given_back_is_the_next_senders() -> None:
     clock = Clock()
     gate = SendGate(rps=1.0)
-    gate._book(clock())  # A: now
-    _delay, epoch, undo = gate._book(clock())  # B: 101
+    gate.book(clock())  # A: now
+    _delay, epoch, undo = gate.book(clock())  # B: 101
     gate.unbook(epoch, undo)
     assert gate.book(clock())[0] == 1.0  # C takes 101, not 102
 
@@ -218,12 +218,12 @@ def test_gate_senders_parked_when_the_circuit_opens_never_reach_the_dead_provide
 def test_gate_a_closure_leaves_no_turn_of_a_sender_that_gave_up() -> None:
     t = 100.0
     g = SendGate(rps=1.0)
-    g._book(t)  # sent now
+    g.book(t)  # sent now
     for _ in range(10):
-        g._book(t)  # ten senders parked at 101..110
+        g.book(t)  # ten senders parked at 101..110
     g.close(100.4)  # the circuit opens at 100.1 for 0.3 s: each parked sender gives up
     for _ in range(10):
-        assert g._book(100.1)[0] == float("inf")
+        assert g.book(100.1)[0] == float("inf")
     delay = g.book(100.5)[0]  # the half-open probe
     assert delay <= 1.0, f"half-open probe waits {delay} s for turns of senders that gave up"
 
