@@ -13,8 +13,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+from stores.rows import error_text
 from stores.rules import encode_for_store
-from stores.sqlite.sql import error_text
 from stores.types import (
     Completion,
     Failure,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from stores.claims import settled_by_read
-from stores.sqlite.sql import receipt_from_row
+from stores.rows import receipt_from_row
 from stores.types import Claim, ClaimMode, ClaimRequest
 
 __all__ = ["read_settled", "read_settled_sql"]

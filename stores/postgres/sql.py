@@ -25,7 +25,7 @@ call costs one round trip whatever its size. The rules every statement keeps:
 from __future__ import annotations
 
 from stores.postgres.claims import read_settled_sql
-from stores.sqlite.schema import COLUMNS
+from stores.rows import COLUMNS
 
 __all__ = ["Statements"]
 

@@ -38,6 +38,7 @@ from stores.postgres.conn import PgConnections, is_postgres_url, split_schema
 from stores.postgres.listen import channel_name
 from stores.postgres.schema import quote_ident
 from stores.postgres.sql import Statements
+from stores.rows import DEFAULT_PURGE, error_text, receipt_from_row
 from stores.rules import (
     IN_FLIGHT,
     LOST_WHILE_RUNNING,
@@ -45,7 +46,6 @@ from stores.rules import (
     owner_identity,
     resolved_as_failed,
 )
-from stores.sqlite.sql import _DEFAULT_PURGE, error_text, receipt_from_row
 from stores.types import (
     Claim,
     ClaimDisposition,
@@ -375,7 +375,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         statuses: Iterable[ReceiptStatus] | None = None,
         org_id: str | None = None,
     ) -> int:
-        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else DEFAULT_PURGE)]
         params = {"older": older_than_s, "statuses": wanted, "org": org_id, "now": self._now()}
         ((count,),) = self._execute(self._sql.purge, params)
         return int(count)

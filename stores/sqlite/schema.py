@@ -47,35 +47,11 @@ import time
 import sqlite_utils
 
 from stores.errors import SchemaVersionError
+from stores.rows import COLUMNS
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "create_v1", "enable_wal", "migrate"]
 
 SCHEMA_VERSION = 2
-
-COLUMNS = (
-    "key",
-    "org_id",
-    "scope",
-    "tool_id",
-    "status",
-    "input_hash",
-    "output",
-    "error",
-    "failure_kind",
-    "lease_id",
-    "lease_owner_run_id",
-    "lease_owner_attempt",
-    "lease_expires_at",
-    "attempts",
-    "created_at",
-    "updated_at",
-    "completed_at",
-    "generation",
-    "lease_owner_host",
-    "lease_owner_pid",
-    "lease_owner_started_at",
-)
-"""Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
 
 def create_v1(db: sqlite_utils.Database) -> None:

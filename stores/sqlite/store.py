@@ -25,6 +25,7 @@ from stores.claims import plan_claims, settled_by_read
 from stores.codec import encode_output
 from stores.errors import StoreError
 from stores.fenced import FencedWrites, FenceItem, refusal
+from stores.rows import DEFAULT_PURGE, error_text, receipt_from_row
 from stores.rules import (
     LOST_WHILE_RUNNING,
     resolved_as_failed,
@@ -35,7 +36,6 @@ from stores.sqlite.schema import rollback
 from stores.sqlite.sql import (
     _BUMP_PURGE_EPOCH,
     _BY_KEYS,
-    _DEFAULT_PURGE,
     _FENCE,
     _RESOLVE,
     _RESTORE_COMPLETED,
@@ -49,8 +49,6 @@ from stores.sqlite.sql import (
     _SET_UNCERTAIN,
     _SET_UNCERTAIN_LOST,
     _UPSERT_CLAIMS,
-    error_text,
-    receipt_from_row,
 )
 from stores.sqlite.together import WritesTogether
 from stores.types import (
@@ -365,7 +363,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         statuses: Iterable[ReceiptStatus] | None = None,
         org_id: str | None = None,
     ) -> int:
-        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else _DEFAULT_PURGE)]
+        wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else DEFAULT_PURGE)]
 
         def work() -> int:
             with self._write() as conn:

@@ -1,0 +1,126 @@
+"""A receipt as every backend stores it: its columns, a row read back as a
+:class:`~stores.types.Receipt`, error text as stored, the statuses a purge takes by default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from stores.codec import decode_stored
+from stores.types import FailureKind, Receipt, ReceiptStatus
+
+__all__ = ["COLUMNS", "DEFAULT_PURGE", "error_text", "receipt_from_row"]
+
+COLUMNS = (
+    "key",
+    "org_id",
+    "scope",
+    "tool_id",
+    "status",
+    "input_hash",
+    "output",
+    "error",
+    "failure_kind",
+    "lease_id",
+    "lease_owner_run_id",
+    "lease_owner_attempt",
+    "lease_expires_at",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "completed_at",
+    "generation",
+    "lease_owner_host",
+    "lease_owner_pid",
+    "lease_owner_started_at",
+)
+"""Column order, which is also :class:`stores.types.Receipt`'s field order."""
+
+DEFAULT_PURGE = (
+    ReceiptStatus.COMPLETED,
+    ReceiptStatus.FAILED,
+    ReceiptStatus.PENDING,
+    ReceiptStatus.SKIPPED,
+)
+"""The statuses a purge removes when none are named (never in-flight receipts)."""
+
+
+def error_text(error: str) -> str:
+    """Error text as stored: NUL (where SQLite's JSON functions cut a string short) and
+    lone surrogates (no UTF-8 form) are written as backslash escapes."""
+    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
+
+_IN_FLIGHT_STATUSES = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+
+# column index: default when its value is not a number (None: optional); "decides":
+# a claim's decision reads it, so a bad value makes the receipt uncertain instead
+_NUMBERS: tuple[tuple[int, Any], ...] = (
+    (11, None),  # lease_owner_attempt
+    (13, 0),  # attempts
+    (14, 0.0),  # created_at
+    (19, None),  # lease_owner_pid
+    (20, None),  # lease_owner_started_at
+)
+_INTS = frozenset({11, 13, 17, 19})
+
+
+def _number(value: Any, integer: bool) -> bool:
+    kind = type(value)
+    if kind is int:
+        return True
+    return kind is float and not integer and math.isfinite(value)
+
+
+def _odd_numbers(values: list[Any], status: ReceiptStatus) -> str | None:
+    """Normalise the numeric columns of ``values`` in place; the column a claim would decide
+    by wrongly, if any (then the receipt is uncertain)."""
+    for index, default in _NUMBERS:
+        value = values[index]
+        if value is not None and not _number(value, index in _INTS):
+            values[index] = default
+    lease = values[12]
+    if lease is not None and not _number(lease, False):
+        values[12] = None
+        if status in _IN_FLIGHT_STATUSES:
+            return f"lease_expires_at {lease!r}"
+    for index in (15, 16):  # updated_at, completed_at
+        if values[index] is not None and not _number(values[index], False):
+            values[index] = None
+    if values[15] is None:
+        values[15] = 0.0
+        if status is ReceiptStatus.COMPLETED and values[16] is None:
+            return "updated_at (none, nor completed_at)"
+    if not _number(values[17], True):
+        generation = values[17]
+        values[17] = 1
+        return f"generation {generation!r}"
+    return None
+
+
+def receipt_from_row(row: Sequence[Any]) -> Receipt:
+    """A receipt from a row of :data:`COLUMNS` (SQLite's and Postgres's). A row this code
+    cannot read whole fails nobody else's key: an output that does not decode is an
+    :class:`~stores.codec.UnreadableOutput`; a status it does not know, or a value a
+    claim decides by that is not a number (a lease expiry, an output's times, the
+    generation: text or NaN set by hand), reads as ``uncertain`` (never re-run nor
+    reused silently; an operator resolves it), with an error saying why; other numbers
+    that are not (counts, times only shown) read as their defaults."""
+    values = list(row)
+    status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
+    odd = f"status {values[4]!r}" if status is None else _odd_numbers(values, status)
+    if odd is not None:
+        values[7] = (
+            f"its stored {odd} is not one this code can read (changed by hand?): decide it with "
+            f"`tooldispatch receipts resolve {str(values[0])[:16]} --rerun` (or --fail)"
+        )
+        status = ReceiptStatus.UNCERTAIN
+    values[4] = status
+    values[6] = decode_stored(values[6])  # one damaged output never fails a bulk read
+    if values[8] is not None:
+        values[8] = FailureKind(values[8])
+    return Receipt(*values)
