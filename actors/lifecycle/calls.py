@@ -121,11 +121,8 @@ class Group:
     stale_after_s: float | None
     calls: list[Call] = attrs.field(factory=list)
     """Every caller still waiting (owner, followers, attached)."""
-    state: GroupState = attrs.field(
-        default=GroupState.QUEUED, on_setattr=lambda g, _, new: check_transition(g.key, g.state, new)
-    )
-    """Where it is in its life; each assignment is checked against
-    :data:`actors.lifecycle.states.TRANSITIONS` (``IllegalTransitionError``)."""
+    _state: GroupState = GroupState.QUEUED
+    """Where it is in its life (read and set as :attr:`state`)."""
     receipt: Receipt | None = None
     """The claimed receipt (durable tools)."""
     mode: ClaimMode = ClaimMode.NORMAL
@@ -191,6 +188,21 @@ class Group:
         if receipt is None or receipt.lease_id is None:
             return None
         return LeaseRef(receipt.key, receipt.lease_id)
+
+    @property
+    def state(self) -> GroupState:
+        """Where it is in its life; each assignment is checked against
+        :data:`actors.lifecycle.states.TRANSITIONS`.
+
+        Raises:
+            IllegalTransitionError: on assignment, a move not in the table (the state
+                does not change).
+        """
+        return self._state
+
+    @state.setter
+    def state(self, new: GroupState) -> None:
+        self._state = check_transition(self.key, self._state, new)
 
 
 @attrs.define(eq=False)

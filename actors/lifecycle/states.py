@@ -2,7 +2,7 @@
 
 :data:`TRANSITIONS` maps each :class:`GroupState` to the states it may move to.
 :func:`check_transition` is the one place a move is judged: every assignment of
-``Group.state`` goes through it (an ``attrs`` ``on_setattr`` hook), so a move not in
+``Group.state`` goes through it (the property's setter), so a move not in
 the table raises :class:`IllegalTransitionError` at once, on the thread that made it
 (the tool queue actor's, or a test's).
 
