@@ -67,6 +67,19 @@ from stores.types import Completion, Owner
 __all__ = ["EVENTS", "Effects", "Lifecycle"]
 
 
+class Assembled(Parts):
+    """The parts as :class:`Lifecycle` builds them: their own classes, for the event table
+    (each part sees the others only through :class:`~actors.lifecycle.shared.Parts`)."""
+
+    exits: Exits
+    claims: Claims
+    waits: Waits
+    admission: Admission
+    finisher: Finisher
+    persister: Persister
+    cleanup: Cleanup
+
+
 class Lifecycle:
     """Every call group of one tool past its batch grace window (see the module doc).
 
@@ -92,7 +105,7 @@ class Lifecycle:
         owner: Owner | None = None,
     ) -> None:
         self.state = s = Shared(tool, policy, org_id, scope, fx, width, owner)
-        self.parts = p = Parts()
+        self.parts = p = Assembled()
         p.exits = Exits(s, p)
         p.claims = Claims(s, p)
         p.waits = Waits(s, p)
@@ -233,7 +246,7 @@ class Lifecycle:
         return not self.state.groups and not self.state.units
 
 
-_HANDLERS: dict[type, Callable[[Parts, Any, float], object]] = {
+_HANDLERS: dict[type, Callable[[Assembled, Any, float], object]] = {
     UnitFinished: lambda p, m, now: p.finisher.on_finished(m, now),
     ReceiptsClaimed: lambda p, m, now: p.claims.on_claimed(m.batch, m.value, m.error, now),
     CompletionsPersisted: lambda p, m, now: p.persister.on_persisted(m.batch, m.value, m.error, now),

@@ -12,23 +12,25 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
-from actors.lifecycle.calls import Group, Unit
+from actors.lifecycle.calls import Call, Group, Unit
 from actors.lifecycle.effects import Effects
 from actors.tool import Policy, Tool
-from stores.types import LeaseRef, Owner
+from stores.types import ClaimMode, LeaseRef, Owner, Receipt
 
-if TYPE_CHECKING:
-    from actors.lifecycle.admission import Admission
-    from actors.lifecycle.claiming import Claims
-    from actors.lifecycle.cleanup import Cleanup
-    from actors.lifecycle.exits import Exits
-    from actors.lifecycle.finishing import Finisher
-    from actors.lifecycle.persisting import Persister
-    from actors.lifecycle.reconciling import Waits
-
-__all__ = ["Parts", "Shared"]
+__all__ = [
+    "AdmissionPart",
+    "ClaimsPart",
+    "CleanupPart",
+    "ExitsPart",
+    "FinisherPart",
+    "Parts",
+    "PersisterPart",
+    "Shared",
+    "WaitsPart",
+]
 
 
 class Shared:
@@ -100,14 +102,85 @@ class Shared:
         """Request, unit and batch numbers."""
 
 
+class ExitsPart(Protocol):
+    """What every path ends in: leaving, settling, giving back (:class:`~actors.lifecycle.exits.Exits`)."""
+
+    def compile(self, groups: list[Group]) -> list[Unit]: ...
+    def enqueue(self, units: Iterable[Unit], front: bool = False) -> None: ...
+    def cancel_groups(self, groups: list[Group]) -> None: ...
+    def refuse_latch(self, units: list[Unit], reason: str) -> None: ...
+    def give_back(self, unit: Unit, error: BaseException) -> None: ...
+    def release_group(self, group: Group, error: BaseException | None, lease_lost: bool = False) -> None: ...
+    def released(self, group: Group, error: BaseException | None) -> None: ...
+    def drop_from_unit(self, group: Group) -> None: ...
+    def readmit(self, unit: Unit, now: float, front: bool = False) -> None: ...
+    def free_slot(self, unit: Unit) -> None: ...
+    def leave(self, unit: Unit) -> None: ...
+    def stop_waiting(self, group: Group) -> None: ...
+    def unbeat(self, group: Group) -> bool: ...
+    def answer_early(self, group: Group, outcome: Any) -> None: ...
+    def settle(self, group: Group, outcome: Any) -> None: ...
+    def outcome_for(self, call: Call, group: Group, outcome: Any) -> Any: ...
+
+
+class AdmissionPart(Protocol):
+    """Slots and sending (:class:`~actors.lifecycle.admission.Admission`)."""
+
+    def pump(self, now: float) -> None: ...
+    def admit(self, units: list[Unit], now: float, marked: bool = False) -> None: ...
+
+
+class CleanupPart(Protocol):
+    """Leases a failed claim may have left (:class:`~actors.lifecycle.cleanup.Cleanup`)."""
+
+    def claim_failed(self, keys: Sequence[str]) -> None: ...
+
+
+class WaitsPart(Protocol):
+    """Waits on other owners' receipts and reconciling (:class:`~actors.lifecycle.reconciling.Waits`)."""
+
+    def time_waiters(self, group: Group, since: float, calls: list[Call], now: float) -> None: ...
+    def waiting_joined(self, group: Group, call: Call, now: float) -> None: ...
+    def owner_wait_over(self, group: Group, now: float) -> bool: ...
+    def reconcile(self, group: Group, receipt: Receipt, now: float) -> None: ...
+    @staticmethod
+    def uncertain(group: Group, receipt: Receipt) -> BaseException: ...
+
+
+class ClaimsPart(Protocol):
+    """Claims and reads (:class:`~actors.lifecycle.claiming.Claims`)."""
+
+    def slots_for_claim(self, n: int, now: float) -> None: ...
+    def claim(self, groups: list[Group], force: ClaimMode | None) -> None: ...
+    def on_read(
+        self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float
+    ) -> None: ...
+
+
+class FinisherPart(Protocol):
+    """An attempt's outcome: retries, re-admission, deadlines
+    (:class:`~actors.lifecycle.finishing.Finisher`)."""
+
+    def conclude(
+        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+    ) -> None: ...
+
+
+class PersisterPart(Protocol):
+    """Outputs and failure records to the store (:class:`~actors.lifecycle.persisting.Persister`)."""
+
+    def persist(self, values: list[tuple[Group, str]]) -> None: ...
+    def fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None: ...
+
+
 class Parts:
     """The lifecycle's collaborators, for each to reach the others (set once by
     :class:`actors.lifecycle.machine.Lifecycle`)."""
 
-    exits: Exits
-    claims: Claims
-    waits: Waits
-    admission: Admission
-    finisher: Finisher
-    persister: Persister
-    cleanup: Cleanup
+    exits: ExitsPart
+    claims: ClaimsPart
+    waits: WaitsPart
+    admission: AdmissionPart
+    finisher: FinisherPart
+    persister: PersisterPart
+    cleanup: CleanupPart
