@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-REPO_ROOT = Path(os.path.abspath(__file__)).parents[2]
+REPO_ROOT = Path(os.path.abspath(__file__)).parents[3]
 EXAMPLES = REPO_ROOT / "examples"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DOMAINS_FILE = SHARED_DATA / "opendns-top-domains.txt"
