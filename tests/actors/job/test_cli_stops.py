@@ -312,6 +312,32 @@ def play(row, ctx):
 """
 
 
+def _in_flight(seen: dict[str, tuple[int, int]]) -> int:
+    """Receipts running under a live lease: their calls are sent (or about to be) and will be
+    paid, whatever the store does. A claimed receipt still ``queued`` is not counted: it waits
+    for a write (marking it running) before it is sent."""
+    return seen.get("running", (0, 0))[1]
+
+
+def _lock_with_calls_in_flight(cli, proc, db, locker, at_least: int) -> int:
+    """Take the receipt file's write lock (``BEGIN IMMEDIATE``, held by ``locker``) at a moment
+    when ``at_least`` calls are claimed and unfinished; return how many results will have
+    been paid once they all finish (completed receipts + those in flight). No claim or
+    completion commits while the lock is held, so that number is fixed when it is read."""
+    for _ in range(50):
+        cli.poll_until(
+            lambda: proc.poll() is not None or _in_flight(_receipts(db)) >= at_least,
+            timeout_s=STOP_TIMEOUT_S, what=f"{at_least} calls in flight",
+        )  # fmt: skip
+        locker.execute("BEGIN IMMEDIATE")
+        seen = _receipts(db)
+        in_flight = _in_flight(seen)
+        if in_flight >= at_least or proc.poll() is not None:
+            return seen.get("completed", (0, 0))[0] + in_flight
+        locker.execute("ROLLBACK")  # the calls finished meanwhile: try again
+    raise AssertionError(f"never {at_least} calls in flight when the lock was taken")
+
+
 def _assert_every_paid_result_kept(paid_log, db) -> None:
     """Every result the provider was paid for (its log) is stored or in the salvage file."""
     paid = set(paid_log.read_text().split())
@@ -327,8 +353,9 @@ def _assert_every_paid_result_kept(paid_log, db) -> None:
 def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli, tmp_path):
     """Another process holds the receipt file's write lock, so results wait to be stored;
     two signals abort the run. Every result the provider was paid for must be stored or in
-    the salvage file when the process has exited (the abort exited at its 10 s bound
-    before stop salvaged what waited: 8 of 72 lost; now the stop's own bound comes first)."""
+    the salvage file when the process has exited (the stop's own bound comes before the
+    abort's). The lock is taken while calls are in flight, and the signals come once each
+    of them was paid, so their results are all waiting on the lock."""
     play, rows, db = tmp_path / "paid_play.py", tmp_path / "rows.txt", tmp_path / "r.db"
     play.write_text(PAID_PLAY, encoding="utf-8")
     rows.write_text("".join(f"row{i}\n" for i in range(300)), encoding="utf-8")
@@ -343,10 +370,10 @@ def test_cli_second_signal_while_the_store_is_locked_keeps_every_paid_result(cli
             timeout_s=STOP_TIMEOUT_S, what="the first results to be stored",
         )  # fmt: skip
         locker = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
-        locker.execute("BEGIN IMMEDIATE")  # another worker's long write
-        paid_before = len(paid_log.read_text().split())
+        held = _lock_with_calls_in_flight(cli, proc, db, locker, at_least=4)  # another worker's long write
+        # every call claimed before the lock is paid, and its result waits on the lock
         cli.poll_until(
-            lambda: proc.poll() is not None or len(paid_log.read_text().split()) >= paid_before + 8,
+            lambda: proc.poll() is not None or len(paid_log.read_text().split()) >= held,
             timeout_s=STOP_TIMEOUT_S, what="results paid while the store is locked",
         )  # fmt: skip
         proc.send_signal(signal.SIGINT)
