@@ -29,6 +29,7 @@ from __future__ import annotations
 import faulthandler
 import importlib.util
 import os
+import signal
 import sqlite3
 import sys
 import zlib
@@ -129,9 +130,20 @@ _WATCHDOG_FD = pytest.StashKey[int]()
 """A duplicate of the terminal's stderr: pytest's capture redirects fd 2 while tests run."""
 
 
+def _restore_sigint() -> None:
+    """A suite started with SIGINT ignored (``nohup ... &``) handles it again, so that the
+    processes the tests start (and interrupt on purpose) do not inherit the ignore: a
+    signal a process ignores stays ignored across ``exec``, and Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored at start."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Check the runtime, then open the watchdog's output while capture is suspended."""
+    """Check the runtime, restore SIGINT, then open the watchdog's output while capture is
+    suspended."""
     _refuse_mismatched_runtime()
+    _restore_sigint()
     config.addinivalue_line(
         "markers",
         "scenario: an end-to-end scenario (real processes, servers, seconds of wall time); "
