@@ -198,6 +198,7 @@ class Exits:
         group.state = GroupState.SETTLED
         if self.s.groups.get(group.key) is group:
             del self.s.groups[group.key]
+            self.fx.settled(group.key)  # calls held behind this execution may go
         if is_a(outcome, Done):  # an outcome may be a tool's error: judged by its real type
             if outcome.execution == "live" and group.ran:
                 self.fx.count("live")

@@ -300,7 +300,11 @@ class ActorEffects(LocalEffects):
     def unbeat(self, keys: list[str]) -> None:
         if self.ports.policy.heartbeats:
             self._unbeat.extend(self.beats.drop(keys))
-        self._settled_keys.update(keys)
+
+    def settled(self, key: str) -> None:
+        """``key``'s group left: calls held behind it (a forced refresh) go at the end of
+        this message."""
+        self._settled_keys.add(key)
 
     def charge_retry(self, unit: int) -> None:
         self.ports.governor.tell(

@@ -6,13 +6,15 @@ runtimes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from actors import Policy, ReceiptWaitTimeoutError, Tool
+from actors import Policy, ProviderError, ReceiptWaitTimeoutError, RecordedFailureError, Tool
+from stores import FailureKind, SqliteReceiptStore
 
 WAIT_S = 15.0
 
@@ -115,3 +117,55 @@ def test_calls_held_behind_a_running_call_never_stretch_its_deadline(make_system
     first = attempts[0]
     assert attempts.count(first) == 1, f"the normal call went on retrying: {attempts}"
     assert len(set(attempts)) == 2  # the refresh (a new generation) ran
+
+
+class _SlowClaims(SqliteReceiptStore):
+    """Claims that take a while (a busy store): a call made meanwhile finds the first
+    call's claim still out."""
+
+    claim_s = 0.4
+    claiming = threading.Event()
+
+    def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        self.claiming.set()
+        time.sleep(self.claim_s)
+        return super().claim_many(*args, **kwargs)
+
+
+@pytest.mark.parametrize("earlier", ["completed", "failed"])
+def test_a_refresh_held_behind_a_claim_that_settles_at_once_is_sent_after_it(
+    make_system: Any, recorder: Any, db_path: Any, earlier: str
+) -> None:
+    """The first call's claim finds the receipt settled (reused, or a recorded failure), so
+    its group leaves straight from the claim, never running: the forced refresh held
+    behind it still goes (it waited, unanswered, past its own timeout, until a stop)."""
+
+    def fn(i: Any, ctx: Any) -> Any:
+        recorder.record("fn", i, ctx)
+        if earlier == "failed" and recorder.count("fn") == 1:
+            raise ProviderError("no such input", failure_kind=FailureKind.PERMANENT)
+        return {"v": i["k"]}
+
+    tool = Tool(tool_id="t", fn=fn)
+    first_run = make_system([tool], run_id="first")
+    with contextlib.suppress(ProviderError):
+        first_run.proxy().execute("t", {"k": 3}).get(timeout=WAIT_S)
+    first_run.stop()
+    store = _SlowClaims(db_path)
+    store.claiming = threading.Event()
+    try:
+        system = make_system([tool], run_id="second", policy=Policy(batch_grace_s=0.0), store=store)
+        proxy = system.proxy()
+        normal = proxy.execute("t", {"k": 3})
+        assert store.claiming.wait(WAIT_S)  # its claim is out
+        refresh = proxy.execute("t", {"k": 3}, force_refresh=True, timeout_s=5.0)
+        if earlier == "completed":
+            assert normal.get(timeout=WAIT_S).execution == "cached"
+        else:
+            with pytest.raises(RecordedFailureError):
+                normal.get(timeout=WAIT_S)
+        assert refresh.get(timeout=WAIT_S).execution == "live"
+        assert recorder.count("fn") == 2  # the first run's call, and the refresh
+    finally:
+        system.stop()
+        store.close()

@@ -86,6 +86,7 @@ class FakeEffects:
         self.released: list[LeaseRef] = []
         self.registered: collections.Counter[str] = collections.Counter()
         self.unregistered: collections.Counter[str] = collections.Counter()
+        self.settled_keys: list[str] = []
         self.retry_charges: list[int] = []
         self.retry_refunds = 0
         self.timers: list[tuple[float, Any]] = []
@@ -168,6 +169,9 @@ class FakeEffects:
 
     def unbeat(self, keys: list[str]) -> None:
         self.unregistered.update(keys)
+
+    def settled(self, key: str) -> None:
+        self.settled_keys.append(key)
 
     def charge_retry(self, unit: int) -> None:
         self.retry_charges.append(unit)
