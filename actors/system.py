@@ -77,6 +77,11 @@ class DispatchSystem:
         self.tools = {t.tool_id: t for t in tools}
         if not self.tools:
             raise ValueError("DispatchSystem needs at least one tool")
+        if not isinstance(store, ReceiptStore):
+            raise TypeError(
+                f"store must be a stores.ReceiptStore (subclass it: it declares the optional "
+                f"capabilities' defaults), got {type(store).__name__}"
+            )
         self._pacings = provider_pacings(self.tools.values())  # conflicting limits: before any actor starts
         self.run = run
         self.policy = policy
@@ -161,6 +166,7 @@ class DispatchSystem:
         Raises:
             ValueError: no tool, or tools of one provider giving different pacings
                 (:func:`provider_pacings`).
+            TypeError: ``store`` is not a :class:`stores.ReceiptStore`.
         """
         return cls(tools, store, run, policy or Policy(), pacer)
 

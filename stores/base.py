@@ -151,7 +151,7 @@ class ReceiptStore(abc.ABC):
             owned by ``owner``; reclaiming an expired lease is a compare-and-set, so of
             two racing claimers exactly one wins.
 
-        Contract details (tests/stores/test_contract.py):
+        Contract details (tests/stores/test_contract_*.py):
 
         * receipts a plain read settles (completed and reused, failed in normal mode,
           uncertain: :func:`stores.claims.settled_by_read`) are answered by a read

@@ -5,6 +5,7 @@ relative link and named repository path exists, and the code examples run."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import re
 from collections.abc import Iterator
@@ -164,3 +165,30 @@ def test_docs_pages_named_in_the_code_exist() -> None:
             elif section is not None and _slug(section) not in _anchors(page):
                 missing.append(f"{where}, {section}")
     assert missing == []
+
+
+DOTTED = re.compile(r"`((?:actors|stores)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """``dotted`` names a module, or a name (an attribute chain) inside one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", [README, *_pages()], ids=lambda p: p.name)
+def test_docs_dotted_names_resolve(page: Path) -> None:
+    """Every ``actors.…`` / ``stores.…`` name a page gives in backticks imports."""
+    text = page.read_text(encoding="utf-8")
+    broken = sorted({m.group(1) for m in DOTTED.finditer(text) if not _resolves(m.group(1))})
+    assert not broken, f"{page.name} names what does not import: {broken}"

@@ -22,7 +22,7 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
 digest (part of every receipt key, see :func:`credential_scope_digest`, in
-``actors/_credentials.py``) is a sha256 over what authenticates its requests as httpx
+``actors/http/credentials.py``) is a sha256 over what authenticates its requests as httpx
 sends them: its auth headers, every query-string parameter and ``user:password@`` of its
 URLs, the shared client's auth headers, query parameters, cookies and ``auth``, and an
 explicit ``credentials=`` value; never the secret itself. Two runs with different

@@ -6,7 +6,7 @@
 -- clock is off cannot skew anyone's pacing) and leaves every key it writes with a TTL.
 --
 -- The same rules in Python are actors.pacing.pacer_state.BucketState (the in-process
--- pacer); tests/actors/pacer/test_pacer_rules_conformance.py runs both on the same
+-- pacer); tests/actors/pacing/shared/test_pacer_rules_conformance.py runs both on the same
 -- sequences of operations and requires the same replies.
 --
 -- Keys:

@@ -1,6 +1,6 @@
 """The provider idempotency key follows the receipt's execution generation (issue 9, 4b).
 
-The store side (when the generation moves) is in tests/stores/test_contract.py; here the
+The store side (when the generation moves) is in tests/stores/test_contract_generations.py; here the
 key itself: one per (receipt key, generation), never derived from the lease id.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from actors import Tool
+from actors import RunInfo, Tool
 from actors.system import DispatchSystem
 from stores import (
     Claim,
@@ -148,3 +148,25 @@ def test_store_capabilities_write_together_default_runs_each_alone(open_store: A
         store.write_together([("claim_many", (ORG, [], ME), {"lease_ttl_s": 1.0})])
     (receipt,) = store.get_many(ORG, ["k1"])
     assert receipt is not None and receipt.status is ReceiptStatus.RUNNING
+
+
+def test_a_store_that_is_not_a_receipt_store_is_refused_at_start(db_path: Any) -> None:
+    """A duck-typed store has no declared capabilities: start says so, before any actor."""
+
+    class Duck:
+        def __init__(self, inner: SqliteReceiptStore) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    inner = SqliteReceiptStore(db_path)
+    try:
+        with pytest.raises(TypeError, match=r"store must be a stores\.ReceiptStore"):
+            DispatchSystem.start(
+                tools=[Tool(tool_id="t", fn=lambda i, c: i)],
+                store=Duck(inner),
+                run=RunInfo(run_id="r", org_id="o", scope="s"),
+            )  # type: ignore[arg-type]
+    finally:
+        inner.close()
