@@ -10,6 +10,7 @@ messages (calls submitted, facts answering its requests, its timers).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -484,7 +485,7 @@ class ClaimReceipts:
 
 
 @attrs.frozen(kw_only=True)
-class FencedWrite:
+class FencedWrite(abc.ABC):
     """A fenced bulk write: ``method(org_id, <items>, owner, **extra)``; reply: FenceReport.
 
     Writes of one kind, org, owner and extra waiting together may be merged into one
@@ -501,13 +502,13 @@ class FencedWrite:
     """Gets the FenceReport."""
 
     @property
+    @abc.abstractmethod
     def items(self) -> Sequence[Any]:
         """The keyed items written (each has ``.key``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def with_items(self, items: list[Any]) -> FencedWrite:
         """The same write over ``items``."""
-        raise NotImplementedError
 
     def extra(self) -> dict[str, Any]:
         """The keyword arguments beyond (org_id, items, owner)."""
