@@ -47,6 +47,7 @@ from actors.pacing.providers import provider_pacings
 from actors.pacing.send_gate import SendGates
 from actors.queue.actor import Memo, ToolQueueActor
 from actors.queue.system_ports import Ports
+from actors.runtime import host_signals
 from actors.runtime.actor import Timers, WorkerPool, on_actor, runtime_name
 from actors.runtime.at_exit import track, untrack
 from actors.runtime.futures import MAX_WAIT_S, fail, new_future
@@ -140,6 +141,7 @@ class DispatchSystem:
         if any(m.max_bytes for m in self._memos.values()):  # purge_epoch: every store has it
             PurgeWatcher(self._store_ref, list(self._queues.values()), self.timers, self._stopping).start()
         track(self)  # stopped at interpreter exit if the host never stops it
+        host_signals.hold()  # under gevent, the host's signal handlers raise on its own greenlet
 
     @classmethod
     def start(
@@ -291,6 +293,7 @@ class DispatchSystem:
             self._stop(timeout_s)
         finally:
             self._stop_done.set()
+            host_signals.release()
 
     def _stop(self, timeout_s: float) -> None:
         self._stopping.set()

@@ -23,6 +23,7 @@ from typing import Any
 import pykka
 
 from actors.runtime.futures import bounded, fail
+from actors.runtime.host_signals import hand_to_host
 from actors.runtime.nesting import _getcurrent, _tool_greenlets, _tool_thread
 
 __all__ = [
@@ -137,6 +138,14 @@ def guarded(on_receive: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             _handling.on = True
         try:
             return on_receive(self, message)
+        except (KeyboardInterrupt, SystemExit) as exc:  # a signal handler's, under gevent
+            if not hand_to_host(exc):
+                raise
+            log.error(
+                "%s: a signal handler raised %r inside it, handling %s: passed on to the host",
+                type(self).__name__, exc, type(message).__name__,
+            )  # fmt: skip
+            return None
         except Exception as exc:
             log.exception("%s failed on %s", type(self).__name__, type(message).__name__)
             reply = getattr(message, "reply", None)
@@ -218,8 +227,9 @@ class WorkerPool:
         _tool_greenlets.add(me)
         try:
             fn(*args)
-        except BaseException:
-            log.exception("a worker task failed")
+        except BaseException as exc:
+            if not hand_to_host(exc):  # (a signal handler's KeyboardInterrupt is the host's)
+                log.exception("a worker task failed")
         finally:
             _tool_greenlets.discard(me)
 

@@ -1,0 +1,127 @@
+"""A signal a busy host receives is the host's: its handler's ``KeyboardInterrupt`` or
+``SystemExit`` reaches the host's own code, the system keeps serving, and every result
+paid for is stored. Under gevent a handler ran in whichever greenlet ran at that moment
+(an actor's, a tool's): pykka answered the error by stopping every actor, results paid
+for were dropped, and the host never saw its interrupt. Real child processes in this
+run's runtime, real signals, real SQLite files.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_exit_without_stop import _child_env
+
+INTERRUPTS = 8
+
+_HOST = textwrap.dedent(
+    """
+    import signal, sys
+    from actors import DispatchSystem, RunInfo, Tool
+    from stores import SqliteReceiptStore
+
+    db, how = sys.argv[1], sys.argv[2]
+
+    def fast(i, c):
+        with open(db + ".paid", "a") as out:  # what the provider was paid for
+            out.write("%d\\n" % i["i"])
+        return {"i": i["i"]}
+
+    def leave(signum, frame):
+        sys.exit(5)
+
+    if how == "sigterm-exits":  # the host's own handler, installed before the system starts
+        signal.signal(signal.SIGTERM, leave)
+    system = DispatchSystem.start(
+        tools=[Tool(tool_id="fast", fn=fast)], store=SqliteReceiptStore(db),
+        run=RunInfo(run_id="r", org_id="o", scope="s"),
+    )
+    proxy = system.proxy()
+    print("running", flush=True)
+    n = seen = 0
+    while seen < INTERRUPTS:
+        try:
+            for f in proxy.execute_many("fast", [{"i": n + k} for k in range(100)]):
+                f.get(timeout=30)
+            n += 100
+        except (KeyboardInterrupt, SystemExit) as exc:
+            seen += 1
+            n += 100
+            print("got " + type(exc).__name__, flush=True)
+    system.stop(timeout_s=30)
+    print("stopped", flush=True)
+    """
+).replace("INTERRUPTS", str(INTERRUPTS))
+
+
+@pytest.mark.parametrize(
+    ("how", "sig", "seen"),
+    [
+        pytest.param("ctrl-c", signal.SIGINT, "KeyboardInterrupt", id="ctrl-c"),
+        pytest.param("sigterm-exits", signal.SIGTERM, "SystemExit", id="sigterm-handler-exits"),
+    ],
+)
+def test_a_signal_to_a_busy_host_reaches_the_host_and_every_paid_result_is_stored(
+    runtime: Any, tmp_path: Path, how: str, sig: int, seen: str
+) -> None:
+    script, db = tmp_path / "host.py", tmp_path / "r.db"
+    script.write_text(_HOST)
+    env, prefix = _child_env(runtime)
+    proc = subprocess.Popen(
+        [*prefix, str(script), str(db), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running", proc.stderr.read() if proc.stderr else ""
+        for _ in range(INTERRUPTS):  # each while calls are under way (100 a batch, back to back)
+            time.sleep(0.3)
+            proc.send_signal(sig)
+            line = proc.stdout.readline().strip()
+            assert line == f"got {seen}", (line, proc.stderr.read() if proc.stderr else "")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert out.strip() == "stopped" and proc.returncode == 0, err[-3000:]
+    paid = set((tmp_path / "r.db.paid").read_text().split())
+    with sqlite3.connect(db) as conn:
+        stored = dict(conn.execute("SELECT status, count(*) FROM receipts GROUP BY status").fetchall())
+    assert stored.pop("completed") == len(paid), err[-3000:]  # nothing paid for is lost
+    assert set(stored) <= {"pending"}, (stored, err[-3000:])  # calls not yet sent: released
+
+
+def test_an_interrupt_raised_inside_an_actor_goes_to_the_host_and_the_actor_lives_on(runtime: Any) -> None:
+    """A handler the host installs after the system started is not wrapped: should it raise
+    inside an actor's handler, the error is thrown into the host's greenlet and the actor
+    (and every other) goes on, where pykka would stop them all."""
+    if runtime != "gevent":
+        pytest.skip("on plain threads a signal handler runs on the main thread only (the host's)")
+    import gevent
+
+    from actors.runtime import InboxActor, guarded
+
+    class Struck(InboxActor):
+        @guarded
+        def on_receive(self, message: Any) -> Any:
+            if message == "struck":
+                raise KeyboardInterrupt  # as a handler raising while this actor runs
+            return "alive"
+
+    ref = Struck.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ref.tell("struck")
+            gevent.sleep(2.0)  # thrown into this (the main) greenlet meanwhile
+        assert ref.ask("ping", timeout=5) == "alive"
+    finally:
+        ref.stop()
