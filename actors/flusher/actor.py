@@ -14,7 +14,6 @@ store actor's futures, which is safe because that actor never waits on anyone.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -62,7 +61,7 @@ class _Chunk:
     error: str = ""
 
 
-class CompletionFlusherActor(HeldOutputs, InboxActor):
+class CompletionFlusherActor(InboxActor):
     """Buffers completions and writes them in bulk (see the module doc)."""
 
     def __init__(
@@ -80,9 +79,8 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
     ) -> None:
         super().__init__()
         self.stats = stats
-        self.writing: dict[int, Any] = writing if writing is not None else {}
-        """Chunk id -> salvage entries maker of a write in progress (read by the system's
-        stop, from its own thread, when its bound runs out: :func:`salvage_writing`)."""
+        self.held = HeldOutputs(writing if writing is not None else {}, scope)
+        """What this flusher holds, shown to stop (:func:`salvage_writing` reads its map)."""
         self.store = store
         self.policy = policy
         self.latch = latch
@@ -94,8 +92,6 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         self._buffer: list[FlushCompletions] = []
         self._due = False
         self._retrying: dict[int, _Chunk] = {}
-        self._held: set[int] = set()
-        """This actor's keys in ``writing``."""
         self._ids = itertools.count()
 
     @guarded
@@ -104,7 +100,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             self._failed_first(message)
         elif isinstance(message, FlushCompletions):
             self._buffer.append(message)
-            self._hold(-id(message), functools.partial(self._entries_of, message))
+            self.held.hold_request(message)
             if self._due:  # a FlushDue in the inbox takes it
                 return None
             if self.actor_inbox.empty():
@@ -136,9 +132,9 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                 if not getattr(request.reply, "done", False):
                     request.reply.set_exception(exc_info_of(exc))
         for chunk in chunks:  # every chunk shown to stop before the first write waits on the store
-            self._held_chunk(chunk)
+            self.held.hold_chunk(chunk)
         for message in buffered:
-            self._let_go(-id(message))  # held as chunks from here on
+            self.held.let_go_request(message)  # held as chunks from here on
         for chunk in chunks:
             self._write_guarded(chunk)
 
@@ -152,20 +148,20 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                 message.reply.set_exception(exc_info_of(exc))
             return
         for chunk in chunks:  # all shown to stop first: a give-up's read-backs wait on the store
-            self._held_chunk(chunk)
+            self.held.hold_chunk(chunk)
         for chunk in chunks:
             self._failed(chunk, message.failed)
 
     def _write_guarded(self, chunk: _Chunk) -> None:
         """Write a chunk; whatever goes wrong, every member's caller hears back (salvaged)."""
-        self._held_chunk(chunk)
+        self.held.hold_chunk(chunk)
         try:
             self._write(chunk)
         except Exception as exc:
             log.exception("the completion flusher failed on a chunk; salvaging it")
             chunk.error = f"{type_name(exc)}: {error_text(exc)}"
             members = [m for m in chunk.members if m.completion.key in m.request.remaining]
-            salvage = [self._entry(chunk, m, chunk.error) for m in members]
+            salvage = [self.held.entry(chunk, m, chunk.error) for m in members]
             try:
                 self.salvage.append(salvage)
             finally:
@@ -173,7 +169,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
                     self._settle(member, FlushOutcome("salvaged", error=chunk.error))
         finally:
             if not any(c is chunk for c in self._retrying.values()):  # else held on the ladder
-                self._let_go(id(chunk))
+                self.held.let_go_chunk(chunk)
 
     def on_stop(self) -> None:
         """Outputs not yet stored when the flusher stops (stop's bound ran out) are
@@ -191,12 +187,11 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         except Exception:
             log.exception("salvaging at stop")
         self._buffer = []
-        for token in list(self._held):  # salvaged below, here on this thread
-            self._let_go(token)
+        self.held.let_go_all()  # salvaged below, here on this thread
         for chunk in chunks:
             members = [m for m in chunk.members if m.completion.key in m.request.remaining]
             try:
-                self.salvage.append([self._entry(chunk, m, chunk.error or reason) for m in members])
+                self.salvage.append([self.held.entry(chunk, m, chunk.error or reason) for m in members])
             except Exception:
                 log.exception("salvaging at stop")
             for member in members:
@@ -256,7 +251,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         keys = [m.completion.key for m in chunk.members]
         for member, (outcome, lost) in zip(chunk.members, fence_outcomes(report, keys), strict=True):
             if lost:
-                salvage.append(self._entry(chunk, member, outcome.error))
+                salvage.append(self.held.entry(chunk, member, outcome.error))
             settled.append((member, outcome))
         try:
             self.salvage.append(salvage)  # on disk before any caller hears back
@@ -283,16 +278,16 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
         else:
             chunk_id = next(self._ids)
             self._retrying[chunk_id] = chunk
-            self._held_chunk(chunk)
+            self.held.hold_chunk(chunk)
             self.timers.call_later(backoff, self.actor_ref.tell, RetryWrite(chunk_id=chunk_id))
 
     def _give_up(self, chunk: _Chunk) -> None:
         """Trip the latch, recover what can be recovered by reading back, salvage the rest."""
-        self._held_chunk(chunk)  # the read-backs wait on the store: held until settled
+        self.held.hold_chunk(chunk)  # the read-backs wait on the store: held until settled
         try:
             self._recover_or_salvage(chunk)
         finally:
-            self._let_go(id(chunk))
+            self.held.let_go_chunk(chunk)
 
     def _recover_or_salvage(self, chunk: _Chunk) -> None:
         self.latch.trip(f"receipt completion failed after {chunk.failures} attempts: {chunk.error}")
@@ -304,7 +299,7 @@ class CompletionFlusherActor(HeldOutputs, InboxActor):
             members = chunk.members[start : start + step]
             for member, outcome in zip(members, self._recover(chunk, members), strict=True):
                 if outcome is None:
-                    salvage.append(self._entry(chunk, member, chunk.error))
+                    salvage.append(self.held.entry(chunk, member, chunk.error))
                     outcome = FlushOutcome("salvaged", error=chunk.error)
                 settled.append((member, outcome))
         try:

@@ -36,34 +36,54 @@ def request_entries(message: FlushCompletions, scope: str, reason: str) -> list[
 
 
 class HeldOutputs:
-    """The flusher's part that keeps ``writing`` in step with what it holds."""
+    """What one flusher holds, kept in step with the system's ``writing`` map (token -> a
+    maker of salvage entries, read by stop from its own thread when its bound runs out:
+    :func:`actors.flusher.stop_salvage.salvage_writing`).
 
-    writing: dict[int, Any]
-    _held: set[int]
-    scope: str
+    Args:
+        writing: the system's shared map (this object adds and removes its own tokens).
+        scope: the receipts' scope, written into each salvage entry.
+    """
 
-    def _hold(self, token: int, make: Callable[[str], list[Any]]) -> None:
-        """Show stop what this actor holds (a chunk being written or waiting on the ladder,
-        a buffered request): should its bound run out while this thread waits on the store,
-        stop salvages it from its own thread (:func:`actors.flusher.stop_salvage.salvage_writing`)."""
+    def __init__(self, writing: dict[int, Any], scope: str) -> None:
+        self.writing = writing
+        self.scope = scope
+        self._tokens: set[int] = set()
+        """This flusher's tokens in ``writing``."""
+
+    def hold(self, token: int, make: Callable[[str], list[Any]]) -> None:
+        """Show stop what the flusher holds (a chunk being written or waiting on the ladder,
+        a buffered request) until :meth:`let_go`."""
         self.writing[token] = make
-        self._held.add(token)
+        self._tokens.add(token)
 
-    def _let_go(self, token: int) -> None:
+    def let_go(self, token: int) -> None:
         self.writing.pop(token, None)
-        self._held.discard(token)
+        self._tokens.discard(token)
 
-    def _held_chunk(self, chunk: Any) -> None:
-        self._hold(id(chunk), functools.partial(self._entries_of_chunk, chunk))
+    def let_go_all(self) -> None:
+        """Drop every token (the flusher salvages what it holds itself, at stop)."""
+        for token in list(self._tokens):
+            self.let_go(token)
+
+    def hold_request(self, message: FlushCompletions) -> None:
+        self.hold(-id(message), functools.partial(request_entries, message, self.scope))
+
+    def let_go_request(self, message: FlushCompletions) -> None:
+        self.let_go(-id(message))
+
+    def hold_chunk(self, chunk: Any) -> None:
+        self.hold(id(chunk), functools.partial(self._entries_of_chunk, chunk))
+
+    def let_go_chunk(self, chunk: Any) -> None:
+        self.let_go(id(chunk))
 
     def _entries_of_chunk(self, chunk: Any, reason: str) -> list[Any]:
         members = [m for m in list(chunk.members) if m.completion.key in m.request.remaining]
-        return [self._entry(chunk, m, reason) for m in members]
+        return [self.entry(chunk, m, reason) for m in members]
 
-    def _entries_of(self, message: FlushCompletions, reason: str) -> list[Any]:
-        return request_entries(message, self.scope, reason)
-
-    def _entry(self, chunk: Any, member: Any, error: str) -> Any:
+    def entry(self, chunk: Any, member: Any, error: str) -> Any:
+        """The salvage entry of one member of a chunk (``error``: why it is salvaged)."""
         return salvage_entry(
             key=member.completion.key,
             org_id=chunk.org_id,
