@@ -1,7 +1,7 @@
 """The governor: admission decisions (budgets, concurrency, pacing, backpressure) and its actor.
 
 A :class:`Governor` holds a :class:`GovernorPacing`: :class:`LocalPacing` (this process's
-buckets) or :class:`SharedPacing` (a shared pacer, as in :class:`SharedGovernor`).
+buckets) or :class:`SharedPacing` (a shared pacer, as in :func:`shared_governor`).
 """
 
 from actors.governor.actor import GovernorActor
@@ -13,7 +13,7 @@ from actors.governor.decisions import (
     LocalPacing,
     suggested_parallelism,
 )
-from actors.governor.shared import SharedGovernor, SharedPacing
+from actors.governor.shared import SharedPacing, shared_governor
 
 __all__ = [
     "BUDGET_KINDS",
@@ -22,7 +22,7 @@ __all__ = [
     "GovernorActor",
     "GovernorPacing",
     "LocalPacing",
-    "SharedGovernor",
     "SharedPacing",
+    "shared_governor",
     "suggested_parallelism",
 ]

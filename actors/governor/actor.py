@@ -2,7 +2,7 @@
 
 It resolves grant and refusal replies, keeps the send gates' rates, pauses and closures
 in step with the governor's buckets, and arms one wake-up timer. With a shared pacer it
-runs a :class:`~actors.governor.shared.SharedGovernor` instead.
+runs a :func:`~actors.governor.shared.shared_governor` instead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pykka
 
 from actors.errors import BudgetExceededError, CallCancelledError
 from actors.governor.decisions import Decisions, Governor
-from actors.governor.shared import SharedGovernor
+from actors.governor.shared import shared_governor
 from actors.messages import (
     AcquireSlots,
     BackpressureReported,
@@ -41,7 +41,7 @@ class GovernorActor(pykka.ThreadingActor):
     actor keeps their rate and pauses in step with the buckets (its clock must be
     ``time.monotonic``, the gates' clock, when gates are shared). With ``pacer`` (an
     :class:`~actors.pacing.pacers.Pacer`, closed by its owner), rates, pauses and circuits
-    are those of the pacer (:class:`~actors.governor.shared.SharedGovernor`).
+    are those of the pacer (:func:`~actors.governor.shared.shared_governor`).
     """
 
     use_daemon_thread = True  # as InboxActor's: stopped at exit by actors.runtime.at_exit
@@ -56,7 +56,9 @@ class GovernorActor(pykka.ThreadingActor):
         pacer: Any = None,
     ) -> None:
         super().__init__()
-        self.governor = Governor(policy, pacings) if pacer is None else SharedGovernor(policy, pacings, pacer)
+        self.governor = (
+            Governor(policy, pacings) if pacer is None else shared_governor(policy, pacings, pacer)
+        )
         self.timers = timers
         self.gates = gates if gates is not None else SendGates()
         self.clock = clock

@@ -1,8 +1,8 @@
 """The governor's pacing done by a :class:`~actors.pacing.pacers.Pacer` (shared through Redis).
 
 :class:`SharedPacing` is the :class:`~actors.governor.decisions.GovernorPacing` of a
-:class:`SharedGovernor`: its rate, Retry-After pauses and circuit live in the pacer, so
-every worker process pointed at the same pacer paces one provider together. What stays
+governor made by :func:`shared_governor`: its rate, Retry-After pauses and circuit live in
+the pacer, so every worker process pointed at the same pacer paces one provider together. What stays
 in this process: budgets, the global ceiling (``Policy.max_concurrency``) and each
 provider's ``max_concurrency`` (both are per process), the send gates, and the counters of
 the pacing report.
@@ -55,7 +55,7 @@ WAIT_POLL_S = 1.0
 probe settling wakes nobody here, and its claim lasts ``probe_lease_s`` (30 s), so without
 this a worker could stall that long after the circuit had closed."""
 
-__all__ = ["SharedGovernor", "SharedPacing"]
+__all__ = ["SharedPacing", "shared_governor"]
 
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
@@ -286,8 +286,14 @@ class SharedPacing(GovernorPacing):
             out.gates.setdefault(key, (rate, None))
 
 
-class SharedGovernor(Governor):
-    """A :class:`~actors.governor.decisions.Governor` whose pacing is a :class:`SharedPacing`.
+def shared_governor(
+    policy: Policy,
+    pacings: dict[str, Pacing],
+    pacer: Pacer,
+    rng: Callable[[], float] = random.random,
+) -> Governor:
+    """A :class:`~actors.governor.decisions.Governor` whose pacing is a :class:`SharedPacing`
+    over ``pacer`` (its state: ``governor.pacing``).
 
     Args:
         policy: as :class:`~actors.governor.decisions.Governor`.
@@ -296,32 +302,7 @@ class SharedGovernor(Governor):
         pacer: the pacer (the caller closes it).
         rng: jitter source.
     """
-
-    pacing: SharedPacing
-
-    def __init__(
-        self,
-        policy: Policy,
-        pacings: dict[str, Pacing],
-        pacer: Pacer,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        super().__init__(policy, pacings, rng, SharedPacing(pacer, policy, pacings))
-
-    @property
-    def pacer(self) -> Pacer:
-        """The shared pacer."""
-        return self.pacing.pacer
-
-    @property
-    def roles(self) -> dict[BucketKey, SharedLearner]:
-        """(org, provider) of an unknown limit -> this worker's learner role."""
-        return self.pacing.roles
-
-    @property
-    def shared(self) -> dict[BucketKey, tuple[float | None, float | None, bool]]:
-        """(org, provider) -> (rate, reference rate, slow start) as the pacer last said."""
-        return self.pacing.shared
+    return Governor(policy, pacings, rng, SharedPacing(pacer, policy, pacings))
 
 
 def _is_date(retry_after: Any) -> bool:

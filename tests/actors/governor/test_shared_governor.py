@@ -1,4 +1,4 @@
-"""SharedGovernor (actors/governor/shared.py): two governors (two worker processes) pacing
+"""shared_governor (actors/governor/shared.py): two governors (two worker processes) pacing
 through one pacer. A plain state machine: a LocalPacer on a fake clock stands for Redis
 (the same rules; the Redis pacer passes the same conformance suite in tests/actors/pacing/shared)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from actors import Pacing, Policy
 from actors.errors import ProviderUnavailableError
-from actors.governor.shared import SharedGovernor
+from actors.governor.shared import shared_governor
 from actors.pacing.bucket import pacing_report
 from actors.pacing.pacers import LocalPacer
 
@@ -17,8 +17,8 @@ def _pair(rps: float = 10.0, **policy):
     now = [100.0]
     pacer = LocalPacer(clock=lambda: now[0])
     pacings = {"p": Pacing(rps=rps)}
-    one = SharedGovernor(Policy(**policy), pacings, pacer, rng=lambda: 0.0)
-    two = SharedGovernor(Policy(**policy), pacings, pacer, rng=lambda: 0.0)
+    one = shared_governor(Policy(**policy), pacings, pacer, rng=lambda: 0.0)
+    two = shared_governor(Policy(**policy), pacings, pacer, rng=lambda: 0.0)
     return now, pacer, one, two
 
 
@@ -81,26 +81,26 @@ def _learning_pair():
     now = [100.0]
     pacer = LocalPacer(clock=lambda: now[0])
     pacings = {"p": Pacing(start_rps=10.0)}  # limit unknown: learnt
-    one = SharedGovernor(Policy(), pacings, pacer, rng=lambda: 0.0)
-    two = SharedGovernor(Policy(), pacings, pacer, rng=lambda: 0.0)
+    one = shared_governor(Policy(), pacings, pacer, rng=lambda: 0.0)
+    two = shared_governor(Policy(), pacings, pacer, rng=lambda: 0.0)
     return now, one, two
 
 
 def test_two_governors_learn_one_estimate_from_a_429_either_met():
     now, one, two = _learning_pair()
     _drive([one, two], now, 1.0)  # slow start, counted together
-    assert one.roles[("org", "p")].learner is not None  # the first to learn holds the lease
-    assert two.roles[("org", "p")].learner is None
+    assert one.pacing.roles[("org", "p")].learner is not None  # the first to learn holds the lease
+    assert two.pacing.roles[("org", "p")].learner is None
     two.backpressure("org", "p", "1", now[0], 0.0, sent_at=now[0])  # the follower's 429
     now[0] += 1.05
     _drive([one, two], now, 0.5)
-    learner = one.roles[("org", "p")].learner
+    learner = one.pacing.roles[("org", "p")].learner
     assert learner is not None and learner.cuts == 1 and learner.phase == "plateau"
     reports = [_reported_limit(gov, now[0]) for gov in (one, two)]
     assert reports[0]["limit_rps"] == reports[1]["limit_rps"] == learner.limit_rps
     assert reports[0]["learnt"] == reports[1]["learnt"] == "plateau"
     # the shared rate is the learner's plateau, not the pacer's own cut
-    assert two.shared[("org", "p")][0] == learner.rate
+    assert two.pacing.shared[("org", "p")][0] == learner.rate
 
 
 def test_the_learner_lease_passes_to_another_governor_when_its_holder_goes_quiet():
@@ -109,12 +109,12 @@ def test_the_learner_lease_passes_to_another_governor_when_its_holder_goes_quiet
     one.backpressure("org", "p", "1", now[0], 0.0, sent_at=now[0])
     now[0] += 1.05
     _drive([one, two], now, 0.5)
-    estimate = one.roles[("org", "p")].learner.limit_rps
+    estimate = one.pacing.roles[("org", "p")].learner.limit_rps
     _drive([two], now, 4.0)  # one is gone: its lease (3 s) lapses, two takes the role
-    taken = two.roles[("org", "p")].learner
+    taken = two.pacing.roles[("org", "p")].learner
     assert taken is not None and taken.limit_rps == estimate and taken.cuts == 1
     _drive([one], now, 0.1)  # one comes back as a follower
-    assert one.roles[("org", "p")].learner is None
+    assert one.pacing.roles[("org", "p")].learner is None
     assert _reported_limit(one, now[0])["limit_rps"] == taken.limit_rps
 
 
@@ -134,8 +134,8 @@ def test_a_lease_holder_whose_calls_do_not_end_still_learns_from_the_others():
         if granted:
             two.release("org", "p", granted, granted, now[0])
         one.wake(now[0])
-        rates.append(two.shared[("org", "p")][0])
-    assert one.roles[("org", "p")].learner is not None
+        rates.append(two.pacing.shared[("org", "p")][0])
+    assert one.pacing.roles[("org", "p")].learner is not None
     assert rates[-1] > 2 * rates[0]  # slow start went on as two's calls were accepted
 
 

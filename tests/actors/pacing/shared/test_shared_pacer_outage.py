@@ -136,26 +136,26 @@ def test_an_unknown_limit_is_learnt_again_after_redis_comes_back(
     redis_server: RedisServer, prefix: str
 ) -> None:
     from actors import Pacing, Policy
-    from actors.governor.shared import SharedGovernor
+    from actors.governor.shared import shared_governor
     from actors.pacing.redis_pacer import RedisPacer
 
     clock = FakeClock()
     pacer = RedisPacer(redis_server.url, prefix=prefix, expected_workers=4, clock=clock, retry_s=1.0)
-    gov = SharedGovernor(Policy(), {"p": Pacing(start_rps=40.0)}, pacer, rng=lambda: 0.0)
+    gov = shared_governor(Policy(), {"p": Pacing(start_rps=40.0)}, pacer, rng=lambda: 0.0)
     key = ("o", "p")
     assert gov.acquire("o", "p", 1, object(), clock.now).grants
     gov.release("o", "p", 1, 1, clock.now)
-    assert gov.roles[key].learner is not None  # alone: it holds the learner lease
+    assert gov.pacing.roles[key].learner is not None  # alone: it holds the learner lease
     redis_server.kill()
     gov.release("o", "p", 0, 1, clock.now)  # an answer while Redis is away
-    assert pacer.snapshot()["degraded"] and gov.roles[key].learner is None  # its counts are its own
+    assert pacer.snapshot()["degraded"] and gov.pacing.roles[key].learner is None  # its counts are its own
     gov.acquire("o", "p", 1, object(), clock.now)
-    assert gov.shared[key][0] == pytest.approx(40.0 / 4)  # a quarter of the shared rate, paced
+    assert gov.pacing.shared[key][0] == pytest.approx(40.0 / 4)  # a quarter of the shared rate, paced
     redis_server.start()  # empty: the shared state is gone
     clock.now += 1.0
     gov.release("o", "p", 0, 1, clock.now)
     assert not pacer.snapshot()["degraded"]
-    learner = gov.roles[key].learner
+    learner = gov.pacing.roles[key].learner
     assert learner is not None and learner.phase == "slow_start"  # learnt anew, shared again
     pacer.close()
 
