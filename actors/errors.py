@@ -15,6 +15,7 @@ never its truth (``is None``, not ``or``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, TypeGuard, TypeVar, overload
 
@@ -60,7 +61,10 @@ __all__ = [
     "error_text",
     "exc_info_of",
     "flag_of",
+    "hosts_own",
     "is_a",
+    "note_signalled",
+    "signalled",
     "tame",
     "traceback_of",
     "type_name",
@@ -150,7 +154,9 @@ def error_repr(exc: BaseException) -> str:
     """``repr(exc)``, or ``error_text`` in its class's name when its ``__repr__`` raises."""
     try:
         return str.__str__(repr(exc))  # (a plain str: see error_text)
-    except BaseException:  # as in error_text: a foreign __repr__'s error is never passed on
+    except BaseException as raised:  # as in error_text: a foreign __repr__'s error is never passed on
+        if signalled(raised):
+            raise
         return f"{type_name(exc)}({error_text(exc)!r})"
 
 
@@ -160,7 +166,9 @@ def error_text(exc: BaseException) -> str:
     ``in`` or a format, may raise: the text is copied out of it)."""
     try:
         return str.__str__(str(exc)) or type_name(exc)
-    except BaseException:  # a __str__ raising anything, SystemExit included: never passed on
+    except BaseException as raised:  # a __str__ raising anything, SystemExit included: never passed on
+        if signalled(raised):
+            raise
         return f"{type_name(exc)} (its message could not be read)"
 
 
@@ -181,13 +189,40 @@ def tame(exc: BaseException) -> BaseException:
             exc.failure_kind  # noqa: B018
         if isinstance(exc, RateLimitedError):
             exc.retry_after  # noqa: B018
-    except BaseException:  # whatever it raised, SystemExit included: the error is unreadable
+    except BaseException as raised:  # whatever it raised, SystemExit included: the error is unreadable
+        if signalled(raised):
+            raise
         return UnreadableToolError(
             f"the tool raised a {type_name(exc)} this library cannot read (asking its type or "
             f"attributes raised): {error_text(exc)}",
             exc,
         )
     return exc
+
+
+_SIGNALLED: deque[BaseException] = deque(maxlen=16)
+"""The latest errors the host's signal handlers raised (noted by
+:mod:`actors.runtime.host_signals`)."""
+
+
+def note_signalled(exc: BaseException) -> None:
+    """``exc`` was raised by one of the host's signal handlers: it is the host's."""
+    _SIGNALLED.append(exc)
+
+
+def signalled(exc: BaseException) -> bool:
+    """Whether one of the host's signal handlers raised ``exc`` (its ``SystemExit`` or
+    ``KeyboardInterrupt``, say): no catch-all of this library may swallow it or make it a
+    call's error, though the same type raised by a tool, an input or a credentials function
+    is that call's error."""
+    return any(seen is exc for seen in tuple(_SIGNALLED))
+
+
+def hosts_own(exc: BaseException) -> bool:
+    """Whether ``exc``, caught on the caller's thread, is the caller's to handle rather than
+    one call's error: a ``KeyboardInterrupt`` (Ctrl-C, whoever raised it), or what a
+    signal handler raised."""
+    return is_a(exc, KeyboardInterrupt) or signalled(exc)
 
 
 class _Probe:
@@ -200,7 +235,9 @@ def attr_of(obj: Any, name: str, default: Any = None) -> Any:
     an actor's thread, which such an error would end."""
     try:
         return getattr(obj, name, default)
-    except BaseException:
+    except BaseException as raised:
+        if signalled(raised):
+            raise
         return default
 
 
@@ -210,7 +247,9 @@ def flag_of(obj: Any, name: str, default: bool) -> bool:
     value = attr_of(obj, name, default)
     try:
         return bool(value)
-    except BaseException:  # (as in attr_of)
+    except BaseException as raised:  # (as in attr_of)
+        if signalled(raised):
+            raise
         return default
 
 

@@ -39,6 +39,8 @@ from actors.errors import (
     InvalidInputError,
     UnknownToolError,
     error_text,
+    hosts_own,
+    signalled,
     type_name,
 )
 from actors.lifecycle.calls import Call
@@ -138,6 +140,8 @@ class Intake:
             except (Exception, KeyboardInterrupt):  # an error, or the caller's own interrupt
                 raise
             except BaseException as exc:  # SystemExit & co: this call's error, not the process's
+                if signalled(exc):  # (unless a signal handler raised it: the host's)
+                    raise
                 raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
                                     f"({type_name(exc)})") from None  # fmt: skip
             self._digests[tool.tool_id] = found
@@ -206,9 +210,9 @@ class Intake:
         for input in inputs:
             try:
                 key, input_hash = make(input)
-            except KeyboardInterrupt:  # the caller's own interrupt: never swallowed
-                raise
             except BaseException as exc:  # SystemExit & co from the input's own code: its call's error
+                if hosts_own(exc):  # the caller's own interrupt, or a signal's exit: never swallowed
+                    raise
                 future = new_future()
                 fail(future, _as_input_error(exc))
                 futures.append(future)
@@ -242,9 +246,9 @@ class Intake:
             future = futures[index] = new_future()
             try:
                 private = snapshot(input)
-            except KeyboardInterrupt:
-                raise
             except BaseException as exc:  # an input that cannot be copied fails alone
+                if hosts_own(exc):
+                    raise
                 fail(future, _as_input_error(exc))
                 errors += 1
                 continue

@@ -1,22 +1,28 @@
-"""Under gevent, the host's signal handlers run on the host's own (main) greenlet.
+"""While a system runs, the host's signal handlers raise on the host's own thread, to the host.
 
-CPython runs a signal's Python handler on the main thread, at the next bytecode, in
-whatever runs there. Under gevent that is any greenlet: an actor's, a tool's, the
-timers'. A handler that raises (Ctrl-C's default raises ``KeyboardInterrupt``; a host's
-``sys.exit`` in a SIGTERM handler raises ``SystemExit``) then raised inside the actor
-system instead of the host: pykka answers such an error in an actor by stopping every
-actor in the process, so results already paid for were dropped unstored, and the host
-never saw its interrupt. On plain threads nothing of this arises (Python runs handlers on
-the main thread only, which is the host's).
+A signal's Python handler runs on the main thread, at the next bytecode, inside whatever
+runs there. What it raises (Ctrl-C's default raises ``KeyboardInterrupt``; a host's
+``sys.exit`` in a SIGTERM handler raises ``SystemExit``) is the host's, and must reach the
+host's code. Two things stood in the way:
 
-While a system runs under gevent, each Python-level handler of :data:`SIGNALS` installed
-before it started is wrapped (:func:`hold`): raised on the main greenlet, it runs as
-before; raised elsewhere, it runs instead from the gevent hub's loop, and what it raises
-is thrown into the main greenlet, where the host waits. This is gevent's own rule for
-errors that end a program (``Hub.SYSTEM_ERROR``), applied to every handler. The wrapper
-is removed when the last system stops (:func:`release`), unless the host replaced it.
+* under gevent the main thread runs every greenlet: the handler ran inside an actor or a
+  tool, and pykka answers such an error in an actor by stopping every actor in the
+  process (results already paid for were dropped unstored, and the host never saw it);
+* on either runtime, the front door runs the caller's input and credentials code on the
+  caller's thread, and makes what that code raises (``SystemExit`` included) the call's
+  error: a handler's ``SystemExit`` landing there became an ``InvalidInputError``.
+
+So while a system runs, each Python-level handler of :data:`SIGNALS` installed before it
+started is wrapped (:func:`hold`). What the handler raises is noted
+(:func:`actors.errors.note_signalled`): no catch-all of this library swallows it or makes
+it a call's error (:func:`actors.errors.hosts_own`). Under gevent, a handler raised off
+the main greenlet runs instead from the hub's loop, and what it raises is thrown into the
+main greenlet, where the host waits: gevent's own rule for errors that end a program
+(``Hub.SYSTEM_ERROR``), applied to every handler. The wrappers are removed when the last
+system stops (:func:`release`), unless the host replaced them.
+
 A handler the host installs while a system runs is its own: install handlers before
-starting a system (or use ``gevent.signal_handler``). Should one still raise
+starting a system (under gevent, or use ``gevent.signal_handler``). Should one raise
 ``KeyboardInterrupt`` or ``SystemExit`` inside an actor, :func:`hand_to_host` passes it
 on to the main greenlet rather than let pykka stop every actor.
 """
@@ -28,6 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from actors.errors import note_signalled
 from actors.runtime.nesting import _getcurrent
 
 __all__ = ["SIGNALS", "hand_to_host", "hold", "release"]
@@ -61,37 +68,47 @@ def _gevent_running() -> bool:
 
 
 def _wrap(handler: Callable[[int, Any], Any], main: Any) -> Callable[[int, Any], Any]:
-    import gevent
+    """``handler`` wrapped: what it raises is noted as the host's; under gevent (``main``:
+    the main greenlet) it runs on the main greenlet or from the hub's loop."""
+
+    def noted(signum: int, frame: Any) -> Any:
+        try:
+            return handler(signum, frame)
+        except BaseException as exc:
+            note_signalled(exc)
+            raise
 
     def on_main_greenlet(signum: int, frame: Any) -> Any:
         if _getcurrent() is main:  # type: ignore[misc]
-            return handler(signum, frame)
+            return noted(signum, frame)
+        import gevent
+
         gevent.get_hub().loop.run_callback(_run_for_host, handler, signum, main)
         return None
 
-    on_main_greenlet.__wrapped__ = handler  # type: ignore[attr-defined]
-    return on_main_greenlet
+    wrapper = noted if main is None else on_main_greenlet
+    wrapper.__wrapped__ = handler  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _run_for_host(handler: Callable[[int, Any], Any], signum: int, main: Any) -> None:
     try:
         handler(signum, None)
     except BaseException as exc:  # what the handler raises is the host's: thrown where it waits
+        note_signalled(exc)
         if not main.dead:
             main.throw(exc)
 
 
 def hold() -> None:
-    """A system started: under gevent, wrap the handlers of :data:`SIGNALS` (from the
-    main thread; elsewhere, or on plain threads, nothing is done)."""
+    """A system started: wrap the handlers of :data:`SIGNALS` (from the main thread;
+    elsewhere nothing is done)."""
     global _holders
-    if not _gevent_running():
-        return
     with _lock:
         _holders += 1
         if _holders > 1:
             return
-        main = _main_greenlet()
+        main = _main_greenlet() if _gevent_running() else None
         for sig in SIGNALS:
             try:
                 handler = signal.getsignal(sig)
@@ -107,8 +124,6 @@ def hold() -> None:
 def release() -> None:
     """A system stopped: once none runs, put back each handler still wrapped."""
     global _holders
-    if not _gevent_running():
-        return
     with _lock:
         _holders = max(0, _holders - 1)
         if _holders:

@@ -8,15 +8,19 @@ run's runtime, real signals, real SQLite files.
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from actors import Tool
 
 from .test_exit_without_stop import _child_env
 
@@ -86,7 +90,8 @@ def test_a_signal_to_a_busy_host_reaches_the_host_and_every_paid_result_is_store
             time.sleep(0.3)
             proc.send_signal(sig)
             line = proc.stdout.readline().strip()
-            assert line == f"got {seen}", (line, proc.stderr.read() if proc.stderr else "")
+            if line != f"got {seen}":
+                pytest.fail(f"the host said {line!r}, not 'got {seen}':\n{proc.stderr.read()[-4000:]}")
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -125,3 +130,60 @@ def test_an_interrupt_raised_inside_an_actor_goes_to_the_host_and_the_actor_live
         assert ref.ask("ping", timeout=5) == "alive"
     finally:
         ref.stop()
+
+
+class _Signals(list[Any]):
+    """An input whose own code, read while it is keyed on the caller's thread, is where
+    the host's signal handler runs (the signal arrives meanwhile)."""
+
+    def __iter__(self) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # the handler runs at one of these bytecodes
+            pass
+        return super().__iter__()
+
+
+@pytest.fixture
+def exits_on_sigterm() -> Any:
+    """The host's SIGTERM handler: ``sys.exit(5)`` (installed before the system starts)."""
+
+    def leave(signum: int, frame: Any) -> None:
+        sys.exit(5)
+
+    before = signal.signal(signal.SIGTERM, leave)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("where", ["input", "credentials"])
+def test_a_signal_handlers_exit_on_the_callers_thread_is_the_hosts_not_the_calls(
+    make_system: Any, exits_on_sigterm: Any, where: str
+) -> None:
+    """The front door runs the input's and the credentials function's code on the caller's
+    thread, and what that code raises, SystemExit included, is the call's error. What the
+    host's signal handler raises there is the host's: it leaves ``execute`` as it came,
+    and the system goes on (before: an ``InvalidInputError`` or ``DispatchError`` of that
+    call, and the host never exited)."""
+    asked = {"n": 0}
+
+    def credentials() -> str:
+        asked["n"] += 1
+        if asked["n"] == 1 and where == "credentials":
+            _Signals([1]).__iter__()
+        return "key"
+
+    system = make_system(
+        [
+            Tool(tool_id="t", fn=lambda i, c: {"v": 1}),
+            Tool(tool_id="c", fn=lambda i, c: {"v": 2}, credentials=credentials),
+        ]
+    )
+    with pytest.raises(SystemExit) as raised:
+        if where == "input":
+            system.proxy().execute_many("t", [{"n": 1}, {"rows": _Signals([1])}])
+        else:
+            system.proxy().execute("c", {"n": 1})
+    assert raised.value.code == 5
+    assert system.proxy().execute("t", {"n": 2}).get(timeout=10).value == {"v": 1}
+    assert system.proxy().execute("c", {"n": 2}).get(timeout=10).value == {"v": 2}
