@@ -40,6 +40,7 @@ from actors.errors import (
     UnknownToolError,
     error_text,
     hosts_own,
+    is_a,
     signalled,
     type_name,
 )
@@ -49,9 +50,11 @@ from actors.results import ToolResult
 from actors.runtime.futures import fail, new_future, resolved_future
 from actors.runtime.nesting import in_tool, running_keys
 from actors.stats import Stats
+from actors.store.outage import SERVICE as STORE_SERVICE
 from actors.tool import Policy, RunInfo, Tool
 from stores.base import ReceiptStore
 from stores.codec import decode_output
+from stores.errors import StoreUnavailableError
 from stores.keys import key_maker
 from stores.types import ClaimMode
 
@@ -291,18 +294,27 @@ class Intake:
         Only completed receipts a normal claim would reuse are taken here
         (``read_reusable``: a recorded failure, an uncertain receipt or anything to claim
         goes to the queue, whose lifecycle decides it); a read that fails answers nothing
-        (the claim will meet the error). Under a receipt-op budget every read must be
-        charged by the store actor, so none is made here.
+        (the claim will meet the error, and ride out an outage of the store). While the
+        store is known to be away (:mod:`actors.store.outage`) no read is made: the caller
+        would wait on the connection for nothing. Under a receipt-op budget every read
+        must be charged by the store actor, so none is made here.
         """
         if self.policy.max_receipt_ops is not None:
             return misses
+        where, outages = repr(self.store), self.stats.outages
+        if outages.since(STORE_SERVICE, where) is not None:
+            return misses
         tool_id = tool.tool_id
+        started = time.monotonic()
         try:
             found = self.store.read_reusable(
                 self.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
             )
-        except Exception:
+        except Exception as exc:
+            if is_a(exc, StoreUnavailableError):
+                outages.failed(STORE_SERVICE, where, f"{type_name(exc)}: {error_text(exc)}", started)
             return misses
+        outages.answered(STORE_SERVICE, where)
         texts: dict[str, str] = {}
         left: list[tuple[int, Any, str, str]] = []
         for miss in misses:

@@ -482,6 +482,10 @@ class ClaimReceipts:
     """Keys to claim straight into running (left out for a store that cannot)."""
     reply: Any
     """Gets the claims."""
+    retry_until: float = 0.0
+    """``time.monotonic()`` until which a store that is away is tried again (0: its
+    error is answered at once; :mod:`actors.store.outage`). A claim tried again must name
+    its lease ids (``ClaimRequest.lease_id``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -500,6 +504,9 @@ class FencedWrite(abc.ABC):
     """The lease holder (the fence)."""
     reply: Any
     """Gets the FenceReport."""
+    retry_until: float = 0.0
+    """``time.monotonic()`` until which a store that is away is tried again (0: its
+    error is answered at once; :mod:`actors.store.outage`)."""
 
     @property
     @abc.abstractmethod
@@ -614,6 +621,9 @@ class ReadReceipts:
     """Receipt keys."""
     reply: Any
     """Gets the receipts."""
+    retry_until: float = 0.0
+    """``time.monotonic()`` until which a store that is away is tried again (0: its
+    error is answered at once; :mod:`actors.store.outage`)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["PHASES", "Stats"]
+__all__ = ["PHASES", "Outages", "Stats"]
 
 PHASES = (
     "provider",
@@ -72,6 +72,89 @@ class _HookRunner:
                 log.exception("perf hook failed on %s", phase)
 
 
+class Outages:
+    """Outages of the services a dispatch system calls (the receipt store, a shared pacer),
+    as its callers see them: a call that fails because the service is away opens one (or
+    counts in the one open), the next call it answers closes it. Thread-safe.
+
+    Each outage is named by ``service`` (``"receipt store"``, ``"pacer"``) and ``where``
+    (its address, password left out). :meth:`snapshot` gives them in the order they began.
+
+    Args:
+        clock: monotonic seconds (durations); ``wall``: epoch seconds (when each began).
+    """
+
+    KEEP = 100
+    """Outages kept (the newest); older ones are only counted (``dropped``)."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, str], dict[str, Any]] = {}
+        self._done: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.KEEP)
+        self.dropped = 0
+        """Outages no longer kept (more than :attr:`KEEP` ended)."""
+
+    def failed(self, service: str, where: str, error: str, since: float | None = None) -> tuple[float, float]:
+        """A call to ``service`` at ``where`` failed with ``error`` (its text) because the
+        service is away; ``since``: when that call began (``clock`` seconds; default now),
+        which begins the outage if none is open (a call may wait long for a connection
+        before it fails). Returns when this outage began: (``clock`` seconds, epoch seconds)."""
+        with self._lock:
+            outage = self._open.get((service, where))
+            if outage is None:
+                now = self._clock()
+                began = now if since is None else min(since, now)
+                outage = self._open[service, where] = {
+                    "service": service, "where": where, "began_at": self._wall() - (now - began),
+                    "began": began, "failures": 0, "cause": error,
+                }  # fmt: skip
+            outage["failures"] += 1
+            outage["last_error"] = error
+            return float(outage["began"]), float(outage["began_at"])
+
+    def answered(self, service: str, where: str) -> float | None:
+        """A call to ``service`` at ``where`` was answered: the outage open, if any, ends.
+        Returns its duration in seconds (None: none was open). Cheap when none is open."""
+        if not self._open:  # the usual case: no lock taken
+            return None
+        with self._lock:
+            outage = self._open.pop((service, where), None)
+            if outage is None:
+                return None
+            outage["duration_s"] = self._clock() - outage.pop("began")
+            if len(self._done) == self._done.maxlen:
+                self.dropped += 1
+            self._done.append(outage)
+            duration: float = outage["duration_s"]
+            return duration
+
+    def since(self, service: str, where: str) -> float | None:
+        """When the outage of ``service`` at ``where`` open now began (``clock`` seconds), or None."""
+        outage = self._open.get((service, where))
+        return None if outage is None else float(outage["began"])
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every outage kept, oldest first: ``service``, ``where``, ``began_at`` (epoch
+        seconds), ``duration_s`` (so far, for one still open), ``ongoing``, ``failures``
+        (calls that failed on it), ``cause`` (the first error) and ``last_error``."""
+        now = self._clock()
+        with self._lock:
+            done = [{**o, "ongoing": False} for o in self._done]
+            ongoing = [
+                {
+                    **{k: v for k, v in o.items() if k != "began"},
+                    "duration_s": now - o["began"],
+                    "ongoing": True,
+                }
+                for o in self._open.values()
+            ]
+        return sorted(done + ongoing, key=lambda o: float(o["began_at"]))
+
+
 class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
@@ -102,6 +185,8 @@ class Stats:
         self.perf_hook = perf_hook
         self._hook = _HookRunner(perf_hook) if perf_hook is not None else None
         self.per_tool: dict[str, collections.Counter[str]] = {}
+        self.outages = Outages()
+        """Outages of the receipt store seen by this system's calls (see :class:`Outages`)."""
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
         """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""

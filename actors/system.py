@@ -100,7 +100,14 @@ class DispatchSystem:
         self._stop_done = threading.Event()
         self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
-        self._store_ref = ReceiptStoreActor.start(store, policy.max_receipt_ops)
+        self._store_ref = ReceiptStoreActor.start(
+            store,
+            policy.max_receipt_ops,
+            outages=self.stats_.outages,
+            timers=self.timers,
+            stopping=self._stopping,
+        )
+        self._pacer = pacer
         pacings = self._pacings
         self.gates = SendGates()
         self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
@@ -235,6 +242,9 @@ class DispatchSystem:
         receipt), waiting_on_owner (calls waiting so right now), receipts_created,
         orphan_leases_released and lease_cleanup_failed (leases a failed claim or release left
         this process holding, given back or given up: see :mod:`actors.lifecycle.cleanup`); plus
+        ``outages`` (each outage of the receipt store or of a shared pacer this system's
+        calls met, oldest first: ``service``, ``where``, ``began_at``, ``duration_s``,
+        ``ongoing``, ``failures``, ``cause``; see :class:`actors.stats.Outages`),
         ``latch_tripped``, ``phases`` (p50/p95 ms), ``tools`` (tool id -> its own
         counters) and ``pacing`` ("org/provider" -> current rate and how it was learnt,
         limit estimate, pauses with their Retry-After, 429s, circuit state, time waited;
@@ -246,6 +256,11 @@ class DispatchSystem:
         out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()
         out["runtime"] = self.runtime
+        outages = self.stats_.outages.snapshot()
+        log_of_pacer = getattr(self._pacer, "outage_log", None)
+        if log_of_pacer is not None:
+            outages = sorted([*outages, *log_of_pacer.snapshot()], key=lambda o: float(o["began_at"]))
+        out["outages"] = outages
         try:
             out["pacing"] = self._governor.proxy().pacing_report().get(timeout=2.0)
         except Exception:  # stopped, or busy past the bound: stats never hang

@@ -167,7 +167,11 @@ class ReceiptStore(abc.ABC):
           ``completed``, and a later normal claim of a lost refresh reuses it;
         * ``generation`` follows :func:`stores.dispositions.next_generation`;
         * a ``running`` receipt whose lease was lost, claimed with
-          ``retry_safe=False``, is recorded ``uncertain`` (answer ``UNCERTAIN``).
+          ``retry_safe=False``, is recorded ``uncertain`` (answer ``UNCERTAIN``);
+        * a request naming a ``lease_id`` takes a new lease under that id; one whose
+          receipt is already leased under that id to ``owner`` (queued or running: an
+          earlier attempt of the same claim that committed) is answered ``CLAIMED`` with
+          the receipt as it stands, nothing written (:func:`stores.claims.already_taken`).
         """
 
     @abc.abstractmethod

@@ -19,7 +19,7 @@ from stores.dispositions import decide_disposition, next_generation
 from stores.rules import IN_FLIGHT, KEEPS_OUTPUT, LOST_WHILE_RUNNING, NO_LEASE, holder_gone, owner_identity
 from stores.types import Claim, ClaimDisposition, ClaimMode, ClaimRequest, Owner, Receipt, ReceiptStatus
 
-__all__ = ["ClaimPlan", "plan_claims", "settled_by_read"]
+__all__ = ["ClaimPlan", "already_taken", "plan_claims", "settled_by_read"]
 
 _SETTLED = (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED, ReceiptStatus.UNCERTAIN)
 """Statuses whose claim answer a plain read decides alone (no lease to judge)."""
@@ -79,6 +79,21 @@ def settled_by_read(
     return answered, misses
 
 
+def already_taken(request: ClaimRequest, receipt: Receipt, owner: Owner) -> bool:
+    """Whether ``receipt`` is already leased under ``request.lease_id`` to ``owner`` (run
+    id and attempt), queued or running: an earlier attempt of this very claim committed
+    (its answer lost with its connection). Such a claim is answered ``CLAIMED`` as the
+    receipt stands, live or lapsed: a lease id is never made twice, and nobody else
+    took it (taking it would have changed the id)."""
+    return (
+        request.lease_id is not None
+        and receipt.lease_id == request.lease_id
+        and receipt.status in IN_FLIGHT
+        and receipt.lease_owner_run_id == owner.run_id
+        and receipt.lease_owner_attempt == owner.run_attempt
+    )
+
+
 def plan_claims(
     org_id: str,
     requests: Sequence[ClaimRequest],
@@ -106,6 +121,9 @@ def plan_claims(
     for i, request in enumerate(requests):
         key = request.key
         old = existing.get(key)
+        if old is not None and already_taken(request, old, owner):
+            plan.decided[key] = Claim(claimed, old)
+            continue
         gone = holder_gone(old, now, seen)
         disposition = decide_disposition(
             old, mode, now, stale_after_s, holder_gone=gone, retry_safe=request.retry_safe
@@ -124,7 +142,7 @@ def plan_claims(
                     plan.lost.append(key)
             plan.decided[key] = Claim(disposition, old)
             continue
-        lease_id = random_hex[32 * i : 32 * i + 32]
+        lease_id = request.lease_id or random_hex[32 * i : 32 * i + 32]
         generation = next_generation(old)
         if old is None:
             attempts, created, output, completed_at = 1, now, None, None

@@ -140,6 +140,12 @@ class ClaimRequest:
     """False for a tool that must not be re-sent blindly: a receipt found ``running``
     under a lost lease (expired, or its holder's process gone) is then recorded
     ``uncertain`` and answered ``UNCERTAIN`` instead of being claimed."""
+    lease_id: str | None = None
+    """The lease id a new lease takes (None: the store makes one). A claim sent again
+    after its connection dropped sends the ids of its first attempt: a key that attempt
+    did take (still leased under this id to the same owner, queued or running, live or
+    lapsed) is answered ``CLAIMED`` as it stands, nothing written, as a retried fenced
+    write that already landed counts as applied."""
 
 
 @attrs.frozen

@@ -7,6 +7,8 @@ thread; nothing here touches the actors except reading ``stats()``.
 
 from __future__ import annotations
 
+import collections
+import datetime
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -225,6 +227,8 @@ def report_table(
         table.add_row(f"{name} p50 / p95", f"{figures['p50_ms']:.2f} / {figures['p95_ms']:.2f} ms")
     table.add_row("wall time", f"{summary.wall_s:.2f} s")
     table.add_row("rows/s", f"{summary.rows_per_s:.1f}")
+    for metric, value in outage_rows(stats.get("outages") or ()):
+        table.add_row(metric, value)
     if stats.get("latch_tripped"):
         table.add_row("latch", f"TRIPPED ({stats.get('latch_refused', 0)} calls refused)")
     shown = 0
@@ -250,6 +254,32 @@ def report_table(
     if summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
     return table
+
+
+def outage_rows(outages: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """One report row per outage of ``stats()["outages"]`` (the receipt store, a shared
+    pacer; see :class:`actors.stats.Outages`): ``("outage: receipt store", "12.3 s from
+    10:04:05 UTC, 17 calls met it: <the first error>")``; a service that went away more
+    than once numbers its rows, one still away says so."""
+    outages = list(outages)
+    seen: dict[str, int] = {}
+    counts = collections.Counter(str(o.get("service", "?")) for o in outages)
+    rows = []
+    for outage in outages:
+        service = str(outage.get("service", "?"))
+        seen[service] = seen.get(service, 0) + 1
+        metric = f"outage: {service}" + (f" #{seen[service]}" if counts[service] > 1 else "")
+        if outage.get("ongoing"):
+            metric += " (still away)"
+        began = datetime.datetime.fromtimestamp(float(outage.get("began_at", 0.0)), datetime.timezone.utc)
+        failures = int(outage.get("failures", 0))
+        cause = " ".join(str(outage.get("cause", "")).split())
+        value = (
+            f"{float(outage.get('duration_s', 0.0)):.1f} s from {began:%H:%M:%S} UTC, {failures} "
+            f"{_plural(failures, 'call')} met it" + (f": {cause[:160]}" if cause else "")
+        )
+        rows.append((metric, value))
+    return rows
 
 
 def output_line(summary: RunSummary, output: str) -> str:

@@ -23,7 +23,7 @@ from actors.errors import (
     ProviderUnavailableError,
 )
 from actors.lifecycle.attempts import SendTicket, spec_for
-from actors.lifecycle.calls import Call, Group, GroupState, Unit
+from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
 from actors.lifecycle.shared import Parts, Shared
 
 __all__ = ["Admission", "sent_batch"]
@@ -119,7 +119,9 @@ class Admission:
         if leases:
             batch = next(self.s.ids)
             self.s.batches[batch] = marking
-            self.fx.mark_running(batch, leases)
+            # rides out an outage of the store within its callers' timeout; nothing is sent
+            # before the store answered that the receipts are running
+            self.fx.mark_running(batch, leases, patience_s(g for u in marking for g in u.groups))
         else:
             for unit in marking:
                 self._send(unit, now)

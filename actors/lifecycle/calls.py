@@ -20,7 +20,17 @@ from actors.lifecycle.states import GroupState, check_transition
 from actors.tool import Tool
 from stores.types import ClaimMode, LeaseRef, Receipt
 
-__all__ = ["Call", "Group", "GroupState", "OwnerWait", "Reread", "Role", "Unit", "strongest_mode"]
+__all__ = [
+    "Call",
+    "Group",
+    "GroupState",
+    "OwnerWait",
+    "Reread",
+    "Role",
+    "Unit",
+    "patience_s",
+    "strongest_mode",
+]
 
 _MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_REFRESH: 2}
 
@@ -28,6 +38,13 @@ _MODE_RANK = {ClaimMode.NORMAL: 0, ClaimMode.RETRY_FAILED: 1, ClaimMode.FORCE_RE
 def strongest_mode(modes: Iterable[ClaimMode]) -> ClaimMode:
     """force_refresh beats retry_failed beats normal."""
     return max(modes, key=_MODE_RANK.__getitem__)
+
+
+def patience_s(groups: Iterable[Group]) -> float:
+    """How long a store request made for ``groups`` rides out an outage of the store: the
+    largest own ``timeout_s`` of their callers, seconds from the request (0 when no caller
+    is left: answered at once)."""
+    return max((c.timeout_s for g in groups for c in g.calls), default=0.0)
 
 
 def mode_covers(running: ClaimMode, wanted: ClaimMode) -> bool:

@@ -4,10 +4,15 @@ another owner's receipt waited on with timers and plain reads (no thread held).
 Rules: docs/receipts.md, Claims and dispositions (the disposition table; a retryable failure re-claimed in
 ``retry_failed`` mode so a receipt completed meanwhile is reused; a live lease never
 stolen: after the last poll, ReceiptWaitTimeoutError).
+
+Claims and reads ride out an outage of the store for as long as their callers' own
+``timeout_s`` (``patience_s``; :mod:`actors.store.outage`): a claim names its lease ids,
+so the same claim sent again after its first attempt committed is answered ``claimed``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,7 +22,7 @@ from actors.errors import (
     RecordedFailureError,
     StoreError,
 )
-from actors.lifecycle.calls import Group, GroupState, Reread, Unit
+from actors.lifecycle.calls import Group, GroupState, Reread, Unit, patience_s
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.messages import PollDue
@@ -122,12 +127,16 @@ class Claims:
                 members = bucket[start : start + chunk]
                 batch = next(self.s.ids)
                 self.s.batches[batch] = members
+                # lease ids of our own (16 random bytes each, one read of the OS's source):
+                # sent again after a dropped connection, the claim finds what it took
+                ids = os.urandom(16 * len(members)).hex()
+                scope, tool_id = self.s.scope, self.tool.tool_id
                 requests = [
-                    ClaimRequest(g.key, self.s.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
-                    for g in members
+                    ClaimRequest(g.key, scope, tool_id, g.input_hash, safe, ids[32 * i : 32 * i + 32])
+                    for i, g in enumerate(members)
                 ]
                 running = frozenset(g.key for g in members if g.slotted)
-                self.fx.claim(batch, mode, stale, requests, running)
+                self.fx.claim(batch, mode, stale, requests, running, patience_s(members))
 
     def on_claimed(
         self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float
@@ -297,7 +306,7 @@ class Claims:
         batch = next(self.s.ids)
         self.s.batches[batch] = groups
         self.s.woken.add(batch)
-        self.fx.read(batch, [g.key for g in groups])
+        self.fx.read(batch, [g.key for g in groups], patience_s(groups))
 
     def on_poll(self, keys: Iterable[str], now: float) -> None:
         """A poll timer fired: read the receipts still waited on."""
@@ -314,7 +323,7 @@ class Claims:
             return
         batch = next(self.s.ids)
         self.s.batches[batch] = groups
-        self.fx.read(batch, [g.key for g in groups])
+        self.fx.read(batch, [g.key for g in groups], patience_s(groups))
 
     def on_read(
         self, batch: int, receipts: list[Any] | None, error: BaseException | None, now: float

@@ -16,7 +16,9 @@ group of this tool holds (a lease id never repeats, so a later claim of the same
 never released by mistake). Each attempt
 that fails is retried on the same ladder, then given up with a log line and the
 ``lease_cleanup_failed`` counter: the lease then lapses at its TTL as before.
-Callers are answered at the first failure; nobody waits on the cleanup.
+Callers are answered at the first failure; nobody waits on the cleanup, so each of its
+requests rides out an outage of the store for up to the lease TTL (after which the lease
+has lapsed anyway).
 """
 
 from __future__ import annotations
@@ -109,10 +111,11 @@ class Cleanup:
     def _cleanup(self, keys: tuple[str, ...], leases: tuple[LeaseRef, ...], attempt: int) -> None:
         batch = next(self.s.ids)
         self.s.cleanups[batch] = _Retry(keys, leases, attempt)
+        patience = self.tool.lease_ttl_s or self.policy.lease_ttl_s
         if leases:
-            self.fx.release_receipts(batch, list(leases))
+            self.fx.release_receipts(batch, list(leases), patience)
         else:
-            self.fx.read(batch, list(keys))
+            self.fx.read(batch, list(keys), patience)
 
     def _again(
         self, keys: tuple[str, ...], leases: tuple[LeaseRef, ...], attempt: int, error: BaseException | None

@@ -17,7 +17,7 @@ from actors.errors import (
     error_text,
     is_a,
 )
-from actors.lifecycle.calls import Group, GroupState
+from actors.lifecycle.calls import Group, GroupState, patience_s
 from actors.lifecycle.exits import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, TooLarge
 from actors.lifecycle.failure_record import failure_record, may_have_acted
 from actors.lifecycle.shared import Parts, Shared
@@ -130,7 +130,10 @@ class Persister:
                 batch = next(self.s.ids)
                 keys = {r.key for r in chosen}
                 self.s.batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
-                self.fx.record_failures(batch, chosen, uncertain=is_uncertain)
+                # rides out an outage of the store within the callers' timeout (before: the
+                # latch tripped at the first failure of the write)
+                patience = patience_s(g for g, _ in failed if g.key in keys)
+                self.fx.record_failures(batch, chosen, uncertain=is_uncertain, patience_s=patience)
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""

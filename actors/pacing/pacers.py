@@ -48,6 +48,7 @@ from actors.pacing.values import (
     SetRate,
     Take,
 )
+from actors.stats import Outages
 
 __all__ = [
     "CircuitRecorded",
@@ -85,6 +86,9 @@ class Pacer(abc.ABC):
     ) -> None:
         self.limits = dict(limits or {})
         self.settings = settings or PacerSettings()
+        self.outage_log = Outages()
+        """Outages of the service holding a shared pacer's state, as this process's calls
+        saw them (service ``"pacer"``; a pacer in this process has none)."""
 
     def limits_of(self, provider: str) -> ProviderLimits:
         """How ``provider``'s bucket starts (unpaced when it has no limits)."""

@@ -173,6 +173,10 @@ def _scaled(op: PacerOp, share: float) -> PacerOp:
     return op
 
 
+OUTAGE_SERVICE = "pacer"
+"""The service name outages of Redis are counted under (``Pacer.outage_log``)."""
+
+
 class RedisPacer(Pacer):
     """Pacing state shared by every worker pointed at one Redis (7 or later).
 
@@ -190,7 +194,8 @@ class RedisPacer(Pacer):
     replica after a failover; CLUSTERDOWN; OOM at maxmemory; BUSY; LOADING: any
     redis-py error) counts as away too. A call that fails that
     way is answered by a :class:`LocalPacer` instead, and the pacer says so: one warning
-    in the ``tooldispatch`` log, ``degraded=True`` on every reply and in :meth:`snapshot`.
+    in the ``tooldispatch`` log, ``degraded=True`` on every reply and in :meth:`snapshot`,
+    and the outage with its duration in ``outage_log`` (a run's report names it).
     The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
     ``share = 1 / max(expected_workers, workers seen taking from that bucket)``, with
     the burst scaled the same way (at least one token); a bucket with no rate yet
@@ -377,6 +382,7 @@ class RedisPacer(Pacer):
                 return
             self._degraded_since = now
             self.outages += 1
+        self.outage_log.failed(OUTAGE_SERVICE, self.url, self.last_error)
         log.warning(
             "pacer %s unreachable (%s): pacing locally at 1/%d of the last shared rates (or of what "
             "each provider starts at) until it answers again; retrying every %.1f s",
@@ -395,6 +401,7 @@ class RedisPacer(Pacer):
             self._degraded_since = None
             self._seeded.clear()
             self._fallback.forget()
+        self.outage_log.answered(OUTAGE_SERVICE, self.url)
         log.info("pacer %s answers again: workers share its pacing state again", self.url)
 
     def snapshot(self) -> dict[str, Any]:

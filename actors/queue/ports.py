@@ -163,21 +163,24 @@ class ActorEffects(LocalEffects):
 
     def claim(
         self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[ClaimRequest],
-        running: frozenset[str] = frozenset(),
+        running: frozenset[str] = frozenset(), patience_s: float = 0.0,
     ) -> None:  # fmt: skip
-        self._sent[f"receipt_prepare:{batch}"] = time.monotonic()
+        self._sent[f"receipt_prepare:{batch}"] = now = time.monotonic()
         self._store(
             ClaimReceipts(
                 org_id=self.org_id, requests=requests, owner=self.ports.owner, lease_ttl_s=self.lease_ttl_s,
                 mode=mode, stale_after_s=stale_after_s, running=running,
-                reply=Reply(self.ref, ReceiptsClaimed, batch=batch),
+                reply=Reply(self.ref, ReceiptsClaimed, batch=batch), retry_until=_until(patience_s, now),
             )
         )  # fmt: skip
 
-    def read(self, batch: int, keys: list[str]) -> None:
+    def read(self, batch: int, keys: list[str], patience_s: float = 0.0) -> None:
         self._store(
-            ReadReceipts(org_id=self.org_id, keys=keys, reply=Reply(self.ref, ReceiptsRead, batch=batch))
-        )
+            ReadReceipts(
+                org_id=self.org_id, keys=keys, reply=Reply(self.ref, ReceiptsRead, batch=batch),
+                retry_until=_until(patience_s),
+            )
+        )  # fmt: skip
 
     def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
         reply = Reply(self.ref, SlotsGranted, exempt=exempt)
@@ -210,7 +213,7 @@ class ActorEffects(LocalEffects):
             )
         )
 
-    def mark_running(self, batch: int, leases: list[LeaseRef]) -> None:
+    def mark_running(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
         self._store(
             MarkRunning(
                 org_id=self.org_id,
@@ -218,6 +221,7 @@ class ActorEffects(LocalEffects):
                 owner=self.ports.owner,
                 lease_ttl_s=self.lease_ttl_s,
                 reply=Reply(self.ref, RunningMarked, batch=batch),
+                retry_until=_until(patience_s),
             )
         )
 
@@ -249,10 +253,17 @@ class ActorEffects(LocalEffects):
             self._flush_completions(message.batch, entries, input_hashes, failed=error)
         return persisted
 
-    def record_failures(self, batch: int, failures: list[Failure], uncertain: bool = False) -> None:
+    def record_failures(
+        self, batch: int, failures: list[Failure], uncertain: bool = False, patience_s: float = 0.0
+    ) -> None:
         record = RecordUncertain if uncertain else RecordFailures
         reply = Reply(self.ref, FailuresRecorded, batch=batch)
-        self._store(record(org_id=self.org_id, failures=failures, owner=self.ports.owner, reply=reply))
+        self._store(
+            record(
+                org_id=self.org_id, failures=failures, owner=self.ports.owner, reply=reply,
+                retry_until=_until(patience_s),
+            )
+        )  # fmt: skip
 
     def resolve(self, batch: int, key: str, action: str, output: Any = None) -> None:
         from stores.types import ResolveAction
@@ -269,10 +280,15 @@ class ActorEffects(LocalEffects):
             )
         )
 
-    def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
+    def release_receipts(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
         # best effort: a lease the store cannot release now simply expires
         reply = Reply(self.ref, ReceiptsReleased, batch=batch)
-        self._store(ReleaseReceipts(org_id=self.org_id, leases=leases, owner=self.ports.owner, reply=reply))
+        self._store(
+            ReleaseReceipts(
+                org_id=self.org_id, leases=leases, owner=self.ports.owner, reply=reply,
+                retry_until=_until(patience_s),
+            )
+        )  # fmt: skip
 
     def beat(self, batch: int, leases: list[LeaseRef]) -> None:
         if not self.ports.policy.heartbeats or not leases:
@@ -353,6 +369,13 @@ _GATHER = 64
 @attrs.frozen(kw_only=True)
 class _BeatDue:
     """Timer: register the leases held back (:mod:`actors.heartbeat.deferred_beats`)."""
+
+
+def _until(patience_s: float, now: float | None = None) -> float:
+    """A store request's ``retry_until`` for ``patience_s`` seconds from ``now`` (0: none)."""
+    if patience_s <= 0:
+        return 0.0
+    return (time.monotonic() if now is None else now) + patience_s
 
 
 def _token(tool_id: str, batch: int) -> int:

@@ -10,7 +10,9 @@ type (:data:`PERFORM`). It never waits on another actor, so any actor may wait o
 replies (the flusher does, through :class:`~actors.store.client.StoreClient`). It also
 keeps the keys tool queue actors wait on for other owners
 (:class:`~actors.messages.WatchReceipts`), and when the store has a change feed, a
-:class:`~actors.store.watch.ReceiptWatch` tells them of changes.
+:class:`~actors.store.watch.ReceiptWatch` tells them of changes. A command that meets an
+outage of the store is tried again until its ``retry_until`` before its caller hears back
+(:mod:`actors.store.outage`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from actors.messages import (
 )
 from actors.runtime.actor import InboxActor, log
 from actors.runtime.inbox import TakeBackInbox, answer_left, left_in
+from actors.stats import Outages
 from actors.store.merge import Merged, answer, mergeable
+from actors.store.outage import StoreRetries
 from actors.store.watch import ReceiptWatch
 from stores.base import ReceiptStore
 
@@ -55,11 +59,34 @@ class ReceiptStoreActor(InboxActor):
 
     Counts every operation (``ops``) so the governor's receipt budget and the stats
     can see them.
+
+    Args:
+        store: the receipt store.
+        max_ops: the ``receipt_ops`` budget (None: unlimited).
+        outages: where outages of the store are counted (default: a record of its own).
+        timers: runs the next attempt of a command that met an outage (None: no command
+            is tried again; each is answered with its error).
+        stopping: set once the dispatcher stops: nothing is tried again from then on.
     """
 
-    def __init__(self, store: ReceiptStore, max_ops: int | None = None) -> None:
+    def __init__(
+        self,
+        store: ReceiptStore,
+        max_ops: int | None = None,
+        *,
+        outages: Outages | None = None,
+        timers: Any = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
         super().__init__()
         self.store = store
+        # a command's next attempt comes back through this actor's own inbox (from the
+        # timer thread), as any command: it talks to no other actor
+        resend = self.actor_ref.tell
+        self.retries = StoreRetries(
+            repr(store), outages if outages is not None else Outages(), resend, timers, stopping
+        )
+        """Commands that met an outage of the store, tried again (:mod:`actors.store.outage`)."""
         self.ops = 0
         self.max_ops = max_ops
         """The ``receipt_ops`` budget (Policy.max_receipt_ops): every operation is charged;
@@ -68,7 +95,7 @@ class ReceiptStoreActor(InboxActor):
         never dropped for a budget."""
         capabilities = store.capabilities
         lanes = capabilities.parallel_calls
-        self.lanes: Lanes | None = Lanes(store, lanes) if lanes > 1 else None
+        self.lanes: Lanes | None = Lanes(store, lanes, self.retries) if lanes > 1 else None
         """Calls run side by side (a store with ``parallel_calls`` > 1: Postgres)."""
         self.watch: ReceiptWatch | None = None
         """Started by the first :class:`WatchReceipts` when the store has a change feed."""
@@ -83,11 +110,13 @@ class ReceiptStoreActor(InboxActor):
         return TakeBackInbox()
 
     def on_stop(self) -> None:
-        """Requests left unread are answered (the lifecycle waits on each), never dropped."""
+        """Requests left unread, or waiting to be tried again, are answered (the lifecycle
+        waits on each), never dropped."""
         if self.watch is not None:
             self.watch.close()
         if self.lanes is not None:
             self.lanes.close()
+        self.retries.give_up()
         answer_left(left_in(self.actor_inbox), CallCancelledError("the receipt store stopped"))
 
     def _watched(self, message: WatchReceipts) -> None:
@@ -120,7 +149,7 @@ class ReceiptStoreActor(InboxActor):
         if type(message) not in PERFORM:
             return None
         if type(message) is ClaimReceipts:
-            if self.max_ops is not None and self.ops >= self.max_ops:
+            if self.max_ops is not None and self.ops >= self.max_ops and not self.retries.retrying(message):
                 exc = BudgetExceededError(f"receipt_ops budget of {self.max_ops} is spent")
                 message.reply.set_exception((type(exc), exc, None))
                 return None
@@ -134,7 +163,7 @@ class ReceiptStoreActor(InboxActor):
         if self._together and mergeable(message) and not self.actor_inbox.empty():
             self._write_together(message)
             return None
-        perform_one(self.store, message)
+        perform_one(self.store, message, self.retries)
         return None
 
     def _write_together(self, first: FencedWrite) -> None:
@@ -157,11 +186,16 @@ class ReceiptStoreActor(InboxActor):
                 break
         # not merged by kind (as the lanes do): in a savepoint of its own, one request's
         # error stays its own
+        started = time.monotonic()
         try:
             outcomes = self.store.write_together([m.store_call() for m in calls])
         except Exception as exc:  # a store that failed the whole call: each is answered
             outcomes = [(None, exc)] * len(calls)
         for message, (value, error) in zip(calls, outcomes, strict=True):
+            if error is None:
+                self.retries.answered(message)
+            elif (error := self.retries.failed(message, error, started)) is None:
+                continue  # held: tried again after a back-off
             answer(message, value, error)
 
 
@@ -197,22 +231,38 @@ PERFORM: dict[type, Callable[[ReceiptStore, Any], Any]] = {
 """Store command type -> how it runs on the store (returns the store's value)."""
 
 
-def perform_one(store: ReceiptStore, message: Any) -> None:
-    """Run one store command; its reply gets the value or the error."""
+def perform_one(store: ReceiptStore, message: Any, retries: StoreRetries | None = None) -> None:
+    """Run one store command; its reply gets the value or the error (unless ``retries``
+    holds it for another attempt: the store is away)."""
+    started = time.monotonic()
     try:
         value = PERFORM[type(message)](store, message)
     except Exception as exc:
-        message.reply.set_exception((type(exc), exc, exc.__traceback__))
+        error = exc if retries is None else retries.failed(message, exc, started)
+        if error is not None:
+            message.reply.set_exception((type(error), error, error.__traceback__))
     else:
+        if retries is not None:
+            retries.answered(message)
         message.reply.set(value)
 
 
-def _perform_merged(store: ReceiptStore, merged: Merged) -> None:
+def _perform_merged(store: ReceiptStore, merged: Merged, retries: StoreRetries | None) -> None:
+    started = time.monotonic()
     try:
         value = PERFORM[type(merged.first)](store, merged.command())
     except Exception as exc:
-        merged.answer(None, exc)
+        if retries is None:
+            merged.answer(None, exc)
+            return
+        for call in merged.calls:  # each by its own deadline (held, or answered)
+            error = retries.failed(call, exc, started)
+            if error is not None:
+                answer(call, None, error)
     else:
+        if retries is not None:
+            for call in merged.calls:
+                retries.answered(call)
         merged.answer(value, None)
 
 
@@ -222,8 +272,9 @@ class Lanes:
     the calls of one lifecycle are causally ordered already (a group has one store call
     out at a time), so only unrelated calls overlap. SQLite has one writer: no lanes."""
 
-    def __init__(self, store: ReceiptStore, n: int) -> None:
+    def __init__(self, store: ReceiptStore, n: int, retries: StoreRetries | None = None) -> None:
         self.store = store
+        self.retries = retries
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         """Store commands waiting for a lane (None: a lane's stop)."""
         self.threads = [
@@ -251,7 +302,7 @@ class Lanes:
         runs next, on this lane (the other lanes go on meanwhile). Returns False when
         this lane took its stop."""
         if not mergeable(task):
-            perform_one(self.store, task)
+            perform_one(self.store, task, self.retries)
             return True
         merged, after, going = Merged(task), None, True
         while True:
@@ -265,9 +316,9 @@ class Lanes:
             if not merged.takes(more):
                 after = more
                 break
-        _perform_merged(self.store, merged)
+        _perform_merged(self.store, merged, self.retries)
         if after is not None:
-            perform_one(self.store, after)
+            perform_one(self.store, after, self.retries)
         return going
 
     def close(self) -> None:

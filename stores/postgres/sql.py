@@ -53,7 +53,8 @@ def _action(a: str) -> str:
     """What a claim does to row alias ``a`` (joined to ``req``), as docs/receipts.md's claim
     table and :func:`stores.dispositions.decide_disposition`: 'claim' (a new lease), 'restore' (a
     lost refresh goes back to completed), 'uncertain' (a lost running call of a tool that
-    is not retry-safe) or 'none' (the answer is the row as it stands). A lease whose id
+    is not retry-safe) or 'none' (the answer is the row as it stands: a live lease, or one
+    this claim already took). A lease whose id
     is in ``%(gone)s`` (its holder's process is known to be gone) counts as expired."""
     live = (
         f"(coalesce({a}.lease_expires_at > clk.now, false) "
@@ -63,9 +64,16 @@ def _action(a: str) -> str:
         f"(%(force)s::boolean OR (%(stale)s::float8 IS NOT NULL "
         f"AND clk.now - coalesce({a}.completed_at, {a}.updated_at) > %(stale)s::float8))"
     )
+    # already leased under the request's lease id to this owner: an earlier attempt of the
+    # same claim committed (stores.claims.already_taken answers it, live or lapsed)
+    mine = (
+        f"({a}.lease_id = req.lease_id AND {a}.lease_owner_run_id = %(run)s "
+        f"AND {a}.lease_owner_attempt = %(attempt)s)"
+    )
     return f"""(CASE
       WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN 'claim' ELSE 'none' END
       WHEN {a}.status IN ('queued', 'running') THEN CASE
+        WHEN {mine} THEN 'none'
         WHEN {live} THEN 'none'
         WHEN {a}.status = 'running' AND NOT req.safe THEN 'uncertain'
         WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN 'claim' ELSE 'restore' END

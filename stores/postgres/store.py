@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from stores.base import Clock, ReceiptStore, StoreCapabilities
+from stores.claims import already_taken
 from stores.codec import encode_output
 from stores.dispositions import decide_disposition
 from stores.errors import StoreError
@@ -238,7 +239,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             "scopes": [r.scope for r in requests],
             "tools": [r.tool_id for r in requests],
             "hashes": [r.input_hash for r in requests],
-            "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
+            "leases": [r.lease_id or random_hex[32 * i : 32 * i + 32] for i, r in enumerate(requests)],
             "safe": [r.retry_safe for r in requests],
             "running": [r.key in running for r in requests],
             "org": org_id,
@@ -255,13 +256,17 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             "gone": sorted(gone),
             "lost": LOST_WHILE_RUNNING,
         }
-        safe = {r.key: r.retry_safe for r in requests}
+        by_key = {r.key: r for r in requests}
         seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
         decided: dict[str, Claim] = {}
         for row in self._execute(self._sql.claim, params):
             kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
             if kind != "read":
                 decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
+                continue
+            request = by_key[receipt.key]
+            if already_taken(request, receipt, owner):  # an earlier attempt of this claim took it
+                decided[receipt.key] = Claim(ClaimDisposition.CLAIMED, receipt)
                 continue
             if receipt.lease_id not in gone and holder_gone(receipt, now, seen):
                 gone.add(receipt.lease_id)  # type: ignore[arg-type]  # taken over on the next pass
@@ -272,7 +277,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 now,
                 stale_after_s,
                 holder_gone=receipt.lease_id in gone,
-                retry_safe=safe[receipt.key],
+                retry_safe=request.retry_safe,
             )
             if disposition is ClaimDisposition.CLAIMED or (
                 receipt.status in IN_FLIGHT and disposition not in _LEAVES_IN_FLIGHT

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from stores import (
@@ -562,3 +563,90 @@ def test_claim_attempts_count_each_claim(store: ReceiptStore, fake_clock: Any) -
     assert claim_one(store, key, OTHER).receipt.attempts == 4  # lost refresh: the old output
     assert claim_one(store, key, OTHER, mode=F).receipt.attempts == 5
     assert get(store, key).attempts == 5  # type: ignore[union-attr]
+
+
+# -- a claim sent again with its first attempt's lease ids (its connection dropped) -------
+
+RETRY_LEASE = "c0ffee" * 5 + "00"
+
+
+def _claim_with_lease(
+    store: ReceiptStore, key: str, lease_id: str, owner: Owner = ME, *, retry_safe: bool = True,
+    running: bool = False, mode: ClaimMode = N,
+) -> Any:  # fmt: skip
+    request = attrs.evolve(request_for(key), lease_id=lease_id, retry_safe=retry_safe)
+    (result,) = store.claim_many(
+        ORG,
+        [request],
+        owner,
+        lease_ttl_s=TTL_S,
+        mode=mode,
+        running=frozenset({key}) if running else frozenset(),
+    )
+    return result
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+def test_claim_takes_the_lease_id_it_names(store: ReceiptStore, fake_clock: Any, mode: ClaimMode) -> None:
+    key = key_of("named lease")
+    result = _claim_with_lease(store, key, RETRY_LEASE, mode=mode)
+    assert_claimed(result, store, ME, fake_clock(), None)
+    assert result.receipt.lease_id == RETRY_LEASE
+
+
+@pytest.mark.parametrize("mode", list(ClaimMode))
+@pytest.mark.parametrize("running", [False, True])
+@pytest.mark.parametrize("lapsed", [False, True])
+@pytest.mark.parametrize("retry_safe", [True, False])
+def test_claim_sent_again_after_it_committed_answers_claimed_as_it_stands(
+    store: ReceiptStore, fake_clock: Any, running: bool, lapsed: bool, retry_safe: bool, mode: ClaimMode
+) -> None:
+    """The first attempt committed and its answer was lost: the same claim again (same lease
+    ids) is that claim, not another owner's live lease (RUNNING: the caller would wait on
+    itself), nor a lost running call (UNCERTAIN), even once the lease lapsed meanwhile."""
+    key = key_of("retried claim")
+    first = _claim_with_lease(store, key, RETRY_LEASE, retry_safe=retry_safe, running=running, mode=mode)
+    assert first.disposition is CLAIMED
+    before = get(store, key)
+    fake_clock.advance(TTL_S + 1.0 if lapsed else 1.0)
+    again = _claim_with_lease(store, key, RETRY_LEASE, retry_safe=retry_safe, running=running, mode=mode)
+    assert again.disposition is CLAIMED
+    assert again.receipt == before  # nothing written: same lease, attempts, generation, status
+    assert get(store, key) == before
+    assert complete(store, lease_of(again), {"once": True}).ok
+
+
+def test_claim_with_another_lease_id_still_meets_its_own_live_lease(store: ReceiptStore) -> None:
+    key = key_of("other attempt")
+    first = _claim_with_lease(store, key, RETRY_LEASE)
+    assert_untouched(_claim_with_lease(store, key, "f" * 32), store, ClaimDisposition.RUNNING, first.receipt)
+
+
+def test_claim_naming_a_lease_id_another_owner_holds_is_not_taken(store: ReceiptStore) -> None:
+    key = key_of("not mine")
+    first = _claim_with_lease(store, key, RETRY_LEASE, OTHER)
+    assert_untouched(
+        _claim_with_lease(store, key, RETRY_LEASE, ME), store, ClaimDisposition.RUNNING, first.receipt
+    )
+
+
+def test_claim_sent_again_after_its_lease_was_taken_over_does_not_take_it_back(
+    store: ReceiptStore, fake_clock: Any
+) -> None:
+    key = key_of("taken over")
+    _claim_with_lease(store, key, RETRY_LEASE)
+    fake_clock.advance(TTL_S + 1.0)
+    taken = claim_one(store, key, OTHER)
+    assert taken.disposition is CLAIMED
+    assert_untouched(
+        _claim_with_lease(store, key, RETRY_LEASE), store, ClaimDisposition.RUNNING, taken.receipt
+    )
+
+
+def test_claim_sent_again_after_its_receipt_completed_reuses_it(store: ReceiptStore) -> None:
+    key = key_of("completed meanwhile")
+    first = _claim_with_lease(store, key, RETRY_LEASE)
+    assert complete(store, lease_of(first), {"done": 1}).ok
+    again = _claim_with_lease(store, key, RETRY_LEASE)
+    assert again.disposition is ClaimDisposition.REUSED
+    assert again.receipt.output == {"done": 1}

@@ -113,16 +113,20 @@ class FakeEffects:
         self.hold_sends = False
         """Attempts wait before their send (a gate, a batch's build): withdrawable."""
         self.withdrawn: list[tuple[str, BaseException]] = []
+        self.patience: dict[int, float] = {}
+        """Store request batch -> how long it rides out an outage of the store (seconds)."""
 
     def claim(
         self, batch: int, mode: ClaimMode, stale_after_s: float | None, requests: list[Any],
-        running: frozenset[str] = frozenset(),
+        running: frozenset[str] = frozenset(), patience_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.claims[batch] = (mode, requests)
         self.running[batch] = running
+        self.patience[batch] = patience_s
 
-    def read(self, batch: int, keys: list[str]) -> None:
+    def read(self, batch: int, keys: list[str], patience_s: float = 0.0) -> None:
         self.reads[batch] = keys
+        self.patience[batch] = patience_s
 
     def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
         (self.immediate if immediate else self.acquires).append((want, exempt))
@@ -138,8 +142,9 @@ class FakeEffects:
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
         self.backpressures.append(retry_after)
 
-    def mark_running(self, batch: int, leases: list[LeaseRef]) -> None:
+    def mark_running(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
         self.marks[batch] = leases
+        self.patience[batch] = patience_s
 
     def start(self, spec: AttemptSpec) -> None:
         self.starts.append(spec)
@@ -149,14 +154,18 @@ class FakeEffects:
     def persist(self, batch: int, entries: list[Any], input_hashes: dict[str, str]) -> None:
         self.persists[batch] = entries
 
-    def record_failures(self, batch: int, failures: list[Any], uncertain: bool = False) -> None:
+    def record_failures(
+        self, batch: int, failures: list[Any], uncertain: bool = False, patience_s: float = 0.0
+    ) -> None:
         self.failures[batch] = failures
+        self.patience[batch] = patience_s
         if uncertain:
             self.uncertain.update(f.key for f in failures)
 
-    def release_receipts(self, batch: int, leases: list[LeaseRef]) -> None:
+    def release_receipts(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
         self.released.extend(leases)
         self.release_batches.append(batch)
+        self.patience[batch] = patience_s
 
     def reconcile(self, batch: int, group: Group) -> None:
         self.reconciles.append((batch, group.key))
