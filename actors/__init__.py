@@ -34,7 +34,7 @@ from actors.flusher.salvage import SalvageEntry, SalvageLog
 from actors.results import ToolContext, ToolResult
 from actors.system import DispatchProxy, DispatchSystem
 from actors.tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
-from stores.errors import InvalidInputError, StoreError, ToolDispatchError
+from stores.errors import InputTooLargeError, InvalidInputError, StoreError, ToolDispatchError
 from stores.types import FailureKind
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "DispatchProxy",
     "DispatchSystem",
     "FailureKind",
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidOutputError",
     "LeaseLostError",

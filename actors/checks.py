@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from stores.quoting import brief
+
 __all__ = ["check_count", "check_number"]
 
 
@@ -31,7 +33,7 @@ def check_number(
         ok = False
     if not ok:
         bound = f"> {minimum:g}" if positive else f">= {minimum:g}"
-        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+        raise ValueError(f"{name} must be a number {bound}, got {brief(value)}")
 
 
 def check_count(name: str, value: Any, *, minimum: int = 1, optional: bool = False) -> None:
@@ -43,4 +45,4 @@ def check_count(name: str, value: Any, *, minimum: int = 1, optional: bool = Fal
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {brief(value)}")

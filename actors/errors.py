@@ -10,7 +10,9 @@ the call it belongs to is never answered (and its slot never given back). Every 
 a foreign exception goes through these: its type and name from ``type`` itself
 (:func:`is_a`, :func:`type_name`; never ``isinstance``, which asks ``__class__``), its
 cause and traceback from ``BaseException``'s slots, its text and attributes guarded; and
-never its truth (``is None``, not ``or``).
+never its truth (``is None``, not ``or``). Its text is cut to
+:data:`stores.quoting.MAX_ERROR_CHARS` (a message that quotes a whole input or answer
+is never carried whole).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from collections.abc import Iterator
 from typing import Any, TypeGuard, TypeVar, overload
 
 from stores.errors import (
+    InputTooLargeError,
     InvalidInputError,
     InvalidOutputError,
     OutputNotStorableError,
     StoreError,
     ToolDispatchError,
 )
+from stores.quoting import shorten
 from stores.types import FailureKind
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "CallCancelledError",
     "CallCycleError",
     "DispatchError",
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidOutputError",
     "LeaseLostError",
@@ -151,9 +156,10 @@ def with_traceback(exc: BaseException, tb: Any) -> BaseException:
 
 
 def error_repr(exc: BaseException) -> str:
-    """``repr(exc)``, or ``error_text`` in its class's name when its ``__repr__`` raises."""
+    """``repr(exc)``, or ``error_text`` in its class's name when its ``__repr__`` raises;
+    cut to :data:`~stores.quoting.MAX_ERROR_CHARS`."""
     try:
-        return str.__str__(repr(exc))  # (a plain str: see error_text)
+        return shorten(str.__str__(repr(exc)))  # (a plain str: see error_text)
     except BaseException as raised:  # as in error_text: a foreign __repr__'s error is never passed on
         if signalled(raised):
             raise
@@ -161,11 +167,12 @@ def error_repr(exc: BaseException) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """``str(exc)`` as a plain ``str``, or a stand-in when the exception's own ``__str__``
-    raises (a ``__str__`` may also return a str subclass, whose own methods, asked by
-    ``in`` or a format, may raise: the text is copied out of it)."""
+    """``str(exc)`` as a plain ``str`` cut to :data:`~stores.quoting.MAX_ERROR_CHARS`
+    (head and tail kept), or a stand-in when the exception's own ``__str__`` raises (a
+    ``__str__`` may also return a str subclass, whose own methods, asked by ``in`` or a
+    format, may raise: the text is copied out of it)."""
     try:
-        return str.__str__(str(exc)) or type_name(exc)
+        return shorten(str.__str__(str(exc))) or type_name(exc)
     except BaseException as raised:  # a __str__ raising anything, SystemExit included: never passed on
         if signalled(raised):
             raise

@@ -14,8 +14,11 @@ queued on the tool's queue actor in one message.
 
 Rules (docs/how-it-works.md, The life of a call): the memo answers normal calls only (a
 forced refresh or a retry of a failure goes to the store), never past the call's
-``stale_after_s``; an error that concerns one call (input that is not JSON) fails that
-call's future alone; an unknown tool, a bad option or a stopped system fails them all.
+``stale_after_s``; an error that concerns one call (input that is not JSON, or over the
+input cap, :data:`stores.inputs.MAX_INPUT_BYTES`, both found where its key is made) fails
+that call's future alone, before anything is claimed or sent; an unknown tool, a bad
+option or a stopped system fails them all. Messages quote what the caller passed through
+:func:`stores.quoting.brief`, never whole.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
 from stores.keys import key_maker
+from stores.quoting import brief
 from stores.types import ClaimMode
 
 __all__ = ["READ_FIRST", "DispatchProxy", "Intake", "MemoView"]
@@ -145,8 +149,8 @@ class Intake:
             except BaseException as exc:  # SystemExit & co: this call's error, not the process's
                 if signalled(exc):  # (unless a signal handler raised it: the host's)
                     raise
-                raise DispatchError(f"{tool.tool_id}: its credentials function raised {error_text(exc)!r} "
-                                    f"({type_name(exc)})") from None  # fmt: skip
+                raise DispatchError(f"{tool.tool_id}: its credentials function raised "
+                                    f"{brief(error_text(exc))} ({type_name(exc)})") from None  # fmt: skip
             self._digests[tool.tool_id] = found
         return found
 
@@ -184,7 +188,9 @@ class Intake:
             if not isinstance(tool_id, str):
                 raise InvalidInputError(f"tool_id must be a string, got {type(tool_id).__name__}")
             if tool is None:
-                raise UnknownToolError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
+                raise UnknownToolError(
+                    f"unknown tool {brief(tool_id)}; known: {', '.join(sorted(self.tools))}"
+                )
             for name, flag in (("force_refresh", force_refresh), ("retry_failed", retry_failed)):
                 if not isinstance(flag, bool):
                     raise InvalidInputError(f"{name} must be True or False, got {type(flag).__name__}")
@@ -349,7 +355,7 @@ def check_seconds(name: str, value: Any, *, positive: bool) -> None:
         ok = False
     if not ok:
         bound = "> 0" if positive else ">= 0"
-        raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {value!r}")
+        raise InvalidInputError(f"{name} must be a number of seconds {bound}, got {brief(value)}")
 
 
 def snapshot(value: Any) -> Any:
@@ -418,7 +424,8 @@ class DispatchProxy:
 
         Returns:
             A pykka future (awaitable) of :class:`~actors.results.ToolResult`. It fails
-            with UnknownToolError, InvalidInputError, the tool's error,
+            with UnknownToolError, InvalidInputError (InputTooLargeError: the input is
+            over ``stores.MAX_INPUT_BYTES`` of JSON text), the tool's error,
             RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
             BudgetExceededError, PersistenceCircuitOpenError, CallCancelledError or
             CallCycleError (from inside a tool, a call of the input it runs for).
@@ -442,8 +449,9 @@ class DispatchProxy:
         """Queue many calls of one tool in one message (same options as :meth:`execute`).
 
         Returns:
-            list of futures, same order as ``inputs``. An input that is not JSON fails
-            its own future alone.
+            list of futures, same order as ``inputs``. An input that is not JSON, or is
+            over the input cap (InputTooLargeError), fails its own future alone, before
+            anything is claimed or sent; the others go on.
         """
         return self._intake.execute_many(
             tool_id, tuple(inputs), force_refresh, retry_failed, stale_after_s, timeout_s

@@ -19,6 +19,7 @@ from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, StoreCapabilities
 from stores.codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
 from stores.dispositions import decide_disposition, next_generation
 from stores.errors import (
+    InputTooLargeError,
     InvalidInputError,
     InvalidOutputError,
     OutputNotStorableError,
@@ -29,8 +30,10 @@ from stores.errors import (
     ToolDispatchError,
     UnreadableOutputError,
 )
+from stores.inputs import MAX_INPUT_BYTES, check_input_size
 from stores.keys import KeyExplanation, canonical_json, explain_key, receipt_key
 from stores.process import ProcessIdentity, current_process_identity, process_gone
+from stores.quoting import MAX_ERROR_CHARS, brief, shorten
 from stores.rules import output_too_large_error
 from stores.sqlite.store import SqliteReceiptStore
 from stores.types import (
@@ -92,6 +95,8 @@ def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
 
 
 __all__ = [
+    "MAX_ERROR_CHARS",
+    "MAX_INPUT_BYTES",
     "MAX_OUTPUT_BYTES",
     "Claim",
     "ClaimDisposition",
@@ -102,6 +107,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "FenceReport",
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidOutputError",
     "KeyExplanation",
@@ -125,7 +131,9 @@ __all__ = [
     "ToolDispatchError",
     "UnreadableOutput",
     "UnreadableOutputError",
+    "brief",
     "canonical_json",
+    "check_input_size",
     "current_process_identity",
     "decide_disposition",
     "decode_output",
@@ -137,5 +145,6 @@ __all__ = [
     "process_gone",
     "receipt_key",
     "salvage_form",
+    "shorten",
     "validate_output",
 ]

@@ -8,6 +8,7 @@ errors (``actors.errors``) subclass the same root.
 from __future__ import annotations
 
 __all__ = [
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidOutputError",
     "OutputNotStorableError",
@@ -25,6 +26,19 @@ class ToolDispatchError(Exception):
 
 class InvalidInputError(ToolDispatchError, ValueError):
     """A call's input cannot be canonicalised as JSON (RFC 8785), so no key is made."""
+
+
+class InputTooLargeError(InvalidInputError):
+    """A call's input (or a row of a ``tooldispatch run`` input) is over the input cap,
+    ``stores.inputs.MAX_INPUT_BYTES`` of JSON text: refused for that call (that row)
+    alone, before anything is claimed or sent.
+
+    Attributes:
+        size_bytes: the size that was measured, bytes (its JSON text; for a line of a
+            ``tooldispatch run`` input, the line as it is in the file).
+    """
+
+    size_bytes: int = 0
 
 
 class InvalidOutputError(ToolDispatchError, TypeError):

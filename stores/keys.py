@@ -14,7 +14,9 @@ call's input, produced by the ``rfc8785`` package:
 
 Anything that is not plain JSON (NaN, Infinity, bytes, sets, datetimes, non-string
 object keys, arbitrary objects) raises :class:`~stores.errors.InvalidInputError`; a key
-is never computed from a lossy form.
+is never computed from a lossy form. Nor for an input over the input cap
+(:data:`stores.inputs.MAX_INPUT_BYTES` of JSON text, non-semantic fields counted): it
+raises :class:`~stores.errors.InputTooLargeError`, so no call of it is claimed or sent.
 
 The key hashes, in a versioned envelope: org id, scope, tool id, provider action
 version, credential-scope digest, staleness setting and the sha256 of the canonical
@@ -33,6 +35,8 @@ import orjson
 import rfc8785
 
 from stores.errors import InvalidInputError
+from stores.inputs import check_input_size, utf8_size_bytes
+from stores.quoting import brief, shorten
 
 __all__ = [
     "KEY_FORMAT",
@@ -69,8 +73,19 @@ def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
             pass  # e.g. a lone surrogate: rfc8785 below gives the precise error
     try:
         return rfc8785.dumps(value).decode("utf-8")
-    except (rfc8785.CanonicalizationError, UnicodeError, RecursionError) as exc:
-        raise InvalidInputError(f"input is not canonical JSON: {exc}") from None
+    except (rfc8785.CanonicalizationError, UnicodeError, RecursionError, ValueError) as exc:
+        raise InvalidInputError(f"input is not canonical JSON: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    """An rfc8785 error's text, short (an IntegerDomainError's text is the integer itself,
+    whose ``str`` raises past 4300 digits)."""
+    if isinstance(exc, rfc8785.IntegerDomainError) and exc.args:
+        return f"{brief(exc.args[0], 40)} exceeds safe integer domain for JSON floats"
+    try:
+        return shorten(str(exc), 400)
+    except ValueError:
+        return type(exc).__name__
 
 
 _MAX_SAFE_INT = 2**53 - 1
@@ -191,10 +206,13 @@ def _build(
     """(canonical input, input hash, envelope, key); see :func:`explain_key`."""
     for name, part in (("org_id", org_id), ("scope", scope), ("tool_id", tool_id)):
         if not isinstance(part, str) or not part:
-            raise InvalidInputError(f"{name} must be a non-empty string, got {part!r}")
+            raise InvalidInputError(f"{name} must be a non-empty string, got {brief(part)}")
     if not isinstance(version, str) or not isinstance(credential_scope_digest, str):
         raise InvalidInputError("version and credential_scope_digest must be strings")
     canonical = canonical_json(input, ignore_fields=ignore_fields)
+    check_input_size(size_bytes=utf8_size_bytes(canonical))
+    if ignore_fields and isinstance(input, Mapping) and any(k in input for k in ignore_fields):
+        check_input_size(input)  # the fields left out of the key are sent all the same
     input_hash = _sha256(canonical)
     stale = None if stale_after_s is None else canonical_json(float(stale_after_s))
     envelope = orjson.dumps(
@@ -247,6 +265,8 @@ def key_maker(
     Raises:
         InvalidInputError: a part is not a string (here), or an input is not plain JSON
             (from ``make``).
+        InputTooLargeError: (from ``make``) an input is over ``stores.inputs.MAX_INPUT_BYTES``
+            of JSON text.
     """
     _, _, envelope, _ = _build(
         org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
@@ -269,6 +289,9 @@ def key_maker(
                 data = None
         if data is None:
             data = canonical_json(value).encode("utf-8")
+        check_input_size(size_bytes=len(data))
+        if value is not input and len(value) != len(input):
+            check_input_size(input)  # the fields left out of the key are sent all the same
         input_hash = sha256(data).hexdigest()
         digest = prefix.copy()
         digest.update(f'{input_hash}"]'.encode("ascii"))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stores.codec import decode_stored
+from stores.quoting import shorten
 from stores.types import FailureKind, Receipt, ReceiptStatus
 
 __all__ = ["COLUMNS", "DEFAULT_PURGE", "error_text", "receipt_from_row"]
@@ -48,9 +49,11 @@ DEFAULT_PURGE = (
 
 
 def error_text(error: str) -> str:
-    """Error text as stored: NUL (where SQLite's JSON functions cut a string short) and
-    lone surrogates (no UTF-8 form) are written as backslash escapes."""
-    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    """Error text as stored: cut to :data:`~stores.quoting.MAX_ERROR_CHARS` (head and
+    tail; a provider's error may quote the whole input), NUL (where SQLite's JSON
+    functions cut a string short) and lone surrogates (no UTF-8 form) written as
+    backslash escapes."""
+    return shorten(error).replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}

@@ -52,6 +52,7 @@ from actors.http.credentials import (
 from actors.pacing.bucket import SLOW_START_RPS
 from actors.results import ToolContext
 from actors.tool import BatchStrategy, Pacing, Tool
+from stores.quoting import brief, shorten
 from stores.types import FailureKind
 
 __all__ = [
@@ -70,13 +71,15 @@ def _items(body: Any, n: int) -> list[Any]:
     if isinstance(body, list):
         return body
     raise ProviderError(
-        f"batch response has no 'results' list: {str(body)[:200]}", failure_kind=FailureKind.TRANSIENT
+        f"batch response has no 'results' list: {brief(body)}", failure_kind=FailureKind.TRANSIENT
     )
 
 
 def _item_error(item: Any) -> str | None:
+    """A batch member's ``{"error": ...}``, short (a provider may quote the whole input)."""
     if isinstance(item, Mapping) and item.get("error"):
-        return str(item["error"])
+        error = item["error"]
+        return shorten(error) if isinstance(error, str) else brief(error)
     return None
 
 

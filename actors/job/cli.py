@@ -41,11 +41,21 @@ def _reexec_under_gevent() -> NoReturn:
 
 
 def _count_rows(path: str) -> int | None:
+    """Lines of ``path`` that are not blank (the header left out of a CSV's): the progress
+    line's total. Read a chunk at a time, so a line of any length is never held whole."""
+    lines, filled = 0, False
     try:
         with open(path, "rb") as fh:
-            lines = sum(1 for line in fh if line.strip())
+            while chunk := fh.read(1 << 20):
+                *ended, rest = chunk.split(b"\n")
+                for line in ended:
+                    if filled or line.strip():
+                        lines += 1
+                    filled = False
+                filled = filled or bool(rest.strip())
     except OSError:
         return None
+    lines += filled
     return lines - 1 if path.lower().endswith(".csv") else lines
 
 
@@ -247,7 +257,7 @@ def _first_rows(path: str) -> Any:
     """The rows of ``path``, after checking that it has one (a usage error otherwise)."""
     import itertools
 
-    from actors.job.play import InputError, read_rows
+    from actors.job.rows import InputError, read_rows
 
     rows = read_rows(path)
     try:

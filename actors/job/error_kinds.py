@@ -16,7 +16,9 @@ __all__ = ["ErrorKinds", "error_kind"]
 _PATTERNS = (
     (re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""), "'…'"),  # quoted values
     (re.compile(r"\b[0-9a-fA-F]{12,}\b"), "…"),  # receipt keys, ids
-    (re.compile(r"(?<![\w.])\d+(?:\.\d+)*(?![\w])"), "N"),  # numbers (line numbers, counts), not 5xx or v1
+    # numbers (line numbers, counts, a range "3-7", a date), not digits that belong to a
+    # word: 5xx, v1, UTF-8, ISO-8859-1, x86-64, sha-256
+    (re.compile(r"(?<![\w.])(?<!\w-)\d+(?:\.\d+)*(?:-\d+)*(?![\w-])"), "N"),
 )
 
 MESSAGE_CHARS = 160

@@ -19,7 +19,8 @@ import orjson
 from actors.errors import UnknownToolError, error_text, type_name
 from actors.job.error_kinds import ErrorKinds
 from actors.job.ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
-from actors.job.play import InputError, Play, PlayContext, RowError
+from actors.job.play import Play, PlayContext
+from actors.job.rows import InputError, RowError
 
 __all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
 
@@ -149,9 +150,9 @@ def run_rows(
                 try:
                     outcome = RowOutcome(index, row, result=play.run(row, ctx))
                 except UnknownToolError as exc:
-                    summary.config_error = str(exc)
+                    summary.config_error = error_text(exc)
                     stop.set()
-                    outcome = RowOutcome(index, row, error=f"UnknownToolError: {exc}")
+                    outcome = RowOutcome(index, row, error=f"UnknownToolError: {error_text(exc)}")
                 except BaseException as exc:  # SystemExit & co from a play fail its row, not the run
                     outcome = RowOutcome(index, row, error=f"{type_name(exc)}: {error_text(exc)}")
             if out is not None:

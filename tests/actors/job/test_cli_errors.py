@@ -6,6 +6,8 @@ The plays are tiny files in ``tmp_path`` with local tools (no HTTP), so each run
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 LOCAL_PLAY = """
@@ -118,6 +120,17 @@ def test_cli_error_kinds_keep_words_with_digits_and_abstract_numbers() -> None:
     )
     assert "5xx" in kind and "/v1/" in kind  # words that hold digits are words
     assert "127" not in kind and "8750" not in kind and "111" not in kind and "3.5" not in kind
+
+
+def test_cli_error_kinds_keep_digits_inside_words_like_utf_8() -> None:
+    from actors.job.error_kinds import error_kind
+
+    assert error_kind("RowError: line 3: not UTF-8") == "RowError: line N: not UTF-8"
+    assert error_kind("RowError: line 12: not UTF-8") == error_kind("RowError: line 7: not UTF-8")
+    kept = error_kind("decoded as ISO-8859-1 on x86-64 with sha-256, HTTP/2 and 5xx")
+    assert "ISO-8859-1" in kept and "x86-64" in kept and "sha-256" in kept and "5xx" in kept
+    assert error_kind("RowError: lines 3-7: x") == error_kind("RowError: lines 10-12: x")
+    assert not re.search(r"\d", error_kind("got -5 items on 2024-01-05 after 1.5 s"))
 
 
 def test_cli_errors_malformed_csv_row_fails_alone(cli, local_play, tmp_path):

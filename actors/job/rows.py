@@ -1,0 +1,378 @@
+"""Reading a run's input: its rows, from CSV, JSONL or plain text, each within the input cap.
+
+Every row is held to the one input-size rule (:mod:`stores.inputs`, docs/cli.md, Input):
+a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file (for CSV, a record:
+a quoted field may span lines) is never read whole. It is passed over to its end, a chunk
+at a time, and fails alone as a :class:`RowError` naming its line(s) and size; a row
+that is read is then measured as a call's input is (its JSON text). Either way nothing of
+it is sent, and the rows after it are read on.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TextIO
+
+import orjson
+
+from actors.errors import DispatchError
+from stores.errors import InputTooLargeError
+from stores.inputs import MAX_INPUT_BYTES, check_input_size, utf8_size_bytes
+
+__all__ = ["CHUNK_CHARS", "InputError", "RowError", "read_rows"]
+
+CHUNK_CHARS = 1 << 16
+"""Characters read from the input at a time; a line over the cap is held a chunk at a time."""
+
+
+class RowError(DispatchError):
+    """One input row could not be read (it fails alone)."""
+
+
+class InputError(DispatchError):
+    """The input cannot be read on from this point (its message names the line)."""
+
+
+def read_rows(path: str) -> Iterator[Any]:
+    """Yield the rows of ``path``: CSV (a dict per row), JSONL, or one value per line.
+
+    The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
+    is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
+    dropped). A row that cannot be read, or is over the input cap
+    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line, its CSV record, or its JSON text),
+    is yielded as a :class:`RowError` naming its line(s), so it fails alone and the rest
+    go on. A quoted CSV field may span lines (RFC 4180), so a row that a stray quote made
+    swallow the lines after it is one row error naming them all.
+
+    Raises:
+        OSError: the file cannot be opened.
+        InputError: no row after this point can be read right: the CSV header is not
+            UTF-8 or is over the cap, or a quote is never closed before the end of the file
+            (the message names the line where it opened).
+    """
+    ext = os.path.splitext(path)[1].lower()
+    # surrogateescape: a byte that is not UTF-8 fails its own row, not the whole read
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+        lines = _Lines(fh)
+        if ext == ".csv":
+            yield from _csv_rows(lines)
+        else:
+            yield from _line_rows(lines, jsonl=ext in (".jsonl", ".ndjson"))
+
+
+def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
+    """One row per line: a JSON value (``jsonl``) or the line's text, stripped."""
+    blank = True
+
+    def seen(piece: str) -> None:  # a line passed over is still skipped when blank
+        nonlocal blank
+        if blank and piece and not piece.isspace():
+            blank = False
+
+    while True:
+        blank = True
+        got = lines.read(MAX_INPUT_BYTES, seen)
+        if got is None:
+            return
+        text, size = got
+        if blank if text is None else not text.strip():  # a line passed over: judged by its pieces
+            continue
+        where = f"line {lines.number}"
+        try:
+            if text is None:
+                _refuse(size, "the line")
+            if not _utf8(text):
+                yield RowError(f"{where}: not UTF-8")
+                continue
+            if jsonl:
+                try:
+                    value = orjson.loads(text)
+                except orjson.JSONDecodeError as exc:
+                    yield RowError(f"{where}: not JSON ({exc})")
+                    continue
+            else:
+                value = text.strip()
+            check_input_size(value)
+        except InputTooLargeError as exc:
+            yield RowError(f"{where}: {exc}")
+            continue
+        yield value
+
+
+def _refuse(size_bytes: int, what: str) -> NoReturn:
+    """Raise the input cap's error for ``what`` was passed over unread (over the cap)."""
+    check_input_size(size_bytes=size_bytes, what=what)
+    raise AssertionError(f"{what} was passed over within the cap")  # pragma: no cover
+
+
+def _lines_named(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+def _csv_rows(lines: _Lines) -> Iterator[Any]:
+    """The rows of a CSV file as dicts keyed by its header (see :func:`read_rows`)."""
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_INPUT_BYTES))  # the record cap comes first
+    source = _CsvLines(lines)
+    # strict: a quote left open up to the end of the file, or a closing quote not followed
+    # by a delimiter, is an error for that row (not a row that silently swallows the rest)
+    reader = csv.reader(source, strict=True)
+    header: list[str] | None = None
+    while True:
+        source.new_record = True
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except _TooLarge as big:
+            where = _lines_named(big.first, big.last)
+            if header is None:
+                raise InputError(f"{where} (the CSV header): {big.error}") from None
+            yield RowError(f"{where}: {big.error}")
+            continue
+        except csv.Error as exc:
+            where = _lines_named(source.first, lines.number)
+            if "unexpected end of data" in str(exc):
+                raise InputError(source.never_closed()) from None
+            yield RowError(f"{where}: {exc} (a stray quote makes a row swallow the lines after it)")
+            continue
+        if not fields:  # a blank line
+            continue
+        if header is None:
+            if not _utf8(*fields):
+                raise InputError("line 1 (the CSV header): not UTF-8")
+            header = fields
+            continue
+        if len(fields) != len(header):
+            spans = (
+                " (a quoted field spans lines: is a quote left open?)" if lines.number > source.first else ""
+            )
+            where = _lines_named(source.first, lines.number)
+            yield RowError(f"{where}: expected {len(header)} fields, found {len(fields)}{spans}")
+        elif not _utf8(*fields):
+            yield RowError(f"{_lines_named(source.first, lines.number)}: not UTF-8")
+        else:
+            row = dict(zip(header, fields, strict=True))
+            try:
+                check_input_size(row)
+            except InputTooLargeError as exc:
+                yield RowError(f"{_lines_named(source.first, lines.number)}: {exc}")
+                continue
+            yield row
+
+
+def _utf8(*texts: str) -> bool:
+    """Whether every text was valid UTF-8 (surrogateescape left no lone surrogate)."""
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_EOL = re.compile(r"\r\n|\r|\n")
+
+
+class _Lines:
+    """The physical lines of a text file opened with ``newline=""``, split as its iterator
+    splits them (``\\r\\n``, ``\\r`` or ``\\n`` ends one, and is kept), numbered from 1,
+    read :data:`CHUNK_CHARS` at a time: a line over its cap is never held whole."""
+
+    def __init__(self, fh: TextIO) -> None:
+        self._fh = fh
+        self._buf = ""
+        self._pos = 0
+        self._eof = False
+        self.number = 0
+        """The number of the last line read."""
+
+    def read(
+        self, limit_bytes: int, seen: Callable[[str], None] | None = None
+    ) -> tuple[str | None, int] | None:
+        """The next line and its size in bytes (UTF-8, as in the file); None at the end.
+
+        Args:
+            limit_bytes: most bytes of it to keep; past that (or when negative) the line
+                is passed over to its end and returned as None.
+            seen: called with each piece of a line passed over, as it is read (those
+                read before it was found over the limit too), in order.
+        """
+        piece, ended = self._piece()
+        if piece is None:
+            return None
+        size = utf8_size_bytes(piece)
+        if ended and size <= limit_bytes:  # the usual line: one piece, within the limit
+            self.number += 1
+            return piece, size
+        keep = limit_bytes >= 0
+        parts: list[str] = []
+        while True:
+            if keep:
+                parts.append(piece)
+                if size > limit_bytes:  # over: what was kept is passed over too
+                    keep = False
+                    if seen is not None:
+                        for part in parts:
+                            seen(part)
+                    parts = []
+            elif seen is not None:
+                seen(piece)
+            if ended:
+                break
+            piece, ended = self._piece()
+            if piece is None:
+                break
+            size += utf8_size_bytes(piece)
+        self.number += 1
+        return ("".join(parts) if keep else None), size
+
+    def _piece(self) -> tuple[str | None, bool]:
+        """The next piece of the current line (at most a chunk) and whether it ends the
+        line; (None, True) at the end of the file."""
+        while True:
+            buf, pos = self._buf, self._pos
+            found = _EOL.search(buf, pos)
+            if found is not None and (found.end() < len(buf) or found.group() != "\r" or self._eof):
+                self._pos = found.end()
+                return buf[pos : found.end()], True
+            end = len(buf) if found is None else found.start()  # a last "\r" waits: "\n" may follow
+            if end > pos:
+                self._pos = end
+                return buf[pos:end], False
+            if self._eof:
+                return None, True
+            chunk = self._fh.read(CHUNK_CHARS)
+            self._eof = not chunk
+            self._buf, self._pos = buf[pos:] + chunk, 0
+
+
+class _TooLarge(Exception):
+    """A CSV record over the cap, passed over (raised through ``csv.reader``)."""
+
+    def __init__(self, first: int, last: int, error: InputTooLargeError) -> None:
+        super().__init__(str(error))
+        self.first = first
+        self.last = last
+        self.error = error
+
+
+class _CsvLines:
+    """The lines handed to ``csv.reader``, each record's within the cap.
+
+    The reader asks for a line when a record starts (``new_record``, set before each row
+    is asked of it) or when the line before ended inside a quoted field. A record whose
+    lines come to more than the cap is not handed on: the rest of it is passed over to
+    the record's end (:class:`_QuoteScan` finds it as the reader would, from the state
+    the record was in when its line was dropped), and :class:`_TooLarge` is raised
+    through the reader, whose next row starts afresh after it. A quote still open at the
+    end of the file while passing over raises :class:`InputError`.
+    """
+
+    def __init__(self, lines: _Lines) -> None:
+        self.lines = lines
+        self.scan = _QuoteScan()
+        self.new_record = True
+        """The next line asked for starts a record (else it goes on inside a quoted field)."""
+        self.first = 1
+        """The first line of the record being read."""
+        self._size = 0
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        if self.new_record:
+            self.new_record = False
+            self.first, self._size = self.lines.number + 1, 0
+            self.scan.start()
+        else:
+            self.scan.inside_since(self.first)
+        got = self.lines.read(MAX_INPUT_BYTES - self._size, self._see)
+        if got is None:
+            raise StopIteration
+        text, size = got
+        self._size += size
+        if text is not None:
+            return text
+        while self.scan.inside:  # pass over the rest of the record, keeping nothing
+            got = self.lines.read(-1, self._see)
+            if got is None:
+                raise InputError(self.never_closed())
+            self._size += got[1]
+        try:
+            _refuse(self._size, "the line" if self.first == self.lines.number else "the record")
+        except InputTooLargeError as exc:
+            raise _TooLarge(self.first, self.lines.number, exc) from None
+
+    def _see(self, piece: str) -> None:
+        self.scan.feed(piece, self.lines.number + 1)
+
+    def never_closed(self) -> str:
+        """The message for a quote still open at the end of the file."""
+        opened = self.scan.opened if self.scan.inside else self.first
+        return (
+            f"line {opened}: a quote opened on this line is never closed; "
+            f"{_lines_named(self.first, self.lines.number)} (to the end of the file) were not read as rows"
+        )
+
+
+_QUOTED_RUN = re.compile(r'(?:[^"]+|"")*')
+"""The inside of a quoted field up to a quote that is not doubled (or the end)."""
+
+
+class _QuoteScan:
+    """Where a CSV record stands after the text fed so far, under the ``csv`` module's
+    default dialect (``,`` between fields, ``"`` quoting a field, doubled inside it): in
+    a quoted field (a line end there is part of the field) or not (a line end ends the
+    record). Fed in pieces of any size; a few steps per quoted field, the rest in C."""
+
+    START, UNQUOTED, QUOTED, QUOTE = range(4)
+    """At a field's start; in an unquoted field (or after a quoted one closed); in a
+    quoted field; just after a quote inside a quoted field (closing it, or doubled)."""
+
+    def __init__(self) -> None:
+        self.state = self.START
+        self.opened = 0
+        """The line where the quoted field now open opened."""
+
+    def start(self) -> None:
+        """A record starts here."""
+        self.state = self.START
+
+    def inside_since(self, line: int) -> None:
+        """A line starts inside a quoted field, opened on ``line`` (or later)."""
+        if self.state != self.QUOTED:
+            self.state, self.opened = self.QUOTED, line
+
+    @property
+    def inside(self) -> bool:
+        """A line end here belongs to a quoted field: the record goes on."""
+        return self.state == self.QUOTED
+
+    def feed(self, text: str, line: int) -> None:
+        """Move over ``text``, part of line ``line``."""
+        state, i, n = self.state, 0, len(text)
+        while i < n:
+            if state == self.QUOTED:
+                found = _QUOTED_RUN.match(text, i)
+                i = found.end() if found is not None else i
+                if i >= n:
+                    break
+                state, i = self.QUOTE, i + 1  # a quote: closing the field, or doubled
+            elif state == self.QUOTE:
+                if text[i] == '"':
+                    state, i = self.QUOTED, i + 1
+                else:
+                    state = self.UNQUOTED
+            elif state == self.START and text[i] == '"':
+                state, i, self.opened = self.QUOTED, i + 1, line
+            else:  # unquoted: only a quote just after a delimiter opens a field
+                i = text.find(',"', i)
+                if i < 0:
+                    state = self.START if text[-1] in ",\r\n" else self.UNQUOTED
+                    break
+                state, i, self.opened = self.QUOTED, i + 2, line
+        self.state = state
