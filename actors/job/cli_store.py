@@ -80,7 +80,9 @@ def receipts_stats(db: str) -> None:
 @receipts.command("ls", short_help="The most recently updated receipts.")
 @db_option
 @click.option("--status", default=None, callback=_statuses, help="Only this status.")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most receipts listed."
+)
 def receipts_ls(db: str, status: str | None, limit: int) -> None:
     """The most recently updated receipts."""
     where, params = ("where status = ?", [status]) if status else ("", [])
@@ -169,7 +171,13 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
 
 @receipts.command("purge", short_help="Delete receipts (asks first).")
 @db_option
-@click.option("--older-than-days", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
+@click.option(
+    "--older-than-days",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Only receipts last changed at least this many days ago (by the store's clock).",
+)
 @click.option(
     "--status",
     "statuses",
@@ -248,7 +256,11 @@ def salvage() -> None:
 
 def _salvage_option(fn: Any) -> Any:
     return click.option(
-        "--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl)."
+        "--salvage",
+        "salvage_path",
+        default=None,
+        help="Salvage file (default: DB.salvage.jsonl; for a postgresql:// DB, "
+        "tooldispatch-salvage.jsonl in the working directory).",
     )(fn)
 
 
