@@ -76,7 +76,9 @@ class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
     ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``,
-    ``errors``, ``unavailable``: calls refused by an open provider circuit)
+    ``errors``, ``unavailable``: calls refused by an open provider circuit, ``answered``:
+    lookups (calls, or batch members) in requests the provider answered anew, what it
+    bills; ``replayed``: those it answered from its record of their idempotency key)
     and phase timings in milliseconds.
 
     Args:
@@ -90,7 +92,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed",
+        "salvage_failed", "answered", "replayed",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -232,7 +232,9 @@ class DispatchSystem:
         provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
         refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, requests
         (every attempt sent), owner_waits (calls that waited on another live owner's
-        receipt), waiting_on_owner (calls waiting so right now), receipts_created,
+        receipt), waiting_on_owner (calls waiting so right now), answered (lookups, calls or
+        batch members, in requests the provider answered anew: what it bills) and replayed
+        (those it answered from its record of their idempotency key), receipts_created,
         orphan_leases_released and lease_cleanup_failed (leases a failed claim or release left
         this process holding, given back or given up: see :mod:`actors.lifecycle.cleanup`); plus
         ``latch_tripped``, ``phases`` (p50/p95 ms), ``tools`` (tool id -> its own

@@ -20,6 +20,11 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
   (kind ``timeout``; uncertain for a tool that is not retry-safe);
 * other 4xx → ProviderError with kind ``permanent``.
 
+An answer carrying ``Idempotent-Replayed: true`` (as Stripe's API marks the stored answer
+it replays for a repeated ``Idempotency-Key``) is told to the dispatcher
+(:meth:`~actors.results.ToolContext.mark_replayed`): the run's report counts it apart
+from the lookups the provider answered anew, which it bills.
+
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
 digest (part of every receipt key, see :func:`credential_scope_digest`, in
 ``actors/http/credentials.py``) is a sha256 over what authenticates its requests as httpx
@@ -138,6 +143,10 @@ class HttpEndpoint:
             error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
             raise error from exc
         status = response.status_code
+        if response.headers.get("Idempotent-Replayed", "").strip().lower() == "true":
+            mark = getattr(ctx, "mark_replayed", None)  # a replay of a stored answer: not billed again
+            if mark is not None:
+                mark()
         retry_after = response.headers.get("Retry-After")
         if status == 429 or (status == 503 and retry_after is not None):
             raise RateLimitedError(f"{self.url} answered {status}", retry_after=retry_after)

@@ -39,10 +39,11 @@ def play(row, ctx):
 ROWS = 200
 PTY_TIMEOUT_S = 120.0
 REPORT_LABELS = (
-    "rows", "requests sent to square", "lookups billed (receipts completed this run)",
+    "rows", "requests sent to square", "receipts completed this run (calls that ran)",
     "reused from earlier runs", "reused within this run (calls)", "joined a lookup in flight (calls)",
-    "calls failed", "retries",
-    "refused, provider down", "salvaged (paid, kept in the salvage file)", "wall time", "rows/s",
+    "calls failed", "retries (requests sent again)", "lookups square answered (billable)",
+    "calls refused, provider down (circuit open)", "results salvaged (paid, kept in the salvage file)",
+    "wall time", "rows/s",
 )  # fmt: skip
 
 
@@ -111,8 +112,9 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     per_tool = cli.tools_report(done.stderr)
     assert per_tool == {
         "square": {
-            "calls": ROWS, "billed (ran)": ROWS, "joined in flight": 0, "reused this run": 0,
-            "reused, earlier runs": 0, "failed": 0, "requests sent": ROWS, "429s": 0,
+            "calls": ROWS, "ran (receipt completed; local: runs)": ROWS, "joined in flight": 0,
+            "reused this run": 0, "reused, earlier runs": 0, "failed": 0, "lookups answered (billable)": ROWS,
+            "answers replayed (not billed)": 0, "requests sent": ROWS, "429s": 0,
             "refused, provider down": 0,
         }
     }  # fmt: skip

@@ -64,7 +64,7 @@ def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path,
 
     first = cli.run("run", play, "--input", rows, "--db", pg_db)
     assert first.returncode == 0, first.stderr
-    assert cli.report(first.stderr)["lookups billed (receipts completed this run)"] == str(ROWS)
+    assert cli.report(first.stderr)["receipts completed this run (calls that ran)"] == str(ROWS)
 
     listed = cli.run("receipts", "ls", "--db", pg_db, "--limit", "5")
     assert listed.returncode == 0, listed.stderr
@@ -89,7 +89,7 @@ def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path,
     rerun = cli.run("run", play, "--input", rows, env=by_env)
     assert rerun.returncode == 0, rerun.stderr
     report = cli.report(rerun.stderr)
-    assert report["lookups billed (receipts completed this run)"] == "0"
+    assert report["receipts completed this run (calls that ran)"] == "0"
     assert report["reused from earlier runs"] == f"{ROWS} receipts ({ROWS} calls)"
 
 
