@@ -194,7 +194,7 @@ class DispatchSystem:
         self._intake.forget_digest(call.tool.tool_id)
         try:  # the same input (already a private copy), keyed under the new credentials
             digest = self._intake.digest(call.tool)
-            key, input_hash = self._intake.key_maker(call.tool, digest, call.stale_after_s)(call.input)
+            key, input_hash, _ = self._intake.key_maker(call.tool, digest, call.stale_after_s)(call.input)
         except BaseException as exc:  # on the tool queue's thread: answered, never passed on
             # judged by its real type and name: a foreign error's own may raise on this thread
             if not is_a(exc, Exception):

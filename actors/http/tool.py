@@ -186,6 +186,7 @@ def http_tool(
     split_batch: Callable[[Any, int], list[Any]] = _items,
     durable: bool = True,
     credentials: Any = None,
+    keep_input: bool | Callable[[Any], str] = True,
 ) -> Tool:
     """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
 
@@ -210,6 +211,8 @@ def http_tool(
         durable: False skips receipts.
         credentials: a JSON value naming the account, for credentials the headers,
             URLs and client do not show (see :func:`credential_scope_digest`).
+        keep_input: what its receipts keep of each input (see ``Tool.keep_input``):
+            the canonical input, a function's readable digest of it, or nothing.
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
@@ -260,4 +263,5 @@ def http_tool(
         retry_safe=True,
         timeout_s=timeout_s,
         credentials=scope,
+        keep_input=keep_input,
     )

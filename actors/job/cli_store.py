@@ -88,28 +88,59 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
     where, params = ("where status = ?", [status]) if status else ("", [])
     rows = _query(
         db,
-        f"select key, org_id, tool_id, status, attempts, updated_at from receipts {where} "
+        f"select key, org_id, tool_id, input_text, status, attempts, updated_at from receipts {where} "
         "order by updated_at desc limit ?",
         [*params, limit],
     )
-    table = Table("key", "org", "tool", "status", "attempts")
+    table = Table("key", "org", "tool", "input", "status", "attempts")
     for row in rows:
-        shown = (cell(row[name]) for name in ("org_id", "tool_id", "status", "attempts"))
-        table.add_row(cell(row["key"])[:16], *shown)
+        shown = (cell(row[name]) for name in ("status", "attempts"))
+        table.add_row(
+            cell(row["key"])[:16],
+            cell(row["org_id"]),
+            cell(row["tool_id"]),
+            input_cell(row["input_text"]),
+            *shown,
+        )
     plain_console().print(table)
+
+
+LS_INPUT_CHARS = 48
+"""Most characters of a receipt's input ``receipts ls`` shows (``show`` shows what is kept)."""
+
+
+def input_cell(text: Any, width: int = LS_INPUT_CHARS) -> str:
+    """What a receipt was for, in at most ``width`` characters: its kept input (cut, ending
+    in ``…``), ``(not kept)`` when its tool keeps none, ``(not recorded)`` for a receipt
+    written before inputs were kept (or by a salvage replay)."""
+    if text is None:
+        return "(not recorded)"
+    shown = cell(text)
+    if shown == "":
+        return "(not kept)"
+    shown = " ".join(shown.split())  # one line in a table
+    return shown if len(shown) <= width else shown[: width - 1] + "\u2026"
 
 
 @receipts.command("show", short_help="One receipt as JSON.")
 @click.argument("key")
 @db_option
 def receipts_show(key: str, db: str) -> None:
-    """One receipt (KEY may be a unique prefix), as JSON."""
+    """One receipt (KEY may be a unique prefix), as JSON, with what it was for
+    (``input_text``: its canonical input, or its tool's digest of it)."""
     rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     from stores.codec import UnreadableOutput, decode_stored
+    from stores.rows import INPUT_TEXT_MAX_CHARS
 
     row = dict(rows[0])
+    # what it was for, next to the tool: as kept (null: not recorded, "": its tool keeps none)
+    kept = row.pop("input_text", None)
+    if isinstance(kept, str) and len(kept) > INPUT_TEXT_MAX_CHARS:  # longer only if set by hand
+        kept = kept[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
+    at = list(row).index("tool_id") + 1
+    row = {**dict(list(row.items())[:at]), "input_text": kept, **dict(list(row.items())[at:])}
     output = decode_stored(row["output"]) if row["output"] else None
     if type(output) is UnreadableOutput:  # shown as stored, with why it cannot be read
         row["output_unreadable"] = output.problem

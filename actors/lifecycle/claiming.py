@@ -123,7 +123,14 @@ class Claims:
                 batch = next(self.s.ids)
                 self.s.batches[batch] = members
                 requests = [
-                    ClaimRequest(g.key, self.s.scope, self.tool.tool_id, g.input_hash, retry_safe=safe)
+                    ClaimRequest(
+                        g.key,
+                        self.s.scope,
+                        self.tool.tool_id,
+                        g.input_hash,
+                        retry_safe=safe,
+                        input_text=g.input_text,
+                    )
                     for g in members
                 ]
                 running = frozenset(g.key for g in members if g.slotted)

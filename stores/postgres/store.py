@@ -241,6 +241,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             "leases": [random_hex[32 * i : 32 * i + 32] for i in range(len(requests))],
             "safe": [r.retry_safe for r in requests],
             "running": [r.key in running for r in requests],
+            "inputs": [r.input_text for r in requests],
             "org": org_id,
             "run": owner.run_id,
             "attempt": owner.run_attempt,

@@ -213,8 +213,11 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
     listed = cli.run("receipts", "ls", "--db", store_from_a_run, "--limit", "5")
 
     assert listed.returncode == 0, listed.stderr
-    keys = re.findall(r"│ ([0-9a-f]{16}) │ default\s+│ square\s+│ completed\s+│ 1\s+│", listed.stdout)
-    assert len(keys) == 5, listed.stdout
+    found = re.findall(
+        r'│ ([0-9a-f]{16}) │ default\s+│ square\s+│ \{"n":(\d+)\}\s+│ completed\s+│ 1\s+│', listed.stdout
+    )
+    assert len(found) == 5, listed.stdout  # each with what it was for: its input
+    keys = [key for key, _ in found]
 
     shown = cli.run("receipts", "show", keys[0][:12], "--db", store_from_a_run)
 
@@ -222,8 +225,9 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
     receipt = json.loads(shown.stdout)
     assert receipt["key"].startswith(keys[0])
     assert receipt["tool_id"] == "square"
+    assert receipt["input_text"] == f'{{"n":{found[0][1]}}}'
     assert receipt["status"] == "completed"
-    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
+    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2 == int(found[0][1]) ** 2
 
 
 def test_cli_output_receipts_show_an_output_that_cannot_be_read(cli, store_from_a_run):
