@@ -153,7 +153,8 @@ class Stats:
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,
-        ``in_flight``, ``deduped``, ``errors``, ``provider_calls``, ``backpressure``,
-        ``failures``)."""
+        ``in_flight``, ``deduped``, ``errors``, ``provider_calls``, ``requests``,
+        ``backpressure``, ``failures``, ``answered``, ``replayed``, ...; a counter the
+        tool never moved is absent)."""
         with self._lock:
             return {tool: dict(counts) for tool, counts in self.per_tool.items()}
