@@ -58,8 +58,9 @@ from actors.tool import Policy, RunInfo, Tool
 from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
-from stores.keys import key_maker
+from stores.keys import canonical_key_maker
 from stores.quoting import brief
+from stores.rows import INPUT_TEXT_MAX_CHARS
 from stores.types import ClaimMode
 
 __all__ = ["READ_FIRST", "DispatchProxy", "Intake", "MemoView"]
@@ -116,18 +117,19 @@ class Intake:
         self.queues = queues
         self.store = store
         self._digests: dict[str, str] = {}
-        self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str]]] = {}
+        self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str, bytes]]] = {}
 
     def key_maker(
         self, tool: Tool, digest: str, stale_after_s: float | None
-    ) -> Callable[[Any], tuple[str, str]]:
-        """The key function of ``tool`` under ``digest`` and ``stale_after_s`` (cached; a
-        few entries per tool: one per credentials digest and staleness seen)."""
+    ) -> Callable[[Any], tuple[str, str, bytes]]:
+        """The key function of ``tool`` under ``digest`` and ``stale_after_s``: ``make(input)
+        -> (key, input hash, canonical input)`` (cached; a few entries per tool: one per
+        credentials digest and staleness seen)."""
         cache_key = (tool.tool_id, digest, stale_after_s)
         make = self._makers.get(cache_key)
         if make is None:
             run = self.run
-            make = key_maker(
+            make = canonical_key_maker(
                 org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id, credential_scope_digest=digest,
                 version=tool.version, stale_after_s=stale_after_s, ignore_fields=tool.non_semantic_fields,
             )  # fmt: skip
@@ -214,11 +216,11 @@ class Intake:
         now = time.monotonic()
         timeout = timeout_s or tool.timeout_s or self.policy.timeout_s
         futures: list[Any] = []
-        misses: list[tuple[int, Any, str, str]] = []  # (index, input, key, input hash)
+        misses: list[tuple[int, Any, str, str, bytes]] = []  # (index, input, key, input hash, canonical)
         errors = cached = 0
         for input in inputs:
             try:
-                key, input_hash = make(input)
+                key, input_hash, canonical = make(input)
             except BaseException as exc:  # SystemExit & co from the input's own code: its call's error
                 if hosts_own(exc):  # the caller's own interrupt, or a signal's exit: never swallowed
                     raise
@@ -244,17 +246,18 @@ class Intake:
                     )
                     cached += 1
                     continue
-            misses.append((len(futures), input, key, input_hash))
+            misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
         if len(misses) >= READ_FIRST and tool.durable and mode is not ClaimMode.FORCE_REFRESH:
             before = len(misses)
             misses = self._from_store(tool, misses, futures, stale_after_s)
             cached += before - len(misses)
         calls: list[Call] = []
-        for index, input, key, input_hash in misses:
+        for index, input, key, input_hash, canonical in misses:
             future = futures[index] = new_future()
             try:
                 private = snapshot(input)
+                input_text = kept_input_text(tool, private, canonical)
             except BaseException as exc:  # an input that cannot be copied fails alone
                 if hosts_own(exc):
                     raise
@@ -267,6 +270,7 @@ class Intake:
                     input=private,
                     key=key,
                     input_hash=input_hash,
+                    input_text=input_text,
                     credential_digest=digest,
                     mode=mode,
                     stale_after_s=stale_after_s,
@@ -289,10 +293,10 @@ class Intake:
     def _from_store(
         self,
         tool: Tool,
-        misses: list[tuple[int, Any, str, str]],
+        misses: list[tuple[int, Any, str, str, bytes]],
         futures: list[Any],
         stale_after_s: float | None,
-    ) -> list[tuple[int, Any, str, str]]:
+    ) -> list[tuple[int, Any, str, str, bytes]]:
         """Answer the calls whose receipts a plain read of the store finds completed (a
         cold rerun): their ``futures`` slots get resolved futures; returns the misses left
         for the tool's queue.
@@ -314,7 +318,7 @@ class Intake:
         started = time.monotonic()
         try:
             found = self.store.read_reusable(
-                self.run.org_id, [key for _, _, key, _ in misses], stale_after_s=stale_after_s
+                self.run.org_id, [miss[2] for miss in misses], stale_after_s=stale_after_s
             )
         except Exception as exc:
             if is_a(exc, StoreUnavailableError):
@@ -322,9 +326,9 @@ class Intake:
             return misses
         outages.answered(STORE_SERVICE, where)
         texts: dict[str, str] = {}
-        left: list[tuple[int, Any, str, str]] = []
+        left: list[tuple[int, Any, str, str, bytes]] = []
         for miss in misses:
-            index, _, key, input_hash = miss
+            index, _, key, input_hash, _ = miss
             stored = found.get(key)
             if stored is None or stored[0] != input_hash or stored[1] is None:
                 left.append(miss)  # a collision or a corrupted receipt: the lifecycle reports it
@@ -368,6 +372,34 @@ def snapshot(value: Any) -> Any:
         return orjson.loads(orjson.dumps(value))
     except (TypeError, orjson.JSONDecodeError):
         return copy.deepcopy(value)
+
+
+def kept_input_text(tool: Tool, input: Any, canonical: bytes) -> str | None:
+    """What a receipt of ``tool`` keeps of ``input`` (``Tool.keep_input``): its canonical
+    form (``canonical``, RFC 8785 UTF-8), the tool's own digest of it, ``""`` (nothing), or
+    None for a tool without receipts. Runs on the caller's thread.
+
+    Raises:
+        InvalidInputError: the tool's digest raised, or returned something other than a str.
+    """
+    keep = tool.keep_input
+    if not tool.durable:
+        return None
+    if keep is True:  # no more than the receipt keeps is decoded (the cut is ClaimRequest's)
+        return canonical[: 4 * (INPUT_TEXT_MAX_CHARS + 1)].decode("utf-8", "ignore")
+    if keep is False:
+        return ""
+    try:
+        text = keep(input)
+    except Exception as exc:
+        raise InvalidInputError(
+            f"{tool.tool_id}: its keep_input raised {type_name(exc)}: {error_text(exc)}"
+        ) from exc
+    if not isinstance(text, str):
+        raise InvalidInputError(
+            f"{tool.tool_id}: its keep_input must return a str, not {type(text).__name__}"
+        )
+    return text
 
 
 def _as_input_error(exc: BaseException) -> Exception:

@@ -402,6 +402,9 @@ class UnitFinished:
     withdrawn: str = ""
     """Not sent, and why (``actors.worker.launch.WithdrawKind``): the last check before the
     request refused it (``error`` is the callers' answer); empty when it was sent."""
+    replayed: bool = False
+    """The tool said the provider answered from its record of an earlier request with
+    the same idempotency key (``ToolContext.mark_replayed``): not billed again."""
 
 
 @attrs.frozen(kw_only=True)

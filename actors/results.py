@@ -82,6 +82,21 @@ class ToolContext:
     attempt: int = 1
     _nest: NestScope | None = attrs.field(default=None, eq=False, repr=False, alias="_nest")
     """The worker running this attempt (set by the dispatcher while the function runs)."""
+    _said: dict[str, bool] = attrs.field(factory=dict, eq=False, repr=False, alias="_said")
+    """What the tool said of its provider's answer (:meth:`mark_replayed`)."""
+
+    def mark_replayed(self) -> None:
+        """Say that the provider answered this attempt from its record of an earlier
+        request with the same idempotency key (a replay, which providers do not bill
+        again; ``http_tool`` says so when the answer carries ``Idempotent-Replayed:
+        true``). The run's report counts the lookups of such answers apart from those
+        answered anew. Call it from the tool's function, before it returns or raises."""
+        self._said["replayed"] = True
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the tool said the provider replayed its answer (:meth:`mark_replayed`)."""
+        return self._said.get("replayed", False)
 
     @property
     def receipt_key(self) -> str:

@@ -159,7 +159,9 @@ class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
     ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``,
-    ``errors``, ``unavailable``: calls refused by an open provider circuit)
+    ``errors``, ``unavailable``: calls refused by an open provider circuit, ``answered``:
+    lookups (calls, or batch members) in requests the provider answered anew, what it
+    bills; ``replayed``: those it answered from its record of their idempotency key)
     and phase timings in milliseconds.
 
     Args:
@@ -173,7 +175,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed",
+        "salvage_failed", "answered", "replayed",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:
@@ -236,7 +238,8 @@ class Stats:
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,
-        ``in_flight``, ``deduped``, ``errors``, ``provider_calls``, ``backpressure``,
-        ``failures``)."""
+        ``in_flight``, ``deduped``, ``errors``, ``provider_calls``, ``requests``,
+        ``backpressure``, ``failures``, ``answered``, ``replayed``, ...; a counter the
+        tool never moved is absent)."""
         with self._lock:
             return {tool: dict(counts) for tool, counts in self.per_tool.items()}

@@ -201,7 +201,7 @@ class DispatchSystem:
         self._intake.forget_digest(call.tool.tool_id)
         try:  # the same input (already a private copy), keyed under the new credentials
             digest = self._intake.digest(call.tool)
-            key, input_hash = self._intake.key_maker(call.tool, digest, call.stale_after_s)(call.input)
+            key, input_hash, _ = self._intake.key_maker(call.tool, digest, call.stale_after_s)(call.input)
         except BaseException as exc:  # on the tool queue's thread: answered, never passed on
             # judged by its real type and name: a foreign error's own may raise on this thread
             if not is_a(exc, Exception):
@@ -239,7 +239,9 @@ class DispatchSystem:
         provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
         refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, requests
         (every attempt sent), owner_waits (calls that waited on another live owner's
-        receipt), waiting_on_owner (calls waiting so right now), receipts_created,
+        receipt), waiting_on_owner (calls waiting so right now), answered (lookups, calls or
+        batch members, in requests the provider answered anew: what it bills) and replayed
+        (those it answered from its record of their idempotency key), receipts_created,
         orphan_leases_released and lease_cleanup_failed (leases a failed claim or release left
         this process holding, given back or given up: see :mod:`actors.lifecycle.cleanup`); plus
         ``outages`` (each outage of the receipt store or of a shared pacer this system's

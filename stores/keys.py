@@ -42,6 +42,7 @@ __all__ = [
     "KEY_FORMAT",
     "KeyExplanation",
     "canonical_json",
+    "canonical_key_maker",
     "explain_key",
     "key_and_input_hash",
     "key_maker",
@@ -268,6 +269,34 @@ def key_maker(
         InputTooLargeError: (from ``make``) an input is over ``stores.inputs.MAX_INPUT_BYTES``
             of JSON text.
     """
+    make = canonical_key_maker(
+        org_id=org_id, scope=scope, tool_id=tool_id, credential_scope_digest=credential_scope_digest,
+        version=version, stale_after_s=stale_after_s, ignore_fields=ignore_fields,
+    )  # fmt: skip
+
+    def pair(input: Any) -> tuple[str, str]:
+        key, input_hash, _ = make(input)
+        return key, input_hash
+
+    return pair
+
+
+def canonical_key_maker(
+    *,
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    credential_scope_digest: str = "",
+    version: str = "",
+    stale_after_s: float | None = None,
+    ignore_fields: Collection[str] = (),
+) -> Callable[[Any], tuple[str, str, bytes]]:
+    """As :func:`key_maker`, with the canonical input too: ``make(input) -> (key, input
+    hash, canonical input as UTF-8 bytes)`` (what the hash is of; kept with the receipt).
+
+    Raises:
+        InvalidInputError: as :func:`key_maker`.
+    """
     _, _, envelope, _ = _build(
         org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
     )
@@ -277,7 +306,7 @@ def key_maker(
     ignored = frozenset(ignore_fields)
     sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
 
-    def make(input: Any) -> tuple[str, str]:
+    def make(input: Any) -> tuple[str, str, bytes]:
         data: bytes | None = None
         value = input
         if ignored and isinstance(value, Mapping):
@@ -295,6 +324,6 @@ def key_maker(
         input_hash = sha256(data).hexdigest()
         digest = prefix.copy()
         digest.update(f'{input_hash}"]'.encode("ascii"))
-        return digest.hexdigest(), input_hash
+        return digest.hexdigest(), input_hash, data
 
     return make

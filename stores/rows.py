@@ -12,7 +12,7 @@ from stores.codec import decode_stored
 from stores.quoting import shorten
 from stores.types import FailureKind, Receipt, ReceiptStatus
 
-__all__ = ["COLUMNS", "DEFAULT_PURGE", "error_text", "receipt_from_row"]
+__all__ = ["COLUMNS", "DEFAULT_PURGE", "INPUT_TEXT_MAX_CHARS", "error_text", "kept_input", "receipt_from_row"]
 
 COLUMNS = (
     "key",
@@ -36,6 +36,7 @@ COLUMNS = (
     "lease_owner_host",
     "lease_owner_pid",
     "lease_owner_started_at",
+    "input_text",
 )
 """Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
@@ -54,6 +55,22 @@ def error_text(error: str) -> str:
     functions cut a string short) and lone surrogates (no UTF-8 form) written as
     backslash escapes."""
     return shorten(error).replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+INPUT_TEXT_MAX_CHARS = 4096
+"""Most characters of a call's input a receipt keeps (``Receipt.input_text``); a longer
+one is cut there, ending in ``…`` (the input hash still names the whole input)."""
+
+
+def kept_input(text: str | None) -> str | None:
+    """``text`` as a receipt keeps it: at most :data:`INPUT_TEXT_MAX_CHARS` characters
+    (cut ones end in ``…``), NUL and lone surrogates escaped as :func:`error_text` does;
+    None stays None (the receipt keeps what it holds)."""
+    if text is None:
+        return None
+    if len(text) > INPUT_TEXT_MAX_CHARS:
+        text = text[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
+    return error_text(text)
 
 
 _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}

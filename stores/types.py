@@ -30,6 +30,12 @@ __all__ = [
 ]
 
 
+def _kept(text: str | None) -> str | None:
+    from stores.rows import kept_input  # rows imports this module
+
+    return kept_input(text)
+
+
 class ReceiptStatus(str, enum.Enum):
     """Where a receipt is in its life."""
 
@@ -146,6 +152,11 @@ class ClaimRequest:
     did take (still leased under this id to the same owner, queued or running, live or
     lapsed) is answered ``CLAIMED`` as it stands, nothing written, as a retried fenced
     write that already landed counts as applied."""
+    input_text: str | None = attrs.field(default=None, converter=_kept)
+    """What the receipt keeps of the input, to show what it was for: the canonical input
+    (RFC 8785 JSON), or the readable digest its tool chose (``Tool.keep_input``); ``""``
+    keeps nothing. Cut to ``stores.rows.INPUT_TEXT_MAX_CHARS``. A claim that writes the
+    receipt stores it; None leaves what the receipt holds (a salvage replay)."""
 
 
 @attrs.frozen
@@ -225,6 +236,11 @@ class Receipt:
     lease_owner_host: str | None = None
     lease_owner_pid: int | None = None
     lease_owner_started_at: float | None = None
+    input_text: str | None = None
+    """What the call was for, as its claim recorded it (``ClaimRequest.input_text``): the
+    canonical input (at most ``stores.rows.INPUT_TEXT_MAX_CHARS`` characters), the
+    tool's readable digest of it, ``""`` (the tool keeps nothing), or None (a receipt
+    written before schema v3, or by a salvage replay)."""
 
     @property
     def owner(self) -> Owner | None:

@@ -90,6 +90,66 @@ def test_docs_cli_names_every_command_and_option() -> None:
     assert not missing, f"missing from docs/cli.md: {missing}"
 
 
+def _synopsis(text: str) -> dict[str, str]:
+    """The first code block of docs/cli.md: ``tooldispatch <command path>`` -> its usage
+    (a line and the indented lines continuing it)."""
+    block = re.search(r"```\n(.*?)```", text, flags=re.S)
+    assert block is not None, "docs/cli.md has no usage block"
+    usage: dict[str, str] = {}
+    current = None
+    for line in block.group(1).splitlines():
+        if line.startswith("tooldispatch "):
+            words = re.match(r"tooldispatch ((?:[a-z]+ ?)+)", line)
+            current = (words.group(1) if words else "").strip()
+            usage[current] = usage.get(current, "") + " " + line
+        elif current is not None and line.startswith(" "):
+            usage[current] += " " + line
+    return usage
+
+
+def test_docs_cli_usage_names_every_option_of_each_command() -> None:
+    """Each command's usage line names each of its own options (``--db`` of ``receipts
+    show`` is not documented by ``run``'s), and ``run``'s options each have a table row
+    that also names the environment variable the option reads, if any."""
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    usage = _synopsis(text)
+    missing = []
+    for path, command in _commands(main):
+        if not path or isinstance(command, click.Group):
+            continue
+        name = " ".join(path)
+        line = usage.get(name)
+        if line is None:
+            missing.append(f"{name}: no usage line")
+            continue
+        for option in sorted(_long_options(command) - {"--help"}):
+            if not re.search(rf"{re.escape(option)}(?![\w-])", line):
+                missing.append(f"{name} {option}")
+    ctx = click.Context(main.commands["run"], info_name="run")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(--[\w-]+)[^|]*\|.*$", text, flags=re.M)}
+    for param in main.commands["run"].get_params(ctx):
+        if not isinstance(param, click.Option) or "--help" in param.opts:
+            continue
+        option = next(o for o in param.opts if o.startswith("--"))
+        row = rows.get(option)
+        if row is None:
+            missing.append(f"run {option}: no row in the options table")
+        elif param.envvar and str(param.envvar) not in row:
+            missing.append(f"run {option}: its row does not name {param.envvar}")
+    assert not missing, f"docs/cli.md does not document: {missing}"
+
+
+def test_docs_cli_help_explains_every_option() -> None:
+    """``-h`` documents every option of every command: each has its own help text."""
+    bare = []
+    for path, command in _commands(main):
+        ctx = click.Context(command, info_name=command.name)
+        for param in command.get_params(ctx):
+            if isinstance(param, click.Option) and not (param.help or "").strip():
+                bare.append(f"{' '.join(path) or 'tooldispatch'} {param.opts[0]}")
+    assert not bare, f"options without help text: {bare}"
+
+
 def test_docs_readme_is_a_front_door() -> None:
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 120, f"README.md has {len(lines)} lines (at most 120)"

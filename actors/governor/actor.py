@@ -63,6 +63,9 @@ class GovernorActor(pykka.ThreadingActor):
         self.gates = gates if gates is not None else SendGates()
         self.clock = clock
         self._armed: float | None = None
+        self._holding: set[tuple[str, str]] = set()
+        """(org, provider) whose calls wait for a slot now: each holds its gate's
+        :class:`~actors.pacing.held.HeldClock` while it has waiters."""
 
     @guarded
     def on_receive(self, message: Any) -> Any:
@@ -107,7 +110,19 @@ class GovernorActor(pykka.ThreadingActor):
                 fail(message.reply, exc)
         elif isinstance(message, RefundBudget):
             self.governor.refund(message.kind, message.amount)
+        self._note_held(now)
         return None
+
+    def _note_held(self, now: float) -> None:
+        """Hold the held clock of each (org, provider) while its calls wait for slots."""
+        waiting = {(w[0], w[1]) for w, queue in self.governor.waiters.items() if queue}
+        if waiting == self._holding:
+            return
+        for org_id, provider in waiting - self._holding:
+            self.gates.get(org_id, provider).held.enter(now)
+        for org_id, provider in self._holding - waiting:
+            self.gates.get(org_id, provider).held.leave(now)
+        self._holding = waiting
 
     def _perform(self, decisions: Decisions) -> None:
         for (org_id, provider), burst in decisions.bursts.items():
@@ -136,10 +151,12 @@ class GovernorActor(pykka.ThreadingActor):
     def stop_waiters(self) -> None:
         """Refuse all waiters (called through the proxy at system stop)."""
         self._perform(self.governor.stop())
+        self._note_held(self.clock())
 
     def pacing_report(self) -> dict[str, dict[str, Any]]:
         """Per (org, provider) pacing: rate and how it was learnt, limit estimate, pauses,
         429s, circuit state, time waited (see :func:`actors.pacing.bucket.pacing_report`)."""
         gov = self.governor
         gov.refresh_report(self.clock())
-        return pacing_report(gov.buckets, gov.circuits, self.clock(), self.gates.waited_s())
+        now = self.clock()
+        return pacing_report(gov.buckets, gov.circuits, now, self.gates.waited_s(), self.gates.held_s(now))

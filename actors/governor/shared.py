@@ -172,6 +172,8 @@ class SharedPacing(GovernorPacing):
         cut_version = seen[at - 1][1] if at else None
         paused = self.pacer.pause(org_id, provider, pause, cut_version=cut_version)
         bucket.backpressure_events += 1
+        if paused.cut:  # this worker's 429 began a congestion event (the report's per-run cuts)
+            bucket.cuts += 1
         bucket.pauses.append((now, paused.pause_s, None if retry_after is None else str(retry_after)))
         del bucket.pauses[:-16]
         bucket.gate_until = max(bucket.gate_until, now + paused.pause_s)

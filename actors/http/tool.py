@@ -20,6 +20,11 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
   (kind ``timeout``; uncertain for a tool that is not retry-safe);
 * other 4xx → ProviderError with kind ``permanent``.
 
+An answer carrying ``Idempotent-Replayed: true`` (as Stripe's API marks the stored answer
+it replays for a repeated ``Idempotency-Key``) is told to the dispatcher
+(:meth:`~actors.results.ToolContext.mark_replayed`): the run's report counts it apart
+from the lookups the provider answered anew, which it bills.
+
 Credential scope: receipts never cross credentials. An http_tool's credential-scope
 digest (part of every receipt key, see :func:`credential_scope_digest`, in
 ``actors/http/credentials.py``) is a sha256 over what authenticates its requests as httpx
@@ -141,6 +146,10 @@ class HttpEndpoint:
             error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
             raise error from exc
         status = response.status_code
+        if response.headers.get("Idempotent-Replayed", "").strip().lower() == "true":
+            mark = getattr(ctx, "mark_replayed", None)  # a replay of a stored answer: not billed again
+            if mark is not None:
+                mark()
         retry_after = response.headers.get("Retry-After")
         if status == 429 or (status == 503 and retry_after is not None):
             raise RateLimitedError(f"{self.url} answered {status}", retry_after=retry_after)
@@ -180,6 +189,7 @@ def http_tool(
     split_batch: Callable[[Any, int], list[Any]] = _items,
     durable: bool = True,
     credentials: Any = None,
+    keep_input: bool | Callable[[Any], str] = True,
 ) -> Tool:
     """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
 
@@ -204,6 +214,8 @@ def http_tool(
         durable: False skips receipts.
         credentials: a JSON value naming the account, for credentials the headers,
             URLs and client do not show (see :func:`credential_scope_digest`).
+        keep_input: what its receipts keep of each input (see ``Tool.keep_input``):
+            the canonical input, a function's readable digest of it, or nothing.
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
@@ -254,4 +266,5 @@ def http_tool(
         retry_safe=True,
         timeout_s=timeout_s,
         credentials=scope,
+        keep_input=keep_input,
     )

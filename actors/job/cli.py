@@ -69,7 +69,13 @@ def _count_rows(path: str) -> int | None:
 @click.option("--scope", default=None, help="Receipt scope (default: the play's name).")
 @click.option("--force-refresh", is_flag=True, help="Re-run calls even when a receipt is completed.")
 @click.option("--retry-failed", is_flag=True, help="Re-run calls whose receipt failed.")
-@click.option("--runtime", type=click.Choice(["threads", "gevent"]), default="threads", show_default=True)
+@click.option(
+    "--runtime",
+    type=click.Choice(["threads", "gevent"]),
+    default="threads",
+    show_default=True,
+    help="Run rows on threads, or on greenlets (re-executes the command under gevent).",
+)
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 100_000),

@@ -80,34 +80,67 @@ def receipts_stats(db: str) -> None:
 @receipts.command("ls", short_help="The most recently updated receipts.")
 @db_option
 @click.option("--status", default=None, callback=_statuses, help="Only this status.")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most receipts listed."
+)
 def receipts_ls(db: str, status: str | None, limit: int) -> None:
     """The most recently updated receipts."""
     where, params = ("where status = ?", [status]) if status else ("", [])
     rows = _query(
         db,
-        f"select key, org_id, tool_id, status, attempts, updated_at from receipts {where} "
+        f"select key, org_id, tool_id, input_text, status, attempts, updated_at from receipts {where} "
         "order by updated_at desc limit ?",
         [*params, limit],
     )
-    table = Table("key", "org", "tool", "status", "attempts")
+    table = Table("key", "org", "tool", "input", "status", "attempts")
     for row in rows:
-        shown = (cell(row[name]) for name in ("org_id", "tool_id", "status", "attempts"))
-        table.add_row(cell(row["key"])[:16], *shown)
+        shown = (cell(row[name]) for name in ("status", "attempts"))
+        table.add_row(
+            cell(row["key"])[:16],
+            cell(row["org_id"]),
+            cell(row["tool_id"]),
+            input_cell(row["input_text"]),
+            *shown,
+        )
     plain_console().print(table)
+
+
+LS_INPUT_CHARS = 48
+"""Most characters of a receipt's input ``receipts ls`` shows (``show`` shows what is kept)."""
+
+
+def input_cell(text: Any, width: int = LS_INPUT_CHARS) -> str:
+    """What a receipt was for, in at most ``width`` characters: its kept input (cut, ending
+    in ``…``), ``(not kept)`` when its tool keeps none, ``(not recorded)`` for a receipt
+    written before inputs were kept (or by a salvage replay)."""
+    if text is None:
+        return "(not recorded)"
+    shown = cell(text)
+    if shown == "":
+        return "(not kept)"
+    shown = " ".join(shown.split())  # one line in a table
+    return shown if len(shown) <= width else shown[: width - 1] + "\u2026"
 
 
 @receipts.command("show", short_help="One receipt as JSON.")
 @click.argument("key")
 @db_option
 def receipts_show(key: str, db: str) -> None:
-    """One receipt (KEY may be a unique prefix), as JSON."""
+    """One receipt (KEY may be a unique prefix), as JSON, with what it was for
+    (``input_text``: its canonical input, or its tool's digest of it)."""
     rows = _query(db, "select * from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     from stores.codec import UnreadableOutput, decode_stored
+    from stores.rows import INPUT_TEXT_MAX_CHARS
 
     row = dict(rows[0])
+    # what it was for, next to the tool: as kept (null: not recorded, "": its tool keeps none)
+    kept = row.pop("input_text", None)
+    if isinstance(kept, str) and len(kept) > INPUT_TEXT_MAX_CHARS:  # longer only if set by hand
+        kept = kept[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
+    at = list(row).index("tool_id") + 1
+    row = {**dict(list(row.items())[:at]), "input_text": kept, **dict(list(row.items())[at:])}
     output = decode_stored(row["output"]) if row["output"] else None
     if type(output) is UnreadableOutput:  # shown as stored, with why it cannot be read
         row["output_unreadable"] = output.problem
@@ -169,7 +202,13 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
 
 @receipts.command("purge", short_help="Delete receipts (asks first).")
 @db_option
-@click.option("--older-than-days", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
+@click.option(
+    "--older-than-days",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Only receipts last changed at least this many days ago (by the store's clock).",
+)
 @click.option(
     "--status",
     "statuses",
@@ -248,7 +287,11 @@ def salvage() -> None:
 
 def _salvage_option(fn: Any) -> Any:
     return click.option(
-        "--salvage", "salvage_path", default=None, help="Salvage file (default: DB.salvage.jsonl)."
+        "--salvage",
+        "salvage_path",
+        default=None,
+        help="Salvage file (default: DB.salvage.jsonl; for a postgresql:// DB, "
+        "tooldispatch-salvage.jsonl in the working directory).",
     )(fn)
 
 

@@ -39,8 +39,10 @@ def progress_line(
     elapsed_s: float,
     tally: dict[str, int] | None = None,
 ) -> str:
-    """One line: rows done; paid calls billed / reused / joined; requests sent; 429s;
-    calls waiting on another run (when the system reports it); rows/s; ETA."""
+    """One line: rows done; the paid tools' calls that ran / were reused / joined a
+    lookup under way (calls, not rows: a row may make several); requests sent to
+    providers; 429s; calls waiting on another run (when the system reports it); rows/s;
+    ETA."""
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
     if total:
         eta = f"{(total - done) / rate:.0f}s" if rate > 0 else "?"
@@ -51,8 +53,8 @@ def progress_line(
     waiting = stats.get(OWNER_WAITING_KEY)
     wait = f" | waiting on another run {waiting}" if waiting else ""
     return (
-        f"{rows} | billed {t.get('billed', 0)} reused {t.get('reused', 0) + t.get('reused_this_run', 0)} "
-        f"joined {t.get('joined', 0)} | requests {_requests(stats)} | 429s {stats.get('backpressure', 0)}"
+        f"{rows} | calls: {t.get('ran', 0)} ran, {t.get('reused', 0) + t.get('reused_this_run', 0)} reused, "
+        f"{t.get('joined', 0)} joined | requests {_requests(stats)} | 429s {stats.get('backpressure', 0)}"
         f"{wait} | {rate:.0f} rows/s | ETA {eta}"
     )
 
@@ -75,7 +77,7 @@ class ProgressDisplay:
         total: rows expected (None if unknown).
         stats: ``stats() -> dict`` of the dispatch system.
         interval_s: seconds between plain lines (non-terminal).
-        tally: the run's :class:`~._tally.CallTally` (billed, reused, joined), or None.
+        tally: the run's :class:`~actors.job.tally.CallTally` (ran, reused, joined), or None.
     """
 
     def __init__(
@@ -151,18 +153,19 @@ a call meets them (the report's order)."""
 def pacing_cell(view: dict[str, Any]) -> str:
     """One provider's pacing, from ``stats()["pacing"]`` (see
     :func:`actors.pacing.bucket.pacing_report`): how the rate was set, the rate and the limit
-    (requests/s), pauses and time waited, the circuit when not closed."""
+    (requests/s), the cuts this run's 429s made, the last Retry-After, the wall time its
+    calls were held back by pacing, the circuit when not closed."""
     limit = view.get("limit_rps")
     text = f"{view.get('learnt')}: {view['rate_rps']:.1f}/s"
     if limit is not None:
         text += f" (limit {'stated' if view.get('learnt') in ('stated', 'aimd') else 'learnt'} {limit:.1f}/s)"
     cuts = int(view.get("cuts") or 0)
     if cuts:
-        text += f", cut {cuts} {_plural(cuts, 'time')}"
+        text += f", cut {cuts} {_plural(cuts, 'time')} by this run's 429s"
     pauses = view.get("pauses") or []
     if pauses:
         text += f", last Retry-After {pauses[-1].get('retry_after')}"
-    text += f", waited {view.get('waited_s', 0.0):.1f} s"
+    text += f", calls held back {view.get('held_s', 0.0):.1f} s"
     if view.get("circuit", "closed") != "closed":
         text += f", circuit {view['circuit']}"
     return text
@@ -180,7 +183,7 @@ def report_table(
     Args:
         stats: the dispatch system's ``stats()``.
         summary: the rows' summary.
-        tally: what each call cost (billed, reused, joined); None shows the system's counters.
+        tally: how each call was answered (ran, reused, joined); None shows the system's counters.
         tools: the play's tools (their providers name the requests rows).
         output: the ``--output`` path, or None.
     """
@@ -194,18 +197,27 @@ def report_table(
     for tool in tools:
         if tool.tool_id not in local:
             providers.setdefault(tool.provider_name, []).append(tool.tool_id)
+
+    def summed(ids: list[str], name: str) -> int:
+        return sum(int(per_tool.get(t, {}).get(name, 0)) for t in ids)
+
     for provider, ids in sorted(providers.items()):
-        sent = sum(int(per_tool.get(t, {}).get("requests", 0)) for t in ids)
-        limited = sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids)
+        sent, limited = summed(ids, "requests"), summed(ids, "backpressure")
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")
+        answered, replayed = summed(ids, "answered"), summed(ids, "replayed")
+        table.add_row(
+            f"lookups {provider} answered (billable)",
+            f"{answered}"
+            + (f" (and {replayed} replayed for a repeated Idempotency-Key, not billed)" if replayed else ""),
+        )
         for name, view in sorted((stats.get("pacing") or {}).items()):
             if name.rpartition("/")[2] == provider and view.get("rate_rps") is not None:
                 table.add_row(f"pacing of {provider}", pacing_cell(view))
     if tally is not None:
         paid = tally.totals()
-        table.add_row("lookups billed (receipts completed this run)", str(paid["billed"]))
+        table.add_row("receipts completed this run (calls that ran)", str(paid["ran"]))
         if "receipts_created" in stats:
-            table.add_row("receipts created this run", str(stats["receipts_created"]))
+            table.add_row("receipts created this run (new keys)", str(stats["receipts_created"]))
         table.add_row(
             "reused from earlier runs", f"{paid['reused_receipts']} receipts ({paid['reused']} calls)"
         )
@@ -216,9 +228,9 @@ def report_table(
             if tool in local:
                 runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
                 table.add_row(f"local tool {tool} (free)", f"{counts['calls']} calls, {runs} runs")
-    table.add_row("retries", str(stats.get("retries", 0)))
-    table.add_row("refused, provider down", str(stats.get("unavailable", 0)))
-    table.add_row("salvaged (paid, kept in the salvage file)", str(stats.get("salvaged", 0)))
+    table.add_row("retries (requests sent again)", str(stats.get("retries", 0)))
+    table.add_row("calls refused, provider down (circuit open)", str(stats.get("unavailable", 0)))
+    table.add_row("results salvaged (paid, kept in the salvage file)", str(stats.get("salvaged", 0)))
     if OWNER_WAITS_KEY in stats:
         table.add_row("waited on another run (calls)", str(stats[OWNER_WAITS_KEY]))
     phases = stats.get("phases", {})
@@ -302,17 +314,19 @@ def _mib(n: int) -> str:
 
 
 _TOOL_ROWS = (
-    ("calls", "calls"), ("billed", "billed (ran)"), ("joined", "joined in flight"),
+    ("calls", "calls"), ("ran", "ran (receipt completed; local: runs)"), ("joined", "joined in flight"),
     ("reused_this_run", "reused this run"), ("reused", "reused, earlier runs"), ("failed", "failed"),
 )  # fmt: skip
 _TOOL_STATS = (
+    ("answered", "lookups answered (billable)"), ("replayed", "answers replayed (not billed)"),
     ("requests", "requests sent"), ("backpressure", "429s"), ("unavailable", "refused, provider down"),
 )  # fmt: skip
 
 
 def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
-    """Per tool: its calls and what they cost (from ``tally``) and its requests
-    (``stats["tools"]``); local tools are marked so."""
+    """Per tool: its calls and how they were answered (from ``tally``) and what its
+    provider answered, its requests and 429s (``stats["tools"]``); local tools are marked
+    local and free, and have no provider rows."""
     per_tool = stats.get("tools", {}) if isinstance(stats.get("tools"), dict) else {}
     counts = tally.snapshot() if tally is not None else {}
     local = tally.local if tally is not None else set()
@@ -320,12 +334,12 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
     table = Table(title="per tool", show_header=True, header_style="bold")
     table.add_column("metric")
     for tool in tools:  # a column per tool: a few tools fit a terminal's width
-        table.add_column(f"{tool} (local)" if tool in local else tool, justify="right")
+        table.add_column(f"{tool} (local, free)" if tool in local else tool, justify="right")
     if tally is not None:
         for t in local & set(counts):  # no receipts: a local tool's runs are its executions
             mine = dict(counts[t])
-            mine["billed"] = int(per_tool.get(t, {}).get("provider_calls", 0))
-            others = mine["billed"] + mine["reused"] + mine["reused_this_run"] + mine["failed"]
+            mine["ran"] = int(per_tool.get(t, {}).get("provider_calls", 0))
+            others = mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"]
             mine["joined"] = max(0, mine["calls"] - others)
             counts[t] = mine
         for key, label in _TOOL_ROWS:

@@ -1,24 +1,27 @@
 """What each call of a run cost, counted from the results the rows got back.
 
 The dispatch system's counters (``stats()``) count calls by how they were answered;
-the paying user asks other questions: how many lookups were billed this run, how many
-answers were reused from earlier runs, how many calls joined a lookup already under
-way. Every ``ctx.tool`` call's :class:`~actors.results.ToolResult` carries its receipt
-key and execution, so the CLI classifies each call itself, exactly:
+the paying user asks other questions: how many lookups ran this run, how many answers
+were reused from earlier runs, how many calls joined a lookup already under way. (What
+the provider billed is the system's ``answered`` counter: a lookup that ran may have
+been answered from the provider's record of its idempotency key, and one that failed
+may have been answered, and billed, all the same.) Every ``ctx.tool`` call's
+:class:`~actors.results.ToolResult` carries its receipt key and execution, so the CLI
+classifies each call itself, exactly:
 
-* ``billed``: the first call of a receipt key answered ``live`` this run: the tool ran
-  (and the provider charged) for it; its receipt was completed this run.
+* ``ran``: the first call of a receipt key answered ``live`` this run: the tool ran for
+  it and its receipt was completed this run.
 * ``joined``: a call answered by a lookup of this run that was already under way
-  (``in_flight``, or ``live`` for a key already counted as billed: the followers of a
+  (``in_flight``, or ``live`` for a key already counted as ran: the followers of a
   call in the same batch window).
-* ``reused_this_run``: ``cached`` for a key billed earlier in this run (the memo).
-* ``reused``: ``cached`` for a key not billed this run: a receipt from an earlier run
+* ``reused_this_run``: ``cached`` for a key that ran earlier in this run (the memo).
+* ``reused``: ``cached`` for a key that did not run this run: a receipt from an earlier run
   (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
   cached answer seen before its key's live one is moved to ``reused_this_run`` then.
 * ``failed``: the call raised.
 
 Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
-Memory: two small integers per distinct receipt key billed or reused.
+Memory: two small integers per distinct receipt key that ran or was reused.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 __all__ = ["CallTally"]
 
-KINDS = ("calls", "billed", "joined", "reused_this_run", "reused", "reused_receipts", "failed")
+KINDS = ("calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed")
 
 
 def _short(key: str) -> int:
@@ -51,9 +54,9 @@ class CallTally:
         self._lock = threading.Lock()
         self.local = {t.tool_id for t in tools if not getattr(t, "durable", True)}
         self.counts: dict[str, collections.Counter[str]] = {}
-        self._billed: dict[str, set[int]] = {}
+        self._ran: dict[str, set[int]] = {}
         self._cached: dict[str, dict[int, int]] = {}
-        """tool -> key -> calls answered ``cached`` for it (a key billed later in this run
+        """tool -> key -> calls answered ``cached`` for it (a key that runs later in this run
         moves them from ``reused`` to ``reused_this_run``: rows finish in any order)."""
 
     def record(self, tool_id: str, result: Any) -> None:
@@ -61,15 +64,15 @@ class CallTally:
         key = _short(result.receipt_key)
         with self._lock:
             counts = self.counts.setdefault(tool_id, collections.Counter())
-            billed = self._billed.setdefault(tool_id, set())
+            ran = self._ran.setdefault(tool_id, set())
             counts["calls"] += 1
             cached = self._cached.setdefault(tool_id, {})
             if result.execution == "live":
-                if key in billed:
+                if key in ran:
                     counts["joined"] += 1
                 else:
-                    billed.add(key)
-                    counts["billed"] += 1
+                    ran.add(key)
+                    counts["ran"] += 1
                     moved = cached.get(key, 0)
                     if moved:  # its cached answers were seen first: they were this run's
                         counts["reused"] -= moved
@@ -79,7 +82,7 @@ class CallTally:
                 counts["joined"] += 1
             else:
                 cached[key] = cached.get(key, 0) + 1
-                if key in billed:
+                if key in ran:
                     counts["reused_this_run"] += 1
                 else:
                     counts["reused"] += 1

@@ -88,6 +88,8 @@ class Call:
     timed_from: float | None = None
     """``time.monotonic()`` when its timeout began (its call's first send, or its joining
     one already sent); a call queued again (credentials changed) keeps only what is left."""
+    input_text: str | None = None
+    """What its receipt keeps of the input (``Tool.keep_input``; None: nothing to say)."""
 
 
 class Reread(enum.Enum):
@@ -157,6 +159,8 @@ class Group:
     persisted for the next caller."""
     ran: bool = False
     """The tool ran for it (its owner's result is ``live``)."""
+    input_text: str | None = None
+    """What its receipt keeps of the input (the owner's ``Call.input_text``)."""
     slotted: bool = False
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
@@ -173,6 +177,7 @@ class Group:
             key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
             credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
             calls=[call], mode=call.mode, nested=call.nested, ancestors=call.ancestors,
+            input_text=call.input_text,
         )  # fmt: skip
 
     def join(self, call: Call, role: Role) -> None:

@@ -132,7 +132,15 @@ class Claims:
                 ids = os.urandom(16 * len(members)).hex()
                 scope, tool_id = self.s.scope, self.tool.tool_id
                 requests = [
-                    ClaimRequest(g.key, scope, tool_id, g.input_hash, safe, ids[32 * i : 32 * i + 32])
+                    ClaimRequest(
+                        g.key,
+                        scope,
+                        tool_id,
+                        g.input_hash,
+                        retry_safe=safe,
+                        lease_id=ids[32 * i : 32 * i + 32],
+                        input_text=g.input_text,
+                    )
                     for i, g in enumerate(members)
                 ]
                 running = frozenset(g.key for g in members if g.slotted)

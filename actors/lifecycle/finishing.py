@@ -104,10 +104,10 @@ class Finisher:
                 unit.last_error = error
                 self._charge_then(unit)
                 return
-            self._report(unit, error)
+            self._report(unit, error, replayed=msg.replayed)
             self.conclude(unit, None, error, now)
             return
-        self._report(unit, None, msg.sent_at)
+        self._report(unit, None, msg.sent_at, msg.replayed)
         self.conclude(unit, msg.members, None, now)
 
     def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
@@ -164,15 +164,25 @@ class Finisher:
         unit.deadline, unit.timed_out = latest, False
         return True
 
-    def _report(self, unit: Unit, error: BaseException | None, sent_at: float | None = None) -> None:
+    def _report(
+        self, unit: Unit, error: BaseException | None, sent_at: float | None = None, replayed: bool = False
+    ) -> None:
+        """Tell the governor what the provider's answer says of it, and count the lookups
+        the provider answered (``answered``: anew, what it bills; ``replayed``: from its
+        record of the idempotency key): a value, or an error that is neither a 429, a
+        failure to reach it or to be answered in time, nor a nested call's passed on."""
         if error is None:
             self.fx.release_slots(0, exempt=unit.exempt, successes=1, answered=1, sent_at=sent_at)
         elif unit.relayed_error(error):
             return  # a nested call's error: nothing learnt of this provider (no circuit count)
         elif transient(error):
             self.fx.release_slots(0, exempt=unit.exempt, unavailable=1)
+            return
         elif not is_a(error, (RateLimitedError, NotSentError)):
             self.fx.release_slots(0, exempt=unit.exempt, answered=1)
+        else:
+            return
+        self.fx.count("replayed" if replayed else "answered", len(unit.groups))
 
     def _charge_then(self, unit: Unit) -> None:
         """Charge the retry budget; the next attempt is re-admitted after its back-off."""

@@ -179,7 +179,10 @@ class ProviderBucket:
         slow_start: whether the rate is in slow start.
         learner: the unknown limit's state (None when the rate is stated).
         admission_wait_s: seconds waiters (tool queues) waited for this bucket's grants
-            (pacing, pauses), each wait counted once when granted.
+            (pacing, pauses), each wait counted once when granted, added up over the
+            waiters.
+        cuts: congestion events this process's 429s cut the rate for (a shared
+            pacer's cuts made by other workers, or in earlier runs, are not counted).
         pauses: the last Retry-After pauses, ``(at, pause_s, raw Retry-After)``, newest last.
     """
 
@@ -199,7 +202,7 @@ class ProviderBucket:
     last_cut_at: float = -math.inf
     learner: LimitLearner | None = None
     admission_wait_s: float = 0.0
-    stated_cuts: int = 0
+    cuts: int = 0
     pauses: list[tuple[float, float, str | None]] = attrs.field(factory=list)
     _used: float = 0.0
     _used_at: float = -math.inf
@@ -317,8 +320,8 @@ class ProviderBucket:
             if learner.rate is None:
                 learner.start_slow(max(SLOW_START_RPS, self.used_rps(now) * SLOW_START_EXIT_DECREASE), now)
                 learner.last_cut_at, learner.measure_from = now, self.gate_until
-            else:
-                learner.on_congestion(now, self.gate_until, sent_at)
+            elif learner.on_congestion(now, self.gate_until, sent_at):
+                self.cuts += 1
             if learner.last_cut_at == now:
                 self.last_cut_at = now
             self.rate, self.slow_start = learner.rate, learner.phase == "slow_start"
@@ -337,7 +340,7 @@ class ProviderBucket:
                 self.slow_start = False
                 self.reference_rps = self.rate
                 self.rate = max(AIMD_MIN_RPS, self.rate * decrease)
-                self.stated_cuts += 1
+                self.cuts += 1
             self.last_cut_at = now
         self.tokens = 0.0
         self.refilled_at = self.gate_until
@@ -357,6 +360,7 @@ def pacing_report(
     circuits: Mapping[tuple[str, str], Any],
     now: float,
     gate_waits: Mapping[tuple[str, str], float] | None = None,
+    held: Mapping[tuple[str, str], float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Pacing per (org, provider), keyed ``"org/provider"`` (a pure snapshot).
 
@@ -364,16 +368,25 @@ def pacing_report(
         buckets / circuits: the governor's state, keyed (org, provider).
         now: the governor's clock (monotonic seconds).
         gate_waits: (org, provider) -> seconds senders waited at its send gate.
+        held: (org, provider) -> seconds its calls were held back (see
+            :class:`~actors.pacing.held.HeldClock`).
 
     Returns:
-        For each (org, provider): ``rate_rps`` (pacing rate now, None: unpaced),
-        ``learnt`` (:func:`how_learnt`), ``limit_rps`` (stated, or the estimate; None
-        before the first 429), ``rate_limited`` (429s), ``cuts`` (congestion events),
-        ``paused_for_s`` (seconds of pause left), ``pauses`` (the last few:
-        ``{"ago_s", "pause_s", "retry_after"}``, newest last), ``circuit`` (``closed``,
-        ``open``, ``half_open``), ``circuit_opened`` (times), ``waited_s`` (seconds the
-        provider's tool queues waited for grants, each wait counted once whatever the
-        calls it held and when its grant came, plus the waits at the send gate).
+        For each (org, provider), counted in this process since it started:
+        ``rate_rps`` (pacing rate now, None: unpaced), ``learnt``
+        (:func:`how_learnt`), ``limit_rps`` (stated, or the estimate; None before the
+        first 429), ``rate_limited`` (429s), ``cuts`` (congestion events this
+        process's 429s cut the rate for), ``learner_cuts`` (an unknown limit's
+        learner: every cut it made, with a shared pacer those of every worker while
+        the pacer keeps its state; None for a stated rate), ``paused_for_s`` (seconds
+        of pause left), ``pauses`` (the last few: ``{"ago_s", "pause_s",
+        "retry_after"}``, newest last), ``circuit`` (``closed``, ``open``,
+        ``half_open``), ``circuit_opened`` (times), ``held_s`` (wall time during which
+        at least one of its calls waited for pacing: for a slot, through a pause, or
+        for its turn at the send gate; never more than the time elapsed), ``waited_s``
+        (the waits added up: each tool queue's wait for grants, counted once whatever
+        the calls it held, plus each sender's wait at the send gate; waits that overlap
+        add up, so it can exceed the time elapsed).
     """
     out: dict[str, dict[str, Any]] = {}
     for key, bucket in buckets.items():
@@ -384,13 +397,15 @@ def pacing_report(
             "learnt": how_learnt(bucket),
             "limit_rps": bucket.ceiling_rps if learner is None else learner.limit_rps,
             "rate_limited": bucket.backpressure_events,
-            "cuts": learner.cuts if learner is not None else bucket.stated_cuts,
+            "cuts": bucket.cuts,
+            "learner_cuts": learner.cuts if learner is not None else None,
             "paused_for_s": max(0.0, bucket.gate_until - now),
             "pauses": [
                 {"ago_s": now - at, "pause_s": pause, "retry_after": raw} for at, pause, raw in bucket.pauses
             ],
             "circuit": getattr(circuit, "state", "closed"),
             "circuit_opened": getattr(circuit, "opened", 0),
+            "held_s": (held or {}).get(key, 0.0),
             "waited_s": bucket.admission_wait_s + (gate_waits or {}).get(key, 0.0),
         }
     return out

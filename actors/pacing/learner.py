@@ -34,7 +34,9 @@ where they come from:
   found within tens of seconds. A 429 past the estimate places the limit between the
   plateau held without one and the rate of that 429: the new estimate is their middle.
   Against an unchanged limit the provider's burst drains before that 429, so a probe
-  costs one pause (one Retry-After) every 20 to 30 s.
+  costs one pause (one Retry-After) every 16 to 21 s, 17.5 s typically: the 1 s pause,
+  :data:`HOLD_S` on the plateau, then about 6.5 s of probing (docs/pacing.md, What you
+  state; measured against a provider whose burst is at most 0.2 s of its rate).
 * **429**: one cut per congestion event (a 429 for a request sent after the last cut:
   RFC 6582's one reduction per window), never below :data:`MAX_CUT` of the rate, and to
   that when fewer than :data:`MIN_SENT_ANSWERS` were accepted since the last pause (so few

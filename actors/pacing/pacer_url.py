@@ -14,7 +14,7 @@ from typing import Any
 
 from actors.errors import DispatchError
 from actors.pacing.pacers import LocalPacer, Pacer
-from actors.pacing.redis_pacer import RedisPacer
+from actors.pacing.redis_pacer import DEFAULT_PREFIX, RedisPacer
 from actors.pacing.values import PacerSettings, ProviderLimits
 
 __all__ = ["MAX_TIMEOUT_S", "InvalidPacerURLError", "open_pacer"]
@@ -39,8 +39,10 @@ def open_pacer(
     ``None``, ``""`` or ``local``: a :class:`~actors.pacing.pacers.LocalPacer`.
     ``redis://[:password@]host[:port][/db]`` (or ``rediss://``, ``unix://``): a shared
     :class:`~actors.pacing.redis_pacer.RedisPacer`; query parameters:
-    ``prefix`` (key prefix, default ``tooldispatch:pacer``), ``workers`` (how many
-    workers to assume sharing a bucket when Redis is away and none was seen, default 4),
+    ``prefix`` (key prefix, default ``tooldispatch:pacer``; keys are
+    ``PREFIX:{org/provider}:...``, so a trailing ``:`` is the separator already and is
+    dropped; an empty prefix is refused), ``workers`` (how many workers to assume
+    sharing a bucket when Redis is away and none was seen, default 4),
     ``connect_timeout`` / ``timeout`` (seconds, default 0.25 / 0.5). Other query
     parameters are handed to redis-py.
 
@@ -54,7 +56,7 @@ def open_pacer(
         raise InvalidPacerURLError(
             f"--pacer {url!r}: expected 'local' or a redis://host:port/db URL (also rediss://, unix://)"
         )
-    query = dict(urllib.parse.parse_qsl(parts.query))
+    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     ours: dict[str, Any] = {}
     try:
         for name, key, kind in (
@@ -67,6 +69,12 @@ def open_pacer(
                 ours[key] = kind(query.pop(name))
     except ValueError as exc:
         raise InvalidPacerURLError(f"--pacer {url!r}: {exc}") from None
+    if "prefix" in ours:
+        ours["prefix"] = ours["prefix"].rstrip(":")
+        if not ours["prefix"]:
+            raise InvalidPacerURLError(
+                f"--pacer {url!r}: prefix must not be empty (default {DEFAULT_PREFIX})"
+            )
     if ours.get("expected_workers", 1) < 1:
         raise InvalidPacerURLError(f"--pacer {url!r}: workers must be at least 1")
     for name in ("connect_timeout_s", "timeout_s"):  # NaN, inf, 1e300, -1: refused here, not per call

@@ -207,12 +207,17 @@ class RedisPacer(Pacer):
         url: a redis-py URL (``redis://host:port/db``), or a ready ``redis.Redis`` client
             (then its own timeouts apply).
         limits / settings: as :class:`~actors.pacing.pacers.Pacer`.
-        prefix: key prefix (tests use a unique one and delete it).
+        prefix: key prefix (tests use a unique one and delete it); the keys are
+            ``PREFIX:{...}``, so trailing colons are dropped (``newcomer:`` gives
+            ``newcomer:{...}``, not ``newcomer::{...}``).
         expected_workers: workers assumed to share a bucket when Redis is away.
         connect_timeout_s / timeout_s: socket connect and read timeouts, seconds.
         retry_s: while degraded, how often a call tries Redis again.
         worker_id: this worker's name in the workers set (default host:pid:random).
         clock: monotonic seconds for the retry schedule and the local fallback.
+
+    Raises:
+        ValueError: an empty ``prefix`` (or one of colons only).
     """
 
     backend = "redis"
@@ -231,6 +236,9 @@ class RedisPacer(Pacer):
         worker_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not prefix.rstrip(":"):
+            raise ValueError(f"a Redis pacer needs a key prefix (default {DEFAULT_PREFIX!r}), got {prefix!r}")
+        prefix = prefix.rstrip(":")
         super().__init__(limits, settings)
         import redis  # lazily: after gevent patching
         from redis.backoff import NoBackoff

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import attrs
 
+from actors.pacing.held import HeldClock
 from actors.runtime.futures import bounded
 
 __all__ = ["HEADROOM", "WAKE_S", "SendGate", "SendGates", "Turn"]
@@ -83,7 +84,11 @@ class SendGate:
         self._tat = -math.inf
         """GCRA's theoretical arrival time of the next send."""
         self.waited_s = 0.0
-        """Seconds senders were told to wait for their booked slot (pacing, pauses)."""
+        """Seconds senders were told to wait for their booked slot (pacing, pauses),
+        added up over the senders (two waiting together count twice)."""
+        self.held = HeldClock()
+        """Wall time during which a sender slept here, or (kept by the governor actor)
+        a tool queue waited for a slot of this (org, provider): see :mod:`actors.pacing.held`."""
         self.passed = 0
         """Sends this gate let go while it spaced them (at a rate, or after a pause)."""
         self._epoch = 0
@@ -261,17 +266,24 @@ class SendGate:
             seconds = bounded(seconds)
             if stop is None and park is not None and seconds > 0:
                 stop, park = park(), None
-            end = clock() + seconds
-            while True:
-                left = end - clock()
-                step = min(left, WAKE_S)
-                if stop is not None:
-                    if stop.wait(step) if step > 0 else stop.is_set():
-                        return False
-                elif step > 0:
-                    sleep(step)
-                if left <= WAKE_S or self._epoch != epoch:
-                    return True
+            start = clock()
+            end = start + seconds
+            if seconds > 0:
+                self.held.enter(start)
+            try:
+                while True:
+                    left = end - clock()
+                    step = min(left, WAKE_S)
+                    if stop is not None:
+                        if stop.wait(step) if step > 0 else stop.is_set():
+                            return False
+                    elif step > 0:
+                        sleep(step)
+                    if left <= WAKE_S or self._epoch != epoch:
+                        return True
+            finally:
+                if seconds > 0:
+                    self.held.leave(clock())
 
         if self._rps is None and self._epoch == 0:
             # never paced, paused or closed (an unpaced local tool): no lock, no booking. A
@@ -317,3 +329,8 @@ class SendGates:
         """(org, provider) -> seconds its senders were told to wait (see SendGate.waited_s)."""
         with self._lock:
             return {key: gate.waited_s for key, gate in self._gates.items()}
+
+    def held_s(self, now: float) -> dict[tuple[str, str], float]:
+        """(org, provider) -> seconds its calls were held back up to ``now`` (see SendGate.held)."""
+        with self._lock:
+            return {key: gate.held.held_s(now) for key, gate in self._gates.items()}

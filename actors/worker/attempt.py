@@ -180,7 +180,8 @@ def attempt(
         told = tame(exc)
         passed_on = (told,) if relayed_here(token, exc) else ()  # a nested call's error: its request went out
         tell(UnitFinished(
-            unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at, relayed=passed_on
+            unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at,
+            relayed=passed_on, replayed=spec.context.replayed,
         ))  # fmt: skip
         if not is_a(exc, Exception):
             raise
@@ -195,10 +196,14 @@ def attempt(
             members = [(None, v) if is_a(v, BaseException) else (PlainValue(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
         told = tame(exc)
-        tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at))
+        tell(UnitFinished(
+            unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at,
+            replayed=spec.context.replayed,
+        ))  # fmt: skip
         return
     tell(UnitFinished(
-        unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed
+        unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed,
+        replayed=spec.context.replayed,
     ))  # fmt: skip
 
 

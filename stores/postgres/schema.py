@@ -22,7 +22,7 @@ from stores.errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 MAX_IDENTIFIER_BYTES = 63
@@ -83,7 +83,12 @@ def _add_v2(schema: str) -> list[str]:
     ]
 
 
-_MIGRATIONS = {1: _create_v1, 2: _add_v2}
+def _add_v3(schema: str) -> list[str]:
+    """What each receipt was for (as SQLite's schema v3)."""
+    return [f"ALTER TABLE {schema}.receipts ADD COLUMN input_text text"]
+
+
+_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3}
 
 
 def lock_id(schema_name: str) -> int:

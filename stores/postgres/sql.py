@@ -158,8 +158,8 @@ class Statements:
         self.claim = f"""
 WITH req AS (
   SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],
-                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[])
-    AS r(key, scope, tool_id, input_hash, lease_id, safe, running)
+                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[], %(inputs)b::text[])
+    AS r(key, scope, tool_id, input_hash, lease_id, safe, running, input_text)
 ),
 clk AS ({_NOW}),
 snap AS (
@@ -169,9 +169,10 @@ snap AS (
 ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
                         lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, generation,
-                        lease_owner_host, lease_owner_pid, lease_owner_started_at)
+                        lease_owner_host, lease_owner_pid, lease_owner_started_at, input_text)
   SELECT req.key, %(org)s, req.scope, req.tool_id, {_STARTED}, req.input_hash, req.lease_id, %(run)s,
-         %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s
+         %(attempt)s, clk.now + %(ttl)s, 1, clk.now, clk.now, 1, %(host)s, %(pid)s, %(started)s,
+         req.input_text
   FROM req, clk WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.key = req.key) ORDER BY req.key
   ON CONFLICT (org_id, key) DO NOTHING
   RETURNING {_cols("r")}
@@ -191,7 +192,8 @@ claimed AS (
     lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = clk.now + %(ttl)s,
     attempts = l.attempts + 1, updated_at = clk.now,
     generation = CASE WHEN l.status IN ('completed', 'failed') THEN l.generation + 1 ELSE l.generation END,
-    lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s
+    lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
+    input_text = coalesce(req.input_text, l.input_text)
   FROM la l JOIN req ON req.key = l.key, clk
   WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'claim'
   RETURNING {_cols("r")}

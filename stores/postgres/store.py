@@ -242,6 +242,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             "leases": [r.lease_id or random_hex[32 * i : 32 * i + 32] for i, r in enumerate(requests)],
             "safe": [r.retry_safe for r in requests],
             "running": [r.key in running for r in requests],
+            "inputs": [r.input_text for r in requests],
             "org": org_id,
             "run": owner.run_id,
             "attempt": owner.run_attempt,

@@ -26,6 +26,9 @@ generation             INTEGER  execution generation (v2; see Receipt.generation
 lease_owner_host       TEXT     lease holder's host and pid space (v2)
 lease_owner_pid        INTEGER  lease holder's process id (v2)
 lease_owner_started_at REAL     lease holder process's start time (v2)
+input_text             TEXT     what the call was for: its canonical input, cut to
+                                4096 characters, or its tool's digest (v3; NULL in
+                                rows written before)
 =====================  =======  ==================================================
 
 Table ``meta`` (v2): ``name`` TEXT primary key, ``value`` INTEGER; ``purge_epoch``
@@ -51,7 +54,7 @@ from stores.rows import COLUMNS
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "create_v1", "enable_wal", "migrate"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def create_v1(db: sqlite_utils.Database) -> None:
@@ -93,7 +96,12 @@ def _add_v2(db: sqlite_utils.Database) -> None:
     db["meta"].create({"name": str, "value": int}, pk="name")  # type: ignore[union-attr]
 
 
-_MIGRATIONS = {1: create_v1, 2: _add_v2}
+def _add_v3(db: sqlite_utils.Database) -> None:
+    """What each receipt was for (``Receipt.input_text``)."""
+    db.table("receipts").add_column("input_text", str)
+
+
+_MIGRATIONS = {1: create_v1, 2: _add_v2, 3: _add_v3}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

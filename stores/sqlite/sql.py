@@ -25,7 +25,7 @@ _REUSABLE = (
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,
-       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?, value->>9
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
   status = excluded.status, error = NULL, failure_kind = NULL,
@@ -37,7 +37,8 @@ ON CONFLICT (org_id, key) DO UPDATE SET
   lease_expires_at = excluded.lease_expires_at, attempts = excluded.attempts,
   updated_at = excluded.updated_at, generation = excluded.generation,
   lease_owner_host = excluded.lease_owner_host, lease_owner_pid = excluded.lease_owner_pid,
-  lease_owner_started_at = excluded.lease_owner_started_at
+  lease_owner_started_at = excluded.lease_owner_started_at,
+  input_text = coalesce(excluded.input_text, receipts.input_text)
 """
 # Claims that change a receipt without taking a lease (decided in Python on the rows
 # read in the same transaction): a lost refresh goes back to completed, a lost running

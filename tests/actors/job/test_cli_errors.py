@@ -290,7 +290,7 @@ def test_cli_scope_names_the_cache_so_a_renamed_play_keeps_it(cli, local_play, g
     other = cli.run("run", renamed, "--input", good_csv, "--db", db)
 
     assert first.returncode == again.returncode == other.returncode == 0
-    billed, reused = "lookups billed (receipts completed this run)", "reused from earlier runs"
+    billed, reused = "receipts completed this run (calls that ran)", "reused from earlier runs"
     assert cli.report(first.stderr)[billed] == "3"
     assert cli.report(again.stderr)[reused] == "3 receipts (3 calls)"  # same scope: the rename costs nothing
     assert cli.report(again.stderr)[billed] == "0"

@@ -175,9 +175,11 @@ class _Run:
         billed_first = set(first["billed"])
         lost_items = len(billed_first) - len(stored)  # paid for, never stored
 
+        before = server.stats()
         second = cli.run(*self.args("second.jsonl"), env=self.env, timeout_s=WAIT_S)
         assert second.returncode == 0, second.stderr[-3000:]
         calls = server.calls()
+        after = server.stats()
 
         # 1. nothing paid twice
         domains = _domains()
@@ -197,7 +199,15 @@ class _Run:
             assert len(twice) + self.batch * len(replayed) >= lost_items
             assert len(twice) <= lost_items
         report = cli.report(second.stderr)
-        assert int(report["lookups billed (receipts completed this run)"]) == ROWS - len(stored)
+        assert int(report["receipts completed this run (calls that ran)"]) == ROWS - len(stored)
+        # what the provider billed this run, and what it replayed for a repeated key (not billed)
+        billed = after.get("items", 0) - before.get("items", 0)
+        replays = after.get("replayed_items", 0) - before.get("replayed_items", 0)
+        answered = report["lookups kill9-provider answered (billable)"]
+        assert answered.split()[0] == str(billed), (answered, billed, replays)
+        assert (f"(and {replays} replayed" in answered) == bool(replays), (answered, replays)
+        if not self.batch:
+            assert replays == len(replayed)  # one lookup per request
 
         # 2. every row there, in order, right
         want = [{"index": i, "row": d, "result": _answer(d), "error": None} for i, d in enumerate(domains)]

@@ -39,10 +39,11 @@ def play(row, ctx):
 ROWS = 200
 PTY_TIMEOUT_S = 120.0
 REPORT_LABELS = (
-    "rows", "requests sent to square", "lookups billed (receipts completed this run)",
+    "rows", "requests sent to square", "receipts completed this run (calls that ran)",
     "reused from earlier runs", "reused within this run (calls)", "joined a lookup in flight (calls)",
-    "calls failed", "retries",
-    "refused, provider down", "salvaged (paid, kept in the salvage file)", "wall time", "rows/s",
+    "calls failed", "retries (requests sent again)", "lookups square answered (billable)",
+    "calls refused, provider down (circuit open)", "results salvaged (paid, kept in the salvage file)",
+    "wall time", "rows/s",
 )  # fmt: skip
 
 
@@ -111,8 +112,9 @@ def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
     per_tool = cli.tools_report(done.stderr)
     assert per_tool == {
         "square": {
-            "calls": ROWS, "billed (ran)": ROWS, "joined in flight": 0, "reused this run": 0,
-            "reused, earlier runs": 0, "failed": 0, "requests sent": ROWS, "429s": 0,
+            "calls": ROWS, "ran (receipt completed; local: runs)": ROWS, "joined in flight": 0,
+            "reused this run": 0, "reused, earlier runs": 0, "failed": 0, "lookups answered (billable)": ROWS,
+            "answers replayed (not billed)": 0, "requests sent": ROWS, "429s": 0,
             "refused, provider down": 0,
         }
     }  # fmt: skip
@@ -211,8 +213,11 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
     listed = cli.run("receipts", "ls", "--db", store_from_a_run, "--limit", "5")
 
     assert listed.returncode == 0, listed.stderr
-    keys = re.findall(r"│ ([0-9a-f]{16}) │ default\s+│ square\s+│ completed\s+│ 1\s+│", listed.stdout)
-    assert len(keys) == 5, listed.stdout
+    found = re.findall(
+        r'│ ([0-9a-f]{16}) │ default\s+│ square\s+│ \{"n":(\d+)\}\s+│ completed\s+│ 1\s+│', listed.stdout
+    )
+    assert len(found) == 5, listed.stdout  # each with what it was for: its input
+    keys = [key for key, _ in found]
 
     shown = cli.run("receipts", "show", keys[0][:12], "--db", store_from_a_run)
 
@@ -220,8 +225,9 @@ def test_cli_output_receipts_ls_and_show(cli, store_from_a_run):
     receipt = json.loads(shown.stdout)
     assert receipt["key"].startswith(keys[0])
     assert receipt["tool_id"] == "square"
+    assert receipt["input_text"] == f'{{"n":{found[0][1]}}}'
     assert receipt["status"] == "completed"
-    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
+    assert receipt["output"]["square"] == receipt["output"]["n"] ** 2 == int(found[0][1]) ** 2
 
 
 def test_cli_output_receipts_show_an_output_that_cannot_be_read(cli, store_from_a_run):

@@ -64,12 +64,15 @@ def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path,
 
     first = cli.run("run", play, "--input", rows, "--db", pg_db)
     assert first.returncode == 0, first.stderr
-    assert cli.report(first.stderr)["lookups billed (receipts completed this run)"] == str(ROWS)
+    assert cli.report(first.stderr)["receipts completed this run (calls that ran)"] == str(ROWS)
 
     listed = cli.run("receipts", "ls", "--db", pg_db, "--limit", "5")
     assert listed.returncode == 0, listed.stderr
-    keys = re.findall(r"│ ([0-9a-f]{16}) │ default\s+│ square\s+│ completed\s+│ 1\s+│", listed.stdout)
-    assert len(keys) == 5, listed.stdout
+    found = re.findall(
+        r'│ ([0-9a-f]{16}) │ default\s+│ square\s+│ \{"n":(\d+)\}\s+│ completed\s+│ 1\s+│', listed.stdout
+    )
+    assert len(found) == 5, listed.stdout  # each with what it was for: its input
+    keys = [key for key, _ in found]
 
     by_env = cli.env(TOOLDISPATCH_DB=pg_db)  # no --db: the URL comes from the environment
     stats = cli.run("receipts", "stats", env=by_env)
@@ -80,6 +83,7 @@ def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path,
     assert shown.returncode == 0, shown.stderr
     receipt = json.loads(shown.stdout)
     assert receipt["key"].startswith(keys[0])
+    assert receipt["input_text"] == f'{{"n":{found[0][1]}}}'
     assert receipt["output"]["square"] == receipt["output"]["n"] ** 2
 
     salvaged = cli.run("salvage", "ls", "--db", pg_db)
@@ -89,7 +93,7 @@ def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path,
     rerun = cli.run("run", play, "--input", rows, env=by_env)
     assert rerun.returncode == 0, rerun.stderr
     report = cli.report(rerun.stderr)
-    assert report["lookups billed (receipts completed this run)"] == "0"
+    assert report["receipts completed this run (calls that ran)"] == "0"
     assert report["reused from earlier runs"] == f"{ROWS} receipts ({ROWS} calls)"
 
 

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.scenario
 
 HALF_RUN_TIMEOUT_S = 120.0
-BILLED = "lookups billed (receipts completed this run)"
+BILLED = "receipts completed this run (calls that ran)"
 
 
 def _receipt_counts(db: Path) -> dict[tuple[str, str], int]:
@@ -77,11 +77,17 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     per_tool = cli.tools_report(first.stderr)
     assert per_tool["inspect_domain"]["calls"] == len(domains)
     for tool, counts in per_tool.items():  # each call is billed, joined or reused, once
-        parts = ("billed (ran)", "joined in flight", "reused this run", "reused, earlier runs", "failed")
+        parts = (
+            "ran (receipt completed; local: runs)",
+            "joined in flight",
+            "reused this run",
+            "reused, earlier runs",
+            "failed",
+        )
         assert counts["calls"] == sum(counts[p] for p in parts), tool
         assert counts["failed"] == counts["429s"] == 0, tool
-    assert per_tool["inspect_domain"]["billed (ran)"] == len(set(domains))
-    assert per_tool["country"]["billed (ran)"] == countries
+    assert per_tool["inspect_domain"]["ran (receipt completed; local: runs)"] == len(set(domains))
+    assert per_tool["country"]["ran (receipt completed; local: runs)"] == countries
     requests = per_tool["inspect_domain"]["requests sent"] + per_tool["country"]["requests sent"]
     assert requests == served["requests"]
 
@@ -100,7 +106,7 @@ def test_cli_run_domains_first_run_live_second_run_cached(cli, provider, domains
     assert int(reused) == unique_calls and int(calls) >= len(domains)
     for tool, counts in cli.tools_report(second.stderr).items():
         assert counts["reused, earlier runs"] + counts["reused this run"] == counts["calls"] > 0, tool
-        assert counts["billed (ran)"] == counts["requests sent"] == 0, tool
+        assert counts["ran (receipt completed; local: runs)"] == counts["requests sent"] == 0, tool
     assert _check_output(cli.read_jsonl(out), domains) == countries
 
 

@@ -29,7 +29,7 @@ def play(row, ctx):
     return ctx.tool("lookup", {"domain": ctx.tool("tidy", {"v": value})})
 """
 
-BILLED = "lookups billed (receipts completed this run)"
+BILLED = "receipts completed this run (calls that ran)"
 
 
 @pytest.fixture
@@ -164,10 +164,12 @@ def test_cli_report_headline_counts_what_was_billed_and_reused_and_local_tools_a
     assert "requests sent to tidy" not in two
     assert "in-flight" not in second.stderr  # named for what it is: calls that joined a lookup
     per_tool = cli.tools_report(second.stderr)
-    assert set(per_tool) == {"lookup", "tidy (local)"}
+    assert set(per_tool) == {"lookup", "tidy (local, free)"}
     assert per_tool["lookup"]["requests sent"] == 10
-    assert per_tool["tidy (local)"]["requests sent"] is None  # no provider: no request rows, not 0 or runs
-    assert per_tool["tidy (local)"]["429s"] is None
+    assert (
+        per_tool["tidy (local, free)"]["requests sent"] is None
+    )  # no provider: no request rows, not 0 or runs
+    assert per_tool["tidy (local, free)"]["429s"] is None
     # a third run sends nothing: the local tool's runs are timed apart, not as requests
     third = cli.report(cli.run("run", play, "--input", more, "--db", db).stderr)
     assert third["requests sent to acme"] == "0 (0 answered 429)"

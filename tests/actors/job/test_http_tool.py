@@ -64,6 +64,18 @@ def test_http_tool_sends_idempotency_key(provider, endpoint):
     assert stats["requests"] == 2  # and billed it once
 
 
+def test_http_tool_tells_a_replayed_answer_apart(provider, endpoint):
+    country = endpoint(f"{provider.url}/v1/country")
+    first, again, other = _ctx("key-r"), _ctx("key-r"), _ctx("key-s")
+
+    country({"code": "FR"}, first)
+    country({"code": "FR"}, again)  # answered from the provider's record: Idempotent-Replayed: true
+    country({"code": "DE"}, other)
+
+    assert (first.replayed, again.replayed, other.replayed) == (False, True, False)
+    assert provider.stats()["replayed_items"] == 1
+
+
 def test_http_tool_429_is_rate_limited_with_retry_after(provider_factory, endpoint):
     server = provider_factory("--rate", "1", "--burst", "1")
     country = endpoint(f"{server.url}/v1/country")

@@ -5,7 +5,10 @@ answering 429 with ``Retry-After: 1``, a sender that always has calls waiting.""
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import re
+from pathlib import Path
 
 import attrs
 import pytest
@@ -242,3 +245,30 @@ def test_learner_behind_a_slow_provider_estimates_from_what_was_sent_before_the_
     run = simulate(learner, limiter, 30.0, rtt_s=0.3, refused_rtt_s=0.001)
     assert len(run.accepted) >= 0.85 * rps * 30.0
     assert len(run.refused) <= 0.02 * (len(run.accepted) + len(run.refused))
+
+
+DOCS_PACING = Path(__file__).resolve().parents[3] / "docs" / "pacing.md"
+
+
+def _documented_probe_period() -> tuple[float, float]:
+    """The interval between a steady probe's 429s that docs/pacing.md states, seconds."""
+    found = re.search(r"meets one 429 every (\d+)\u2013(\d+) s", DOCS_PACING.read_text(encoding="utf-8"))
+    assert found is not None, "docs/pacing.md no longer says how often the probe meets a 429"
+    return float(found.group(1)), float(found.group(2))
+
+
+@pytest.mark.parametrize("rps", [20.0, 50.0, 200.0])
+@pytest.mark.parametrize("burst_s", [0.0, 0.05, 0.2])
+@pytest.mark.parametrize("rtt_s", [0.005, 0.3])
+def test_learner_probe_meets_a_429_as_often_as_the_docs_say(rps: float, burst_s: float, rtt_s: float) -> None:
+    low, high = _documented_probe_period()
+    limiter = Limiter(rps, burst=rps * burst_s)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 200.0, rtt_s=rtt_s)
+    events: list[float] = []  # congestion events: 429s more than 1.5 s after the last
+    for at in run.refused:
+        if not events or at - events[-1] > 1.5:
+            events.append(at)
+    steady = [b - a for a, b in itertools.pairwise(events[2:])]  # past slow start's cuts
+    assert len(steady) >= 5, events
+    assert low <= min(steady) and max(steady) <= high, (low, high, [round(s, 1) for s in steady])

@@ -19,6 +19,7 @@ import pytest
 import stores
 from stores import (
     ClaimDisposition,
+    ClaimMode,
     ClaimRequest,
     Completion,
     Failure,
@@ -257,6 +258,45 @@ def test_pg_newer_schema_refused(open_pg: Callable[..., Any], pg_url: str, pg_sc
         conn.execute(f"UPDATE \"{pg_schema}\".meta SET value = '99' WHERE name = 'schema_version'")
     with pytest.raises(SchemaVersionError, match="99"):
         open_pg()
+
+
+def test_pg_opens_a_version_2_schema_and_receipts_then_keep_their_input(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
+    """A schema made before receipts kept their inputs (version 2) migrates to 3: its
+    receipts are kept and read with no input recorded; a claim writing one records it."""
+    from stores.postgres.schema import _MIGRATIONS, quote_ident
+
+    schema = quote_ident(pg_schema)
+    with raw(pg_url) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.meta (name text PRIMARY KEY, value text NOT NULL)")
+        for version in (1, 2):
+            for statement in _MIGRATIONS[version](schema):
+                conn.execute(statement)
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('schema_version', '2')")
+        conn.execute(
+            f"INSERT INTO {schema}.receipts (key, org_id, scope, tool_id, status, input_hash, error, "
+            "failure_kind, attempts, created_at, updated_at) "
+            "VALUES ('k', %s, 'play', 'tool', 'failed', 'h', 'boom', 'transient', 1, 1.0, 1.0)",
+            (ORG,),
+        )
+    store = open_pg()
+    (old,) = store.get_many(ORG, ["k"])
+    assert old is not None and old.status.value == "failed" and old.input_text is None
+    (claim,) = store.claim_many(
+        ORG,
+        [ClaimRequest("k", "play", "tool", "h", input_text='{"domain":"lemonde.fr"}')],
+        A,
+        lease_ttl_s=60,
+        mode=ClaimMode.RETRY_FAILED,
+    )
+    assert claim.disposition is ClaimDisposition.CLAIMED
+    assert claim.receipt.input_text == '{"domain":"lemonde.fr"}'
+    assert store.get_many(ORG, ["k"])[0].input_text == '{"domain":"lemonde.fr"}'
+    with raw(pg_url) as conn:
+        version = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
+    assert version == ("3",)
 
 
 def test_open_store_picks_backend(pg_url: str, pg_schema: str, tmp_path: Any) -> None:

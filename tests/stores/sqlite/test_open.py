@@ -20,6 +20,7 @@ import pytest
 import sqlite_utils
 
 from stores import (
+    ClaimMode,
     ClaimRequest,
     Completion,
     Failure,
@@ -348,4 +349,37 @@ def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Pa
             "org", [ClaimRequest("a" * 64, "play", "tool", "0" * 64)], OWNER, lease_ttl_s=5
         )
         assert claim.disposition.value == "reused"
-    assert user_version(path) == SCHEMA_VERSION == 2
+    assert user_version(path) == SCHEMA_VERSION == 3
+
+
+def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_input(tmp_path: Path) -> None:
+    """A file written before receipts kept their inputs (schema 2) opens as schema 3: its
+    receipts are kept and read with no input recorded; a claim writing one records it."""
+    from stores.sqlite.schema import _add_v2, create_v1
+
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    db = sqlite_utils.Database(conn)
+    create_v1(db)
+    _add_v2(db)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute(
+        "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, error, failure_kind, "
+        "attempts, created_at, updated_at, generation) "
+        "VALUES (?, 'org', 'play', 'tool', 'failed', ?, 'boom', 'transient', 1, 1.0, 1.0, 1)",
+        ("b" * 64, "0" * 64),
+    )
+    conn.close()
+    with SqliteReceiptStore(path) as store:
+        (old,) = store.get_many("org", ["b" * 64])
+        assert old is not None and old.status.value == "failed" and old.input_text is None
+        (claim,) = store.claim_many(
+            "org",
+            [ClaimRequest("b" * 64, "play", "tool", "0" * 64, input_text='{"domain":"lemonde.fr"}')],
+            OWNER,
+            lease_ttl_s=5,
+            mode=ClaimMode.RETRY_FAILED,
+        )
+        assert claim.disposition.value == "claimed"
+        assert store.get_many("org", ["b" * 64])[0].input_text == '{"domain":"lemonde.fr"}'  # type: ignore[union-attr]
+    assert user_version(path) == SCHEMA_VERSION == 3

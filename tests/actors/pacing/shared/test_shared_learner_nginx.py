@@ -60,7 +60,7 @@ def test_workers_learn_one_estimate_of_an_unknown_limit(
     assert len(limits) == 1, reports
     (limit,) = limits
     assert limit is not None and 0.5 * RATE <= limit <= 1.5 * RATE, reports
-    assert len({(r["learnt"], r["cuts"]) for r in reports}) == 1, reports
+    assert len({(r["learnt"], r["learner_cuts"]) for r in reports}) == 1, reports
     assert all(r["learnt"] in ("plateau", "probe") for r in reports), reports
     # few 429s (loose: a CI box runs several suites on two cores; the share is in the bench)
     assert seen.get(429, 0) <= 24, seen

@@ -296,3 +296,30 @@ def test_redis_pacer_keys_of_two_buckets_never_meet(redis_server: RedisServer, p
         assert pacer.state("a/b", "c").rate_rps != pytest.approx(100.0)  # the other bucket's rate
     finally:
         pacer.close()
+
+
+@pytest.mark.parametrize("given", ["newcomer:", "newcomer", "newcomer::"])
+def test_redis_pacer_prefix_with_a_trailing_colon_is_not_doubled(
+    redis_server: RedisServer, prefix: str, given: str
+) -> None:
+    mine = f"{prefix}-{given}"  # unique per test; the keys are deleted after
+    pacer = open_pacer(f"{redis_server.url}?prefix={mine}", {"p": ProviderLimits(rate_rps=10.0)})
+    client = redis_server.client()
+    try:
+        assert pacer.take("o", "p").granted == 1
+        written = sorted(client.scan_iter(f"{prefix}-newcomer*"))
+        assert written, "the take wrote no key"
+        expected = f"{prefix}-newcomer:{{o/p}}:"
+        assert all(k.startswith(expected) for k in written), written
+        assert not any("::" in k for k in written), written
+    finally:
+        pacer.close()
+        for key in client.scan_iter(f"{prefix}-*"):
+            client.delete(key)
+
+
+@pytest.mark.parametrize("bad", ["redis://h?prefix=", "redis://h?prefix=:", "redis://h?prefix=%3A%3A"])
+def test_open_pacer_refuses_an_empty_prefix(bad: str) -> None:
+    pytest.importorskip("redis")
+    with pytest.raises(InvalidPacerURLError, match="prefix must not be empty"):
+        open_pacer(bad)
