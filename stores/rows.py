@@ -54,7 +54,12 @@ def error_text(error: str) -> str:
     tail; a provider's error may quote the whole input), NUL (where SQLite's JSON
     functions cut a string short) and lone surrogates (no UTF-8 form) written as
     backslash escapes."""
-    return shorten(error).replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return _storable(shorten(error))
+
+
+def _storable(text: str) -> str:
+    """``text`` with NUL and lone surrogates written as backslash escapes."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 INPUT_TEXT_MAX_CHARS = 4096
@@ -70,7 +75,7 @@ def kept_input(text: str | None) -> str | None:
         return None
     if len(text) > INPUT_TEXT_MAX_CHARS:
         text = text[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
-    return error_text(text)
+    return _storable(text)
 
 
 _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}
