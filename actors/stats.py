@@ -159,7 +159,9 @@ class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
     ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``,
-    ``errors``, ``unavailable``: calls refused by an open provider circuit)
+    ``errors``, ``unavailable``: calls refused by an open provider circuit,
+    ``refresh_uncertain``: calls answered with a receipt's last good output while a
+    refresh of it has an uncertain outcome)
     and phase timings in milliseconds.
 
     Args:
@@ -173,7 +175,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed",
+        "salvage_failed", "refresh_uncertain",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -210,6 +210,8 @@ def report_table(
             "reused from earlier runs", f"{paid['reused_receipts']} receipts ({paid['reused']} calls)"
         )
         table.add_row("reused within this run (calls)", str(paid["reused_this_run"]))
+        if stats.get("refresh_uncertain"):
+            table.add_row("reused while a refresh is uncertain (calls)", str(stats["refresh_uncertain"]))
         table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
         table.add_row("calls failed", str(paid["failed"]))
         for tool, counts in sorted(tally.snapshot().items()):
