@@ -16,6 +16,9 @@ key and execution, so the CLI classifies each call itself, exactly:
   (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
   cached answer seen before its key's live one is moved to ``reused_this_run`` then.
 * ``failed``: the call raised.
+* ``cancelled``: an abort cancelled the call (refused before it was sent, or not
+  answered within the abort's bound): not a failure, and its row is not done (a rerun
+  makes the call; one that was sent goes again under the same idempotency key).
 
 Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
 Memory: two small integers per distinct receipt key billed or reused.
@@ -30,7 +33,7 @@ from typing import Any
 
 __all__ = ["CallTally"]
 
-KINDS = ("calls", "billed", "joined", "reused_this_run", "reused", "reused_receipts", "failed")
+KINDS = ("calls", "billed", "joined", "reused_this_run", "reused", "reused_receipts", "failed", "cancelled")
 
 
 def _short(key: str) -> int:
@@ -92,6 +95,13 @@ class CallTally:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             counts["calls"] += 1
             counts["failed"] += 1
+
+    def record_cancelled(self, tool_id: str) -> None:
+        """Count one call an abort cancelled (``CallCancelledError``)."""
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            counts["calls"] += 1
+            counts["cancelled"] += 1
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Tool id -> ``{kind: count}`` for every kind in :data:`KINDS`."""
