@@ -36,6 +36,10 @@ class ToolResult:
         receipt_key: the receipt key (sha256 hex).
         tool_id: the tool.
         status: ``ok``, or ``no_result`` when the tool (or a batch split) gave nothing.
+        refresh_uncertain: True when ``value`` is the receipt's last good output, given
+            while a refresh of it has an uncertain outcome (its request may have reached
+            the provider, so a newer answer may exist there); ``execution`` is then
+            ``cached`` or ``in_flight``. Counted in ``stats()["refresh_uncertain"]``.
     """
 
     value: Any
@@ -43,12 +47,18 @@ class ToolResult:
     receipt_key: str
     tool_id: str
     status: Literal["ok", "no_result"] = "ok"
+    refresh_uncertain: bool = False
 
     @classmethod
-    def of(cls, value: Any, execution: Execution, receipt_key: str, tool_id: str) -> ToolResult:
+    def of(
+        cls, value: Any, execution: Execution, receipt_key: str, tool_id: str, refresh_uncertain: bool = False
+    ) -> ToolResult:
         """A result whose status follows its value: None is ``no_result``."""
         status: Literal["ok", "no_result"] = "no_result" if value is None else "ok"
-        return cls(value=value, execution=execution, receipt_key=receipt_key, tool_id=tool_id, status=status)
+        return cls(
+            value=value, execution=execution, receipt_key=receipt_key, tool_id=tool_id, status=status,
+            refresh_uncertain=refresh_uncertain,
+        )  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)

@@ -161,7 +161,9 @@ class Stats:
     ``salvaged``, ``lease_lost``, ``refused_by_latch``, ``requeued``, ``cancelled``,
     ``errors``, ``unavailable``: calls refused by an open provider circuit, ``answered``:
     lookups (calls, or batch members) in requests the provider answered anew, what it
-    bills; ``replayed``: those it answered from its record of their idempotency key)
+    bills; ``replayed``: those it answered from its record of their idempotency key,
+    ``refresh_uncertain``: calls answered with a receipt's last good output while a
+    refresh of it has an uncertain outcome)
     and phase timings in milliseconds.
 
     Args:
@@ -175,7 +177,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed", "answered", "replayed",
+        "salvage_failed", "answered", "replayed", "refresh_uncertain",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

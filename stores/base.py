@@ -171,7 +171,11 @@ class ReceiptStore(abc.ABC):
         * a request naming a ``lease_id`` takes a new lease under that id; one whose
           receipt is already leased under that id to ``owner`` (queued or running: an
           earlier attempt of the same claim that committed) is answered ``CLAIMED`` with
-          the receipt as it stands, nothing written (:func:`stores.claims.already_taken`).
+          the receipt as it stands, nothing written (:func:`stores.claims.already_taken`);
+        * an ``uncertain`` receipt that kept a previous output (a refresh whose own
+          outcome is uncertain) answers a normal or retry_failed claim ``REUSED`` while
+          that output is fresh enough (the claim's receipt says ``uncertain``); a forced
+          or stale re-run gets ``UNCERTAIN``.
         """
 
     @abc.abstractmethod
@@ -213,7 +217,9 @@ class ReceiptStore(abc.ABC):
         """Record ``uncertain`` outcomes (error text, kind of the failure seen), fenced.
 
         For a tool that is not retry-safe whose request may have reached the provider.
-        The lease is dropped; claims answer ``UNCERTAIN`` until :meth:`resolve`.
+        The lease is dropped; claims answer ``UNCERTAIN`` until :meth:`resolve`. A
+        receipt holding a previous output (a refresh) keeps it: ordinary claims still
+        reuse it (see :meth:`claim_many`).
         """
 
     @abc.abstractmethod
@@ -233,7 +239,9 @@ class ReceiptStore(abc.ABC):
             org_id: the org.
             key: the receipt key.
             action: ``RERUN`` (claimable again, same generation), ``FAIL`` (failed,
-                kind permanent) or ``COMPLETE`` (stores ``output`` as completed).
+                kind permanent) or ``COMPLETE`` (stores ``output`` as completed). A
+                refresh that kept a previous output is ``completed`` with it again
+                after ``RERUN`` or ``FAIL``, no lease left on it.
             output: the output for ``COMPLETE``.
             note: text added to the recorded error for ``FAIL``.
 

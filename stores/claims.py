@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from stores.dispositions import decide_disposition, next_generation
+from stores.dispositions import decide_disposition, lost_lease_status, next_generation
 from stores.rules import IN_FLIGHT, KEEPS_OUTPUT, LOST_WHILE_RUNNING, NO_LEASE, holder_gone, owner_identity
 from stores.types import Claim, ClaimDisposition, ClaimMode, ClaimRequest, Owner, Receipt, ReceiptStatus
 
@@ -131,16 +131,16 @@ def plan_claims(
         )
         if disposition is not claimed:
             assert old is not None
-            if old.status in IN_FLIGHT:  # a lost lease: restored, or uncertain
-                if disposition is ClaimDisposition.REUSED:
-                    old = attrs.evolve(old, status=ReceiptStatus.COMPLETED, updated_at=now, **NO_LEASE)
-                    plan.restored.append(key)
-                elif disposition is ClaimDisposition.UNCERTAIN:
-                    old = attrs.evolve(
-                        old, status=ReceiptStatus.UNCERTAIN, error=LOST_WHILE_RUNNING, failure_kind=None,
-                        lease_expires_at=None, updated_at=now,
-                    )  # fmt: skip
-                    plan.lost.append(key)
+            after = lost_lease_status(old, now, holder_gone=gone, retry_safe=request.retry_safe)
+            if after is ReceiptStatus.COMPLETED:  # a lost refresh: its previous output stands
+                old = attrs.evolve(old, status=ReceiptStatus.COMPLETED, updated_at=now, **NO_LEASE)
+                plan.restored.append(key)
+            elif after is ReceiptStatus.UNCERTAIN:  # answered REUSED when it holds a last good output
+                old = attrs.evolve(
+                    old, status=ReceiptStatus.UNCERTAIN, error=LOST_WHILE_RUNNING, failure_kind=None,
+                    lease_expires_at=None, updated_at=now,
+                )  # fmt: skip
+                plan.lost.append(key)
             plan.decided[key] = Claim(disposition, old)
             continue
         lease_id = request.lease_id or random_hex[32 * i : 32 * i + 32]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stores.types import ClaimDisposition, ClaimMode, Receipt, ReceiptStatus
 
-__all__ = ["decide_disposition", "next_generation"]
+__all__ = ["decide_disposition", "lost_lease_status", "next_generation"]
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 
@@ -32,12 +32,18 @@ def decide_disposition(
 
     Returns:
         The disposition; ``CLAIMED`` means the caller takes a new lease. For a receipt
-        whose lease was lost, ``REUSED`` (a refresh's previous output, which the store
-        restores as ``completed``) and ``UNCERTAIN`` (running, not retry-safe: the store
-        records ``uncertain``) also change the stored receipt.
+        whose lease was lost, the store first records what :func:`lost_lease_status`
+        says (a refresh's previous output restored as ``completed``, or ``uncertain``
+        for a running call that is not retry-safe), and the answer is this table's for
+        the receipt so changed.
 
     Any live lease counts as running, even one held by the same owner: a run never
     runs one key twice at once.
+
+    An ``uncertain`` receipt that still holds a previous output (a refresh whose own
+    outcome is uncertain) answers an ordinary claim (normal or retry_failed, the output
+    fresh enough) ``REUSED``: the last good output stands. A forced or stale re-run
+    meets the uncertainty (``UNCERTAIN``), as does every claim of one with no output.
     """
     if receipt is None:
         return ClaimDisposition.CLAIMED
@@ -49,16 +55,46 @@ def decide_disposition(
             if mode is ClaimMode.FORCE_REFRESH:
                 return ClaimDisposition.BLOCKED_ACTIVE_LEASE
             return ClaimDisposition.RUNNING
-        if status is ReceiptStatus.RUNNING and not retry_safe:
-            return ClaimDisposition.UNCERTAIN
-        if receipt.completed_at is not None:  # a lost refresh: its previous output stands
+        after = lost_lease_status(receipt, now, holder_gone=holder_gone, retry_safe=retry_safe)
+        if after is ReceiptStatus.UNCERTAIN:
+            return _uncertain(receipt, mode, now, stale_after_s)
+        if after is ReceiptStatus.COMPLETED:  # a lost refresh: its previous output stands
             return _completed(receipt, mode, now, stale_after_s)
         return ClaimDisposition.CLAIMED
     if status is ReceiptStatus.FAILED:
         return ClaimDisposition.FAILED if mode is ClaimMode.NORMAL else ClaimDisposition.CLAIMED
     if status is ReceiptStatus.UNCERTAIN:
-        return ClaimDisposition.UNCERTAIN
+        return _uncertain(receipt, mode, now, stale_after_s)
     return ClaimDisposition.CLAIMED  # pending, skipped
+
+
+def lost_lease_status(
+    receipt: Receipt, now: float, *, holder_gone: bool = False, retry_safe: bool = True
+) -> ReceiptStatus | None:
+    """What a claim that finds ``receipt``'s lease lost (expired, or its holder's process
+    gone) records before it decides: ``UNCERTAIN`` for a ``running`` receipt claimed with
+    ``retry_safe=False`` (the request may have reached the provider; a previous output
+    is kept), ``COMPLETED`` for one holding a previous output (a lost refresh), else None
+    (nothing recorded: the receipt is claimable). None too while the lease is live or
+    the receipt is not queued or running."""
+    if receipt.status not in _IN_FLIGHT or (receipt.lease_live(now) and not holder_gone):
+        return None
+    if receipt.status is ReceiptStatus.RUNNING and not retry_safe:
+        return ReceiptStatus.UNCERTAIN
+    if receipt.completed_at is not None:
+        return ReceiptStatus.COMPLETED
+    return None
+
+
+def _uncertain(
+    receipt: Receipt, mode: ClaimMode, now: float, stale_after_s: float | None
+) -> ClaimDisposition:
+    """An uncertain receipt: its last good output (if any) answers ordinary claims."""
+    if receipt.completed_at is None:
+        return ClaimDisposition.UNCERTAIN
+    if _completed(receipt, mode, now, stale_after_s) is ClaimDisposition.REUSED:
+        return ClaimDisposition.REUSED
+    return ClaimDisposition.UNCERTAIN
 
 
 def _completed(

@@ -133,7 +133,8 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     :class:`~stores.codec.UnreadableOutput`; a status it does not know, or a value a
     claim decides by that is not a number (a lease expiry, an output's times, the
     generation: text or NaN set by hand), reads as ``uncertain`` (never re-run nor
-    reused silently; an operator resolves it), with an error saying why; other numbers
+    reused silently; an operator resolves it), with an error saying why and no
+    ``completed_at`` (so no claim takes its output as a last good one); other numbers
     that are not (counts, times only shown) read as their defaults."""
     values = list(row)
     status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
@@ -144,6 +145,7 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
             f"`tooldispatch receipts resolve {str(values[0])[:16]} --rerun` (or --fail)"
         )
         status = ReceiptStatus.UNCERTAIN
+        values[16] = None
     values[4] = status
     values[6] = decode_stored(values[6])  # one damaged output never fails a bulk read
     if values[8] is not None:

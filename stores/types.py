@@ -54,7 +54,8 @@ class ReceiptStatus(str, enum.Enum):
     UNCERTAIN = "uncertain"
     """A call of a tool that is not retry-safe may have reached the provider (timed out
     or cut off after sending, or its owner was lost while it ran): never re-run
-    silently. Claims answer ``UNCERTAIN`` until ``ReceiptStore.resolve``."""
+    silently. Claims answer ``UNCERTAIN`` until ``ReceiptStore.resolve``; one that kept
+    a previous output (a refresh) is ``REUSED`` by ordinary claims meanwhile."""
 
 
 class ClaimMode(str, enum.Enum):
@@ -71,7 +72,9 @@ class ClaimDisposition(str, enum.Enum):
     CLAIMED = "claimed"
     """The caller holds a lease (status queued) and must mark it running."""
     REUSED = "reused"
-    """A fresh completed receipt: its output is the result."""
+    """A fresh completed receipt: its output is the result. Also the last good output of
+    a refresh whose own outcome is uncertain (the receipt's status is ``uncertain``) for
+    a normal or retry_failed claim."""
     RUNNING = "running"
     """Another live lease holds it: wait for its output."""
     BLOCKED_ACTIVE_LEASE = "blocked_active_lease"
@@ -79,8 +82,9 @@ class ClaimDisposition(str, enum.Enum):
     FAILED = "failed"
     """A failed receipt in normal mode: the recorded error is the answer."""
     UNCERTAIN = "uncertain"
-    """An uncertain receipt (any mode; no lease): ask the tool's reconcile hook by the
-    receipt's idempotency key, or refuse the call until an operator resolves it."""
+    """An uncertain receipt (no lease; any mode, or only a forced or stale re-run of one
+    that kept a previous output): ask the tool's reconcile hook by the receipt's
+    idempotency key, or refuse the call until an operator resolves it."""
 
 
 class FailureKind(str, enum.Enum):
@@ -227,7 +231,8 @@ class Receipt:
     updated_at: float = 0.0
     completed_at: float | None = None
     """When the output was stored. Kept while a force refresh (or a re-run of a stale
-    receipt) holds a lease: the previous output stays until a new one is persisted."""
+    receipt) holds a lease, and when that refresh ends ``uncertain``: the previous output
+    stays until a new one is persisted."""
     generation: int = 1
     """Execution generation: 1 for a new receipt, +1 when a completed (forced or stale)
     or failed receipt is claimed again; unchanged when a lost owner's lease is taken

@@ -273,3 +273,25 @@ def nginx() -> Iterator[Callable[..., Any]]:
     yield start
     for limiter in started:
         limiter.stop()
+
+
+def _scripted_provider_module() -> Any:
+    """``tests/_scripted_provider.py``, loaded once (as :func:`_nginx_module`)."""
+    name = "_tooldispatch_scripted_provider"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "_scripted_provider.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def scripted_provider() -> Iterator[Any]:
+    """A provider on 127.0.0.1 whose answers the test scripts (``.mode``: ``answer``,
+    ``reset`` after reading the request, ``hold``, ``refuse``; ``.url``, ``.requests``,
+    ``.received``: ``tests/_scripted_provider.py``); stopped at teardown."""
+    server = _scripted_provider_module().ScriptedProvider().start()
+    yield server
+    server.stop()

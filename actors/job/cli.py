@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import uuid
 from typing import Any, NoReturn
 
@@ -139,9 +140,10 @@ def _run(
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None,
 ) -> int:  # fmt: skip
+    from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
     from actors.job.report import ProgressDisplay, output_line, report_table, tools_table
-    from actors.job.runner import run_rows
+    from actors.job.runner import RunSummary, run_rows
     from actors.job.signals import Interrupts
     from actors.job.tally import CallTally
     from actors.pacing import InvalidPacerURLError, open_pacer
@@ -181,6 +183,33 @@ def _run(
         raise ConfigError(f"cannot write the output {output_path}: {exc.strerror or exc}") from None
     interrupts = Interrupts(stop, lambda line: console.print(line, highlight=False, soft_wrap=True), out)
     interrupts.install()
+    live = RunSummary()  # filled while the rows run: what an abort that cannot wait for them reports
+    writer = OrderedWriter(out)
+    started = time.monotonic()
+
+    def report(stats: dict[str, Any], summary: RunSummary) -> None:
+        wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
+        wide.print(report_table(stats, summary, tally, play.tools, output_path))
+        wide.print(tools_table(stats, tally))
+
+    def last_line(summary: RunSummary) -> str:
+        how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
+        if output_path is not None:
+            return how + output_line(summary, output_path)
+        return (
+            f"{how}{summary.rows} rows done; run the same command again to resume "
+            "(finished calls are reused, not paid again)"
+        )
+
+    def aborted_now() -> RunSummary:  # the rows did not end in time: what is known so far
+        live.aborted = live.interrupted = True
+        live.wall_s = time.monotonic() - started
+        live.written = writer.written
+        return live
+
+    interrupts.write_out = writer.close  # the rows finished behind one that did not end
+    interrupts.short_report = lambda: report(interrupts.system.stats(), aborted_now())
+    interrupts.last_line = lambda: last_line(aborted_now())
     try:
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
             interrupts.system = system
@@ -195,18 +224,35 @@ def _run(
             try:
                 summary = run_rows(
                     play, rows, ctx, concurrency=width, out=out, stop=stop,
-                    on_row=lambda _: progress.advance(),
+                    on_row=lambda _: progress.advance(), summary=live, writer=writer,
                 )  # fmt: skip
             finally:
                 progress.close(final=summary is not None and summary.config_error is None)
-                interrupts.wait_for_abort()  # a second signal stopped the rows: it exits 130
             stats = system.stats()
+        if interrupts.aborted:  # leaving waited for the abort's stop: the requests it let finish count
+            stats = {**system.stats(), "pacing": stats["pacing"]}
     finally:
         interrupts.restore()
         close_error = _close_quietly(out)
         store.close()
         if pacer is not None:
             pacer.close()
+    if interrupts.aborted:  # the rows ended in time: this thread reports, unless the abort did
+        if not interrupts.may_report():
+            interrupts.wait_for_abort()  # it printed its own report and ends the process
+        summary.aborted = summary.interrupted = True
+        try:
+            report(stats, summary)
+            for error in (
+                summary.config_error,
+                close_error and f"cannot write the output {output_path}: {close_error}",
+            ):
+                if error:
+                    console.print(f"error: {error}", highlight=False, soft_wrap=True)
+            console.print(last_line(summary), highlight=False, soft_wrap=True)
+        finally:
+            interrupts.reported()
+        return 130
     if summary.config_error:
         done = ""
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
@@ -221,22 +267,9 @@ def _run(
         raise ConfigError(summary.config_error + done)
     if close_error:
         raise ConfigError(f"cannot write the output {output_path}: {close_error}")
-    if not console.is_terminal:  # a log, CI: rich would fit tables to 80 columns and cut names
-        console = plain_console(stderr=True, width=max(console.width, 200))
-    console.print(report_table(stats, summary, tally, play.tools, output_path))
-    console.print(tools_table(stats, tally))
+    report(stats, summary)  # on a log or CI as wide as its names (rich would fit 80 columns)
     if summary.interrupted:
-        if output_path is not None:
-            console.print(
-                f"interrupted: {output_line(summary, output_path)}", highlight=False, soft_wrap=True
-            )
-        else:
-            console.print(
-                f"interrupted: {summary.rows} rows done; run the same command again to resume "
-                "(finished calls are reused, not paid again)",
-                highlight=False,
-                soft_wrap=True,
-            )
+        console.print(last_line(summary), highlight=False, soft_wrap=True)
         return 130
     return 1 if summary.failed else 0
 

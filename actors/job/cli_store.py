@@ -146,12 +146,32 @@ def receipts_show(key: str, db: str) -> None:
         row["output_unreadable"] = output.problem
         output = output.text
     row["output"] = output
+    if _last_good(db, row):
+        row["note"] = (
+            "a refresh of this receipt has an uncertain outcome (its request may have reached the "
+            "provider): ordinary calls get the output stored at completed_at, its last good one "
+            "(marked refresh_uncertain); a forced or stale re-run is refused until `tooldispatch "
+            f"receipts resolve {str(row['key'])[:16]} --rerun | --fail` (either keeps that output)"
+        )
     try:
         click.echo(orjson.dumps(row, option=orjson.OPT_INDENT_2, default=_shown).decode())
     except TypeError:  # an exact-form output orjson cannot write (NaN, a lone surrogate...)
         import json
 
         click.echo(json.dumps(row, indent=2, default=_shown))
+
+
+def _last_good(db: str, row: dict[str, Any]) -> bool:
+    """Whether ``row`` is an uncertain refresh that kept its last good output (as the store
+    reads it: a receipt whose stored values cannot be read keeps none)."""
+    if row.get("status") != "uncertain" or row.get("completed_at") is None:
+        return False
+    store = open_db(db)
+    try:
+        (receipt,) = store.get_many(str(row["org_id"]), [str(row["key"])])
+    finally:
+        store.close()
+    return receipt is not None and receipt.completed_at is not None
 
 
 def _shown(value: object) -> str:
@@ -175,7 +195,8 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
     ran) is recorded uncertain and never re-run silently. Check with the provider (the
     call sent the receipt's idempotency key), then --rerun (the next run calls it again,
     with the same Idempotency-Key, so a provider that honours it answers from its records)
-    or --fail (later calls are refused with the recorded error).
+    or --fail (later calls are refused with the recorded error). A refresh that kept the
+    receipt's previous output is completed with that output again either way.
     """
     from stores.types import ReceiptStatus, ResolveAction
 
@@ -192,11 +213,16 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
         if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
             status = receipt.status.value if receipt is not None else "gone"
             raise ConfigError(f"receipt {row['key'][:16]} is {status}, not uncertain: nothing to resolve")
-        store.resolve(
+        resolved = store.resolve(
             row["org_id"], row["key"], ResolveAction(action), note=note or "resolved by an operator"
         )
     finally:
         store.close()
+    if resolved is not None and resolved.status is ReceiptStatus.COMPLETED:  # an uncertain refresh
+        click.echo(
+            f"receipt {row['key'][:16]}: completed with its last good output (a refresh runs it again)"
+        )
+        return
     click.echo(f"receipt {row['key'][:16]}: {'claimable again' if action == 'rerun' else 'failed'}")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from actors.errors import DispatchError
+from actors.errors import CallCancelledError, DispatchError, is_a
 from actors.job.rows import InputError, RowError, read_rows
 
 __all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
@@ -120,9 +120,12 @@ class PlayContext:
         options.setdefault("retry_failed", self.retry_failed)
         try:
             result = self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s)
-        except Exception:
+        except Exception as exc:
             if self.tally is not None:
-                self.tally.record_error(tool_id)
+                if is_a(exc, CallCancelledError):  # a stop cancelled it: not a failure
+                    self.tally.record_cancelled(tool_id)
+                else:
+                    self.tally.record_error(tool_id)
             raise
         if self.tally is not None:
             self.tally.record(tool_id, result)

@@ -222,8 +222,12 @@ def report_table(
             "reused from earlier runs", f"{paid['reused_receipts']} receipts ({paid['reused']} calls)"
         )
         table.add_row("reused within this run (calls)", str(paid["reused_this_run"]))
+        if stats.get("refresh_uncertain"):
+            table.add_row("reused while a refresh is uncertain (calls)", str(stats["refresh_uncertain"]))
         table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
         table.add_row("calls failed", str(paid["failed"]))
+        if paid["cancelled"]:
+            table.add_row("calls cancelled by the abort", str(paid["cancelled"]))
         for tool, counts in sorted(tally.snapshot().items()):
             if tool in local:
                 runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
@@ -255,6 +259,11 @@ def report_table(
             "rows waiting for an earlier row",
             f"{_mib(summary.buffer_peak_bytes)} in memory at most, {_mib(summary.spilled_bytes)} on disk",
         )
+    if summary.cut_short:
+        table.add_row(
+            "rows cut short by the abort (not written)",
+            f"{summary.cut_short} (a call of theirs was cancelled by the abort; a rerun runs them)",
+        )
     if output is not None:
         held = f"{summary.written} {_plural(summary.written, 'row')}"
         table.add_row(
@@ -263,7 +272,9 @@ def report_table(
             if summary.interrupted
             else output_line(summary, output),
         )
-    if summary.interrupted:
+    if summary.aborted:
+        table.add_row("status", "aborted: run the same command again to resume")
+    elif summary.interrupted:
         table.add_row("status", "interrupted: run the same command again to resume")
     return table
 
@@ -298,9 +309,13 @@ def output_line(summary: RunSummary, output: str) -> str:
     """What the output file holds (a complete run: every row; else which rows)."""
     if not summary.interrupted:
         return f"{output}: {summary.written} {_plural(summary.written, 'row')}, in input order"
+    stop = "abort" if summary.aborted else "interrupt"
+    missing = (
+        "rows not started or cut short are missing" if summary.aborted else "rows not started are missing"
+    )
     return (
         f"{output} holds only the {summary.written} {_plural(summary.written, 'row')} finished before the "
-        "interrupt (each with its input index; rows not started are missing): run the same command "
+        f"{stop} (each with its input index; {missing}): run the same command "
         "again to write it whole (finished calls are reused, not paid again)"
     )
 
@@ -339,11 +354,15 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
         for t in local & set(counts):  # no receipts: a local tool's runs are its executions
             mine = dict(counts[t])
             mine["ran"] = int(per_tool.get(t, {}).get("provider_calls", 0))
-            others = mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"]
+            others = mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"] + mine["cancelled"]
             mine["joined"] = max(0, mine["calls"] - others)
             counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
+        if any(c.get("cancelled") for c in counts.values()):  # an abort: calls refused unsent
+            table.add_row(
+                "cancelled by the abort", *(str(counts.get(t, {}).get("cancelled", 0)) for t in tools)
+            )
     for key, label in _TOOL_STATS:  # a local tool sends no requests: no provider rows
         table.add_row(label, *("-" if t in local else str(per_tool.get(t, {}).get(key, 0)) for t in tools))
     return table

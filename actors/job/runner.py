@@ -16,13 +16,13 @@ from typing import IO, Any
 import attrs
 import orjson
 
-from actors.errors import UnknownToolError, error_text, type_name
+from actors.errors import CallCancelledError, UnknownToolError, cause_of, error_text, is_a, type_name
 from actors.job.error_kinds import ErrorKinds
 from actors.job.ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
 from actors.job.play import Play, PlayContext
 from actors.job.rows import InputError, RowError
 
-__all__ = ["RowOutcome", "RunSummary", "encode_outcome", "run_rows"]
+__all__ = ["RowOutcome", "RunSummary", "cut_short", "encode_outcome", "run_rows"]
 
 
 @attrs.frozen
@@ -43,6 +43,8 @@ class RunSummary:
     ok: int = 0
     failed: int = 0
     interrupted: bool = False
+    aborted: bool = False
+    """Set by the caller: a second signal aborted the run (its rows were not let finish)."""
     wall_s: float = 0.0
     config_error: str | None = None
     """Set when the run cannot go on (a row named an unknown tool, the input cannot be
@@ -50,7 +52,11 @@ class RunSummary:
     errors: ErrorKinds = attrs.field(factory=ErrorKinds)
     """Row errors grouped by kind, for the report."""
     written: int = 0
-    """Lines in the output file (0 without --output)."""
+    """Lines in the output file (0 without --output); kept current while the rows run."""
+    cut_short: int = 0
+    """Rows a stop cut short: a call of theirs was cancelled (an abort stopped the
+    dispatch system before it was sent). Neither written nor counted in ``rows``: not
+    done, a rerun runs them."""
     buffer_peak_bytes: int = 0
     """Most bytes of finished rows held in memory waiting for an earlier row."""
     spilled_bytes: int = 0
@@ -89,6 +95,32 @@ def encode_outcome(outcome: RowOutcome) -> tuple[bytes, str | None]:
         return orjson.dumps(failed) + b"\n", error
 
 
+def cut_short(exc: BaseException) -> bool:
+    """Whether a row's error is a call cancelled by a stop (:class:`CallCancelledError`,
+    raised or the cause of what the play raised): the row did not run to its end."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        if is_a(error, CallCancelledError):
+            return True
+        seen.add(id(error))
+        error = cause_of(error) or _context_of(error)
+    return False
+
+
+_CONTEXT = BaseException.__dict__["__context__"]
+
+
+def _context_of(exc: BaseException) -> BaseException | None:
+    """What ``exc`` was raised while handling, read from the slot (a play's own error
+    class cannot make it raise)."""
+    try:
+        context = _CONTEXT.__get__(exc)
+    except Exception:
+        return None
+    return context if is_a(context, BaseException) else None
+
+
 def run_rows(
     play: Play,
     rows: Iterable[Any],
@@ -99,15 +131,21 @@ def run_rows(
     stop: threading.Event,
     on_row: Callable[[RowOutcome], None] | None = None,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    summary: RunSummary | None = None,
+    writer: OrderedWriter | None = None,
 ) -> RunSummary:
     """Run ``play`` over ``rows`` with ``concurrency`` workers until done or ``stop`` is set.
 
-    Rows not started when ``stop`` is set are skipped (a rerun resumes them). Finished
-    rows wait for earlier ones in at most ``memory_bytes`` of memory, then in a
-    temporary file next to ``out`` (see :class:`OrderedWriter`).
+    Rows not started when ``stop`` is set are skipped (a rerun resumes them), and so are
+    rows a stop cut short (:func:`cut_short`, once ``stop`` is set): neither is written
+    nor counted, nor passed to ``on_row`` (``summary.cut_short`` counts the latter).
+    Finished rows wait for earlier ones in at most ``memory_bytes`` of memory, then in a
+    temporary file next to ``out`` (see :class:`OrderedWriter`). ``summary``: the
+    object to fill (the caller reads it while the rows run), else a new one; ``writer``:
+    the writer of ``out`` to use (the caller may close it early), else a new one.
     """
-    summary = RunSummary()
-    writer = OrderedWriter(out, memory_bytes=memory_bytes)
+    summary = summary if summary is not None else RunSummary()
+    writer = writer if writer is not None else OrderedWriter(out, memory_bytes=memory_bytes)
     source = iter(enumerate(rows))
     source_lock = threading.Lock()
     count_lock = threading.Lock()
@@ -154,12 +192,17 @@ def run_rows(
                     stop.set()
                     outcome = RowOutcome(index, row, error=f"UnknownToolError: {error_text(exc)}")
                 except BaseException as exc:  # SystemExit & co from a play fail its row, not the run
+                    if stop.is_set() and cut_short(exc):  # not a failure: the row did not run
+                        with count_lock:
+                            summary.cut_short += 1
+                        continue
                     outcome = RowOutcome(index, row, error=f"{type_name(exc)}: {error_text(exc)}")
             if out is not None:
                 line, unwritable = encode_outcome(outcome)
                 if unwritable is not None:
                     outcome = attrs.evolve(outcome, result=None, error=unwritable)
                 writer.put(index, line)
+                summary.written = writer.written
             with count_lock:
                 summary.rows += 1
                 if outcome.error is None:
@@ -185,6 +228,7 @@ def run_rows(
     summary.written = writer.written
     summary.buffer_peak_bytes = writer.peak_memory_bytes
     summary.spilled_bytes = writer.spilled_bytes
-    summary.interrupted = stop.is_set() and not exhausted.is_set() and summary.config_error is None
+    left = not exhausted.is_set() or summary.cut_short > 0  # rows not run, or not to their end
+    summary.interrupted = stop.is_set() and left and summary.config_error is None
     summary.wall_s = time.monotonic() - started
     return summary

@@ -4,8 +4,10 @@ The first SIGINT or SIGTERM (what ``timeout``, systemd, Docker, Kubernetes and C
 sets ``stop``: no new row starts, rows in flight finish and are stored, the report is
 printed, exit 130. A second one aborts: the dispatch system is stopped (its
 :meth:`~actors.system.DispatchSystem.stop` refuses calls not yet sent and releases
-their receipts; requests already sent finish), the output is flushed, and the process
-exits 130 at once, within :data:`ABORT_S` seconds whatever is still running.
+their receipts; requests already sent finish), the rows end (a row whose call was
+refused is cut short: not written, not counted), the output is flushed, the report is
+printed, and the process exits 130 within :data:`ABORT_S` seconds whatever is still
+running: a row that does not end in time gets the abort's own short report instead.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
 from actors.runtime.actor import runtime_name
 
-__all__ = ["ABORT_S", "ABORT_STOP_S", "Interrupts"]
+__all__ = ["ABORT_S", "ABORT_STOP_S", "REPORT_S", "Interrupts"]
 
 ABORT_S = 10.0
 """After a second interrupt: seconds given to stopping the system before exiting."""
@@ -27,6 +30,10 @@ ABORT_S = 10.0
 ABORT_STOP_S = ABORT_S - 2.0
 """The stop's own bound within :data:`ABORT_S`: what it has not stored by then (writes
 waiting on a locked or unreachable store) it salvages, with time left before the exit."""
+
+REPORT_S = 1.0
+"""What is left of :data:`ABORT_S` when the abort stops waiting for the CLI to print the
+report, and prints its own short report instead."""
 
 
 class Interrupts:
@@ -40,6 +47,11 @@ class Interrupts:
     Handlers run on the main thread (Python runs signal handlers there; under gevent
     possibly inside the hub); the abort runs on a thread of its own (a greenlet under
     gevent), so a handler never blocks.
+
+    After an abort the CLI's thread prints the report once the rows have ended
+    (:meth:`may_report`, then :meth:`reported`) and exits 130 itself; the abort is the
+    watchdog: if that has not happened :data:`REPORT_S` before :data:`ABORT_S`, it flushes
+    the output, prints ``short_report()`` and the last line, and ends the process.
     """
 
     def __init__(self, stop: threading.Event, say: Callable[[str], None], out: IO[bytes] | None) -> None:
@@ -49,7 +61,21 @@ class Interrupts:
         """The dispatch system, once started (what an abort stops)."""
         self.aborting: Any = None
         """The abort under way (a thread, or a greenlet under gevent), or None."""
+        self.short_report: Callable[[], None] | None = None
+        """Prints the report from what the run knows so far (the abort's own, when the
+        rows do not end in time); set by the CLI."""
+        self.write_out: Callable[[], None] | None = None
+        """Writes what the output still holds back (the rows finished behind one that did
+        not end), before the abort's own report; set by the CLI."""
+        self.last_line: Callable[[], str] = lambda: (
+            "aborted: receipts not yet sent were released; rerun the same command to resume"
+        )
+        """The abort's last line (what the output holds, how to resume); set by the CLI."""
         self._previous: dict[int, Any] = {}
+        self._reporter = threading.Lock()
+        """Held by whoever prints the report after an abort: the CLI's thread or the abort."""
+        self._reported = threading.Event()
+        """The CLI's thread printed the report: the abort has nothing left to say."""
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,9 +85,22 @@ class Interrupts:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    @property
+    def aborted(self) -> bool:
+        """A second signal came: the run is being aborted."""
+        return self.aborting is not None
+
+    def may_report(self) -> bool:
+        """After an abort, whether the CLI's thread prints the report: False once the
+        abort printed its own (then :meth:`wait_for_abort`: it ends the process)."""
+        return self._reporter.acquire(blocking=False)
+
+    def reported(self) -> None:
+        """The CLI's thread printed the report and its last line: the abort exits no one."""
+        self._reported.set()
+
     def wait_for_abort(self) -> None:
-        """If an abort is under way, wait for it: it ends the process (nothing else may
-        close the store under it)."""
+        """If an abort is under way, wait for it (it may end the process)."""
         if self.aborting is not None:
             self.aborting.join()
 
@@ -85,6 +124,7 @@ class Interrupts:
                 self.aborting.start()
 
     def _abort(self) -> None:
+        deadline = time.monotonic() + ABORT_S
         done = threading.Event()
 
         def stop_system() -> None:
@@ -95,15 +135,33 @@ class Interrupts:
                 done.set()
 
         threading.Thread(target=stop_system, name="tooldispatch-abort-stop", daemon=True).start()
-        done.wait(ABORT_S)
+        done.wait(ABORT_S - REPORT_S)
+        # the CLI's thread reports once the rows have ended; this waits for it, up to a point
+        if self._reported.wait(max(0.0, deadline - REPORT_S - time.monotonic())):
+            return
+        if not self.may_report():  # it is printing the report: until the last moment
+            if not self._reported.wait(max(0.0, deadline - time.monotonic())):
+                self._exit(None)
+            return
         try:
+            if self.write_out is not None:
+                self.write_out()
             if self.out is not None:
                 self.out.flush()
-        except (OSError, ValueError):
+        except Exception:  # the output is best effort: the exit is not
+            pass
+        self._exit(self.short_report)
+
+    def _exit(self, report: Callable[[], None] | None) -> None:
+        """Print ``report`` (if any) and the last line; end the process with 130."""
+        line = "aborted: receipts not yet sent were released; rerun the same command to resume"
+        try:
+            if report is not None:
+                report()
+            line = self.last_line()
+        except Exception:  # the report is best effort: the exit is not
             pass
         finally:
-            sys.stderr.write(
-                "aborted: receipts not yet sent were released; rerun the same command to resume\n"
-            )
+            sys.stderr.write(line + "\n")
             sys.stderr.flush()
             os._exit(130)

@@ -19,6 +19,9 @@ classifies each call itself, exactly:
   (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
   cached answer seen before its key's live one is moved to ``reused_this_run`` then.
 * ``failed``: the call raised.
+* ``cancelled``: an abort cancelled the call (refused before it was sent, or not
+  answered within the abort's bound): not a failure, and its row is not done (a rerun
+  makes the call; one that was sent goes again under the same idempotency key).
 
 Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
 Memory: two small integers per distinct receipt key that ran or was reused.
@@ -33,7 +36,7 @@ from typing import Any
 
 __all__ = ["CallTally"]
 
-KINDS = ("calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed")
+KINDS = ("calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed", "cancelled")
 
 
 def _short(key: str) -> int:
@@ -95,6 +98,13 @@ class CallTally:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             counts["calls"] += 1
             counts["failed"] += 1
+
+    def record_cancelled(self, tool_id: str) -> None:
+        """Count one call an abort cancelled (``CallCancelledError``)."""
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            counts["calls"] += 1
+            counts["cancelled"] += 1
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Tool id -> ``{kind: count}`` for every kind in :data:`KINDS`."""

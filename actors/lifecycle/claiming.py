@@ -194,6 +194,7 @@ class Claims:
                 else:
                     self.p.exits.settle(group, self._recorded_failure(group, receipt))
             elif disposition.value == "uncertain":
+                self.p.exits.answer_last_good(group, receipt, uncertain=True)  # its ordinary callers
                 if self.tool.reconcile is None:
                     self.p.exits.settle(group, self.p.waits.uncertain(group, receipt))
                 else:  # ask the provider whether the uncertain attempt acted
@@ -250,7 +251,7 @@ class Claims:
                 f"({exc}); inspect it with `tooldispatch receipts show {group.key[:16]}`, or run the call "
                 "with force_refresh (`tooldispatch run --force-refresh`) to pay for it again and replace it"
             )
-        return Done(text, execution)
+        return Done(text, execution, last_good=receipt.status is ReceiptStatus.UNCERTAIN)
 
     @staticmethod
     def _recorded_failure(group: Group, receipt: Receipt) -> BaseException:

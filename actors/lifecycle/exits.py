@@ -26,10 +26,8 @@ from actors.errors import (
 from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit
 from actors.lifecycle.shared import Parts, Shared
 from actors.results import ToolResult
-from stores.codec import decode_output
-from stores.types import (
-    FailureKind,
-)
+from stores.codec import decode_output, encode_output
+from stores.types import ClaimMode, FailureKind, Receipt
 
 __all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Exits", "TooLarge"]
 
@@ -189,6 +187,30 @@ class Exits:
         for call in calls:
             self.fx.answer(call, self.outcome_for(call, group, outcome))
 
+    def answer_last_good(self, group: Group, receipt: Receipt | None, uncertain: bool) -> None:
+        """A forced refresh that will not give a new output (its failure recorded, or its
+        receipt met uncertain): its callers that did not ask for a refresh (followers or
+        attached calls, normal or retry_failed) get ``receipt``'s previous output now, as
+        their own claim would have (docs/receipts.md, Claims and dispositions), marked
+        ``refresh_uncertain`` when ``uncertain``. Only for a key without staleness (with
+        one, a normal call may itself be a stale re-run: it shares the refresh's outcome)."""
+        if (
+            receipt is None or receipt.completed_at is None or group.mode is not ClaimMode.FORCE_REFRESH
+            or group.stale_after_s is not None
+        ):  # fmt: skip
+            return
+        ordinary = [c for c in group.calls if c.mode is not ClaimMode.FORCE_REFRESH]
+        if not ordinary:
+            return
+        try:
+            text = encode_output(receipt.output)
+        except Exception:  # unreadable: they share the refresh's outcome
+            return
+        group.calls = [c for c in group.calls if c.mode is ClaimMode.FORCE_REFRESH]
+        done = Done(text, "cached", last_good=uncertain)
+        for call in ordinary:
+            self.fx.answer(call, self.outcome_for(call, group, done))
+
     def settle(self, group: Group, outcome: Any) -> None:
         """A group's exit action: heartbeat off, out of the in-flight map, callers answered."""
         if group.state is GroupState.SETTLED:
@@ -202,8 +224,12 @@ class Exits:
         if is_a(outcome, Done):  # an outcome may be a tool's error: judged by its real type
             if outcome.execution == "live" and group.ran:
                 self.fx.count("live")
-            if self.tool.durable:
+            if self.tool.durable and not outcome.last_good:  # not the memo's: later calls ask the store
                 self.fx.remember(group.key, outcome.value, outcome.execution == "cached")
+        elif outcome is not None and group.receipt is not None and self.tool.durable:
+            # it claimed the receipt and did not complete it: what the memo holds of the key
+            # (a refresh's previous output) may no longer be what a normal claim answers
+            self.fx.forget(group.key)
         calls, group.calls = group.calls, []
         if outcome is None:
             return
@@ -217,7 +243,7 @@ class Exits:
         if execution == "live" and (call.role is not Role.OWNER or not group.ran):
             execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
-        return ToolResult.of(value, execution, group.key, self.tool.tool_id)  # type: ignore[arg-type]
+        return ToolResult.of(value, execution, group.key, self.tool.tool_id, outcome.last_good)  # type: ignore[arg-type]
 
 
 MISSING = object()
@@ -247,10 +273,12 @@ class TooLarge(RecordedFailureError):
 
 
 class Done:
-    """A successful outcome: the encoded output (durable) or the value, and how it came."""
+    """A successful outcome: the encoded output (durable) or the value, and how it came;
+    ``last_good``: the receipt's last good output, its refresh's outcome uncertain."""
 
-    __slots__ = ("execution", "value")
+    __slots__ = ("execution", "last_good", "value")
 
-    def __init__(self, value: Any, execution: str) -> None:
+    def __init__(self, value: Any, execution: str, last_good: bool = False) -> None:
         self.value = value
         self.execution = execution
+        self.last_good = last_good

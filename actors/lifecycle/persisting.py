@@ -129,7 +129,9 @@ class Persister:
             if chosen:
                 batch = next(self.s.ids)
                 keys = {r.key for r in chosen}
-                self.s.batches[batch] = [(g, outcome[g.key]) for g, _ in failed if g.key in keys]
+                self.s.batches[batch] = [
+                    (g, outcome[g.key], is_uncertain) for g, _ in failed if g.key in keys
+                ]
                 # rides out an outage of the store within the callers' timeout (before: the
                 # latch tripped at the first failure of the write)
                 patience = patience_s(g for g, _ in failed if g.key in keys)
@@ -137,23 +139,29 @@ class Persister:
 
     def on_failures_recorded(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
         """Failures written (or the write failed: the latch trips, callers hear both causes)."""
-        failed: list[tuple[Group, BaseException]] = self.s.batches.pop(batch, [])
+        failed: list[tuple[Group, BaseException, bool]] = self.s.batches.pop(batch, [])
         if error is not None:  # callers hear back once the latch is tripped (no new call starts)
             failed = [
-                (g, ReceiptPersistenceError(f"recording the failure of {g.key} failed: {error}", cause=exc))
-                for g, exc in failed
+                (
+                    g,
+                    ReceiptPersistenceError(f"recording the failure of {g.key} failed: {error}", cause=exc),
+                    False,
+                )
+                for g, exc, _ in failed
             ]
             self.s.batches[batch] = failed
             self.fx.trip_latch(f"recording failures failed: {error}", batch)
             return
-        self._settle_failed(failed)
+        self._settle_failed(failed, recorded=True)
 
     def on_latch_tripped(self, batch: int, now: float) -> None:
         """The flusher tripped the latch: answer the callers of the failed write."""
         self._settle_failed(self.s.batches.pop(batch, []))
 
-    def _settle_failed(self, failed: list[tuple[Group, BaseException]]) -> None:
-        for group, exc in failed:
+    def _settle_failed(self, failed: list[tuple[Group, BaseException, bool]], recorded: bool = False) -> None:
+        for group, exc, uncertain in failed:
+            if recorded:  # a refresh that failed: its previous output stands for ordinary callers
+                self.p.exits.answer_last_good(group, group.receipt, uncertain)
             self.p.exits.settle(group, exc)
             self._persisted_one(group)
 

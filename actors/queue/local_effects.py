@@ -115,6 +115,8 @@ class LocalEffects:
                 future.set(outcome)
             if outcome.execution != "live":
                 self.ports.stats.add(outcome.execution, tool=self.tool.tool_id)
+            if outcome.refresh_uncertain:
+                self.ports.stats.add("refresh_uncertain", tool=self.tool.tool_id)
             return
         fail(future, outcome)
         self.ports.stats.add("errors", tool=self.tool.tool_id)
@@ -163,6 +165,9 @@ class LocalEffects:
 
     def remember(self, key: str, text: str, cached: bool) -> None:
         self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
+
+    def forget(self, key: str) -> None:
+        self.actor.queue.memo.forget(key)
 
 
 class FinishedReady:

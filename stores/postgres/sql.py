@@ -115,14 +115,23 @@ _FENCE_SET = {
 NOTIFYING = frozenset({"complete", "fail", "uncertain", "release"})
 """Fenced writes that end leases, and so may wake a waiter."""
 
+_KEPT = "completed_at IS NOT NULL AND output IS NOT NULL"
+"""An uncertain receipt that kept a previous output (a refresh): resolved --rerun, or
+--fail, it is the completed receipt it was, with no lease left on it."""
 _RESOLVE = {
     # the stored output is kept only when a reader takes it as one (a time, an output there)
     "rerun": (
-        "status = CASE WHEN completed_at IS NOT NULL AND output IS NOT NULL THEN 'completed' "
-        "ELSE 'pending' END, "
+        f"status = CASE WHEN {_KEPT} THEN 'completed' ELSE 'pending' END, "
         "output = CASE WHEN completed_at IS NOT NULL THEN output END, "
         "completed_at = CASE WHEN output IS NOT NULL THEN completed_at END, "
-        "error = NULL, failure_kind = NULL, lease_expires_at = NULL"
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL, "
+        + ", ".join(f"{c} = CASE WHEN {_KEPT} THEN NULL ELSE {c} END" for c in _LEASE_COLUMNS)
+    ),
+    # a refresh whose outcome was uncertain, found not to have acted: the last good output
+    # stands (as after ``fail_many``); the store runs it only for a receipt it reads with one
+    "fail_refresh": (
+        "status = 'completed', error = NULL, failure_kind = NULL, lease_expires_at = NULL, "
+        + ", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)
     ),
     # no lease is held once decided: one left (a NaN or Infinity expiry set by hand, greater
     # than every time) kept the failed or completed receipt from every purge
@@ -242,7 +251,7 @@ SELECT count(*) FROM gone
             action: f"""
 WITH clk AS ({_NOW})
 UPDATE {t} SET {assignments}, updated_at = clk.now FROM clk
-WHERE org_id = %(org)s AND key = %(key)s
+WHERE org_id = %(org)s AND key = %(key)s{f" AND {_KEPT}" if action == "fail_refresh" else ""}
 RETURNING {_COLS}
 """
             for action, assignments in _RESOLVE.items()

@@ -66,9 +66,10 @@ _RACED_RETRIES = 8
 _WRITTEN = {
     "claimed": ClaimDisposition.CLAIMED,
     "restored": ClaimDisposition.REUSED,
-    "uncertain": ClaimDisposition.UNCERTAIN,
 }
-"""What the claim statement did to a row, as the claim's answer."""
+"""What the claim statement did to a row, as the claim's answer (a row it recorded
+``uncertain`` is answered by the table, as the receipt now stands: its last good output
+may answer an ordinary claim)."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
 
 
@@ -262,6 +263,9 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         decided: dict[str, Claim] = {}
         for row in self._execute(self._sql.claim, params):
             kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
+            if kind == "uncertain":
+                decided[receipt.key] = Claim(decide_disposition(receipt, mode, now, stale_after_s), receipt)
+                continue
             if kind != "read":
                 decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
                 continue
@@ -344,6 +348,11 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 return receipt
             params = {"org": org_id, "key": key, "now": self._now(), "output": text}
             params["error"] = error_text(resolved_as_failed(receipt.error, note))
+            if action is ResolveAction.FAIL and receipt.completed_at is not None:
+                # a refresh: its last good output stands (unless that output is not one a reader takes)
+                restored = conn.execute(self._sql.resolve["fail_refresh"], params).fetchall()
+                if restored:
+                    return receipt_from_row(restored[0])
             (new,) = conn.execute(self._sql.resolve[action.value], params).fetchall()
             return receipt_from_row(new)
 

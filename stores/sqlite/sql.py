@@ -97,6 +97,9 @@ _SET_RELEASE = (
 _KEPT_OUTPUT = "typeof(completed_at) IN ('integer', 'real') AND output IS NOT NULL"
 """A rerun keeps the stored output only when it is one a reader takes as an output (a
 completion time that is a number, an output there): else the call goes again."""
+# An uncertain refresh (it kept its previous output) resolved --rerun or --fail is the
+# completed receipt it was: the last good output stands, no lease left on it.
+_KEPT_NO_LEASE = ", ".join(f"{c} = CASE WHEN {_KEPT_OUTPUT} THEN NULL ELSE {c} END" for c in _LEASE_COLUMNS)
 _RESOLVE = {
     # generation: a value a reader cannot take (text, a fraction) is what made the receipt
     # uncertain; resolved, it starts again at 1 (else it stayed uncertain after resolve)
@@ -106,7 +109,7 @@ _RESOLVE = {
         "rerun": f"status = CASE WHEN {_KEPT_OUTPUT} THEN 'completed' ELSE 'pending' END, "
         f"output = CASE WHEN {_KEPT_OUTPUT} THEN output END, "
         f"completed_at = CASE WHEN {_KEPT_OUTPUT} THEN completed_at END, "
-        "error = NULL, failure_kind = NULL, lease_expires_at = NULL",
+        f"error = NULL, failure_kind = NULL, lease_expires_at = NULL, {_KEPT_NO_LEASE}",
         # no lease is held once decided: one left (a text or far expiry set by hand) kept the
         # failed or completed receipt from every purge (a text sorts after every number)
         "fail": "status = 'failed', error = ?, failure_kind = 'permanent', lease_expires_at = NULL",
@@ -114,6 +117,13 @@ _RESOLVE = {
         "lease_expires_at = NULL",
     }.items()
 }
+_RESOLVE_FAILED_REFRESH = (
+    "UPDATE receipts SET status = 'completed', error = NULL, failure_kind = NULL, lease_expires_at = NULL, "
+    f"{', '.join(f'{c} = NULL' for c in _LEASE_COLUMNS)}, updated_at = ? "
+    f"WHERE org_id = ? AND key = ? AND {_KEPT_OUTPUT}"
+)
+"""``resolve(FAIL)`` of an uncertain refresh that kept a readable previous output: the
+refresh failed, so the last good output stands (``completed``), as after ``fail_many``."""
 _BUMP_PURGE_EPOCH = (
     "INSERT INTO meta (name, value) VALUES ('purge_epoch', 1) "
     "ON CONFLICT (name) DO UPDATE SET value = value + 1"

@@ -38,6 +38,7 @@ from stores.sqlite.sql import (
     _BY_KEYS,
     _FENCE,
     _RESOLVE,
+    _RESOLVE_FAILED_REFRESH,
     _RESTORE_COMPLETED,
     _REUSABLE,
     _SET_COMPLETE,
@@ -346,6 +347,10 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
                 if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
                     return receipt
                 if action is ResolveAction.FAIL:
+                    if receipt.completed_at is not None:  # a refresh: its last good output stands
+                        cursor = conn.execute(_RESOLVE_FAILED_REFRESH, (now, org_id, key))
+                        if cursor.rowcount:
+                            return self._rows(conn, org_id, [key]).get(key)
                     params = (error_text(resolved_as_failed(receipt.error, note)),)
                 elif action is ResolveAction.COMPLETE:
                     params = (text, now)

@@ -55,6 +55,7 @@ from .conftest import (
     key_of,
     lease_of,
     make_completed,
+    request_for,
 )
 
 # -- issue 9: a forced refresh keeps the stored output until a new one is persisted ---------
@@ -158,6 +159,86 @@ def test_refresh_of_stale_receipt_keeps_old_output(store: ReceiptStore, fake_clo
     stored = get(store, key)
     assert stored is not None and stored.status is ReceiptStatus.COMPLETED and stored.output == {"v": "old"}
     assert before is not None and stored.completed_at == before.completed_at
+
+
+# -- issue 26: a refresh whose own outcome is uncertain keeps the last good output ----------
+
+
+def _refresh_uncertain(store: ReceiptStore, fake_clock: Any, how: str) -> tuple[Receipt, Receipt]:
+    """A refresh (forced, or a stale re-run) of a completed receipt, marked running, whose
+    outcome became uncertain: recorded by its owner (a connection reset after sending), or
+    found by another claim after its lease expired or its process died. Returns (the
+    receipt before the refresh, the uncertain receipt as stored)."""
+    key = key_of(f"refresh-uncertain-{how}")
+    owner = _dead_process_owner("run-refresh") if how == "dead" else ME
+    make_completed(store, key, {"v": "old"})
+    before = get(store, key)
+    assert before is not None
+    if how == "stale":
+        fake_clock.advance(100)
+        refresh = claim_one(store, key, owner, stale_after_s=10)
+    else:
+        refresh = claim_one(store, key, owner, mode=F)
+    assert refresh.disposition is CLAIMED
+    assert store.mark_running_many(ORG, [lease_of(refresh)], owner).ok
+    fake_clock.advance(1)
+    if how in ("marked", "stale"):
+        error = "connection reset after sending"
+        failure = Failure(key, lease_of(refresh).lease_id, error, FailureKind.TRANSIENT)
+        assert store.mark_uncertain_many(ORG, [failure], owner).applied == (key,)
+    else:  # the owner is lost: its lease expired, or its process is gone
+        if how == "expired":
+            fake_clock.advance(TTL_S + 1)
+        request = attrs.evolve(request_for(key), retry_safe=False)
+        (found,) = store.claim_many(ORG, [request], OTHER, lease_ttl_s=TTL_S)
+        assert found.disposition is ClaimDisposition.REUSED  # an ordinary claim: the last good output
+        assert found.receipt.output == {"v": "old"} and found.receipt.status is ReceiptStatus.UNCERTAIN
+        assert found.receipt.error and "not retry-safe" in found.receipt.error
+        assert found.receipt == get(store, key)
+    stored = get(store, key)
+    assert stored is not None and stored.status is ReceiptStatus.UNCERTAIN
+    assert (stored.output, stored.completed_at) == ({"v": "old"}, before.completed_at)
+    assert stored.lease_expires_at is None
+    return before, stored
+
+
+@pytest.mark.parametrize("how", ["marked", "stale", "expired", "dead"])
+def test_refresh_uncertain_leaves_last_good_output_to_ordinary_claims_only(
+    store: ReceiptStore, fake_clock: Any, how: str
+) -> None:
+    _, stored = _refresh_uncertain(store, fake_clock, how)
+    for mode in (N, R):  # ordinary claims, with or without a staleness the output meets
+        for stale in (None, 10_000.0):
+            assert_untouched(
+                claim_one(store, stored.key, OTHER, mode=mode, stale_after_s=stale),
+                store, ClaimDisposition.REUSED, stored,
+            )  # fmt: skip
+    # a forced re-run, and a re-run of an output too old for the claim, meet the uncertainty
+    assert_untouched(claim_one(store, stored.key, OTHER, mode=F), store, ClaimDisposition.UNCERTAIN, stored)
+    fake_clock.advance(100)
+    stale = claim_one(store, stored.key, OTHER, stale_after_s=10)
+    assert_untouched(stale, store, ClaimDisposition.UNCERTAIN, stored)
+    request = attrs.evolve(request_for(stored.key), retry_safe=False)
+    (unsafe,) = store.claim_many(ORG, [request], OTHER, lease_ttl_s=TTL_S, mode=F)
+    assert_untouched(unsafe, store, ClaimDisposition.UNCERTAIN, stored)
+
+
+@pytest.mark.parametrize("action", [ResolveAction.RERUN, ResolveAction.FAIL])
+def test_refresh_uncertain_resolved_rerun_or_fail_is_completed_with_last_good_output(
+    store: ReceiptStore, fake_clock: Any, action: ResolveAction
+) -> None:
+    before, stored = _refresh_uncertain(store, fake_clock, "marked")
+    now = fake_clock.advance(5)
+    resolved = store.resolve(ORG, stored.key, action, note="the provider shows no charge")
+    assert resolved is not None and resolved == get(store, stored.key)
+    assert (resolved.status, resolved.output, resolved.completed_at) == (
+        ReceiptStatus.COMPLETED, {"v": "old"}, before.completed_at,
+    )  # fmt: skip
+    assert resolved.error is resolved.failure_kind is resolved.lease_id is resolved.owner is None
+    assert resolved.updated_at == now
+    assert_untouched(claim_one(store, stored.key, OTHER), store, ClaimDisposition.REUSED, resolved)
+    forced = claim_one(store, stored.key, OTHER, mode=F)  # a new refresh runs it again
+    assert forced.disposition is CLAIMED and forced.receipt.output == {"v": "old"}
 
 
 # -- issue 9: execution generation (the provider idempotency key's second part) -------------

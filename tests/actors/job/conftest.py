@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -176,6 +177,29 @@ def provider(_shared_provider: ProviderServer) -> ProviderServer:
     assert _shared_provider.proc.poll() is None, "the shared provider died"
     _shared_provider.reset()
     return _shared_provider
+
+
+# -- Postgres -------------------------------------------------------------------------
+
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_db() -> Iterator[str]:
+    """A postgresql:// URL naming a fresh schema; the schema is dropped afterwards.
+    Without Postgres: skipped (failed when ``CI`` is set)."""
+    try:
+        import psycopg
+
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError or a connection error
+        require(False, f"Postgres at {PG_URL} unavailable ({exc}); start it or set TOOLDISPATCH_TEST_PG")
+    schema = f"td_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 # -- the CLI ------------------------------------------------------------------------

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 
 import pytest
 
 pytestmark = pytest.mark.scenario
+
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+"""The server the ``pg_db`` fixture (conftest.py) makes its schemas in."""
 
 PLAY = """
 from actors import Tool
@@ -31,29 +33,6 @@ def play(row, ctx):
     return ctx.tool("square", {"n": int(row)})
 """
 ROWS = 40
-PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-@pytest.fixture
-def pg_db():
-    """A postgresql:// URL naming a fresh schema; the schema is dropped afterwards."""
-    reason = None
-    try:
-        import psycopg
-
-        psycopg.connect(PG_URL, connect_timeout=3).close()
-    except Exception as exc:  # ImportError or a connection error
-        reason = f"Postgres at {PG_URL} unavailable ({exc}); start it or set TOOLDISPATCH_TEST_PG"
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    schema = f"td_test_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_cli_postgres_run_then_receipts_ls_stats_show_and_salvage(cli, tmp_path, pg_db):

@@ -228,6 +228,9 @@ class FakeEffects:
     def remember(self, key: str, text: str, cached: bool) -> None:
         self.memo[key] = (text, cached)
 
+    def forget(self, key: str) -> None:
+        self.memo.pop(key, None)
+
     def salvage_path(self) -> str:
         return "/tmp/salvage.jsonl"
 
