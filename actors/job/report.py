@@ -354,7 +354,9 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
         for t in local & set(counts):  # no receipts: a local tool's runs are its executions
             mine = dict(counts[t])
             mine["ran"] = int(per_tool.get(t, {}).get("provider_calls", 0))
-            others = mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"] + mine["cancelled"]
+            others = (
+                mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"] + mine["cancelled"]
+            )
             mine["joined"] = max(0, mine["calls"] - others)
             counts[t] = mine
         for key, label in _TOOL_ROWS:
