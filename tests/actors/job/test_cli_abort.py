@@ -20,7 +20,7 @@ pytestmark = pytest.mark.scenario
 
 STOP_TIMEOUT_S = 120.0
 TLDS = ("fr", "de", "it", "es", "nl", "se", "pl", "jp", "com", "org")
-BILLED = "lookups billed (receipts completed this run)"
+BILLED = "receipts completed this run (calls that ran)"
 CUT = "rows cut short by the abort (not written)"
 
 

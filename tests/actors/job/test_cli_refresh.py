@@ -82,7 +82,7 @@ def _after_uncertain_refresh(runs: _Runs, good: dict[int, object], sent: int) ->
     assert {card: line["result"] for card, line in runs.results().items()} == good
     report = runs.cli.report(ordinary.stderr)
     assert report[LAST_GOOD] == str(len(CARDS)), report
-    assert report["lookups billed (receipts completed this run)"] == "0"
+    assert report["receipts completed this run (calls that ran)"] == "0"
 
     forced = runs.run("--force-refresh")
     assert forced.returncode == 1, forced.stderr[-3000:]
