@@ -58,7 +58,7 @@ from actors.tool import Policy, RunInfo, Tool
 from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
-from stores.keys import canonical_key_maker
+from stores.keys import key_maker
 from stores.quoting import brief
 from stores.rows import INPUT_TEXT_MAX_CHARS
 from stores.types import ClaimMode
@@ -129,7 +129,7 @@ class Intake:
         make = self._makers.get(cache_key)
         if make is None:
             run = self.run
-            make = canonical_key_maker(
+            make = key_maker(
                 org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id, credential_scope_digest=digest,
                 version=tool.version, stale_after_s=stale_after_s, ignore_fields=tool.non_semantic_fields,
             )  # fmt: skip

@@ -42,7 +42,6 @@ __all__ = [
     "KEY_FORMAT",
     "KeyExplanation",
     "canonical_json",
-    "canonical_key_maker",
     "explain_key",
     "key_and_input_hash",
     "key_maker",
@@ -258,44 +257,18 @@ def key_maker(
     version: str = "",
     stale_after_s: float | None = None,
     ignore_fields: Collection[str] = (),
-) -> Callable[[Any], tuple[str, str]]:
-    """``make(input) -> (key, input hash)``, equal to :func:`key_and_input_hash` with these
-    parts, for many inputs: the parts are checked once and the envelope before the input
-    hash is hashed once (each key then hashes only the input hash on a copy).
+) -> Callable[[Any], tuple[str, str, bytes]]:
+    """``make(input) -> (key, input hash, canonical input as UTF-8 bytes)``: the key and
+    hash equal to :func:`key_and_input_hash` with these parts, and what the hash is of
+    (kept with the receipt), for many inputs: the parts are checked once and the envelope
+    before the input hash is hashed once (each key then hashes only the input hash on a
+    copy).
 
     Raises:
         InvalidInputError: a part is not a string (here), or an input is not plain JSON
             (from ``make``).
         InputTooLargeError: (from ``make``) an input is over ``stores.inputs.MAX_INPUT_BYTES``
             of JSON text.
-    """
-    make = canonical_key_maker(
-        org_id=org_id, scope=scope, tool_id=tool_id, credential_scope_digest=credential_scope_digest,
-        version=version, stale_after_s=stale_after_s, ignore_fields=ignore_fields,
-    )  # fmt: skip
-
-    def pair(input: Any) -> tuple[str, str]:
-        key, input_hash, _ = make(input)
-        return key, input_hash
-
-    return pair
-
-
-def canonical_key_maker(
-    *,
-    org_id: str,
-    scope: str,
-    tool_id: str,
-    credential_scope_digest: str = "",
-    version: str = "",
-    stale_after_s: float | None = None,
-    ignore_fields: Collection[str] = (),
-) -> Callable[[Any], tuple[str, str, bytes]]:
-    """As :func:`key_maker`, with the canonical input too: ``make(input) -> (key, input
-    hash, canonical input as UTF-8 bytes)`` (what the hash is of; kept with the receipt).
-
-    Raises:
-        InvalidInputError: as :func:`key_maker`.
     """
     _, _, envelope, _ = _build(
         org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()

@@ -1,5 +1,5 @@
 """The orjson fast path of canonical_json is byte-identical to RFC 8785 (rfc8785), and
-``key_maker`` (the per-tool key function) gives the keys of ``key_and_input_hash``."""
+``key_maker`` (the per-tool key function) gives the keys and hashes of ``key_and_input_hash``."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ _parts = st.fixed_dictionaries(
 @settings(max_examples=150)
 @given(_parts, _any_trees)
 def test_key_maker_gives_the_keys_of_key_and_input_hash(parts: dict[str, Any], value: object) -> None:
-    assert key_maker(**parts)(value) == key_and_input_hash(input=value, **parts)
+    assert key_maker(**parts)(value)[:2] == key_and_input_hash(input=value, **parts)
 
 
 def test_key_maker_refuses_what_key_and_input_hash_refuses() -> None:
