@@ -15,7 +15,9 @@ _BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(
 # the output text as stored: the caller's plain read of a cold rerun.
 _REUSABLE = (
     "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
-    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND status = 'completed' "
+    # "+status": no index on status for this term, so each key is looked up by primary key
+    # (with status = ? the planner may scan every completed receipt of the file instead)
+    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND +status = 'completed' "
     # values a reader would not take (set by hand): left to a claim, which says so for
     # that call alone (a text time here failed the whole bulk read with a TypeError)
     "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' "
