@@ -63,12 +63,18 @@ from stores.quoting import brief
 from stores.rows import INPUT_TEXT_MAX_CHARS
 from stores.types import ClaimMode
 
-__all__ = ["READ_FIRST", "DispatchProxy", "Intake", "MemoView"]
+__all__ = ["READ_FIRST", "DispatchProxy", "Intake", "MemoView", "ReadFirst"]
 
 READ_FIRST = 32
-"""Fewest calls (left after the memo) of one ``execute_many`` whose receipts are read on the
-caller's thread before they are queued: a cold rerun is then answered without the actors,
-while a lone call (or a few) goes straight to its queue, which claims it."""
+"""Fewest calls (left after the memo) of one ``execute_many`` whose receipts are always read
+on the caller's thread before they are queued: a cold rerun is then answered without the
+actors. Fewer calls (a lone ``execute``) are read first while such reads keep finding
+receipts (:class:`ReadFirst`), else they go straight to their queue, which claims them."""
+
+REMEMBER_EVERY = 64
+"""Outputs read on callers' threads are given to the tool's memo (one message to its queue
+actor) this many at a time, or with the next hit once :data:`REMEMBER_AFTER_S` passed."""
+REMEMBER_AFTER_S = 0.05
 
 _MODES = {
     (False, False): ClaimMode.NORMAL,
@@ -88,6 +94,39 @@ class MemoView(Protocol):
         """The output text this system completed under ``key`` (``now``: ``time.monotonic()``),
         or None."""
         ...
+
+
+class ReadFirst:
+    """Whether a few calls (fewer than :data:`READ_FIRST`) left after a tool's memo are read
+    from the store on the caller's thread first: while recent reads found most of what they
+    asked for (a rerun), yes; otherwise (fresh calls, where the read would find nothing) only
+    one such read in :attr:`PROBE_EVERY`, to notice a rerun. Thread-safe enough: a lost
+    update only shifts one decision."""
+
+    PROBE_EVERY = 64
+    WEIGHT = 0.2
+    """Weight of the latest read's hit ratio in the running score (exponential average)."""
+
+    __slots__ = ("score", "skipped")
+
+    def __init__(self) -> None:
+        self.score = 1.0
+        self.skipped = 0
+
+    def wanted(self, n: int) -> bool:
+        """Read ``n`` calls first?"""
+        if n >= READ_FIRST or self.score >= 0.5:
+            return True
+        self.skipped += 1
+        if self.skipped < self.PROBE_EVERY:
+            return False
+        self.skipped = 0
+        return True
+
+    def found(self, asked: int, answered: int) -> None:
+        """A read of ``asked`` calls answered ``answered`` of them."""
+        if asked:
+            self.score += self.WEIGHT * (answered / asked - self.score)
 
 
 class Intake:
@@ -117,6 +156,9 @@ class Intake:
         self.queues = queues
         self.store = store
         self._digests: dict[str, str] = {}
+        self._read_first = {tool_id: ReadFirst() for tool_id in tools}
+        self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
+        self._remember_lock = threading.Lock()
         self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str, bytes]]] = {}
 
     def key_maker(
@@ -248,7 +290,12 @@ class Intake:
                     continue
             misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
-        if len(misses) >= READ_FIRST and tool.durable and mode is not ClaimMode.FORCE_REFRESH:
+        if (
+            misses
+            and tool.durable
+            and mode is not ClaimMode.FORCE_REFRESH
+            and self._read_first[tool_id].wanted(len(misses))
+        ):
             before = len(misses)
             misses = self._from_store(tool, misses, futures, stale_after_s)
             cached += before - len(misses)
@@ -325,6 +372,7 @@ class Intake:
                 outages.failed(STORE_SERVICE, where, f"{type_name(exc)}: {error_text(exc)}", started)
             return misses
         outages.answered(STORE_SERVICE, where)
+        self._read_first[tool_id].found(len(misses), len(found))
         texts: dict[str, str] = {}
         left: list[tuple[int, Any, str, str, bytes]] = []
         for miss in misses:
@@ -341,9 +389,23 @@ class Intake:
             texts[key] = stored[1]
             futures[index] = resolved_future(ToolResult.of(value, "cached", key, tool_id))
         if texts and self.memos[tool_id].max_bytes:
-            with contextlib.suppress(pykka.ActorDeadError):
-                self.queues[tool_id].tell(RememberOutputs(entries=tuple(texts.items())))
+            self._remember_later(tool_id, texts)
         return left
+
+    def _remember_later(self, tool_id: str, texts: dict[str, str]) -> None:
+        """Give ``texts`` (key -> output text) to the tool's memo, gathered: one message per
+        :data:`REMEMBER_EVERY` outputs or :data:`REMEMBER_AFTER_S` (at the next read that
+        finds some), so lone calls of a rerun do not each cost the queue actor a message."""
+        now = time.monotonic()
+        with self._remember_lock:
+            since, entries = self._remember.get(tool_id) or (now, [])
+            entries.extend(texts.items())
+            if len(entries) < REMEMBER_EVERY and now - since < REMEMBER_AFTER_S:
+                self._remember[tool_id] = (since, entries)
+                return
+            self._remember.pop(tool_id, None)
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries)))
 
 
 def check_seconds(name: str, value: Any, *, positive: bool) -> None:

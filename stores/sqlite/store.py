@@ -14,8 +14,8 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -65,6 +65,8 @@ from stores.types import (
 )
 
 __all__ = ["WAL_SIZE_LIMIT_BYTES", "SqliteReceiptStore"]
+
+T = TypeVar("T")
 
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 """Default bound on the WAL file once checkpoints resume (64 MiB)."""
@@ -124,6 +126,10 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         self._run = BlockingRunner()
         self._conn: sqlite3.Connection | None = None
         self._run(self._open, busy_timeout_s)
+        self._read_run = BlockingRunner()
+        self._reader: sqlite3.Connection | None = None
+        """A second connection for plain reads on callers' threads (:meth:`read_reusable`):
+        under WAL it reads the last commit without waiting for the writer's lock or turn."""
 
     def __repr__(self) -> str:
         return f"SqliteReceiptStore({self.path!r})"
@@ -147,10 +153,16 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         )
 
     def close(self) -> None:
-        """Close the connection; later calls raise StoreError."""
+        """Close the connections; later calls raise StoreError."""
         if self._conn is not None:
             self._run(self._conn.close)
             self._conn = None
+        self._read_run(self._close_reader)
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -217,8 +229,8 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
     def read_reusable(
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
     ) -> dict[str, tuple[str, str]]:
-        def read() -> dict[str, tuple[str, str]]:
-            rows = self._connection().execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
+        def read(conn: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+            rows = conn.execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
             now = self.clock()
             return {
                 key: (input_hash, text)
@@ -226,7 +238,29 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
                 if stale_after_s is None or now - at <= stale_after_s
             }
 
-        return self._call(read)  # type: ignore[no-any-return]
+        return self._plain_read(read)
+
+    def _plain_read(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        """``read(conn)`` on the reader connection, under its own lock: never behind a
+        write that waits for the file's lock (another process's) or the writer's turn. An
+        in-memory store has one database per connection: its reads take the writer's."""
+        if self._wal_path is None:
+            return self._call(lambda: read(self._connection()))  # type: ignore[no-any-return]
+
+        def run() -> T:
+            if self._conn is None:
+                raise StoreError(f"{self.path}: the receipt store is closed")
+            if self._reader is None:
+                reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                reader.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                reader.execute("PRAGMA query_only = 1")  # the file is opened (and migrated) by the writer's
+                self._reader = reader
+            return read(self._reader)
+
+        try:
+            return self._read_run(run)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
 
     # -- claims -----------------------------------------------------------------------
 

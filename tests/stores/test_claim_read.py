@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,37 @@ def test_read_settled_and_read_reusable_answer_as_a_claim_would(store: Any, fake
     assert store.read_reusable("org-b", keys) == {}  # never another org's
     # nothing was written: the held lease is as it was, the rest still absent
     assert store.get_many(ORG, ["k-held", "k-new"]) == [held, None]
+
+
+def test_sqlite_plain_read_does_not_wait_behind_a_write_that_waits_for_the_lock(tmp_path: Path) -> None:
+    """A caller's plain read (a cold rerun's, on the caller's thread) is answered from the
+    last commit while the store's own write waits for the file's lock (another process's
+    transaction): it never queues behind that write."""
+    path = tmp_path / "receipts.db"
+    store = SqliteReceiptStore(path, busy_timeout_s=BOUND_S)
+    try:
+        _settle(store)
+        (claim,) = store.claim_many(ORG, _requests(["k-late"]), OWNER, lease_ttl_s=60)
+        writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        writer.execute("BEGIN IMMEDIATE")  # another process's write transaction
+        writing = threading.Thread(
+            target=store.complete_many,
+            args=(ORG, [Completion("k-late", claim.receipt.lease_id, {"n": 2})], OWNER),
+            daemon=True,
+        )
+        try:
+            writing.start()
+            time.sleep(0.2)  # the store's write now waits for the lock
+            assert writing.is_alive()
+            started = time.monotonic()
+            found = store.read_reusable(ORG, ["k-done", "k-late", "k-fail"])
+            waited = time.monotonic() - started
+            assert set(found) == {"k-done"}  # the last commit: k-late is still running
+            assert waited < BOUND_S / 2, f"the read waited {waited:.1f} s behind the write"
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+        writing.join(BOUND_S)
+        assert set(store.read_reusable(ORG, ["k-done", "k-late"])) == {"k-done", "k-late"}
+    finally:
+        store.close()
