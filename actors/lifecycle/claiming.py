@@ -284,12 +284,12 @@ class Claims:
         for group in groups:
             group.unit = unit
         self.s.units[unit.id] = unit
-        self.fx.count("requests_resent")
         if self.s.stopping or not any(g.calls for g in groups):
             if self.s.stopping:
                 self.fx.count("cancelled", sum(len(g.calls) for g in groups))
             self.p.exits.give_back(unit, CallCancelledError("the call was cancelled before it was sent"))
             return
+        self.fx.count("requests_resent")
         self.p.exits.enqueue([unit])
 
     def _reused(self, group: Group, receipt: Receipt, execution: str) -> Any:
