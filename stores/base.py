@@ -265,10 +265,11 @@ class ReceiptStore(abc.ABC):
         Args:
             org_id: the org.
             key: the receipt key.
-            action: ``RERUN`` (claimable again, same generation), ``FAIL`` (failed,
-                kind permanent) or ``COMPLETE`` (stores ``output`` as completed). A
-                refresh that kept a previous output is ``completed`` with it again
-                after ``RERUN`` or ``FAIL``, no lease left on it.
+            action: ``RERUN`` (claimable again, same generation; no longer bound to
+                a recorded batch request), ``FAIL`` (failed, kind permanent) or
+                ``COMPLETE`` (stores ``output`` as completed). A refresh that kept a
+                previous output is ``completed`` with it again after ``RERUN`` or
+                ``FAIL``, no lease left on it.
             output: the output for ``COMPLETE``.
             note: text added to the recorded error for ``FAIL``.
 

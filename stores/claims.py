@@ -171,21 +171,28 @@ def plan_claims(
     # One read of the OS's random source for every lease id this call may need:
     # 16 random bytes (32 hex digits) per request, as unique as uuid4().hex.
     random_hex = os.urandom(16 * len(requests)).hex()
+    decided, take, seen = plan.decided, planner.take, planner.seen
     for i, request in enumerate(requests):
         key = request.key
-        if key in plan.decided:  # taken (or made uncertain) with its batch request
+        if key in decided:  # taken (or made uncertain) with its batch request
             continue
         old = existing.get(key)
-        if old is not None and already_taken(request, old, owner):
-            plan.decided[key] = planner.as_taken(request, old, batches, existing)
+        if old is None:  # a new receipt (the common case): claimed
+            decided[key] = take(request, None, request.lease_id or random_hex[32 * i : 32 * i + 32])
             continue
-        disposition = planner.decide(old, request.retry_safe)
+        if already_taken(request, old, owner):
+            decided[key] = planner.as_taken(request, old, batches, existing)
+            continue
+        gone = holder_gone(old, now, seen)
+        disposition = decide_disposition(
+            old, mode, now, stale_after_s, holder_gone=gone, retry_safe=request.retry_safe
+        )
         if disposition is not claimed:
             planner.leave(key, old, disposition, request.retry_safe)
-        elif batches is not None and old is not None and old.batch_key is not None and keeps_batch(old):
+        elif batches is not None and old.batch_key is not None and keeps_batch(old):
             planner.take_batch(request, old.batch_key, batches.get(old.batch_key), existing, requests)
         else:
-            plan.decided[key] = planner.take(request, old, request.lease_id or random_hex[32 * i : 32 * i + 32])
+            decided[key] = take(request, old, request.lease_id or random_hex[32 * i : 32 * i + 32])
     return plan
 
 
@@ -266,11 +273,11 @@ class _Planner:
         """A new lease on ``request``'s receipt (written by ``plan.writes``)."""
         now = self.now
         key = request.key
-        generation = next_generation(old)
         batch_key = None
         if old is None:
-            attempts, created, output, completed_at = 1, now, None, None
+            attempts, created, output, completed_at, generation = 1, now, None, None, 1
         else:
+            generation = next_generation(old)
             attempts, created = old.attempts + 1, old.created_at
             keeps = old.completed_at is not None and old.status in KEEPS_OUTPUT
             output, completed_at = (old.output, old.completed_at) if keeps else (None, None)

@@ -335,7 +335,9 @@ class ResolveAction(str, enum.Enum):
 
     RERUN = "rerun"
     """Run it again: the receipt becomes claimable (same generation, so a provider that
-    honours idempotency keys answers a call that did go through from its records)."""
+    honours idempotency keys answers a call that did go through from its records). A
+    member of a recorded batch request is freed from it (``batch_key`` cleared): it goes
+    in a new request, as the one who decided asked."""
     FAIL = "fail"
     """Record it failed (kind permanent): later calls are refused with that error."""
     COMPLETE = "complete"
