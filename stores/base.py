@@ -30,6 +30,7 @@ import attrs
 
 from stores.rules import MAX_OUTPUT_BYTES
 from stores.types import (
+    BatchRecord,
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -102,6 +103,11 @@ class StoreCapabilities:
     claims_into_running: bool = False
     """:meth:`ReceiptStore.claim_many` honours ``running`` (claims straight into running);
     False: the dispatcher leaves ``running`` out and marks its claims running after."""
+    batch_records: bool = False
+    """:meth:`ReceiptStore.mark_running_many` records ``batches`` and
+    :meth:`ReceiptStore.claim_many` takes a recorded batch request's members together
+    (``Claim.batch``); False: the dispatcher leaves ``batches`` out, and a batch request
+    cut short by a crash is not sent again as it was."""
     file_path: str | None = None
     """The store's database file, when it is one: files kept for a run (the salvage log)
     go beside it by default. None: not a file (a server, ``":memory:"``)."""
@@ -175,18 +181,39 @@ class ReceiptStore(abc.ABC):
         * an ``uncertain`` receipt that kept a previous output (a refresh whose own
           outcome is uncertain) answers a normal or retry_failed claim ``REUSED`` while
           that output is fresh enough (the claim's receipt says ``uncertain``); a forced
-          or stale re-run gets ``UNCERTAIN``.
+          or stale re-run gets ``UNCERTAIN``;
+        * with ``capabilities.batch_records``: a receipt taken with its generation kept
+          whose ``batch_key`` names a recorded batch request (:meth:`mark_running_many`)
+          is taken with every other member of that request in the same transaction
+          (each a new lease; members not asked for are answered inside
+          ``Claim.members`` only), its answer carrying the record (``Claim.batch``);
+          when a member cannot be taken (gone, completed, failed, uncertain, named by
+          another request, under another live lease), the members that could are
+          recorded ``uncertain`` instead (see :mod:`stores.claims`).
         """
 
     @abc.abstractmethod
     def mark_running_many(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+        self,
+        org_id: str,
+        leases: Sequence[LeaseRef],
+        owner: Owner,
+        *,
+        lease_ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
     ) -> FenceReport:
         """Move queued (or already running) receipts to ``running``, fenced.
 
         With ``lease_ttl_s`` the lease is also renewed to now + ``lease_ttl_s`` seconds,
         so a lease that ran out while the call waited for admission (and that nobody
         took) is not left reclaimable while the provider call runs.
+
+        ``batches`` (a store with ``capabilities.batch_records``; others are never given
+        any): the requests about to be sent, each over members among ``leases``. In the
+        same transaction, a record whose every member was applied is stored (once per
+        org and key) and its members' ``batch_key`` set to its key; a record with a
+        refused member is not stored at all (the caller forms its request again without
+        that member).
         """
 
     @abc.abstractmethod
@@ -238,10 +265,11 @@ class ReceiptStore(abc.ABC):
         Args:
             org_id: the org.
             key: the receipt key.
-            action: ``RERUN`` (claimable again, same generation), ``FAIL`` (failed,
-                kind permanent) or ``COMPLETE`` (stores ``output`` as completed). A
-                refresh that kept a previous output is ``completed`` with it again
-                after ``RERUN`` or ``FAIL``, no lease left on it.
+            action: ``RERUN`` (claimable again, same generation; no longer bound to
+                a recorded batch request), ``FAIL`` (failed, kind permanent) or
+                ``COMPLETE`` (stores ``output`` as completed). A refresh that kept a
+                previous output is ``completed`` with it again after ``RERUN`` or
+                ``FAIL``, no lease left on it.
             output: the output for ``COMPLETE``.
             note: text added to the recorded error for ``FAIL``.
 
@@ -284,7 +312,9 @@ class ReceiptStore(abc.ABC):
 
         Returns:
             The number of receipts deleted. When it is not 0, :meth:`purge_epoch`
-            grows by one in the same transaction.
+            grows by one in the same transaction. Batch records older than
+            ``older_than_s`` that no receipt still needs (none whose next claim keeps
+            its generation names them) are deleted too (not counted).
         """
 
     def read_settled(

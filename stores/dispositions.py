@@ -3,9 +3,9 @@ shares (:func:`decide_disposition`, :func:`next_generation`)."""
 
 from __future__ import annotations
 
-from stores.types import ClaimDisposition, ClaimMode, Receipt, ReceiptStatus
+from stores.types import ClaimDisposition, ClaimMode, FailureKind, Receipt, ReceiptStatus
 
-__all__ = ["decide_disposition", "lost_lease_status", "next_generation"]
+__all__ = ["decide_disposition", "keeps_batch", "lost_lease_status", "next_generation"]
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 
@@ -111,9 +111,21 @@ def _completed(
 def next_generation(receipt: Receipt | None) -> int:
     """The execution generation a new claim of ``receipt`` runs under: 1 for a new
     receipt, +1 after a completion (forced or stale re-run) or a recorded failure, else
-    unchanged (a lost owner's lease taken over, a released or resolved receipt)."""
+    unchanged (a lost owner's lease taken over, a released or resolved receipt, a
+    failure of kind ``timeout``: no answer came to a request that may have reached the
+    provider, so the next attempt asks under the same idempotency key)."""
     if receipt is None:
         return 1
-    if receipt.status in (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED):
+    status = receipt.status
+    if status is ReceiptStatus.COMPLETED or (
+        status is ReceiptStatus.FAILED and receipt.failure_kind is not FailureKind.TIMEOUT
+    ):
         return receipt.generation + 1
     return receipt.generation
+
+
+def keeps_batch(receipt: Receipt) -> bool:
+    """Whether a claim that takes ``receipt`` sends its recorded batch request again:
+    it names one (``batch_key``) and the claim keeps its generation (the request it
+    names is this execution's)."""
+    return receipt.batch_key is not None and next_generation(receipt) == receipt.generation

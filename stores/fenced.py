@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from stores.rows import error_text
 from stores.rules import encode_for_store
 from stores.types import (
+    BatchRecord,
     Completion,
     Failure,
     FailureKind,
@@ -77,14 +78,26 @@ class FencedWrites(abc.ABC):
         refused: dict[str, Refusal],
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
     ) -> FenceReport:
-        """Apply ``op`` to the items whose lease ``owner`` holds (each backend's one statement)."""
+        """Apply ``op`` to the items whose lease ``owner`` holds (each backend's one statement);
+        for ``running``, in the same transaction, store each of ``batches`` whose every
+        member was applied and set its members' ``batch_key``."""
 
     def mark_running_many(
-        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float | None = None
+        self,
+        org_id: str,
+        leases: Sequence[LeaseRef],
+        owner: Owner,
+        *,
+        lease_ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
     ) -> FenceReport:
         op = "running" if lease_ttl_s is None else "running_renew"
-        return self._fence(org_id, owner, op, _lease_items(leases), {}, ttl_s=lease_ttl_s)
+        items = _lease_items(leases)
+        if not batches:
+            return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s)
+        return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s, batches=batches)
 
     def renew_leases(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float

@@ -8,11 +8,22 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from stores.codec import decode_stored
 from stores.quoting import shorten
-from stores.types import FailureKind, Receipt, ReceiptStatus
+from stores.types import BatchRecord, FailureKind, Receipt, ReceiptStatus
 
-__all__ = ["COLUMNS", "DEFAULT_PURGE", "INPUT_TEXT_MAX_CHARS", "error_text", "kept_input", "receipt_from_row"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_PURGE",
+    "INPUT_TEXT_MAX_CHARS",
+    "batch_from_row",
+    "batch_row",
+    "error_text",
+    "kept_input",
+    "receipt_from_row",
+]
 
 COLUMNS = (
     "key",
@@ -37,6 +48,7 @@ COLUMNS = (
     "lease_owner_pid",
     "lease_owner_started_at",
     "input_text",
+    "batch_key",
 )
 """Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
@@ -120,6 +132,8 @@ def _odd_numbers(values: list[Any], status: ReceiptStatus) -> str | None:
         values[15] = 0.0
         if status is ReceiptStatus.COMPLETED and values[16] is None:
             return "updated_at (none, nor completed_at)"
+    if values[22] is not None and type(values[22]) is not str:  # batch_key set by hand
+        values[22] = str(values[22])
     if not _number(values[17], True):
         generation = values[17]
         values[17] = 1
@@ -151,3 +165,17 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     if values[8] is not None:
         values[8] = FailureKind(values[8])
     return Receipt(*values)
+
+
+def batch_row(record: BatchRecord) -> tuple[str, str, str]:
+    """(batch_key, tool_id, members text) of a batch record as every backend stores it:
+    ``members`` is a JSON array of ``[receipt key, input text]`` in the request's order."""
+    members = orjson.dumps([[k, text] for k, text in zip(record.members, record.inputs, strict=True)])
+    return record.key, record.tool_id, members.decode()
+
+
+def batch_from_row(row: Sequence[Any]) -> BatchRecord:
+    """A batch record from (batch_key, tool_id, members text)."""
+    pairs = orjson.loads(row[2])
+    members, inputs = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    return BatchRecord(key=row[0], tool_id=row[1], members=members, inputs=inputs)

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "BatchRecord",
     "Claim",
     "ClaimDisposition",
     "ClaimMode",
@@ -246,6 +247,10 @@ class Receipt:
     canonical input (at most ``stores.rows.INPUT_TEXT_MAX_CHARS`` characters), the
     tool's readable digest of it, ``""`` (the tool keeps nothing), or None (a receipt
     written before schema v3, or by a salvage replay)."""
+    batch_key: str | None = None
+    """The ``Idempotency-Key`` of the batch request this execution was (or is about to
+    be) sent in, as recorded by ``mark_running_many`` (a :class:`BatchRecord`); None when
+    it was sent alone, or not yet. Kept until a claim starts a new generation."""
 
     @property
     def owner(self) -> Owner | None:
@@ -266,11 +271,46 @@ class Receipt:
 
 
 @attrs.frozen
+class BatchRecord:
+    """What one request of a batch tool carried, recorded durably before it is sent
+    (``ReceiptStore.mark_running_many``), so that after a crash, a takeover or a retry
+    exactly that request can be sent again under the same key.
+
+    A request of a single member (a batch tool's call sent alone) is recorded too: it
+    must go alone again, never inside a batch of other members.
+    """
+
+    key: str
+    """The ``Idempotency-Key`` the request carries (a batch key, or the single member's
+    provider idempotency key); unique per org."""
+    tool_id: str
+    """The tool whose request it is."""
+    members: tuple[str, ...]
+    """The members' receipt keys, in the request's order (distinct)."""
+    inputs: tuple[str, ...]
+    """Each member's input as sent, in the same order, as
+    :func:`stores.codec.encode_output` writes JSON (dict order kept)."""
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.members) != len(self.inputs) or not self.members:
+            raise ValueError("a batch record needs one input per member, and at least one member")
+        if len(set(self.members)) != len(self.members):
+            raise ValueError("a batch record names each member once")
+
+
+@attrs.frozen
 class Claim:
     """The answer to one claim: a disposition and the receipt as it now stands."""
 
     disposition: ClaimDisposition
     receipt: Receipt
+    batch: BatchRecord | None = None
+    """Set on a ``CLAIMED`` answer that took over a receipt recorded in a batch request
+    (its ``batch_key``): the request to send again, whole, before anything else."""
+    members: tuple[Claim, ...] = ()
+    """With :attr:`batch`: every member's claim (``CLAIMED``, a new lease each), in the
+    request's order; the claimed key's own is among them. All were taken together in the
+    one transaction, or none was (the members are then ``UNCERTAIN``)."""
 
 
 class RefusalReason(str, enum.Enum):
@@ -295,7 +335,9 @@ class ResolveAction(str, enum.Enum):
 
     RERUN = "rerun"
     """Run it again: the receipt becomes claimable (same generation, so a provider that
-    honours idempotency keys answers a call that did go through from its records)."""
+    honours idempotency keys answers a call that did go through from its records). A
+    member of a recorded batch request is freed from it (``batch_key`` cleared): it goes
+    in a new request, as the one who decided asked."""
     FAIL = "fail"
     """Record it failed (kind permanent): later calls are refused with that error."""
     COMPLETE = "complete"

@@ -7,6 +7,11 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
 
 * 429, and 503 with ``Retry-After`` → :class:`~actors.errors.RateLimitedError` carrying
   the raw Retry-After (RFC 9110 section 10.2.3): backpressure for the governor;
+* 409 that says a request with this ``Idempotency-Key`` is still being processed (it
+  carries ``Retry-After``, or its body names the idempotency key, as the IETF draft has
+  it): the same request is sent again after the Retry-After (1 s without one), under the
+  same key, until the provider answers it (from its record) or the call's timeout runs
+  out (:class:`~actors.errors.ToolTimeoutError`: the next attempt asks under the same key);
 * a connection that could not be made (refused, no route, name not resolved, or not
   made within the timeout) →
   :class:`~actors.errors.ProviderUnreachableError` (kind ``transient``, not retried
@@ -18,7 +23,7 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
   (nothing was sent: re-admitted);
 * other timeouts (the request went out) → :class:`~actors.errors.ToolTimeoutError`
   (kind ``timeout``; uncertain for a tool that is not retry-safe);
-* other 4xx → ProviderError with kind ``permanent``.
+* other 4xx (another 409 too) → ProviderError with kind ``permanent``.
 
 An answer carrying ``Idempotent-Replayed: true`` (as Stripe's API marks the stored answer
 it replays for a repeated ``Idempotency-Key``) is told to the dispatcher
@@ -36,6 +41,7 @@ explicit ``credentials=`` value; never the secret itself. Two runs with differen
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,7 +60,7 @@ from actors.http.credentials import (
     NOT_CREDENTIALS,
     credential_scope_digest,
 )
-from actors.pacing.bucket import SLOW_START_RPS
+from actors.pacing.bucket import SLOW_START_RPS, parse_retry_after
 from actors.results import ToolContext
 from actors.tool import BatchStrategy, Pacing, Tool
 from stores.quoting import brief, shorten
@@ -78,6 +84,20 @@ def _items(body: Any, n: int) -> list[Any]:
     raise ProviderError(
         f"batch response has no 'results' list: {brief(body)}", failure_kind=FailureKind.TRANSIENT
     )
+
+
+def _in_progress(response: httpx.Response) -> bool:
+    """A 409 saying a request with the same ``Idempotency-Key`` is still being processed
+    (IETF draft "The Idempotency-Key HTTP Header Field", section 2.6): it carries
+    ``Retry-After``, or its body names the idempotency key. Another 409 (a conflict of the
+    provider's own data) is the call's answer."""
+    if response.headers.get("Retry-After") is not None:
+        return True
+    try:
+        text = response.text[:2000].lower()
+    except Exception:  # a body that cannot be decoded: not one that says so
+        return False
+    return "idempotency" in text or "idempotent" in text
 
 
 def _item_error(item: Any) -> str | None:
@@ -121,22 +141,39 @@ class HttpEndpoint:
             NotSentError: no connection of the client's pool was free within
                 ``ctx.timeout_s`` (nothing was sent).
             ToolTimeoutError: no answer within ``ctx.timeout_s`` seconds (the request
-                may have reached the provider).
+                may have reached the provider; or the provider was still processing
+                this key's first request when the timeout ran out).
             ProviderError: other failures (transient for 5xx/transport, else permanent).
         """
         headers = {**self.headers, "Idempotency-Key": ctx.idempotency_key}
-        try:
-            response = self.client.request(
-                self.method, self.url, json=body, headers=headers, timeout=ctx.timeout_s
+        timeout_s = ctx.timeout_s
+        while True:
+            response = self._send(body, headers, timeout_s)
+            if response.status_code != 409 or not _in_progress(response):
+                return self._answer(response, ctx)
+            # the provider still processes this key's request (another attempt's, or a
+            # crashed run's): its answer comes under the same key, never by a new request
+            wait = parse_retry_after(
+                response.headers.get("Retry-After"), time.time(), default_s=1.0, max_s=60.0, min_s=0.05
             )
+            if time.monotonic() + wait >= ctx.deadline:
+                raise ToolTimeoutError(
+                    f"{self.url} was still processing the request with this Idempotency-Key "
+                    f"(409) when the call's timeout ran out"
+                )
+            time.sleep(wait)
+            timeout_s = max(0.001, ctx.deadline - time.monotonic())
+
+    def _send(self, body: Any, headers: dict[str, str], timeout_s: float) -> httpx.Response:
+        """One request; transport errors mapped as :meth:`__call__` says."""
+        try:
+            return self.client.request(self.method, self.url, json=body, headers=headers, timeout=timeout_s)
         except httpx.ConnectTimeout as exc:  # no connection was made: nothing was sent
-            raise ProviderUnreachableError(
-                f"{self.url} could not be reached within {ctx.timeout_s} s"
-            ) from exc
+            raise ProviderUnreachableError(f"{self.url} could not be reached within {timeout_s} s") from exc
         except httpx.PoolTimeout as exc:  # every pooled connection stayed busy: nothing was sent
             raise NotSentError(f"{self.url}: no connection of the client's pool was free in time") from exc
         except httpx.TimeoutException as exc:
-            raise ToolTimeoutError(f"{self.url} timed out after {ctx.timeout_s} s: {exc}") from exc
+            raise ToolTimeoutError(f"{self.url} timed out after {timeout_s} s: {exc}") from exc
         except httpx.ConnectError as exc:
             raise ProviderUnreachableError(f"{self.url} could not be reached: {exc}") from exc
         except httpx.TransportError as exc:
@@ -145,6 +182,10 @@ class HttpEndpoint:
             # request may have reached the provider (uncertain for a tool not retry-safe)
             error.sent = isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError))
             raise error from exc
+
+    def _answer(self, response: httpx.Response, ctx: ToolContext) -> Any:
+        """The decoded JSON answer, or the error its status says (see :meth:`__call__`); a
+        replayed answer is told to ``ctx``."""
         status = response.status_code
         if response.headers.get("Idempotent-Replayed", "").strip().lower() == "true":
             mark = getattr(ctx, "mark_replayed", None)  # a replay of a stored answer: not billed again

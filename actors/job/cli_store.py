@@ -184,7 +184,11 @@ def _shown(value: object) -> str:
 @receipts.command("resolve", short_help="Decide an uncertain receipt: --rerun or --fail.")
 @click.argument("key")
 @db_option
-@click.option("--rerun", is_flag=True, help="Claimable again (same idempotency key).")
+@click.option(
+    "--rerun",
+    is_flag=True,
+    help="Claimable again (same idempotency key; a batch member goes in a new request).",
+)
 @click.option("--fail", "fail_", is_flag=True, help="Record it failed (later calls are refused).")
 @click.option("--note", default="", help="Text kept with the decision.")
 def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> None:

@@ -22,7 +22,7 @@ from actors.errors import (
     NotSentError,
     ProviderUnavailableError,
 )
-from actors.lifecycle.attempts import SendTicket, spec_for
+from actors.lifecycle.attempts import SendTicket, batch_record, spec_for
 from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
 from actors.lifecycle.shared import Parts, Shared
 
@@ -115,27 +115,45 @@ class Admission:
                 marking.append(unit)
             else:
                 self._send(unit, now)
-        leases = [lease for u in marking for g in u.groups if (lease := g.lease) is not None]
-        if leases:
-            batch = next(self.s.ids)
-            self.s.batches[batch] = marking
-            # rides out an outage of the store within its callers' timeout; nothing is sent
-            # before the store answered that the receipts are running
-            self.fx.mark_running(batch, leases, patience_s(g for u in marking for g in u.groups))
-        else:
-            for unit in marking:
+        self._mark(marking, now)
+
+    def _mark(self, units: list[Unit], now: float) -> None:
+        """Mark the units' receipts running; a batch tool's unit not yet recorded proposes
+        its request's record with the mark (written in the same transaction, before the
+        request can go: a crash, a takeover, a retry then sends exactly that request)."""
+        leases = [lease for u in units for g in u.groups if (lease := g.lease) is not None]
+        if not leases:
+            for unit in units:
                 self._send(unit, now)
+            return
+        records = []
+        if self.tool.batch is not None:
+            for unit in units:
+                if unit.record is None and unit.groups:
+                    unit.proposed = batch_record(unit)
+                    records.append(unit.proposed)
+        batch = next(self.s.ids)
+        self.s.batches[batch] = units
+        # rides out an outage of the store within its callers' timeout; nothing is sent
+        # before the store answered that the receipts are running
+        patience = patience_s(g for u in units for g in u.groups)
+        self.fx.mark_running(batch, leases, patience, records=tuple(records))
 
     def on_marked(self, batch: int, report: Any, error: BaseException | None, now: float) -> None:
-        """Receipts marked running (fenced): send the units whose leases held."""
+        """Receipts marked running (fenced): send the units whose leases held. A proposed
+        record is the unit's once every member held; a member refused (its lease taken)
+        leaves the unit, which proposes its request again without it (marked anew)."""
         units: list[Unit] = self.s.batches.pop(batch, [])
         if error is not None:
             for unit in units:
+                unit.proposed = None
                 self.p.exits.give_back(unit, error)
             self.pump(now)
             return
         lost = set(report.refused) if report is not None else set()
+        again: list[Unit] = []
         for unit in units:
+            proposed, unit.proposed = unit.proposed, None
             taken = [g for g in unit.groups if g.key in lost]
             if taken and sent_batch(unit) and len(taken) < len(unit.groups):
                 # a batch sent before goes again whole (its key): the lost ride along,
@@ -154,10 +172,16 @@ class Admission:
                 self.p.exits.settle(
                     group, LeaseLostError("the receipt's lease was taken before the call started")
                 )
-            if unit.groups:
-                self._send(unit, now)
-            else:
+            if not unit.groups:
                 self.p.exits.leave(unit)
+            elif proposed is not None and taken:
+                again.append(unit)  # its record was not written: proposed anew without them
+            else:
+                if proposed is not None:
+                    unit.record = proposed
+                self._send(unit, now)
+        if again:
+            self._mark(again, now)
         self.pump(now)
 
     # -- sending -------------------------------------------------------------------------
@@ -256,8 +280,11 @@ class Admission:
                 self.p.exits.settle(group, error)
             else:
                 # not sent yet: withdrawn; the members still ours go again without the lost (a
-                # batch sent before goes again whole: its idempotency key covers every member)
-                first = unit is not None and unit.attempt == 1 and unit.readmissions == 0
+                # batch sent before, here or by a lost owner, goes again whole: its key covers
+                # every member)
+                first = (
+                    unit is not None and unit.attempt == 1 and unit.readmissions == 0 and not unit.taken_over
+                )
                 if unit is not None and unit.out and (first or all(g.lease_lost for g in unit.groups)):
                     self.fx.withdraw(unit.ticket, "lease_lost", error)
                 self.p.exits.answer_early(group, error)
@@ -378,9 +405,11 @@ class Admission:
 
 
 def sent_batch(unit: Unit) -> bool:
-    """A batch already sent (waiting to retry, or re-admitted after a 429): its members go
-    again together, so the request keeps the idempotency key the provider saw (a member
-    left out would change the batch key, and the others would be billed again). A member
-    whose caller left, or whose lease was lost, rides along; its output is stored or
-    salvaged as usual."""
-    return unit.attempt > 0 and len(unit.groups) > 1
+    """A request that may have been sent: recorded by the store before its first send (a
+    batch tool's, ``Unit.record``: from then on it may be out, in this process or in a
+    crashed one), or a batch already sent (waiting to retry, or re-admitted after a 429).
+    Its members go again together, so the request keeps the idempotency key the provider
+    saw (a member left out would change the batch key, and the others would be billed
+    again). A member whose caller left, or whose lease was lost, rides along; its output is
+    stored or salvaged as usual."""
+    return unit.record is not None or (unit.attempt > 0 and len(unit.groups) > 1)

@@ -28,7 +28,9 @@ from actors.lifecycle.calls import Unit
 from actors.results import ToolContext, batch_idempotency_key, provider_idempotency_key
 from actors.runtime.nesting import NestScope
 from actors.tool import Tool
-from stores.types import FailureKind
+from stores.codec import decode_output, encode_output
+from stores.keys import canonical_json
+from stores.types import BatchRecord, FailureKind
 
 __all__ = [
     "AttemptSpec",
@@ -36,8 +38,11 @@ __all__ = [
     "Refusal",
     "SendTicket",
     "WithdrawKind",
+    "batch_record",
     "failure_kind_for",
     "plain_value",
+    "recorded_input",
+    "recorded_value",
     "retry_in_call",
     "spec_for",
     "transient",
@@ -121,28 +126,63 @@ class AttemptSpec:
     """Its permission to send, taken right before the request (:mod:`actors.worker.launch`)."""
 
 
+def _canonical_key(unit: Unit) -> str:
+    """``unit``'s members put in one canonical order, by their provider idempotency keys
+    (``unit.groups`` is sorted in place), and the request's idempotency key: the single
+    member's, or :func:`~actors.results.batch_idempotency_key` of them all."""
+    groups = unit.groups
+    idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
+    if len(groups) == 1:
+        return idem[0]
+    order = sorted(range(len(groups)), key=idem.__getitem__)
+    groups[:] = [groups[i] for i in order]
+    return batch_idempotency_key(idem[i] for i in order)
+
+
+def recorded_input(value: Any) -> str:
+    """A member's input as a batch record keeps it: the stored-output text (JSON, dict
+    order kept, exact); canonical JSON for what that refuses (a tuple in an input)."""
+    try:
+        return encode_output(value)
+    except Exception:
+        return canonical_json(value)
+
+
+def batch_record(unit: Unit) -> BatchRecord:
+    """The request ``unit`` (of a batch tool) is about to send, as its store records it
+    before it goes (``mark_running_many(batches=...)``): its members in the canonical
+    order (``unit.groups`` sorted in place), its key, their inputs."""
+    key = _canonical_key(unit)
+    groups = unit.groups
+    return BatchRecord(
+        key=key, tool_id=groups[0].tool.tool_id, members=tuple(g.key for g in groups),
+        inputs=tuple(recorded_input(g.input) for g in groups),
+    )  # fmt: skip
+
+
+def recorded_value(text: str) -> Any:
+    """A member's input as its batch record kept it (:func:`recorded_input`), for a request
+    sent again."""
+    return decode_output(text)
+
+
 def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None) -> AttemptSpec:
     """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
 
-    A batch's members are first put in one canonical order, by their provider idempotency
-    keys (``unit.groups`` is sorted in place: the answer's members are matched to it by
-    position). Its idempotency key does not depend on the order
-    (:func:`~actors.results.batch_idempotency_key`), so the same members must make the
-    same request: a provider that replays a stored answer for that key (a batch the
-    killed run sent, sent again whole by the rerun) answers in the order first sent, and
-    members in another order would each get another member's result.
+    A unit with a record (``Unit.record``: recorded before its first send, or taken over
+    from a lost owner) sends exactly the recorded request: its members in the recorded
+    order (the answer's members are matched to them by position), under the recorded
+    key. Otherwise the members are first put in one canonical order, by their provider
+    idempotency keys (:func:`_canonical_key`): the same members make the same request,
+    so a provider that replays a stored answer for the key answers in the order sent.
     """
     tool = unit.groups[0].tool
     groups = unit.groups
-    idem = [provider_idempotency_key(g.key, g.receipt.generation if g.receipt else None) for g in groups]
-    if len(groups) > 1:
-        order = sorted(range(len(groups)), key=idem.__getitem__)
-        groups[:] = [groups[i] for i in order]
-        idem = [idem[i] for i in order]
+    key = unit.record.key if unit.record is not None else _canonical_key(unit)
     deadline = unit.deadline if unit.deadline is not None else now + unit.timeout_s
     context = ToolContext(
         tool_id=tool.tool_id,
-        idempotency_key=idem[0] if len(groups) == 1 else batch_idempotency_key(idem),
+        idempotency_key=key,
         receipt_keys=tuple(g.key for g in groups),
         credential_scope_digest=groups[0].credential_digest,
         deadline=deadline,

@@ -18,7 +18,7 @@ import attrs
 
 from actors.lifecycle.states import GroupState, check_transition
 from actors.tool import Tool
-from stores.types import ClaimMode, LeaseRef, Receipt
+from stores.types import BatchRecord, ClaimMode, LeaseRef, Receipt
 
 __all__ = [
     "Call",
@@ -271,6 +271,15 @@ class Unit:
     retry_charged: bool = False
     """The retry budget was charged for its next attempt, and that attempt has not yet
     shown a request went out (else the charge comes back: ``Effects.refund_retry``)."""
+    record: BatchRecord | None = None
+    """The request it sends (a batch tool's), recorded by the store before its first send,
+    or taken over with its members from a lost owner: every attempt sends exactly these
+    members, in this order, under this key (``attempts.spec_for``)."""
+    proposed: BatchRecord | None = None
+    """The record asked for with its running mark, until the store answers."""
+    taken_over: bool = False
+    """Its request was recorded by an owner that was lost (crashed, or its lease ran
+    out): it may have been sent already, by that owner."""
 
     @property
     def timeout_s(self) -> float:

@@ -22,6 +22,7 @@ from actors.errors import (
     RecordedFailureError,
     StoreError,
 )
+from actors.lifecycle.attempts import recorded_value
 from actors.lifecycle.calls import Group, GroupState, Reread, Unit, patience_s
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
@@ -29,6 +30,8 @@ from actors.messages import PollDue
 from stores.codec import encode_output
 from stores.errors import UnreadableOutputError
 from stores.types import (
+    BatchRecord,
+    Claim,
     ClaimDisposition,
     ClaimMode,
     ClaimRequest,
@@ -162,6 +165,7 @@ class Claims:
         started: list[Group] = []
         again: list[Group] = []
         waiting: list[Group] = []
+        resent: dict[str, tuple[BatchRecord, tuple[Claim, ...], list[Group]]] = {}
         created = 0
         for group, claim in zip(members, claims, strict=True):
             disposition, receipt = claim.disposition, claim.receipt
@@ -171,6 +175,10 @@ class Claims:
                 if receipt.attempts <= 1 and receipt.generation <= 1:
                     created += 1
                 group.state = GroupState.CLAIMED
+                if claim.batch is not None:  # taken over with the request that carried it
+                    self._spare_slot(group)
+                    resent.setdefault(claim.batch.key, (claim.batch, claim.members, []))[2].append(group)
+                    continue
                 if not group.calls or self.s.stopping:  # every caller gave up meanwhile, or the stop
                     if self.s.stopping:  # its callers are refused now: counted as the stop's
                         self.fx.count("cancelled", len(group.calls))
@@ -210,6 +218,8 @@ class Claims:
                 group.wait.force_after = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 waiting.append(group)
         self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
+        for record, member_claims, asked in resent.values():
+            self._send_again(batch, record, member_claims, asked)
         if claimed or started:
             leases = [lease for g in (*claimed, *started) if (lease := g.lease) is not None]
             self.fx.beat(batch, leases)
@@ -236,6 +246,51 @@ class Claims:
         if waiting:
             self._wait(waiting, now)
         self.p.admission.pump(now)
+
+    def _send_again(
+        self, batch: int, record: BatchRecord, member_claims: tuple[Claim, ...], asked: list[Group]
+    ) -> None:
+        """A request that may have reached the provider, taken over with all its members
+        (``Claim.batch``): it goes again first, exactly as recorded (a unit of those
+        members, in that order, under that key), before anything else is done with them.
+        A member no caller here asked for rides along (its output is stored for the next
+        caller); nobody left waiting, or a stop: every member is given back (pending, the
+        record kept for the next claim)."""
+        mine = {g.key: g for g in asked}
+        template = asked[0]
+        groups: list[Group] = []
+        for text, claim in zip(record.inputs, member_claims, strict=True):
+            receipt = claim.receipt
+            group = mine.get(receipt.key)
+            if group is None:  # not asked for here: it rides along, callerless
+                group = Group(
+                    key=receipt.key, tool=self.tool, input=None, input_hash=receipt.input_hash,
+                    credential_digest=template.credential_digest, stale_after_s=template.stale_after_s,
+                    mode=template.mode,
+                )  # fmt: skip
+                group.state = GroupState.CLAIMING
+                group.state = GroupState.CLAIMED
+                group.receipt = receipt
+                self.s.groups.setdefault(receipt.key, group)  # later calls of it attach
+            group.input = recorded_value(text)  # exactly what the request carried
+            groups.append(group)
+        leases = [lease for g in groups if (lease := g.lease) is not None]
+        self.fx.beat(batch, leases)
+        for group in groups:
+            group.beating = True
+        unit = Unit(
+            next(self.s.ids), groups, record=record, taken_over=True, exempt=any(g.nested for g in groups)
+        )
+        for group in groups:
+            group.unit = unit
+        self.s.units[unit.id] = unit
+        if self.s.stopping or not any(g.calls for g in groups):
+            if self.s.stopping:
+                self.fx.count("cancelled", sum(len(g.calls) for g in groups))
+            self.p.exits.give_back(unit, CallCancelledError("the call was cancelled before it was sent"))
+            return
+        self.fx.count("requests_resent")
+        self.p.exits.enqueue([unit])
 
     def _reused(self, group: Group, receipt: Receipt, execution: str) -> Any:
         if receipt.input_hash != group.input_hash:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from actors.lifecycle.attempts import AttemptSpec
 from actors.lifecycle.calls import Call, Group
-from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
+from stores.types import BatchRecord, ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 __all__ = ["Effects"]
 
@@ -32,7 +32,13 @@ class Effects(Protocol):
         refunds: int = 0, sent_at: float | None = None,
     ) -> None: ...  # fmt: skip
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
-    def mark_running(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None: ...
+    def mark_running(
+        self,
+        batch: int,
+        leases: list[LeaseRef],
+        patience_s: float = 0.0,
+        records: tuple[BatchRecord, ...] = (),
+    ) -> None: ...
     def start(self, spec: AttemptSpec) -> None: ...
     def persist(self, batch: int, entries: list[Completion], input_hashes: dict[str, str]) -> None: ...
     def record_failures(

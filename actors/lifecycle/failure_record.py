@@ -95,4 +95,14 @@ def failure_record(exc: BaseException, relayed: bool, salvage_path: str) -> tupl
         ), FailureKind.PERMANENT
     if (relayed and passing(exc)) or exiting(exc):
         return error_text(exc), FailureKind.TRANSIENT
-    return error_text(exc), failure_kind_for(exc)
+    kind = failure_kind_for(exc)
+    if (
+        kind is FailureKind.TRANSIENT
+        and not relayed
+        and is_a(exc, ProviderError)
+        and flag_of(exc, "sent", False)
+    ):
+        # its connection broke after sending: no answer came, as for a timeout, so the next
+        # attempt asks under the same idempotency key (stores.next_generation)
+        return error_text(exc), FailureKind.TIMEOUT
+    return error_text(exc), kind

@@ -124,6 +124,8 @@ class Finisher:
             if not unit.groups:
                 self.p.exits.leave(unit)
                 return
+            if not unit.taken_over:  # its request never went: formed and recorded anew
+                unit.record = None
         waiting = [c for g in unit.groups for c in g.calls]
         if waiting and not self.s.stopping and self._serve_again(unit, kind, waiting, now):
             for group in unit.groups:  # a caller who came after the others left: it is theirs

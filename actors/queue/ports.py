@@ -61,7 +61,7 @@ from actors.queue.local_effects import FINISHED_READY, Finished, LocalEffects
 from actors.queue.system_ports import Ports
 from actors.runtime.actor import Reply, log, runtime_name
 from actors.tool import Tool
-from stores.types import ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
+from stores.types import BatchRecord, ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 __all__ = ["ActorEffects"]
 
@@ -213,13 +213,20 @@ class ActorEffects(LocalEffects):
             )
         )
 
-    def mark_running(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
+    def mark_running(
+        self,
+        batch: int,
+        leases: list[LeaseRef],
+        patience_s: float = 0.0,
+        records: tuple[BatchRecord, ...] = (),
+    ) -> None:
         self._store(
             MarkRunning(
                 org_id=self.org_id,
                 leases=leases,
                 owner=self.ports.owner,
                 lease_ttl_s=self.lease_ttl_s,
+                batches=records,
                 reply=Reply(self.ref, RunningMarked, batch=batch),
                 retry_until=_until(patience_s),
             )

@@ -101,6 +101,7 @@ class ReceiptStoreActor(InboxActor):
         """Started by the first :class:`WatchReceipts` when the store has a change feed."""
         self._feedless = False
         self._claims_into_running = capabilities.claims_into_running
+        self._batch_records = capabilities.batch_records
         self._together = capabilities.group_commit and self.lanes is None
         """Group commit (SQLite): fenced writes waiting together run as one transaction."""
 
@@ -156,6 +157,8 @@ class ReceiptStoreActor(InboxActor):
             if message.running and not self._claims_into_running:
                 # a store that cannot: its claims stay queued and are marked running after
                 message = attrs.evolve(message, running=frozenset())
+        elif type(message) is MarkRunning and message.batches and not self._batch_records:
+            message = attrs.evolve(message, batches=())  # a store that keeps no batch records
         self.ops += 1
         if self.lanes is not None:
             self.lanes.run(message)
@@ -217,9 +220,7 @@ def _claim(store: ReceiptStore, m: ClaimReceipts) -> Any:
 
 PERFORM: dict[type, Callable[[ReceiptStore, Any], Any]] = {
     ClaimReceipts: _claim,
-    MarkRunning: lambda store, m: store.mark_running_many(
-        m.org_id, m.leases, m.owner, lease_ttl_s=m.lease_ttl_s
-    ),
+    MarkRunning: lambda store, m: store.mark_running_many(m.org_id, m.leases, m.owner, **m.extra()),
     CompleteReceipts: lambda store, m: store.complete_many(m.org_id, m.completions, m.owner),
     RecordFailures: lambda store, m: store.fail_many(m.org_id, m.failures, m.owner),
     RecordUncertain: lambda store, m: store.mark_uncertain_many(m.org_id, m.failures, m.owner),

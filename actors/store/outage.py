@@ -11,7 +11,8 @@ once, as before. While the dispatcher stops, nothing is tried again.
 
 Trying again is safe for every command sent with a deadline, even when the attempt whose
 connection dropped had committed: a claim names its lease ids, so the same claim again is
-answered ``claimed`` as it stands (:func:`stores.claims.already_taken`); a fenced write
+answered ``claimed`` as it stands (:func:`stores.claims.already_taken`; with the batch
+request it took over, if it took one, so that request goes again whole); a fenced write
 that already landed counts as applied for its holder (:func:`stores.fenced.refusal`; mark
 running applies again); a read writes nothing. Nothing is sent to a provider before its
 claim or mark-running is answered, so nothing is sent on a write that did not land.

@@ -2,7 +2,8 @@
 
 Everything lives in one Postgres schema (default ``tooldispatch``): table ``receipts``
 with the columns of the SQLite store (see :mod:`stores.sqlite.schema`; times are epoch
-seconds, ``double precision``) and table ``meta`` (``name``, ``value`` text) holding
+seconds, ``double precision``), table ``batches`` (the batch requests recorded before
+they are sent, as SQLite's) and table ``meta`` (``name``, ``value`` text) holding
 ``schema_version`` and ``purge_epoch``. Keys use
 the "C" collation: byte order, the cheapest comparison, and the one fixed order every
 bulk statement locks rows in.
@@ -22,7 +23,7 @@ from stores.errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 MAX_IDENTIFIER_BYTES = 63
@@ -88,7 +89,22 @@ def _add_v3(schema: str) -> list[str]:
     return [f"ALTER TABLE {schema}.receipts ADD COLUMN input_text text"]
 
 
-_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3}
+def _add_v4(schema: str) -> list[str]:
+    """Batch requests recorded before they are sent (as SQLite's schema v4)."""
+    return [
+        f'ALTER TABLE {schema}.receipts ADD COLUMN batch_key text COLLATE "C"',
+        f"""CREATE TABLE {schema}.batches (
+            org_id text COLLATE "C" NOT NULL,
+            batch_key text COLLATE "C" NOT NULL,
+            tool_id text NOT NULL,
+            members text NOT NULL,
+            created_at double precision,
+            PRIMARY KEY (org_id, batch_key)
+        )""",
+    ]
+
+
+_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3, 4: _add_v4}
 
 
 def lock_id(schema_name: str) -> int:

@@ -70,17 +70,27 @@ def _action(a: str) -> str:
         f"({a}.lease_id = req.lease_id AND {a}.lease_owner_run_id = %(run)s "
         f"AND {a}.lease_owner_attempt = %(attempt)s)"
     )
+    # a claim that keeps the generation of a receipt recorded in a batch request takes the
+    # whole request: 'batch', decided by the store in Python (PostgresReceiptStore._claim_batches)
+    keep = f"({a}.batch_key IS NOT NULL AND NOT {_bumps(a)})"
+    claim = f"CASE WHEN {keep} THEN 'batch' ELSE 'claim' END"
     return f"""(CASE
       WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN 'claim' ELSE 'none' END
       WHEN {a}.status IN ('queued', 'running') THEN CASE
         WHEN {mine} THEN 'none'
         WHEN {live} THEN 'none'
         WHEN {a}.status = 'running' AND NOT req.safe THEN 'uncertain'
-        WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN 'claim' ELSE 'restore' END
-        ELSE 'claim' END
-      WHEN {a}.status = 'failed' THEN CASE WHEN %(retry)s::boolean THEN 'claim' ELSE 'none' END
-      WHEN {a}.status IN ('pending', 'skipped') THEN 'claim'
+        WHEN {a}.completed_at IS NOT NULL THEN CASE WHEN {rerun} THEN {claim} ELSE 'restore' END
+        ELSE {claim} END
+      WHEN {a}.status = 'failed' THEN CASE WHEN %(retry)s::boolean THEN {claim} ELSE 'none' END
+      WHEN {a}.status IN ('pending', 'skipped') THEN {claim}
       ELSE 'none' END)"""
+
+
+def _bumps(a: str) -> str:
+    """A claim of row ``a`` starts a new generation (:func:`stores.dispositions.next_generation`)."""
+    failed = f"({a}.status = 'failed' AND {a}.failure_kind IS DISTINCT FROM 'timeout')"
+    return f"({a}.status = 'completed' OR {failed})"
 
 
 _FENCE_SET = {
@@ -124,7 +134,7 @@ _RESOLVE = {
         f"status = CASE WHEN {_KEPT} THEN 'completed' ELSE 'pending' END, "
         "output = CASE WHEN completed_at IS NOT NULL THEN output END, "
         "completed_at = CASE WHEN output IS NOT NULL THEN completed_at END, "
-        "error = NULL, failure_kind = NULL, lease_expires_at = NULL, "
+        "error = NULL, failure_kind = NULL, lease_expires_at = NULL, batch_key = NULL, "
         + ", ".join(f"{c} = CASE WHEN {_KEPT} THEN NULL ELSE {c} END" for c in _LEASE_COLUMNS)
     ),
     # a refresh whose outcome was uncertain, found not to have acted: the last good output
@@ -200,7 +210,8 @@ claimed AS (
     scope = req.scope, tool_id = req.tool_id, input_hash = req.input_hash, lease_id = req.lease_id,
     lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = clk.now + %(ttl)s,
     attempts = l.attempts + 1, updated_at = clk.now,
-    generation = CASE WHEN l.status IN ('completed', 'failed') THEN l.generation + 1 ELSE l.generation END,
+    generation = CASE WHEN {_bumps("l")} THEN l.generation + 1 ELSE l.generation END,
+    batch_key = CASE WHEN {_bumps("l")} THEN NULL ELSE l.batch_key END,
     lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
     input_text = coalesce(req.input_text, l.input_text)
   FROM la l JOIN req ON req.key = l.key, clk
@@ -224,6 +235,7 @@ UNION ALL SELECT 'claimed', clk.now, claimed.* FROM claimed, clk
 UNION ALL SELECT 'restored', clk.now, restored.* FROM restored, clk
 UNION ALL SELECT 'uncertain', clk.now, lost.* FROM lost, clk
 UNION ALL SELECT 'read', clk.now, {_cols("l")} FROM la l, clk WHERE l.action = 'none'
+UNION ALL SELECT 'batch', clk.now, {_cols("l")} FROM la l, clk WHERE l.action = 'batch'
 UNION ALL SELECT 'read', clk.now, {_cols("s")} FROM snap s, clk WHERE s.action = 'none'
 """
         self.fence = {op: self._fence(t, set_sql, op in NOTIFYING) for op, set_sql in _FENCE_SET.items()}
@@ -244,6 +256,64 @@ bump AS (
 SELECT count(*) FROM gone
 """
         self.purge_epoch = f"SELECT value FROM {schema}.meta WHERE name = 'purge_epoch'"
+        b = f"{schema}.batches"
+        self.now = _NOW
+        self.batches_by_keys = (
+            f"SELECT batch_key, tool_id, members FROM {b} WHERE org_id = %(org)s "
+            "AND batch_key = ANY(%(keys)b::text[])"
+        )
+        self.insert_batches = f"""
+INSERT INTO {b} (org_id, batch_key, tool_id, members, created_at)
+SELECT %(org)s, u.k, u.t, u.m, %(now)s FROM unnest(%(keys)b::text[], %(tools)b::text[], %(members)b::text[])
+  AS u(k, t, m)
+ON CONFLICT (org_id, batch_key) DO NOTHING
+"""
+        self.set_batch_keys = f"""
+UPDATE {t} AS r SET batch_key = u.b FROM unnest(%(keys)b::text[], %(batches)b::text[]) AS u(k, b)
+WHERE r.org_id = %(org)s AND r.key = u.k
+"""
+        self.purge_batches = f"""
+WITH clk AS ({_NOW})
+DELETE FROM {b} AS x USING clk
+WHERE coalesce(x.created_at, 0) <= clk.now - %(older)s AND (%(org)s::text IS NULL OR x.org_id = %(org)s::text)
+  AND NOT EXISTS (
+    SELECT 1 FROM {t} r WHERE r.org_id = x.org_id AND r.batch_key = x.batch_key AND NOT {_bumps("r")}
+  )
+"""
+        # a claim that takes a recorded batch request whole: rows locked in key order, the
+        # plan decided in Python (stores.claims.plan_claims), then written back
+        self.lock_keys = (
+            f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) "
+            "ORDER BY key FOR UPDATE"
+        )
+        self.take_rows = f"""
+UPDATE {t} AS r SET status = w.status, error = NULL, failure_kind = NULL,
+  output = CASE WHEN r.completed_at IS NOT NULL AND r.status IN ('completed', 'queued', 'running')
+    THEN r.output END,
+  completed_at = CASE WHEN r.completed_at IS NOT NULL AND r.status IN ('completed', 'queued', 'running')
+    THEN r.completed_at END,
+  scope = w.scope, tool_id = w.tool_id, input_hash = w.input_hash, lease_id = w.lease_id,
+  lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = %(expires)s,
+  attempts = w.attempts, updated_at = %(now)s, generation = w.generation, batch_key = w.batch_key,
+  lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
+  input_text = coalesce(w.input_text, r.input_text)
+FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[],
+            %(attempts)b::int[], %(generations)b::int[], %(statuses)b::text[], %(inputs)b::text[],
+            %(batches)b::text[])
+  AS w(key, scope, tool_id, input_hash, lease_id, attempts, generation, status, input_text, batch_key)
+WHERE r.org_id = %(org)s AND r.key = w.key
+"""
+        self.restore_rows = f"""
+UPDATE {t} SET status = 'completed', lease_expires_at = NULL, updated_at = %(now)s,
+  {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
+WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
+"""
+        self.uncertain_rows = f"""
+UPDATE {t} AS r SET status = 'uncertain', error = u.e, failure_kind = NULL, lease_expires_at = NULL,
+  updated_at = %(now)s
+FROM unnest(%(keys)b::text[], %(errors)b::text[]) AS u(k, e)
+WHERE r.org_id = %(org)s AND r.key = u.k
+"""
         self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
         # the row is locked (``lock_one``) and judged uncertain in Python first (a status or
         # a lease expiry it cannot read reads as uncertain there, whatever the column says)

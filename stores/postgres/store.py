@@ -29,9 +29,9 @@ from typing import Any
 import attrs
 
 from stores.base import Clock, ReceiptStore, StoreCapabilities
-from stores.claims import already_taken
+from stores.claims import ClaimPlan, already_taken, batch_members_wanted, plan_claims
 from stores.codec import encode_output
-from stores.dispositions import decide_disposition
+from stores.dispositions import decide_disposition, keeps_batch
 from stores.errors import StoreError
 from stores.fenced import FencedWrites, FenceItem, refusal
 from stores.postgres.claims import read_settled
@@ -39,7 +39,7 @@ from stores.postgres.conn import PgConnections, is_postgres_url, split_schema
 from stores.postgres.listen import channel_name
 from stores.postgres.schema import quote_ident
 from stores.postgres.sql import Statements
-from stores.rows import DEFAULT_PURGE, error_text, receipt_from_row
+from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
 from stores.rules import (
     IN_FLIGHT,
     LOST_WHILE_RUNNING,
@@ -48,6 +48,7 @@ from stores.rules import (
     resolved_as_failed,
 )
 from stores.types import (
+    BatchRecord,
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -96,9 +97,9 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
 
-    capabilities = StoreCapabilities(claims_into_running=True)
-    """Claims into running; each instance adds ``parallel_calls`` (half its ``max_size``,
-    1 to 4)."""
+    capabilities = StoreCapabilities(claims_into_running=True, batch_records=True)
+    """Claims into running, batch records; each instance adds ``parallel_calls`` (half its
+    ``max_size``, 1 to 4)."""
 
     def __init__(
         self,
@@ -191,9 +192,12 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         decided, pending = read_settled(self, org_id, list(unique.values()), mode, stale_after_s)
         gone: set[str] = set()  # lease ids whose holder's process is known to be gone
         for _ in range(_RACED_RETRIES):
+            batched: list[ClaimRequest] = []
             decided.update(
-                self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running)
+                self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running, batched)
             )
+            if batched:  # recorded in a batch request: taken with the whole request, or not at all
+                decided.update(self._claim_batches(org_id, batched, owner, lease_ttl_s, mode, stale_after_s))
             # Keys another transaction inserted after this statement's snapshot (or
             # deleted under it) got no answer, nor did live leases of dead holders on
             # this host: ask again for them alone (those leases now count as expired).
@@ -230,7 +234,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         stale_after_s: float | None,
         gone: set[str],
         running: Collection[str] = frozenset(),
+        batched: list[ClaimRequest] | None = None,
     ) -> dict[str, Claim]:
+        """One claim statement; the keys it leaves to a whole batch request's claim
+        (:meth:`_claim_batches`) go to ``batched`` (their requests), unanswered."""
         if not requests:
             return {}
         host, pid, started_at = owner_identity(owner)
@@ -266,12 +273,19 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             if kind == "uncertain":
                 decided[receipt.key] = Claim(decide_disposition(receipt, mode, now, stale_after_s), receipt)
                 continue
+            if kind == "batch":
+                if batched is not None:
+                    batched.append(by_key[receipt.key])
+                continue
             if kind != "read":
                 decided[receipt.key] = Claim(_WRITTEN[kind], receipt)
                 continue
             request = by_key[receipt.key]
             if already_taken(request, receipt, owner):  # an earlier attempt of this claim took it
-                decided[receipt.key] = Claim(ClaimDisposition.CLAIMED, receipt)
+                if batched is not None and receipt.batch_key is not None:  # with its batch request
+                    batched.append(request)
+                else:
+                    decided[receipt.key] = Claim(ClaimDisposition.CLAIMED, receipt)
                 continue
             if receipt.lease_id not in gone and holder_gone(receipt, now, seen):
                 gone.add(receipt.lease_id)  # type: ignore[arg-type]  # taken over on the next pass
@@ -291,6 +305,72 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
             decided[receipt.key] = Claim(disposition, receipt)
         return decided
 
+    def _claim_batches(
+        self,
+        org_id: str,
+        requests: list[ClaimRequest],
+        owner: Owner,
+        lease_ttl_s: float,
+        mode: ClaimMode,
+        stale_after_s: float | None,
+    ) -> dict[str, Claim]:
+        """Claim receipts recorded in batch requests, each with its whole request, in one
+        transaction: the records read, every member's row locked (in key order, as every
+        statement locks), the plan made by :func:`stores.claims.plan_claims` (as SQLite's)
+        and written. A key whose row changed since the claim statement read it (gone, or
+        another batch key) is left unanswered: the caller's next pass claims it again."""
+        sql = self._sql
+
+        def work(conn: Any) -> dict[str, Claim]:
+            ((now,),) = conn.execute(sql.now, {"now": self._now()}).fetchall()
+            read = conn.execute(sql.by_keys, (org_id, [q.key for q in requests])).fetchall()
+            rows = {row[0]: receipt_from_row(row) for row in read}
+            params = {"org": org_id, "keys": sorted(batch_members_wanted(requests, rows))}
+            records = {row[0]: batch_from_row(row) for row in conn.execute(sql.batches_by_keys, params)}
+            keys = {q.key for q in requests} | {m for record in records.values() for m in record.members}
+            params = {"org": org_id, "keys": sorted(keys)}
+            locked = {row[0]: receipt_from_row(row) for row in conn.execute(sql.lock_keys, params)}
+            ready = [
+                q for q in requests
+                if (row := locked.get(q.key)) is not None
+                and (
+                    row.batch_key is None or row.batch_key in records or not keeps_batch(row)
+                    or already_taken(q, row, owner)
+                )
+            ]  # fmt: skip
+            plan = plan_claims(
+                org_id, ready, locked, owner, now, lease_ttl_s, mode, stale_after_s, batches=records
+            )
+            self._write_plan(conn, org_id, owner, plan, now, lease_ttl_s)
+            return plan.decided
+
+        return self._conns.run(work, transaction=True)
+
+    def _write_plan(
+        self, conn: Any, org_id: str, owner: Owner, plan: ClaimPlan, now: float, ttl_s: float
+    ) -> None:
+        """Write what :meth:`_claim_batches` decided (every row exists and is locked)."""
+        sql = self._sql
+        if plan.writes:
+            host, pid, started_at = plan.identity
+            columns = [list(column) for column in zip(*plan.writes, strict=True)]
+            conn.execute(
+                sql.take_rows,
+                {
+                    "org": org_id, "run": owner.run_id, "attempt": owner.run_attempt, "expires": now + ttl_s,
+                    "now": now, "host": host, "pid": pid, "started": started_at, "keys": columns[0],
+                    "scopes": columns[1], "tools": columns[2], "hashes": columns[3], "leases": columns[4],
+                    "attempts": columns[5], "generations": columns[7], "statuses": columns[8],
+                    "inputs": columns[9], "batches": columns[10],
+                },
+            )  # fmt: skip
+        if plan.restored:
+            conn.execute(sql.restore_rows, {"org": org_id, "now": now, "keys": plan.restored})
+        if plan.lost:
+            keys, errors = zip(*plan.lost, strict=True)
+            params = {"org": org_id, "now": now, "keys": list(keys), "errors": list(errors)}
+            conn.execute(sql.uncertain_rows, params)
+
     # -- fenced writes ----------------------------------------------------------------
 
     def _fence(
@@ -302,6 +382,7 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         refused: dict[str, Refusal],
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
     ) -> FenceReport:
         keys = [item[0] for item in items]
         applied: set[str] = set()
@@ -319,7 +400,14 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 "channel": self._channel,
             }
             stored: dict[str, Receipt] = {}
-            for row in self._execute(self._sql.fence[op], params):
+            fence = self._sql.fence[op]
+            if batches:
+                rows = self._conns.run(
+                    lambda conn: self._recorded(conn, fence, params, batches), transaction=True
+                )
+            else:
+                rows = self._execute(fence, params)
+            for row in rows:
                 if row[0]:
                     applied.add(row[1])
                 else:
@@ -334,6 +422,29 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 else:
                     refused[key] = why
         return FenceReport(tuple(k for k in keys if k in applied), refused)
+
+    def _recorded(
+        self, conn: Any, fence: str, params: dict[str, Any], batches: Sequence[BatchRecord]
+    ) -> list[tuple[Any, ...]]:
+        """The running mark's statement, then (same transaction) each batch record whose
+        every member it applied, and its members' ``batch_key``."""
+        rows: list[tuple[Any, ...]] = conn.execute(fence, params).fetchall()
+        done = {row[1] for row in rows if row[0]}
+        whole = [record for record in batches if done.issuperset(record.members)]
+        if whole:
+            keys, tools, members = (list(c) for c in zip(*(batch_row(r) for r in whole), strict=True))
+            ((now,),) = conn.execute(self._sql.now, {"now": self._now()}).fetchall()
+            org = params["org"]
+            conn.execute(
+                self._sql.insert_batches,
+                {"org": org, "now": now, "keys": keys, "tools": tools, "members": members},
+            )
+            pairs = [(member, record.key) for record in whole for member in record.members]
+            conn.execute(
+                self._sql.set_batch_keys,
+                {"org": org, "keys": [k for k, _ in pairs], "batches": [b for _, b in pairs]},
+            )
+        return rows
 
     def resolve(
         self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
@@ -392,5 +503,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
     ) -> int:
         wanted = [ReceiptStatus(s).value for s in (statuses if statuses is not None else DEFAULT_PURGE)]
         params = {"older": older_than_s, "statuses": wanted, "org": org_id, "now": self._now()}
-        ((count,),) = self._execute(self._sql.purge, params)
-        return int(count)
+
+        def work(conn: Any) -> int:
+            ((count,),) = conn.execute(self._sql.purge, params).fetchall()
+            conn.execute(self._sql.purge_batches, params)
+            return int(count)
+
+        return self._conns.run(work, transaction=True)

@@ -29,11 +29,18 @@ lease_owner_started_at REAL     lease holder process's start time (v2)
 input_text             TEXT     what the call was for: its canonical input, cut to
                                 4096 characters, or its tool's digest (v3; NULL in
                                 rows written before)
+batch_key              TEXT     the batch request its execution was sent in (v4)
 =====================  =======  ==================================================
 
 Table ``meta`` (v2): ``name`` TEXT primary key, ``value`` INTEGER; ``purge_epoch``
 counts purges that deleted receipts. ``output`` holds text from
 ``stores.codec.encode_output`` (JSON, or one space then Python's exact JSON form).
+
+Table ``batches`` (v4): what each request of a batch tool carried, written with its
+members' ``running`` mark before it is sent (``stores.types.BatchRecord``): ``org_id``
+and ``batch_key`` (its Idempotency-Key; the primary key), ``tool_id``, ``members`` (a
+JSON array of ``[receipt key, input text]`` in the request's order) and ``created_at``.
+A purge deletes the records no receipt still in flight names.
 
 The schema version is SQLite's ``PRAGMA user_version``. Migrations run inside
 ``BEGIN IMMEDIATE``, so two processes opening a new file at once serialise: the
@@ -54,7 +61,7 @@ from stores.rows import COLUMNS
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "create_v1", "enable_wal", "migrate"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def create_v1(db: sqlite_utils.Database) -> None:
@@ -101,7 +108,17 @@ def _add_v3(db: sqlite_utils.Database) -> None:
     db.table("receipts").add_column("input_text", str)
 
 
-_MIGRATIONS = {1: create_v1, 2: _add_v2, 3: _add_v3}
+def _add_v4(db: sqlite_utils.Database) -> None:
+    """Batch requests recorded before they are sent: ``receipts.batch_key``, ``batches``."""
+    db.table("receipts").add_column("batch_key", str)
+    db["batches"].create(  # type: ignore[union-attr]
+        {"org_id": str, "batch_key": str, "tool_id": str, "members": str, "created_at": float},
+        pk=("org_id", "batch_key"),
+        not_null={"org_id", "batch_key", "tool_id", "members"},
+    )
+
+
+_MIGRATIONS = {1: create_v1, 2: _add_v2, 3: _add_v3, 4: _add_v4}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

@@ -27,7 +27,7 @@ _REUSABLE = (
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,
-       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?, value->>9
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?, value->>9, value->>10
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
   status = excluded.status, error = NULL, failure_kind = NULL,
@@ -40,7 +40,7 @@ ON CONFLICT (org_id, key) DO UPDATE SET
   updated_at = excluded.updated_at, generation = excluded.generation,
   lease_owner_host = excluded.lease_owner_host, lease_owner_pid = excluded.lease_owner_pid,
   lease_owner_started_at = excluded.lease_owner_started_at,
-  input_text = coalesce(excluded.input_text, receipts.input_text)
+  input_text = coalesce(excluded.input_text, receipts.input_text), batch_key = excluded.batch_key
 """
 # Claims that change a receipt without taking a lease (decided in Python on the rows
 # read in the same transaction): a lost refresh goes back to completed, a lost running
@@ -52,9 +52,32 @@ UPDATE receipts SET status = 'completed', lease_expires_at = NULL, updated_at = 
 WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
 """
 _SET_UNCERTAIN_LOST = """
-UPDATE receipts SET status = 'uncertain', error = ?, failure_kind = NULL,
+UPDATE receipts SET status = 'uncertain', error = j.e, failure_kind = NULL,
   lease_expires_at = NULL, updated_at = ?
-WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
+FROM (SELECT value->>0 AS k, value->>1 AS e FROM json_each(?)) AS j
+WHERE receipts.org_id = ? AND receipts.key = j.k
+"""
+# Batch requests recorded before they are sent (stores.types.BatchRecord): read by a claim
+# that takes a member over, written with the members' running mark.
+_BATCHES_BY_KEYS = (
+    "SELECT batch_key, tool_id, members FROM batches "
+    "WHERE org_id = ? AND batch_key IN (SELECT value FROM json_each(?))"
+)
+_INSERT_BATCH = (
+    "INSERT INTO batches (org_id, batch_key, tool_id, members, created_at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (org_id, batch_key) DO NOTHING"
+)
+_SET_BATCH_KEY = (
+    "UPDATE receipts SET batch_key = ? WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
+)
+# records no receipt still needs (one whose next claim keeps its generation names it):
+# the subquery is built once (an anti-join), not run per record
+_PURGE_BATCHES = """
+DELETE FROM batches WHERE created_at <= ? AND (? IS NULL OR org_id = ?)
+AND (org_id, batch_key) NOT IN (
+  SELECT org_id, batch_key FROM receipts WHERE batch_key IS NOT NULL
+  AND (status NOT IN ('completed', 'failed') OR (status = 'failed' AND failure_kind = 'timeout'))
+)
 """
 # The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one
 # up by primary key; a plain UPDATE ... FROM (subquery) scans the whole org instead.
@@ -111,7 +134,7 @@ _RESOLVE = {
         "rerun": f"status = CASE WHEN {_KEPT_OUTPUT} THEN 'completed' ELSE 'pending' END, "
         f"output = CASE WHEN {_KEPT_OUTPUT} THEN output END, "
         f"completed_at = CASE WHEN {_KEPT_OUTPUT} THEN completed_at END, "
-        f"error = NULL, failure_kind = NULL, lease_expires_at = NULL, {_KEPT_NO_LEASE}",
+        f"error = NULL, failure_kind = NULL, lease_expires_at = NULL, batch_key = NULL, {_KEPT_NO_LEASE}",
         # no lease is held once decided: one left (a text or far expiry set by hand) kept the
         # failed or completed receipt from every purge (a text sorts after every number)
         "fail": "status = 'failed', error = ?, failure_kind = 'permanent', lease_expires_at = NULL",

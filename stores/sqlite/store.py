@@ -21,26 +21,27 @@ import attrs
 import orjson
 
 from stores.base import Clock, ReceiptStore, StoreCapabilities
-from stores.claims import plan_claims, settled_by_read
+from stores.claims import batch_members_wanted, plan_claims, settled_by_read
 from stores.codec import encode_output
 from stores.errors import StoreError
 from stores.fenced import FencedWrites, FenceItem, refusal
-from stores.rows import DEFAULT_PURGE, error_text, receipt_from_row
-from stores.rules import (
-    LOST_WHILE_RUNNING,
-    resolved_as_failed,
-)
+from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
+from stores.rules import resolved_as_failed
 from stores.sqlite.conn import bound_wal, open_connection
 from stores.sqlite.offload import BlockingRunner
 from stores.sqlite.schema import rollback
 from stores.sqlite.sql import (
+    _BATCHES_BY_KEYS,
     _BUMP_PURGE_EPOCH,
     _BY_KEYS,
     _FENCE,
+    _INSERT_BATCH,
+    _PURGE_BATCHES,
     _RESOLVE,
     _RESOLVE_FAILED_REFRESH,
     _RESTORE_COMPLETED,
     _REUSABLE,
+    _SET_BATCH_KEY,
     _SET_COMPLETE,
     _SET_FAIL,
     _SET_RELEASE,
@@ -53,6 +54,7 @@ from stores.sqlite.sql import (
 )
 from stores.sqlite.together import WritesTogether
 from stores.types import (
+    BatchRecord,
     Claim,
     ClaimMode,
     ClaimRequest,
@@ -105,8 +107,8 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         SchemaVersionError: the file was written by a newer tooldispatch.
     """
 
-    capabilities = StoreCapabilities(group_commit=True, claims_into_running=True)
-    """Group commit and claims into running; each instance adds its ``file_path``."""
+    capabilities = StoreCapabilities(group_commit=True, claims_into_running=True, batch_records=True)
+    """Group commit, claims into running, batch records; each instance adds its ``file_path``."""
 
     def __init__(
         self,
@@ -222,6 +224,10 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         cursor = conn.execute(_BY_KEYS, (org_id, orjson.dumps(list(keys)).decode()))
         return {row[0]: receipt_from_row(row) for row in cursor}
 
+    def _batches(self, conn: sqlite3.Connection, org_id: str, keys: Iterable[str]) -> dict[str, BatchRecord]:
+        cursor = conn.execute(_BATCHES_BY_KEYS, (org_id, orjson.dumps(list(keys)).decode()))
+        return {row[0]: batch_from_row(row) for row in cursor}
+
     def get_many(self, org_id: str, keys: Sequence[str]) -> list[Receipt | None]:
         found = self._call(lambda: self._rows(self._connection(), org_id, keys))
         return [found.get(key) for key in keys]
@@ -301,8 +307,15 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         with self._write() as conn:
             now = self.clock()
             existing = self._rows(conn, org_id, (r.key for r in requests))
+            batches: dict[str, BatchRecord] = {}
+            wanted = batch_members_wanted(requests, existing)
+            if wanted:  # members recorded in a batch request: taken with the whole request
+                batches = self._batches(conn, org_id, wanted)
+                more = {m for record in batches.values() for m in record.members if m not in existing}
+                if more:
+                    existing.update(self._rows(conn, org_id, more))
             plan = plan_claims(
-                org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s, running
+                org_id, requests, existing, owner, now, lease_ttl_s, mode, stale_after_s, running, batches
             )
             if plan.writes:
                 host, pid, started_at = plan.identity
@@ -320,8 +333,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
             if plan.restored:
                 conn.execute(_RESTORE_COMPLETED, (now, org_id, orjson.dumps(plan.restored).decode()))
             if plan.lost:
-                lost = orjson.dumps(plan.lost).decode()
-                conn.execute(_SET_UNCERTAIN_LOST, (LOST_WHILE_RUNNING, now, org_id, lost))
+                conn.execute(_SET_UNCERTAIN_LOST, (now, orjson.dumps(plan.lost).decode(), org_id))
         if decided:
             decided.update(plan.decided)
             return decided
@@ -338,6 +350,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         refused: dict[str, Refusal],
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
     ) -> FenceReport:
         keys = [item[0] for item in items]
         set_sql, arity = _SET[op]
@@ -361,6 +374,11 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
                             applied.add(item[0])
                         else:
                             refused[item[0]] = why
+                for record in batches:  # recorded only when every member's lease held
+                    if applied.issuperset(record.members):
+                        conn.execute(_INSERT_BATCH, (org_id, *batch_row(record), now))
+                        members = orjson.dumps(record.members).decode()
+                        conn.execute(_SET_BATCH_KEY, (record.key, org_id, members))
             return FenceReport(tuple(k for k in keys if k in applied), refused)
 
         return self._call(work)  # type: ignore[no-any-return]
@@ -415,6 +433,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
                 )
                 if cursor.rowcount:
                     conn.execute(_BUMP_PURGE_EPOCH)
+                conn.execute(_PURGE_BATCHES, (now - older_than_s, org_id, org_id))
                 return cursor.rowcount
 
         return self._call(work)  # type: ignore[no-any-return]

@@ -472,7 +472,9 @@ def assert_claimed(
         assert receipt.lease_id != before.lease_id
         assert receipt.attempts == before.attempts + 1
         assert receipt.created_at == before.created_at
-        bumped = before.status in (ReceiptStatus.COMPLETED, ReceiptStatus.FAILED)
+        bumped = before.status is ReceiptStatus.COMPLETED or (
+            before.status is ReceiptStatus.FAILED and before.failure_kind is not FailureKind.TIMEOUT
+        )
         assert receipt.generation == before.generation + bumped
     assert get(store, receipt.key) == receipt
 

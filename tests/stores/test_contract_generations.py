@@ -271,6 +271,25 @@ def test_generation_grows_after_recorded_failure_or_completion(store: ReceiptSto
     assert get(store, key).generation == 4  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("mode", [R, F])
+def test_generation_same_after_a_recorded_timeout(
+    store: ReceiptStore, fake_clock: Any, mode: ClaimMode
+) -> None:
+    """Issue 26: no answer came to a request that may have reached the provider; the next
+    attempt asks again under the same idempotency key (a provider that has the answer
+    replays it instead of billing again)."""
+    key = key_of("generation-timeout")
+    first = claim_one(store, key)
+    assert store.mark_running_many(ORG, [lease_of(first)], ME).ok
+    assert fail(store, lease_of(first), kind=FailureKind.TIMEOUT).ok
+    fake_clock.advance(1)
+    assert claim_one(store, key).disposition is ClaimDisposition.FAILED  # normal: the recorded failure
+    again = claim_one(store, key, mode=mode)
+    assert again.disposition is CLAIMED and again.receipt.generation == 1
+    assert fail(store, lease_of(again), kind=FailureKind.TRANSIENT).ok  # an answer: an error
+    assert claim_one(store, key, mode=mode).receipt.generation == 2
+
+
 # -- issue 9: lease owner identity; a dead holder on this host is taken over at once --------
 
 

@@ -30,7 +30,8 @@ the same):
   reuse restores ``completed``). A restored receipt holds no lease id or owner, so the
   lost refresh's late writes are refused. A release clears the lease.
 - The execution generation starts at 1 and grows when a completed or failed receipt is
-  claimed again. Every lease records this process's identity (all owners live here).
+  claimed again, but for a failure of kind ``timeout`` (no answer came: the next attempt
+  asks under the same idempotency key). Every lease records this process's identity (all owners live here).
 - Error text is stored with NUL and lone surrogates written as backslash escapes.
 - ``purge(older_than_s=x)`` deletes receipts with ``now - updated_at >= x`` whose
   status is listed and which are not under a live lease.
@@ -351,7 +352,10 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
                 and old.completed_at is not None
                 and old.status in (S.COMPLETED, S.QUEUED, S.RUNNING)
             )
-            bumps = old is not None and old.status in (S.COMPLETED, S.FAILED)
+            bumps = old is not None and (
+                old.status is S.COMPLETED
+                or (old.status is S.FAILED and old.failure_kind is not FailureKind.TIMEOUT)
+            )
             self.model[(org, key)] = ModelReceipt(
                 status=S.QUEUED,
                 lease_id=lease_id,

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors import BatchStrategy, Policy, Tool
+import pytest
+
+from actors import BatchStrategy, FailureKind, Policy, ProviderError, Tool
 from actors.results import batch_idempotency_key, provider_idempotency_key
 from stores import ClaimMode, ClaimRequest, Completion, LeaseRef, Owner, SqliteReceiptStore, StoreError
 
@@ -104,3 +106,44 @@ def test_a_batch_sent_again_in_another_order_gets_each_member_its_own_replayed_r
     finally:
         held.set()
         first_store.close()
+
+
+def _sent_error() -> BaseException:
+    error = ProviderError("the connection broke after sending", failure_kind=FailureKind.TRANSIENT)
+    error.sent = True
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "same"),
+    [
+        (lambda: TimeoutError("no answer in time"), True),
+        (_sent_error, True),
+        (lambda: ProviderError("503 Service Unavailable", failure_kind=FailureKind.TRANSIENT), False),
+    ],
+    ids=["timed-out", "cut-off-after-sending", "answered-503"],
+)
+def test_idempotency_key_after_a_recorded_failure_is_kept_unless_the_provider_answered(
+    make_system: Any, read_receipts: Any, key_of: Any, error: Any, same: bool
+) -> None:
+    """Issue 26: a failure after which no answer came (a timeout, a connection cut after
+    sending) is recorded ``timeout`` and the next call of it asks under the same key (a
+    provider that served it replays its answer); an answered failure (a 503) is a new
+    execution, under a new key."""
+    keys: list[str] = []
+
+    def fn(input: Any, ctx: Any) -> Any:
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:
+            raise error()
+        return {"ok": input["n"]}
+
+    tool = Tool(tool_id="t", fn=fn, retry_safe=True)
+    system = make_system([tool], policy=Policy(retry_attempts=0))
+    with pytest.raises(Exception):  # noqa: B017 - the tool's own error, as raised
+        system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S)
+    (receipt,) = read_receipts([key_of(tool, {"n": 1})])
+    assert receipt.status.value == "failed"
+    assert receipt.failure_kind is (FailureKind.TIMEOUT if same else FailureKind.TRANSIENT)
+    assert system.proxy().execute("t", {"n": 1}).get(timeout=WAIT_S).value == {"ok": 1}
+    assert len(keys) == 2 and (keys[0] == keys[1]) is same

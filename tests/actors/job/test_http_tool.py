@@ -217,3 +217,107 @@ def test_http_tool_lone_call_error_fails_like_a_batch_member(provider, tmp_path)
     assert caught.value.failure_kind is FailureKind.PERMANENT
     assert provider.stats()["single_requests"] == 1
     assert _statuses(tmp_path / "receipts.db") == ["failed"]
+
+
+# -- issue 26: a key never changes between attempts of one request ---------------------------
+
+
+def test_http_tool_a_key_still_being_served_is_asked_again_and_replayed(provider_factory, endpoint):
+    """A second request under a key whose first request the provider still serves (a
+    crashed run's, sent again by its rerun) is answered 409 with Retry-After: the endpoint
+    waits and asks again under the same key, and gets the stored answer: billed once."""
+    import threading
+
+    server = provider_factory("--latency", "1")
+    country = endpoint(f"{server.url}/v1/country")
+    answers = {}
+    first = threading.Thread(target=lambda: answers.setdefault("first", country({"code": "FR"}, _ctx("k"))))
+    first.start()
+    poll_until(lambda: server.calls()["serving"] == 1)
+    answers["again"] = country({"code": "FR"}, _ctx("k"))
+    first.join(CALL_TIMEOUT_S)
+
+    assert answers["again"] == answers["first"] and answers["first"]["name"] == "France"
+    stats = server.stats()
+    assert stats["requests"] == 1 and stats["idempotent_replays"] == 1
+    assert stats["idempotent_conflicts"] >= 1
+    assert server.calls()["billed"] == {'/v1/country {"code": "FR"}': 1}
+
+
+def test_http_tool_a_key_still_being_served_past_the_timeout_is_a_timeout(provider_factory, endpoint):
+    import threading
+
+    server = provider_factory("--latency", "2")
+    country = endpoint(f"{server.url}/v1/country")
+    first = threading.Thread(target=lambda: country({"code": "FR"}, _ctx("k")))
+    first.start()
+    poll_until(lambda: server.calls()["serving"] == 1)
+    with pytest.raises(ToolTimeoutError, match="still processing"):
+        country({"code": "FR"}, _ctx("k", timeout_s=0.5))
+    first.join(CALL_TIMEOUT_S)
+    assert server.stats()["requests"] == 1
+
+
+def test_http_tool_another_409_is_the_providers_answer(tmp_path, endpoint):
+    """A 409 that is a conflict of the provider's own data (no Retry-After, no word of an
+    idempotency key) is a permanent failure at once, not asked again."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Conflict(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.headers.get("Idempotency-Key"))
+            body = b'{"error": "this email address is taken"}'
+            self.send_response(409)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Conflict)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        signup = endpoint(f"http://127.0.0.1:{server.server_port}/v1/signup")
+        with pytest.raises(ProviderError, match="409") as caught:
+            signup({"email": "a@example.com"}, _ctx("k"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert caught.value.failure_kind is FailureKind.PERMANENT
+    assert seen == ["k"]
+
+
+def test_http_tool_a_timed_out_call_asks_again_under_the_same_key(provider_factory, tmp_path):
+    """The call times out (every in-call attempt under one key) and is recorded failed,
+    kind timeout; the next call of it asks again under that same key, and the provider,
+    which served the first request meanwhile, answers from its record: billed once."""
+    server = provider_factory("--latency", "1.5")
+    tool = http_tool("country", f"{server.url}/v1/country", timeout_s=0.3)
+    system, store = _system([tool], tmp_path)
+    try:
+        with pytest.raises(ToolTimeoutError):
+            system.proxy().execute("country", {"code": "DE"}).get(timeout=CALL_TIMEOUT_S)
+        poll_until(lambda: server.calls()["serving"] == 0)
+        result = system.proxy().execute("country", {"code": "DE"}).get(timeout=CALL_TIMEOUT_S)
+    finally:
+        system.stop()
+        store.close()
+        tool.fn.close()
+    assert result.value["name"] == "Germany"
+    calls = server.calls()
+    assert calls["billed"] == {'/v1/country {"code": "DE"}': 1}
+    assert len(calls["received"]) == 1 and sum(calls["replayed"].values()) == 1
+    assert _statuses(tmp_path / "receipts.db") == ["completed"]
+
+
+def poll_until(probe, timeout_s=CALL_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -80,6 +80,8 @@ class FakeEffects:
         self.reports: list[dict[str, int]] = []
         self.backpressures: list[Any] = []
         self.marks: dict[int, list[LeaseRef]] = {}
+        self.records: dict[int, tuple[Any, ...]] = {}
+        """Mark batch -> the batch requests it records (``stores.BatchRecord``)."""
         self.starts: list[AttemptSpec] = []
         self.persists: dict[int, list[Any]] = {}
         self.failures: dict[int, list[Any]] = {}
@@ -142,9 +144,12 @@ class FakeEffects:
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
         self.backpressures.append(retry_after)
 
-    def mark_running(self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0) -> None:
+    def mark_running(
+        self, batch: int, leases: list[LeaseRef], patience_s: float = 0.0, records: tuple[Any, ...] = ()
+    ) -> None:
         self.marks[batch] = leases
         self.patience[batch] = patience_s
+        self.records[batch] = records
 
     def start(self, spec: AttemptSpec) -> None:
         self.starts.append(spec)

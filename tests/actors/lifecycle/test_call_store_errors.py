@@ -53,8 +53,17 @@ def test_lifecycle_mark_running_refusing_one_lease_runs_the_others() -> None:
     a, b = d.drain("a", "b")
     d.answer_claim()
     d.grant()
+    first = max(d.fx.marks)
+    assert [r.members for r in d.fx.records[first]] == [("a", "b")] or [
+        r.members for r in d.fx.records[first]
+    ] == [("b", "a")]
     d.mark(refused=("a",))
     assert isinstance(d.outcome(a), LeaseLostError)
+    # the record (proposed with the mark) was not written: the request is proposed anew
+    # without a, and only sent once recorded (so a crash can send exactly it again)
+    assert d.fx.starts == []
+    assert [r.members for r in d.fx.records[max(d.fx.marks)]] == [("b",)]
+    d.mark()
     assert d.fx.starts[-1].context.receipt_keys == ("b",)
     d.finish()
     d.persisted()

@@ -18,6 +18,7 @@ import pytest
 
 import stores
 from stores import (
+    BatchRecord,
     ClaimDisposition,
     ClaimMode,
     ClaimRequest,
@@ -263,7 +264,7 @@ def test_pg_newer_schema_refused(open_pg: Callable[..., Any], pg_url: str, pg_sc
 def test_pg_opens_a_version_2_schema_and_receipts_then_keep_their_input(
     open_pg: Callable[..., Any], pg_url: str, pg_schema: str
 ) -> None:
-    """A schema made before receipts kept their inputs (version 2) migrates to 3: its
+    """A schema made before receipts kept their inputs (version 2) migrates to 4: its
     receipts are kept and read with no input recorded; a claim writing one records it."""
     from stores.postgres.schema import _MIGRATIONS, quote_ident
 
@@ -296,7 +297,47 @@ def test_pg_opens_a_version_2_schema_and_receipts_then_keep_their_input(
     assert store.get_many(ORG, ["k"])[0].input_text == '{"domain":"lemonde.fr"}'
     with raw(pg_url) as conn:
         version = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
-    assert version == ("3",)
+    assert version == ("4",)
+
+
+@pytest.mark.parametrize("from_version", [2, 3])
+def test_pg_opens_an_older_schema_as_version_4_keeping_its_receipts(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str, from_version: int
+) -> None:
+    """A schema written before issue 26 (version 2, or 3 with receipts' inputs) gains
+    ``receipts.batch_key`` and table ``batches``: its receipts are kept (a running one is
+    taken over as before, alone, its input kept) and batch requests are recorded from
+    then on."""
+    from stores.postgres.schema import _MIGRATIONS, quote_ident
+
+    schema = quote_ident(pg_schema)
+    with raw(pg_url) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.meta (name text PRIMARY KEY, value text NOT NULL)")
+        for version in range(1, from_version + 1):
+            for statement in _MIGRATIONS[version](schema):
+                conn.execute(statement)
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('schema_version', %s)", (str(from_version),))
+        conn.execute(
+            f"INSERT INTO {schema}.receipts (key, org_id, scope, tool_id, status, input_hash, lease_id, "
+            "lease_owner_run_id, lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at) "
+            "VALUES ('k1', %s, 'play', 'tool', 'running', 'h', 'l1', 'dead', 1, 1.0, 1, 1.0, 1.0)",
+            (ORG,),
+        )
+        if from_version == 3:
+            conn.execute(f"UPDATE {schema}.receipts SET input_text = '\"a.fr\"'")
+    store = open_pg()
+    with raw(pg_url) as conn:
+        (version,) = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
+    assert version == "4"
+    (claim,) = store.claim_many(ORG, requests(["k1"]), A, lease_ttl_s=30.0)
+    assert claim.disposition is ClaimDisposition.CLAIMED and claim.batch is None
+    assert (claim.receipt.generation, claim.receipt.batch_key) == (1, None)
+    assert claim.receipt.input_text == ('"a.fr"' if from_version == 3 else None)
+    more = store.claim_many(ORG, requests(["k2"]), A, lease_ttl_s=30.0)
+    record = BatchRecord(key="b1", tool_id="tool", members=("k1", "k2"), inputs=("1", "2"))
+    assert store.mark_running_many(ORG, leases_of([claim, *more]), A, batches=[record]).ok
+    assert [r.batch_key for r in store.get_many(ORG, ["k1", "k2"])] == ["b1", "b1"]
 
 
 def test_open_store_picks_backend(pg_url: str, pg_schema: str, tmp_path: Any) -> None:

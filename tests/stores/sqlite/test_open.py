@@ -20,6 +20,7 @@ import pytest
 import sqlite_utils
 
 from stores import (
+    BatchRecord,
     ClaimMode,
     ClaimRequest,
     Completion,
@@ -349,11 +350,11 @@ def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Pa
             "org", [ClaimRequest("a" * 64, "play", "tool", "0" * 64)], OWNER, lease_ttl_s=5
         )
         assert claim.disposition.value == "reused"
-    assert user_version(path) == SCHEMA_VERSION == 3
+    assert user_version(path) == SCHEMA_VERSION == 4
 
 
 def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_input(tmp_path: Path) -> None:
-    """A file written before receipts kept their inputs (schema 2) opens as schema 3: its
+    """A file written before receipts kept their inputs (schema 2) opens as schema 4: its
     receipts are kept and read with no input recorded; a claim writing one records it."""
     from stores.sqlite.schema import _add_v2, create_v1
 
@@ -382,4 +383,45 @@ def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_inpu
         )
         assert claim.disposition.value == "claimed"
         assert store.get_many("org", ["b" * 64])[0].input_text == '{"domain":"lemonde.fr"}'  # type: ignore[union-attr]
-    assert user_version(path) == SCHEMA_VERSION == 3
+    assert user_version(path) == SCHEMA_VERSION == 4
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_sqlite_open_migrates_an_older_file_to_batch_records_keeping_its_receipts(
+    tmp_path: Path, version: int
+) -> None:
+    """A file written before issue 26 (schema 2, or 3 with receipts' inputs) opens as
+    schema 4: ``receipts.batch_key`` and table ``batches`` are added, its receipts kept
+    (a running one is taken over as before, alone, its input kept), and batch requests
+    are recorded from then on."""
+    from stores.sqlite.schema import _add_v2, _add_v3, create_v1
+
+    path = tmp_path / f"v{version}.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    db = sqlite_utils.Database(conn)
+    create_v1(db)
+    _add_v2(db)
+    if version == 3:
+        _add_v3(db)
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.execute(
+        "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, lease_id, "
+        "lease_owner_run_id, lease_owner_attempt, lease_expires_at, attempts, created_at, updated_at, "
+        "generation) VALUES ('k1', 'org', 'play', 'tool', 'running', 'h', 'l1', 'dead', 1, 1.0, 1, 1, 1, 3)"
+    )
+    if version == 3:
+        conn.execute("UPDATE receipts SET input_text = '\"a.fr\"'")
+    conn.close()
+    with SqliteReceiptStore(path) as store:
+        (claim,) = store.claim_many("org", [ClaimRequest("k1", "play", "tool", "h")], OWNER, lease_ttl_s=30)
+        assert claim.disposition.value == "claimed" and claim.batch is None
+        assert (claim.receipt.generation, claim.receipt.batch_key) == (3, None)
+        assert claim.receipt.input_text == ('"a.fr"' if version == 3 else None)
+        (more,) = store.claim_many("org", [ClaimRequest("k2", "play", "tool", "h")], OWNER, lease_ttl_s=30)
+        leases = [LeaseRef(c.receipt.key, c.receipt.lease_id or "") for c in (claim, more)]
+        record = BatchRecord(key="b1", tool_id="tool", members=("k1", "k2"), inputs=("1", "2"))
+        assert store.mark_running_many("org", leases, OWNER, batches=[record]).ok
+        assert [r.batch_key for r in store.get_many("org", ["k1", "k2"])] == ["b1", "b1"]  # type: ignore[union-attr]
+    assert user_version(path) == SCHEMA_VERSION == 4
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT batch_key, tool_id FROM batches").fetchall() == [("b1", "tool")]

@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 
-from stores import ClaimMode, ClaimRequest, Completion, Failure, FailureKind, Owner, SqliteReceiptStore
+from stores import (
+    BatchRecord,
+    ClaimMode,
+    ClaimRequest,
+    Completion,
+    Failure,
+    FailureKind,
+    LeaseRef,
+    Owner,
+    SqliteReceiptStore,
+)
 
 ORG = "org-a"
 OWNER = Owner("run-a")
@@ -39,10 +49,14 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Sq
     store = SqliteReceiptStore(tmp_path / "receipts.db")
     try:
         keys = [f"k{i:03d}" for i in range(300)]
-        claims = store.claim_many(ORG, [ClaimRequest(k, "play", "tool", "h") for k in keys], OWNER, lease_ttl_s=60)
+        claims = store.claim_many(
+            ORG, [ClaimRequest(k, "play", "tool", "h") for k in keys], OWNER, lease_ttl_s=60
+        )
         leases = {c.receipt.key: c.receipt.lease_id for c in claims}
         store.complete_many(ORG, [Completion(k, leases[k], {"k": k}) for k in keys[:200]], OWNER)
-        store.fail_many(ORG, [Failure(k, leases[k], "no", FailureKind.PERMANENT) for k in keys[200:250]], OWNER)
+        store.fail_many(
+            ORG, [Failure(k, leases[k], "no", FailureKind.PERMANENT) for k in keys[200:250]], OWNER
+        )
         statements.clear()
         yield store, statements
     finally:
@@ -84,6 +98,28 @@ def test_a_cold_rerun_read_finds_each_key_by_primary_key(traced: Any, tmp_path: 
 def test_claims_and_reads_find_each_key_by_primary_key(traced: Any, tmp_path: Path, mode: ClaimMode) -> None:
     store, statements = traced
     keys = ["k001", "k201", "k260", "new-1"]
-    store.claim_many(ORG, [ClaimRequest(k, "play", "tool", "h") for k in keys], Owner("run-b"), lease_ttl_s=60, mode=mode)
+    store.claim_many(
+        ORG, [ClaimRequest(k, "play", "tool", "h") for k in keys], Owner("run-b"), lease_ttl_s=60, mode=mode
+    )
     store.get_many(ORG, keys)
+    _by_key(_plans(tmp_path / "receipts.db", statements))
+
+
+def test_a_batch_request_recorded_and_taken_over_finds_each_key_by_primary_key(
+    traced: Any, tmp_path: Path
+) -> None:
+    """The statements of batch records (issue 26): the mark that records a request, the
+    claim that takes it over whole (its record and every member's row read)."""
+    store, statements = traced
+    keys = [f"b{i}" for i in range(3)]
+    claims = store.claim_many(
+        ORG, [ClaimRequest(k, "play", "tool", "h") for k in keys], OWNER, lease_ttl_s=-1.0
+    )
+    record = BatchRecord(key="batch-1", tool_id="tool", members=tuple(keys), inputs=("1", "2", "3"))
+    leases = [LeaseRef(c.receipt.key, c.receipt.lease_id or "") for c in claims]
+    assert store.mark_running_many(ORG, leases, OWNER, batches=[record]).ok  # leases run out: taken over
+    (taken,) = store.claim_many(
+        ORG, [ClaimRequest("b1", "play", "tool", "h")], Owner("run-b"), lease_ttl_s=60
+    )
+    assert taken.batch == record
     _by_key(_plans(tmp_path / "receipts.db", statements))
