@@ -163,7 +163,8 @@ class Stats:
     lookups (calls, or batch members) in requests the provider answered anew, what it
     bills; ``replayed``: those it answered from its record of their idempotency key,
     ``refresh_uncertain``: calls answered with a receipt's last good output while a
-    refresh of it has an uncertain outcome)
+    refresh of it has an uncertain outcome, ``refresh_running``: likewise while a refresh
+    of it is under way)
     and phase timings in milliseconds.
 
     Args:
@@ -177,7 +178,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed", "answered", "replayed", "refresh_uncertain",
+        "salvage_failed", "answered", "replayed", "refresh_uncertain", "refresh_running",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:
