@@ -56,9 +56,14 @@ class ToolResult:
 
     @classmethod
     def of(
-        cls, value: Any, execution: Execution, receipt_key: str, tool_id: str, refresh_uncertain: bool = False,
+        cls,
+        value: Any,
+        execution: Execution,
+        receipt_key: str,
+        tool_id: str,
+        refresh_uncertain: bool = False,
         refresh_running: bool = False,
-    ) -> ToolResult:  # fmt: skip
+    ) -> ToolResult:
         """A result whose status follows its value: None is ``no_result``."""
         status: Literal["ok", "no_result"] = "no_result" if value is None else "ok"
         return cls(

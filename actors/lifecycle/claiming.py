@@ -390,9 +390,9 @@ class Claims:
                 else:
                     self.p.exits.settle(group, self._reused(group, receipt, "in_flight"))
                 continue
-            if error is None and receipt is not None and status in ("queued", "running") and (
-                receipt.completed_at is not None
-            ):  # a refresh holding the last good output: ordinary calls never wait on it
+            held = status in ("queued", "running")
+            if error is None and receipt is not None and held and receipt.completed_at is not None:
+                # a refresh holding the last good output: ordinary calls never wait on it
                 if group.wait.force_after:
                     if self._last_good_given(group, receipt):
                         continue

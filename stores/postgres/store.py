@@ -285,7 +285,8 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 retry_safe=request.retry_safe,
             )
             if disposition is ClaimDisposition.CLAIMED or (
-                receipt.status in IN_FLIGHT and disposition not in _LEAVES_IN_FLIGHT
+                receipt.status in IN_FLIGHT
+                and disposition not in _LEAVES_IN_FLIGHT
                 and not serves_last_good(receipt, mode, now, stale_after_s)
             ):  # the SQL and the table disagree: a bug (a live refresh's last good output is none)
                 raise StoreError(f"{self._where}: claim of {receipt.key} was not decided ({receipt.status})")

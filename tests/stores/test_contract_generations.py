@@ -208,6 +208,7 @@ def test_first_run_under_way_has_no_last_good_output(store: ReceiptStore, fake_c
         assert_untouched(claim_one(store, key, OTHER, mode=mode), store, ClaimDisposition.RUNNING, live)
     assert_untouched(claim_one(store, key, OTHER, mode=F), store, ClaimDisposition.BLOCKED_ACTIVE_LEASE, live)
 
+
 # -- issue 26: a refresh whose own outcome is uncertain keeps the last good output ----------
 
 
