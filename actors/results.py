@@ -40,6 +40,10 @@ class ToolResult:
             while a refresh of it has an uncertain outcome (its request may have reached
             the provider, so a newer answer may exist there); ``execution`` is then
             ``cached`` or ``in_flight``. Counted in ``stats()["refresh_uncertain"]``.
+        refresh_running: True when ``value`` is the receipt's last good output, given to
+            a call that did not force a refresh while a refresh of it is under way (in
+            any system: ordinary calls never wait on a refresh); ``execution`` is then
+            ``cached``. Counted in ``stats()["refresh_running"]``.
     """
 
     value: Any
@@ -48,16 +52,23 @@ class ToolResult:
     tool_id: str
     status: Literal["ok", "no_result"] = "ok"
     refresh_uncertain: bool = False
+    refresh_running: bool = False
 
     @classmethod
     def of(
-        cls, value: Any, execution: Execution, receipt_key: str, tool_id: str, refresh_uncertain: bool = False
+        cls,
+        value: Any,
+        execution: Execution,
+        receipt_key: str,
+        tool_id: str,
+        refresh_uncertain: bool = False,
+        refresh_running: bool = False,
     ) -> ToolResult:
         """A result whose status follows its value: None is ``no_result``."""
         status: Literal["ok", "no_result"] = "no_result" if value is None else "ok"
         return cls(
             value=value, execution=execution, receipt_key=receipt_key, tool_id=tool_id, status=status,
-            refresh_uncertain=refresh_uncertain,
+            refresh_uncertain=refresh_uncertain, refresh_running=refresh_running,
         )  # fmt: skip
 
 

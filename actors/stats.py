@@ -163,8 +163,9 @@ class Stats:
     lookups (calls, or batch members) in requests the provider answered anew, what it
     bills; ``replayed``: those it answered from its record of their idempotency key,
     ``refresh_uncertain``: calls answered with a receipt's last good output while a
-    refresh of it has an uncertain outcome; ``requests_resent``: requests a lost owner
-    recorded, taken over and sent again whole)
+    refresh of it has an uncertain outcome, ``refresh_running``: likewise while a refresh
+    of it is under way; ``requests_resent``: requests a lost owner recorded, taken over
+    and sent again whole)
     and phase timings in milliseconds.
 
     Args:
@@ -178,7 +179,7 @@ class Stats:
         "retries", "backpressure", "failures", "salvaged", "lease_lost", "refused_by_latch",
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
-        "salvage_failed", "answered", "replayed", "refresh_uncertain", "requests_resent",
+        "salvage_failed", "answered", "replayed", "refresh_uncertain", "refresh_running", "requests_resent",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

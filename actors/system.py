@@ -245,7 +245,8 @@ class DispatchSystem:
         orphan_leases_released and lease_cleanup_failed (leases a failed claim or release left
         this process holding, given back or given up: see :mod:`actors.lifecycle.cleanup`),
         refresh_uncertain (calls answered with a receipt's last good output while a refresh
-        of it has an uncertain outcome: ``ToolResult.refresh_uncertain``); plus
+        of it has an uncertain outcome: ``ToolResult.refresh_uncertain``), refresh_running
+        (likewise while a refresh of it is under way: ``ToolResult.refresh_running``); plus
         ``outages`` (each outage of the receipt store or of a shared pacer this system's
         calls met, oldest first: ``service``, ``where``, ``began_at``, ``duration_s``,
         ``ongoing``, ``failures``, ``cause``; see :class:`actors.stats.Outages`),

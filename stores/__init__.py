@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, StoreCapabilities
 from stores.codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
-from stores.dispositions import decide_disposition, next_generation
+from stores.dispositions import decide_disposition, next_generation, serves_last_good
 from stores.errors import (
     InputTooLargeError,
     InvalidInputError,
@@ -147,6 +147,7 @@ __all__ = [
     "process_gone",
     "receipt_key",
     "salvage_form",
+    "serves_last_good",
     "shorten",
     "validate_output",
 ]

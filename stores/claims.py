@@ -24,7 +24,13 @@ from typing import Any
 
 import attrs
 
-from stores.dispositions import decide_disposition, keeps_batch, lost_lease_status, next_generation
+from stores.dispositions import (
+    decide_disposition,
+    keeps_batch,
+    lost_lease_status,
+    next_generation,
+    serves_last_good,
+)
 from stores.rules import IN_FLIGHT, KEEPS_OUTPUT, LOST_WHILE_RUNNING, NO_LEASE, holder_gone, owner_identity
 from stores.types import (
     BatchRecord,
@@ -83,7 +89,9 @@ def settled_by_read(
     A receipt read ``completed``, ``failed`` or ``uncertain`` holds no lease, so the
     table of :func:`~stores.dispositions.decide_disposition` answers it from the read alone
     when the answer writes nothing (``REUSED``, ``FAILED``, ``UNCERTAIN``): what a claim
-    transaction would answer at the read's instant. Everything else (no receipt, a
+    transaction would answer at the read's instant. So is a refresh running under a live
+    lease whose holder is not known to be gone, for an ordinary claim of its last good
+    output (:func:`~stores.dispositions.serves_last_good`: ``REUSED``). Everything else (no receipt, a
     lease to judge, ``CLAIMED``: a refresh, a stale output, a retried failure) is a miss
     for the claim transaction, which reads its rows again.
 
@@ -96,6 +104,7 @@ def settled_by_read(
     answered: dict[str, Claim] = {}
     misses: list[ClaimRequest] = []
     claimed = ClaimDisposition.CLAIMED
+    seen: dict[Any, bool] = {}  # holder process -> gone, asked once per read
     for request in requests:
         old = existing.get(request.key)
         if old is not None and old.status in _SETTLED:
@@ -103,6 +112,12 @@ def settled_by_read(
             if disposition is not claimed:
                 answered[request.key] = Claim(disposition, old)
                 continue
+        elif (
+            old is not None and old.status in IN_FLIGHT and old.lease_live(now)
+            and serves_last_good(old, mode, now, stale_after_s) and not holder_gone(old, now, seen)
+        ):  # fmt: skip
+            answered[request.key] = Claim(ClaimDisposition.REUSED, old)
+            continue
         misses.append(request)
     return answered, misses
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from stores.types import ClaimDisposition, ClaimMode, FailureKind, Receipt, ReceiptStatus
 
-__all__ = ["decide_disposition", "keeps_batch", "lost_lease_status", "next_generation"]
+__all__ = ["decide_disposition", "keeps_batch", "lost_lease_status", "next_generation", "serves_last_good"]
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+_HOLDING = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING, ReceiptStatus.UNCERTAIN)
+"""Statuses in which a receipt may hold a refresh's previous output (its last good one)."""
 
 
 def decide_disposition(
@@ -44,6 +46,11 @@ def decide_disposition(
     outcome is uncertain) answers an ordinary claim (normal or retry_failed, the output
     fresh enough) ``REUSED``: the last good output stands. A forced or stale re-run
     meets the uncertainty (``UNCERTAIN``), as does every claim of one with no output.
+
+    Likewise a refresh still running (queued or running under a live lease, holding the
+    previous output) answers those ordinary claims ``REUSED`` at once
+    (:func:`serves_last_good`): they never wait on the refresh. Forced and stale re-runs
+    wait for it (``BLOCKED_ACTIVE_LEASE``, ``RUNNING``).
     """
     if receipt is None:
         return ClaimDisposition.CLAIMED
@@ -52,6 +59,8 @@ def decide_disposition(
         return _completed(receipt, mode, now, stale_after_s)
     if status in _IN_FLIGHT:
         if receipt.lease_live(now) and not holder_gone:
+            if serves_last_good(receipt, mode, now, stale_after_s):
+                return ClaimDisposition.REUSED
             if mode is ClaimMode.FORCE_REFRESH:
                 return ClaimDisposition.BLOCKED_ACTIVE_LEASE
             return ClaimDisposition.RUNNING
@@ -86,13 +95,22 @@ def lost_lease_status(
     return None
 
 
+def serves_last_good(receipt: Receipt, mode: ClaimMode, now: float, stale_after_s: float | None) -> bool:
+    """Whether a claim in ``mode`` takes ``receipt``'s last good output while a refresh of it
+    runs or has an uncertain outcome: the receipt is queued, running or uncertain and still
+    holds a previous output (``completed_at`` set), the claim is ordinary (normal or
+    retry_failed) and that output is fresh for its ``stale_after_s`` (``now``: the
+    store's clock, epoch seconds)."""
+    if receipt.completed_at is None or receipt.status not in _HOLDING:
+        return False
+    return _completed(receipt, mode, now, stale_after_s) is ClaimDisposition.REUSED
+
+
 def _uncertain(
     receipt: Receipt, mode: ClaimMode, now: float, stale_after_s: float | None
 ) -> ClaimDisposition:
     """An uncertain receipt: its last good output (if any) answers ordinary claims."""
-    if receipt.completed_at is None:
-        return ClaimDisposition.UNCERTAIN
-    if _completed(receipt, mode, now, stale_after_s) is ClaimDisposition.REUSED:
+    if serves_last_good(receipt, mode, now, stale_after_s):
         return ClaimDisposition.REUSED
     return ClaimDisposition.UNCERTAIN
 

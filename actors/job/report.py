@@ -224,6 +224,8 @@ def report_table(
         table.add_row("reused within this run (calls)", str(paid["reused_this_run"]))
         if stats.get("refresh_uncertain"):
             table.add_row("reused while a refresh is uncertain (calls)", str(stats["refresh_uncertain"]))
+        if stats.get("refresh_running"):
+            table.add_row("reused while a refresh runs (calls)", str(stats["refresh_running"]))
         table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
         table.add_row("calls failed", str(paid["failed"]))
         if paid["cancelled"]:

@@ -25,6 +25,7 @@ from actors.errors import (
 from actors.lifecycle.attempts import SendTicket, batch_record, spec_for
 from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
 from actors.lifecycle.shared import Parts, Shared
+from stores.types import ClaimMode
 
 __all__ = ["Admission", "sent_batch"]
 
@@ -333,6 +334,11 @@ class Admission:
         timer, ``timeout_s`` after it came (a call that came before the send counts from
         the send), and the execution runs as long as it waits (``Unit.deadline``)."""
         group = self.s.groups.get(call.key)
+        if group is not None and call.mode is not ClaimMode.FORCE_REFRESH and group.receipt is not None:
+            # a refresh under way holding the last good output: an ordinary call takes it now
+            self.p.exits.answer_last_good(group, group.receipt, "refresh_running")
+            if call not in group.calls:
+                return
         if group is not None:
             self.p.waits.waiting_joined(group, call, now)  # a wait (another owner, a reconcile hook) too
         unit = group.unit if group is not None else None

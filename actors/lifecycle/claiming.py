@@ -42,6 +42,14 @@ from stores.types import (
 __all__ = ["CLAIM_CHUNK", "Claims"]
 
 RUNNING = ReceiptStatus.RUNNING
+_RUNNING_REFRESH = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
+_LAST_GOOD = {
+    ReceiptStatus.QUEUED: "refresh_running",
+    ReceiptStatus.RUNNING: "refresh_running",
+    ReceiptStatus.UNCERTAIN: "refresh_uncertain",
+}
+"""How a reused receipt's output is marked by its status: only a refresh's last good
+output is reused from a queued, running or uncertain receipt (stores.serves_last_good)."""
 CLAIM_CHUNK = 500
 """Most receipts in one claim of a bulk drain claimed straight into running: its first
 calls start while the store claims the rest (chunking calls that wait for slots anyway
@@ -172,6 +180,9 @@ class Claims:
             if disposition is ClaimDisposition.CLAIMED:
                 self.p.exits.stop_waiting(group)
                 group.receipt = receipt
+                if receipt.completed_at is not None and self.tool.durable:  # a refresh of an output
+                    self.fx.forget(group.key)  # the memo's copy: later calls get it marked, from the group
+                    self.p.exits.answer_last_good(group, receipt, "refresh_running")
                 if receipt.attempts <= 1 and receipt.generation <= 1:
                     created += 1
                 group.state = GroupState.CLAIMED
@@ -202,7 +213,7 @@ class Claims:
                 else:
                     self.p.exits.settle(group, self._recorded_failure(group, receipt))
             elif disposition.value == "uncertain":
-                self.p.exits.answer_last_good(group, receipt, uncertain=True)  # its ordinary callers
+                self.p.exits.answer_last_good(group, receipt, "refresh_uncertain")  # its ordinary callers
                 if self.tool.reconcile is None:
                     self.p.exits.settle(group, self.p.waits.uncertain(group, receipt))
                 else:  # ask the provider whether the uncertain attempt acted
@@ -216,7 +227,8 @@ class Claims:
                 )
             else:  # running, blocked_active_lease: another owner holds it
                 group.wait.force_after = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
-                waiting.append(group)
+                if not self._last_good_given(group, receipt):
+                    waiting.append(group)
         self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
         for record, member_claims, asked in resent.values():
             self._send_again(batch, record, member_claims, asked)
@@ -306,7 +318,18 @@ class Claims:
                 f"({exc}); inspect it with `tooldispatch receipts show {group.key[:16]}`, or run the call "
                 "with force_refresh (`tooldispatch run --force-refresh`) to pay for it again and replace it"
             )
-        return Done(text, execution, last_good=receipt.status is ReceiptStatus.UNCERTAIN)
+        return Done(text, execution, last_good=_LAST_GOOD.get(receipt.status))
+
+    def _last_good_given(self, group: Group, receipt: Receipt) -> bool:
+        """A forced refresh waiting on another owner's refresh of a receipt holding its last
+        good output: its ordinary callers get that output now (never waiting on either
+        refresh). Returns True when no caller is left to wait (the group settled)."""
+        if receipt.status in _RUNNING_REFRESH and receipt.completed_at is not None:
+            self.p.exits.answer_last_good(group, receipt, "refresh_running")
+            if not group.calls:
+                self.p.exits.settle(group, None)
+                return True
+        return False
 
     @staticmethod
     def _recorded_failure(group: Group, receipt: Receipt) -> BaseException:
@@ -422,6 +445,15 @@ class Claims:
                 else:
                     self.p.exits.settle(group, self._reused(group, receipt, "in_flight"))
                 continue
+            held = status in ("queued", "running")
+            if error is None and receipt is not None and held and receipt.completed_at is not None:
+                # a refresh holding the last good output: ordinary calls never wait on it
+                if group.wait.force_after:
+                    if self._last_good_given(group, receipt):
+                        continue
+                elif group.mode is not ClaimMode.FORCE_REFRESH and group.stale_after_s is None:
+                    reclaim.append(group)  # a plain read answers it (stores.serves_last_good)
+                    continue
             free = error is None and status not in ("queued", "running")
             # the store judges leases: claim when the read says free, now and then (the
             # owner may have died), and after the last poll (a live lease then times out)

@@ -187,13 +187,15 @@ class Exits:
         for call in calls:
             self.fx.answer(call, self.outcome_for(call, group, outcome))
 
-    def answer_last_good(self, group: Group, receipt: Receipt | None, uncertain: bool) -> None:
-        """A forced refresh that will not give a new output (its failure recorded, or its
-        receipt met uncertain): its callers that did not ask for a refresh (followers or
-        attached calls, normal or retry_failed) get ``receipt``'s previous output now, as
-        their own claim would have (docs/receipts.md, Claims and dispositions), marked
-        ``refresh_uncertain`` when ``uncertain``. Only for a key without staleness (with
-        one, a normal call may itself be a stale re-run: it shares the refresh's outcome)."""
+    def answer_last_good(self, group: Group, receipt: Receipt | None, mark: str | None) -> None:
+        """A forced refresh holding the receipt's previous output: its callers that did not
+        ask for a refresh (followers or attached calls, normal or retry_failed) get that
+        output now, as their own claim would have (docs/receipts.md, Claims and
+        dispositions), never waiting on the refresh. ``mark``: ``"refresh_running"`` (the
+        refresh is under way), ``"refresh_uncertain"`` (its outcome is uncertain) or None
+        (its failure was recorded: the output stands unmarked). Only for a key without
+        staleness (with one, a normal call may itself be a stale re-run: it shares the
+        refresh's outcome)."""
         if (
             receipt is None or receipt.completed_at is None or group.mode is not ClaimMode.FORCE_REFRESH
             or group.stale_after_s is not None
@@ -207,7 +209,10 @@ class Exits:
         except Exception:  # unreadable: they share the refresh's outcome
             return
         group.calls = [c for c in group.calls if c.mode is ClaimMode.FORCE_REFRESH]
-        done = Done(text, "cached", last_good=uncertain)
+        if group.wait.counted:  # the waiting-on-owner gauge counts the callers still waiting
+            self.fx.count("waiting_on_owner", -min(len(ordinary), group.wait.counted))
+            group.wait.counted = max(0, group.wait.counted - len(ordinary))
+        done = Done(text, "cached", last_good=mark)
         for call in ordinary:
             self.fx.answer(call, self.outcome_for(call, group, done))
 
@@ -243,7 +248,11 @@ class Exits:
         if execution == "live" and (call.role is not Role.OWNER or not group.ran):
             execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
-        return ToolResult.of(value, execution, group.key, self.tool.tool_id, outcome.last_good)  # type: ignore[arg-type]
+        mark = outcome.last_good
+        return ToolResult.of(
+            value, execution, group.key, self.tool.tool_id,  # type: ignore[arg-type]
+            refresh_uncertain=mark == "refresh_uncertain", refresh_running=mark == "refresh_running",
+        )  # fmt: skip
 
 
 MISSING = object()
@@ -274,11 +283,12 @@ class TooLarge(RecordedFailureError):
 
 class Done:
     """A successful outcome: the encoded output (durable) or the value, and how it came;
-    ``last_good``: the receipt's last good output, its refresh's outcome uncertain."""
+    ``last_good``: None, or the receipt's last good output given while a refresh of it
+    runs (``"refresh_running"``) or has an uncertain outcome (``"refresh_uncertain"``)."""
 
     __slots__ = ("execution", "last_good", "value")
 
-    def __init__(self, value: Any, execution: str, last_good: bool = False) -> None:
+    def __init__(self, value: Any, execution: str, last_good: str | None = None) -> None:
         self.value = value
         self.execution = execution
         self.last_good = last_good

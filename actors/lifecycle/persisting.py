@@ -161,7 +161,9 @@ class Persister:
     def _settle_failed(self, failed: list[tuple[Group, BaseException, bool]], recorded: bool = False) -> None:
         for group, exc, uncertain in failed:
             if recorded:  # a refresh that failed: its previous output stands for ordinary callers
-                self.p.exits.answer_last_good(group, group.receipt, uncertain)
+                self.p.exits.answer_last_good(
+                    group, group.receipt, "refresh_uncertain" if uncertain else None
+                )
             self.p.exits.settle(group, exc)
             self._persisted_one(group)
 

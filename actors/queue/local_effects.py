@@ -117,6 +117,8 @@ class LocalEffects:
                 self.ports.stats.add(outcome.execution, tool=self.tool.tool_id)
             if outcome.refresh_uncertain:
                 self.ports.stats.add("refresh_uncertain", tool=self.tool.tool_id)
+            elif outcome.refresh_running:
+                self.ports.stats.add("refresh_running", tool=self.tool.tool_id)
             return
         fail(future, outcome)
         self.ports.stats.add("errors", tool=self.tool.tool_id)

@@ -31,7 +31,7 @@ import attrs
 from stores.base import Clock, ReceiptStore, StoreCapabilities
 from stores.claims import ClaimPlan, already_taken, batch_members_wanted, plan_claims
 from stores.codec import encode_output
-from stores.dispositions import decide_disposition, keeps_batch
+from stores.dispositions import decide_disposition, keeps_batch, serves_last_good
 from stores.errors import StoreError
 from stores.fenced import FencedWrites, FenceItem, refusal
 from stores.postgres.claims import read_settled
@@ -299,8 +299,10 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
                 retry_safe=request.retry_safe,
             )
             if disposition is ClaimDisposition.CLAIMED or (
-                receipt.status in IN_FLIGHT and disposition not in _LEAVES_IN_FLIGHT
-            ):  # the SQL and the table disagree: a bug
+                receipt.status in IN_FLIGHT
+                and disposition not in _LEAVES_IN_FLIGHT
+                and not serves_last_good(receipt, mode, now, stale_after_s)
+            ):  # the SQL and the table disagree: a bug (a live refresh's last good output is none)
                 raise StoreError(f"{self._where}: claim of {receipt.key} was not decided ({receipt.status})")
             decided[receipt.key] = Claim(disposition, receipt)
         return decided

@@ -119,7 +119,9 @@ def test_refresh_whose_owner_is_lost_keeps_old_output(
     key = key_of("refresh-lost")
     before, refresh = _refreshing(store, key)
     assert store.mark_running_many(ORG, [lease_of(refresh)], ME).ok
-    assert claim_one(store, key, OTHER, mode=mode).disposition is ClaimDisposition.RUNNING
+    running = get(store, key)
+    assert running is not None  # while it runs, an ordinary claim takes the last good output
+    assert_untouched(claim_one(store, key, OTHER, mode=mode), store, ClaimDisposition.REUSED, running)
     now = fake_clock.advance(TTL_S + 1)
     reused = claim_one(store, key, OTHER, mode=mode)
     assert reused.disposition is ClaimDisposition.REUSED
@@ -159,6 +161,52 @@ def test_refresh_of_stale_receipt_keeps_old_output(store: ReceiptStore, fake_clo
     stored = get(store, key)
     assert stored is not None and stored.status is ReceiptStatus.COMPLETED and stored.output == {"v": "old"}
     assert before is not None and stored.completed_at == before.completed_at
+
+
+# -- issue 26: a refresh under way, or whose own outcome is uncertain, keeps the last good --
+# -- output for ordinary claims ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["queued", "running"])
+@pytest.mark.parametrize("how", ["forced", "stale"])
+def test_refresh_under_way_leaves_last_good_output_to_ordinary_claims_at_once(
+    store: ReceiptStore, fake_clock: Any, how: str, running: bool
+) -> None:
+    key = key_of(f"refresh-under-way-{how}-{running}")
+    make_completed(store, key, {"v": "old"})
+    if how == "stale":
+        fake_clock.advance(100)
+        refresh = claim_one(store, key, stale_after_s=10)
+    else:
+        refresh = claim_one(store, key, mode=F)
+    assert refresh.disposition is CLAIMED
+    if running:
+        assert store.mark_running_many(ORG, [lease_of(refresh)], ME).ok
+    live = get(store, key)
+    assert live is not None and live.status in IN_FLIGHT and live.output == {"v": "old"}
+    fake_clock.advance(1)
+    for owner in (OTHER, ME):  # another system, or the refreshing owner's own other calls
+        for mode in (N, R):  # ordinary claims get the last good output, nothing written
+            for stale in (None, 10_000.0):
+                answer = claim_one(store, key, owner, mode=mode, stale_after_s=stale)
+                assert_untouched(answer, store, ClaimDisposition.REUSED, live)
+            settled, misses = store.read_settled(ORG, [request_for(key)], mode=mode)
+            assert misses == [] and settled[key] == Claim(ClaimDisposition.REUSED, live)
+    # a forced re-run, and an ordinary claim for which the output is too old, wait for it
+    assert_untouched(claim_one(store, key, OTHER, mode=F), store, ClaimDisposition.BLOCKED_ACTIVE_LEASE, live)
+    too_old = claim_one(store, key, OTHER, stale_after_s=10 if how == "stale" else 0.5)
+    assert_untouched(too_old, store, ClaimDisposition.RUNNING, live)
+
+
+def test_first_run_under_way_has_no_last_good_output(store: ReceiptStore, fake_clock: Any) -> None:
+    key = key_of("first-run-under-way")
+    first = claim_one(store, key)
+    assert store.mark_running_many(ORG, [lease_of(first)], ME).ok
+    live = get(store, key)
+    assert live is not None
+    for mode in (N, R):
+        assert_untouched(claim_one(store, key, OTHER, mode=mode), store, ClaimDisposition.RUNNING, live)
+    assert_untouched(claim_one(store, key, OTHER, mode=F), store, ClaimDisposition.BLOCKED_ACTIVE_LEASE, live)
 
 
 # -- issue 26: a refresh whose own outcome is uncertain keeps the last good output ----------
