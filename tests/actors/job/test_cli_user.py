@@ -267,3 +267,40 @@ def test_cli_salvage_replay_on_a_healthy_store_creates_nothing(cli, play, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "nothing to replay" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_cli_demo_says_where_its_files_are_on_a_fresh_run_and_a_rerun(cli, tmp_path):
+    """The README's first command: the demo, run twice, as a new user would (from an empty
+    directory): stdout says where the city list, the provider and the receipts are, both
+    times, and the rerun sends no request."""
+    import subprocess
+    import sys
+
+    work = tmp_path / ".tooldispatch-demo"
+    runs = [
+        subprocess.run(
+            [sys.executable, str(cli.examples / "demo.py")],
+            cwd=tmp_path,
+            env=cli.env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        for _ in range(2)
+    ]
+
+    counts = []
+    for done, how in zip(runs, ("written now", "from an earlier run"), strict=True):
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        city_list = re.fullmatch(
+            rf"city list: {re.escape(str(work / 'cities.csv'))} \((\d+) cities, {how}\)", lines[0]
+        )
+        assert city_list is not None, lines
+        counts.append(int(city_list.group(1)))
+        assert re.fullmatch(r"provider listening on http://127\.0\.0\.1:\d+", lines[1]), lines
+        assert lines[2] == f"receipts in {work / 'receipts.db'}", lines
+        assert lines[3].startswith("provider served "), lines
+    assert counts[0] == counts[1] > 30_000
+    assert runs[1].stdout.splitlines()[3].startswith("provider served 0 requests"), runs[1].stdout
