@@ -110,7 +110,8 @@ class Tool:
         retry_safe: transient failures are retried in-call (charging the retry budget).
         timeout_s: per-call timeout, seconds (None: the policy's default).
         lease_ttl_s: receipt lease TTL, seconds (None: the policy's default).
-        non_semantic_fields: top-level input fields left out of the receipt key.
+        non_semantic_fields: top-level input fields left out of the receipt key (sent all
+            the same: plain JSON, counted in the input cap, InvalidInputError otherwise).
         reconcile: ``reconcile(input, ctx) -> output or NOT_DONE``: asks the provider
             (by ``ctx.idempotency_key``, the key the uncertain attempt sent) whether a call
             whose outcome is uncertain did act. An output is stored as the receipt's

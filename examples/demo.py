@@ -2,7 +2,8 @@
 
     python examples/demo.py            # run it twice: the second run makes no provider request
 
-Writes its files under ``.tooldispatch-demo/`` (cities.csv, receipts.db, cities.out.jsonl).
+Writes its files under ``.tooldispatch-demo/`` (cities.csv, receipts.db, cities.out.jsonl)
+and says on stdout, on every run, where the city list, the provider and the receipts are.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ def write_cities(path: str) -> int:
 def main() -> int:
     os.makedirs(WORK, exist_ok=True)
     cities = os.path.join(WORK, "cities.csv")
-    if not os.path.exists(cities):
-        print(f"wrote {write_cities(cities)} cities to {cities}", flush=True)
+    if os.path.exists(cities):  # a rerun: the same list, said again
+        with open(cities, newline="", encoding="utf-8") as fh:
+            count = sum(1 for _ in csv.reader(fh)) - 1
+        print(f"city list: {cities} ({count} cities, from an earlier run)", flush=True)
+    else:
+        print(f"city list: {cities} ({write_cities(cities)} cities, written now)", flush=True)
     # The provider runs in its own session, so a Ctrl-C on the terminal reaches only the
     # CLI, which then finishes its in-flight calls against a provider still serving.
     provider = subprocess.Popen(

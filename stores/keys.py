@@ -1,7 +1,7 @@
 """Receipt keys: a deterministic sha256 over the canonical call.
 
 The canonical input is the RFC 8785 JSON Canonicalization Scheme (JCS) form of the
-call's input, produced by the ``rfc8785`` package:
+call's input (:func:`stores.inputs.canonical_json`, the ``rfc8785`` package's text):
 
 * object keys sorted (by UTF-16 code units, RFC 8785 section 3.2.3) at every depth,
   list order kept, no insignificant whitespace;
@@ -14,9 +14,11 @@ call's input, produced by the ``rfc8785`` package:
 
 Anything that is not plain JSON (NaN, Infinity, bytes, sets, datetimes, non-string
 object keys, arbitrary objects) raises :class:`~stores.errors.InvalidInputError`; a key
-is never computed from a lossy form. Nor for an input over the input cap
-(:data:`stores.inputs.MAX_INPUT_BYTES` of JSON text, non-semantic fields counted): it
-raises :class:`~stores.errors.InputTooLargeError`, so no call of it is claimed or sent.
+is never computed from a lossy form. The fields a tool declares non-semantic are left
+out of the key but sent all the same: they must be plain JSON too. Nor is a key made for
+an input over the input cap (:data:`stores.inputs.MAX_INPUT_BYTES` of canonical JSON
+text, the whole input measured, non-semantic fields counted): it raises
+:class:`~stores.errors.InputTooLargeError`, so no call of it is claimed or sent.
 
 The key hashes, in a versioned envelope: org id, scope, tool id, provider action
 version, credential-scope digest, staleness setting and the sha256 of the canonical
@@ -32,11 +34,10 @@ from typing import Any
 
 import attrs
 import orjson
-import rfc8785
 
 from stores.errors import InvalidInputError
-from stores.inputs import check_input_size, utf8_size_bytes
-from stores.quoting import brief, shorten
+from stores.inputs import canonical_bytes, canonical_json, check_input_size, orjson_is_jcs, sent_size_bytes
+from stores.quoting import brief
 
 __all__ = [
     "KEY_FORMAT",
@@ -51,79 +52,6 @@ __all__ = [
 
 KEY_FORMAT = "tooldispatch.receipt.v1"
 """Envelope tag hashed into every key; bump it to invalidate every key at once."""
-
-
-def canonical_json(value: Any, *, ignore_fields: Collection[str] = ()) -> str:
-    """Return the RFC 8785 canonical JSON text of ``value``.
-
-    Args:
-        value: a JSON value (dict with str keys, list, str, int, float, bool, None).
-        ignore_fields: top-level object keys the tool declares non-semantic; they are
-            removed before canonicalisation (only when ``value`` is an object).
-
-    Raises:
-        InvalidInputError: ``value`` is not representable as JSON without loss.
-    """
-    if ignore_fields and isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k not in ignore_fields}
-    if orjson_is_jcs(value):
-        try:
-            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
-        except orjson.JSONEncodeError:
-            pass  # e.g. a lone surrogate: rfc8785 below gives the precise error
-    try:
-        return rfc8785.dumps(value).decode("utf-8")
-    except (rfc8785.CanonicalizationError, UnicodeError, RecursionError, ValueError) as exc:
-        raise InvalidInputError(f"input is not canonical JSON: {_why(exc)}") from None
-
-
-def _why(exc: BaseException) -> str:
-    """An rfc8785 error's text, short (an IntegerDomainError's text is the integer itself,
-    whose ``str`` raises past 4300 digits)."""
-    if isinstance(exc, rfc8785.IntegerDomainError) and exc.args:
-        return f"{brief(exc.args[0], 40)} exceeds safe integer domain for JSON floats"
-    try:
-        return shorten(str(exc), 400)
-    except ValueError:
-        return type(exc).__name__
-
-
-_MAX_SAFE_INT = 2**53 - 1
-
-
-def orjson_is_jcs(value: Any) -> bool:
-    """True when orjson's sorted output is byte-identical to RFC 8785 for ``value``.
-
-    That holds for exact dict/list/str/int/bool/None trees with ASCII object keys
-    (code point order equals UTF-16 order) and integers within +/-(2**53 - 1) (no
-    floats: ECMAScript number formatting is rfc8785's job). Both escape strings the
-    same way (checked by tests/stores/test_keys_fastpath.py). Anything else, including
-    every invalid input and an input that contains itself, takes the rfc8785 path.
-    """
-    stack = [value]
-    seen: set[int] = set()  # containers walked: an input that contains itself ends the walk
-    while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind is str or kind is bool or item is None:
-            continue
-        if kind is int:
-            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
-                return False
-        elif kind is dict or kind is list:
-            if id(item) in seen:
-                return False  # a cycle (or a shared subtree): rfc8785 decides, and refuses a cycle
-            seen.add(id(item))
-            if kind is list:
-                stack.extend(item)
-                continue
-            for key in item:
-                if type(key) is not str or not key.isascii():
-                    return False
-            stack.extend(item.values())
-        else:
-            return False
-    return True
 
 
 def _sha256(text: str) -> str:
@@ -174,7 +102,10 @@ def explain_key(
         ignore_fields: top-level input fields the tool declares non-semantic.
 
     Raises:
-        InvalidInputError: the input is not plain JSON, or a part is not a string.
+        InvalidInputError: the input (non-semantic fields included) is not plain JSON, or a
+            part is not a string.
+        InputTooLargeError: the whole input is over ``stores.inputs.MAX_INPUT_BYTES`` of
+            canonical JSON text.
     """
     canonical, input_hash, envelope, key = _build(
         org_id, scope, tool_id, input, credential_scope_digest, version, stale_after_s, ignore_fields
@@ -209,10 +140,12 @@ def _build(
             raise InvalidInputError(f"{name} must be a non-empty string, got {brief(part)}")
     if not isinstance(version, str) or not isinstance(credential_scope_digest, str):
         raise InvalidInputError("version and credential_scope_digest must be strings")
-    canonical = canonical_json(input, ignore_fields=ignore_fields)
-    check_input_size(size_bytes=utf8_size_bytes(canonical))
-    if ignore_fields and isinstance(input, Mapping) and any(k in input for k in ignore_fields):
-        check_input_size(input)  # the fields left out of the key are sent all the same
+    value = input
+    if ignore_fields and isinstance(input, Mapping):
+        value = {k: v for k, v in input.items() if k not in ignore_fields}
+    data = canonical_bytes(value)
+    check_input_size(size_bytes=sent_size_bytes(len(data), input, ignore_fields))
+    canonical = data.decode("utf-8")
     input_hash = _sha256(canonical)
     stale = None if stale_after_s is None else canonical_json(float(stale_after_s))
     envelope = orjson.dumps(
@@ -265,10 +198,10 @@ def key_maker(
     copy).
 
     Raises:
-        InvalidInputError: a part is not a string (here), or an input is not plain JSON
-            (from ``make``).
-        InputTooLargeError: (from ``make``) an input is over ``stores.inputs.MAX_INPUT_BYTES``
-            of JSON text.
+        InvalidInputError: a part is not a string (here), or an input (non-semantic fields
+            included) is not plain JSON (from ``make``).
+        InputTooLargeError: (from ``make``) a whole input is over
+            ``stores.inputs.MAX_INPUT_BYTES`` of canonical JSON text.
     """
     _, _, envelope, _ = _build(
         org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
@@ -290,10 +223,11 @@ def key_maker(
             except orjson.JSONEncodeError:
                 data = None
         if data is None:
-            data = canonical_json(value).encode("utf-8")
-        check_input_size(size_bytes=len(data))
-        if value is not input and len(value) != len(input):
-            check_input_size(input)  # the fields left out of the key are sent all the same
+            data = canonical_bytes(value)
+        size = len(data)
+        if value is not input and len(value) != len(input):  # the fields left out of the key are sent
+            size = sent_size_bytes(size, input, ignored)
+        check_input_size(size_bytes=size)
         input_hash = sha256(data).hexdigest()
         digest = prefix.copy()
         digest.update(f'{input_hash}"]'.encode("ascii"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 import orjson
-from rich.table import Table
+from rich.table import Column, Table
 
 from actors.job.cli_common import (
     ConfigError,
@@ -92,21 +92,49 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
         "order by updated_at desc limit ?",
         [*params, limit],
     )
-    table = Table("key", "org", "tool", "input", "status", "attempts")
-    for row in rows:
-        shown = (cell(row[name]) for name in ("status", "attempts"))
-        table.add_row(
-            cell(row["key"])[:16],
-            cell(row["org_id"]),
-            cell(row["tool_id"]),
-            input_cell(row["input_text"]),
-            *shown,
-        )
-    plain_console().print(table)
+    console = plain_console()
+    table = _ls_table(rows, compact=False)
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    if natural > console.width:  # a narrow terminal: room for the input
+        table = _ls_table(rows, compact=True)
+    console.print(table)
 
 
 LS_INPUT_CHARS = 48
 """Most characters of a receipt's input ``receipts ls`` shows (``show`` shows what is kept)."""
+
+LS_KEY_CHARS, LS_NARROW_KEY_CHARS = 16, 10
+"""Characters of a receipt key ``receipts ls`` shows (a prefix ``show`` and ``resolve``
+take), and on a terminal too narrow for the whole table."""
+
+
+def _ls_table(rows: list[dict[str, Any]], *, compact: bool) -> Table:
+    """The ``receipts ls`` table. ``compact``, for a terminal too narrow for the whole of
+    it (80 columns): what a receipt was for keeps the room, wrapped over lines rather than
+    cut, and the rest gives way: a shorter key prefix (still whole, never cut with ``…``),
+    the org in the title when every receipt listed has the same one, ``tries`` for
+    ``attempts``."""
+    orgs = {cell(row["org_id"]) for row in rows}
+    with_org = not compact or len(orgs) != 1
+    key_chars = LS_NARROW_KEY_CHARS if compact else LS_KEY_CHARS
+    columns = [Column("key", no_wrap=True, min_width=key_chars)]
+    if with_org:
+        columns.append(Column("org", no_wrap=compact))
+    columns += [
+        Column("tool", no_wrap=compact),
+        Column("input", overflow="fold") if compact else Column("input"),
+        Column("status", no_wrap=compact),
+        Column("tries" if compact else "attempts", no_wrap=compact),
+    ]
+    title = f"org {next(iter(orgs))}" if not with_org else None
+    table = Table(*columns, title=title)
+    for row in rows:
+        org = [cell(row["org_id"])] if with_org else []
+        shown = (cell(row[name]) for name in ("status", "attempts"))
+        table.add_row(
+            cell(row["key"])[:key_chars], *org, cell(row["tool_id"]), input_cell(row["input_text"]), *shown
+        )
+    return table
 
 
 def input_cell(text: Any, width: int = LS_INPUT_CHARS) -> str:

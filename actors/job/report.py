@@ -250,8 +250,8 @@ def report_table(
     if stats.get("latch_tripped"):
         table.add_row("latch", f"TRIPPED ({stats.get('latch_refused', 0)} calls refused)")
     shown = 0
-    for kind, count, example in summary.errors.most_common(5):
-        table.add_row(f"error: {kind} ({count} {_plural(count, 'row')})", f"e.g. {example}")
+    for label, count, example in summary.errors.most_common(5):
+        table.add_row(f"error: {label} ({count} {_plural(count, 'row')})", f"e.g. {example}")
         shown += count
     if summary.errors.total() > shown:
         rest = summary.errors.total() - shown

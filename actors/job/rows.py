@@ -4,8 +4,16 @@ Every row is held to the one input-size rule (:mod:`stores.inputs`, docs/cli.md,
 a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file (for CSV, a record:
 a quoted field may span lines) is never read whole. It is passed over to its end, a chunk
 at a time, and fails alone as a :class:`RowError` naming its line(s) and size; a row
-that is read is then measured as a call's input is (its JSON text). Either way nothing of
-it is sent, and the rows after it are read on.
+that is read is then measured as a call's input is, by the one measure: its canonical
+JSON text (RFC 8785). Either way nothing of it is sent, and the rows after it are read on.
+
+Two rules, then, in this order: the line (record) as it is in the file, which guards
+memory, and the row's canonical text, which is the cap itself. The first refuses a row
+whose canonical text would fit only when its line holds more than that text: whitespace
+around a plain-text line or inside a JSONL one, ``1.0`` for ``1``, ``\\u00e9`` for ``é``.
+A CSV record is never longer than its row's canonical text, and a JSONL line written in
+canonical form (``stores.canonical_json``) is as long as it, so those are refused
+exactly when their canonical text is over the cap.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any, NoReturn, TextIO
 import orjson
 
 from actors.errors import DispatchError
-from stores.errors import InputTooLargeError
+from stores.errors import InputTooLargeError, InvalidInputError
 from stores.inputs import MAX_INPUT_BYTES, check_input_size, utf8_size_bytes
 
 __all__ = ["CHUNK_CHARS", "InputError", "RowError", "read_rows"]
@@ -42,7 +50,8 @@ def read_rows(path: str) -> Iterator[Any]:
     The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
     is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
     dropped). A row that cannot be read, or is over the input cap
-    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line, its CSV record, or its JSON text),
+    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line, its CSV record, or its canonical
+    JSON text),
     is yielded as a :class:`RowError` naming its line(s), so it fails alone and the rest
     go on. A quoted CSV field may span lines (RFC 4180), so a row that a stray quote made
     swallow the lines after it is one row error naming them all.
@@ -74,7 +83,7 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
 
     while True:
         blank = True
-        got = lines.read(MAX_INPUT_BYTES, seen)
+        got = lines.read(MAX_INPUT_BYTES, seen, with_ending=False)
         if got is None:
             return
         text, size = got
@@ -95,11 +104,29 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
                     continue
             else:
                 value = text.strip()
-            check_input_size(value)
+            _check_row_size(value)
         except InputTooLargeError as exc:
             yield RowError(f"{where}: {exc}")
             continue
         yield value
+
+
+def _check_row_size(value: Any) -> None:
+    """Hold a row read to the input cap by the one measure, its canonical JSON text
+    (RFC 8785, :func:`stores.inputs.check_input_size`), as a call's input is held.
+
+    A JSONL value that has none (an integer beyond +/-(2**53 - 1)) is not refused here:
+    its line is within the cap, and a call given it is refused where its key is made.
+
+    Raises:
+        InputTooLargeError: over the cap.
+    """
+    try:
+        check_input_size(value)
+    except InputTooLargeError:
+        raise
+    except InvalidInputError:
+        pass
 
 
 def _refuse(size_bytes: int, what: str) -> NoReturn:
@@ -156,7 +183,7 @@ def _csv_rows(lines: _Lines) -> Iterator[Any]:
         else:
             row = dict(zip(header, fields, strict=True))
             try:
-                check_input_size(row)
+                _check_row_size(row)
             except InputTooLargeError as exc:
                 yield RowError(f"{_lines_named(source.first, lines.number)}: {exc}")
                 continue
@@ -190,7 +217,7 @@ class _Lines:
         """The number of the last line read."""
 
     def read(
-        self, limit_bytes: int, seen: Callable[[str], None] | None = None
+        self, limit_bytes: int, seen: Callable[[str], None] | None = None, *, with_ending: bool = True
     ) -> tuple[str | None, int] | None:
         """The next line and its size in bytes (UTF-8, as in the file); None at the end.
 
@@ -199,11 +226,15 @@ class _Lines:
                 is passed over to its end and returned as None.
             seen: called with each piece of a line passed over, as it is read (those
                 read before it was found over the limit too), in order.
+            with_ending: whether its line ending counts, in the limit and the size
+                returned (a CSV record's line endings are part of it; a line row's are not).
         """
         piece, ended = self._piece()
         if piece is None:
             return None
         size = utf8_size_bytes(piece)
+        if not with_ending and ended:
+            size -= _ending_bytes(piece)
         if ended and size <= limit_bytes:  # the usual line: one piece, within the limit
             self.number += 1
             return piece, size
@@ -225,7 +256,7 @@ class _Lines:
             piece, ended = self._piece()
             if piece is None:
                 break
-            size += utf8_size_bytes(piece)
+            size += utf8_size_bytes(piece) - (_ending_bytes(piece) if ended and not with_ending else 0)
         self.number += 1
         return ("".join(parts) if keep else None), size
 
@@ -247,6 +278,13 @@ class _Lines:
             chunk = self._fh.read(CHUNK_CHARS)
             self._eof = not chunk
             self._buf, self._pos = buf[pos:] + chunk, 0
+
+
+def _ending_bytes(piece: str) -> int:
+    """Bytes of the line ending that closes ``piece`` (0 at the end of a file without one)."""
+    if piece.endswith("\r\n"):
+        return 2
+    return 1 if piece.endswith(("\n", "\r")) else 0
 
 
 class _TooLarge(Exception):

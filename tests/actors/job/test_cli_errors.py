@@ -133,6 +133,67 @@ def test_cli_error_kinds_keep_digits_inside_words_like_utf_8() -> None:
     assert not re.search(r"\d", error_kind("got -5 items on 2024-01-05 after 1.5 s"))
 
 
+def test_cli_error_group_label_is_a_real_message_keeping_what_every_message_shares() -> None:
+    from actors.job.error_kinds import ErrorKinds
+
+    kinds = ErrorKinds()
+    cap = "the cap is 33554432 bytes (32 MiB)"
+    for line, size in ((2, 33554433), (5, 50000005), (9, 33554433)):
+        kinds.add(f"RowError: line {line}: input too large: the line is {size} bytes; {cap}")
+    for line in (3, 12):
+        kinds.add(f"RowError: line {line}: not UTF-8")
+    for _ in range(2):
+        kinds.add("ProviderError: HTTP 503 from 'acme' after 3 tries in 2.5 s")
+    kinds.add("ValueError: boom in row 2")
+
+    groups = {label: (count, example) for label, count, example in kinds.most_common(10)}
+    assert groups == {
+        f"RowError: line N: input too large: the line is N bytes; {cap}": (
+            3,
+            f"RowError: line 2: input too large: the line is 33554433 bytes; {cap}",
+        ),
+        "RowError: line N: not UTF-8": (2, "RowError: line 3: not UTF-8"),
+        # the same in every message: shown as written, the message itself
+        "ProviderError: HTTP 503 from 'acme' after 3 tries in 2.5 s": (
+            2,
+            "ProviderError: HTTP 503 from 'acme' after 3 tries in 2.5 s",
+        ),
+        "ValueError: boom in row 2": (1, "ValueError: boom in row 2"),
+    }
+
+
+OVER_CAP_PLAY = """
+from actors import Tool
+
+tools = [Tool(tool_id="take", fn=lambda input, ctx: {"ok": True})]
+
+
+def play(row, ctx):
+    return ctx.tool("take", {"row": row})
+"""
+
+
+def test_cli_report_error_label_keeps_the_cap_every_row_error_names(cli, tmp_path):
+    from stores import MAX_INPUT_BYTES
+
+    play = tmp_path / "take_play.py"
+    play.write_text(OVER_CAP_PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.txt"
+    with open(rows, "w", encoding="utf-8") as fh:
+        fh.write("a.fr\n" + "x" * (MAX_INPUT_BYTES + 1) + "\nb.fr\n" + "y" * (MAX_INPUT_BYTES + 7) + "\n")
+
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", env=cli.env(COLUMNS="400"))
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = {k: v for k, v in cli.report(done.stderr).items() if k.startswith("error")}
+    cap = f"the cap is {MAX_INPUT_BYTES} bytes (32 MiB)"
+    assert errors == {
+        f"error: RowError: line N: input too large: the line is N bytes; {cap} (2 rows)": (
+            f"e.g. RowError: line 2: input too large: the line is {MAX_INPUT_BYTES + 1} bytes; {cap}"
+        )
+    }, errors
+
+
 def test_cli_errors_malformed_csv_row_fails_alone(cli, local_play, tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text("n,boom\n1,\n2,\n3,,too,many\n4,\n", encoding="utf-8")
@@ -165,8 +226,8 @@ def test_cli_errors_play_raising_for_one_row(cli, local_play, tmp_path):
     assert [line["result"] for line in lines] == [{"n": 2}, None, {"n": 6}]
     report = cli.report(done.stderr)
     assert report["rows"] == "3 (2 ok, 1 failed)"
-    # the reason, in the report: its kind (values abstracted), its count, one example
-    assert report["error: ValueError: boom in row N (1 row)"] == "e.g. ValueError: boom in row 2"
+    # the reason, in the report: its label (a group of one: the message), its count, one example
+    assert report["error: ValueError: boom in row 2 (1 row)"] == "e.g. ValueError: boom in row 2"
 
 
 def test_cli_errors_force_refresh_with_retry_failed(cli, local_play, good_csv, tmp_path):

@@ -97,6 +97,55 @@ def test_cli_receipts_of_a_tool_that_keeps_no_input_show_its_digest_only(cli, tm
     assert b"ada.lovelace" not in stored and b"bad.address" not in stored  # not in the store at all
 
 
+PLAIN_EMAIL_PLAY = EMAIL_PLAY.replace(", keep_input=masked", "")
+
+
+def _ls_narrow(cli, db, columns):
+    """``receipts ls`` at ``columns`` columns as ``{key: (tool, input, status)}``, a cell
+    wrapped over lines joined back; checks that no line is wider than the terminal."""
+    done = cli.run("receipts", "ls", "--db", db, env=cli.env(COLUMNS=str(columns)))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= columns for line in lines), done.stdout
+    header = next(line for line in lines if line.startswith("┃"))
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    rows: list[dict[str, str]] = []
+    for line in lines:
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0]:
+            rows.append(dict(zip(names, cells, strict=True)))
+        else:  # a cell wrapped onto this line
+            for name, piece in zip(names, cells, strict=True):
+                rows[-1][name] += piece
+    return done.stdout, {row["key"]: (row["tool"], row["input"], row["status"]) for row in rows}
+
+
+def test_cli_receipts_ls_at_80_columns_gives_the_input_room_to_be_read(cli, tmp_path):
+    play = tmp_path / "email_play.py"
+    play.write_text(PLAIN_EMAIL_PLAY, encoding="utf-8")
+    emails = ["ada.lovelace@example.com", "bad.address@example.org", "grace.hopper@navy.example.mil"]
+    rows = tmp_path / "emails.txt"
+    rows.write_text("".join(f"{e}\n" for e in emails), encoding="utf-8")
+    db = tmp_path / "r.db"
+    assert cli.run("run", play, "--input", rows, "--db", db).returncode == 1  # bad.address failed
+
+    out, listed = _ls_narrow(cli, db, 80)
+
+    assert sorted(listed.values()) == [
+        ("verify", '{"email":"ada.lovelace@example.com"}', "completed"),
+        ("verify", '{"email":"bad.address@example.org"}', "failed"),
+        ("verify", '{"email":"grace.hopper@navy.example.mil"}', "completed"),
+    ], out
+    assert "org default" in out  # the one org listed, named once
+    for key, (_, text, _) in listed.items():  # a whole prefix, never cut with "…": show takes it
+        assert len(key) >= 10 and all(c in "0123456789abcdef" for c in key), out
+        shown = cli.run("receipts", "show", key, "--db", db)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["input_text"] == text
+
+
 def test_cli_receipts_ls_on_a_store_from_before_inputs_were_kept(cli, tmp_path):
     import sqlite3
 

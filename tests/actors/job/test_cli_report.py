@@ -30,7 +30,9 @@ def _rows(tmp_path, n: int, start: int = 0, bad: tuple[str, ...] = ()):
 
 
 def _run(cli, tmp_path, rows, provider, *extra):
-    env = cli.env(TOOLDISPATCH_PROVIDER_URL=provider.url, TOOLDISPATCH_BATCH="0")
+    # COLUMNS: wide enough that no cell wraps (an error row's label and example are long,
+    # and a wrapped cell reads as two rows)
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=provider.url, TOOLDISPATCH_BATCH="0", COLUMNS="400")
     done = cli.run("run", cli.examples / "domains_play.py", "--input", rows, "--db", tmp_path / "r.db",
                    *extra, env=env)  # fmt: skip
     assert done.returncode in (0, 1), done.stderr[-4000:]

@@ -181,7 +181,8 @@ def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_pa
     bad = [f"bad{n}.fr" for n in range(7)] + [f"long{n}.fr" for n in (1, 22, 333)]
     rows.write_text("".join(f"{r}\n" for r in bad) + "good.fr\n", encoding="utf-8")
 
-    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db")
+    # wide enough for a label and its example on one line each (the table wraps cells)
+    done = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", env=cli.env(COLUMNS="400"))
 
     assert done.returncode == 1, done.stderr
     report = cli.report(done.stderr)
@@ -189,10 +190,10 @@ def test_cli_report_groups_row_errors_by_kind_with_one_example(cli, play, tmp_pa
     assert errors["error: ValueError: not a domain name: '…' (row N.fr) (7 rows)"] == (
         "e.g. ValueError: not a domain name: 'bad0.fr' (row 0.fr)"
     )
-    # a long message is abstracted whole, then cut: one kind, however its values differ
-    assert errors["error: LookupError: provider said {'…': '…', '…': '…'} (3 rows)"].startswith(
-        "e.g. LookupError: provider said"
-    )
+    # a long message is abstracted whole, then cut: one kind, however its values differ; its
+    # label keeps the values every message shares (a long one cut), abstracts the others
+    label = "error: LookupError: provider said {'error': '" + "x" * 37 + "…', 'row': '…'} (3 rows)"
+    assert errors[label].startswith("e.g. LookupError: provider said {'error': 'xxx"), errors
     assert len(errors) == 2
 
 
@@ -266,3 +267,40 @@ def test_cli_salvage_replay_on_a_healthy_store_creates_nothing(cli, play, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "nothing to replay" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_cli_demo_says_where_its_files_are_on_a_fresh_run_and_a_rerun(cli, tmp_path):
+    """The README's first command: the demo, run twice, as a new user would (from an empty
+    directory): stdout says where the city list, the provider and the receipts are, both
+    times, and the rerun sends no request."""
+    import subprocess
+    import sys
+
+    work = tmp_path / ".tooldispatch-demo"
+    runs = [
+        subprocess.run(
+            [sys.executable, str(cli.examples / "demo.py")],
+            cwd=tmp_path,
+            env=cli.env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        for _ in range(2)
+    ]
+
+    counts = []
+    for done, how in zip(runs, ("written now", "from an earlier run"), strict=True):
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        city_list = re.fullmatch(
+            rf"city list: {re.escape(str(work / 'cities.csv'))} \((\d+) cities, {how}\)", lines[0]
+        )
+        assert city_list is not None, lines
+        counts.append(int(city_list.group(1)))
+        assert re.fullmatch(r"provider listening on http://127\.0\.0\.1:\d+", lines[1]), lines
+        assert lines[2] == f"receipts in {work / 'receipts.db'}", lines
+        assert lines[3].startswith("provider served "), lines
+    assert counts[0] == counts[1] > 30_000
+    assert runs[1].stdout.splitlines()[3].startswith("provider served 0 requests"), runs[1].stdout

@@ -26,6 +26,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,6 +171,62 @@ def test_read_rows_row_whose_json_text_is_over_the_cap_fails_alone(tmp_path: Pat
 
     assert got[0] == "a.fr" and got[2] == "b.fr"
     assert got[1][0] == "RowError" and got[1][1].startswith("line 2: input too large: its JSON text is ")
+
+
+BIG_NUMBER = "100000000000000000000"
+"""1e20 in canonical form: orjson reads it as a float and writes ``1e+20``, 16 bytes less."""
+
+
+def boundary_rows(name: str, size: int) -> tuple[str, int, str]:
+    """(head, repeats of "x", tail) of one row of format ``name`` whose canonical JSON text
+    is ``size`` bytes, written as a line of the file in canonical form."""
+    if name.endswith(".txt"):
+        return "", size - 2, ""  # the line is the string: its text and two quotes
+    if name.endswith(".csv"):
+        return "", size - len('{"domain":""}'), ""
+    head = '{"n":[' + ",".join([BIG_NUMBER] * 1000) + '],"pad":"'
+    return head, size - len(head) - 2, '"}'
+
+
+@pytest.mark.parametrize("name", ["rows.txt", "rows.csv", "rows.jsonl"])
+def test_read_rows_holds_a_row_to_the_cap_by_its_canonical_text_in_every_format(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    first, last = ('"a.fr"\n', '"b.fr"\n') if name.endswith(".jsonl") else ("a.fr\n", "b.fr\n")
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write(("domain\n" if name.endswith(".csv") else "") + first)
+        for size in (MAX_INPUT_BYTES, MAX_INPUT_BYTES + 1):  # at the cap, one byte over
+            head, repeats, tail = boundary_rows(name, size)
+            fh.write(head + "x" * repeats + tail + "\n")
+        fh.write(last)
+    number = 3 if name.endswith(".csv") else 2
+
+    got = read_all(path)
+
+    assert len(got) == 4 and got[3] in ("b.fr", {"domain": "b.fr"})
+    assert not isinstance(got[1], tuple), got[1][1][:300]  # at the cap: read, as execute takes it
+    assert len(rfc8785.dumps(got[1])) == MAX_INPUT_BYTES
+    kind, message = got[2]
+    assert kind == "RowError"
+    # a JSONL line in canonical form is as long as its canonical text: the line rule says so first
+    what = "the line" if name.endswith(".jsonl") else "its JSON text"
+    assert message.startswith(f"line {number + 1}: input too large: {what} is {MAX_INPUT_BYTES + 1} bytes;")
+
+
+def test_read_rows_jsonl_value_is_measured_by_its_canonical_text_not_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    short = '{"n":[' + ",".join(["1e20"] * 1000) + '],"pad":"'  # 1e20: 4 bytes here, 21 in canonical form
+    grows = len(BIG_NUMBER) - len("1e20")
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        for size in (MAX_INPUT_BYTES, MAX_INPUT_BYTES + 1):
+            fh.write(short + "x" * (size - len(short) - 2 - 1000 * grows) + '"}\n')
+
+    got = read_all(path)
+
+    assert len(rfc8785.dumps(got[0])) == MAX_INPUT_BYTES
+    assert got[1][0] == "RowError"
+    assert got[1][1].startswith(f"line 2: input too large: its JSON text is {MAX_INPUT_BYTES + 1} bytes;")
 
 
 def _temp_file(text: str, suffix: str) -> Path:
@@ -417,3 +474,52 @@ def test_cli_row_error_quoting_the_whole_input_is_written_shortened(
     with sqlite3.connect(db) as conn:
         (longest,) = conn.execute("select max(length(error)) from receipts").fetchone()
     assert longest <= MAX_ERROR_CHARS + 30
+
+
+TAKE_PLAY = """
+from actors import Tool
+
+
+def take(input, ctx):
+    return {"kind": type(input).__name__}
+
+
+tools = [Tool(tool_id="take", fn=take)]
+
+
+def play(row, ctx):
+    return ctx.tool("take", row)  # the row itself is the call's input
+"""
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("name", ["rows.txt", "rows.csv", "rows.jsonl"])
+def test_cli_row_at_the_cap_runs_and_one_byte_over_fails_in_every_format(
+    cli: Any, tmp_path: Path, name: str
+) -> None:
+    play = tmp_path / "play.py"
+    play.write_text(TAKE_PLAY, encoding="utf-8")
+    rows, out, db = tmp_path / name, tmp_path / "out.jsonl", tmp_path / "r.db"
+    short = '{"n":[' + ",".join(["1e20"] * 1000) + '],"pad":"'  # canonical: 17 bytes more per number
+    with open(rows, "w", encoding="utf-8", newline="") as fh:
+        fh.write("domain\n" if name.endswith(".csv") else "")
+        for size in (MAX_INPUT_BYTES, MAX_INPUT_BYTES + 1):
+            if name.endswith(".jsonl"):
+                fh.write(short + "x" * (size - len(short) - 2 - 1000 * (len(BIG_NUMBER) - 4)) + '"}\n')
+            else:
+                head, repeats, tail = boundary_rows(name, size)
+                fh.write(head + "x" * repeats + tail + "\n")
+
+    done = cli.run("run", play, "--input", rows, "--db", db, "--output", out)
+
+    assert done.returncode == 1, done.stderr[-3000:]
+    with open(out, encoding="utf-8") as fh:
+        at, over = (json.loads(line) for line in fh)
+    assert at["error"] is None and at["result"] == {
+        "kind": {"rows.txt": "str", "rows.csv": "dict", "rows.jsonl": "dict"}[name]
+    }
+    line = 3 if name.endswith(".csv") else 2
+    assert over["result"] is None and over["error"].startswith(
+        f"RowError: line {line}: input too large: its JSON text is {MAX_INPUT_BYTES + 1} bytes;"
+    )
+    assert _receipt_tools(db) == ["take"]  # the row at the cap was claimed and run; the other not

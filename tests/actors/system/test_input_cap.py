@@ -7,9 +7,13 @@ Real systems on SQLite files (both runtimes); the provider is a recorded tool fu
 
 from __future__ import annotations
 
+import datetime
 import sqlite3
 from pathlib import Path
 from typing import Any
+
+import pytest
+import rfc8785
 
 from actors import (
     BatchStrategy,
@@ -168,3 +172,61 @@ def test_execute_many_bad_input_and_large_input_fail_alone_together(
     assert type(results[0]) is InvalidInputError and type(results[2]) is InputTooLargeError
     assert [r.value for r in (results[1], results[3])] == [{"n": 1}, {"n": 2}]
     assert receipts_in(db_path) == 2
+
+
+def sized(n: int, target_bytes: int, filler: float) -> dict[str, Any]:
+    """``{"n": n, "trace": [filler * 1000, "xx…"]}`` whose RFC 8785 text (measured by the
+    ``rfc8785`` package itself) is ``target_bytes`` long; orjson's text of it is longer
+    (``1.0``: ``1.0``, canonical ``1``) or shorter (``1e20``: ``1e+20``)."""
+    value: dict[str, Any] = {"n": n, "trace": [filler] * 1000 + [""]}
+    value["trace"][-1] = "x" * (target_bytes - len(rfc8785.dumps(value)))
+    return value
+
+
+@pytest.mark.parametrize("filler", [1.0, 1e20], ids=["orjson-longer", "orjson-shorter"])
+@pytest.mark.parametrize("path", ["execute", "execute_many"])
+def test_input_cap_holds_the_whole_input_by_its_canonical_text_non_semantic_fields_too(
+    make_system: Any, recorder: Any, db_path: Path, path: str, filler: float
+) -> None:
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record("echo", input, ctx)
+        return {"n": input["n"], "trace_items": len(input["trace"])}
+
+    system = make_system([Tool(tool_id="echo", fn=fn, non_semantic_fields=("trace",))])
+    proxy = system.proxy()
+    at, over = sized(1, MAX_INPUT_BYTES, filler), sized(2, MAX_INPUT_BYTES + 1, filler)
+
+    if path == "execute":
+        results = [outcome(proxy.execute("echo", at)), outcome(proxy.execute("echo", over))]
+    else:
+        results = [outcome(f) for f in proxy.execute_many("echo", [at, over])]
+
+    assert not isinstance(results[0], Exception), results[0]
+    assert results[0].value == {"n": 1, "trace_items": 1001}  # at the cap: sent, whole
+    assert isinstance(results[1], InputTooLargeError) and results[1].size_bytes == MAX_INPUT_BYTES + 1
+    assert [call.input["n"] for call in recorder.calls] == [1]  # one byte over: never sent
+    assert receipts_in(db_path) == 1
+
+
+def test_non_semantic_field_that_is_not_json_fails_its_call_alone_and_is_never_sent(
+    make_system: Any, recorder: Any, db_path: Path
+) -> None:
+    system = make_system([echo_tool(recorder, non_semantic_fields=("trace",))])
+    proxy = system.proxy()
+    odd = [
+        b"\0" * (MAX_INPUT_BYTES + 1),  # over the cap, and not JSON: it used to measure 0 bytes
+        datetime.datetime(2026, 1, 15, tzinfo=datetime.timezone.utc),  # orjson would send a string
+        {1, 2},
+        float("nan"),
+    ]
+
+    many = [outcome(f) for f in proxy.execute_many("echo", [{"n": i, "trace": v} for i, v in enumerate(odd)])]
+    single = outcome(proxy.execute("echo", {"n": 9, "trace": odd[0]}))
+    fine = outcome(proxy.execute("echo", {"n": 10, "trace": "t-1"}))
+
+    for refused in [*many, single]:
+        assert type(refused) is InvalidInputError, refused
+        assert "'trace'" in str(refused) and len(str(refused)) < 600
+    assert fine.value == {"n": 10}
+    assert [call.input for call in recorder.calls] == [{"n": 10, "trace": "t-1"}]
+    assert receipts_in(db_path) == 1
