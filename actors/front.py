@@ -50,7 +50,8 @@ from actors.errors import (
 from actors.lifecycle.calls import Call
 from actors.messages import CallCancelled, RememberOutputs, SubmitCalls
 from actors.results import ToolResult
-from actors.runtime.futures import fail, new_future, resolved_future
+from actors.runtime.futures import Interjection, fail, new_future, resolved_future, takes_interjections
+from actors.runtime.host_signals import cover as cover_signals
 from actors.runtime.nesting import in_tool, running_keys
 from actors.stats import Stats
 from actors.store.outage import SERVICE as STORE_SERVICE
@@ -224,6 +225,7 @@ class Intake:
     ) -> list[Any]:
         """One future per input, same order (see :meth:`DispatchProxy.execute_many`)."""
 
+        cover_signals()  # (the host's handlers raise as the host's here: a start off the main thread)
         stats = self.stats
         tool = self.tools.get(tool_id) if isinstance(tool_id, str) else None
         try:
@@ -367,6 +369,9 @@ class Intake:
             found = self.store.read_reusable(
                 self.run.org_id, [miss[2] for miss in misses], stale_after_s=stale_after_s
             )
+        except Interjection as interjection:  # a host's signal handler, run here; the read is given up
+            interjection.run()
+            return misses
         except Exception as exc:
             if is_a(exc, StoreUnavailableError):
                 outages.failed(STORE_SERVICE, where, f"{type_name(exc)}: {error_text(exc)}", started)
@@ -406,6 +411,9 @@ class Intake:
             self._remember.pop(tool_id, None)
         with contextlib.suppress(pykka.ActorDeadError):
             self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries)))
+
+
+takes_interjections(Intake._from_store)  # (the caller's thread waits on the store there)
 
 
 def check_seconds(name: str, value: Any, *, positive: bool) -> None:

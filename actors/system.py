@@ -50,7 +50,7 @@ from actors.queue.system_ports import Ports
 from actors.runtime import host_signals
 from actors.runtime.actor import Timers, WorkerPool, on_actor, runtime_name
 from actors.runtime.at_exit import track, untrack
-from actors.runtime.futures import MAX_WAIT_S, fail, new_future
+from actors.runtime.futures import MAX_WAIT_S, fail, new_future, wait_interjected
 from actors.stats import Stats
 from actors.store.actor import ReceiptStoreActor
 from actors.store.client import StoreClient
@@ -98,6 +98,8 @@ class DispatchSystem:
         self._stopping = threading.Event()
         self._stopped = False
         self._stop_done = threading.Event()
+        self._stopper: int | None = None
+        """The thread (greenlet, under gevent) whose stop is the one under way."""
         self._lock = threading.Lock()
         deadline = self.started_at + run.deadline_s if run.deadline_s is not None else None
         self._store_ref = ReceiptStoreActor.start(
@@ -290,6 +292,10 @@ class DispatchSystem:
         within its own bound, and salvages what is still held if that runs out first.
         Called on an actor's thread (a future's done callback), it returns at once and the
         stop goes on on a thread of its own (a later stop() from the host waits for it).
+        Called from inside a stop under way on the same thread (a signal handler), it
+        salvages what is held and returns at once. Interrupted (``KeyboardInterrupt``, a
+        signal handler's ``SystemExit``) or failing, it salvages what is still held before
+        the error leaves it.
         """
         if on_actor() and not self._stop_done.is_set():
             # on an actor's thread (a future's done callback): the stop waits on that very
@@ -300,20 +306,34 @@ class DispatchSystem:
                 target=self.stop, args=(timeout_s,), name="tooldispatch-stop", daemon=True
             ).start()
             return
-        with self._lock:
-            first = not self._stopped
-            if first:
-                self.launch.stop()  # from here on no request leaves, not even one a worker holds
-                self._stopped = True
-        if not first:  # another thread's stop is under way: this one's bound holds too
-            if not self._stop_done.wait(min(timeout_s, MAX_WAIT_S)):
-                self._salvage_held()  # on disk before this caller goes on (it may exit)
-            return
-        try:
-            self._stop(timeout_s)
-        finally:
-            self._stop_done.set()
-            host_signals.release()
+        with host_signals.stopping():  # (under gevent: a host handler running meanwhile, after it)
+            first = False
+            try:
+                with self._lock:
+                    first = not self._stopped
+                    if first:
+                        self.launch.stop()  # from here on no request leaves, not even one a worker holds
+                        self._stopped = True
+                        self._stopper = threading.get_ident()
+                if first:
+                    self._stop(timeout_s)
+                elif self._stopper == threading.get_ident() and not self._stop_done.is_set():
+                    # this thread's own stop is under way, and this call came from inside it (a
+                    # signal handler): waiting for it would wait out the whole bound. What is
+                    # held goes on disk, for the handler may exit; the stop goes on after it
+                    self._salvage_held()
+                elif not wait_interjected(self._stop_done, min(timeout_s, MAX_WAIT_S)):
+                    self._salvage_held()  # on disk before this caller goes on (it may exit)
+            except BaseException:
+                # interrupted (Ctrl-C, a signal handler's exit) or failed: what the flusher
+                # holds goes on disk before this leaves, as when the bound runs out; the
+                # actors' threads are daemons, and the process may exit now
+                self._salvage_held()
+                raise
+            finally:
+                if first:
+                    self._stop_done.set()
+                    host_signals.release()
 
     def _stop(self, timeout_s: float) -> None:
         self._stopping.set()

@@ -12,6 +12,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -19,7 +20,18 @@ import pykka
 
 from actors.errors import exc_info_of, with_traceback
 
-__all__ = ["MAX_WAIT_S", "LightFuture", "bounded", "fail", "new_future", "resolved_future"]
+__all__ = [
+    "MAX_WAIT_S",
+    "Interjection",
+    "LightFuture",
+    "bounded",
+    "fail",
+    "new_future",
+    "resolved_future",
+    "takes_interjections",
+    "wait_interjected",
+    "waits_here",
+]
 
 MAX_WAIT_S = 1e9
 """Longest single wait handed to a lock, condition or event, seconds (about 31 years).
@@ -41,6 +53,26 @@ _NO_RESULT: Any = object()
 on_raise: Callable[[BaseException], None] | None = None
 """Told of each error a future's ``get`` raises (set by :mod:`actors.runtime.actor`: an error a
 tool's function got from a nested call)."""
+
+
+settle: Callable[[], None] | None = None
+"""Called by each ``get`` before it answers, while set (by :mod:`actors.runtime.host_signals`,
+while a host's signal handler runs in a greenlet of its own)."""
+
+
+class Interjection(BaseException):
+    """Thrown into a greenlet that waits in :meth:`LightFuture.get` (or
+    :func:`wait_interjected`) to run ``run()`` there: what it raises leaves the wait, else
+    the wait goes on (under gevent, a host's signal handler brought to the main greenlet:
+    :mod:`actors.runtime.host_signals`).
+
+    Args:
+        run: called with no argument on the greenlet it was thrown into.
+    """
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        super().__init__()
+        self.run = run
 
 
 class LightFuture(pykka.Future[Any]):
@@ -79,15 +111,20 @@ class LightFuture(pykka.Future[Any]):
                 self._hook_result = self._hook(None if timeout is None else bounded(timeout))
             return self._hook_result
         if not self.done:
-            acquired = (
-                self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
-            )
+            try:
+                acquired = (
+                    self._lock.acquire() if timeout is None else self._lock.acquire(timeout=bounded(timeout))
+                )
+            except Interjection as interjection:  # run where this waits, then wait on
+                acquired = _interjected(interjection, self._lock.acquire, timeout)
             if not acquired:
                 timed_out = pykka.Timeout(f"{timeout} seconds")
                 if on_raise is not None:  # a tool's own wait on a nested call ran out
                     on_raise(timed_out)
                 raise timed_out
             self._lock.release()
+        if settle is not None:  # a host's handler first: what it raises, the host has first
+            settle()
         if self._exc_info is not None:
             # read by identity and BaseException's own method: a tool's error may be falsy
             # (its __len__ says 0), or make its own with_traceback raise
@@ -186,6 +223,53 @@ class LightFuture(pykka.Future[Any]):
                 self.cancel()
                 raise
         return self.get(timeout=0)
+
+
+def _interjected(interjection: Interjection, acquire: Callable[..., bool], timeout: float | None) -> bool:
+    """Run ``interjection`` (what it raises leaves), then wait on with ``acquire`` (a lock's
+    or an event's) for what is left of ``timeout`` (counted from here: the time the
+    interjection took is its own)."""
+    end = None if timeout is None else time.monotonic() + bounded(timeout)
+    while True:
+        interjection.run()
+        try:
+            if end is None:
+                return acquire()
+            return acquire(timeout=bounded(end - time.monotonic()))
+        except Interjection as another:
+            interjection = another
+
+
+def wait_interjected(event: threading.Event, timeout: float | None) -> bool:
+    """``event.wait(timeout)``, taking :class:`Interjection` s as :meth:`LightFuture.get` does."""
+    try:
+        return event.wait(None if timeout is None else bounded(timeout))
+    except Interjection as interjection:
+        return _interjected(interjection, event.wait, timeout)
+
+
+_WAITS = {LightFuture.get.__code__, wait_interjected.__code__, _interjected.__code__}
+
+
+def takes_interjections(fn: Callable[..., Any]) -> None:
+    """Say that ``fn`` catches an :class:`Interjection` raised by what it waits on (its
+    own code; between them, gevent's or this project's store code only)."""
+    _WAITS.add(fn.__code__)
+
+
+def waits_here(frame: Any) -> bool:
+    """Whether a greenlet suspended at ``frame`` (its ``gr_frame``) waits in
+    :meth:`LightFuture.get`, :func:`wait_interjected` or a function given to
+    :func:`takes_interjections`, with nothing between but gevent's or the stores' own
+    code: an :class:`Interjection` thrown into it lands there, and no one else's code is
+    unwound."""
+    while frame is not None:
+        if frame.f_code in _WAITS:
+            return True
+        if not str(frame.f_globals.get("__name__", "")).startswith(("gevent.", "stores.")):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def _resolve(waiter: asyncio.Future[Any]) -> None:
