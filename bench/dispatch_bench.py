@@ -402,7 +402,7 @@ def _report_gevent(gev: dict[str, Any]) -> None:
     help="Sequential calls for the latency.",
 )
 @click.option("--profile", type=click.Choice(PROFILED), default=None,
-              help="Profile one section (yappi if installed, else cProfile) and print the top functions.")  # fmt: skip
+              help="Profile one section (yappi if installed, else cProfile).")  # fmt: skip
 @click.option("--no-gevent", is_flag=True, help="Skip the gevent child.")
 @click.option(
     "--only",
