@@ -9,6 +9,8 @@ provider, and ``tooldispatch run`` worker processes. Never the machine's shared 
   outage: a fast stop terminates every session (``AdminShutdown``), as a restart does.
 * :class:`OwnRedis`: ``redis-server --port P --save ''`` (nothing on disk).
 * :class:`Provider`: ``examples/provider.py`` (its ``/stats`` tell what was billed).
+* :class:`WindowProvider`: ``_window_provider.py``, a provider bounding the requests of
+  every time window (its ``/stats`` tell the most that arrived within one).
 * :func:`start_worker`: ``python -m actors.job.cli run ...`` with the installed package.
 
 Loaded by path (tests are not a package): see ``tests/faults/conftest.py``.
@@ -39,6 +41,7 @@ __all__ = [
     "OwnPostgres",
     "OwnRedis",
     "Provider",
+    "WindowProvider",
     "find_postgres",
     "find_redis",
     "finish",
@@ -238,10 +241,13 @@ class OwnRedis:
 class Provider:
     """``examples/provider.py`` in a subprocess (``args``: its options, e.g. ``--rate 40``)."""
 
+    script = REPO_ROOT / "examples" / "provider.py"
+    port_args: tuple[str, ...] = ("--port", "0")
+
     def __init__(self, log_path: Path, *args: str) -> None:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "examples" / "provider.py"), "--port", "0", *args],
+            [sys.executable, str(self.script), *self.port_args, *args],
             stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         lines: list[str] = []
@@ -271,6 +277,15 @@ class Provider:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+
+
+class WindowProvider(Provider):
+    """``tests/faults/_window_provider.py`` in a subprocess (``args``: ``--rate R --window W
+    --burst B``): at most ``R * W + B`` requests answered within any ``W`` seconds, 429
+    beyond; ``stats()`` has ``max_in_window`` and ``rate_limited``."""
+
+    script = Path(__file__).parent / "_window_provider.py"
+    port_args = ()
 
 
 def _package_parent() -> str:
