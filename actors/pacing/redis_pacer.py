@@ -135,7 +135,9 @@ def parse_reply(op: PacerOp, reply: Sequence[str], degraded: bool = False) -> Pa
     if isinstance(op, Take):
         granted, wait_s, verdict, workers = int(float(reply[5])), float(reply[6]), reply[7], int(reply[8])
         owed_s, rank = float(reply[9]), int(reply[10])
-        return Grant(**base, granted=granted, wait_s=wait_s, verdict=verdict, workers=workers, owed_s=owed_s, rank=rank)
+        return Grant(
+            **base, granted=granted, wait_s=wait_s, verdict=verdict, workers=workers, owed_s=owed_s, rank=rank
+        )
     if isinstance(op, Pause):
         return Paused(**base, cut=reply[5] == "1", pause_s=float(reply[6]))
     if isinstance(op, Grow):
@@ -204,9 +206,16 @@ class RedisPacer(Pacer):
     The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
     ``share = 1 / max(expected_workers, workers seen taking from that bucket)``, with
     the burst scaled the same way (at least one token); a bucket with no rate yet
-    (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. Every
-    ``retry_s`` one call tries Redis again; when it answers the pacer rejoins (an info
-    line; pauses taken meanwhile are handed to Redis) and the local state is dropped.
+    (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. A share
+    starts from what the shared bucket had granted ahead (its first token comes when the
+    shared bucket would have had one again), and the workers' shares run out of phase:
+    worker ``rank`` (its place among the workers by name) paces at the points
+    ``(rank + j * n) / rate`` of Redis's clock. Every ``retry_s`` one call tries Redis
+    again; when it answers the pacer hands over what each share did
+    (:class:`~actors.pacing.values.Rejoin`: the tokens it granted ahead, its pause, a rate
+    it cut, and the other workers presumed still local, whose shares the workers on
+    Redis leave free until each is back or ``away_s`` has passed), rejoins (an info line)
+    and drops the local state.
 
     Args:
         url: a redis-py URL (``redis://host:port/db``), or a ready ``redis.Redis`` client
@@ -432,8 +441,9 @@ class RedisPacer(Pacer):
     def _hand_over(self) -> None:
         """What each local share did goes to Redis first (raises if it is still away): the
         tokens it granted ahead of its rate, its pause, the rate it learnt (a local cut,
-        scaled back to every worker's), and how many other workers it saw, presumed still
-        local (see :class:`~actors.pacing.values.Rejoin`)."""
+        scaled back to every worker's), and the other workers its share was counted for
+        (``max(expected_workers, workers seen) - 1``), presumed still local (see
+        :class:`~actors.pacing.values.Rejoin`)."""
         now = self.clock()
         since = 0.0 if self._degraded_since is None else now - self._degraded_since
         for key, version in list(self._seeded.items()):
@@ -443,10 +453,9 @@ class RedisPacer(Pacer):
             share = self._share(key)
             spent = max(0.0, state.tat - now) * state.rate if state.rate > 0 else 0.0
             learnt = state.rate / share if state.ver != version and state.rate > 0 else None
-            seen = self._seen.get(key, (None, 0, 1))[2]
-            op = Rejoin(
+            op = Rejoin(  # the others: as many as the shares were counted for
                 spent=spent, pause_s=max(0.0, state.pause - now), rate_rps=learnt,
-                away=max(0, seen - 1), share=share, since_s=since,
+                away=max(0, round(1 / share) - 1), share=share, since_s=since,
             )  # fmt: skip
             self._eval(key[0], key[1], op)
 

@@ -178,7 +178,7 @@ class PgConnections:
             try:
                 yield conn
             finally:
-                conn._td_returned_at = time.monotonic()  # type: ignore[attr-defined]
+                conn._td_returned_at = time.monotonic()
                 self._pool.putconn(conn)
             return
         raise psycopg.OperationalError("every pooled connection was dead")

@@ -11,6 +11,8 @@ provider, and ``tooldispatch run`` worker processes. Never the machine's shared 
 * :class:`Provider`: ``examples/provider.py`` (its ``/stats`` tell what was billed).
 * :class:`WindowProvider`: ``_window_provider.py``, a provider bounding the requests of
   every time window (its ``/stats`` tell the most that arrived within one).
+* :class:`TcpProxy`: a TCP forwarder on 127.0.0.1 that the test can cut (one worker's
+  way to a server unreachable while the others' is not).
 * :func:`start_worker`: ``python -m actors.job.cli run ...`` with the installed package.
 
 Loaded by path (tests are not a package): see ``tests/faults/conftest.py``.
@@ -41,6 +43,7 @@ __all__ = [
     "OwnPostgres",
     "OwnRedis",
     "Provider",
+    "TcpProxy",
     "WindowProvider",
     "find_postgres",
     "find_redis",
@@ -286,6 +289,78 @@ class WindowProvider(Provider):
 
     script = Path(__file__).parent / "_window_provider.py"
     port_args = ()
+
+
+class TcpProxy:
+    """Forwards connections from a free port of 127.0.0.1 to ``port`` (threads in this
+    process). :meth:`cut` closes every connection and refuses new ones (accepted, then
+    closed at once) until :meth:`mend`.
+
+    Attributes:
+        port: where it listens.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._cut = False
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            doomed, self._open = self._open, set()
+        for conn in doomed:
+            _close(conn)
+
+    def mend(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                if self._cut:
+                    raise OSError("cut")
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 def _package_parent() -> str:

@@ -60,10 +60,21 @@ def test_a_stalled_worker_asks_again_instead_of_bunching_its_late_sends(
         dbs.append(tmp_path / f"w{i}.db")
         workers.append(
             servers.start_worker(
-                tmp_path, f"w{i}", play, "--input", rows, "--output", tmp_path / f"w{i}.jsonl",
-                "--db", dbs[-1], "--pacer", f"{own_redis.url}?prefix=td-bunching&workers=2",
-                "--concurrency", "32", env=env,
-            )  # fmt: skip
+                tmp_path,
+                f"w{i}",
+                play,
+                "--input",
+                rows,
+                "--output",
+                tmp_path / f"w{i}.jsonl",
+                "--db",
+                dbs[-1],
+                "--pacer",
+                f"{own_redis.url}?prefix=td-bunching&workers=2",
+                "--concurrency",
+                "32",
+                env=env,
+            )
         )
     tick = threading.Event()
     try:

@@ -73,7 +73,7 @@ def test_a_worker_claims_again_promptly_once_postgres_is_back(
             worker.wait()
     print(f"first request {gap_s:.2f} s after PostgreSQL was back")
     assert code == 0, log[-6000:]
-    assert gap_s < BACK_WITHIN_S, f"the first claim after the outage came {gap_s:.1f} s after the server was back"
+    assert gap_s < BACK_WITHIN_S, f"the first claim came {gap_s:.1f} s after the server was back"
     lines = servers.read_jsonl(tmp_path / "w0.jsonl")
     assert len(lines) == KEYS and all(line["error"] is None for line in lines)
 

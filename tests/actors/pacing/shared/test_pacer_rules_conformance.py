@@ -186,7 +186,6 @@ def test_pacer_script_circuit_replies_as_the_python_rules(
     _run_both(lua_pacer, limits, rules, sequence)
 
 
-
 rejoin_steps: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.just("op"), st.builds(Take, n=st.integers(1, 4), partial=st.booleans())),
     st.tuples(
