@@ -33,8 +33,10 @@ class Window:
         self.rate_limited = 0
         self.max_in_window = 0
 
-    def admit(self, now: float) -> bool:
+    def admit(self) -> bool:
+        """Count a request arriving now (timed under the lock: the times stay in order)."""
         with self.lock:
+            now = time.monotonic()
             self.arrivals.append(now)
             start = bisect.bisect_right(self.arrivals, now - self.window_s)
             self.max_in_window = max(self.max_in_window, len(self.arrivals) - start)
@@ -77,9 +79,8 @@ def serve(window: Window, latency_s: float) -> ThreadingHTTPServer:
             self._answer(200, window.stats())
 
         def do_POST(self) -> None:
-            now = time.monotonic()
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if not window.admit(now):
+            if not window.admit():
                 self._answer(429, {"error": "rate limited"}, {"Retry-After": "1"})
                 return
             if latency_s > 0:
