@@ -61,6 +61,8 @@ class GovernorActor(pykka.ThreadingActor):
         )
         self.timers = timers
         self.gates = gates if gates is not None else SendGates()
+        if pacer is not None:  # a send whose grant's slot went by asks the pacer again
+            self.gates.share(lambda org_id, provider: _take_one(pacer, org_id, provider))
         self.clock = clock
         self._armed: float | None = None
         self._holding: set[tuple[str, str]] = set()
@@ -135,6 +137,10 @@ class GovernorActor(pykka.ThreadingActor):
                 gate.pause_until(until, rate)
         for (org_id, provider), until in decisions.closed.items():
             self.gates.get(org_id, provider).close(until)
+        if decisions.granted:
+            now = self.clock()
+            for (org_id, provider), n, probe in decisions.granted:
+                self.gates.get(org_id, provider).grant(n, now, probe=probe)
         for reply, n in decisions.grants:
             reply.set(n)
         for reply, exc in decisions.refusals:
@@ -160,3 +166,10 @@ class GovernorActor(pykka.ThreadingActor):
         gov.refresh_report(self.clock())
         now = self.clock()
         return pacing_report(gov.buckets, gov.circuits, now, self.gates.waited_s(), self.gates.held_s(now))
+
+
+def _take_one(pacer: Any, org_id: str, provider: str) -> tuple[int, float]:
+    """One token of ``pacer`` for a send asking again (on the sender's thread: a pacer's
+    calls may come from any thread): (granted, seconds to wait when none)."""
+    grant = pacer.take(org_id, provider, 1, partial=True)
+    return grant.granted, grant.wait_s

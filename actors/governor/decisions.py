@@ -81,6 +81,10 @@ class Decisions:
     """(org, provider) -> send nothing before this (its circuit opened)."""
     bursts: dict[BucketKey, float] = attrs.field(factory=dict)
     """(org, provider) -> its stated burst: requests its send gate lets go at once."""
+    granted: list[tuple[BucketKey, int, bool]] = attrs.field(factory=list)
+    """(org, provider, tokens, probe) a shared pacer granted now: each send through that
+    provider's gate uses one while its slot lasts (see :meth:`SendGate.grant
+    <actors.pacing.send_gate.SendGate.grant>`)."""
 
 
 class Governor:

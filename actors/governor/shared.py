@@ -10,7 +10,9 @@ the pacing report.
 Mapping of the governor's steps onto the pacer:
 
 * ``wake``: the local circuit, ``bucket.available`` and ``bucket.take`` are replaced by
-  ``pacer.take(org, provider, n, partial=True)``; ``refuse`` refuses the waiters and
+  ``pacer.take(org, provider, n, partial=True)``; the tokens granted go to the send
+  gate (``Decisions.granted``): a request leaves within its slot or asks the pacer
+  again; ``refuse`` refuses the waiters and
   closes the send gate; nothing granted blocks the waiters until ``now + wait_s`` (and a
   ``paused`` verdict pauses this process's send gate, so senders respect another worker's
   pause); a grant is charged and its rate version remembered.
@@ -136,6 +138,7 @@ class SharedPacing(GovernorPacing):
         self._version = grant.version
         if grant.verdict == "probe":
             self.probing[key] = wkey[2]
+        out.granted.append((key, grant.granted, grant.verdict == "probe"))
         return grant.granted
 
     def take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:

@@ -46,6 +46,7 @@ from actors.pacing.values import (
     ProviderLimits,
     ReadState,
     Record,
+    Rejoin,
     SetRate,
     Take,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "ReadState",
     "Record",
     "RedisPacer",
+    "Rejoin",
     "SendGate",
     "SendGates",
     "SetRate",

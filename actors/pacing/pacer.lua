@@ -20,11 +20,19 @@
 --   rescaled by old rate / new rate, so a new rate applies from the moment it is set.
 -- * KEYS[2]: a sorted set of worker ids scored by their last take (how many workers
 --   share the bucket; their local share when Redis is away). A take updates it only when
---   it names its worker (the client does every presence_s / 4); otherwise it answers
---   -1 workers (unchanged).
+--   it names its worker (the client does every presence_s / 4), and answers their count
+--   and the worker's rank among them by name (its local share's phase); otherwise it
+--   answers -1 for both (unchanged).
 -- * KEYS[3]: a string, the worker holding the learner lease of a provider whose limit
 --   is unknown (SET NX PX, renewed by each 'learn' of its holder; it lapses when the
 --   holder dies or goes quiet, and the next 'learn' of any worker takes it).
+--
+-- Workers back from pacing locally ('rejoin': the hand-over from a worker's local share):
+-- the hash keeps how many workers are presumed still local 'aw_n', each at the share of
+-- the rate 'aw_share', counted at 'aw_at' by the first worker back and held until
+-- 'aw_until'. Meanwhile a take paces at the rate less their shares, so the workers back
+-- on Redis and those still local stay within the rate together; each worker back
+-- (having gone local before 'aw_at') takes one off the count.
 --
 -- Learning an unknown limit together (actors.pacing.shared_learner): the hash also keeps
 -- 'acc' (responses accepted, every worker's, added by 'learn'), the last congestion
@@ -43,6 +51,8 @@
 --   record  answered, unavailable, circuit_failures (0: never opens), open_s, open_max_s
 --   learn   accepted, holder ('' = only read), lease_ms, rate (<0: publish nothing),
 --           slow_start, limit_rps, phase, cuts, in_use_fraction
+--   rejoin  spent (tokens), pause_s, rate (0: none learnt), away (workers), share,
+--           since_s, away_s
 --   state   (none)
 -- Every reply starts now, rate, ref, ver, ss; actors.pacing.redis_pacer.parse_reply reads the rest.
 
@@ -55,7 +65,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 local names = {'tat', 'rate', 'ref', 'ver', 'ss', 'used', 'used_at', 'pause',
                'c_fail', 'c_open', 'c_period', 'c_probe',
-               'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}
+               'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts',
+               'aw_n', 'aw_share', 'aw_at', 'aw_until'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, name in ipairs(names) do s[name] = tonumber(raw[i]) end
@@ -64,7 +75,8 @@ if absent then
   s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = 0,
        used_at = now, pause = 0, c_fail = 0, c_open = 0, c_period = 0, c_probe = 0}
 end
-for _, name in ipairs({'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts'}) do
+for _, name in ipairs({'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts',
+                       'aw_n', 'aw_share', 'aw_at', 'aw_until'}) do
   if s[name] == nil then s[name] = 0 end
 end
 
@@ -108,30 +120,41 @@ if op == 'take' then
   local n, partial = tonumber(ARGV[7]), ARGV[8] == '1'
   local worker, presence_s = ARGV[9], tonumber(ARGV[10])
   local probe_lease = tonumber(ARGV[11])
-  local workers = -1
+  local workers, rank = -1, -1
   if worker ~= '' then
     redis.call('ZADD', wkey, now, worker)
     redis.call('ZREMRANGEBYSCORE', wkey, '-inf', now - presence_s)
     redis.call('PEXPIRE', wkey, math.ceil(presence_s * 2000))
-    workers = redis.call('ZCARD', wkey)
+    workers, rank = redis.call('ZCARD', wkey), 0
+    for _, other in ipairs(redis.call('ZRANGE', wkey, 0, -1)) do
+      if other < worker then rank = rank + 1 end
+    end
+  end
+  local function reply(k, wait, verdict)
+    local owed = 0
+    if s.rate > 0 and s.tat > now then owed = s.tat - now end
+    return state({k, wait, verdict, tostring(workers), fmt(owed), tostring(rank)})
   end
   local verdict = 'go'
   if s.c_open > 0 then
     if now < s.c_open then
-      return state({'0', fmt(s.c_open - now), 'refuse', tostring(workers)})
+      return reply('0', fmt(s.c_open - now), 'refuse')
     end
     if s.c_probe > now then
-      return state({'0', fmt(s.c_probe - now), 'wait', tostring(workers)})
+      return reply('0', fmt(s.c_probe - now), 'wait')
     end
     verdict, n, partial = 'probe', 1, true
   end
   if now < s.pause then
-    return state({'0', fmt(s.pause - now), 'paused', tostring(workers)})
+    return reply('0', fmt(s.pause - now), 'paused')
   end
   local k = n
   local wait = 0
   if s.rate > 0 then
-    local T, b = 1 / s.rate, burst()
+    -- workers presumed still pacing locally keep their shares of the rate (see 'rejoin')
+    local keep = 1
+    if s.aw_until > now and s.aw_n > 0 then keep = math.max(0.05, 1 - s.aw_n * s.aw_share) end
+    local T, b = 1 / (s.rate * keep), math.max(1, burst() * keep)
     local tat = math.max(s.tat, now)
     -- tat and now are epoch seconds (about 1.8e9: a double's step there is 0.24 µs), so
     -- the time still owed is taken first and given 1 µs of slack: an idle bucket grants
@@ -142,9 +165,9 @@ if op == 'take' then
       local need = n
       if partial then need = 1 end
       if need > b then
-        return state({'0', 'inf', 'wait', tostring(workers)})
+        return reply('0', 'inf', 'wait')
       end
-      return state({'0', fmt(math.max(tat + need * T - b * T - now, 0.000001)), 'wait', tostring(workers)})
+      return reply('0', fmt(math.max(tat + need * T - b * T - now, 0.000001)), 'wait')
     end
     s.tat = tat + k * T
     wait = math.max(0, s.tat + T - b * T - now)
@@ -157,7 +180,7 @@ if op == 'take' then
   else
     save({'tat', 'used', 'used_at'})
   end
-  return state({tostring(k), fmt(wait), verdict, tostring(workers)})
+  return reply(tostring(k), fmt(wait), verdict)
 elseif op == 'pause' then
   local pause_s, cut_ver = tonumber(ARGV[7]), tonumber(ARGV[8])
   local dec, ss_dec = tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -254,6 +277,27 @@ elseif op == 'learn' then
   if s.rate > 0 and used_rps() >= in_use * s.rate then busy = 1 end
   return state({tostring(leader), fmt(s.acc), tostring(s.ev), fmt(now - s.ev_at), fmt(s.ev_acc),
                 fmt(s.pause - now), tostring(busy), fmt(s.lim), tostring(s.ph), tostring(s.cuts)})
+elseif op == 'rejoin' then
+  local spent, pause_s, rate = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+  local away, share, since = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+  local away_s = tonumber(ARGV[13])
+  if rate > 0 and (s.rate <= 0 or rate < s.rate) then
+    local old = s.rate
+    s.rate, s.ss, s.ver = rate, 0, s.ver + 1
+    rescale(old)
+  end
+  if s.rate > 0 and spent > 0 then s.tat = math.max(s.tat, now) + spent / s.rate end
+  if pause_s > 0 then
+    s.pause = math.max(s.pause, now + pause_s)
+    if s.rate > 0 then s.tat = math.max(s.tat, s.pause + burst() / s.rate) end
+  end
+  if s.aw_at > 0 and now - since <= s.aw_at then
+    if s.aw_until > now and s.aw_n > 0 then s.aw_n = s.aw_n - 1 end
+  elseif away > 0 then
+    s.aw_n, s.aw_share, s.aw_at, s.aw_until = away, share, now, now + away_s
+  end
+  save()
+  return state({})
 elseif op == 'state' then
   local left = 0
   if s.pause > now then left = s.pause - now end

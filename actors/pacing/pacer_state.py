@@ -35,6 +35,7 @@ from actors.pacing.values import (
     ProviderLimits,
     ReadState,
     Record,
+    Rejoin,
     SetRate,
     Take,
 )
@@ -65,6 +66,14 @@ class BucketState:
     lim: float = 0.0
     ph: int = 0
     cuts: int = 0
+    aw_n: int = 0
+    aw_share: float = 0.0
+    aw_at: float = 0.0
+    aw_until: float = 0.0
+    phase: float | None = None
+    """A local share of a shared rate (not in the script): grants keep to the grid of
+    ``phase + j / rate`` (seconds), so that the workers' shares, started ``1 / (workers x
+    rate)`` apart, stay out of phase (a take late for its point uses that point)."""
     holder: str = ""
     """The learner lease (the script's ``KEYS[3]``): its holder, until ``lease_until``."""
     lease_until: float = 0.0
@@ -105,6 +114,8 @@ class BucketState:
             return self._record(now, op.answered, op.unavailable, settings)
         if isinstance(op, Learn):
             return self._learn(now, op, settings)
+        if isinstance(op, Rejoin):
+            return self._rejoin(now, op, settings)
         if isinstance(op, ReadState):
             return self._state()
         raise TypeError(f"not a pacer operation: {op!r}")
@@ -131,22 +142,34 @@ class BucketState:
     def _used_rps(self, now: float) -> float:
         return self.used * math.exp(-max(0.0, now - self.used_at) / self._use_window) / self._use_window
 
+    def _grant(self, now: float, granted: int, wait_s: float, verdict: str) -> Grant:
+        owed = self.tat - now if self.rate > 0 and self.tat > now else 0.0
+        return Grant(**self._fields(), granted=granted, wait_s=wait_s, verdict=verdict, owed_s=owed)
+
     def _take(self, now: float, n: int, partial: bool, probe_lease_s: float) -> Grant:
         verdict = "go"
         if self.c_open > 0:
             if now < self.c_open:
-                return Grant(**self._fields(), granted=0, wait_s=self.c_open - now, verdict="refuse")
+                return self._grant(now, 0, self.c_open - now, "refuse")
             if self.c_probe > now:
-                return Grant(**self._fields(), granted=0, wait_s=self.c_probe - now, verdict="wait")
+                return self._grant(now, 0, self.c_probe - now, "wait")
             verdict, n, partial = "probe", 1, True
         if now < self.pause:
-            return Grant(**self._fields(), granted=0, wait_s=self.pause - now, verdict="paused")
+            return self._grant(now, 0, self.pause - now, "paused")
         k, wait = n, 0.0
         if self.rate > 0:
-            period, b = 1 / self.rate, self._burst()
+            # workers presumed still pacing locally keep their shares of the rate (rejoin)
+            keep = 1.0
+            if self.aw_until > now and self.aw_n > 0:
+                keep = max(0.05, 1 - self.aw_n * self.aw_share)
+            period, b = 1 / (self.rate * keep), max(1.0, self._burst() * keep)
             tat = max(self.tat, now)
+            if self.phase is not None and self.tat < now:  # back onto its grid
+                tat = now - (now - self.phase) % period
             # the time owed first, with 1 µs of slack (epoch seconds: see the script)
             avail = math.floor((b * period - (tat - now) + 1e-6) / period)
+            if self.phase is not None:
+                avail = min(avail, math.floor(b + 1e-9))
             if partial:
                 k = min(n, avail)
             elif avail < n:
@@ -154,16 +177,36 @@ class BucketState:
             if k < 1:
                 need = 1 if partial else n
                 if need > b:
-                    return Grant(**self._fields(), granted=0, wait_s=math.inf, verdict="wait")
+                    return self._grant(now, 0, math.inf, "wait")
                 wait = max(tat + need * period - b * period - now, 1e-6)
-                return Grant(**self._fields(), granted=0, wait_s=wait, verdict="wait")
+                return self._grant(now, 0, wait, "wait")
             self.tat = tat + k * period
             wait = max(0.0, self.tat + period - b * period - now)
         decay = math.exp(-max(0.0, now - self.used_at) / self._use_window)
         self.used, self.used_at = self.used * decay + k, now
         if verdict == "probe":
             self.c_probe = now + probe_lease_s
-        return Grant(**self._fields(), granted=k, wait_s=wait, verdict=verdict)
+        return self._grant(now, k, wait, verdict)
+
+    def _rejoin(self, now: float, op: Rejoin, settings: PacerSettings) -> PacerState:
+        rate = 0.0 if op.rate_rps is None else float(op.rate_rps)
+        if rate > 0 and (self.rate <= 0 or rate < self.rate):
+            old = self.rate
+            self.rate, self.ss, self.ver = rate, 0, self.ver + 1
+            self._rescale(old, now)
+        if self.rate > 0 and op.spent > 0:
+            self.tat = max(self.tat, now) + op.spent / self.rate
+        if op.pause_s > 0:
+            self.pause = max(self.pause, now + op.pause_s)
+            if self.rate > 0:
+                self.tat = max(self.tat, self.pause + self._burst() / self.rate)
+        if self.aw_at > 0 and now - op.since_s <= self.aw_at:
+            if self.aw_until > now and self.aw_n > 0:
+                self.aw_n -= 1
+        elif op.away > 0:
+            self.aw_n, self.aw_share, self.aw_at = op.away, op.share, now
+            self.aw_until = now + settings.away_s
+        return self._state()
 
     def _pause(self, now: float, pause_s: float, cut_ver: int, settings: PacerSettings) -> Paused:
         cut, old = False, self.rate

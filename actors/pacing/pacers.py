@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import attrs
+
 from actors.pacing.pacer_state import BucketState
 from actors.pacing.values import (
     PHASES,
@@ -219,25 +221,36 @@ class LocalPacer(Pacer):
 
     def seed(
         self, org_id: str, provider: str, rate_rps: float | None, version: int,
-        pause_s: float = 0.0, open_s: float = 0.0,
+        pause_s: float = 0.0, open_s: float = 0.0, first_s: float | None = None,
+        phase: float | None = None,
     ) -> None:  # fmt: skip
         """Start (org, provider) at ``rate_rps`` and ``version`` (a fallback taking over),
         paused for ``pause_s`` more seconds and with its circuit open ``open_s`` more
-        (what the shared state said last: a pause or an open circuit outlives the outage)."""
+        (what the shared state said last: a pause or an open circuit outlives the outage).
+
+        ``first_s``: the bucket starts empty, its first token ``first_s`` seconds from now
+        (None: full). ``phase``: grants keep to the points ``phase + j / rate`` of this
+        pacer's clock (see :attr:`BucketState.phase`)."""
         with self._lock:
             now = self.clock()
             rate = 0.0 if rate_rps is None else rate_rps
+            tat = 0.0
+            if first_s is not None and rate > 0:
+                lim = self.limits_of(provider)
+                burst = max(1.0, lim.burst if lim.burst is not None else 1 + rate / 100)
+                tat = now + max(0.0, first_s) + (burst - 1) / rate
             self._states[(org_id, provider)] = BucketState(
-                rate=rate, ref=rate, ver=version, used_at=now, fresh=False,
+                tat=tat, rate=rate, ref=rate, ver=version, used_at=now, fresh=False,
                 pause=now + pause_s if pause_s > 0 else 0.0,
                 c_open=now + open_s if open_s > 0 else 0.0, c_period=max(0.0, open_s),
+                phase=phase if rate > 0 else None,
             )  # fmt: skip
 
-    def pending_pauses(self) -> list[tuple[tuple[str, str], float]]:
-        """(org, provider) -> seconds left, for each bucket paused now."""
+    def bucket_state(self, org_id: str, provider: str) -> BucketState | None:
+        """A copy of (org, provider)'s state (None: no bucket)."""
         with self._lock:
-            now = self.clock()
-            return [(key, st.pause - now) for key, st in self._states.items() if st.pause > now]
+            state = self._states.get((org_id, provider))
+            return None if state is None else attrs.evolve(state)
 
     def forget(self) -> None:
         """Drop every bucket."""

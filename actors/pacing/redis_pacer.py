@@ -39,6 +39,7 @@ from actors.pacing.values import (
     ProviderLimits,
     ReadState,
     Record,
+    Rejoin,
     SetRate,
     Take,
 )
@@ -110,6 +111,9 @@ def script_args(op: PacerOp, limits: ProviderLimits, settings: PacerSettings, wo
         lease_ms = str(math.ceil(s.learner_lease_s * 1000))
         own = ["learn", str(op.accepted), op.holder, lease_ms, repr(float(rate)), str(int(slow))]
         own += [_num(limit), str(PHASES.index(phase)), str(cuts), repr(s.in_use_fraction)]
+    elif isinstance(op, Rejoin):
+        own = ["rejoin", repr(float(op.spent)), repr(float(op.pause_s)), _num(op.rate_rps), str(op.away)]
+        own += [repr(float(op.share)), repr(float(op.since_s)), repr(s.away_s)]
     elif isinstance(op, ReadState):
         own = ["state"]
     else:
@@ -119,7 +123,7 @@ def script_args(op: PacerOp, limits: ProviderLimits, settings: PacerSettings, wo
 
 def parse_reply(op: PacerOp, reply: Sequence[str], degraded: bool = False) -> PacerState:
     """The script's reply to ``op`` as the value :class:`~actors.pacing.pacers.Pacer`'s verb
-    returns (``Grant.workers`` is -1 when the take named no worker)."""
+    returns (``Grant.workers`` and ``Grant.rank`` are -1 when the take named no worker)."""
     rate, ref = float(reply[1]), float(reply[2])
     base: dict[str, Any] = {
         "rate_rps": rate if rate > 0 else None,
@@ -130,7 +134,10 @@ def parse_reply(op: PacerOp, reply: Sequence[str], degraded: bool = False) -> Pa
     }
     if isinstance(op, Take):
         granted, wait_s, verdict, workers = int(float(reply[5])), float(reply[6]), reply[7], int(reply[8])
-        return Grant(**base, granted=granted, wait_s=wait_s, verdict=verdict, workers=workers)
+        owed_s, rank = float(reply[9]), int(reply[10])
+        return Grant(
+            **base, granted=granted, wait_s=wait_s, verdict=verdict, workers=workers, owed_s=owed_s, rank=rank
+        )
     if isinstance(op, Pause):
         return Paused(**base, cut=reply[5] == "1", pause_s=float(reply[6]))
     if isinstance(op, Grow):
@@ -199,9 +206,16 @@ class RedisPacer(Pacer):
     The local pacer paces each bucket at a conservative share of the last shared rate this worker saw:
     ``share = 1 / max(expected_workers, workers seen taking from that bucket)``, with
     the burst scaled the same way (at least one token); a bucket with no rate yet
-    (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. Every
-    ``retry_s`` one call tries Redis again; when it answers the pacer rejoins (an info
-    line; pauses taken meanwhile are handed to Redis) and the local state is dropped.
+    (unpaced) is paced at ``unpaced_start_rps * share``. It never runs unpaced. A share
+    starts from what the shared bucket had granted ahead (its first token comes when the
+    shared bucket would have had one again), and the workers' shares run out of phase:
+    worker ``rank`` (its place among the workers by name) paces at the points
+    ``(rank + j * n) / rate`` of Redis's clock. Every ``retry_s`` one call tries Redis
+    again; when it answers the pacer hands over what each share did
+    (:class:`~actors.pacing.values.Rejoin`: the tokens it granted ahead, its pause, a rate
+    it cut, and the other workers presumed still local, whose shares the workers on
+    Redis leave free until each is back or ``away_s`` has passed), rejoins (an info line)
+    and drops the local state.
 
     Args:
         url: a redis-py URL (``redis://host:port/db``), or a ready ``redis.Redis`` client
@@ -272,7 +286,13 @@ class RedisPacer(Pacer):
         self._presence_at: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, str], tuple[float | None, int, int]] = {}
         self._fallback = LocalPacer({}, self.settings, clock)
-        self._seeded: set[tuple[str, str]] = set()
+        self._seeded: dict[tuple[str, str], int] = {}
+        """(org, provider) paced locally -> the rate version it started from."""
+        self._owed: dict[tuple[str, str], tuple[float, int]] = {}
+        """(org, provider) -> (when the shared bucket's grants run out, this clock; this
+        worker's rank), as the last take said."""
+        self._offset = 0.0
+        """Redis's clock less this one, as the last reply said (seconds)."""
         self._holds: dict[tuple[str, str], tuple[float, float]] = {}
         """(org, provider) -> (paused until, circuit open until), this clock, as Redis last
         said: the local fallback keeps them."""
@@ -302,10 +322,12 @@ class RedisPacer(Pacer):
                 worker = self.worker_id
         argv = script_args(op, self.limits_of(provider), self.settings, worker)
         sha = self._sha or self._load()
+        sent = self.clock()
         try:
             reply = self._client.evalsha(sha, len(keys), *keys, *argv)
         except self._noscript:  # the script cache was flushed (restart, failover, SCRIPT FLUSH)
             reply = self._client.evalsha(self._load(), len(keys), *keys, *argv)
+        self._offset = float(reply[0]) - (sent + self.clock()) / 2
         return [str(x) for x in reply]
 
     def _load(self) -> str:
@@ -331,9 +353,11 @@ class RedisPacer(Pacer):
                     self._rejoin()
                 workers = self._seen.get(key, (None, 0, 1))[2]
                 if isinstance(reply, Grant):
+                    rank = self._owed.get(key, (0.0, 0))[1]
                     if reply.workers == -1:
-                        reply = attrs.evolve(reply, workers=workers)
+                        reply = attrs.evolve(reply, workers=workers, rank=rank)
                     workers = reply.workers
+                    self._owed[key] = (now + reply.owed_s, reply.rank)
                 self._seen[key] = (reply.rate_rps, reply.version, workers)
                 self._hold(key, reply, now)
                 return reply
@@ -366,21 +390,38 @@ class RedisPacer(Pacer):
         key = (org_id, provider)
         with self._lock:
             if key not in self._seeded:
-                self._seeded.add(key)
-                share = self._share(key)
-                lim = self.limits_of(provider)
-                rate, version, _ = self._seen.get(key, (lim.rate_rps, 0, 1))
-                rate = (rate if rate is not None else self.settings.unpaced_start_rps) * share
-                burst = None if lim.burst is None else max(1.0, lim.burst * share)
-                max_rps = None if lim.max_rps is None else lim.max_rps * share
-                self._fallback.limits[provider] = ProviderLimits(rate_rps=rate, burst=burst, max_rps=max_rps)
-                paused, opened = self._holds.get(key, (0.0, 0.0))
-                now = self.clock()
-                self._fallback.seed(
-                    org_id, provider, rate, version, pause_s=paused - now, open_s=opened - now
-                )
+                self._seed(key)
             share = self._share(key)
         return self._fallback.apply(org_id, provider, _scaled(op, share))
+
+    def _seed(self, key: tuple[str, str]) -> None:
+        """Start the local share of (org, provider) from the shared state last seen: its
+        rate and burst times this worker's share, its pause and open circuit, and what
+        the shared bucket had granted ahead (its first token comes when the shared bucket
+        would have had one again). The shares of the workers run out of phase: worker
+        ``rank`` of ``n`` paces at the points ``(rank + j * n) / rate`` of Redis's clock."""
+        org_id, provider = key
+        share = self._share(key)
+        lim = self.limits_of(provider)
+        full, version, _ = self._seen.get(key, (lim.rate_rps, 0, 1))
+        full = full if full is not None else self.settings.unpaced_start_rps
+        rate = full * share
+        burst = None if lim.burst is None else max(1.0, lim.burst * share)
+        max_rps = None if lim.max_rps is None else lim.max_rps * share
+        self._fallback.limits[provider] = ProviderLimits(rate_rps=rate, burst=burst, max_rps=max_rps)
+        paused, opened = self._holds.get(key, (0.0, 0.0))
+        now = self.clock()
+        runs_out, rank = self._owed.get(key, (now, 0))
+        shared_burst = max(1.0, lim.burst if lim.burst is not None else 1 + full / 100)
+        first = max(now, runs_out - (shared_burst - 1) / full)
+        spacing, period = 1 / full, 1 / rate
+        phase = (rank * spacing - self._offset) % period
+        first += (phase - first) % period  # this worker's next point on its grid
+        self._fallback.seed(
+            org_id, provider, rate, version, pause_s=paused - now, open_s=opened - now,
+            first_s=first - now, phase=phase,
+        )  # fmt: skip
+        self._seeded[key] = version
 
     def _degrade(self, exc: BaseException, now: float) -> None:
         with self._lock:
@@ -398,9 +439,25 @@ class RedisPacer(Pacer):
         )  # fmt: skip
 
     def _hand_over(self) -> None:
-        """Pauses taken while degraded go to Redis first (raises if it is still away)."""
-        for (org_id, provider), left_s in self._fallback.pending_pauses():
-            self._eval(org_id, provider, Pause(pause_s=left_s))
+        """What each local share did goes to Redis first (raises if it is still away): the
+        tokens it granted ahead of its rate, its pause, the rate it learnt (a local cut,
+        scaled back to every worker's), and the other workers its share was counted for
+        (``max(expected_workers, workers seen) - 1``), presumed still local (see
+        :class:`~actors.pacing.values.Rejoin`)."""
+        now = self.clock()
+        since = 0.0 if self._degraded_since is None else now - self._degraded_since
+        for key, version in list(self._seeded.items()):
+            state = self._fallback.bucket_state(*key)
+            if state is None:
+                continue
+            share = self._share(key)
+            spent = max(0.0, state.tat - now) * state.rate if state.rate > 0 else 0.0
+            learnt = state.rate / share if state.ver != version and state.rate > 0 else None
+            op = Rejoin(  # the others: as many as the shares were counted for
+                spent=spent, pause_s=max(0.0, state.pause - now), rate_rps=learnt,
+                away=max(0, round(1 / share) - 1), share=share, since_s=since,
+            )  # fmt: skip
+            self._eval(key[0], key[1], op)
 
     def _rejoin(self) -> None:
         with self._lock:
@@ -409,6 +466,7 @@ class RedisPacer(Pacer):
             self._degraded_since = None
             self._seeded.clear()
             self._fallback.forget()
+            self._presence_at.clear()  # name this worker in its next take (it is back)
         self.outage_log.answered(OUTAGE_SERVICE, self.url)
         log.info("pacer %s answers again: workers share its pacing state again", self.url)
 

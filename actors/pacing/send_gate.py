@@ -9,6 +9,7 @@ step by the governor actor.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import threading
 import time
@@ -19,7 +20,7 @@ import attrs
 from actors.pacing.held import HeldClock
 from actors.runtime.futures import bounded
 
-__all__ = ["HEADROOM", "WAKE_S", "SendGate", "SendGates", "Turn"]
+__all__ = ["HEADROOM", "LATE_S", "WAKE_S", "Retake", "SendGate", "SendGates", "Turn"]
 
 WAKE_S = 0.25
 """Longest slice a sender sleeps at its gate before looking again whether a pause or a
@@ -33,6 +34,17 @@ together, or held up together on their way) adds a delay that never drains (in s
 start that lag let the rate run 20% past the provider's before its first 429). A
 little faster than its input the queue drains; a stated rate, paced at 98% of itself
 (:data:`actors.pacing.bucket.PACE_MARGIN`), is then sent at no more than the rate itself."""
+
+
+LATE_S = 0.02
+"""With a shared pacer, a request leaves no later than this many seconds after its grant's
+slot (the moment the pacer granted it, plus the gate's spacing for each token granted with
+it before it), or asks the pacer again: a request held up past its slot (its process
+stalled) would otherwise reach the provider together with the requests other processes
+were granted meanwhile, in a bunch no process could see."""
+
+Retake = Callable[[], tuple[int, float]]
+"""Asks the shared pacer for one token again: (tokens granted, seconds to wait when none)."""
 
 
 @attrs.frozen(order=True)
@@ -96,6 +108,15 @@ class SendGate:
         """Turns given back while later ones were booked, earliest first (:meth:`unbook`)."""
         self._closed_until = -math.inf
         self._paused_until = -math.inf
+        self._slots: list[float] = []
+        """A heap of the latest send times of the tokens the shared pacer granted this
+        process and no send has used yet (:meth:`grant`)."""
+        self._granted = False
+        """Whether a shared pacer grants this gate's sends (a send then needs a slot)."""
+        self.retake: Retake | None = None
+        """Asks the shared pacer again for a send whose slot went by (set by :class:`SendGates`)."""
+        self.asked_again = 0
+        """Sends that found no slot of their grant left and asked the shared pacer again."""
 
     @property
     def rps(self) -> float | None:
@@ -131,6 +152,29 @@ class SendGate:
     def _tolerance(self) -> float:
         """GCRA tolerance of bookings, seconds: ``(burst - 1)`` spacings."""
         return (self._burst - 1.0) * self._spacing()
+
+    def grant(self, n: int, now: float, *, probe: bool = False) -> None:
+        """The shared pacer granted this process ``n`` tokens at ``now``: a send may use
+        each until its slot, ``now`` plus the gate's spacing for each token before it, plus
+        :data:`LATE_S` (a half-open circuit's ``probe`` never lapses: asked again, the
+        pacer would hold it behind itself). From the first grant on, every send through
+        this gate uses one, or asks the pacer again (:meth:`wait_turn`)."""
+        with self._lock:
+            self._granted = True
+            spacing = self._spacing()
+            for i in range(n):
+                heapq.heappush(self._slots, math.inf if probe else now + i * spacing + LATE_S)
+
+    def _slot(self, now: float) -> bool:
+        """Use the first granted token whose slot has not gone by (False: none left)."""
+        with self._lock:
+            slots = self._slots
+            while slots and slots[0] < now:
+                heapq.heappop(slots)  # its time went by: that token is spent, unsent
+            if not slots:
+                return False
+            heapq.heappop(slots)
+            return True
 
     def pause_until(self, until: float, rps: float | None) -> None:
         """No send before ``until``; senders already waiting book again from there."""
@@ -236,6 +280,22 @@ class SendGate:
             while self._holes and self._holes[-1].after == self._next:
                 self._next = self._holes.pop().before
 
+    def _granted_slot(self, now: float) -> float:
+        """A send that passed the gate at ``now`` uses a granted token whose slot has not
+        gone by; without one it asks the shared pacer again. Returns 0.0 (send now) or
+        the seconds to wait before trying again (infinity: never)."""
+        if self._slot(now):
+            return 0.0
+        retake = self.retake
+        if retake is None:
+            return 0.0
+        self.asked_again += 1
+        try:
+            granted, wait_s = retake()
+        except Exception:  # a pacer answers even while its store is away; if not, send as granted
+            return 0.0
+        return 0.0 if granted > 0 else max(wait_s, 1e-3)
+
     def wait_turn(
         self,
         latest: float = math.inf,
@@ -302,8 +362,19 @@ class SendGate:
                 extra = self.try_pass(now, epoch)
                 if extra is None:
                     break  # a pause voided the booking: book again
-                if extra <= 0:
+                if extra <= 0 and not self._granted:
                     return True
+                if extra <= 0:  # passed: it also needs a token of the shared pacer's
+                    extra = self._granted_slot(now)
+                    while 0 < extra < math.inf and now + extra <= latest and wait(extra, epoch):
+                        if self._epoch != epoch:
+                            break  # paused meanwhile: book again
+                        now = clock()
+                        extra = self._granted_slot(now)
+                    if extra <= 0:
+                        return True
+                    if self._epoch != epoch and extra < math.inf and now + extra <= latest:
+                        break
                 if extra == math.inf or now + extra > latest or not wait(extra, epoch):
                     self.unbook(epoch, undo)
                     return False
@@ -315,6 +386,7 @@ class SendGates:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._gates: dict[tuple[str, str], SendGate] = {}
+        self._retake: Callable[[str, str], tuple[int, float]] | None = None
 
     def get(self, org_id: str, provider: str) -> SendGate:
         """The gate of (org, provider)."""
@@ -322,8 +394,25 @@ class SendGates:
         gate = self._gates.get(key)
         if gate is None:
             with self._lock:
-                gate = self._gates.setdefault(key, SendGate(headroom=HEADROOM))
+                gate = self._gates.get(key)
+                if gate is None:
+                    gate = self._gates[key] = SendGate(headroom=HEADROOM)
+                    gate.retake = self._bind(org_id, provider)
         return gate
+
+    def share(self, retake: Callable[[str, str], tuple[int, float]]) -> None:
+        """Sends are granted by a shared pacer: ``retake(org, provider)`` asks it for one
+        token again (tokens granted, seconds to wait when none); see :meth:`SendGate.grant`."""
+        with self._lock:
+            self._retake = retake
+            for (org_id, provider), gate in self._gates.items():
+                gate.retake = self._bind(org_id, provider)
+
+    def _bind(self, org_id: str, provider: str) -> Retake | None:
+        retake = self._retake
+        if retake is None:
+            return None
+        return lambda: retake(org_id, provider)
 
     def waited_s(self) -> dict[tuple[str, str], float]:
         """(org, provider) -> seconds its senders were told to wait (see SendGate.waited_s)."""

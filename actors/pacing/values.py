@@ -32,6 +32,7 @@ __all__ = [
     "ProviderLimits",
     "ReadState",
     "Record",
+    "Rejoin",
     "SetRate",
     "Take",
 ]
@@ -94,6 +95,11 @@ class PacerSettings:
     """Idle buckets are forgotten (Redis keys expire) this long after their last write."""
     presence_s: float = 10.0
     """A worker counts as sharing a bucket for this long after its last take."""
+    away_s: float = 3.0
+    """When a worker rejoins the shared state after pacing locally, the workers it saw
+    before are presumed still local (each at its share of the rate) for at most this long
+    after the first of them rejoins, or until each rejoins: meanwhile the workers on
+    Redis take only the rest of the rate."""
     learner_lease_s: float = 3.0
     """The learner lease of a provider whose limit is unknown lapses this long after its
     holder's last :meth:`~actors.pacing.pacers.Pacer.learn` (a dead or idle holder is
@@ -144,12 +150,19 @@ class Grant(PacerState):
             another worker's probe is out); ``"paused"`` (a Retry-After pause);
             ``"refuse"`` (the circuit is open for ``wait_s`` more seconds).
         workers: workers seen taking from this bucket in the last ``presence_s``.
+        owed_s: seconds of the rate the bucket's grants are ahead of now (its theoretical
+            arrival time less now; 0 when it is unpaced or has tokens to spare): what a
+            worker that falls back to a local share of the rate starts from.
+        rank: this worker's place among those workers by name (0-based), so that their
+            local shares can be paced out of phase.
     """
 
     granted: int
     wait_s: float
     verdict: str
     workers: int = 1
+    owed_s: float = 0.0
+    rank: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -280,9 +293,31 @@ class Learn:
 
 
 @attrs.frozen(kw_only=True)
+class Rejoin:
+    """A worker that paced locally while the shared state was away hands over what it did
+    meanwhile; replied with :class:`PacerState`."""
+
+    spent: float = 0.0
+    """Tokens its local bucket still owed (granted ahead of its local rate): the shared
+    bucket's grants move that far ahead too."""
+    pause_s: float = 0.0
+    """Seconds left of a pause it took locally (0: none)."""
+    rate_rps: float | None = None
+    """The rate it learnt locally (cut by a 429), scaled to every worker's: the shared
+    rate drops to it when higher (None: nothing learnt)."""
+    away: int = 0
+    """Other workers it saw before, presumed still pacing locally."""
+    share: float = 1.0
+    """The share of the rate each worker paced at locally."""
+    since_s: float = 0.0
+    """How long it paced locally (seconds before now): a worker that went local before
+    the first one back came back is counted among those presumed local."""
+
+
+@attrs.frozen(kw_only=True)
 class ReadState:
     """Read the bucket (creating it if absent); replied with :class:`PacerState`."""
 
 
-PacerOp = Take | Pause | Grow | SetRate | Record | Learn | ReadState
+PacerOp = Take | Pause | Grow | SetRate | Record | Learn | Rejoin | ReadState
 """Any operation a :class:`~actors.pacing.pacers.Pacer` applies to a bucket."""

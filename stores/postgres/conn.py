@@ -25,6 +25,14 @@ T = TypeVar("T")
 _IDLE_CHECK_S = 2.0
 """A pooled connection idle longer than this is checked (one empty query) before use."""
 
+RECONNECT_S = 0.25
+"""While the server is away, a caller waiting for a connection asks the pool to connect
+again at least this often (seconds), so the store is back within about this long after
+the server answers again. psycopg_pool retries a lost connection with an exponential
+back-off (1, 2, 4, 8... s) for ``reconnect_timeout``: here that timeout is this short,
+so a slot that failed is given up at once and the next waiting caller grows the pool
+with a fresh attempt."""
+
 
 def is_postgres_url(target: object) -> bool:
     """True for ``postgresql://`` and ``postgres://`` URLs."""
@@ -118,6 +126,7 @@ class PgConnections:
             max_size=max_size,
             kwargs={"autocommit": True, **self.connect_kwargs},
             timeout=connect_timeout_s,
+            reconnect_timeout=RECONNECT_S,
             name=f"tooldispatch-{schema}",
             open=False,
         )
@@ -155,8 +164,9 @@ class PgConnections:
         """
         import psycopg
 
+        deadline = time.monotonic() + self.timeout_s
         for _ in range(self._max_size + 1):
-            conn = self._pool.getconn()
+            conn = self._getconn(deadline)
             idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
             if idle_s > _IDLE_CHECK_S or _readable(conn.fileno()):
                 try:
@@ -168,10 +178,28 @@ class PgConnections:
             try:
                 yield conn
             finally:
-                conn._td_returned_at = time.monotonic()  # type: ignore[attr-defined]
+                conn._td_returned_at = time.monotonic()
                 self._pool.putconn(conn)
             return
         raise psycopg.OperationalError("every pooled connection was dead")
+
+    def _getconn(self, deadline: float) -> Any:
+        """A connection from the pool by ``deadline`` (monotonic seconds), asked for in
+        slices of :data:`RECONNECT_S`: each new request lets the pool start a fresh
+        connection attempt when its earlier ones gave up (see :data:`RECONNECT_S`).
+
+        Raises:
+            psycopg_pool.PoolTimeout: none by ``deadline``.
+        """
+        from psycopg_pool import PoolTimeout
+
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(0.001, min(left, RECONNECT_S)))
+            except PoolTimeout:
+                if left <= RECONNECT_S:
+                    raise
 
     def run(self, fn: Callable[[Any], T], *, transaction: bool = False) -> T:
         """``fn(conn)`` on a pooled connection (in one transaction if asked), errors mapped.

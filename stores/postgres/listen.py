@@ -35,6 +35,10 @@ from stores.postgres.schema import MAX_IDENTIFIER_BYTES
 
 __all__ = ["Listener", "channel_name"]
 
+RECONNECT_MAX_S = 0.5
+"""The listener connects again after a lost connection with a back-off doubling from
+50 ms up to this (seconds): a server back after an outage is heard within about this."""
+
 
 def channel_name(schema: str) -> str:
     """The NOTIFY channel of the receipt store in ``schema``: ``tooldispatch:SCHEMA``,
@@ -187,7 +191,7 @@ class Listener:
                 self._connected.clear()
                 self._bump(None)
                 self._closed.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, 2.0)
+                backoff_s = min(backoff_s * 2, RECONNECT_MAX_S)
             finally:
                 if conn is not None:
                     conn.close()

@@ -9,6 +9,10 @@ provider, and ``tooldispatch run`` worker processes. Never the machine's shared 
   outage: a fast stop terminates every session (``AdminShutdown``), as a restart does.
 * :class:`OwnRedis`: ``redis-server --port P --save ''`` (nothing on disk).
 * :class:`Provider`: ``examples/provider.py`` (its ``/stats`` tell what was billed).
+* :class:`WindowProvider`: ``_window_provider.py``, a provider bounding the requests of
+  every time window (its ``/stats`` tell the most that arrived within one).
+* :class:`TcpProxy`: a TCP forwarder on 127.0.0.1 that the test can cut (one worker's
+  way to a server unreachable while the others' is not).
 * :func:`start_worker`: ``python -m actors.job.cli run ...`` with the installed package.
 
 Loaded by path (tests are not a package): see ``tests/faults/conftest.py``.
@@ -39,6 +43,8 @@ __all__ = [
     "OwnPostgres",
     "OwnRedis",
     "Provider",
+    "TcpProxy",
+    "WindowProvider",
     "find_postgres",
     "find_redis",
     "finish",
@@ -238,10 +244,13 @@ class OwnRedis:
 class Provider:
     """``examples/provider.py`` in a subprocess (``args``: its options, e.g. ``--rate 40``)."""
 
+    script = REPO_ROOT / "examples" / "provider.py"
+    port_args: tuple[str, ...] = ("--port", "0")
+
     def __init__(self, log_path: Path, *args: str) -> None:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "examples" / "provider.py"), "--port", "0", *args],
+            [sys.executable, str(self.script), *self.port_args, *args],
             stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         lines: list[str] = []
@@ -271,6 +280,87 @@ class Provider:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+
+
+class WindowProvider(Provider):
+    """``tests/faults/_window_provider.py`` in a subprocess (``args``: ``--rate R --window W
+    --burst B``): at most ``R * W + B`` requests answered within any ``W`` seconds, 429
+    beyond; ``stats()`` has ``max_in_window`` and ``rate_limited``."""
+
+    script = Path(__file__).parent / "_window_provider.py"
+    port_args = ()
+
+
+class TcpProxy:
+    """Forwards connections from a free port of 127.0.0.1 to ``port`` (threads in this
+    process). :meth:`cut` closes every connection and refuses new ones (accepted, then
+    closed at once) until :meth:`mend`.
+
+    Attributes:
+        port: where it listens.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._cut = False
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            doomed, self._open = self._open, set()
+        for conn in doomed:
+            _close(conn)
+
+    def mend(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                if self._cut:
+                    raise OSError("cut")
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 def _package_parent() -> str:

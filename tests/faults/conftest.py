@@ -100,6 +100,25 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...,
         server.stop()
 
 
+@pytest.fixture
+def window_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """``window_provider(*args)`` starts ``_window_provider.py`` (``--rate R --window W
+    --burst B``: at most ``R * W + B`` requests answered per ``W`` seconds); all stopped
+    afterwards."""
+    module = _servers()
+    started: list[Any] = []
+    logs = tmp_path_factory.mktemp("window-provider-logs")
+
+    def start(*args: str) -> Any:
+        server = module.WindowProvider(logs / f"window-provider-{len(started)}.log", *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 def _has_user(name: str) -> bool:
     import pwd
 

@@ -223,3 +223,10 @@ def test_a_worker_waiting_on_another_workers_probe_asks_again_soon_after_it_clos
     one.release("org", "p", 1, 1, now[0])  # the probe succeeded: the circuit closes
     now[0] = waiting.wake_at
     assert sum(n for _, n in two.wake(now[0]).grants) == 1
+
+
+def test_a_shared_pacers_grants_go_to_the_send_gate_with_their_count():
+    now, _, one, _ = _pair(rps=100.0)
+    out = one.acquire("org", "p", 1, "r1", now[0])
+    assert [n for _, n in out.grants] == [1]
+    assert out.granted == [(("org", "p"), 1, False)]  # the gate's slot for that send

@@ -1,7 +1,8 @@
 """The Redis script (``actors/pacing/pacer.lua``) against the Python rules (``BucketState``).
 
 Hypothesis draws sequences of operations (takes, pauses with and without a cut, growth,
-rate changes, circuit outcomes, probes, learner publications and reads, time steps) and
+rate changes, circuit outcomes, probes, learner publications and reads, workers rejoining
+from a local share while others are presumed local, time steps) and
 runs each sequence twice: on :class:`~actors.pacing.BucketState` and, with EVAL, on the
 script in a private ``redis-server`` (its arguments made and its replies read by the
 RedisPacer's own ``script_args`` and ``parse_reply``). Every reply must be equal.
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from actors.pacing import BucketState, PacerSettings, ProviderLimits
 from actors.pacing.redis_pacer import SCRIPT, parse_reply, script_args
-from actors.pacing.values import PHASES, Grow, Learn, PacerOp, Pause, ReadState, Record, SetRate, Take
+from actors.pacing.values import PHASES, Grow, Learn, PacerOp, Pause, ReadState, Record, Rejoin, SetRate, Take
 
 from .conftest import RedisServer
 
@@ -72,6 +73,18 @@ steps: st.SearchStrategy[Step] = st.one_of(
             publish=publications,
         ),
     ),
+    st.tuples(
+        st.just("op"),
+        st.builds(
+            Rejoin,
+            spent=st.sampled_from([0.0, 1.0, 2.5]) | st.floats(0.0, 50.0),
+            pause_s=st.sampled_from([0.0, 1.0]) | seconds,
+            rate_rps=st.none() | rates,
+            away=st.integers(0, 3),
+            share=st.sampled_from([1.0, 0.5, 0.25]),
+            since_s=st.sampled_from([0.0, 0.5, 5.0]) | seconds,
+        ),
+    ),
     st.tuples(st.just("op"), st.just(ReadState())),
     sleeps,
 )
@@ -94,6 +107,7 @@ settings_st = st.builds(
     circuit_open_s=st.sampled_from([1.0, 5.0]),
     circuit_open_max_s=st.sampled_from([3.0, 60.0]),
     probe_lease_s=st.sampled_from([0.5, 30.0]),
+    away_s=st.sampled_from([0.5, 3.0]),
     # Redis expires these on its own clock: far longer than any sequence
     state_ttl_s=st.just(3600.0),
     learner_lease_s=st.just(3600.0),
@@ -169,4 +183,36 @@ def test_pacer_script_circuit_replies_as_the_python_rules(
 ) -> None:
     """The circuit alone (failures, opening, reopening for longer, half-open probes and
     their lease), so that sequences reach its rarer states often."""
+    _run_both(lua_pacer, limits, rules, sequence)
+
+
+rejoin_steps: st.SearchStrategy[Step] = st.one_of(
+    st.tuples(st.just("op"), st.builds(Take, n=st.integers(1, 4), partial=st.booleans())),
+    st.tuples(
+        st.just("op"),
+        st.builds(
+            Rejoin,
+            spent=st.sampled_from([0.0, 1.0, 2.5]),
+            pause_s=st.sampled_from([0.0, 0.0, 0.3]),
+            rate_rps=st.sampled_from([None, None, 5.0, 40.0]),
+            away=st.integers(0, 3),
+            share=st.sampled_from([0.5, 0.25]),
+            since_s=st.sampled_from([0.0, 0.2, 5.0]),
+        ),
+    ),
+    st.tuples(st.just("sleep"), st.sampled_from([1000, 50_000, 200_000, 1_000_000])),
+)
+
+
+@EXAMPLES
+@given(
+    limits=limits_st,
+    rules=settings_st,
+    sequence=st.lists(rejoin_steps, min_size=3, max_size=30),
+)
+def test_pacer_script_rejoin_replies_as_the_python_rules(
+    lua_pacer: Any, limits: ProviderLimits, rules: PacerSettings, sequence: list[Step]
+) -> None:
+    """Workers rejoining from local shares and the takes paced meanwhile at the rate less
+    the shares of those presumed still local, so that sequences reach them often."""
     _run_both(lua_pacer, limits, rules, sequence)

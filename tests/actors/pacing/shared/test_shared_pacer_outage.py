@@ -49,6 +49,10 @@ def test_redis_pacer_paces_a_local_share_while_redis_is_down(
         first = pacer.take("o", "p", 5, partial=True)
     assert first.degraded and pacer.snapshot()["degraded"]
     assert first.rate_rps == pytest.approx(20.0 / 4)  # a quarter of the last shared rate
+    if first.granted == 0:  # its share starts at its own point of the workers' grid
+        assert first.verdict == "wait" and first.wait_s <= 1 / 5.0
+        clock.now += first.wait_s
+        first = pacer.take("o", "p", 5, partial=True)
     assert first.granted == 1  # the burst shrinks with the share: 4 / 4
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert "pacing locally at 1/4" in caplog.text
@@ -112,6 +116,10 @@ def test_redis_pacer_unpaced_provider_is_paced_while_redis_is_down(
     redis_server.kill()
     local = pacer.take("o", "free", 100, partial=True)
     assert local.degraded and local.rate_rps == pytest.approx(SLOW_START_RPS / 2)  # one of 2 workers' share
+    if local.granted == 0:  # its share starts at its own point of the workers' grid
+        assert local.verdict == "wait" and local.wait_s <= 2 / SLOW_START_RPS
+        clock.now += local.wait_s
+        local = pacer.take("o", "free", 100, partial=True)
     assert local.granted == 1
     pacer.close()
 
@@ -259,3 +267,90 @@ def test_redis_pacer_keeps_a_shared_pause_and_an_open_circuit_when_redis_goes_aw
     assert pacer.take("o", "p").granted == 1  # the pause ends when it would have
     pacer.close()
     other.close()
+
+
+def _worker(server: RedisServer, prefix: str, clock: FakeClock, name: str, burst: float | None = None) -> Any:
+    from actors.pacing.redis_pacer import RedisPacer
+
+    limits = {"p": ProviderLimits(rate_rps=10.0, burst=burst)}
+    return RedisPacer(
+        server.url, limits, prefix=prefix, expected_workers=2, clock=clock, retry_s=1.0, worker_id=name
+    )
+
+
+def test_a_local_share_starts_from_what_the_shared_bucket_had_granted_ahead(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    clock = FakeClock()
+    pacer = _worker(redis_server, prefix, clock, "a", burst=4)
+    assert pacer.take("o", "p", 4).granted == 4  # the whole shared burst: 0.4 s of the rate ahead
+    redis_server.kill()
+    local = pacer.take("o", "p", 2, partial=True)
+    assert local.degraded and local.rate_rps == pytest.approx(5.0)
+    # not a fresh, full bucket (2 tokens at once): its first token comes when the shared
+    # bucket would have had one again (0.4 s less the burst's 0.3 s), or later
+    assert local.granted == 0 and local.wait_s >= 0.1 - 0.01
+    pacer.close()
+
+
+def test_workers_local_shares_run_out_of_phase(redis_server: RedisServer, prefix: str) -> None:
+    clock = FakeClock()
+    a, b = (_worker(redis_server, prefix, clock, name) for name in ("a", "b"))
+    for pacer in (a, b, a):  # each named in the workers set: 2 workers, ranks 0 and 1
+        pacer.take("o", "p")
+        clock.now += 3.0  # (a take names its worker every presence_s / 4)
+    redis_server.kill()
+    first = []
+    for pacer in (a, b):
+        local = pacer.take("o", "p")
+        assert local.degraded and local.rate_rps == pytest.approx(5.0)
+        first.append(clock.now + (0.0 if local.granted else local.wait_s))
+    # each at 5/s, their points 0.1 s apart (half a period of 0.2 s), not together
+    apart = (first[1] - first[0]) % 0.2
+    assert apart == pytest.approx(0.1, abs=0.02)
+    a.close()
+    b.close()
+
+
+def test_a_worker_back_on_redis_leaves_the_shares_of_those_still_local(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    clock = FakeClock()
+    a, b = (_worker(redis_server, prefix, clock, name) for name in ("a", "b"))
+    for pacer in (a, b, a):  # each named in the workers set: a and b know of 2 workers
+        pacer.take("o", "p")
+        clock.now += 3.0
+    key = a.keys("o", "p")[0]
+    redis_server.kill()
+    assert a.take("o", "p").degraded and b.take("o", "p").degraded
+    redis_server.start()  # empty: a restart
+    clock.now += 1.0
+    back = a.take("o", "p")
+    assert not back.degraded and back.granted == 1
+    admin = redis_server.client()
+    assert admin.hget(key, "aw_n") == "1"  # b is presumed still local
+    held = a.take("o", "p")
+    assert held.granted == 0
+    assert held.wait_s == pytest.approx(0.2, abs=0.03)  # 10/s less b's half: 5/s, not 10/s
+    assert not b.take("o", "p").degraded  # b back too
+    assert admin.hget(key, "aw_n") == "0"  # nobody is presumed local any more
+    admin.close()
+    a.close()
+    b.close()
+
+
+def test_a_worker_back_on_redis_hands_over_the_rate_it_learnt_locally(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    clock = FakeClock()
+    pacer = _worker(redis_server, prefix, clock, "a")
+    version = pacer.take("o", "p").version
+    redis_server.kill()
+    cut = pacer.pause("o", "p", 0.5, cut_version=version)  # a 429 while local: its share is cut
+    assert cut.degraded and cut.cut and cut.rate_rps == pytest.approx(5.0 * 0.8)
+    redis_server.start()  # empty: the shared state is gone
+    clock.now += 1.0
+    back = pacer.state("o", "p")
+    assert not back.degraded
+    assert back.rate_rps == pytest.approx(10.0 * 0.8)  # the cut, scaled to every worker's rate
+    pacer.close()
