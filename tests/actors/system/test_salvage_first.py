@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from actors import Policy, Tool
-from actors.flusher.salvage import SalvageLog
+from actors.flusher.salvage import SalvageLog, salvage_entry
 from stores import (
     ClaimRequest,
     ReceiptStatus,
@@ -200,6 +200,13 @@ def test_a_running_system_sees_what_another_system_salvaged_after_it_started(
     make_system: Any, db_path: Path, stores_opened: list[Any]
 ) -> None:
     provider = Provider()
+    # the file already holds an entry of another org: the sibling's first claim reads it
+    SalvageLog(f"{db_path}.salvage.jsonl").append([
+        salvage_entry(
+            key="k", org_id="globex", scope=SCOPE, tool_id="charge", input_hash="h", output=0, attempts=1,
+            first_error_at=None, error="StoreUnavailableError",
+        )
+    ])  # fmt: skip
     sibling = make_system([provider.tool()], run_id="sibling", policy=POLICY)
     assert sibling.proxy().execute("charge", {"n": 1}).get(timeout=WAIT_S).value["paid"] == 1
     _first_run_salvages(make_system, db_path, provider, "away", stores_opened)
