@@ -8,13 +8,16 @@ what was paid for. Real SQLite files; both runtimes.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from actors import Policy, Tool
@@ -273,3 +276,71 @@ def test_a_salvaged_refresh_judged_by_a_worker_without_the_file_is_completed_wit
     assert len(provider.calls) == 2
     receipt = _receipt(db_path, 7)
     assert receipt.status is ReceiptStatus.COMPLETED and receipt.output == {"paid": 7, "answer": 2}
+
+
+# -- Postgres: workers on one host share a salvage file (Policy.salvage_path) ------------
+
+PG_URL = os.environ.get("TOOLDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A schema of this test's own on the test Postgres, dropped after (skip without a
+    server; fail in CI)."""
+    try:
+        import psycopg
+
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError or psycopg.Error
+        if os.environ.get("CI"):
+            pytest.fail(f"Postgres unavailable in CI: {exc}", pytrace=False)
+        pytest.skip(f"needs PostgreSQL at {PG_URL} (TOOLDISPATCH_TEST_PG): {exc}")
+    schema = f"td_test_{uuid.uuid4().hex[:12]}"
+    yield schema
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_a_postgres_rerun_completes_what_a_worker_on_its_host_salvaged(
+    make_system: Any, tmp_path: Path, pg_schema: str
+) -> None:
+    from stores import PostgresReceiptStore
+
+    class AwayPostgres(PostgresReceiptStore):
+        away = threading.Event()
+
+        def complete_many(self, *args: Any, **kwargs: Any) -> Any:
+            if self.away.is_set():
+                raise StoreUnavailableError("injected: the connection was lost during complete_many")
+            return super().complete_many(*args, **kwargs)
+
+    policy = attrs.evolve(POLICY, salvage_path=str(tmp_path / "salvage.jsonl"))
+    provider = Provider()
+    first_store = AwayPostgres(PG_URL, schema=pg_schema)
+    rerun_store = PostgresReceiptStore(PG_URL, schema=pg_schema)
+    try:
+        first = make_system([provider.tool()], run_id="first", policy=policy, store=first_store)
+        provider.hold()
+        first.proxy().execute("charge", {"n": 7})
+        assert provider.called.wait(WAIT_S)
+        first_store.away.set()
+        provider.answer()
+        first.stop(timeout_s=3.0)
+        assert [e.receipt_key for e in SalvageLog(policy.salvage_path).entries()] == [_key(7)]
+
+        def expired() -> bool:
+            (receipt,) = rerun_store.get_many(ORG, [_key(7)])
+            return receipt is not None and (receipt.lease_expires_at or 0.0) < time.time()
+
+        _until(expired, "the first worker's lease to expire")
+        rerun = make_system([provider.tool()], run_id="rerun", policy=policy, store=rerun_store)
+        result = rerun.proxy().execute("charge", {"n": 7}).get(timeout=WAIT_S)
+        assert result.value == {"paid": 7, "answer": 1}
+        assert len(provider.calls) == 1
+        (receipt,) = rerun_store.get_many(ORG, [_key(7)])
+        assert receipt.status is ReceiptStatus.COMPLETED
+    finally:
+        for system in make_system.systems:
+            system.stop(timeout_s=WAIT_S)
+        first_store.close()
+        rerun_store.close()
