@@ -230,7 +230,9 @@ def _shown(value: object) -> str:
 @click.option("--fail", "fail_", is_flag=True, help="Record it failed (later calls are refused).")
 @click.option("--note", default="", help="Text kept with the decision.")
 @_salvage_option
-def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str, salvage_path: str | None) -> None:
+def receipts_resolve(
+    key: str, db: str, rerun: bool, fail_: bool, note: str, salvage_path: str | None
+) -> None:
     """Decide a receipt whose outcome is uncertain (KEY may be a unique prefix).
 
     A call to a tool that is not retry-safe whose request may have reached the provider
@@ -293,8 +295,9 @@ def _replay_first(store: Any, org_id: str, key: str, path: str) -> str | None:
     except NotASalvageFileError as exc:
         raise ConfigError(str(exc)) from None
     except OSError as exc:
+        why = exc.strerror or exc
         raise ConfigError(
-            f"cannot replay the salvage file {path} (it may hold this receipt's output): {exc.strerror or exc}"
+            f"cannot replay the salvage file {path} (it may hold this receipt's output): {why}"
         ) from None
     return path
 

@@ -28,7 +28,7 @@ from actors.runtime.actor import log
 from stores.base import ReceiptStore
 from stores.errors import ToolDispatchError
 
-__all__ = ["SalvageFirst", "SalvageFile"]
+__all__ = ["SalvageFile", "SalvageFirst"]
 
 
 class SalvageFile(Protocol):
@@ -76,6 +76,8 @@ class SalvageFirst:
         except (OSError, ValueError) as exc:  # the file: unreadable, or not a salvage file
             if isinstance(exc, ToolDispatchError):  # the store's own (an output error is a ValueError)
                 raise
-            log.exception("the salvage file %s cannot be replayed; claims go on without it", self.salvage.path)
+            log.exception(
+                "the salvage file %s cannot be replayed; claims go on without it", self.salvage.path
+            )
             return
         log.info("replayed the salvage file %s before a claim: %s", self.salvage.path, report)

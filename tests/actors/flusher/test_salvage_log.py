@@ -521,7 +521,9 @@ def test_salvage_logs_on_one_path_share_one_lock(tmp_path: Path) -> None:
 # -- what a claim asks of the file before it judges a receipt (issue 26) ----------------
 
 
-def test_salvage_salvaged_names_the_keys_held_and_sees_appends_and_replays(tmp_path: Path, store: Any) -> None:
+def test_salvage_salvaged_names_the_keys_held_and_sees_appends_and_replays(
+    tmp_path: Path, store: Any
+) -> None:
     log = SalvageLog(tmp_path / "salvage.jsonl")
     assert log.salvaged(ORG, ["a", "b"]) == set()  # no file yet
     log.append([_entry("a", 1), _entry("c", 3, org_id="globex")])

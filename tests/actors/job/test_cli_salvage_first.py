@@ -46,10 +46,14 @@ def _salvaged_run(tmp_path: Path, n: int) -> tuple[Path, str, str]:
     from stores.keys import key_and_input_hash
 
     db = tmp_path / "receipts.db"
-    key, input_hash = key_and_input_hash(org_id=ORG, scope=SCOPE, tool_id="charge", input={"n": n}, version="1")
+    key, input_hash = key_and_input_hash(
+        org_id=ORG, scope=SCOPE, tool_id="charge", input={"n": n}, version="1"
+    )
     owner = Owner("first-run", 1)
     with SqliteReceiptStore(db) as store:
-        (claim,) = store.claim_many(ORG, [ClaimRequest(key, SCOPE, "charge", input_hash)], owner, lease_ttl_s=TTL_S)
+        (claim,) = store.claim_many(
+            ORG, [ClaimRequest(key, SCOPE, "charge", input_hash)], owner, lease_ttl_s=TTL_S
+        )
         lease_id = claim.receipt.lease_id
         assert lease_id is not None
         assert store.mark_running_many(ORG, [LeaseRef(key, lease_id)], owner).ok
@@ -91,7 +95,9 @@ def test_cli_run_completes_salvaged_receipts_from_the_file_before_claiming(cli: 
     assert receipt.status.value == "completed" and receipt.output == {"charged": 7, "by": "the first run"}
 
 
-def test_cli_resolve_completes_an_uncertain_receipt_from_its_salvaged_output(cli: Any, tmp_path: Path) -> None:
+def test_cli_resolve_completes_an_uncertain_receipt_from_its_salvaged_output(
+    cli: Any, tmp_path: Path
+) -> None:
     """A worker that could not see the salvage file (another host) judged the receipt
     uncertain; the operator's resolve finds the paid output in the file first."""
     from stores import ClaimRequest, Owner, SqliteReceiptStore
