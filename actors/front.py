@@ -55,6 +55,7 @@ from actors.runtime.host_signals import cover as cover_signals
 from actors.runtime.nesting import in_tool, running_keys
 from actors.stats import Stats
 from actors.store.outage import SERVICE as STORE_SERVICE
+from actors.store.salvaged import SalvageFile
 from actors.tool import Policy, RunInfo, Tool
 from stores.base import ReceiptStore
 from stores.codec import decode_output
@@ -142,11 +143,14 @@ class Intake:
         memos: each tool's memo, by tool id.
         queues: each tool's queue actor, by tool id.
         store: the receipt store (plain reads of a cold rerun, on the caller's thread).
+        salvage: the salvage file (a key it holds a paid output for is never answered by
+            a plain read: its claim replays the file first).
     """
 
     def __init__(
         self, *, run: RunInfo, policy: Policy, tools: dict[str, Tool], stats: Stats,
         stopping: threading.Event, memos: Mapping[str, MemoView], queues: dict[str, Any], store: ReceiptStore,
+        salvage: SalvageFile | None = None,
     ) -> None:  # fmt: skip
         self.run = run
         self.policy = policy
@@ -156,6 +160,7 @@ class Intake:
         self.memos = memos
         self.queues = queues
         self.store = store
+        self.salvage = salvage
         self._digests: dict[str, str] = {}
         self._read_first = {tool_id: ReadFirst() for tool_id in tools}
         self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
@@ -356,7 +361,10 @@ class Intake:
         (the claim will meet the error, and ride out an outage of the store). While the
         store is known to be away (:mod:`actors.store.outage`) no read is made: the caller
         would wait on the connection for nothing. Under a receipt-op budget every read
-        must be charged by the store actor, so none is made here.
+        must be charged by the store actor, so none is made here. A key the salvage file
+        holds a paid output for is left to its claim, which replays the file first
+        (:mod:`actors.store.salvaged`): the store may hold an older output (a refresh
+        whose write failed), or one that cannot be read.
         """
         if self.policy.max_receipt_ops is not None:
             return misses
@@ -378,12 +386,13 @@ class Intake:
             return misses
         outages.answered(STORE_SERVICE, where)
         self._read_first[tool_id].found(len(misses), len(found))
+        salvaged = self._salvaged(found)
         texts: dict[str, str] = {}
         left: list[tuple[int, Any, str, str, bytes]] = []
         for miss in misses:
             index, _, key, input_hash, _ = miss
             stored = found.get(key)
-            if stored is None or stored[0] != input_hash or stored[1] is None:
+            if stored is None or stored[0] != input_hash or stored[1] is None or key in salvaged:
                 left.append(miss)  # a collision or a corrupted receipt: the lifecycle reports it
                 continue
             try:
@@ -396,6 +405,16 @@ class Intake:
         if texts and self.memos[tool_id].max_bytes:
             self._remember_later(tool_id, texts)
         return left
+
+    def _salvaged(self, found: Mapping[str, Any]) -> set[str]:
+        """The keys of ``found`` the salvage file holds a paid output for (none when it
+        cannot be read: the claim meets that too)."""
+        if not found or self.salvage is None:
+            return set()
+        try:
+            return self.salvage.salvaged(self.run.org_id, found)
+        except OSError:
+            return set()
 
     def _remember_later(self, tool_id: str, texts: dict[str, str]) -> None:
         """Give ``texts`` (key -> output text) to the tool's memo, gathered: one message per

@@ -108,6 +108,7 @@ class DispatchSystem:
             outages=self.stats_.outages,
             timers=self.timers,
             stopping=self._stopping,
+            salvage=self.salvage,
         )
         self._pacer = pacer
         pacings = self._pacings
@@ -144,7 +145,7 @@ class DispatchSystem:
         }
         self._intake = Intake(
             run=run, policy=policy, tools=self.tools, stats=self.stats_, stopping=self._stopping,
-            memos=self._memos, queues=self._queues, store=store,
+            memos=self._memos, queues=self._queues, store=store, salvage=self.salvage,
         )  # fmt: skip
         self._proxy = DispatchProxy(self._intake, self.stats)
         if any(m.max_bytes for m in self._memos.values()):  # purge_epoch: every store has it

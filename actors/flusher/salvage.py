@@ -11,6 +11,10 @@ into a receipt store later.
 Appends and replays hold a cross-process lock (``filelock.FileLock`` on
 ``<path>.lock``, an OS ``flock``), so a replay in one process never loses what another
 process appends or replays at the same time.
+
+A dispatch system replays the file before it claims a receipt the file holds an output
+for (:meth:`SalvageLog.salvaged` says which; see :mod:`actors.store.salvaged`), so a
+rerun never judges a receipt its last run paid for and salvaged.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import attrs
 import cattrs
 import filelock
 
-from stores.base import ReceiptStore
+from stores.base import MAX_OUTPUT_BYTES, ReceiptStore
 from stores.codec import UnreadableOutput, converter, decode_output, encode_output, salvage_form
+from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -37,6 +42,7 @@ from stores.types import (
     Owner,
     Receipt,
     ReceiptStatus,
+    ResolveAction,
 )
 
 __all__ = ["REPLAY_OWNER", "ReplayReport", "SalvageEntry", "SalvageLog"]
@@ -110,6 +116,34 @@ class SalvageLog:
         self.path = os.fspath(path)
         self._lock = _lock_for(self.path)
         self._file_lock = filelock.FileLock(f"{self.path}.lock", mode=0o600)
+        self._seen: tuple[tuple[int, int, int, int], frozenset[tuple[str, str]]] | None = None
+        """(the file's device, inode, size and mtime in ns; the (org, key) pairs it then
+        held a replayable output for), from the last look of :meth:`salvaged`."""
+
+    def salvaged(self, org_id: str, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` (receipt keys of ``org_id``) the file holds an output for that
+        :meth:`replay` would put into a store (not one kept only described, nor one over
+        the output cap). One ``stat`` of the file per call: it is read again only when it
+        changed (its size, mtime or inode), so what another system or process appended,
+        or a replay removed, is seen. Any thread.
+
+        Raises:
+            OSError: the file exists but cannot be read.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return set()
+        signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        seen = self._seen
+        if seen is None or seen[0] != signature:
+            # stat before read: an append in between is read again at the next look
+            pending = frozenset((e.org_id, e.receipt_key) for e in self._read()[0] if _replayable(e))
+            seen = self._seen = (signature, pending)
+        held = seen[1]
+        if not held:
+            return set()
+        return {key for key in keys if (org_id, key) in held}
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -199,8 +233,13 @@ class SalvageLog:
         back (:class:`~stores.codec.UnreadableOutput`: the entry's is then the only copy
         anyone can read, and replaces it); one still held
         under the lease its output was produced (and salvaged) under is completed
-        under that lease, since the store gave up before that owner could; one under
-        another owner's live lease is kept for a later replay.
+        under that lease, since the store gave up before that owner could; one recorded
+        ``uncertain`` for that very lease (a worker that could not see this file judged
+        it) is completed with the entry's output, the outcome it was uncertain of
+        (:meth:`~stores.ReceiptStore.resolve`); one under another owner's live lease is
+        kept for a later replay. An entry whose output is over the store's output cap
+        (its receipt was recorded failed, ``output_too_large``) is kept for an operator,
+        as a described one is, and its receipt left alone.
 
         Raises:
             StoreError: the store failed (the file is left unchanged).
@@ -212,11 +251,11 @@ class SalvageLog:
                 raise NotASalvageFileError(
                     f"{self.path} is not a salvage file: none of its {lines} lines is one"
                 )
-            kept: list[SalvageEntry] = [e for e in entries if e.output_form != "json"]
+            kept: list[SalvageEntry] = [e for e in entries if not _replayable(e)]
             completed = already = superseded = 0
             by_org: dict[str, dict[str, SalvageEntry]] = {}
             for entry in entries:  # one per key: the latest generation's (the file's last of it)
-                if entry.output_form == "json":
+                if _replayable(entry):
                     members_ = by_org.setdefault(entry.org_id, {})
                     seen = members_.get(entry.receipt_key)
                     if seen is not None:
@@ -239,6 +278,13 @@ class SalvageLog:
                             already += 1
                     elif _still_held(receipt, members[key]):
                         held_by.setdefault(receipt.owner or REPLAY_OWNER, []).append(members[key])
+                    elif _judged_uncertain(receipt, members[key]):
+                        entry = members[key]
+                        done_ = store.resolve(org_id, key, ResolveAction.COMPLETE, output=entry.output)
+                        if done_ is not None and done_.status is ReceiptStatus.COMPLETED:
+                            completed += 1
+                        else:  # decided meanwhile by someone else: a later replay judges it
+                            kept.append(entry)
                     else:
                         todo.append(members[key])
                 for lease_owner, own in held_by.items():
@@ -294,6 +340,30 @@ def _claim_and_complete(
     kept.extend(members[key] for key in done.refused)
     store.release(org_id, [lease for lease in leases if lease.key in done.refused], REPLAY_OWNER)
     return len(done.applied), kept
+
+
+def _replayable(entry: SalvageEntry) -> bool:
+    """A replay puts the entry's output into a store: exact JSON, within the output cap."""
+    if entry.output_form != "json":
+        return False
+    if not isinstance(entry.output, str | list | dict):  # only these can be large
+        return True
+    try:
+        text = encode_output(entry.output)
+    except (InvalidOutputError, OutputNotStorableError):  # (a file edited by hand)
+        return False
+    return len(text) <= MAX_OUTPUT_BYTES // 4 or len(text.encode()) <= MAX_OUTPUT_BYTES
+
+
+def _judged_uncertain(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard[Receipt]:
+    """The receipt was recorded ``uncertain`` for the very lease the entry's output was
+    produced under (its owner lost; judged by a worker that could not see this file)."""
+    return (
+        receipt is not None
+        and receipt.status is ReceiptStatus.UNCERTAIN
+        and entry.lease_id is not None
+        and receipt.lease_id == entry.lease_id
+    )
 
 
 def _gen(entry: SalvageEntry) -> int:

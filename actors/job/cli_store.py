@@ -31,6 +31,16 @@ __all__ = ["receipts", "salvage"]
 # -- receipts -----------------------------------------------------------------------
 
 
+def _salvage_option(fn: Any) -> Any:
+    return click.option(
+        "--salvage",
+        "salvage_path",
+        default=None,
+        help="Salvage file (default: DB.salvage.jsonl; for a postgresql:// DB, "
+        "tooldispatch-salvage.jsonl in the working directory).",
+    )(fn)
+
+
 def _statuses(ctx: Any, param: Any, values: Any) -> Any:
     """Check ``--status`` values against the receipt statuses (one line, exit 2)."""
     from stores import ReceiptStatus
@@ -219,7 +229,10 @@ def _shown(value: object) -> str:
 )
 @click.option("--fail", "fail_", is_flag=True, help="Record it failed (later calls are refused).")
 @click.option("--note", default="", help="Text kept with the decision.")
-def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> None:
+@_salvage_option
+def receipts_resolve(
+    key: str, db: str, rerun: bool, fail_: bool, note: str, salvage_path: str | None
+) -> None:
     """Decide a receipt whose outcome is uncertain (KEY may be a unique prefix).
 
     A call to a tool that is not retry-safe whose request may have reached the provider
@@ -228,20 +241,31 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
     call sent the receipt's idempotency key), then --rerun (the next run calls it again,
     with the same Idempotency-Key, so a provider that honours it answers from its records)
     or --fail (later calls are refused with the recorded error). A refresh that kept the
-    receipt's previous output is completed with that output again either way.
+    receipt's previous output is completed with that output again either way. When the
+    salvage file holds the receipt's output (its run paid for it, but could not store
+    it), it is replayed first: a receipt it completes needs no decision.
     """
     from stores.types import ReceiptStatus, ResolveAction
 
     if rerun == fail_:
         raise ConfigError("say what to do: --rerun or --fail (one of them)")
     action = "rerun" if rerun else "fail"
+    if salvage_path is not None and not os.path.exists(salvage_path):
+        raise ConfigError(f"no salvage file at {salvage_path}")
     rows = _query(db, "select org_id, key, status from receipts where key like ? limit 2", [f"{key}%"])
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} receipt matches {key!r}")
     row = rows[0]
     store = open_db(db)
     try:
+        replayed = _replay_first(store, row["org_id"], row["key"], salvage_path or salvage_default(db))
         (receipt,) = store.get_many(row["org_id"], [row["key"]])  # a status it cannot read: uncertain
+        if replayed and receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
+            click.echo(
+                f"receipt {row['key'][:16]}: completed with the output its run paid for, from the "
+                f"salvage file {replayed}: nothing to resolve"
+            )
+            return
         if receipt is None or receipt.status is not ReceiptStatus.UNCERTAIN:
             status = receipt.status.value if receipt is not None else "gone"
             raise ConfigError(f"receipt {row['key'][:16]} is {status}, not uncertain: nothing to resolve")
@@ -256,6 +280,26 @@ def receipts_resolve(key: str, db: str, rerun: bool, fail_: bool, note: str) -> 
         )
         return
     click.echo(f"receipt {row['key'][:16]}: {'claimable again' if action == 'rerun' else 'failed'}")
+
+
+def _replay_first(store: Any, org_id: str, key: str, path: str) -> str | None:
+    """Replay the salvage file at ``path`` when it holds an output for ``key``: the path
+    if it did (None: no file there, or nothing for this key)."""
+    from actors.flusher.salvage import NotASalvageFileError, SalvageLog
+
+    log = SalvageLog(path)
+    try:
+        if not log.salvaged(org_id, [key]):
+            return None
+        log.replay(store)
+    except NotASalvageFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise ConfigError(
+            f"cannot replay the salvage file {path} (it may hold this receipt's output): {why}"
+        ) from None
+    return path
 
 
 @receipts.command("purge", short_help="Delete receipts (asks first).")
@@ -341,16 +385,6 @@ def _purgeable(db: str, statuses: list[str], older_than_s: float) -> int:
 @click.group(short_help="Outputs paid for but not yet stored.")
 def salvage() -> None:
     """Outputs that were paid for but could not be stored."""
-
-
-def _salvage_option(fn: Any) -> Any:
-    return click.option(
-        "--salvage",
-        "salvage_path",
-        default=None,
-        help="Salvage file (default: DB.salvage.jsonl; for a postgresql:// DB, "
-        "tooldispatch-salvage.jsonl in the working directory).",
-    )(fn)
 
 
 @salvage.command("ls", short_help="List salvaged outputs.")

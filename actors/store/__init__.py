@@ -4,6 +4,7 @@ from actors.store.actor import Lanes, ReceiptStoreActor
 from actors.store.client import StoreClient
 from actors.store.merge import Merged, answer, mergeable
 from actors.store.purge_watch import PURGE_POLL_S, PurgeWatcher
+from actors.store.salvaged import SalvageFile, SalvageFirst
 from actors.store.watch import ReceiptWatch
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "PurgeWatcher",
     "ReceiptStoreActor",
     "ReceiptWatch",
+    "SalvageFile",
+    "SalvageFirst",
     "StoreClient",
     "answer",
     "mergeable",

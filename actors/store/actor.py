@@ -12,7 +12,8 @@ keeps the keys tool queue actors wait on for other owners
 (:class:`~actors.messages.WatchReceipts`), and when the store has a change feed, a
 :class:`~actors.store.watch.ReceiptWatch` tells them of changes. A command that meets an
 outage of the store is tried again until its ``retry_until`` before its caller hears back
-(:mod:`actors.store.outage`).
+(:mod:`actors.store.outage`). A claim of a key the salvage file holds a paid output for
+replays that file first (:mod:`actors.store.salvaged`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from actors.runtime.inbox import TakeBackInbox, answer_left, left_in
 from actors.stats import Outages
 from actors.store.merge import Merged, answer, mergeable
 from actors.store.outage import StoreRetries
+from actors.store.salvaged import SalvageFile, SalvageFirst
 from actors.store.watch import ReceiptWatch
 from stores.base import ReceiptStore
 
@@ -67,6 +69,8 @@ class ReceiptStoreActor(InboxActor):
         timers: runs the next attempt of a command that met an outage (None: no command
             is tried again; each is answered with its error).
         stopping: set once the dispatcher stops: nothing is tried again from then on.
+        salvage: the salvage file replayed before a claim of a key it holds
+            (:mod:`actors.store.salvaged`); None: claims never look at one.
     """
 
     def __init__(
@@ -77,9 +81,12 @@ class ReceiptStoreActor(InboxActor):
         outages: Outages | None = None,
         timers: Any = None,
         stopping: threading.Event | None = None,
+        salvage: SalvageFile | None = None,
     ) -> None:
         super().__init__()
         self.store = store
+        self.salvage_first = SalvageFirst(salvage, store) if salvage is not None else None
+        """Replays the salvage file before a claim of a key it holds a paid output for."""
         # a command's next attempt comes back through this actor's own inbox (from the
         # timer thread), as any command: it talks to no other actor
         resend = self.actor_ref.tell
@@ -154,6 +161,8 @@ class ReceiptStoreActor(InboxActor):
                 exc = BudgetExceededError(f"receipt_ops budget of {self.max_ops} is spent")
                 message.reply.set_exception((type(exc), exc, None))
                 return None
+            if self.salvage_first is not None and not self._salvaged_first(message):
+                return None
             if message.running and not self._claims_into_running:
                 # a store that cannot: its claims stay queued and are marked running after
                 message = attrs.evolve(message, running=frozenset())
@@ -168,6 +177,20 @@ class ReceiptStoreActor(InboxActor):
             return None
         perform_one(self.store, message, self.retries)
         return None
+
+    def _salvaged_first(self, claim: ClaimReceipts) -> bool:
+        """Replay the salvage file if it holds a key of ``claim``; False when the replay
+        failed (the claim is then held for another attempt, or answered with the error)."""
+        assert self.salvage_first is not None
+        started = time.monotonic()
+        try:
+            self.salvage_first.before(claim)
+        except Exception as exc:
+            error = self.retries.failed(claim, exc, started)
+            if error is not None:
+                claim.reply.set_exception((type(error), error, error.__traceback__))
+            return False
+        return True
 
     def _write_together(self, first: FencedWrite) -> None:
         """``first`` and the fenced writes waiting behind it, in one transaction (see

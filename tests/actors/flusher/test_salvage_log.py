@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.flusher.salvage import REPLAY_OWNER, SalvageEntry, SalvageLog, salvage_entry
-from stores import SqliteReceiptStore
+from stores import MAX_OUTPUT_BYTES, SqliteReceiptStore
 from stores.codec import encode_json
 from stores.types import (
     ClaimMode,
@@ -516,3 +516,79 @@ def test_salvage_logs_on_one_path_share_one_lock(tmp_path: Path) -> None:
     second = SalvageLog(str(tmp_path / "." / "salvage.jsonl"))
     assert first._lock is second._lock
     assert SalvageLog(tmp_path / "other.jsonl")._lock is not first._lock
+
+
+# -- what a claim asks of the file before it judges a receipt (issue 26) ----------------
+
+
+def test_salvage_salvaged_names_the_keys_held_and_sees_appends_and_replays(
+    tmp_path: Path, store: Any
+) -> None:
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    assert log.salvaged(ORG, ["a", "b"]) == set()  # no file yet
+    log.append([_entry("a", 1), _entry("c", 3, org_id="globex")])
+    assert log.salvaged(ORG, ["a", "b", "c"]) == {"a"}  # by org
+    # another process (or another system in this one) appends: seen at the next look
+    SalvageLog(tmp_path / "salvage.jsonl").append([_entry("b", 2)])
+    assert log.salvaged(ORG, ["a", "b"]) == {"a", "b"}
+    log.append([attrs.evolve(_entry("d", "described"), output_form="described")])
+    assert log.salvaged(ORG, ["d"]) == set()  # kept for an operator: never replayed
+    SalvageLog(tmp_path / "salvage.jsonl").replay(store)  # replayed elsewhere: gone
+    assert log.salvaged(ORG, ["a", "b", "d"]) == set()
+
+
+def test_salvage_replay_completes_a_receipt_judged_uncertain_for_its_own_lease(
+    tmp_path: Path, store: Any, clock: _Clock
+) -> None:
+    """A worker that could not see the salvage file judged the receipt after its lease
+    expired (not retry-safe: uncertain); the entry is the outcome it was uncertain of."""
+    lease = _claim(store, "paid", Owner("run-1", 1), ttl_s=5.0)
+    clock.now += 6.0
+    (judged,) = store.claim_many(
+        ORG, [ClaimRequest("paid", SCOPE, TOOL, "hash-paid", retry_safe=False)], Owner("run-2", 1),
+        lease_ttl_s=60.0,
+    )  # fmt: skip
+    assert judged.receipt.status is ReceiptStatus.UNCERTAIN and judged.receipt.lease_id == lease.lease_id
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([attrs.evolve(_entry("paid", {"v": "paid"}), lease_id=lease.lease_id)])
+    report = log.replay(store)
+    assert (report.completed, report.kept) == (1, 0)
+    (receipt,) = store.get_many(ORG, ["paid"])
+    assert receipt.status is ReceiptStatus.COMPLETED and receipt.output == {"v": "paid"}
+
+
+def test_salvage_replay_leaves_an_uncertain_receipt_of_another_lease_alone(
+    tmp_path: Path, store: Any, clock: _Clock
+) -> None:
+    old = _claim(store, "other", Owner("run-1", 1), ttl_s=5.0)
+    clock.now += 6.0
+    _claim(store, "other", Owner("run-2", 1), ttl_s=5.0)  # a later execution, itself lost
+    clock.now += 6.0
+    store.claim_many(
+        ORG, [ClaimRequest("other", SCOPE, TOOL, "hash-other", retry_safe=False)], Owner("run-3", 1),
+        lease_ttl_s=60.0,
+    )  # fmt: skip
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([attrs.evolve(_entry("other", "first run's"), lease_id=old.lease_id)])
+    assert log.replay(store).kept == 1  # uncertain about run-2's call: the operator decides
+    assert store.get_many(ORG, ["other"])[0].status is ReceiptStatus.UNCERTAIN
+
+
+def test_salvage_replay_leaves_an_output_over_the_cap_and_its_failed_receipt_alone(
+    tmp_path: Path, store: Any
+) -> None:
+    """The store refused the output (over 32 MiB) and the receipt was recorded failed:
+    a replay (run before every claim of the key) must not make it claimable again."""
+    run = Owner("run-1", 1)
+    lease = _claim(store, "huge", run)
+    failure = Failure("huge", lease.lease_id, "over the output cap", FailureKind.OUTPUT_TOO_LARGE)
+    assert store.fail_many(ORG, [failure], run).ok
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    big = {"blob": "x" * (MAX_OUTPUT_BYTES + 1)}
+    log.append([attrs.evolve(_entry("huge", big), lease_id=lease.lease_id)])
+    assert log.salvaged(ORG, ["huge"]) == set()
+    report = log.replay(store)
+    assert (report.completed, report.kept) == (0, 1)
+    (receipt,) = store.get_many(ORG, ["huge"])
+    assert receipt.status is ReceiptStatus.FAILED and receipt.failure_kind is FailureKind.OUTPUT_TOO_LARGE
+    assert [e.receipt_key for e in log.entries()] == ["huge"]  # kept for an operator
