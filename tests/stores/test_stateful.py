@@ -102,6 +102,13 @@ DISPOSITIONS: dict[str, dict[ClaimMode, ClaimDisposition]] = {
         ClaimMode.FORCE_REFRESH: D.BLOCKED_ACTIVE_LEASE,
     },
     "in_flight_expired": {m: D.CLAIMED for m in ClaimMode},
+    # a live refresh of an output the receipt still holds, fresh for the claim: ordinary
+    # claims take that last good output and never wait on the refresh (issue 26, fault 7)
+    "refresh_live": {
+        ClaimMode.NORMAL: D.REUSED,
+        ClaimMode.RETRY_FAILED: D.REUSED,
+        ClaimMode.FORCE_REFRESH: D.BLOCKED_ACTIVE_LEASE,
+    },
     "failed": {
         ClaimMode.NORMAL: D.FAILED,
         ClaimMode.RETRY_FAILED: D.CLAIMED,
@@ -192,7 +199,10 @@ def table_row(m: ModelReceipt | None, now: float, stale_after_s: float | None) -
     if m.status in (S.QUEUED, S.RUNNING):
         assert m.lease_expires_at is not None
         if m.lease_expires_at > now:
-            return "in_flight_live"
+            fresh = m.completed_at is not None and (
+                stale_after_s is None or now - m.completed_at <= stale_after_s
+            )
+            return "refresh_live" if fresh else "in_flight_live"
         if m.completed_at is not None:  # a lost refresh: the completed receipt it was
             stale = stale_after_s is not None and now - m.completed_at > stale_after_s
             return "completed_stale" if stale else "completed_fresh"
@@ -337,7 +347,8 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
             old = before.get(key)
             if claim.disposition is not D.CLAIMED:
                 assert old is not None
-                if claim.disposition is D.REUSED and old.status in (S.QUEUED, S.RUNNING):
+                lapsed = old.lease_expires_at is not None and old.lease_expires_at <= now
+                if claim.disposition is D.REUSED and old.status in (S.QUEUED, S.RUNNING) and lapsed:
                     m = self.model[(org, key)]  # a lost refresh goes back to completed, no lease
                     m.status, m.lease_expires_at, m.updated_at = S.COMPLETED, None, now
                     m.lease_id = m.owner = None
