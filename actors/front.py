@@ -97,6 +97,11 @@ class MemoView(Protocol):
         or None."""
         ...
 
+    def take_owed(self, key: str) -> bool:
+        """Whether this call takes ``key``'s mark: its receipt was completed by this system
+        with no caller answered ``live`` (this one is)."""
+        ...
+
 
 class ReadFirst:
     """Whether a few calls (fewer than :data:`READ_FIRST`) left after a tool's memo are read
@@ -290,10 +295,13 @@ class Intake:
             if recall is not None:
                 text = recall(key, stale_after_s, now)
                 if text is not None:  # answered here, from a read-only view (a copy per call)
+                    live = memo is not None and memo.take_owed(key)  # completed here, no caller told
                     futures.append(
-                        resolved_future(ToolResult.of(decode_output(text), "cached", key, tool_id))
+                        resolved_future(
+                            ToolResult.of(decode_output(text), "live" if live else "cached", key, tool_id)
+                        )
                     )
-                    cached += 1
+                    cached += not live
                     continue
             misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
@@ -304,8 +312,8 @@ class Intake:
             and self._read_first[tool_id].wanted(len(misses))
         ):
             before = len(misses)
-            misses = self._from_store(tool, misses, futures, stale_after_s)
-            cached += before - len(misses)
+            misses, lives = self._from_store(tool, misses, futures, stale_after_s)
+            cached += before - len(misses) - lives
         calls: list[Call] = []
         for index, input, key, input_hash, canonical in misses:
             future = futures[index] = new_future()
@@ -350,10 +358,11 @@ class Intake:
         misses: list[tuple[int, Any, str, str, bytes]],
         futures: list[Any],
         stale_after_s: float | None,
-    ) -> list[tuple[int, Any, str, str, bytes]]:
+    ) -> tuple[list[tuple[int, Any, str, str, bytes]], int]:
         """Answer the calls whose receipts a plain read of the store finds completed (a
         cold rerun): their ``futures`` slots get resolved futures; returns the misses left
-        for the tool's queue.
+        for the tool's queue, and how many answers were ``live`` (a receipt this system
+        completed with no caller answered: :meth:`actors.queue.memo.Memo.owe`).
 
         Only completed receipts a normal claim would reuse are taken here
         (``read_reusable``: a recorded failure, an uncertain receipt or anything to claim
@@ -367,10 +376,10 @@ class Intake:
         whose write failed), or one that cannot be read.
         """
         if self.policy.max_receipt_ops is not None:
-            return misses
+            return misses, 0
         where, outages = repr(self.store), self.stats.outages
         if outages.since(STORE_SERVICE, where) is not None:
-            return misses
+            return misses, 0
         tool_id = tool.tool_id
         started = time.monotonic()
         try:
@@ -379,16 +388,17 @@ class Intake:
             )
         except Interjection as interjection:  # a host's signal handler, run here; the read is given up
             interjection.run()
-            return misses
+            return misses, 0
         except Exception as exc:
             if is_a(exc, StoreUnavailableError):
                 outages.failed(STORE_SERVICE, where, f"{type_name(exc)}: {error_text(exc)}", started)
-            return misses
+            return misses, 0
         outages.answered(STORE_SERVICE, where)
         self._read_first[tool_id].found(len(misses), len(found))
         salvaged = self._salvaged(found)
         texts: dict[str, str] = {}
         left: list[tuple[int, Any, str, str, bytes]] = []
+        memo, live = self.memos.get(tool_id), 0
         for miss in misses:
             index, _, key, input_hash, _ = miss
             stored = found.get(key)
@@ -401,10 +411,12 @@ class Intake:
                 left.append(miss)
                 continue
             texts[key] = stored[1]
-            futures[index] = resolved_future(ToolResult.of(value, "cached", key, tool_id))
+            owed = memo is not None and memo.take_owed(key)  # completed here, no caller told
+            live += owed
+            futures[index] = resolved_future(ToolResult.of(value, "live" if owed else "cached", key, tool_id))
         if texts and self.memos[tool_id].max_bytes:
             self._remember_later(tool_id, texts)
-        return left
+        return left, live
 
     def _salvaged(self, found: Mapping[str, Any]) -> set[str]:
         """The keys of ``found`` the salvage file holds a paid output for (none when it

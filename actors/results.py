@@ -31,7 +31,10 @@ class ToolResult:
 
     Attributes:
         value: the tool's output (any JSON value), None when ``status`` is ``no_result``.
-        execution: ``live`` (this call ran it), ``cached`` (a completed receipt),
+        execution: ``live`` (this call ran it: the first call answered with the output
+            of this system's execution of its receipt, one per receipt the system
+            completes; when the owner left, or the receipt rode along in a request sent
+            again, the first of its later calls), ``cached`` (a completed receipt),
             ``in_flight`` (attached to another owner's running call).
         receipt_key: the receipt key (sha256 hex).
         tool_id: the tool.

@@ -227,7 +227,9 @@ class Receipt:
     lease_expires_at: float | None = None
     """Epoch seconds on the store's clock; None when no lease is held."""
     attempts: int = 0
-    """How many times the receipt has been claimed for execution."""
+    """Sends of its request: how many times the receipt has been claimed for execution,
+    each claim one attempt at sending it (a takeover after a crash included; in-call
+    retries not)."""
     created_at: float = 0.0
     updated_at: float = 0.0
     completed_at: float | None = None

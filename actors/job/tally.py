@@ -10,7 +10,8 @@ may have been answered, and billed, all the same.) Every ``ctx.tool`` call's
 classifies each call itself, exactly:
 
 * ``ran``: the first call of a receipt key answered ``live`` this run: the tool ran for
-  it and its receipt was completed this run.
+  it and its receipt was completed this run (the system answers one call ``live`` per
+  receipt it completes, a member of a request taken over and sent again included).
 * ``joined``: a call answered by a lookup of this run that was already under way
   (``in_flight``, or ``live`` for a key already counted as ran: the followers of a
   call in the same batch window).

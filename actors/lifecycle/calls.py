@@ -159,6 +159,14 @@ class Group:
     persisted for the next caller."""
     ran: bool = False
     """The tool ran for it (its owner's result is ``live``)."""
+    live_given: bool = False
+    """A caller was answered ``live`` with its output (one caller a receipt: the owner, or
+    the first caller answered with it when the owner left or never was)."""
+    owed: bool = False
+    """Its output went to the store with no caller to answer ``live`` (a member riding
+    along in a request sent again, callers gone): the first call of its key answered
+    anywhere in this system takes the memo's mark and is ``live``
+    (:meth:`actors.queue.memo.Memo.owe`)."""
     input_text: str | None = None
     """What its receipt keeps of the input (the owner's ``Call.input_text``)."""
     slotted: bool = False

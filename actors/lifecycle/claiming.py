@@ -318,7 +318,9 @@ class Claims:
                 f"({exc}); inspect it with `tooldispatch receipts show {group.key[:16]}`, or run the call "
                 "with force_refresh (`tooldispatch run --force-refresh`) to pay for it again and replace it"
             )
-        return Done(text, execution, last_good=_LAST_GOOD.get(receipt.status))
+        last_good = _LAST_GOOD.get(receipt.status)
+        owed = last_good is None and bool(group.calls) and self.fx.owed(group.key)  # ours, callerless
+        return Done(text, execution, last_good=last_good, owed=owed)
 
     def _last_good_given(self, group: Group, receipt: Receipt) -> bool:
         """A forced refresh waiting on another owner's refresh of a receipt holding its last

@@ -235,6 +235,9 @@ class Exits:
             # it claimed the receipt and did not complete it: what the memo holds of the key
             # (a refresh's previous output) may no longer be what a normal claim answers
             self.fx.forget(group.key)
+        if group.owed and not (is_a(outcome, Done) and outcome.execution == "live" and group.ran):
+            group.owed = False  # its output was not stored after all (another's, or none)
+            self.fx.owed(group.key)
         calls, group.calls = group.calls, []
         if outcome is None:
             return
@@ -245,14 +248,37 @@ class Exits:
         if not is_a(outcome, Done):
             return outcome
         execution = outcome.execution
-        if execution == "live" and (call.role is not Role.OWNER or not group.ran):
-            execution = "in_flight"
+        if outcome.owed or execution == "live":
+            if self._gets_live(call, group, outcome.owed):
+                execution = "live"
+            elif execution == "live":
+                execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
         mark = outcome.last_good
         return ToolResult.of(
             value, execution, group.key, self.tool.tool_id,  # type: ignore[arg-type]
             refresh_uncertain=mark == "refresh_uncertain", refresh_running=mark == "refresh_running",
         )  # fmt: skip
+
+    def _gets_live(self, call: Call, group: Group, owed: bool) -> bool:
+        """Whether ``call`` is the one caller answered ``live`` with the output of its
+        group's execution (every receipt this system completes has one, for the run's
+        report): the owner, or the first caller answered with it when the owner left or
+        never was (a member riding along in a request sent again); ``owed``: the output
+        is that of an execution of this system whose mark the group took from the memo."""
+        if group.live_given:
+            return False
+        if not owed:
+            if not group.ran:
+                return False
+            if call.role is not Role.OWNER and any(c.role is Role.OWNER for c in group.calls):
+                return False  # the owner is still to be answered
+            if group.owed:  # its output went to the store callerless: one caller takes the mark
+                group.owed = False
+                if not self.fx.owed(group.key):
+                    return False  # taken by a call answered elsewhere (the memo, a read)
+        group.live_given = True
+        return True
 
 
 MISSING = object()
@@ -284,11 +310,14 @@ class TooLarge(RecordedFailureError):
 class Done:
     """A successful outcome: the encoded output (durable) or the value, and how it came;
     ``last_good``: None, or the receipt's last good output given while a refresh of it
-    runs (``"refresh_running"``) or has an uncertain outcome (``"refresh_uncertain"``)."""
+    runs (``"refresh_running"``) or has an uncertain outcome (``"refresh_uncertain"``);
+    ``owed``: a stored output this system's execution wrote with no caller answered
+    ``live`` (the group took its mark from the memo): its first caller is ``live``."""
 
-    __slots__ = ("execution", "last_good", "value")
+    __slots__ = ("execution", "last_good", "owed", "value")
 
-    def __init__(self, value: Any, execution: str, last_good: str | None = None) -> None:
+    def __init__(self, value: Any, execution: str, last_good: str | None = None, owed: bool = False) -> None:
         self.value = value
         self.execution = execution
         self.last_good = last_good
+        self.owed = owed

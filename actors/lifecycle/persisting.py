@@ -47,6 +47,11 @@ class Persister:
         for group, text in values:
             group.state = GroupState.PERSISTING
             group.written = Done(text, "live")
+            if not group.calls and not group.live_given and not group.owed:
+                # no caller to answer live (riding along, or its callers left): the first
+                # call of the key answered anywhere is, once the output is stored
+                group.owed = True
+                self.fx.owe(group.key)
         self.s.persisting.extend(values)
 
     def on_persisted(

@@ -304,8 +304,11 @@ class ToolQueueActor(InboxActor):
         tool_id = self.queue.tool.tool_id
         if decision is Submitted.MEMO:
             text = self.queue.recalled
-            call.future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
-            self.ports.stats.add("cached", tool=tool_id)
+            if self.queue.memo.take_owed(call.key):  # completed here, no caller told: this one
+                call.future.set(ToolResult.of(decode_output(text), "live", call.key, tool_id))
+            else:
+                call.future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
+                self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
             if decision is Submitted.ATTACHED:  # joined an execution past the queue: its own timeout

@@ -171,6 +171,12 @@ class LocalEffects:
     def forget(self, key: str) -> None:
         self.actor.queue.memo.forget(key)
 
+    def owe(self, key: str) -> None:
+        self.actor.queue.memo.owe(key)
+
+    def owed(self, key: str) -> bool:
+        return bool(self.actor.queue.memo.take_owed(key))
+
 
 class FinishedReady:
     """The doorbell: attempts' outcomes wait in the tool's :class:`Finished`."""

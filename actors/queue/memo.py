@@ -30,6 +30,20 @@ class Memo:
         self.entries: collections.OrderedDict[str, tuple[float, str, int]] = collections.OrderedDict()
         self.bytes = 0
         self.epoch: Any = None
+        self.owed: dict[str, None] = {}
+        """Keys whose receipt this system completed with no caller answered ``live`` (kept
+        whatever ``max_bytes``: a mark, not an output; one per such key until it is asked for)."""
+
+    def owe(self, key: str) -> None:
+        """Mark ``key``: this system is writing its output and no caller was answered
+        ``live`` with it (a member riding along in a request sent again, or one whose callers
+        left). Written by the queue actor before the write, so every later answer sees it."""
+        self.owed[key] = None
+
+    def take_owed(self, key: str) -> bool:
+        """Take ``key``'s mark (:meth:`owe`): True for the one caller that takes it, which is
+        answered ``live`` (any thread: a single dict pop is atomic)."""
+        return bool(self.owed) and self.owed.pop(key, False) is None
 
     def recall(self, key: str, stale_after_s: float | None, now: float) -> str | None:
         """The remembered output text of ``key``, or None (a memo older than the call's
@@ -57,11 +71,13 @@ class Memo:
             self.bytes -= dropped
 
     def forget(self, key: str | None = None) -> None:
-        """Drop one key, or everything (after a purge)."""
+        """Drop one key, or everything (after a purge), with its mark (:meth:`owe`)."""
         if key is None:
             self.entries = collections.OrderedDict()
             self.bytes = 0
+            self.owed = {}
             return
+        self.owed.pop(key, None)
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old[2]

@@ -18,7 +18,7 @@ lease_id               TEXT     current (or, once finished, last) lease id
 lease_owner_run_id     TEXT     run holding (or that last held) the lease
 lease_owner_attempt    INTEGER  that run's attempt
 lease_expires_at       REAL     NULL unless a lease is held
-attempts               INTEGER  times the receipt was claimed for execution
+attempts               INTEGER  sends of its request: times claimed for execution (a takeover too)
 created_at             REAL     first claim
 updated_at             REAL     last change
 completed_at           REAL     last completion (kept while a refresh holds a lease)

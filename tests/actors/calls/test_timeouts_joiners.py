@@ -58,7 +58,8 @@ def test_a_patient_joiner_outwaits_the_execution_deadline_and_gets_the_result(
     make_system: Any, recorder: Any
 ) -> None:
     """The owner gives up at 0.4 s; a caller that came at ~0.1 s with 5 s gets the result
-    at ~1 s, from the same provider call (before: answered ToolTimeoutError at 0.4 s)."""
+    at ~1 s, from the same provider call (before: answered ToolTimeoutError at 0.4 s); the
+    only call answered with that execution's output, it is ``live``."""
     started = threading.Event()
     system = make_system([Tool(tool_id="t", fn=_slow(recorder, 1.0, started))])
     proxy = system.proxy()
@@ -68,7 +69,7 @@ def test_a_patient_joiner_outwaits_the_execution_deadline_and_gets_the_result(
     with pytest.raises(ToolTimeoutError):
         owner.get(timeout=WAIT_S)
     result = joiner.get(timeout=WAIT_S)
-    assert (result.value, result.execution) == ({"v": {"k": 2}}, "in_flight")
+    assert (result.value, result.execution) == ({"v": {"k": 2}}, "live")
     assert recorder.count("slow") == 1
 
 

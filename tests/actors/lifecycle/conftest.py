@@ -101,6 +101,7 @@ class FakeEffects:
         self.salvaged: list[tuple[str, str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
         self.memo: dict[str, tuple[str, bool]] = {}
+        self.owes: set[str] = set()
         self.release_batches: list[int] = []
         self.refunds = 0
         self.running: dict[int, frozenset[str]] = {}
@@ -235,6 +236,15 @@ class FakeEffects:
 
     def forget(self, key: str) -> None:
         self.memo.pop(key, None)
+        self.owes.discard(key)
+
+    def owe(self, key: str) -> None:
+        self.owes.add(key)
+
+    def owed(self, key: str) -> bool:
+        taken = key in self.owes
+        self.owes.discard(key)
+        return taken
 
     def salvage_path(self) -> str:
         return "/tmp/salvage.jsonl"

@@ -103,7 +103,9 @@ def test_lifecycle_a_tool_without_a_batch_strategy_records_nothing() -> None:
 def test_lifecycle_a_request_taken_over_goes_first_whole_in_its_order_under_its_key() -> None:
     """Only b is asked for here; the lost owner's request carried c, b, a: that request goes
     again, exactly (members, order, key, inputs as sent), and every member's output is
-    stored (c and a for their next callers); a call of a made meanwhile joins it."""
+    stored (c and a for their next callers); a call of a made meanwhile joins it and is
+    the one call answered ``live`` with a's output (this run completed it; nobody else was
+    told); c, callerless, is marked for its first caller."""
     d = Driver(BATCHED)
     (call,) = d.drain("b")
     record = _recorded("c", "b", "a")
@@ -122,8 +124,9 @@ def test_lifecycle_a_request_taken_over_goes_first_whole_in_its_order_under_its_
     d.finish()
     d.persisted()
     assert value_of(d.outcome(call)) == {"v": "b"}
-    assert d.outcome(joined).execution == "in_flight" and value_of(d.outcome(joined)) == {"v": "a"}
+    assert d.outcome(joined).execution == "live" and value_of(d.outcome(joined)) == {"v": "a"}
     assert {e.key for entries in d.fx.persists.values() for e in entries} == {"a", "b", "c"}
+    assert d.fx.owes == {"c"}  # marked before its write: its first caller anywhere is live
     d.assert_nothing_held()
 
 

@@ -42,8 +42,10 @@ def test_lifecycle_deadline_while_running_keeps_the_slot_until_the_late_result_i
     d.finish({"late": 1})
     assert d.fx.failures == {}  # the late result is not thrown away
     d.persisted()
-    assert (value_of(d.outcome(again)), d.outcome(again).execution) == ({"late": 1}, "in_flight")
+    # the one call answered with the output this run completed (its owner timed out): live
+    assert (value_of(d.outcome(again)), d.outcome(again).execution) == ({"late": 1}, "live")
     assert d.fx.memo["a"][0] == encode_output({"late": 1})
+    assert d.fx.owes == set()  # a caller was told: nothing left for a later one
     d.assert_nothing_held()
 
 
