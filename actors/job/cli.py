@@ -212,7 +212,7 @@ def _run(
     def stats_seen() -> dict[str, Any]:
         """The system's stats, with the last pacing report seen when the stop a signal began
         has stopped the pacing already (``stats()`` then has none)."""
-        stats = interrupts.system.stats()
+        stats: dict[str, Any] = interrupts.system.stats()
         if stats.get("pacing"):
             pacing_seen.update(stats["pacing"])
         elif pacing_seen:

@@ -15,6 +15,7 @@ does not end in time gets the abort's own short report instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -138,10 +139,8 @@ class Interrupts:
             self.halting = _spawn(self._halt, "tooldispatch-stop", daemon=True)
 
     def _halt(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the CLI's own exit stops it again, and says what failed
             self.system.stop(timeout_s=STOP_S)
-        except Exception:  # the CLI's own exit stops it again, and says what failed
-            pass
 
     def _abort(self) -> None:
         deadline = time.monotonic() + ABORT_S

@@ -80,7 +80,9 @@ def _receipts(db) -> dict[str, int]:
         return dict(conn.execute("select status, count(*) from receipts group by status").fetchall())
 
 
-def _interrupt(cli, tmp_path, *, pacing: str, latency: float, rows_n: int, begun: int, sig, runtime, catch=False):
+def _interrupt(
+    cli, tmp_path, *, pacing: str, latency: float, rows_n: int, begun: int, sig, runtime, catch=False
+):
     """Run the play, send ``sig`` once ``begun`` calls began; return what the run did."""
     play, rows, db = tmp_path / "slow_play.py", tmp_path / "rows.txt", tmp_path / "r.db"
     play.write_text(SLOW_PLAY.format(pacing=pacing, latency=latency), encoding="utf-8")

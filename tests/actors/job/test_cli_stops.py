@@ -152,8 +152,10 @@ def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
     try:
         seen: list[int] = []
         cli.poll_until(
-            lambda: proc.poll() is not None
-            or (server.stats().get("requests", 0) >= 2 and _fresh_request(server, seen)),
+            lambda: (
+                proc.poll() is not None
+                or (server.stats().get("requests", 0) >= 2 and _fresh_request(server, seen))
+            ),
             timeout_s=STOP_TIMEOUT_S,
             what="the first requests, and one in flight",
         )
