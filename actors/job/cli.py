@@ -190,7 +190,7 @@ def _run(
     def report(stats: dict[str, Any], summary: RunSummary) -> None:
         wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
         wide.print(report_table(stats, summary, tally, play.tools, output_path))
-        wide.print(tools_table(stats, tally))
+        wide.print(tools_table(stats, tally, stopped_by="abort" if summary.aborted else "interrupt"))
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
@@ -207,19 +207,31 @@ def _run(
         live.written = writer.written
         return live
 
+    pacing_seen: dict[str, Any] = {}
+
+    def stats_seen() -> dict[str, Any]:
+        """The system's stats, with the last pacing report seen when the stop a signal began
+        has stopped the pacing already (``stats()`` then has none)."""
+        stats: dict[str, Any] = interrupts.system.stats()
+        if stats.get("pacing"):
+            pacing_seen.update(stats["pacing"])
+        elif pacing_seen:
+            stats["pacing"] = dict(pacing_seen)
+        return stats
+
     interrupts.write_out = writer.close  # the rows finished behind one that did not end
     interrupts.short_report = lambda: report(interrupts.system.stats(), aborted_now())
     interrupts.last_line = lambda: last_line(aborted_now())
     try:
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
-            interrupts.system = system
+            interrupts.attach(system)  # a signal from now on stops it: nothing unsent goes out
             ctx = PlayContext(
                 system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally
             )
             total = _count_rows(input_path)
             if total is not None and shard is not None:
                 total = len(range(shard[0], total, shard[1]))
-            progress = ProgressDisplay(console, total, system.stats, tally=tally).start()
+            progress = ProgressDisplay(console, total, stats_seen, tally=tally).start()
             summary = None
             try:
                 summary = run_rows(
@@ -228,7 +240,7 @@ def _run(
                 )  # fmt: skip
             finally:
                 progress.close(final=summary is not None and summary.config_error is None)
-            stats = system.stats()
+            stats = stats_seen()
         if interrupts.aborted:  # leaving waited for the abort's stop: the requests it let finish count
             stats = {**system.stats(), "pacing": stats["pacing"]}
     finally:

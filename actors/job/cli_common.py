@@ -28,9 +28,10 @@ Exit codes:
   1    some rows failed (each is in the output with its error; the report groups them)
   2    usage or configuration error, or the input cannot be read or the output
        cannot be written (one line, no traceback)
-  130  interrupted (Ctrl-C or SIGTERM): rows in flight finished and were stored; run
-       the same command again to resume (finished calls are not paid again). A second
-       signal aborts at once, after releasing every receipt not yet sent."""
+  130  interrupted (Ctrl-C or SIGTERM): calls not yet sent were refused and their
+       receipts released, requests already sent finished and were stored; run the
+       same command again to resume (finished calls are not paid again). A second
+       signal aborts: requests in flight get up to 8 s, the exit comes within 10 s."""
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 DB_HELP = "Receipt store: a SQLite file, or a postgresql:// URL (env TOOLDISPATCH_DB)."
 

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,16 @@ class PlayContext:
         self.retry_failed = retry_failed
         self.timeout_s = timeout_s
         self.tally = tally
+        self._row = threading.local()
+
+    def start_row(self) -> None:
+        """A row begins on this thread (greenlet): :meth:`cancelled_in_row` is False again."""
+        self._row.cancelled = False
+
+    def cancelled_in_row(self) -> bool:
+        """Whether a call made on this thread since :meth:`start_row` was cancelled
+        (``CallCancelledError``: a stop refused it), even if the play caught the error."""
+        return bool(getattr(self._row, "cancelled", False))
 
     def tool(self, tool_id: str, input: Any, **options: Any) -> Any:
         """Run a tool and return its value; raises the call's error. Blocks this row only."""
@@ -121,6 +132,8 @@ class PlayContext:
         try:
             result = self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s)
         except Exception as exc:
+            if is_a(exc, CallCancelledError):
+                self._row.cancelled = True
             if self.tally is not None:
                 if is_a(exc, CallCancelledError):  # a stop cancelled it: not a failure
                     self.tally.record_cancelled(tool_id)

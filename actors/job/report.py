@@ -229,7 +229,7 @@ def report_table(
         table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
         table.add_row("calls failed", str(paid["failed"]))
         if paid["cancelled"]:
-            table.add_row("calls cancelled by the abort", str(paid["cancelled"]))
+            table.add_row(f"calls cancelled by the {_stop_of(summary)}", str(paid["cancelled"]))
         for tool, counts in sorted(tally.snapshot().items()):
             if tool in local:
                 runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
@@ -263,8 +263,9 @@ def report_table(
         )
     if summary.cut_short:
         table.add_row(
-            "rows cut short by the abort (not written)",
-            f"{summary.cut_short} (a call of theirs was cancelled by the abort; a rerun runs them)",
+            f"rows cut short by the {_stop_of(summary)} (not written)",
+            f"{summary.cut_short} (a call of theirs was cancelled by the {_stop_of(summary)}; "
+            "a rerun runs them)",
         )
     if output is not None:
         held = f"{summary.written} {_plural(summary.written, 'row')}"
@@ -311,15 +312,17 @@ def output_line(summary: RunSummary, output: str) -> str:
     """What the output file holds (a complete run: every row; else which rows)."""
     if not summary.interrupted:
         return f"{output}: {summary.written} {_plural(summary.written, 'row')}, in input order"
-    stop = "abort" if summary.aborted else "interrupt"
-    missing = (
-        "rows not started or cut short are missing" if summary.aborted else "rows not started are missing"
-    )
+    missing = "rows not started or cut short are missing"
     return (
         f"{output} holds only the {summary.written} {_plural(summary.written, 'row')} finished before the "
-        f"{stop} (each with its input index; {missing}): run the same command "
+        f"{_stop_of(summary)} (each with its input index; {missing}): run the same command "
         "again to write it whole (finished calls are reused, not paid again)"
     )
+
+
+def _stop_of(summary: RunSummary) -> str:
+    """What stopped the run: ``"abort"`` (a second signal) or ``"interrupt"`` (the first)."""
+    return "abort" if summary.aborted else "interrupt"
 
 
 def _plural(n: int, word: str) -> str:
@@ -340,10 +343,11 @@ _TOOL_STATS = (
 )  # fmt: skip
 
 
-def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
+def tools_table(stats: dict[str, Any], tally: CallTally | None = None, *, stopped_by: str = "abort") -> Table:
     """Per tool: its calls and how they were answered (from ``tally``) and what its
     provider answered, its requests and 429s (``stats["tools"]``); local tools are marked
-    local and free, and have no provider rows."""
+    local and free, and have no provider rows. ``stopped_by`` names what cancelled calls
+    (``"abort"`` or ``"interrupt"``), in the row that counts them."""
     per_tool = stats.get("tools", {}) if isinstance(stats.get("tools"), dict) else {}
     counts = tally.snapshot() if tally is not None else {}
     local = tally.local if tally is not None else set()
@@ -363,9 +367,9 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
             counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
-        if any(c.get("cancelled") for c in counts.values()):  # an abort: calls refused unsent
+        if any(c.get("cancelled") for c in counts.values()):  # a signal: calls refused unsent
             table.add_row(
-                "cancelled by the abort", *(str(counts.get(t, {}).get("cancelled", 0)) for t in tools)
+                f"cancelled by the {stopped_by}", *(str(counts.get(t, {}).get("cancelled", 0)) for t in tools)
             )
     for key, label in _TOOL_STATS:  # a local tool sends no requests: no provider rows
         table.add_row(label, *("-" if t in local else str(per_tool.get(t, {}).get(key, 0)) for t in tools))

@@ -54,7 +54,7 @@ class RunSummary:
     written: int = 0
     """Lines in the output file (0 without --output); kept current while the rows run."""
     cut_short: int = 0
-    """Rows a stop cut short: a call of theirs was cancelled (an abort stopped the
+    """Rows a stop cut short: a call of theirs was cancelled (a signal stopped the
     dispatch system before it was sent). Neither written nor counted in ``rows``: not
     done, a rerun runs them."""
     buffer_peak_bytes: int = 0
@@ -137,8 +137,9 @@ def run_rows(
     """Run ``play`` over ``rows`` with ``concurrency`` workers until done or ``stop`` is set.
 
     Rows not started when ``stop`` is set are skipped (a rerun resumes them), and so are
-    rows a stop cut short (:func:`cut_short`, once ``stop`` is set): neither is written
-    nor counted, nor passed to ``on_row`` (``summary.cut_short`` counts the latter).
+    rows a stop cut short (once ``stop`` is set: the row raised :func:`cut_short` error,
+    or one of its ``ctx.tool`` calls was cancelled and the play caught it): neither is
+    written nor counted, nor passed to ``on_row`` (``summary.cut_short`` counts the latter).
     Finished rows wait for earlier ones in at most ``memory_bytes`` of memory, then in a
     temporary file next to ``out`` (see :class:`OrderedWriter`). ``summary``: the
     object to fill (the caller reads it while the rows run), else a new one; ``writer``:
@@ -186,7 +187,13 @@ def run_rows(
                 outcome = RowOutcome(index, None, error=f"RowError: {row}")
             else:
                 try:
+                    if ctx is not None:
+                        ctx.start_row()
                     outcome = RowOutcome(index, row, result=play.run(row, ctx))
+                    if stop.is_set() and ctx is not None and ctx.cancelled_in_row():
+                        with count_lock:  # the play caught the refusal: the row did not run all the same
+                            summary.cut_short += 1
+                        continue
                 except UnknownToolError as exc:
                     summary.config_error = error_text(exc)
                     stop.set()

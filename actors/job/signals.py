@@ -1,17 +1,21 @@
 """Ctrl-C and SIGTERM during ``tooldispatch run``.
 
 The first SIGINT or SIGTERM (what ``timeout``, systemd, Docker, Kubernetes and CI send)
-sets ``stop``: no new row starts, rows in flight finish and are stored, the report is
-printed, exit 130. A second one aborts: the dispatch system is stopped (its
-:meth:`~actors.system.DispatchSystem.stop` refuses calls not yet sent and releases
-their receipts; requests already sent finish), the rows end (a row whose call was
-refused is cut short: not written, not counted), the output is flushed, the report is
-printed, and the process exits 130 within :data:`ABORT_S` seconds whatever is still
-running: a row that does not end in time gets the abort's own short report instead.
+sets ``stop`` (no new row starts) and stops the dispatch system at once, on a thread of
+its own: its :meth:`~actors.system.DispatchSystem.stop` refuses every call not yet sent
+(waiting for its batch grace, a slot, its pacing turn or a retry's back-off) and releases
+its receipt; requests already sent finish and are stored, within :data:`STOP_S`. A
+row whose call was refused is cut short (not written, not counted); the others finish,
+the report is printed, exit 130. However many rows are under way (every row of a small
+input), nothing unsent goes out after the signal. A second one aborts: the stop's bound
+becomes :data:`ABORT_STOP_S`, the output is flushed, the report is printed, and the
+process exits 130 within :data:`ABORT_S` seconds whatever is still running: a row that
+does not end in time gets the abort's own short report instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -22,7 +26,11 @@ from typing import IO, Any
 
 from actors.runtime.actor import runtime_name
 
-__all__ = ["ABORT_S", "ABORT_STOP_S", "REPORT_S", "Interrupts"]
+__all__ = ["ABORT_S", "ABORT_STOP_S", "REPORT_S", "STOP_S", "Interrupts"]
+
+STOP_S = 60.0
+"""After a first interrupt: the bound of the system's stop (the requests already sent
+finish and are stored within it; what is still held then is salvaged)."""
 
 ABORT_S = 10.0
 """After a second interrupt: seconds given to stopping the system before exiting."""
@@ -58,7 +66,9 @@ class Interrupts:
         self.stop, self.say, self.out = stop, say, out
         self.signals: list[int] = []
         self.system: Any = None
-        """The dispatch system, once started (what an abort stops)."""
+        """The dispatch system, once started (what a signal stops): set it with :meth:`attach`."""
+        self.halting: Any = None
+        """The stop a first signal began (a thread, or a greenlet under gevent), or None."""
         self.aborting: Any = None
         """The abort under way (a thread, or a greenlet under gevent), or None."""
         self.short_report: Callable[[], None] | None = None
@@ -76,6 +86,12 @@ class Interrupts:
         """Held by whoever prints the report after an abort: the CLI's thread or the abort."""
         self._reported = threading.Event()
         """The CLI's thread printed the report: the abort has nothing left to say."""
+
+    def attach(self, system: Any) -> None:
+        """The dispatch system has started: a signal stops it (one that came already, now)."""
+        self.system = system
+        if self.stop.is_set() and self.signals:
+            self._halt_soon()
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -108,20 +124,23 @@ class Interrupts:
         self.signals.append(signum)
         if len(self.signals) == 1:
             self.stop.set()
+            self._halt_soon()  # before saying so: every call not yet sent is refused from now on
             self.say(
-                f"interrupted ({signal.Signals(signum).name}): finishing the rows in flight "
-                "(interrupt again to abort: receipts not yet sent are released)"
+                f"interrupted ({signal.Signals(signum).name}): calls not yet sent are refused and "
+                "their receipts released; finishing the requests already sent "
+                "(interrupt again to abort within 10 s)"
             )
         elif self.aborting is None:
-            if runtime_name() == "gevent":
-                # the handler may run in the hub's loop callback, where starting a (patched)
-                # thread blocks: BlockingSwitchOutError. A greenlet is only scheduled
-                import gevent
+            self.aborting = _spawn(self._abort, "tooldispatch-abort", daemon=False)
 
-                self.aborting = gevent.spawn(self._abort)
-            else:
-                self.aborting = threading.Thread(target=self._abort, name="tooldispatch-abort")
-                self.aborting.start()
+    def _halt_soon(self) -> None:
+        """Stop the system (if started) on a thread of its own: a handler never blocks."""
+        if self.system is not None and self.halting is None:
+            self.halting = _spawn(self._halt, "tooldispatch-stop", daemon=True)
+
+    def _halt(self) -> None:
+        with contextlib.suppress(Exception):  # the CLI's own exit stops it again, and says what failed
+            self.system.stop(timeout_s=STOP_S)
 
     def _abort(self) -> None:
         deadline = time.monotonic() + ABORT_S
@@ -165,3 +184,16 @@ class Interrupts:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
             os._exit(130)
+
+
+def _spawn(target: Callable[[], None], name: str, *, daemon: bool) -> Any:
+    """Run ``target`` on a thread of its own (a greenlet under gevent), started now."""
+    if runtime_name() == "gevent":
+        # the handler may run in the hub's loop callback, where starting a (patched) thread
+        # blocks: BlockingSwitchOutError. A greenlet is only scheduled
+        import gevent
+
+        return gevent.spawn(target)
+    thread = threading.Thread(target=target, name=name, daemon=daemon)
+    thread.start()
+    return thread

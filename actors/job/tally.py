@@ -20,7 +20,7 @@ classifies each call itself, exactly:
   (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
   cached answer seen before its key's live one is moved to ``reused_this_run`` then.
 * ``failed``: the call raised.
-* ``cancelled``: an abort cancelled the call (refused before it was sent, or not
+* ``cancelled``: a stop (a signal) cancelled the call (refused before it was sent, or not
   answered within the abort's bound): not a failure, and its row is not done (a rerun
   makes the call; one that was sent goes again under the same idempotency key).
 
@@ -101,7 +101,7 @@ class CallTally:
             counts["failed"] += 1
 
     def record_cancelled(self, tool_id: str) -> None:
-        """Count one call an abort cancelled (``CallCancelledError``)."""
+        """Count one call a stop cancelled (``CallCancelledError``)."""
         with self._lock:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             counts["calls"] += 1

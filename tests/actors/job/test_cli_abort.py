@@ -51,6 +51,17 @@ def _completed(db) -> int:
         return conn.execute("select count(*) from receipts where status = 'completed'").fetchone()[0]
 
 
+def _fresh_request(server, seen: list[int]) -> bool:
+    """Whether a request reached the provider since the last look and is still being
+    served: with its latency of seconds, it is in flight for a while yet (a signal now
+    finds a request to wait for: a first one no longer waits for anything else)."""
+    calls = server.calls()
+    received = sum(calls["received"].values())
+    fresh = bool(seen) and received > seen[-1] and calls["serving"] > 0
+    seen.append(received)
+    return fresh
+
+
 def _last_progress_rows(text: str) -> int:
     """Rows done as the last progress line counted them."""
     counts = re.findall(r"^progress: rows (\d+)/", text, flags=re.MULTILINE)
@@ -66,7 +77,7 @@ def test_cli_two_quick_signals_write_no_cancelled_row_report_and_a_rerun_complet
     domains = _made_up_domains(3000)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
-    server = provider_factory("--latency", "0.1")
+    server = provider_factory("--latency", "3")  # the abort comes while requests are in flight
     db, out, err_path = tmp_path / "r.db", tmp_path / "out.jsonl", tmp_path / "first.stderr"
     args = ("run", cli.examples / "domains_play.py", "--input", rows, "--db", db, "--output", out)
     args += ("--runtime", runtime)
@@ -74,9 +85,11 @@ def test_cli_two_quick_signals_write_no_cancelled_row_report_and_a_rerun_complet
 
     proc, err = _start(cli, args, env, err_path, tmp_path)
     try:
+        seen: list[int] = []
         cli.poll_until(
-            lambda: proc.poll() is not None or server.stats().get("items", 0) >= 300,
-            timeout_s=STOP_TIMEOUT_S, what="the provider to serve the first lookups",
+            lambda: proc.poll() is not None
+            or (server.stats().get("items", 0) >= 300 and _fresh_request(server, seen)),
+            timeout_s=STOP_TIMEOUT_S, what="the provider to serve the first lookups, and a request in flight",
         )  # fmt: skip
         assert proc.poll() is None, err_path.read_text()
         proc.send_signal(sig)

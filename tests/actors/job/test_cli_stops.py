@@ -45,6 +45,17 @@ def _receipts(db) -> dict[str, tuple[int, int]]:
     return {status: (n, int(leased or 0)) for status, n, leased in rows}
 
 
+def _fresh_request(server, seen: list[int]) -> bool:
+    """Whether a request reached the provider since the last look and is still being
+    served: with its latency of seconds, it is in flight for a while yet (a signal now
+    finds a request to wait for: a first one no longer waits for anything else)."""
+    calls = server.calls()
+    received = sum(calls["received"].values())
+    fresh = bool(seen) and received > seen[-1] and calls["serving"] > 0
+    seen.append(received)
+    return fresh
+
+
 def _paid(log) -> int:
     return len(log.read_text().split()) if log.exists() else 0
 
@@ -119,7 +130,9 @@ def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
     domains = _made_up_domains(120)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
-    server = provider_factory("--rate", "4", "--burst", "1", "--latency", "0.2")
+    # requests take 3 s: the abort comes while some are in flight (the first signal
+    # refuses every call not yet sent, and then waits only for those)
+    server = provider_factory("--rate", "4", "--burst", "1", "--latency", "3")
     db, err_path = tmp_path / "r.db", tmp_path / "run.stderr"
     args = (
         "run",
@@ -137,11 +150,18 @@ def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
 
     proc, err = _start(cli, args, env, err_path, tmp_path)
     try:
+        seen: list[int] = []
         cli.poll_until(
-            lambda: proc.poll() is not None or server.stats().get("requests", 0) >= 2,
+            lambda: (
+                proc.poll() is not None
+                or (server.stats().get("requests", 0) >= 2 and _fresh_request(server, seen))
+            ),
             timeout_s=STOP_TIMEOUT_S,
-            what="the first requests",
+            what="the first requests, and one in flight",
         )
+        # read before the first signal: that one releases them already (it refuses every call
+        # not yet sent); the abort must leave none of them claimed either
+        held = _receipts(db).get("queued", (0, 0))[1]
         proc.send_signal(signal.SIGTERM)
         cli.poll_until(
             lambda: proc.poll() is not None or "interrupted (SIGTERM)" in err_path.read_text(),
@@ -149,7 +169,6 @@ def test_cli_second_signal_aborts_at_once_after_releasing_every_unsent_receipt(
             what="the first signal to be handled",
         )
         assert proc.poll() is None, err_path.read_text()
-        held = _receipts(db).get("queued", (0, 0))[1]
         proc.send_signal(signal.SIGTERM)
     finally:
         code = _finish(proc, err)
