@@ -34,6 +34,7 @@ __all__ = [
     "json_size_bytes",
     "orjson_is_jcs",
     "sent_size_bytes",
+    "unsafe_integer",
     "unsafe_integer_text",
     "utf8_size_bytes",
 ]
@@ -87,7 +88,7 @@ def _why(exc: BaseException, value: Any) -> str:
     named by :func:`unsafe_integer_text` (rfc8785's text for one is the integer itself,
     whose ``str`` raises past 4300 digits), anything else by rfc8785's error."""
     if isinstance(exc, (rfc8785.IntegerDomainError, ValueError)):
-        number = _unsafe_integer(value)
+        number = unsafe_integer(value)
         if number is not None:
             return f"{unsafe_integer_text(number)}; pass it as a string"
     try:
@@ -113,9 +114,10 @@ def unsafe_integer_text(number: int | str) -> str:
 _OUTSIDE = "outside the range JSON numbers keep exactly (±(2^53−1))"
 
 
-def _unsafe_integer(value: Any) -> int | None:
-    """The first integer of ``value`` beyond +/-(2**53 - 1), or None (walked without
-    recursion; a container met twice is walked once)."""
+def unsafe_integer(value: Any) -> int | None:
+    """The first integer of ``value`` (a JSON value) beyond +/-(2**53 - 1), which has no
+    canonical text, or None. Walked without recursion; a container met twice is walked
+    once."""
     stack, seen = [value], set()
     while stack:
         item = stack.pop()

@@ -42,22 +42,14 @@ def _reexec_under_gevent() -> NoReturn:
 
 
 def _count_rows(path: str) -> int | None:
-    """Lines of ``path`` that are not blank (the header left out of a CSV's): the progress
-    line's total. Read a chunk at a time, so a line of any length is never held whole."""
-    lines, filled = 0, False
+    """The rows of ``path`` (:func:`actors.job.rows.count_rows`: records, for CSV), the
+    progress line's total; None when it cannot be read."""
+    from actors.job.rows import count_rows
+
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                *ended, rest = chunk.split(b"\n")
-                for line in ended:
-                    if filled or line.strip():
-                        lines += 1
-                    filled = False
-                filled = filled or bool(rest.strip())
+        return count_rows(path)
     except OSError:
         return None
-    lines += filled
-    return lines - 1 if path.lower().endswith(".csv") else lines
 
 
 @main.command(short_help="Run a play over every row of an input file.", epilog=EXIT_CODES)
