@@ -134,7 +134,7 @@ def _run(
 ) -> int:  # fmt: skip
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
-    from actors.job.report import ProgressDisplay, output_line, report_table, tools_table
+    from actors.job.report import ProgressDisplay, output_line, report_table, resume_hint, tools_table
     from actors.job.runner import RunSummary, run_rows
     from actors.job.signals import Interrupts
     from actors.job.tally import CallTally
@@ -181,17 +181,19 @@ def _run(
 
     def report(stats: dict[str, Any], summary: RunSummary) -> None:
         wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
-        wide.print(report_table(stats, summary, tally, play.tools, output_path))
+        wide.print(
+            report_table(
+                stats, summary, tally, play.tools, output_path, force_refresh=force_refresh,
+                retry_failed=retry_failed,
+            )
+        )  # fmt: skip
         wide.print(tools_table(stats, tally))
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
         if output_path is not None:
-            return how + output_line(summary, output_path)
-        return (
-            f"{how}{summary.rows} rows done; run the same command again to resume "
-            "(finished calls are reused, not paid again)"
-        )
+            return how + output_line(summary, output_path, force_refresh=force_refresh)
+        return f"{how}{summary.rows} rows done; {resume_hint(force_refresh)}"
 
     def aborted_now() -> RunSummary:  # the rows did not end in time: what is known so far
         live.aborted = live.interrupted = True
@@ -248,11 +250,21 @@ def _run(
     if summary.config_error:
         done = ""
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
-            sent = int(stats.get("requests", 0))
+            tools = stats.get("tools") if isinstance(stats.get("tools"), dict) else {}
+            sent = sum(int(c.get("requests", 0)) for t, c in tools.items() if t not in tally.local)
+            paid = (
+                f"{sent} provider {'request' if sent == 1 else 'requests'} had been sent"
+                " and their results are stored, so running again after the fix"
+                + (
+                    " with --force-refresh pays for them again (without it, they are reused)"
+                    if force_refresh
+                    else " does not pay for them"
+                )
+                if sent
+                else "no provider request had been sent"
+            )
             done = (
-                f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'};"
-                f" {sent} provider {'request' if sent == 1 else 'requests'} had been sent"
-                " and their results are stored, so running again after the fix does not pay for them"
+                f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'}; {paid}"
                 + (f"; rows done so far are in {output_path}" if output_path else "")
                 + ")"
             )
