@@ -99,7 +99,7 @@ def _why(exc: BaseException, value: Any) -> str:
 
 def unsafe_integer_text(number: int | str) -> str:
     """``"integer 12345678901234567 is outside the range JSON numbers keep exactly
-    (±(2^53−1))"``, for an integer (or its decimal text) beyond +/-(2**53 - 1); one of
+    (±(2^53-1))"``, for an integer (or its decimal text) beyond +/-(2**53 - 1); one of
     more than 24 digits is shown by its first 20 and its length."""
     if isinstance(number, int):
         if number.bit_length() > 14_000:  # str() would refuse (4300 digits): say its size
@@ -111,7 +111,7 @@ def unsafe_integer_text(number: int | str) -> str:
     return f"integer {number} is {_OUTSIDE}"
 
 
-_OUTSIDE = "outside the range JSON numbers keep exactly (±(2^53−1))"
+_OUTSIDE = "outside the range JSON numbers keep exactly (±(2^53-1))"
 
 
 def unsafe_integer(value: Any) -> int | None:

@@ -250,7 +250,7 @@ def _run(
     if summary.config_error:
         done = ""
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
-            tools = stats.get("tools") if isinstance(stats.get("tools"), dict) else {}
+            tools: dict[str, Any] = stats["tools"] if isinstance(stats.get("tools"), dict) else {}
             sent = sum(int(c.get("requests", 0)) for t, c in tools.items() if t not in tally.local)
             paid = (
                 f"{sent} provider {'request' if sent == 1 else 'requests'} had been sent"

@@ -23,8 +23,14 @@ from actors.job.runner import RunSummary
 from actors.job.tally import CallTally
 
 __all__ = [
-    "PHASE_NAMES", "ProgressDisplay", "output_line", "progress_line", "report_table", "resume_hint", "tools_table",
-]  # fmt: skip
+    "PHASE_NAMES",
+    "ProgressDisplay",
+    "output_line",
+    "progress_line",
+    "report_table",
+    "resume_hint",
+    "tools_table",
+]
 
 
 OWNER_WAITING_KEY = "waiting_on_owner"
@@ -203,9 +209,7 @@ def report_table(
     table.add_column("value", justify="right")
     table.add_row("rows", f"{summary.rows} ({summary.ok} ok, {summary.failed} failed)")
     if force_refresh:
-        table.add_row(
-            "--force-refresh", "calls ran again even where a receipt was completed (paid again)"
-        )
+        table.add_row("--force-refresh", "calls ran again even where a receipt was completed (paid again)")
     if retry_failed:
         table.add_row("--retry-failed", "calls whose receipt failed ran again")
     local = tally.local if tally is not None else set()
@@ -415,7 +419,8 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None) -> Table:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
         if any(c.get("input_refused") for c in counts.values()):  # not plain JSON, over the cap
             table.add_row(
-                "input refused (nothing sent)", *(str(counts.get(t, {}).get("input_refused", 0)) for t in tools)
+                "input refused (nothing sent)",
+                *(str(counts.get(t, {}).get("input_refused", 0)) for t in tools),
             )
         if any(c.get("cancelled") for c in counts.values()):  # an abort: calls refused unsent
             table.add_row(

@@ -1,8 +1,9 @@
 """Reading a run's input: its rows, from CSV, JSONL or plain text, each within the input cap.
 
 Every row is held to the one input-size rule (:mod:`stores.inputs`, docs/cli.md, Input):
-a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file (for CSV, a record:
-a quoted field may span lines) is never read whole. It is passed over to its end, a chunk
+a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file, its ending not
+counted (for CSV, a record: a quoted field may span lines, and the endings inside it
+count) is never read whole. It is passed over to its end, a chunk
 at a time, and fails alone as a :class:`RowError` naming its line(s) and size; a row
 that is read is then measured as a call's input is, by the one measure: its canonical
 JSON text (RFC 8785). Either way nothing of it is sent, and the rows after it are read on.
@@ -13,7 +14,8 @@ whose canonical text would fit only when its line holds more than that text: whi
 around a plain-text line or inside a JSONL one, ``1.0`` for ``1``, ``\\u00e9`` for ``é``.
 A CSV record is never longer than its row's canonical text, and a JSONL line written in
 canonical form (``stores.canonical_json``) is as long as it, so those are refused
-exactly when their canonical text is over the cap.
+exactly when their canonical text is over the cap. A JSONL value with no canonical text
+(an integer beyond +/-(2**53 - 1)) fails its row as it is read, as a call of it would.
 """
 
 from __future__ import annotations
@@ -56,12 +58,13 @@ def read_rows(path: str) -> Iterator[Any]:
 
     The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
     is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
-    dropped). A row that cannot be read, or is over the input cap
-    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line, its CSV record, or its canonical
-    JSON text),
-    is yielded as a :class:`RowError` naming its line(s), so it fails alone and the rest
-    go on. A quoted CSV field may span lines (RFC 4180), so a row that a stray quote made
-    swallow the lines after it is one row error naming them all.
+    dropped). A row that cannot be read, has no canonical JSON text (a JSONL integer
+    beyond +/-(2**53 - 1)), or is over the input cap
+    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line or CSV record without its last
+    line ending, or its canonical JSON text) is yielded as a :class:`RowError` naming
+    its line(s), so it fails alone and the rest go on. A quoted CSV field may span lines
+    (RFC 4180), so a row that a stray quote made swallow the lines after it is one row
+    error naming them all.
 
     Raises:
         OSError: the file cannot be opened.
@@ -181,6 +184,7 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
         if blank if text is None else not text.strip():  # a line passed over: judged by its pieces
             continue
         where = f"line {lines.number}"
+        value: Any = None
         try:
             if text is None:
                 _refuse(size, "the line")
@@ -208,7 +212,9 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
             if number is not None:
                 yield RowError(f"{where}: {unsafe_integer_text(number)}; quote it as a string")
             else:
-                yield RowError(f"{where}: not plain JSON ({str(exc).removeprefix('input is not canonical JSON: ')})")
+                yield RowError(
+                    f"{where}: not plain JSON ({str(exc).removeprefix('input is not canonical JSON: ')})"
+                )
             continue
         yield value
 
@@ -340,7 +346,9 @@ class _Lines:
         self.ending_bytes = 0
         """Bytes of the last line's ending (0 for a last line without one)."""
 
-    def read(self, limit_bytes: int, seen: Callable[[str], None] | None = None) -> tuple[str | None, int] | None:
+    def read(
+        self, limit_bytes: int, seen: Callable[[str], None] | None = None
+    ) -> tuple[str | None, int] | None:
         """The next line (its ending kept) and its size in bytes without its ending (UTF-8,
         as in the file; the ending's are :attr:`ending_bytes`); None at the end.
 
