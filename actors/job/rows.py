@@ -194,8 +194,9 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
             if jsonl:
                 try:
                     value = orjson.loads(text)
-                except orjson.JSONDecodeError as exc:
-                    yield RowError(f"{where}: not JSON ({exc})")
+                except orjson.JSONDecodeError as exc:  # its place in the line, not a line of its own
+                    why = _JSON_PLACE.sub(lambda m: f"column {int(m[1]) + 1}", str(exc), 1)
+                    yield RowError(f"{where}: not JSON ({why})")
                     continue
                 lost = _lossy_integer(text)
                 if lost is not None:
@@ -218,6 +219,10 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
             continue
         yield value
 
+
+_JSON_PLACE = re.compile(r"line \d+ column \d+ \(char (\d+)\)$")
+"""Where orjson says a text stops being JSON (its line counts the row's own line ending
+as a line of its own): the column in the row's line is the character's, from 1."""
 
 _LONG_INTEGER = re.compile(r"\d{19}")
 """Digits enough for an integer orjson reads as a float (beyond 64 bits)."""
