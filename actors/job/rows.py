@@ -350,6 +350,10 @@ class _Lines:
         """The number of the last line read."""
         self.ending_bytes = 0
         """Bytes of the last line's ending (0 for a last line without one)."""
+        self._ready: list[str] = []
+        """Whole lines read ahead, the next last (a buffer without ``\r``)."""
+        self._cr = False
+        """The buffer holds a ``\r``: its lines are found one at a time."""
 
     def read(
         self, limit_bytes: int, seen: Callable[[str], None] | None = None
@@ -398,8 +402,18 @@ class _Lines:
     def _piece(self) -> tuple[str | None, bool]:
         """The next piece of the current line (at most a chunk) and whether it ends the
         line; (None, True) at the end of the file."""
+        ready = self._ready
+        if ready:
+            return ready.pop(), True
         while True:
             buf, pos = self._buf, self._pos
+            if not self._cr:  # only "\n" ends a line here: split every whole line at once
+                last = buf.rfind("\n", pos)
+                if last >= 0:
+                    ready.extend(line + "\n" for line in buf[pos:last].split("\n"))
+                    ready.reverse()
+                    self._pos = last + 1
+                    return ready.pop(), True
             found = _EOL.search(buf, pos)
             if found is not None and (found.end() < len(buf) or found.group() != "\r" or self._eof):
                 self._pos = found.end()
@@ -413,6 +427,7 @@ class _Lines:
             chunk = self._fh.read(CHUNK_CHARS)
             self._eof = not chunk
             self._buf, self._pos = buf[pos:] + chunk, 0
+            self._cr = "\r" in self._buf
 
 
 def _ending_bytes(piece: str) -> int:
