@@ -34,6 +34,8 @@ __all__ = [
     "json_size_bytes",
     "orjson_is_jcs",
     "sent_size_bytes",
+    "unsafe_integer",
+    "unsafe_integer_text",
     "utf8_size_bytes",
 ]
 
@@ -78,18 +80,56 @@ def canonical_bytes(value: Any) -> bytes:
     try:
         return rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, UnicodeError, RecursionError, ValueError) as exc:
-        raise InvalidInputError(f"input is not canonical JSON: {_why(exc)}") from None
+        raise InvalidInputError(f"input is not canonical JSON: {_why(exc, value)}") from None
 
 
-def _why(exc: BaseException) -> str:
-    """An rfc8785 error's text, short (an IntegerDomainError's text is the integer itself,
-    whose ``str`` raises past 4300 digits)."""
-    if isinstance(exc, rfc8785.IntegerDomainError) and exc.args:
-        return f"{brief(exc.args[0], 40)} exceeds safe integer domain for JSON floats"
+def _why(exc: BaseException, value: Any) -> str:
+    """Why ``value`` has no canonical text, short: an integer beyond +/-(2**53 - 1) is
+    named by :func:`unsafe_integer_text` (rfc8785's text for one is the integer itself,
+    whose ``str`` raises past 4300 digits), anything else by rfc8785's error."""
+    if isinstance(exc, (rfc8785.IntegerDomainError, ValueError)):
+        number = unsafe_integer(value)
+        if number is not None:
+            return f"{unsafe_integer_text(number)}; pass it as a string"
     try:
         return shorten(str(exc), 400)
     except ValueError:
         return type(exc).__name__
+
+
+def unsafe_integer_text(number: int | str) -> str:
+    """``"integer 12345678901234567 is outside the range JSON numbers keep exactly
+    (±(2^53-1))"``, for an integer (or its decimal text) beyond +/-(2**53 - 1); one of
+    more than 24 digits is shown by its first 20 and its length."""
+    if isinstance(number, int):
+        if number.bit_length() > 14_000:  # str() would refuse (4300 digits): say its size
+            return f"an integer of about {int(number.bit_length() * 0.30103)} digits is {_OUTSIDE}"
+        number = str(number)
+    digits = number.lstrip("+-")
+    if len(digits) > 24:
+        number = f"{number[: len(number) - len(digits) + 20]}… ({len(digits)} digits)"
+    return f"integer {number} is {_OUTSIDE}"
+
+
+_OUTSIDE = "outside the range JSON numbers keep exactly (±(2^53-1))"
+
+
+def unsafe_integer(value: Any) -> int | None:
+    """The first integer of ``value`` (a JSON value) beyond +/-(2**53 - 1), which has no
+    canonical text, or None. Walked without recursion; a container met twice is walked
+    once."""
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                return item
+        elif isinstance(item, (Mapping, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(reversed(list(item.values() if isinstance(item, Mapping) else item)))
+    return None
 
 
 def orjson_is_jcs(value: Any) -> bool:

@@ -42,22 +42,14 @@ def _reexec_under_gevent() -> NoReturn:
 
 
 def _count_rows(path: str) -> int | None:
-    """Lines of ``path`` that are not blank (the header left out of a CSV's): the progress
-    line's total. Read a chunk at a time, so a line of any length is never held whole."""
-    lines, filled = 0, False
+    """The rows of ``path`` (:func:`actors.job.rows.count_rows`: records, for CSV), the
+    progress line's total; None when it cannot be read."""
+    from actors.job.rows import count_rows
+
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                *ended, rest = chunk.split(b"\n")
-                for line in ended:
-                    if filled or line.strip():
-                        lines += 1
-                    filled = False
-                filled = filled or bool(rest.strip())
+        return count_rows(path)
     except OSError:
         return None
-    lines += filled
-    return lines - 1 if path.lower().endswith(".csv") else lines
 
 
 @main.command(short_help="Run a play over every row of an input file.", epilog=EXIT_CODES)
@@ -142,7 +134,7 @@ def _run(
 ) -> int:  # fmt: skip
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
-    from actors.job.report import ProgressDisplay, output_line, report_table, tools_table
+    from actors.job.report import ProgressDisplay, output_line, report_table, resume_hint, tools_table
     from actors.job.runner import RunSummary, run_rows
     from actors.job.signals import Interrupts
     from actors.job.tally import CallTally
@@ -189,17 +181,19 @@ def _run(
 
     def report(stats: dict[str, Any], summary: RunSummary) -> None:
         wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
-        wide.print(report_table(stats, summary, tally, play.tools, output_path))
+        wide.print(
+            report_table(
+                stats, summary, tally, play.tools, output_path, force_refresh=force_refresh,
+                retry_failed=retry_failed,
+            )
+        )  # fmt: skip
         wide.print(tools_table(stats, tally, stopped_by="abort" if summary.aborted else "interrupt"))
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
         if output_path is not None:
-            return how + output_line(summary, output_path)
-        return (
-            f"{how}{summary.rows} rows done; run the same command again to resume "
-            "(finished calls are reused, not paid again)"
-        )
+            return how + output_line(summary, output_path, force_refresh=force_refresh)
+        return f"{how}{summary.rows} rows done; {resume_hint(force_refresh)}"
 
     def aborted_now() -> RunSummary:  # the rows did not end in time: what is known so far
         live.aborted = live.interrupted = True
@@ -268,11 +262,21 @@ def _run(
     if summary.config_error:
         done = ""
         if summary.rows:  # stopped mid-run: say what was already paid for and kept
-            sent = int(stats.get("requests", 0))
+            tools: dict[str, Any] = stats["tools"] if isinstance(stats.get("tools"), dict) else {}
+            sent = sum(int(c.get("requests", 0)) for t, c in tools.items() if t not in tally.local)
+            paid = (
+                f"{sent} provider {'request' if sent == 1 else 'requests'} had been sent"
+                " and their results are stored, so running again after the fix"
+                + (
+                    " with --force-refresh pays for them again (without it, they are reused)"
+                    if force_refresh
+                    else " does not pay for them"
+                )
+                if sent
+                else "no provider request had been sent"
+            )
             done = (
-                f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'};"
-                f" {sent} provider {'request' if sent == 1 else 'requests'} had been sent"
-                " and their results are stored, so running again after the fix does not pay for them"
+                f" (the run stopped after {summary.rows} {'row' if summary.rows == 1 else 'rows'}; {paid}"
                 + (f"; rows done so far are in {output_path}" if output_path else "")
                 + ")"
             )

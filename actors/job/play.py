@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from actors.errors import CallCancelledError, DispatchError, is_a
+from actors.errors import CallCancelledError, DispatchError, InvalidInputError, is_a
 from actors.job.rows import InputError, RowError, read_rows
 
 __all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
@@ -137,6 +137,8 @@ class PlayContext:
             if self.tally is not None:
                 if is_a(exc, CallCancelledError):  # a stop cancelled it: not a failure
                     self.tally.record_cancelled(tool_id)
+                elif is_a(exc, InvalidInputError):  # refused for its input: nothing was sent
+                    self.tally.record_input_refused(tool_id)
                 else:
                     self.tally.record_error(tool_id)
             raise

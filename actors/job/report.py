@@ -22,7 +22,15 @@ from rich.text import Text
 from actors.job.runner import RunSummary
 from actors.job.tally import CallTally
 
-__all__ = ["PHASE_NAMES", "ProgressDisplay", "output_line", "progress_line", "report_table", "tools_table"]
+__all__ = [
+    "PHASE_NAMES",
+    "ProgressDisplay",
+    "output_line",
+    "progress_line",
+    "report_table",
+    "resume_hint",
+    "tools_table",
+]
 
 
 OWNER_WAITING_KEY = "waiting_on_owner"
@@ -39,10 +47,12 @@ def progress_line(
     elapsed_s: float,
     tally: dict[str, int] | None = None,
 ) -> str:
-    """One line: rows done; the paid tools' calls that ran / were reused / joined a
-    lookup under way (calls, not rows: a row may make several); requests sent to
-    providers; 429s; calls waiting on another run (when the system reports it); rows/s;
-    ETA."""
+    """One line: rows done (of the input's rows); the paid tools' calls (calls, not rows:
+    a row may make several) that ran (their receipt completed), were reused, joined a
+    lookup under way, or failed (and those refused for their input, when any); the
+    requests sent to their providers (every attempt: a batch is one, and the requests
+    sent again and those answered 429 are among them); calls waiting on another run
+    (when the system reports it); rows/s; ETA. Its words are the report's."""
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
     if total:
         eta = f"{(total - done) / rate:.0f}s" if rate > 0 else "?"
@@ -52,20 +62,22 @@ def progress_line(
     t = tally or {}
     waiting = stats.get(OWNER_WAITING_KEY)
     wait = f" | waiting on another run {waiting}" if waiting else ""
+    refused = f", {t['input_refused']} input refused" if t.get("input_refused") else ""
     return (
         f"{rows} | calls: {t.get('ran', 0)} ran, {t.get('reused', 0) + t.get('reused_this_run', 0)} reused, "
-        f"{t.get('joined', 0)} joined | requests {_requests(stats)} | 429s {stats.get('backpressure', 0)}"
-        f"{wait} | {rate:.0f} rows/s | ETA {eta}"
+        f"{t.get('joined', 0)} joined, {t.get('failed', 0)} failed{refused} | requests sent "
+        f"{_summed(stats, 'requests')} ({_summed(stats, 'retries')} sent again, "
+        f"{_summed(stats, 'backpressure')} answered 429){wait} | {rate:.0f} rows/s | ETA {eta}"
     )
 
 
-def _requests(stats: dict[str, Any], local: set[str] | frozenset[str] = frozenset()) -> int:
-    """Requests that reached providers: every attempt sent (retries and those answered 429
-    included; a refused connection reached none), local tools' runs left out."""
+def _summed(stats: dict[str, Any], name: str) -> int:
+    """A counter of ``stats()`` summed over the tools it holds (``stats["tools"]``; the
+    caller leaves out local tools), else the system's own."""
     tools = stats.get("tools")
     if not isinstance(tools, dict):
-        return int(stats.get("requests", 0))
-    return sum(int(c.get("requests", 0)) for t, c in tools.items() if t not in local)
+        return int(stats.get(name, 0))
+    return sum(int(c.get(name, 0)) for c in tools.values())
 
 
 class ProgressDisplay:
@@ -177,6 +189,9 @@ def report_table(
     tally: CallTally | None = None,
     tools: Iterable[Any] = (),
     output: str | None = None,
+    *,
+    force_refresh: bool = False,
+    retry_failed: bool = False,
 ) -> Table:
     """The end-of-run report, headline first: what the run cost and what it reused.
 
@@ -186,11 +201,17 @@ def report_table(
         tally: how each call was answered (ran, reused, joined); None shows the system's counters.
         tools: the play's tools (their providers name the requests rows).
         output: the ``--output`` path, or None.
+        force_refresh / retry_failed: the run's ``--force-refresh`` / ``--retry-failed``
+            (named in the report when set).
     """
     table = Table(title="tooldispatch run report", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("rows", f"{summary.rows} ({summary.ok} ok, {summary.failed} failed)")
+    if force_refresh:
+        table.add_row("--force-refresh", "calls ran again even where a receipt was completed (paid again)")
+    if retry_failed:
+        table.add_row("--retry-failed", "calls whose receipt failed ran again")
     local = tally.local if tally is not None else set()
     per_tool = stats.get("tools", {}) if isinstance(stats.get("tools"), dict) else {}
     providers: dict[str, list[str]] = {}
@@ -201,6 +222,9 @@ def report_table(
     def summed(ids: list[str], name: str) -> int:
         return sum(int(per_tool.get(t, {}).get(name, 0)) for t in ids)
 
+    paid_ids = [t for ids in providers.values() for t in ids]
+    if paid_ids and not summed(paid_ids, "answered"):  # nothing billable: say so, plainly
+        table.add_row("paid this run", _nothing_paid(summed(paid_ids, "requests"), tally))
     for provider, ids in sorted(providers.items()):
         sent, limited = summed(ids, "requests"), summed(ids, "backpressure")
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")
@@ -228,6 +252,8 @@ def report_table(
             table.add_row("reused while a refresh runs (calls)", str(stats["refresh_running"]))
         table.add_row("joined a lookup in flight (calls)", str(paid["joined"]))
         table.add_row("calls failed", str(paid["failed"]))
+        if paid["input_refused"]:
+            table.add_row("calls refused for their input (nothing sent)", str(paid["input_refused"]))
         if paid["cancelled"]:
             table.add_row(f"calls cancelled by the {_stop_of(summary)}", str(paid["cancelled"]))
         for tool, counts in sorted(tally.snapshot().items()):
@@ -273,13 +299,39 @@ def report_table(
             "output",
             f"{output}: only the {held} finished (see the last line)"
             if summary.interrupted
-            else output_line(summary, output),
+            else output_line(summary, output, force_refresh=force_refresh),
         )
-    if summary.aborted:
-        table.add_row("status", "aborted: run the same command again to resume")
-    elif summary.interrupted:
-        table.add_row("status", "interrupted: run the same command again to resume")
+    if summary.aborted or summary.interrupted:
+        stop = "aborted" if summary.aborted else "interrupted"
+        table.add_row("status", f"{stop}: {resume_hint(force_refresh)}")
     return table
+
+
+def _nothing_paid(requests: int, tally: CallTally | None) -> str:
+    """The report's line for a run whose providers answered no lookup (billed nothing)."""
+    if requests:
+        return (
+            f"nothing billable: {requests} {_plural(requests, 'request')} sent, "
+            "no lookup answered (429s, errors or no answer)"
+        )
+    paid = tally.totals() if tally is not None else None
+    if paid is None or not paid["calls"]:
+        return "nothing: no request sent"
+    reused = paid["reused"] + paid["reused_this_run"]
+    if reused == paid["calls"]:
+        return "nothing: no request sent, every call answered from receipts"
+    return f"nothing: no request sent ({reused} of {paid['calls']} calls answered from receipts)"
+
+
+def resume_hint(force_refresh: bool = False) -> str:
+    """How to finish a run that stopped: run it again (finished calls are reused), but a
+    rerun with ``--force-refresh`` pays for every call again."""
+    if force_refresh:
+        return (
+            "run the command again to resume: with --force-refresh every call runs again, those "
+            "finished here too (paid again); without it, every call with a receipt is answered from it"
+        )
+    return "run the same command again to resume (finished calls are reused, not paid again)"
 
 
 def outage_rows(outages: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -308,15 +360,16 @@ def outage_rows(outages: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
-def output_line(summary: RunSummary, output: str) -> str:
-    """What the output file holds (a complete run: every row; else which rows)."""
+def output_line(summary: RunSummary, output: str, *, force_refresh: bool = False) -> str:
+    """What the output file holds (a complete run: every row; else which rows, and how to
+    write it whole: :func:`resume_hint`)."""
     if not summary.interrupted:
         return f"{output}: {summary.written} {_plural(summary.written, 'row')}, in input order"
     missing = "rows not started or cut short are missing"
     return (
         f"{output} holds only the {summary.written} {_plural(summary.written, 'row')} finished before the "
-        f"{_stop_of(summary)} (each with its input index; {missing}): run the same command "
-        "again to write it whole (finished calls are reused, not paid again)"
+        f"{_stop_of(summary)} (each with its input index; {missing}): "
+        + resume_hint(force_refresh).replace("to resume", "to write it whole", 1)
     )
 
 
@@ -362,11 +415,17 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None, *, stoppe
             mine["ran"] = int(per_tool.get(t, {}).get("provider_calls", 0))
             others = (
                 mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"] + mine["cancelled"]
-            )
+                + mine["input_refused"]
+            )  # fmt: skip
             mine["joined"] = max(0, mine["calls"] - others)
             counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
+        if any(c.get("input_refused") for c in counts.values()):  # not plain JSON, over the cap
+            table.add_row(
+                "input refused (nothing sent)",
+                *(str(counts.get(t, {}).get("input_refused", 0)) for t in tools),
+            )
         if any(c.get("cancelled") for c in counts.values()):  # a signal: calls refused unsent
             table.add_row(
                 f"cancelled by the {stopped_by}", *(str(counts.get(t, {}).get("cancelled", 0)) for t in tools)

@@ -1,8 +1,9 @@
 """Reading a run's input: its rows, from CSV, JSONL or plain text, each within the input cap.
 
 Every row is held to the one input-size rule (:mod:`stores.inputs`, docs/cli.md, Input):
-a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file (for CSV, a record:
-a quoted field may span lines) is never read whole. It is passed over to its end, a chunk
+a line longer than :data:`~stores.inputs.MAX_INPUT_BYTES` in the file, its ending not
+counted (for CSV, a record: a quoted field may span lines, and the endings inside it
+count) is never read whole. It is passed over to its end, a chunk
 at a time, and fails alone as a :class:`RowError` naming its line(s) and size; a row
 that is read is then measured as a call's input is, by the one measure: its canonical
 JSON text (RFC 8785). Either way nothing of it is sent, and the rows after it are read on.
@@ -13,12 +14,14 @@ whose canonical text would fit only when its line holds more than that text: whi
 around a plain-text line or inside a JSONL one, ``1.0`` for ``1``, ``\\u00e9`` for ``é``.
 A CSV record is never longer than its row's canonical text, and a JSONL line written in
 canonical form (``stores.canonical_json``) is as long as it, so those are refused
-exactly when their canonical text is over the cap.
+exactly when their canonical text is over the cap. A JSONL value with no canonical text
+(an integer beyond +/-(2**53 - 1)) fails its row as it is read, as a call of it would.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -28,9 +31,15 @@ import orjson
 
 from actors.errors import DispatchError
 from stores.errors import InputTooLargeError, InvalidInputError
-from stores.inputs import MAX_INPUT_BYTES, check_input_size, utf8_size_bytes
+from stores.inputs import (
+    MAX_INPUT_BYTES,
+    check_input_size,
+    unsafe_integer,
+    unsafe_integer_text,
+    utf8_size_bytes,
+)
 
-__all__ = ["CHUNK_CHARS", "InputError", "RowError", "read_rows"]
+__all__ = ["CHUNK_CHARS", "InputError", "RowError", "count_rows", "read_rows"]
 
 CHUNK_CHARS = 1 << 16
 """Characters read from the input at a time; a line over the cap is held a chunk at a time."""
@@ -49,12 +58,13 @@ def read_rows(path: str) -> Iterator[Any]:
 
     The format follows the extension (``.csv``; ``.jsonl``/``.ndjson``; anything else
     is one value per line, blank lines skipped), UTF-8 (a leading byte-order mark is
-    dropped). A row that cannot be read, or is over the input cap
-    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line, its CSV record, or its canonical
-    JSON text),
-    is yielded as a :class:`RowError` naming its line(s), so it fails alone and the rest
-    go on. A quoted CSV field may span lines (RFC 4180), so a row that a stray quote made
-    swallow the lines after it is one row error naming them all.
+    dropped). A row that cannot be read, has no canonical JSON text (a JSONL integer
+    beyond +/-(2**53 - 1)), or is over the input cap
+    (:data:`stores.inputs.MAX_INPUT_BYTES`: its line or CSV record without its last
+    line ending, or its canonical JSON text) is yielded as a :class:`RowError` naming
+    its line(s), so it fails alone and the rest go on. A quoted CSV field may span lines
+    (RFC 4180), so a row that a stray quote made swallow the lines after it is one row
+    error naming them all.
 
     Raises:
         OSError: the file cannot be opened.
@@ -72,6 +82,90 @@ def read_rows(path: str) -> Iterator[Any]:
             yield from _line_rows(lines, jsonl=ext in (".jsonl", ".ndjson"))
 
 
+def count_rows(path: str) -> int:
+    """The rows :func:`read_rows` yields from ``path``, counted without reading them
+    (a total for progress): non-blank lines; for CSV, records (a quoted field may span
+    lines) that are not blank, the header left out; a row over the cap, or one that
+    fails, is one row too. Read :data:`COUNT_CHUNK_CHARS` at a time: a line of any length
+    is never held whole.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+        chunks = iter(lambda: fh.read(COUNT_CHUNK_CHARS), "")
+        if os.path.splitext(path)[1].lower() == ".csv":
+            return max(0, _count_records(chunks) - 1)
+        return _count_filled_lines(chunks)
+
+
+COUNT_CHUNK_CHARS = 1 << 20
+"""Characters read at a time by :func:`count_rows`."""
+
+_FILLED = re.compile(r"\S[^\r\n]*()")
+"""From a line's first character that is not white space (``str.isspace``) to its end
+(its one group is empty: ``findall`` lists ``""`` for each)."""
+_LINE = re.compile(r"[^\r\n]+(?:\r\n|\r|\n)?|\r\n|\r|\n")
+
+
+def _count_filled_lines(chunks: Iterator[str]) -> int:
+    """Lines that are not blank (white space only), as :func:`_line_rows` skips them."""
+    count, counted = 0, False  # counted: the line under way at a chunk's end was counted
+    for chunk in chunks:
+        start = 0
+        if counted:  # its rest, up to its end, belongs to a line counted already
+            found = _EOL.search(chunk)
+            if found is None:
+                continue
+            start = found.end()
+        count += len(_FILLED.findall(chunk, start))  # (a list of "", 8 bytes a line)
+        tail = chunk[max(chunk.rfind("\n"), chunk.rfind("\r")) + 1 :]  # the line going on in the next
+        counted = bool(tail) and not tail.isspace()
+    return count
+
+
+def _count_records(chunks: Iterator[str]) -> int:
+    """CSV records that are not blank (an empty line is no record, as ``csv.reader``
+    yields ``[]`` for it), header included: a record starts at a line with text that is
+    not inside a quoted field (:class:`_QuoteScan`). A well-formed record whole in a
+    chunk is matched at once (:data:`_RECORD`), and so are a quoted field's lines up to
+    its next quote; the rest goes a line at a time."""
+    scan = _QuoteScan()
+    count, going = 0, False  # going: the line at a chunk's end goes on in the next chunk
+    for chunk in chunks:
+        pos, end = 0, len(chunk)
+        while pos < end:
+            if not going and not scan.inside:
+                found = _RECORD.match(chunk, pos)
+                if found is not None:
+                    count += chunk[pos] not in "\r\n"  # (an empty line matches too: no record)
+                    pos = found.end()
+                    continue
+            elif scan.inside:  # over the quoted field's lines, up to its next quote, at once
+                found = _QUOTED_RUN.match(chunk, pos)
+                if found is not None and found.end() > pos:
+                    pos, going = found.end(), False
+                    continue
+            found = _LINE.match(chunk, pos)  # (always matches: at least one character)
+            assert found is not None
+            line, pos = found.group(), found.end()
+            if not going and not scan.inside:
+                if _EOL.fullmatch(line):  # an empty line: no record
+                    continue
+                count += 1
+                scan.start()
+            going = line[-1] not in "\r\n"  # no ending in this chunk: the line goes on in the next
+            if going or scan.inside or '"' in line:  # (else the record ends with the line)
+                scan.feed(line, 0)
+    return count
+
+
+_FIELD = r'(?:"(?:[^"]|"")*"|[^,"\r\n][^,\r\n]*)?'
+_RECORD = re.compile(rf"{_FIELD}(?:,{_FIELD})*(?:\r\n|\r|\n)")
+"""A CSV record ``csv.reader(strict=True)`` reads without error, with its line ending
+(its quoted fields may hold line endings)."""
+
+
 def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
     """One row per line: a JSON value (``jsonl``) or the line's text, stripped."""
     blank = True
@@ -83,13 +177,14 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
 
     while True:
         blank = True
-        got = lines.read(MAX_INPUT_BYTES, seen, with_ending=False)
+        got = lines.read(MAX_INPUT_BYTES, seen)
         if got is None:
             return
         text, size = got
         if blank if text is None else not text.strip():  # a line passed over: judged by its pieces
             continue
         where = f"line {lines.number}"
+        value: Any = None
         try:
             if text is None:
                 _refuse(size, "the line")
@@ -99,34 +194,72 @@ def _line_rows(lines: _Lines, *, jsonl: bool) -> Iterator[Any]:
             if jsonl:
                 try:
                     value = orjson.loads(text)
-                except orjson.JSONDecodeError as exc:
-                    yield RowError(f"{where}: not JSON ({exc})")
+                except orjson.JSONDecodeError as exc:  # its place in the line, not a line of its own
+                    why = _JSON_PLACE.sub(lambda m: f"column {int(m[1]) + 1}", str(exc), 1)
+                    yield RowError(f"{where}: not JSON ({why})")
+                    continue
+                lost = _lossy_integer(text)
+                if lost is not None:
+                    yield RowError(f"{where}: {unsafe_integer_text(lost)}; quote it as a string")
                     continue
             else:
                 value = text.strip()
-            _check_row_size(value)
+            check_input_size(value)
         except InputTooLargeError as exc:
             yield RowError(f"{where}: {exc}")
+            continue
+        except InvalidInputError as exc:  # a JSONL value with no canonical text: no call could take it
+            number = unsafe_integer(value)
+            if number is not None:
+                yield RowError(f"{where}: {unsafe_integer_text(number)}; quote it as a string")
+            else:
+                yield RowError(
+                    f"{where}: not plain JSON ({str(exc).removeprefix('input is not canonical JSON: ')})"
+                )
             continue
         yield value
 
 
-def _check_row_size(value: Any) -> None:
-    """Hold a row read to the input cap by the one measure, its canonical JSON text
-    (RFC 8785, :func:`stores.inputs.check_input_size`), as a call's input is held.
+_JSON_PLACE = re.compile(r"line \d+ column \d+ \(char (\d+)\)$")
+"""Where orjson says a text stops being JSON (its line counts the row's own line ending
+as a line of its own): the column in the row's line is the character's, from 1."""
 
-    A JSONL value that has none (an integer beyond +/-(2**53 - 1)) is not refused here:
-    its line is within the cap, and a call given it is refused where its key is made.
+_LONG_INTEGER = re.compile(r"\d{19}")
+"""Digits enough for an integer orjson reads as a float (beyond 64 bits)."""
 
-    Raises:
-        InputTooLargeError: over the cap.
-    """
+
+class _Lossy(Exception):
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
+def _lossy_integer(text: str) -> str | None:
+    """The first integer written in JSON ``text`` that orjson read as a float that is not
+    that integer (one beyond 64 bits that no double holds, ``12345678901234567890123``),
+    or None. One a double holds exactly (``100000000000000000000``) is that number, and
+    one within 64 bits is read as an int (held to +/-(2**53 - 1) with the rest)."""
+    if _LONG_INTEGER.search(text) is None:  # (the common case: no such run of digits)
+        return None
+
+    def parse_int(literal: str) -> int:
+        if len(literal) >= 19:
+            try:
+                number = int(literal)
+                lossy = not -(2**63) <= number < 2**64 and int(float(number)) != number
+            except (ValueError, OverflowError):  # past 4300 digits, or past a double's range
+                lossy = True
+            if lossy:
+                raise _Lossy(literal)
+        return 0
+
     try:
-        check_input_size(value)
-    except InputTooLargeError:
-        raise
-    except InvalidInputError:
+        json.loads(text, parse_int=parse_int)
+    except _Lossy as found:
+        return found.literal
+    except (ValueError, RecursionError):
         pass
+    return None
 
 
 def _refuse(size_bytes: int, what: str) -> NoReturn:
@@ -183,7 +316,7 @@ def _csv_rows(lines: _Lines) -> Iterator[Any]:
         else:
             row = dict(zip(header, fields, strict=True))
             try:
-                _check_row_size(row)
+                check_input_size(row)
             except InputTooLargeError as exc:
                 yield RowError(f"{_lines_named(source.first, lines.number)}: {exc}")
                 continue
@@ -215,26 +348,31 @@ class _Lines:
         self._eof = False
         self.number = 0
         """The number of the last line read."""
+        self.ending_bytes = 0
+        """Bytes of the last line's ending (0 for a last line without one)."""
+        self._ready: list[str] = []
+        """Whole lines read ahead, the next last (a buffer without ``\r``)."""
+        self._cr = False
+        """The buffer holds a ``\r``: its lines are found one at a time."""
 
     def read(
-        self, limit_bytes: int, seen: Callable[[str], None] | None = None, *, with_ending: bool = True
+        self, limit_bytes: int, seen: Callable[[str], None] | None = None
     ) -> tuple[str | None, int] | None:
-        """The next line and its size in bytes (UTF-8, as in the file); None at the end.
+        """The next line (its ending kept) and its size in bytes without its ending (UTF-8,
+        as in the file; the ending's are :attr:`ending_bytes`); None at the end.
 
         Args:
-            limit_bytes: most bytes of it to keep; past that (or when negative) the line
-                is passed over to its end and returned as None.
+            limit_bytes: most bytes of it (its ending not counted) to keep; past that (or
+                when negative) the line is passed over to its end and returned as None.
             seen: called with each piece of a line passed over, as it is read (those
                 read before it was found over the limit too), in order.
-            with_ending: whether its line ending counts, in the limit and the size
-                returned (a CSV record's line endings are part of it; a line row's are not).
         """
         piece, ended = self._piece()
         if piece is None:
             return None
         size = utf8_size_bytes(piece)
-        if not with_ending and ended:
-            size -= _ending_bytes(piece)
+        self.ending_bytes = _ending_bytes(piece) if ended else 0
+        size -= self.ending_bytes
         if ended and size <= limit_bytes:  # the usual line: one piece, within the limit
             self.number += 1
             return piece, size
@@ -256,15 +394,26 @@ class _Lines:
             piece, ended = self._piece()
             if piece is None:
                 break
-            size += utf8_size_bytes(piece) - (_ending_bytes(piece) if ended and not with_ending else 0)
+            self.ending_bytes = _ending_bytes(piece) if ended else 0
+            size += utf8_size_bytes(piece) - self.ending_bytes
         self.number += 1
         return ("".join(parts) if keep else None), size
 
     def _piece(self) -> tuple[str | None, bool]:
         """The next piece of the current line (at most a chunk) and whether it ends the
         line; (None, True) at the end of the file."""
+        ready = self._ready
+        if ready:
+            return ready.pop(), True
         while True:
             buf, pos = self._buf, self._pos
+            if not self._cr:  # only "\n" ends a line here: split every whole line at once
+                last = buf.rfind("\n", pos)
+                if last >= 0:
+                    ready.extend(line + "\n" for line in buf[pos:last].split("\n"))
+                    ready.reverse()
+                    self._pos = last + 1
+                    return ready.pop(), True
             found = _EOL.search(buf, pos)
             if found is not None and (found.end() < len(buf) or found.group() != "\r" or self._eof):
                 self._pos = found.end()
@@ -278,6 +427,7 @@ class _Lines:
             chunk = self._fh.read(CHUNK_CHARS)
             self._eof = not chunk
             self._buf, self._pos = buf[pos:] + chunk, 0
+            self._cr = "\r" in self._buf
 
 
 def _ending_bytes(piece: str) -> int:
@@ -301,8 +451,10 @@ class _CsvLines:
     """The lines handed to ``csv.reader``, each record's within the cap.
 
     The reader asks for a line when a record starts (``new_record``, set before each row
-    is asked of it) or when the line before ended inside a quoted field. A record whose
-    lines come to more than the cap is not handed on: the rest of it is passed over to
+    is asked of it) or when the line before ended inside a quoted field. A record's size
+    is its lines' bytes without the ending of its last line (the endings inside it are
+    part of a field), as a line row's is without its ending. A record whose lines come
+    to more than the cap is not handed on: the rest of it is passed over to
     the record's end (:class:`_QuoteScan` finds it as the reader would, from the state
     the record was in when its line was dropped), and :class:`_TooLarge` is raised
     through the reader, whose next row starts afresh after it. A quote still open at the
@@ -326,8 +478,9 @@ class _CsvLines:
             self.new_record = False
             self.first, self._size = self.lines.number + 1, 0
             self.scan.start()
-        else:
+        else:  # the line before ended inside a quoted field: its ending is part of the record
             self.scan.inside_since(self.first)
+            self._size += self.lines.ending_bytes
         got = self.lines.read(MAX_INPUT_BYTES - self._size, self._see)
         if got is None:
             raise StopIteration
@@ -336,10 +489,11 @@ class _CsvLines:
         if text is not None:
             return text
         while self.scan.inside:  # pass over the rest of the record, keeping nothing
+            ending = self.lines.ending_bytes
             got = self.lines.read(-1, self._see)
             if got is None:
                 raise InputError(self.never_closed())
-            self._size += got[1]
+            self._size += ending + got[1]
         try:
             _refuse(self._size, "the line" if self.first == self.lines.number else "the record")
         except InputTooLargeError as exc:
@@ -365,11 +519,15 @@ class _QuoteScan:
     """Where a CSV record stands after the text fed so far, under the ``csv`` module's
     default dialect (``,`` between fields, ``"`` quoting a field, doubled inside it): in
     a quoted field (a line end there is part of the field) or not (a line end ends the
-    record). Fed in pieces of any size; a few steps per quoted field, the rest in C."""
+    record). Fed in pieces of any size; a few steps per quoted field, the rest in C. A
+    closed quoted field followed by anything but ``,``, a quote or a line end is what
+    ``csv.reader(strict=True)`` refuses: the reader drops the rest of that line, and the
+    record ends with it."""
 
-    START, UNQUOTED, QUOTED, QUOTE = range(4)
+    START, UNQUOTED, QUOTED, QUOTE, REFUSED = range(5)
     """At a field's start; in an unquoted field (or after a quoted one closed); in a
-    quoted field; just after a quote inside a quoted field (closing it, or doubled)."""
+    quoted field; just after a quote inside a quoted field (closing it, or doubled); on a
+    line the reader refused (the record ends with it)."""
 
     def __init__(self) -> None:
         self.state = self.START
@@ -403,8 +561,12 @@ class _QuoteScan:
             elif state == self.QUOTE:
                 if text[i] == '"':
                     state, i = self.QUOTED, i + 1
-                else:
+                elif text[i] in ",\r\n":
                     state = self.UNQUOTED
+                else:
+                    state = self.REFUSED
+            elif state == self.REFUSED:
+                break
             elif state == self.START and text[i] == '"':
                 state, i, self.opened = self.QUOTED, i + 1, line
             else:  # unquoted: only a quote just after a delimiter opens a field

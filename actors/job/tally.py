@@ -19,7 +19,11 @@ classifies each call itself, exactly:
 * ``reused``: ``cached`` for a key that did not run this run: a receipt from an earlier run
   (``reused_receipts`` counts those receipts once each). Rows finish in any order, so a
   cached answer seen before its key's live one is moved to ``reused_this_run`` then.
-* ``failed``: the call raised.
+* ``failed``: the call raised: the tool's error (this run's, or one its receipt
+  recorded), or the system's (a provider down, an uncertain outcome...).
+* ``input_refused``: the call raised :class:`~stores.errors.InvalidInputError` (or
+  ``InputTooLargeError``): its input is not plain JSON or is over the input cap, and
+  was refused before anything was claimed or sent (or the tool itself raised it).
 * ``cancelled``: a stop (a signal) cancelled the call (refused before it was sent, or not
   answered within the abort's bound): not a failure, and its row is not done (a rerun
   makes the call; one that was sent goes again under the same idempotency key).
@@ -37,7 +41,10 @@ from typing import Any
 
 __all__ = ["CallTally"]
 
-KINDS = ("calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed", "cancelled")
+KINDS = (
+    "calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed", "input_refused",
+    "cancelled",
+)  # fmt: skip
 
 
 def _short(key: str) -> int:
@@ -99,6 +106,13 @@ class CallTally:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             counts["calls"] += 1
             counts["failed"] += 1
+
+    def record_input_refused(self, tool_id: str) -> None:
+        """Count one call refused for its input (``InvalidInputError``)."""
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            counts["calls"] += 1
+            counts["input_refused"] += 1
 
     def record_cancelled(self, tool_id: str) -> None:
         """Count one call a stop cancelled (``CallCancelledError``)."""

@@ -78,9 +78,15 @@ def test_cli_report_figures_equal_the_providers_own_counts(cli, provider_factory
     assert 1 <= _cuts(cell) <= served["rate_limited"], cell
     # the progress line counts calls, and says so
     last = [line for line in done.stderr.splitlines() if line.startswith("progress: rows")][-1]
-    calls = re.search(r"\| calls: (\d+) ran, (\d+) reused, (\d+) joined \|", last)
+    calls = re.search(r"\| calls: (\d+) ran, (\d+) reused, (\d+) joined, (\d+) failed \|", last)
     assert calls is not None, last
     assert int(calls.group(1)) == ran
+    assert int(calls.group(4)) == int(report["calls failed"]) == len(BAD)
+    # the requests, as the report counts them: those sent again and those answered 429 among them
+    sent = re.search(r"\| requests sent (\d+) \((\d+) sent again, (\d+) answered 429\) \|", last)
+    assert sent is not None, last
+    assert int(sent.group(1)) == seen and int(sent.group(3)) == served["rate_limited"], last
+    assert int(sent.group(2)) == int(report["retries (requests sent again)"]), last
     assert "lookups billed" not in done.stderr
 
 
