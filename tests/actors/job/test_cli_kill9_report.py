@@ -142,4 +142,4 @@ def test_cli_kill_9_rerun_report_counts_taken_over_members_as_completed_this_run
     assert per_tool["lookups answered (billable)"] == billed
     assert per_tool["answers replayed (not billed)"] == replayed
     last = [line for line in second.stderr.splitlines() if line.startswith("progress: rows")][-1]
-    assert f"| calls: {ROWS} ran, 0 reused, 0 joined |" in last, last
+    assert f"| calls: {ROWS} ran, 0 reused, 0 joined, 0 failed |" in last, last
