@@ -90,6 +90,9 @@ class Call:
     one already sent); a call queued again (credentials changed) keeps only what is left."""
     input_text: str | None = None
     """What its receipt keeps of the input (``Tool.keep_input``; None: nothing to say)."""
+    input_bytes: int = 0
+    """The size of its canonical input (RFC 8785 JSON, UTF-8), bytes: what it adds to a
+    batch (``BatchStrategy.max_batch_bytes``)."""
 
 
 class Reread(enum.Enum):
@@ -169,6 +172,8 @@ class Group:
     (:meth:`actors.queue.memo.Memo.owe`)."""
     input_text: str | None = None
     """What its receipt keeps of the input (the owner's ``Call.input_text``)."""
+    input_bytes: int = 0
+    """The owner's ``Call.input_bytes`` (0: not known, a member riding along)."""
     slotted: bool = False
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
@@ -185,7 +190,7 @@ class Group:
             key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
             credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
             calls=[call], mode=call.mode, nested=call.nested, ancestors=call.ancestors,
-            input_text=call.input_text,
+            input_text=call.input_text, input_bytes=call.input_bytes,
         )  # fmt: skip
 
     def join(self, call: Call, role: Role) -> None:
