@@ -174,6 +174,9 @@ class Group:
     """What its receipt keeps of the input (the owner's ``Call.input_text``)."""
     input_bytes: int = 0
     """The owner's ``Call.input_bytes`` (0: not known, a member riding along)."""
+    input_known: bool = True
+    """:attr:`input` is a call's input (False: a member riding along in a request taken
+    over whose record holds no input, until a call of it brings one)."""
     slotted: bool = False
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
@@ -293,6 +296,11 @@ class Unit:
     taken_over: bool = False
     """Its request was recorded by an owner that was lost (crashed, or its lease ran
     out): it may have been sent already, by that owner."""
+    missing: set[str] = attrs.field(factory=set)
+    """Members (receipt keys) of a request taken over whose input its record does not hold
+    (``BatchRecord.inputs``: a tool that keeps no raw input) and no call here has brought
+    yet: it is sent once this is empty (a call of such a member brings it,
+    ``Admission.joined``), or its members are recorded uncertain at its deadline."""
 
     @property
     def timeout_s(self) -> float:
