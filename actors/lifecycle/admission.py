@@ -369,7 +369,11 @@ class Admission:
             self.p.exits.enqueue([unit])
             self.pump(now)
             return
-        if unit.deadline is not None and not math.isinf(call.timeout_s) and now + call.timeout_s > unit.deadline:
+        if (
+            unit.deadline is not None
+            and not math.isinf(call.timeout_s)
+            and now + call.timeout_s > unit.deadline
+        ):
             unit.deadline = now + call.timeout_s
             self.s.deadlines.setdefault(call.timeout_s, []).append(unit.id)
 

@@ -261,7 +261,12 @@ class Claims:
         self.p.admission.pump(now)
 
     def _send_again(
-        self, batch: int, record: BatchRecord, member_claims: tuple[Claim, ...], asked: list[Group], now: float
+        self,
+        batch: int,
+        record: BatchRecord,
+        member_claims: tuple[Claim, ...],
+        asked: list[Group],
+        now: float,
     ) -> None:
         """A request that may have reached the provider, taken over with all its members
         (``Claim.batch``): it goes again first, exactly as recorded (a unit of those

@@ -273,7 +273,9 @@ class Finisher:
             f"the input of member(s) {absent} never came: its tool keeps no input in the store, "
             "so the request is rebuilt only from calls of every member"
         )
-        error = UncertainOutcomeError(batch_unsendable(record.key, len(record.members), why), failure_kind=None)
+        error = UncertainOutcomeError(
+            batch_unsendable(record.key, len(record.members), why), failure_kind=None
+        )
         unit.missing = set()
         self.conclude(unit, None, error, 0.0, uncertain=True)
 

@@ -92,7 +92,9 @@ def test_sqlite_refusing_a_value_over_its_size_limit_fails_the_calls_at_once(
     store._run(lambda: store._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit))  # type: ignore[attr-defined]
     sent: list[list[Any]] = []
     system = make_system([_batch_tool(sent, 10 * limit)], policy=Policy(batch_grace_s=0.05), store=store)
-    futures = system.proxy().execute_many("enrich", [{"i": i, "pad": "z" * 3000} for i in range(2)], timeout_s=60)
+    futures = system.proxy().execute_many(
+        "enrich", [{"i": i, "pad": "z" * 3000} for i in range(2)], timeout_s=60
+    )
     for future in futures:
         _refused(outcome(future, timeout=WAIT_S))
     assert sent == []

@@ -86,7 +86,9 @@ def test_a_request_without_recorded_inputs_is_rebuilt_from_the_reruns_calls(
     try:
         (key,) = provider.answers
         rerun = make_system([_tool(provider)], policy=POLICY, run_id="rerun")
-        results = [f.get(timeout=WAIT_S) for f in rerun.proxy().execute_many("b", [_input(n) for n in (3, 1, 0, 2)])]
+        results = [
+            f.get(timeout=WAIT_S) for f in rerun.proxy().execute_many("b", [_input(n) for n in (3, 1, 0, 2)])
+        ]
         assert list(provider.answers) == [key]  # the same request: replayed, not billed again
         assert [r.value for r in results] == [{"n": 3}, {"n": 1}, {"n": 0}, {"n": 2}]
         first, again = provider.payloads[key]
@@ -120,7 +122,9 @@ def test_a_request_waits_for_its_members_calls_that_come_later(make_system: Any,
         store.close()
 
 
-def test_a_request_whose_members_inputs_never_come_leaves_them_uncertain(make_system: Any, db_path: Path) -> None:
+def test_a_request_whose_members_inputs_never_come_leaves_them_uncertain(
+    make_system: Any, db_path: Path
+) -> None:
     provider = _Provider()
     store = _first_run_paid_and_lost(make_system, db_path, provider)
     try:
