@@ -252,12 +252,12 @@ class Finisher:
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
         if unit.missing:  # a request taken over whose members' inputs never all came
-            self._unsendable(unit)
+            self._unsendable(unit, now)
             return
         last = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
         self.conclude(unit, None, last if last is not None else error, now)
 
-    def _unsendable(self, unit: Unit) -> None:
+    def _unsendable(self, unit: Unit, now: float) -> None:
         """A request taken over, its record holding no inputs, whose members' calls did
         not all come with their inputs within its callers' timeout: it cannot be sent
         again as itself, so its members are recorded uncertain (as a claim records those
@@ -277,7 +277,7 @@ class Finisher:
             batch_unsendable(record.key, len(record.members), why), failure_kind=None
         )
         unit.missing = set()
-        self.conclude(unit, None, error, 0.0, uncertain=True)
+        self.conclude(unit, None, error, now, uncertain=True)
 
     def _warn_overdue(self, now: float) -> None:
         """Say, once a minute at most, that functions past their timeout still hold slots:
