@@ -60,6 +60,7 @@ from actors.tool import Policy, RunInfo, Tool
 from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
+from stores.inputs import sent_size_bytes
 from stores.keys import key_maker
 from stores.quoting import brief
 from stores.rows import INPUT_TEXT_MAX_CHARS
@@ -320,6 +321,7 @@ class Intake:
             try:
                 private = snapshot(input)
                 input_text = kept_input_text(tool, private, canonical)
+                size = sent_size_bytes(len(canonical), private, tool.non_semantic_fields)  # as make measured
             except BaseException as exc:  # an input that cannot be copied fails alone
                 if hosts_own(exc):
                     raise
@@ -333,6 +335,7 @@ class Intake:
                     key=key,
                     input_hash=input_hash,
                     input_text=input_text,
+                    input_bytes=size,
                     credential_digest=digest,
                     mode=mode,
                     stale_after_s=stale_after_s,

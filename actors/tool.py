@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from actors.checks import check_count, check_number
+from stores.inputs import MAX_INPUT_BYTES
 
 __all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
 
@@ -71,6 +72,10 @@ class BatchStrategy:
         batch_fn: the provider's batch operation, ``batch_fn(payload, ctx) -> result``;
             runs on the execution pool (a worker thread, or a greenlet under gevent).
         max_batch_size: most unique calls in one batch.
+        max_batch_bytes: most input bytes in one batch: the sum of its members' canonical
+            JSON inputs (RFC 8785, UTF-8), default 32 MiB (``stores.MAX_INPUT_BYTES``, the
+            cap of one call's input). Members past it go in the next batch; a member
+            larger than it goes alone.
         build: ``build(inputs) -> payload``; default the list of inputs.
         split: ``split(result, n) -> list of n results`` in member order; default
             expects the result to be that list. A member result that is an Exception
@@ -84,6 +89,7 @@ class BatchStrategy:
 
     batch_fn: Callable[[Any, Any], Any]
     max_batch_size: int
+    max_batch_bytes: int = MAX_INPUT_BYTES
     build: Callable[[list[Any]], Any] = list
     split: Callable[[Any, int], Sequence[Any]] = _split_list
     batch_operation: str = ""
@@ -92,6 +98,7 @@ class BatchStrategy:
 
     def __attrs_post_init__(self) -> None:
         check_count("BatchStrategy.max_batch_size", self.max_batch_size)
+        check_count("BatchStrategy.max_batch_bytes", self.max_batch_bytes)
 
 
 @attrs.frozen(kw_only=True)

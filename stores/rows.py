@@ -169,7 +169,8 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
 
 def batch_row(record: BatchRecord) -> tuple[str, str, str]:
     """(batch_key, tool_id, members text) of a batch record as every backend stores it:
-    ``members`` is a JSON array of ``[receipt key, input text]`` in the request's order."""
+    ``members`` is a JSON array of ``[receipt key, input text]`` in the request's order
+    (``null`` for an input not recorded)."""
     members = orjson.dumps([[k, text] for k, text in zip(record.members, record.inputs, strict=True)])
     return record.key, record.tool_id, members.decode()
 

@@ -289,9 +289,12 @@ class BatchRecord:
     """The tool whose request it is."""
     members: tuple[str, ...]
     """The members' receipt keys, in the request's order (distinct)."""
-    inputs: tuple[str, ...]
+    inputs: tuple[str | None, ...]
     """Each member's input as sent, in the same order, as
-    :func:`stores.codec.encode_output` writes JSON (dict order kept)."""
+    :func:`stores.codec.encode_output` writes JSON (dict order kept); None for a member
+    whose tool keeps no raw input in the store (``Tool.keep_input`` not True): the request
+    is then rebuilt from the inputs of the calls that take it over, which match the input
+    hash on that member's receipt."""
 
     def __attrs_post_init__(self) -> None:
         if len(self.members) != len(self.inputs) or not self.members:

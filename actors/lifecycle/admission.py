@@ -342,6 +342,9 @@ class Admission:
         if group is not None:
             self.p.waits.waiting_joined(group, call, now)  # a wait (another owner, a reconcile hook) too
         unit = group.unit if group is not None else None
+        if group is not None and unit is not None and unit.missing:
+            self._brought(unit, group, call, now)
+            return
         if unit is None or unit.deadline is None or unit.sent_first_at is None or math.isinf(call.timeout_s):
             return  # not sent (yet, or again): its next send arms a timer for every caller's timeout
         call.timed_from = max(unit.sent_first_at, call.submitted_at)
@@ -351,6 +354,28 @@ class Admission:
             unit.deadline = own
             if unit.ticket is not None:  # its worker, not yet sending, sends for it too
                 unit.ticket.deadline = own
+
+    def _brought(self, unit: Unit, group: Group, call: Call, now: float) -> None:
+        """A call joined a member of a request taken over that waits for its members'
+        inputs (``Unit.missing``): one of its input hash is that member's input; the
+        request goes once every input is at hand. It waits as long as its latest caller."""
+        if group.key in unit.missing and call.input_hash == group.input_hash:
+            group.input = call.input
+            group.input_known = True
+            unit.missing.discard(group.key)
+        if not unit.missing:
+            unit.deadline = None  # set again at its first send
+            self.fx.count("requests_resent")
+            self.p.exits.enqueue([unit])
+            self.pump(now)
+            return
+        if (
+            unit.deadline is not None
+            and not math.isinf(call.timeout_s)
+            and now + call.timeout_s > unit.deadline
+        ):
+            unit.deadline = now + call.timeout_s
+            self.s.deadlines.setdefault(call.timeout_s, []).append(unit.id)
 
     def nested_joined(self, key: str) -> None:
         """A nested call joined a group (or waits behind it: another mode of its key)

@@ -151,12 +151,17 @@ def recorded_input(value: Any) -> str:
 def batch_record(unit: Unit) -> BatchRecord:
     """The request ``unit`` (of a batch tool) is about to send, as its store records it
     before it goes (``mark_running_many(batches=...)``): its members in the canonical
-    order (``unit.groups`` sorted in place), its key, their inputs."""
+    order (``unit.groups`` sorted in place), its key, their inputs. A tool that keeps no
+    raw input in the store (``Tool.keep_input`` not True) has none recorded (None each):
+    a takeover rebuilds the request from its own calls' inputs (their input hashes are
+    on the members' receipts)."""
     key = _canonical_key(unit)
     groups = unit.groups
+    tool = groups[0].tool
+    kept = tool.keep_input is True
     return BatchRecord(
-        key=key, tool_id=groups[0].tool.tool_id, members=tuple(g.key for g in groups),
-        inputs=tuple(recorded_input(g.input) for g in groups),
+        key=key, tool_id=tool.tool_id, members=tuple(g.key for g in groups),
+        inputs=tuple(recorded_input(g.input) if kept else None for g in groups),
     )  # fmt: skip
 
 

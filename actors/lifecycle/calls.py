@@ -90,6 +90,9 @@ class Call:
     one already sent); a call queued again (credentials changed) keeps only what is left."""
     input_text: str | None = None
     """What its receipt keeps of the input (``Tool.keep_input``; None: nothing to say)."""
+    input_bytes: int = 0
+    """The size of its canonical input (RFC 8785 JSON, UTF-8), bytes: what it adds to a
+    batch (``BatchStrategy.max_batch_bytes``)."""
 
 
 class Reread(enum.Enum):
@@ -169,6 +172,11 @@ class Group:
     (:meth:`actors.queue.memo.Memo.owe`)."""
     input_text: str | None = None
     """What its receipt keeps of the input (the owner's ``Call.input_text``)."""
+    input_bytes: int = 0
+    """The owner's ``Call.input_bytes`` (0: not known, a member riding along)."""
+    input_known: bool = True
+    """:attr:`input` is a call's input (False: a member riding along in a request taken
+    over whose record holds no input, until a call of it brings one)."""
     slotted: bool = False
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
@@ -185,7 +193,7 @@ class Group:
             key=call.key, tool=call.tool, input=call.input, input_hash=call.input_hash,
             credential_digest=call.credential_digest, stale_after_s=call.stale_after_s,
             calls=[call], mode=call.mode, nested=call.nested, ancestors=call.ancestors,
-            input_text=call.input_text,
+            input_text=call.input_text, input_bytes=call.input_bytes,
         )  # fmt: skip
 
     def join(self, call: Call, role: Role) -> None:
@@ -288,6 +296,11 @@ class Unit:
     taken_over: bool = False
     """Its request was recorded by an owner that was lost (crashed, or its lease ran
     out): it may have been sent already, by that owner."""
+    missing: set[str] = attrs.field(factory=set)
+    """Members (receipt keys) of a request taken over whose input its record does not hold
+    (``BatchRecord.inputs``: a tool that keeps no raw input) and no call here has brought
+    yet: it is sent once this is empty (a call of such a member brings it,
+    ``Admission.joined``), or its members are recorded uncertain at its deadline."""
 
     @property
     def timeout_s(self) -> float:

@@ -12,6 +12,7 @@ so the same claim sent again after its first attempt committed is answered ``cla
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -231,7 +232,7 @@ class Claims:
                     waiting.append(group)
         self.fx.count("receipts_created", created)  # once per claim (a count takes a lock)
         for record, member_claims, asked in resent.values():
-            self._send_again(batch, record, member_claims, asked)
+            self._send_again(batch, record, member_claims, asked, now)
         if claimed or started:
             leases = [lease for g in (*claimed, *started) if (lease := g.lease) is not None]
             self.fx.beat(batch, leases)
@@ -260,19 +261,32 @@ class Claims:
         self.p.admission.pump(now)
 
     def _send_again(
-        self, batch: int, record: BatchRecord, member_claims: tuple[Claim, ...], asked: list[Group]
+        self,
+        batch: int,
+        record: BatchRecord,
+        member_claims: tuple[Claim, ...],
+        asked: list[Group],
+        now: float,
     ) -> None:
         """A request that may have reached the provider, taken over with all its members
         (``Claim.batch``): it goes again first, exactly as recorded (a unit of those
         members, in that order, under that key), before anything else is done with them.
         A member no caller here asked for rides along (its output is stored for the next
         caller); nobody left waiting, or a stop: every member is given back (pending, the
-        record kept for the next claim)."""
+        record kept for the next claim). A member whose input the record does not hold (a
+        tool that keeps no raw input) takes it from a call of it here whose input hash is
+        its receipt's; until every such input is at hand the request waits (``Unit.missing``)
+        for its callers' timeout, then its members are recorded uncertain."""
         mine = {g.key: g for g in asked}
         template = asked[0]
         groups: list[Group] = []
+        missing: set[str] = set()
         for text, claim in zip(record.inputs, member_claims, strict=True):
             receipt = claim.receipt
+            if text is None:  # not recorded: a call of it here brings it, or none has yet
+                source = mine.get(receipt.key) or self.s.groups.get(receipt.key)
+                if source is None or source.input_hash != receipt.input_hash or not source.input_known:
+                    missing.add(receipt.key)
             group = mine.get(receipt.key)
             if group is None:  # not asked for here: it rides along, callerless
                 group = Group(
@@ -284,7 +298,12 @@ class Claims:
                 group.state = GroupState.CLAIMED
                 group.receipt = receipt
                 self.s.groups.setdefault(receipt.key, group)  # later calls of it attach
-            group.input = recorded_value(text)  # exactly what the request carried
+            if text is not None:
+                group.input = recorded_value(text)  # exactly what the request carried
+            elif receipt.key in missing:
+                group.input_known = False
+            elif group is not mine.get(receipt.key):
+                group.input = self.s.groups[receipt.key].input  # a call of it here, same input hash
             groups.append(group)
         leases = [lease for g in groups if (lease := g.lease) is not None]
         self.fx.beat(batch, leases)
@@ -300,6 +319,13 @@ class Claims:
             if self.s.stopping:
                 self.fx.count("cancelled", sum(len(g.calls) for g in groups))
             self.p.exits.give_back(unit, CallCancelledError("the call was cancelled before it was sent"))
+            return
+        if missing:  # rebuilt once the calls of those members bring their inputs
+            unit.missing = missing
+            timeout_s = unit.timeout_s
+            if not math.isinf(timeout_s):
+                unit.deadline = now + timeout_s
+                self.s.deadlines.setdefault(timeout_s, []).append(unit.id)
             return
         self.fx.count("requests_resent")
         self.p.exits.enqueue([unit])

@@ -29,7 +29,7 @@ from actors.results import ToolResult
 from stores.codec import decode_output, encode_output
 from stores.types import ClaimMode, FailureKind, Receipt
 
-__all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Exits", "TooLarge"]
+__all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Exits", "TooLarge", "batches_of"]
 
 RELEASE_ON = (
     SuspendedError,
@@ -45,6 +45,25 @@ PERSIST_BATCH = 500
 """Most outputs held back for one flusher request while more messages are waiting."""
 
 
+def batches_of(groups: list[Group], size: int, budget: int) -> list[list[Group]]:
+    """``groups`` cut, in order, into runs of at most ``size`` members whose inputs sum
+    to at most ``budget`` bytes (``Group.input_bytes``; ``budget`` 0: no byte limit). A
+    member larger than ``budget`` alone makes a run of its own (its call's input is
+    already held to the input cap)."""
+    out: list[list[Group]] = []
+    run: list[Group] = []
+    held = 0
+    for group in groups:
+        if run and (len(run) >= size or (budget and held + group.input_bytes > budget)):
+            out.append(run)
+            run, held = [], 0
+        run.append(group)
+        held += group.input_bytes
+    if run:
+        out.append(run)
+    return out
+
+
 class Exits:
     """Exit actions, unit building and the admission queues (a part of
     :class:`actors.lifecycle.machine.Lifecycle`, sharing its :class:`~actors.lifecycle.shared.Shared`)."""
@@ -57,13 +76,16 @@ class Exits:
         self.fx = s.fx
 
     def compile(self, groups: list[Group]) -> list[Unit]:
+        """Units of ``groups``: one each, or for a batch tool batches of at most
+        ``max_batch_size`` members and ``max_batch_bytes`` of input (:func:`batches_of`)."""
         batch = self.tool.batch
         size = batch.max_batch_size if batch is not None else 1
+        budget = batch.max_batch_bytes if batch is not None else 0
         out: list[Unit] = []
         for exempt in (False, True):
             chosen = [g for g in groups if g.nested is exempt]
-            for i in range(0, len(chosen), size):
-                unit = Unit(next(self.s.ids), chosen[i : i + size], exempt=exempt)
+            for members in batches_of(chosen, size, budget):
+                unit = Unit(next(self.s.ids), members, exempt=exempt)
                 for group in unit.groups:
                     group.unit = unit
                     group.state = GroupState.CLAIMED

@@ -16,11 +16,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from actors.errors import (
+    CallCancelledError,
     NotSentError,
     ProviderUnreachableError,
     RateLimitedError,
     StoreError,
     ToolTimeoutError,
+    UncertainOutcomeError,
     attr_of,
     is_a,
 )
@@ -29,6 +31,7 @@ from actors.lifecycle.calls import Group, GroupState, Role, Unit
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.messages import RetryDue, UnitFinished
+from stores.claims import batch_unsendable
 
 __all__ = ["Finisher"]
 
@@ -248,8 +251,33 @@ class Finisher:
             return
         if unit.slot or unit.queued:
             return  # admitted again; checked before it is sent
+        if unit.missing:  # a request taken over whose members' inputs never all came
+            self._unsendable(unit, now)
+            return
         last = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)
         self.conclude(unit, None, last if last is not None else error, now)
+
+    def _unsendable(self, unit: Unit, now: float) -> None:
+        """A request taken over, its record holding no inputs, whose members' calls did
+        not all come with their inputs within its callers' timeout: it cannot be sent
+        again as itself, so its members are recorded uncertain (as a claim records those
+        of a request it cannot rebuild, ``stores.claims.batch_unsendable``)."""
+        record = unit.record
+        assert record is not None
+        if not any(g.calls for g in unit.groups):  # nobody waits: given back, the record kept
+            unit.missing = set()
+            self.p.exits.give_back(unit, CallCancelledError("the call was cancelled before it was sent"))
+            return
+        absent = ", ".join(sorted(k[:16] for k in unit.missing))
+        why = (
+            f"the input of member(s) {absent} never came: its tool keeps no input in the store, "
+            "so the request is rebuilt only from calls of every member"
+        )
+        error = UncertainOutcomeError(
+            batch_unsendable(record.key, len(record.members), why), failure_kind=None
+        )
+        unit.missing = set()
+        self.conclude(unit, None, error, now, uncertain=True)
 
     def _warn_overdue(self, now: float) -> None:
         """Say, once a minute at most, that functions past their timeout still hold slots:
@@ -300,9 +328,15 @@ class Finisher:
                 self.fx.answer(call, self.p.exits.outcome_for(call, group, group.written))
 
     def conclude(
-        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+        self,
+        unit: Unit,
+        members: list[Any] | None,
+        error: BaseException | None,
+        now: float,
+        uncertain: bool = False,
     ) -> None:
-        """The unit's last attempt is over: persist values, record or release the rest."""
+        """The unit's last attempt is over: persist values, record or release the rest
+        (``uncertain``: failures are recorded uncertain whatever the tool)."""
         for queue in (self.s.pending, self.s.pending_exempt):
             if unit.queued and unit in queue:
                 queue.remove(unit)
@@ -331,6 +365,6 @@ class Finisher:
         if values:
             self.p.persister.persist(values)
         if failed:
-            self.p.persister.fail(failed)
+            self.p.persister.fail(failed, uncertain=uncertain)
         if unit.persisting == 0:
             self.p.exits.leave(unit)

@@ -102,9 +102,14 @@ class Persister:
         if refused:
             self.fail(refused, counted=False)
 
-    def fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None:
+    def fail(
+        self, failed: list[tuple[Group, BaseException]], counted: bool = True, uncertain: bool = False
+    ) -> None:
+        """Record ``failed`` (group, error): uncertain when the tool may have acted
+        (``failure_record.may_have_acted``) or ``uncertain`` says so, else failed; errors
+        that release (not sent, suspended) give the receipt back instead."""
         records: list[Failure] = []
-        uncertain: list[Failure] = []
+        unsure: list[Failure] = []
         released: list[Group] = []
         outcome: dict[str, BaseException] = {}
         for group, exc in failed:
@@ -124,13 +129,13 @@ class Persister:
             record = Failure(
                 group.key, group.receipt.lease_id or "", *failure_record(exc, relayed, self.fx.salvage_path())
             )
-            (uncertain if may_have_acted(self.tool, exc, relayed) else records).append(record)
+            (unsure if uncertain or may_have_acted(self.tool, exc, relayed) else records).append(record)
             group.state = GroupState.PERSISTING
             group.written = exc
         for group in released:
             exc = outcome[group.key]
             self.p.exits.release_group(group, exc, lease_lost=is_a(exc, LeaseLostError))
-        for chosen, is_uncertain in ((records, False), (uncertain, True)):
+        for chosen, is_uncertain in ((records, False), (unsure, True)):
             if chosen:
                 batch = next(self.s.ids)
                 keys = {r.key for r in chosen}

@@ -163,7 +163,12 @@ class FinisherPart(Protocol):
     (:class:`~actors.lifecycle.finishing.Finisher`)."""
 
     def conclude(
-        self, unit: Unit, members: list[Any] | None, error: BaseException | None, now: float
+        self,
+        unit: Unit,
+        members: list[Any] | None,
+        error: BaseException | None,
+        now: float,
+        uncertain: bool = False,
     ) -> None: ...
 
 
@@ -171,7 +176,9 @@ class PersisterPart(Protocol):
     """Outputs and failure records to the store (:class:`~actors.lifecycle.persisting.Persister`)."""
 
     def persist(self, values: list[tuple[Group, str]]) -> None: ...
-    def fail(self, failed: list[tuple[Group, BaseException]], counted: bool = True) -> None: ...
+    def fail(
+        self, failed: list[tuple[Group, BaseException]], counted: bool = True, uncertain: bool = False
+    ) -> None: ...
 
 
 class Parts:

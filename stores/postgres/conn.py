@@ -4,7 +4,9 @@ psycopg_pool pool, and the mapping of driver errors onto the store's error tree.
 Driver errors: a lost or refused connection (``psycopg.OperationalError``, which
 includes a terminated backend and a detected deadlock) and a pool that hands out no
 connection in time are :class:`~stores.errors.StoreUnavailableError`; anything else
-psycopg raises is :class:`~stores.errors.StoreError`.
+psycopg raises is :class:`~stores.errors.StoreError`, as is an ``OperationalError`` that
+is the server refusing what it was sent (:func:`refused`: a value over a size limit),
+which no retry would change.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, TypeVar
 from stores.errors import StoreError, StoreUnavailableError
 from stores.postgres.schema import migrate, quote_ident
 
-__all__ = ["PgConnections", "is_postgres_url", "split_schema"]
+__all__ = ["PgConnections", "is_postgres_url", "refused", "split_schema", "store_error"]
 
 T = TypeVar("T")
 
@@ -69,6 +71,34 @@ def _readable(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a driver error is the server refusing what it was sent, not an outage: a
+    program limit (SQLSTATE class 54: a value, string, message buffer or index row over
+    its size limit; Postgres holds a text value to 1 GB) or a message it would not take
+    (08P01, protocol violation: a message over its size limit). The same statement fails
+    the same way every time."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return state.startswith("54") or state == "08P01"
+
+
+def store_error(where: str, exc: BaseException) -> StoreError:
+    """The store's error for a driver error ``exc`` of ``where`` (the store's address):
+    :class:`~stores.errors.StoreUnavailableError` for a lost or refused connection, a
+    :class:`~stores.errors.StoreError` saying so for a value the server refused
+    (:func:`refused`), else a :class:`~stores.errors.StoreError`."""
+    import psycopg
+
+    text = f"{type(exc).__name__}: {exc}".rstrip()
+    if refused(exc):
+        return StoreError(
+            f"{where}: the server refused what was sent, over one of its size limits (not an "
+            f"outage: not tried again): {text}"
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return StoreUnavailableError(f"{where}: {text}")
+    return StoreError(f"{where}: {text}")
 
 
 class PgConnections:
@@ -222,10 +252,8 @@ class PgConnections:
                     return fn(conn)
         except PoolTimeout as exc:
             raise StoreUnavailableError(f"{self.where}: no connection within {self.timeout_s:g} s") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailableError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
         except psycopg.Error as exc:
-            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+            raise store_error(self.where, exc) from exc
 
     def execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
         """Run one statement; all its rows (a statement without rows: its row count)."""

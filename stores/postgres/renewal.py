@@ -13,7 +13,8 @@ import copy
 import threading
 from typing import Any
 
-from stores.errors import StoreError, StoreUnavailableError
+from stores.errors import StoreError
+from stores.postgres.conn import store_error
 
 __all__ = ["OneConnection", "renewal_copy"]
 
@@ -51,11 +52,10 @@ class OneConnection:
                 self._conn = psycopg.connect(self.url, autocommit=True, **self.connect_kwargs)
             cur = self._conn.execute(query, params)
             return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
-        except psycopg.OperationalError as exc:
-            self._drop()
-            raise StoreUnavailableError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
         except psycopg.Error as exc:
-            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}".rstrip()) from exc
+            if isinstance(exc, psycopg.OperationalError):
+                self._drop()
+            raise store_error(self.where, exc) from exc
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -74,6 +74,30 @@ may answer an ordinary claim)."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
 
 
+RECORDS_MAX_BYTES = 64 * 1024 * 1024
+"""Most batch-record text (``members``, characters) one insert statement carries: the
+records go in one array parameter, and Postgres holds any value, an array too, to 1 GB
+(a batch is held to ``BatchStrategy.max_batch_bytes`` of input, but many are marked at
+once)."""
+
+
+def _by_bytes(rows: list[tuple[str, str, str]], budget: int) -> list[list[tuple[str, str, str]]]:
+    """``rows`` (batch key, tool, members text) in order, cut into runs whose members
+    texts sum to at most ``budget`` characters (a longer one alone)."""
+    out: list[list[tuple[str, str, str]]] = []
+    run: list[tuple[str, str, str]] = []
+    held = 0
+    for row in rows:
+        if run and held + len(row[2]) > budget:
+            out.append(run)
+            run, held = [], 0
+        run.append(row)
+        held += len(row[2])
+    if run:
+        out.append(run)
+    return out
+
+
 class PostgresReceiptStore(FencedWrites, ReceiptStore):
     """Receipt store in a Postgres database (one schema).
 
@@ -434,13 +458,14 @@ class PostgresReceiptStore(FencedWrites, ReceiptStore):
         done = {row[1] for row in rows if row[0]}
         whole = [record for record in batches if done.issuperset(record.members)]
         if whole:
-            keys, tools, members = (list(c) for c in zip(*(batch_row(r) for r in whole), strict=True))
             ((now,),) = conn.execute(self._sql.now, {"now": self._now()}).fetchall()
             org = params["org"]
-            conn.execute(
-                self._sql.insert_batches,
-                {"org": org, "now": now, "keys": keys, "tools": tools, "members": members},
-            )
+            for chunk in _by_bytes([batch_row(r) for r in whole], RECORDS_MAX_BYTES):
+                keys, tools, members = (list(c) for c in zip(*chunk, strict=True))
+                conn.execute(
+                    self._sql.insert_batches,
+                    {"org": org, "now": now, "keys": keys, "tools": tools, "members": members},
+                )
             pairs = [(member, record.key) for record in whole for member in record.members]
             conn.execute(
                 self._sql.set_batch_keys,

@@ -5,10 +5,25 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from stores.errors import StoreCorruptError, StoreUnavailableError
+from stores.errors import StoreCorruptError, StoreError, StoreUnavailableError
 from stores.sqlite.schema import enable_wal, migrate
 
-__all__ = ["bound_wal", "open_connection"]
+__all__ = ["bound_wal", "open_connection", "store_error"]
+
+_TOOBIG = 18
+"""SQLite's SQLITE_TOOBIG: a string or blob over its length limit (1 GB by default)."""
+
+
+def store_error(path: str, exc: BaseException) -> StoreError:
+    """The store's error for an ``sqlite3`` error ``exc`` of the file ``path``: a
+    :class:`~stores.errors.StoreError` naming it; for a value over SQLite's size limit
+    ("string or blob too big"), one saying the same write fails the same way again."""
+    text = f"{type(exc).__name__}: {exc}"
+    if getattr(exc, "sqlite_errorcode", None) == _TOOBIG or "too big" in str(exc):
+        return StoreError(
+            f"{path}: SQLite refused a value over its size limit (not an outage: not tried again): {text}"
+        )
+    return StoreError(f"{path}: {text}")
 
 
 def open_connection(path: str, busy_timeout_s: float, wal_size_limit_bytes: int) -> sqlite3.Connection:

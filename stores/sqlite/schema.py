@@ -39,7 +39,8 @@ counts purges that deleted receipts. ``output`` holds text from
 Table ``batches`` (v4): what each request of a batch tool carried, written with its
 members' ``running`` mark before it is sent (``stores.types.BatchRecord``): ``org_id``
 and ``batch_key`` (its Idempotency-Key; the primary key), ``tool_id``, ``members`` (a
-JSON array of ``[receipt key, input text]`` in the request's order) and ``created_at``.
+JSON array of ``[receipt key, input text]`` in the request's order; the input text is
+``null`` for a tool that keeps no raw input) and ``created_at``.
 A purge deletes the records no receipt still in flight names.
 
 The schema version is SQLite's ``PRAGMA user_version``. Migrations run inside

@@ -27,7 +27,7 @@ from stores.errors import StoreError
 from stores.fenced import FencedWrites, FenceItem, refusal
 from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
 from stores.rules import resolved_as_failed
-from stores.sqlite.conn import bound_wal, open_connection
+from stores.sqlite.conn import bound_wal, open_connection, store_error
 from stores.sqlite.offload import BlockingRunner
 from stores.sqlite.schema import rollback
 from stores.sqlite.sql import (
@@ -216,7 +216,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         try:
             return self._run(fn, *args)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+            raise store_error(self.path, exc) from exc
 
     # -- reads ------------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         try:
             return self._read_run(run)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+            raise store_error(self.path, exc) from exc
 
     # -- claims -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from stores.base import FENCED_WRITES, Outcome
 from stores.errors import StoreError
+from stores.sqlite.conn import store_error
 
 __all__ = ["TOGETHER", "WritesTogether"]
 
@@ -36,6 +37,7 @@ class WritesTogether:
 
     _together = False
     _undo_failed = False
+    path: str
     _call: Callable[..., Any]
     _write: Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
 
@@ -73,7 +75,8 @@ class WritesTogether:
                         # could not be undone alone (then none of it may be committed)
                         if not conn.in_transaction or self._undo_failed:
                             raise
-                        outcomes.append((None, exc))
+                        error = store_error(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
+                        outcomes.append((None, error))
             finally:
                 self._together = False
         return outcomes

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from actors import InvalidInputError, Tool
+from actors import BatchStrategy, InvalidInputError, Tool
 
 from ..conftest import WAIT_S, outcome
 
@@ -42,22 +42,39 @@ def test_receipt_keeps_the_canonical_input_of_a_completed_and_a_failed_call(
     assert failed.input_text == '{"email":"bad@example.com"}'
 
 
+def _verify_many(payload: list[Any], ctx: Any) -> list[Any]:
+    out: list[Any] = []
+    for input in payload:
+        try:
+            out.append(_verify(input, ctx))
+        except ValueError as exc:
+            out.append(exc)
+    return out
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch"])
 @pytest.mark.parametrize(
     ("keep", "kept"), [(_masked, "a…@example.com"), (False, "")], ids=["digest", "nothing"]
 )
 def test_tool_that_keeps_no_input_stores_its_digest_or_nothing(
-    make_system: Any, read_receipts: Any, db_path: Path, keep: Any, kept: str
+    make_system: Any, read_receipts: Any, db_path: Path, keep: Any, kept: str, batched: bool
 ) -> None:
-    system = make_system([Tool(tool_id="verify", fn=_verify, provider="mail", keep_input=keep)])
+    # a batch tool's requests are recorded before they are sent (stores.BatchRecord): for
+    # such a tool without the members' inputs, alone or in a batch
+    batch = BatchStrategy(batch_fn=_verify_many, max_batch_size=10) if batched else None
+    system = make_system([Tool(tool_id="verify", fn=_verify, provider="mail", keep_input=keep, batch=batch)])
     proxy = system.proxy()
     result = proxy.execute("verify", {"email": "ada.lovelace@example.com"}).get(timeout=WAIT_S)
     with pytest.raises(Exception, match="mailbox does not exist"):
         proxy.execute("verify", {"email": "bad.address@example.com"}).get(timeout=WAIT_S)
+    many = proxy.execute_many("verify", [{"email": f"grace.hopper{i}@example.com"} for i in range(3)])
+    assert [f.get(timeout=WAIT_S).value for f in many] == [{"valid": True}] * 3
     (receipt,) = read_receipts([result.receipt_key])
     assert receipt is not None and receipt.input_text == kept
     system.stop(timeout_s=WAIT_S)
     stored = b"".join(p.read_bytes() for p in db_path.parent.glob(f"{db_path.name}*"))
     assert b"ada.lovelace" not in stored and b"bad.address" not in stored  # nowhere in the file (nor its WAL)
+    assert b"grace.hopper" not in stored
 
 
 @pytest.mark.parametrize(
