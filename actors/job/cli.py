@@ -214,7 +214,10 @@ def _run(
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
             interrupts.system = system
             ctx = PlayContext(
-                system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally,
+                system.proxy(),
+                force_refresh=force_refresh,
+                retry_failed=retry_failed,
+                tally=tally,
                 tools=play.tools,
             )
             total = _count_rows(input_path)

@@ -16,17 +16,15 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
-import threading
-
 import attrs
-
-from stores import canonical_json
 
 from actors.errors import CallCancelledError, DispatchError, is_a
 from actors.job.rows import InputError, RowError, read_rows
+from stores import canonical_json
 
 __all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
 
