@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from stores.base import MAX_OUTPUT_BYTES, Clock, ReceiptStore, StoreCapabilities
 from stores.codec import UnreadableOutput, decode_output, encode_output, salvage_form, validate_output
-from stores.dispositions import decide_disposition, next_generation, serves_last_good
+from stores.dispositions import REFRESH_LOST, decide_disposition, next_generation, serves_last_good
 from stores.errors import (
     InputTooLargeError,
     InvalidInputError,
@@ -99,6 +99,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_INPUT_BYTES",
     "MAX_OUTPUT_BYTES",
+    "REFRESH_LOST",
     "BatchRecord",
     "Claim",
     "ClaimDisposition",

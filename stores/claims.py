@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from stores.dispositions import (
+    REFRESH_LOST,
     decide_disposition,
     keeps_batch,
     lost_lease_status,
@@ -71,7 +72,8 @@ class ClaimPlan:
     else cleared; an ``input_text`` of None keeps the row's; ``batch_key`` is kept with
     the generation, else cleared."""
     restored: list[str] = attrs.Factory(list)
-    """Keys of lost refreshes to set ``completed`` with no lease (status, lease fields)."""
+    """Keys of lost refreshes to set ``completed`` with no lease (status, lease fields),
+    ``error`` :data:`~stores.dispositions.REFRESH_LOST`, generation and ``batch_key`` kept."""
     lost: list[tuple[str, str]] = attrs.Factory(list)
     """(key, error) to set ``uncertain`` (no lease expiry): :data:`LOST_WHILE_RUNNING`,
     or why its batch request cannot be sent again (:func:`batch_unsendable`)."""
@@ -247,7 +249,9 @@ class _Planner:
         gone = holder_gone(old, self.now, self.seen)
         after = lost_lease_status(old, self.now, holder_gone=gone, retry_safe=retry_safe)
         if after is ReceiptStatus.COMPLETED:  # a lost refresh: its previous output stands
-            old = attrs.evolve(old, status=ReceiptStatus.COMPLETED, updated_at=self.now, **NO_LEASE)
+            old = attrs.evolve(
+                old, status=ReceiptStatus.COMPLETED, error=REFRESH_LOST, updated_at=self.now, **NO_LEASE
+            )
             self.plan.restored.append(key)
         elif after is ReceiptStatus.UNCERTAIN:  # answered REUSED when it holds a last good output
             old = self.uncertain(old, LOST_WHILE_RUNNING)

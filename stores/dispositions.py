@@ -5,7 +5,23 @@ from __future__ import annotations
 
 from stores.types import ClaimDisposition, ClaimMode, FailureKind, Receipt, ReceiptStatus
 
-__all__ = ["decide_disposition", "keeps_batch", "lost_lease_status", "next_generation", "serves_last_good"]
+__all__ = [
+    "REFRESH_LOST",
+    "decide_disposition",
+    "keeps_batch",
+    "lost_lease_status",
+    "next_generation",
+    "serves_last_good",
+]
+
+REFRESH_LOST = (
+    "a refresh of this receipt was lost (its owner gone) after its request may have been sent: "
+    "the last good output stands, and the next refresh sends that request again under its key"
+)
+"""The ``error`` a lost refresh's receipt is restored ``completed`` with (its last good
+output, the lost refresh's generation and batch request kept): the next claim that runs
+it keeps that generation, so the provider sees the lost request's idempotency key again
+(:func:`next_generation`). A claim clears it."""
 
 _IN_FLIGHT = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING)
 _HOLDING = (ReceiptStatus.QUEUED, ReceiptStatus.RUNNING, ReceiptStatus.UNCERTAIN)
@@ -131,10 +147,13 @@ def next_generation(receipt: Receipt | None) -> int:
     receipt, +1 after a completion (forced or stale re-run) or a recorded failure, else
     unchanged (a lost owner's lease taken over, a released or resolved receipt, a
     failure of kind ``timeout``: no answer came to a request that may have reached the
-    provider, so the next attempt asks under the same idempotency key)."""
+    provider, so the next attempt asks under the same idempotency key; a completed
+    receipt restored after a lost refresh, :data:`REFRESH_LOST`, likewise)."""
     if receipt is None:
         return 1
     status = receipt.status
+    if status is ReceiptStatus.COMPLETED and receipt.error == REFRESH_LOST:
+        return receipt.generation
     if status is ReceiptStatus.COMPLETED or (
         status is ReceiptStatus.FAILED and receipt.failure_kind is not FailureKind.TIMEOUT
     ):

@@ -220,7 +220,11 @@ def _run(
         with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
             interrupts.attach(system)  # a signal from now on stops it: nothing unsent goes out
             ctx = PlayContext(
-                system.proxy(), force_refresh=force_refresh, retry_failed=retry_failed, tally=tally
+                system.proxy(),
+                force_refresh=force_refresh,
+                retry_failed=retry_failed,
+                tally=tally,
+                tools=play.tools,
             )
             total = _count_rows(input_path)
             if total is not None and shard is not None:

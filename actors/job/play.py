@@ -24,6 +24,7 @@ import attrs
 
 from actors.errors import CallCancelledError, DispatchError, InvalidInputError, is_a
 from actors.job.rows import InputError, RowError, read_rows
+from stores import canonical_json
 
 __all__ = ["InputError", "Play", "PlayContext", "PlayLoadError", "RowError", "load_play", "read_rows"]
 
@@ -95,9 +96,14 @@ class PlayContext:
 
     Args:
         proxy: the dispatch system's proxy.
-        force_refresh / retry_failed: applied to every call.
+        force_refresh / retry_failed: applied to every call. A forced refresh pays for each
+            distinct call once per run: once a forced call of an input has returned, later
+            calls of it in this run are made without ``force_refresh`` and take that fresh
+            output (calls made while it runs join it); a failed one is forced again.
         timeout_s: how long one row waits for one call, seconds.
         tally: counts each call's outcome for the report (see :mod:`._tally`), or None.
+        tools: the play's tools; their ``non_semantic_fields`` are left out when calls are
+            matched as the same input (as their receipt keys leave them out).
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class PlayContext:
         retry_failed: bool = False,
         timeout_s: float = 3600.0,
         tally: Any = None,
+        tools: Any = (),
     ) -> None:
         self.proxy = proxy
         self.force_refresh = force_refresh
@@ -115,6 +122,9 @@ class PlayContext:
         self.timeout_s = timeout_s
         self.tally = tally
         self._row = threading.local()
+        self._ignored = {tool.tool_id: tool.non_semantic_fields for tool in tools}
+        self._refreshed: set[tuple[str, str]] = set()  # (tool id, input) forced and returned
+        self._refreshed_lock = threading.Lock()
 
     def start_row(self) -> None:
         """A row begins on this thread (greenlet): :meth:`cancelled_in_row` is False again."""
@@ -125,9 +135,28 @@ class PlayContext:
         (``CallCancelledError``: a stop refused it), even if the play caught the error."""
         return bool(getattr(self._row, "cancelled", False))
 
+    def _same_call(self, tool_id: str, input: Any) -> tuple[str, str] | None:
+        """What identifies ``input``'s call of ``tool_id`` in this run (its canonical JSON,
+        the tool's non-semantic fields left out), or None when it is not JSON (the call
+        then fails on its own)."""
+        ignored = self._ignored.get(tool_id)
+        if ignored and isinstance(input, dict):
+            input = {k: v for k, v in input.items() if k not in ignored}
+        try:
+            return tool_id, canonical_json(input)
+        except Exception:
+            return None
+
     def tool(self, tool_id: str, input: Any, **options: Any) -> Any:
         """Run a tool and return its value; raises the call's error. Blocks this row only."""
-        options.setdefault("force_refresh", self.force_refresh)
+        same = None
+        if "force_refresh" not in options and self.force_refresh:
+            same = self._same_call(tool_id, input)
+            with self._refreshed_lock:
+                refreshed = same is not None and same in self._refreshed
+            options["force_refresh"] = not refreshed
+            if refreshed:
+                same = None
         options.setdefault("retry_failed", self.retry_failed)
         try:
             result = self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s)
@@ -142,6 +171,9 @@ class PlayContext:
                 else:
                     self.tally.record_error(tool_id)
             raise
+        if same is not None:  # refreshed: the rest of the run takes this output
+            with self._refreshed_lock:
+                self._refreshed.add(same)
         if self.tally is not None:
             self.tally.record(tool_id, result)
         return result.value

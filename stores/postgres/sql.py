@@ -24,8 +24,12 @@ call costs one round trip whatever its size. The rules every statement keeps:
 
 from __future__ import annotations
 
+from stores.dispositions import REFRESH_LOST
 from stores.postgres.claims import read_settled_sql
 from stores.rows import COLUMNS
+
+assert "'" not in REFRESH_LOST  # quoted as a SQL literal below
+_LOST = f"'{REFRESH_LOST}'"
 
 __all__ = ["Statements"]
 
@@ -75,7 +79,7 @@ def _action(a: str) -> str:
     keep = f"({a}.batch_key IS NOT NULL AND NOT {_bumps(a)})"
     claim = f"CASE WHEN {keep} THEN 'batch' ELSE 'claim' END"
     return f"""(CASE
-      WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN 'claim' ELSE 'none' END
+      WHEN {a}.status = 'completed' THEN CASE WHEN {rerun} THEN {claim} ELSE 'none' END
       WHEN {a}.status IN ('queued', 'running') THEN CASE
         WHEN {mine} THEN 'none'
         WHEN {live} THEN 'none'
@@ -90,7 +94,8 @@ def _action(a: str) -> str:
 def _bumps(a: str) -> str:
     """A claim of row ``a`` starts a new generation (:func:`stores.dispositions.next_generation`)."""
     failed = f"({a}.status = 'failed' AND {a}.failure_kind IS DISTINCT FROM 'timeout')"
-    return f"({a}.status = 'completed' OR {failed})"
+    completed = f"({a}.status = 'completed' AND {a}.error IS DISTINCT FROM {_LOST})"
+    return f"({completed} OR {failed})"
 
 
 _FENCE_SET = {
@@ -219,7 +224,7 @@ claimed AS (
   RETURNING {_cols("r")}
 ),
 restored AS (
-  UPDATE {t} AS r SET status = 'completed', lease_expires_at = NULL, updated_at = clk.now,
+  UPDATE {t} AS r SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = clk.now,
     {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
   FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'restore'
   RETURNING {_cols("r")}
@@ -304,7 +309,7 @@ FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b:
 WHERE r.org_id = %(org)s AND r.key = w.key
 """
         self.restore_rows = f"""
-UPDATE {t} SET status = 'completed', lease_expires_at = NULL, updated_at = %(now)s,
+UPDATE {t} SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = %(now)s,
   {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
 WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
 """

@@ -6,7 +6,11 @@ the text of each is constant, so sqlite3's statement cache reuses it.
 
 from __future__ import annotations
 
+from stores.dispositions import REFRESH_LOST
 from stores.rows import COLUMNS
+
+assert "'" not in REFRESH_LOST  # quoted as a SQL literal below
+_LOST = f"'{REFRESH_LOST}'"
 
 _KEEPS_OUTPUT = "receipts.completed_at IS NOT NULL AND receipts.status IN ('completed', 'queued', 'running')"
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
@@ -45,8 +49,8 @@ ON CONFLICT (org_id, key) DO UPDATE SET
 # Claims that change a receipt without taking a lease (decided in Python on the rows
 # read in the same transaction): a lost refresh goes back to completed, a lost running
 # call of a tool that is not retry-safe becomes uncertain.
-_RESTORE_COMPLETED = """
-UPDATE receipts SET status = 'completed', lease_expires_at = NULL, updated_at = ?,
+_RESTORE_COMPLETED = f"""
+UPDATE receipts SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = ?,
   lease_id = NULL, lease_owner_run_id = NULL, lease_owner_attempt = NULL,
   lease_owner_host = NULL, lease_owner_pid = NULL, lease_owner_started_at = NULL
 WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))
@@ -72,11 +76,12 @@ _SET_BATCH_KEY = (
 )
 # records no receipt still needs (one whose next claim keeps its generation names it):
 # the subquery is built once (an anti-join), not run per record
-_PURGE_BATCHES = """
+_PURGE_BATCHES = f"""
 DELETE FROM batches WHERE created_at <= ? AND (? IS NULL OR org_id = ?)
 AND (org_id, batch_key) NOT IN (
   SELECT org_id, batch_key FROM receipts WHERE batch_key IS NOT NULL
-  AND (status NOT IN ('completed', 'failed') OR (status = 'failed' AND failure_kind = 'timeout'))
+  AND (status NOT IN ('completed', 'failed') OR (status = 'failed' AND failure_kind = 'timeout')
+       OR (status = 'completed' AND error = {_LOST}))
 )
 """
 # The MATERIALIZED CTE makes SQLite drive the update from the keys and look each one

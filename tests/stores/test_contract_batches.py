@@ -363,3 +363,59 @@ def test_a_takeover_sent_again_after_it_committed_is_answered_with_its_request(
     assert again.receipt == first.receipt
     assert [c.receipt for c in again.members] == stood == [c.receipt for c in first.members]
     assert [get(store, key) for key in record.members] == stood  # nothing written
+
+
+def _complete(store: ReceiptStore, keys: list[str], owner: Owner, value: Any) -> None:
+    for key in keys:
+        lease = get(store, key).lease_id or ""  # type: ignore[union-attr]
+        assert store.complete_many(ORG, [Completion(key, lease, value)], owner).ok
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batch-request", "lone-call"])
+def test_a_lost_refresh_restored_by_a_plain_claim_is_sent_again_under_its_key(
+    store: ReceiptStore, fake_clock: Any, tmp_path: Any, batched: bool
+) -> None:
+    """A forced refresh whose request went (recorded running), its owner then lost, and a
+    plain claim that gives its receipts their last good output back: the next forced
+    refresh sends that same request again (same generation, same batch record, so the
+    same idempotency key: the provider replays it, no new charge), the record kept by a
+    purge meanwhile. Then, refreshed, the one after starts a new generation."""
+    keys = [key_of(f"lr{i}-{batched}") for i in range(3)]
+    if batched:
+        _sent(store, keys, OTHER, name=f"first-{batched}")
+    else:
+        claim(store, keys, OTHER)
+    _complete(store, keys, OTHER, "old")
+    fake_clock.advance(1)
+    if batched:
+        refresh = _record([keys[2], keys[0], keys[1]], name=f"refresh-{batched}")
+        leases = [lease_of(c) for c in claim(store, keys, OTHER, mode=F)]
+        assert store.mark_running_many(ORG, leases, OTHER, lease_ttl_s=TTL_S, batches=[refresh]).ok
+    else:
+        leases = [lease_of(c) for c in claim(store, keys, OTHER, mode=F)]
+        assert store.mark_running_many(ORG, leases, OTHER, lease_ttl_s=TTL_S).ok
+    assert {get(store, k).generation for k in keys} == {2}  # type: ignore[union-attr]
+    fake_clock.advance(TTL_S + 1)  # the refresh's owner is lost
+
+    plain = claim(store, keys, ME)  # a plain run: the last good output stands
+    assert [(c.disposition, c.receipt.output) for c in plain] == [(ClaimDisposition.REUSED, "old")] * 3
+    fake_clock.advance(TTL_S + 10)
+    store.purge(older_than_s=5, statuses=[])
+    if batched:
+        stored = _stored_batch_keys(store, tmp_path)
+        assert stored is None or refresh.key in stored
+
+    forced = claim(store, keys, ME, mode=F)
+
+    assert all(c.disposition is CLAIMED for c in forced)
+    assert [c.receipt.generation for c in forced] == [2, 2, 2]  # the lost refresh's key
+    if batched:
+        assert all(c.batch == refresh for c in forced)
+        assert [c.receipt.key for c in forced[0].members] == list(refresh.members)
+    else:
+        assert all(c.batch is None for c in forced)
+    assert all(c.receipt.error is None for c in forced)
+    _complete(store, keys, ME, "new")
+    fake_clock.advance(1)
+    again = claim(store, keys, THIRD, mode=F)
+    assert [(c.receipt.generation, c.batch) for c in again] == [(3, None)] * 3

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from stores import (
+    REFRESH_LOST,
     Claim,
     ClaimDisposition,
     ClaimMode,
@@ -75,7 +76,10 @@ def _refreshing(store: ReceiptStore, key: str) -> tuple[Receipt, Claim]:
     return before, refresh
 
 
-def _assert_old_output_back(store: ReceiptStore, key: str, before: Receipt, now: float) -> None:
+def _assert_old_output_back(
+    store: ReceiptStore, key: str, before: Receipt, now: float, error: str | None = None
+) -> None:
+    """``error``: REFRESH_LOST for a lost refresh (its request may have gone), else None."""
     stored = get(store, key)
     assert stored is not None
     assert stored.status is ReceiptStatus.COMPLETED
@@ -83,7 +87,7 @@ def _assert_old_output_back(store: ReceiptStore, key: str, before: Receipt, now:
     assert (stored.output, stored.completed_at, stored.error, stored.failure_kind) == (
         before.output,
         before.completed_at,
-        None,
+        error,
         None,
     )
     assert stored.lease_expires_at is None and stored.updated_at == now
@@ -126,7 +130,7 @@ def test_refresh_whose_owner_is_lost_keeps_old_output(
     reused = claim_one(store, key, OTHER, mode=mode)
     assert reused.disposition is ClaimDisposition.REUSED
     assert reused.receipt.output == {"v": "old"} and reused.receipt.status is ReceiptStatus.COMPLETED
-    _assert_old_output_back(store, key, before, now)
+    _assert_old_output_back(store, key, before, now, REFRESH_LOST)
     # The lost refresh's late completion is refused: the receipt is no longer under its lease.
     assert (
         complete(store, lease_of(refresh), {"v": "late"}).refused[key].reason

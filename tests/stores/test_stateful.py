@@ -27,11 +27,13 @@ the same):
   output and completed_at of a completed receipt (force refresh, stale re-run) until a
   new output is stored: failing or releasing that lease restores ``completed``, and a
   claim that finds its lease expired treats it as the completed receipt it was (a
-  reuse restores ``completed``). A restored receipt holds no lease id or owner, so the
-  lost refresh's late writes are refused. A release clears the lease.
+  reuse restores ``completed``, with error ``REFRESH_LOST``, its generation kept). A
+  restored receipt holds no lease id or owner, so the lost refresh's late writes are
+  refused. A release clears the lease.
 - The execution generation starts at 1 and grows when a completed or failed receipt is
   claimed again, but for a failure of kind ``timeout`` (no answer came: the next attempt
-  asks under the same idempotency key). Every lease records this process's identity (all owners live here).
+  asks under the same idempotency key) and a lost refresh restored ``completed``. Every
+  lease records this process's identity (all owners live here).
 - Error text is stored with NUL and lone surrogates written as backslash escapes.
 - ``purge(older_than_s=x)`` deletes receipts with ``now - updated_at >= x`` whose
   status is listed and which are not under a live lease.
@@ -57,6 +59,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from stores import (
+    REFRESH_LOST,
     ClaimDisposition,
     ClaimMode,
     ClaimRequest,
@@ -351,6 +354,7 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
                 if claim.disposition is D.REUSED and old.status in (S.QUEUED, S.RUNNING) and lapsed:
                     m = self.model[(org, key)]  # a lost refresh goes back to completed, no lease
                     m.status, m.lease_expires_at, m.updated_at = S.COMPLETED, None, now
+                    m.error = REFRESH_LOST
                     m.lease_id = m.owner = None
                     old = attrs.evolve(m)
                 assert claim.receipt == expected_receipt(org, key, old)
@@ -364,7 +368,7 @@ class ReceiptStoreMachine(RuleBasedStateMachine):
                 and old.status in (S.COMPLETED, S.QUEUED, S.RUNNING)
             )
             bumps = old is not None and (
-                old.status is S.COMPLETED
+                (old.status is S.COMPLETED and old.error != REFRESH_LOST)
                 or (old.status is S.FAILED and old.failure_kind is not FailureKind.TIMEOUT)
             )
             self.model[(org, key)] = ModelReceipt(
