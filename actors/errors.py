@@ -52,6 +52,7 @@ __all__ = [
     "ReceiptPersistenceError",
     "ReceiptWaitTimeoutError",
     "RecordedFailureError",
+    "ResultSalvagedError",
     "StoreError",
     "SuspendedError",
     "ToolDispatchError",
@@ -295,6 +296,13 @@ class CallCycleError(DispatchError):
 
 class CallCancelledError(DispatchError):
     """The dispatcher stopped (or the run was aborted) before the call started."""
+
+
+class ResultSalvagedError(CallCancelledError):
+    """The dispatcher stopped (an abort whose bound ran out) while this call's paid
+    result was being stored: the result is kept in the salvage file, and the next run
+    (or ``tooldispatch salvage replay``) stores it from there; the tool is not called
+    again. A :class:`CallCancelledError`: the call did not finish, and it is no failure."""
 
 
 class ReceiptPersistenceError(DispatchError):

@@ -165,7 +165,8 @@ class Stats:
     ``refresh_uncertain``: calls answered with a receipt's last good output while a
     refresh of it has an uncertain outcome, ``refresh_running``: likewise while a refresh
     of it is under way; ``requests_resent``: requests a lost owner recorded, taken over
-    and sent again whole)
+    and sent again whole; ``completed``: receipts this system stored completed with an output
+    of its own, not those whose output it salvaged)
     and phase timings in milliseconds.
 
     Args:
@@ -180,6 +181,7 @@ class Stats:
         "requeued", "cancelled", "errors", "unavailable", "orphan_leases_released", "lease_cleanup_failed",
         "requests", "receipts_created", "batches_compiled", "owner_waits", "waiting_on_owner",
         "salvage_failed", "answered", "replayed", "refresh_uncertain", "refresh_running", "requests_resent",
+        "completed",
     )  # fmt: skip
 
     def __init__(self, perf_hook: Callable[[str, float, dict[str, Any]], None] | None = None) -> None:

@@ -239,7 +239,9 @@ class DispatchSystem:
     def stats(self) -> dict[str, Any]:
         """Counters: calls, live (executions of a tool), cached, in_flight (calls answered
         by joining an execution already running, a count, not a gauge), deduped,
-        provider_calls, batches, retries, backpressure, failures, salvaged, lease_lost,
+        provider_calls, batches, retries, backpressure, failures, salvaged (entries this
+        system wrote to the salvage file, a stop's own included), completed (receipts it
+        stored completed with an output of its own), lease_lost,
         refused_by_latch, requeued, cancelled, errors, unavailable, timed_out, requests
         (every attempt sent), owner_waits (calls that waited on another live owner's
         receipt), waiting_on_owner (calls waiting so right now), answered (lookups, calls or
@@ -259,6 +261,7 @@ class DispatchSystem:
         see :func:`actors.pacing.bucket.pacing_report`).
         """
         out: dict[str, Any] = self.stats_.snapshot()
+        out["salvaged"] = self.salvage.appended  # what is in the file, however it got there
         out["tools"] = self.stats_.snapshot_tools()
         out["latch_tripped"] = self.latch.tripped
         out["latch_refused"] = out.get("refused_by_latch", 0)

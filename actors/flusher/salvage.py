@@ -119,6 +119,8 @@ class SalvageLog:
         self._seen: tuple[tuple[int, int, int, int], frozenset[tuple[str, str]]] | None = None
         """(the file's device, inode, size and mtime in ns; the (org, key) pairs it then
         held a replayable output for), from the last look of :meth:`salvaged`."""
+        self.appended = 0
+        """Entries this instance wrote to the file (:meth:`append`): what a run salvaged."""
 
     def salvaged(self, org_id: str, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` (receipt keys of ``org_id``) the file holds an output for that
@@ -159,6 +161,7 @@ class SalvageLog:
                 :func:`salvage_entry` holds an output with no exact form.
         """
         lines = [_encode(entry) + "\n" for entry in entries]
+        written = len(lines)
         if not lines:
             return 0
         with self._locked():
@@ -171,7 +174,8 @@ class SalvageLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        return len(lines)
+            self.appended += written
+        return written
 
     def entries(self) -> list[SalvageEntry]:
         """Every entry in the file (an empty list when there is no file)."""

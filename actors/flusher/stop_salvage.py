@@ -8,7 +8,7 @@ import contextlib
 import queue
 from typing import Any
 
-from actors.errors import CallCancelledError
+from actors.errors import ResultSalvagedError
 from actors.flusher.held import request_entries
 from actors.flusher.salvage import SalvageLog
 from actors.messages import FlushCompletions
@@ -39,13 +39,15 @@ def salvage_unread(inbox: Any, salvage: SalvageLog, scope: str) -> int:
     stop's bound ran out (the flusher waits on a write to a locked or slow store, so its
     own ``on_stop`` may never come before the process exits: its thread is a daemon).
     Called from stop's thread; the flusher may take messages meanwhile, so each is taken
-    without waiting. Their callers are answered. Returns the number of outputs salvaged."""
+    without waiting. Their callers are answered (:class:`ResultSalvagedError`: the output
+    is in the file, not to be salvaged again). Returns the number of outputs salvaged."""
     left = take_flushes(inbox)
     reason = "the dispatcher stopped before this result was stored"
     entries = [entry for message in left for entry in request_entries(message, scope, reason)]
     if entries:
         salvage.append(entries)
-    answer_left(left, CallCancelledError("the dispatcher stopped before this result was stored"))
+    # on disk now: the callers must not salvage them again (each output once in the file)
+    answer_left(left, ResultSalvagedError("the dispatcher stopped before this result was stored; salvaged"))
     return len(entries)
 
 

@@ -191,9 +191,11 @@ def _run(
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
+        system = interrupts.system
+        salvaged = system.salvage.appended if system is not None else 0  # the rerun stores them
         if output_path is not None:
-            return how + output_line(summary, output_path, force_refresh=force_refresh)
-        return f"{how}{summary.rows} rows done; {resume_hint(force_refresh)}"
+            return how + output_line(summary, output_path, force_refresh=force_refresh, salvaged=salvaged)
+        return f"{how}{summary.rows} rows done; {resume_hint(force_refresh, salvaged)}"
 
     def aborted_now() -> RunSummary:  # the rows did not end in time: what is known so far
         live.aborted = live.interrupted = True

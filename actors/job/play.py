@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from actors.errors import CallCancelledError, DispatchError, InvalidInputError, is_a
+from actors.errors import CallCancelledError, DispatchError, InvalidInputError, ResultSalvagedError, is_a
 from actors.job.rows import InputError, RowError, read_rows
 from stores import canonical_json
 
@@ -164,7 +164,9 @@ class PlayContext:
             if is_a(exc, CallCancelledError):
                 self._row.cancelled = True
             if self.tally is not None:
-                if is_a(exc, CallCancelledError):  # a stop cancelled it: not a failure
+                if is_a(exc, ResultSalvagedError):  # paid, kept in the salvage file: not a failure
+                    self.tally.record_salvaged(tool_id)
+                elif is_a(exc, CallCancelledError):  # a stop cancelled it: not a failure
                     self.tally.record_cancelled(tool_id)
                 elif is_a(exc, InvalidInputError):  # refused for its input: nothing was sent
                     self.tally.record_input_refused(tool_id)

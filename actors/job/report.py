@@ -23,14 +23,9 @@ from actors.job.runner import RunSummary
 from actors.job.tally import CallTally
 
 __all__ = [
-    "PHASE_NAMES",
-    "ProgressDisplay",
-    "output_line",
-    "progress_line",
-    "report_table",
-    "resume_hint",
-    "tools_table",
-]
+    "PHASE_NAMES", "ProgressDisplay", "completed_cell", "output_line", "progress_line", "report_table",
+    "resume_hint", "tools_table",
+]  # fmt: skip
 
 
 OWNER_WAITING_KEY = "waiting_on_owner"
@@ -239,7 +234,11 @@ def report_table(
                 table.add_row(f"pacing of {provider}", pacing_cell(view))
     if tally is not None:
         paid = tally.totals()
-        table.add_row("receipts completed this run (calls that ran)", str(paid["ran"]))
+        paid_ids = [t for ids in providers.values() for t in ids]
+        # the store's count when the system gives one (not the calls answered live: an
+        # output the store did not take, salvaged by an abort, completed no receipt)
+        completed = summed(paid_ids, "completed") if "completed" in stats else paid["ran"]
+        table.add_row("receipts completed this run (calls that ran)", completed_cell(completed, paid["ran"]))
         if "receipts_created" in stats:
             table.add_row("receipts created this run (new keys)", str(stats["receipts_created"]))
         table.add_row(
@@ -256,6 +255,11 @@ def report_table(
             table.add_row("calls refused for their input (nothing sent)", str(paid["input_refused"]))
         if paid["cancelled"]:
             table.add_row(f"calls cancelled by the {_stop_of(summary)}", str(paid["cancelled"]))
+        if paid["salvaged"]:
+            table.add_row(
+                f"calls paid, result salvaged by the {_stop_of(summary)}",
+                f"{paid['salvaged']} (a rerun stores them from the salvage file, not paid again)",
+            )
         for tool, counts in sorted(tally.snapshot().items()):
             if tool in local:
                 runs = int(per_tool.get(tool, {}).get("provider_calls", 0))
@@ -288,10 +292,10 @@ def report_table(
             f"{_mib(summary.buffer_peak_bytes)} in memory at most, {_mib(summary.spilled_bytes)} on disk",
         )
     if summary.cut_short:
+        salvaged = tally.totals()["salvaged"] if tally is not None else 0
         table.add_row(
             f"rows cut short by the {_stop_of(summary)} (not written)",
-            f"{summary.cut_short} (a call of theirs was cancelled by the {_stop_of(summary)}; "
-            "a rerun runs them)",
+            f"{summary.cut_short} ({_cut_why(salvaged, _stop_of(summary))})",
         )
     if output is not None:
         held = f"{summary.written} {_plural(summary.written, 'row')}"
@@ -323,9 +327,16 @@ def _nothing_paid(requests: int, tally: CallTally | None) -> str:
     return f"nothing: no request sent ({reused} of {paid['calls']} calls answered from receipts)"
 
 
-def resume_hint(force_refresh: bool = False) -> str:
-    """How to finish a run that stopped: run it again (finished calls are reused), but a
+def resume_hint(force_refresh: bool = False, salvaged: int = 0) -> str:
+    """How to finish a run that stopped: run it again (finished calls are reused, and the
+    ``salvaged`` results this run wrote to the salvage file are stored from it), but a
     rerun with ``--force-refresh`` pays for every call again."""
+    if salvaged and not force_refresh:
+        return (
+            "run the same command again to resume (finished calls are reused, and the "
+            f"{salvaged} {_plural(salvaged, 'result')} in the salvage file are stored from it: "
+            "none is paid again)"
+        )
     if force_refresh:
         return (
             "run the command again to resume: with --force-refresh every call runs again, those "
@@ -360,16 +371,34 @@ def outage_rows(outages: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
-def output_line(summary: RunSummary, output: str, *, force_refresh: bool = False) -> str:
+def completed_cell(completed: int, ran: int) -> str:
+    """The receipts this run stored completed, and the calls that ran when the two differ
+    (an output the store did not take: salvaged, or refused)."""
+    if ran <= completed:
+        return str(completed)
+    return f"{completed} ({ran} calls ran; {ran - completed} of their results were not stored)"
+
+
+def _cut_why(salvaged: int, stop: str) -> str:
+    if not salvaged:
+        return f"a call of theirs was cancelled by the {stop}; a rerun runs them"
+    return (
+        "a call of theirs was cancelled, or its paid result salvaged: a rerun stores "
+        "those from the salvage file, and runs the rest"
+    )
+
+
+def output_line(summary: RunSummary, output: str, *, force_refresh: bool = False, salvaged: int = 0) -> str:
     """What the output file holds (a complete run: every row; else which rows, and how to
-    write it whole: :func:`resume_hint`)."""
+    write it whole: :func:`resume_hint`; ``salvaged``: entries this run wrote to the
+    salvage file)."""
     if not summary.interrupted:
         return f"{output}: {summary.written} {_plural(summary.written, 'row')}, in input order"
     missing = "rows not started or cut short are missing"
     return (
         f"{output} holds only the {summary.written} {_plural(summary.written, 'row')} finished before the "
         f"{_stop_of(summary)} (each with its input index; {missing}): "
-        + resume_hint(force_refresh).replace("to resume", "to write it whole", 1)
+        + resume_hint(force_refresh, salvaged).replace("to resume", "to write it whole", 1)
     )
 
 
@@ -415,10 +444,16 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None, *, stoppe
             mine["ran"] = int(per_tool.get(t, {}).get("provider_calls", 0))
             others = (
                 mine["ran"] + mine["reused"] + mine["reused_this_run"] + mine["failed"] + mine["cancelled"]
-                + mine["input_refused"]
+                + mine["input_refused"] + mine["salvaged"]
             )  # fmt: skip
             mine["joined"] = max(0, mine["calls"] - others)
             counts[t] = mine
+        for t in set(counts) - local:  # a paid tool's receipts completed: what the store took
+            if "completed" in stats:
+                mine = dict(counts[t])
+                mine["not_stored"] = max(0, mine["ran"] - int(per_tool.get(t, {}).get("completed", 0)))
+                mine["ran"] -= mine["not_stored"]
+                counts[t] = mine
         for key, label in _TOOL_ROWS:
             table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
         if any(c.get("input_refused") for c in counts.values()):  # not plain JSON, over the cap
@@ -426,10 +461,13 @@ def tools_table(stats: dict[str, Any], tally: CallTally | None = None, *, stoppe
                 "input refused (nothing sent)",
                 *(str(counts.get(t, {}).get("input_refused", 0)) for t in tools),
             )
-        if any(c.get("cancelled") for c in counts.values()):  # a signal: calls refused unsent
-            table.add_row(
-                f"cancelled by the {stopped_by}", *(str(counts.get(t, {}).get("cancelled", 0)) for t in tools)
-            )
+        for key, label in (
+            ("not_stored", "ran, result not stored"),
+            ("cancelled", f"cancelled by the {stopped_by}"),  # a signal: calls refused unsent
+            ("salvaged", f"paid, salvaged by the {stopped_by}"),
+        ):
+            if any(c.get(key) for c in counts.values()):
+                table.add_row(label, *(str(counts.get(t, {}).get(key, 0)) for t in tools))
     for key, label in _TOOL_STATS:  # a local tool sends no requests: no provider rows
         table.add_row(label, *("-" if t in local else str(per_tool.get(t, {}).get(key, 0)) for t in tools))
     return table

@@ -27,6 +27,9 @@ classifies each call itself, exactly:
 * ``cancelled``: a stop (a signal) cancelled the call (refused before it was sent, or not
   answered within the abort's bound): not a failure, and its row is not done (a rerun
   makes the call; one that was sent goes again under the same idempotency key).
+* ``salvaged``: a stop's bound ran out while the call's paid result was being stored
+  (:class:`~actors.errors.ResultSalvagedError`): the result is in the salvage file, and
+  its row is not done; a rerun stores it from there, without calling the tool again.
 
 Local tools (``durable=False``: no receipts, free) are counted the same way, apart.
 Memory: two small integers per distinct receipt key that ran or was reused.
@@ -43,7 +46,7 @@ __all__ = ["CallTally"]
 
 KINDS = (
     "calls", "ran", "joined", "reused_this_run", "reused", "reused_receipts", "failed", "input_refused",
-    "cancelled",
+    "cancelled", "salvaged",
 )  # fmt: skip
 
 
@@ -120,6 +123,13 @@ class CallTally:
             counts = self.counts.setdefault(tool_id, collections.Counter())
             counts["calls"] += 1
             counts["cancelled"] += 1
+
+    def record_salvaged(self, tool_id: str) -> None:
+        """Count one call whose paid result an abort salvaged (``ResultSalvagedError``)."""
+        with self._lock:
+            counts = self.counts.setdefault(tool_id, collections.Counter())
+            counts["calls"] += 1
+            counts["salvaged"] += 1
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Tool id -> ``{kind: count}`` for every kind in :data:`KINDS`."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from actors.errors import (
@@ -21,9 +21,12 @@ from actors.errors import (
     LeaseLostError,
     NotSentError,
     ProviderUnavailableError,
+    ResultSalvagedError,
+    is_a,
 )
 from actors.lifecycle.attempts import SendTicket, batch_record, spec_for
 from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
+from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from stores.types import ClaimMode
 
@@ -420,14 +423,27 @@ class Admission:
                 )
         return refused
 
-    def abandon(self, error: BaseException) -> None:
+    def abandon(self, error: BaseException, kept: Collection[str] = ()) -> None:
         """The actor is gone (stop's bound ran out): answer every caller still waiting with
-        ``error``. Nothing else is done: the store and the flusher have stopped; leases
-        lapse at their TTL, a result still to come is not kept."""
+        ``error``, or, when its group's paid output is in the salvage file (being stored:
+        the flusher's, or stop's, salvage keeps it; or one of ``kept``, the keys whose late
+        answer was just salvaged), with :class:`ResultSalvagedError`: a rerun replays it,
+        the tool is not called again. Nothing else is done: the store and the flusher have
+        stopped; leases lapse at their TTL, a result still to come is not kept."""
         for group in list(self.s.groups.values()):
             calls, group.calls = group.calls, []
+            paid = group.key in kept or (group.state is GroupState.PERSISTING and is_a(group.written, Done))
             for call in calls:
-                self.fx.answer(call, error)
+                self.fx.answer(
+                    call,
+                    ResultSalvagedError(
+                        f"the dispatcher stopped while the paid result of {group.key} was being "
+                        "stored: it is kept in the salvage file, and the next run stores it from "
+                        "there (the tool is not called again)"
+                    )
+                    if paid
+                    else error,
+                )
 
     @property
     def idle(self) -> bool:

@@ -25,7 +25,7 @@ timeouts during waits, the reconcile hook), :class:`~actors.lifecycle.admission.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from actors.lifecycle.admission import Admission
@@ -157,9 +157,11 @@ class Lifecycle:
         """Refuse everything not yet sent; running calls go on. Returns the calls refused."""
         return self.parts.admission.stop(now)
 
-    def abandon(self, error: BaseException) -> None:
-        """The actor is gone: answer every caller still waiting with ``error``."""
-        self.parts.admission.abandon(error)
+    def abandon(self, error: BaseException, kept: Collection[str] = ()) -> None:
+        """The actor is gone: answer every caller still waiting with ``error`` (or
+        ``ResultSalvagedError``: its paid output is salvaged; ``kept``: keys whose late
+        answer was salvaged)."""
+        self.parts.admission.abandon(error, kept)
 
     def pump(self, now: float) -> None:
         """Ask the governor for slots for what waits (one request out at a time)."""

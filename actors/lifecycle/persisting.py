@@ -13,6 +13,7 @@ from actors.errors import (
     LeaseLostError,
     OutputNotStorableError,
     ReceiptPersistenceError,
+    ResultSalvagedError,
     attr_of,
     error_text,
     is_a,
@@ -64,11 +65,13 @@ class Persister:
             outcome = None if outcomes is None else outcomes.get(group.key)
             kind = "salvaged" if outcome is None else outcome.kind
             if outcome is None:
-                self.fx.salvage(group, decode_output(text), f"the completion flusher failed: {error}")
+                if not is_a(error, ResultSalvagedError):  # else a stop salvaged it already
+                    self.fx.salvage(group, decode_output(text), f"the completion flusher failed: {error}")
                 outcome = FLUSHER_FAILED
             if kind in ("persisted", "salvaged"):
-                if kind == "salvaged":
-                    self.fx.count("salvaged")
+                # completed: a receipt this system stored completed (a salvaged output's
+                # receipt is not: a rerun replays it)
+                self.fx.count("completed" if kind == "persisted" else "salvaged")
                 self.p.exits.settle(group, Done(text, "live"))
             elif kind == "completed_by_other":
                 try:

@@ -274,15 +274,16 @@ class ToolQueueActor(InboxActor):
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
         (pykka discards told messages left in a stopped actor's inbox)."""
+        kept: list[str] = []  # keys whose paid answer is salvaged: their callers are told so
         for finished, report in self.effects.finished.close():  # paid answers, never read
-            report.keep_late(finished)
+            kept += report.keep_late(finished)
         left = left_in(self.actor_inbox)
         for message in left:
             if isinstance(message, SubmitCalls):
                 for call in message.calls:
                     fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
             elif isinstance(message, UnitFinished):  # a paid answer that came in as it stopped
-                self.effects.keep_late(message)
+                kept += self.effects.keep_late(message)
             elif isinstance(message, StopQueue):
                 for slot in (message.reply, message.idle):
                     if slot is not None:
@@ -290,7 +291,7 @@ class ToolQueueActor(InboxActor):
         answer_left(left, CallCancelledError("the dispatcher stopped"))
         # stop's bound ran out before these finished (answers the other actors never sent,
         # since they stopped too): every caller still hears back
-        self.lifecycle.abandon(CallCancelledError("the dispatcher stopped before the call finished"))
+        self.lifecycle.abandon(CallCancelledError("the dispatcher stopped before the call finished"), kept)
 
     def _submit(self, call: Call, now: float) -> None:
         if self.lifecycle.stopping:

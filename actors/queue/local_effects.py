@@ -58,31 +58,36 @@ class LocalEffects:
             error.__cause__ = exc
             tell(UnitFinished(unit=spec.unit, attempt=spec.attempt, members=None, error=error))
 
-    def keep_late(self, message: UnitFinished) -> None:
-        """An attempt's answer left unhandled in the stopping actor's inbox: salvaged."""
+    def keep_late(self, message: UnitFinished) -> list[str]:
+        """An attempt's answer left unhandled in the stopping actor's inbox: salvaged.
+        Returns the receipt keys salvaged."""
         unit = self.actor.lifecycle.units.get(message.unit)
         if unit is not None and self.tool.durable:
-            self.keep_late_of(list(unit.groups), message)
+            return self.keep_late_of(list(unit.groups), message)
+        return []
 
-    def keep_late_of(self, groups: list[Group], message: Any) -> None:
+    def keep_late_of(self, groups: list[Group], message: Any) -> list[str]:
         """Where an attempt's outputs go when it returns after the system stopped (stop's
         bound ran out while it ran): the salvage file, so a paid result is never lost
         (``tooldispatch salvage replay`` stores it). ``groups``: the unit's groups when
-        the attempt started (the order of its members). Runs on the worker."""
+        the attempt started (the order of its members). Runs on the worker. Returns the
+        receipt keys salvaged (none when the file could not be written)."""
         if not isinstance(message, UnitFinished) or message.members is None:
-            return
+            return []
         error = "the dispatcher stopped before this result was stored"
-        entries = [
-            self._entry(group, EncodedOutput(text), error)
+        kept = [
+            (group.key, self._entry(group, EncodedOutput(text), error))
             for group, (text, failure) in zip(groups, message.members, strict=False)
             if failure is None and isinstance(text, str)
         ]
-        if entries:
+        if kept:
             try:
-                self.ports.salvage.append(entries)
-                log.warning("stopped before %d results were stored: salvaged", len(entries))
+                self.ports.salvage.append([entry for _, entry in kept])
+                log.warning("stopped before %d results were stored: salvaged", len(kept))
             except Exception:
-                log.exception("could not salvage %d results that came back after stop", len(entries))
+                log.exception("could not salvage %d results that came back after stop", len(kept))
+                return []
+        return [key for key, _ in kept]
 
     def reconcile(self, batch: int, group: Group) -> None:
         hook = self.tool.reconcile
@@ -257,6 +262,8 @@ class FinishReport:
                 for left, report in self.finished.close():
                     report.keep_late(left)
 
-    def keep_late(self, message: UnitFinished) -> None:
+    def keep_late(self, message: UnitFinished) -> list[str]:
+        """Salvage a late answer; returns the receipt keys salvaged."""
         if self.groups is not None:
-            self.effects.keep_late_of(self.groups, message)
+            return self.effects.keep_late_of(self.groups, message)
+        return []

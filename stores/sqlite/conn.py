@@ -53,9 +53,13 @@ def open_connection(path: str, busy_timeout_s: float, wal_size_limit_bytes: int)
                 f"{path}: not a tooldispatch receipt database ({exc}); "
                 "move it aside or point --db at another path"
             ) from exc
-        raise StoreUnavailableError(
-            f"{path}: cannot open the receipt store: {exc}; check the directory exists and is writable"
-        ) from exc
+        hint = (
+            "another connection holds a lock on the file (an open transaction): "
+            "it clears when that connection commits or closes"
+            if "locked" in str(exc) or "busy" in str(exc)
+            else "check the directory exists and is writable"
+        )
+        raise StoreUnavailableError(f"{path}: cannot open the receipt store: {exc}; {hint}") from exc
     except BaseException:
         conn.close()
         raise

@@ -27,7 +27,7 @@ def test_tally_cached_answer_seen_before_its_live_one_is_this_runs(order):
 
     assert tally.snapshot()["lookup"] == {
         "calls": 4, "ran": 1, "joined": 0, "reused_this_run": 2, "reused": 1, "reused_receipts": 1,
-        "failed": 0, "input_refused": 0, "cancelled": 0,
+        "failed": 0, "input_refused": 0, "cancelled": 0, "salvaged": 0,
     }  # fmt: skip
 
 

@@ -136,6 +136,24 @@ def test_sqlite_open_missing_directory_raises_unavailable(tmp_path: Path) -> Non
     assert not (tmp_path / "no").exists()
 
 
+def test_sqlite_open_of_a_file_another_connection_locked_says_so(tmp_path: Path) -> None:
+    """Another connection holds the file's lock (``BEGIN EXCLUSIVE``): the error says so,
+    not "check the directory exists and is writable" (the directory is fine)."""
+    path = tmp_path / "receipts.db"
+    SqliteReceiptStore(path).close()
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreUnavailableError) as info:
+            SqliteReceiptStore(path, busy_timeout_s=0.1)
+    finally:
+        locker.close()
+    text = str(info.value)
+    assert "database is locked" in text and "another connection holds a lock on the file" in text, text
+    assert "check the directory exists" not in text, text
+    SqliteReceiptStore(path).close()  # the lock gone, it opens
+
+
 def test_sqlite_open_directory_path_raises_unavailable(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError) as info:
         SqliteReceiptStore(tmp_path)
