@@ -84,12 +84,22 @@ def _refused(error: Any) -> None:
     assert "size limit" in str(error) and "not an outage" in str(error), error
 
 
+@pytest.mark.skipif(
+    not hasattr(sqlite3.Connection, "setlimit"), reason="Connection.setlimit is Python 3.11+"
+)
 def test_sqlite_refusing_a_value_over_its_size_limit_fails_the_calls_at_once(
-    make_system: Any, open_store: Any
+    make_system: Any, open_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    limit = 4000  # SQLite's length limit on the store's connections (default 1 GB)
+    connect = sqlite3.connect
+
+    def limited(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", limited)
     store = open_store()
-    limit = 4000  # SQLite's length limit on this store's connection (default 1 GB)
-    store._run(lambda: store._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit))  # type: ignore[attr-defined]
     sent: list[list[Any]] = []
     system = make_system([_batch_tool(sent, 10 * limit)], policy=Policy(batch_grace_s=0.05), store=store)
     futures = system.proxy().execute_many(
