@@ -84,9 +84,7 @@ def _refused(error: Any) -> None:
     assert "size limit" in str(error) and "not an outage" in str(error), error
 
 
-@pytest.mark.skipif(
-    not hasattr(sqlite3.Connection, "setlimit"), reason="Connection.setlimit is Python 3.11+"
-)
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "setlimit"), reason="Connection.setlimit is Python 3.11+")
 def test_sqlite_refusing_a_value_over_its_size_limit_fails_the_calls_at_once(
     make_system: Any, open_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
