@@ -49,6 +49,8 @@ except ImportError:  # run as a script from a checkout
     import actors  # noqa: F401
 
 PG = os.environ.get("TOOLDISPATCH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+SERVER_CORES = 16
+"""The server the projection is made for (issue 27: what one 16-core Postgres carries)."""
 REDIS = os.environ.get("TOOLDISPATCH_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 
 
@@ -64,7 +66,34 @@ def _url(schema: str) -> str:
 # -- children ---------------------------------------------------------------------------
 
 
+def _backend_pids() -> list[int]:
+    """The Postgres backends serving this process: its TCP connections to the server,
+    matched by client port in ``pg_stat_activity``."""
+    import psutil
+    import psycopg
+
+    port = int(PG.split("@")[-1].split("/")[0].split(":")[-1]) if ":" in PG.split("@")[-1] else 5432
+    mine = {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port}
+    with psycopg.connect(PG.split("?")[0], autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, client_port FROM pg_stat_activity").fetchall()
+    return [pid for pid, client_port in rows if client_port in mine]
+
+
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 when it is gone or not
+    readable: the server is on another host)."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.Error, OSError):
+        return 0.0
+    return float(times.user + times.system)
+
+
 def child_throughput(shard: str, schema: str, n_keys: int) -> None:
+    import psutil
+
     from actors import DispatchSystem, RunInfo, Tool
     from stores import open_store
 
@@ -74,18 +103,24 @@ def child_throughput(shard: str, schema: str, n_keys: int) -> None:
     tool = Tool(tool_id="echo", fn=lambda input, ctx: {"k": input["k"]})
     run = RunInfo(run_id=uuid.uuid4().hex[:12], org_id="bench", scope="scaleout")
     system = DispatchSystem.start(tools=[tool], store=store, run=run)
+    me = psutil.Process()
     try:
         print("ready", flush=True)
         sys.stdin.readline()
+        before = {pid: _cpu_of(pid) for pid in _backend_pids()}
+        cpu = sum(me.cpu_times()[:2])
         start = time.time()
         futures = system.proxy().execute_many("echo", [{"k": k} for k in keys])
         for f in futures:
             f.get(timeout=600)
         end = time.time()
+        cpu = sum(me.cpu_times()[:2]) - cpu
+        # a backend that opened during the run counts from zero (its start is work too)
+        server = sum(_cpu_of(pid) - before.get(pid, 0.0) for pid in _backend_pids())
     finally:
         system.stop()
         store.close()
-    print(json.dumps({"start": start, "end": end, "n": len(keys)}), flush=True)
+    print(json.dumps({"start": start, "end": end, "n": len(keys), "cpu_s": cpu, "server_cpu_s": server}), flush=True)
 
 
 def run_child_pacing(
@@ -164,7 +199,9 @@ def _go(procs: list[subprocess.Popen[str]]) -> None:
         p.stdin.flush()
 
 
-def workers_rate(workers: int, schema: str, n_keys: int) -> float:
+def workers_rate(workers: int, schema: str, n_keys: int) -> tuple[float, float, float]:
+    """Calls/s of ``workers`` processes, and the CPU per call in µs (user + system) of
+    the workers and of the Postgres backends that served them."""
     procs = [
         _spawn("--child-throughput", f"{i}/{workers}", "--schema", schema, "--keys", str(n_keys))
         for i in range(workers)
@@ -176,7 +213,10 @@ def workers_rate(workers: int, schema: str, n_keys: int) -> float:
         out, _ = p.communicate(timeout=900)
         results.append(json.loads(out.strip().splitlines()[-1]))
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return sum(r["n"] for r in results) / span
+    n = sum(r["n"] for r in results)
+    worker_us = sum(r["cpu_s"] for r in results) / n * 1e6
+    server_us = sum(r["server_cpu_s"] for r in results) / n * 1e6
+    return n / span, worker_us, server_us
 
 
 def raw_rates(keys: list[str], schema: str) -> tuple[float, float]:
@@ -304,15 +344,19 @@ def main(
         ("raw upsert, 500 keys a statement (the limit)", upsert, ""),
         ("raw keyed read, 500 a statement", read, ""),
     ]
+    cpu_of: dict[int, tuple[float, float]] = {}
     for n in (int(x) for x in workers.split(",")):
         s = f"td_bench_{uuid.uuid4().hex[:10]}"
         try:
-            fresh = workers_rate(n, s, n_keys)
-            rerun = workers_rate(n, s, n_keys)
+            fresh, fresh_cpu, fresh_server = workers_rate(n, s, n_keys)
+            rerun, rerun_cpu, rerun_server = workers_rate(n, s, n_keys)
         finally:
             _drop(s)
-        rows += [(f"{n} worker(s), fresh", fresh, f"{fresh / upsert:.2f} of raw upsert"),
-                 (f"{n} worker(s), rerun", rerun, f"{rerun / read:.2f} of raw read")]  # fmt: skip
+        cpu_of[n] = (fresh_cpu, fresh_server)
+        rows += [(f"{n} worker(s), fresh", fresh,
+                  f"{fresh / upsert:.2f} of raw upsert; CPU/call: workers {fresh_cpu:.0f} µs, server {fresh_server:.0f} µs"),
+                 (f"{n} worker(s), rerun", rerun,
+                  f"{rerun / read:.2f} of raw read; CPU/call: workers {rerun_cpu:.0f} µs, server {rerun_server:.0f} µs")]  # fmt: skip
     if not no_dbos:
         rate, why = dbos_rate(dbos_steps)
         rows.append((f"DBOS step no-op ({dbos_steps} in one workflow, Postgres)", rate, why))
@@ -326,6 +370,15 @@ def main(
         if one and rate and name.startswith("DBOS"):
             extra += f"; one worker fresh = {one / rate:.1f}x DBOS"
         print(f"| {name} | {'n/a' if rate is None else f'{rate:,.0f}'} | {extra} |")
+    if 1 in cpu_of and cpu_of[1][1] > 0:
+        worker_us, server_us = cpu_of[1]
+        print(
+            f"\non paper: a fresh call costs the server {server_us:.0f} µs of CPU and its worker "
+            f"{worker_us:.0f} µs; one Postgres of {SERVER_CORES} cores, CPU-bound, would carry "
+            f"~{SERVER_CORES / server_us * 1e6:,.0f} fresh calls/s, from "
+            f"~{SERVER_CORES / server_us * worker_us:.0f} worker cores (before disk: WAL flushes, "
+            "one per transaction, are batched by the store)"
+        )
     if no_pacing:
         return None
     return pacing_table(rps, seconds, burst_s)
