@@ -27,7 +27,7 @@ from stores import (
     SqliteReceiptStore,
     StoreError,
 )
-from stores.sqlite.together import TOGETHER
+from stores.base import FENCED_WRITES
 
 ORG = "org-t"
 ME = Owner("run-t", 1)
@@ -143,7 +143,7 @@ def test_write_together_takes_fenced_writes_only(tmp_path: Path) -> None:
                 ]
             )
         assert _status(store, "a") is ReceiptStatus.QUEUED  # nothing ran
-        assert "claim_many" not in TOGETHER
+        assert "claim_many" not in FENCED_WRITES
 
 
 class _WaitsFirst(SqliteReceiptStore):
