@@ -16,7 +16,10 @@ is why heartbeats renew at a fraction of the TTL.
 Fencing: ``mark_running_many``, ``renew_leases``, ``complete_many``, ``fail_many``
 and ``release`` change a receipt only when its lease id, owner run id and owner
 attempt all match the caller's; otherwise nothing changes for that key and the
-:class:`~stores.types.FenceReport` says why.
+:class:`~stores.types.FenceReport` says why. The six fenced writes (those five and
+``mark_uncertain_many``) are written here once, over one method each backend
+implements, ``_fence``: one statement applying an operation to items
+(:mod:`stores.fenced`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from stores.fenced import FenceItem, completion_items, failure_items, lease_items
 from stores.rules import MAX_OUTPUT_BYTES
 from stores.types import (
     BatchRecord,
@@ -42,6 +46,7 @@ from stores.types import (
     Owner,
     Receipt,
     ReceiptStatus,
+    Refusal,
     ResolveAction,
 )
 
@@ -118,8 +123,10 @@ class ReceiptStore(abc.ABC):
     :class:`stores.postgres.store.PostgresReceiptStore`.
 
     Implementations are safe to call from several threads (and greenlets) at once,
-    and never block a gevent hub. A subclass declares what it can do beyond the
-    abstract methods in :attr:`capabilities` (default: nothing more).
+    and never block a gevent hub. A subclass implements the abstract methods and the
+    fenced writes' one statement, ``_fence`` (or overrides each fenced write instead);
+    it declares what it can do beyond them in :attr:`capabilities` (default: nothing
+    more).
     """
 
     clock: Clock = time.time
@@ -192,7 +199,6 @@ class ReceiptStore(abc.ABC):
           recorded ``uncertain`` instead (see :mod:`stores.claims`).
         """
 
-    @abc.abstractmethod
     def mark_running_many(
         self,
         org_id: str,
@@ -215,14 +221,18 @@ class ReceiptStore(abc.ABC):
         refused member is not stored at all (the caller forms its request again without
         that member).
         """
+        op = "running" if lease_ttl_s is None else "running_renew"
+        items = lease_items(leases)
+        if not batches:
+            return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s)
+        return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s, batches=batches)
 
-    @abc.abstractmethod
     def renew_leases(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
     ) -> FenceReport:
         """Extend held leases to now + ``lease_ttl_s`` seconds, fenced."""
+        return self._fence(org_id, owner, "renew", lease_items(leases), {}, ttl_s=lease_ttl_s)
 
-    @abc.abstractmethod
     def complete_many(self, org_id: str, completions: Sequence[Completion], owner: Owner) -> FenceReport:
         """Store outputs and mark receipts completed, fenced.
 
@@ -230,16 +240,19 @@ class ReceiptStore(abc.ABC):
         ``COMPLETED_BY_OTHER`` and the stored receipt; an output larger than
         :data:`MAX_OUTPUT_BYTES` once serialised is refused for that key alone.
         """
+        items, refused = completion_items(completions)
+        report = self._fence(org_id, owner, "complete", items, refused, ReceiptStatus.COMPLETED)
+        applied = set(report.applied)
+        return FenceReport(tuple(c.key for c in completions if c.key in applied), report.refused)
 
-    @abc.abstractmethod
     def fail_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
         """Record failures (error text and kind) and drop the leases, fenced.
 
         A receipt holding a previous output (a refresh) goes back to ``completed``
         with that output instead; no error is recorded.
         """
+        return self._fence(org_id, owner, "fail", failure_items(failures), {}, ReceiptStatus.FAILED)
 
-    @abc.abstractmethod
     def mark_uncertain_many(self, org_id: str, failures: Sequence[Failure], owner: Owner) -> FenceReport:
         """Record ``uncertain`` outcomes (error text, kind of the failure seen), fenced.
 
@@ -248,13 +261,48 @@ class ReceiptStore(abc.ABC):
         receipt holding a previous output (a refresh) keeps it: ordinary claims still
         reuse it (see :meth:`claim_many`).
         """
+        items = failure_items(failures)
+        return self._fence(org_id, owner, "uncertain", items, {}, ReceiptStatus.UNCERTAIN)
 
-    @abc.abstractmethod
     def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
         """Give receipts back (status ``pending``, no lease), fenced.
 
         A receipt holding a previous output (a refresh) goes back to ``completed``.
         """
+        return self._fence(org_id, owner, "release", lease_items(leases), {})
+
+    def _fence(
+        self,
+        org_id: str,
+        owner: Owner,
+        op: str,
+        items: list[FenceItem],
+        refused: dict[str, Refusal],
+        idempotent_status: ReceiptStatus | None = None,
+        ttl_s: float | None = None,
+        batches: Sequence[BatchRecord] = (),
+    ) -> FenceReport:
+        """The one statement the six fenced writes above are built on (each backend's own).
+
+        Applies ``op`` (``running``, ``running_renew``, ``renew``, ``complete``, ``fail``,
+        ``uncertain``, ``release``) to every item whose lease ``owner`` holds, in one
+        transaction; for ``running`` and ``running_renew``, stores in that transaction each
+        of ``batches`` whose every member was applied and sets its members' ``batch_key``.
+        ``ttl_s``: the new lease lifetime (``running_renew``, ``renew``), seconds.
+
+        Returns:
+            The :class:`FenceReport` in the order of ``items``: keys not applied are added
+            to ``refused`` with :func:`stores.fenced.refusal` (which also counts a retried
+            write that already landed as applied: the receipt already has
+            ``idempotent_status`` under the same lease).
+
+        Raises:
+            NotImplementedError: this default; a store either implements it (SQLite,
+                Postgres) or overrides each of the six fenced writes instead.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither _fence nor the fenced write {op!r}"
+        )
 
     @abc.abstractmethod
     def resolve(

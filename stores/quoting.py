@@ -4,7 +4,10 @@ An input may be 32 MiB (:data:`stores.inputs.MAX_INPUT_BYTES`), an output too, a
 provider's error often echoes what it was sent. A message quotes a value through
 :func:`brief` (a bounded ``repr``, :data:`QUOTE_CHARS`), and a whole error text, which
 may itself quote one, is cut by :func:`shorten` to :data:`MAX_ERROR_CHARS` where it is
-kept (a receipt's error, a row's error in ``tooldispatch run``'s output, a report).
+kept (a receipt's error, a row's error in ``tooldispatch run``'s output, a report). A
+receipt keeps what its call was for cut likewise (:func:`kept_input`,
+:data:`INPUT_TEXT_MAX_CHARS`), and any text it keeps in a form every backend stores
+(:func:`storable`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,15 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_ERROR_CHARS", "QUOTE_CHARS", "brief", "shorten"]
+__all__ = [
+    "INPUT_TEXT_MAX_CHARS",
+    "MAX_ERROR_CHARS",
+    "QUOTE_CHARS",
+    "brief",
+    "kept_input",
+    "shorten",
+    "storable",
+]
 
 QUOTE_CHARS = 200
 """Most characters of a value quoted in a message (:func:`brief`)."""
@@ -68,3 +79,25 @@ def brief(value: Any, limit: int = QUOTE_CHARS) -> str:
         except Exception:
             text = "<a value>"
     return shorten(text, limit)
+
+
+def storable(text: str) -> str:
+    """``text`` with NUL (where SQLite's JSON functions cut a string short) and lone
+    surrogates (no UTF-8 form) written as backslash escapes."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+INPUT_TEXT_MAX_CHARS = 4096
+"""Most characters of a call's input a receipt keeps (``Receipt.input_text``); a longer
+one is cut there, ending in ``…`` (the input hash still names the whole input)."""
+
+
+def kept_input(text: str | None) -> str | None:
+    """``text`` as a receipt keeps it: at most :data:`INPUT_TEXT_MAX_CHARS` characters
+    (cut ones end in ``…``), made :func:`storable`; None stays None (the receipt keeps
+    what it holds)."""
+    if text is None:
+        return None
+    if len(text) > INPUT_TEXT_MAX_CHARS:
+        text = text[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
+    return storable(text)

@@ -1,5 +1,8 @@
 """A receipt as every backend stores it: its columns, a row read back as a
 :class:`~stores.types.Receipt`, error text as stored, the statuses a purge takes by default.
+
+:data:`INPUT_TEXT_MAX_CHARS` and :func:`kept_input` (how a receipt keeps its input's
+text) are :mod:`stores.quoting`'s, named here too.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 import orjson
 
 from stores.codec import decode_stored
-from stores.quoting import shorten
+from stores.quoting import INPUT_TEXT_MAX_CHARS, kept_input, shorten, storable
 from stores.types import BatchRecord, FailureKind, Receipt, ReceiptStatus
 
 __all__ = [
@@ -63,31 +66,9 @@ DEFAULT_PURGE = (
 
 def error_text(error: str) -> str:
     """Error text as stored: cut to :data:`~stores.quoting.MAX_ERROR_CHARS` (head and
-    tail; a provider's error may quote the whole input), NUL (where SQLite's JSON
-    functions cut a string short) and lone surrogates (no UTF-8 form) written as
-    backslash escapes."""
-    return _storable(shorten(error))
-
-
-def _storable(text: str) -> str:
-    """``text`` with NUL and lone surrogates written as backslash escapes."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-INPUT_TEXT_MAX_CHARS = 4096
-"""Most characters of a call's input a receipt keeps (``Receipt.input_text``); a longer
-one is cut there, ending in ``…`` (the input hash still names the whole input)."""
-
-
-def kept_input(text: str | None) -> str | None:
-    """``text`` as a receipt keeps it: at most :data:`INPUT_TEXT_MAX_CHARS` characters
-    (cut ones end in ``…``), NUL and lone surrogates escaped as :func:`error_text` does;
-    None stays None (the receipt keeps what it holds)."""
-    if text is None:
-        return None
-    if len(text) > INPUT_TEXT_MAX_CHARS:
-        text = text[: INPUT_TEXT_MAX_CHARS - 1] + "\u2026"
-    return _storable(text)
+    tail; a provider's error may quote the whole input), NUL and lone surrogates written
+    as backslash escapes (:func:`~stores.quoting.storable`)."""
+    return storable(shorten(error))
 
 
 _STATUS_BY_VALUE = {status.value: status for status in ReceiptStatus}

@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from stores.quoting import kept_input
+
 __all__ = [
     "BatchRecord",
     "Claim",
@@ -29,12 +31,6 @@ __all__ = [
     "RefusalReason",
     "ResolveAction",
 ]
-
-
-def _kept(text: str | None) -> str | None:
-    from stores.rows import kept_input  # rows imports this module
-
-    return kept_input(text)
 
 
 class ReceiptStatus(str, enum.Enum):
@@ -157,10 +153,10 @@ class ClaimRequest:
     did take (still leased under this id to the same owner, queued or running, live or
     lapsed) is answered ``CLAIMED`` as it stands, nothing written, as a retried fenced
     write that already landed counts as applied."""
-    input_text: str | None = attrs.field(default=None, converter=_kept)
+    input_text: str | None = attrs.field(default=None, converter=kept_input)
     """What the receipt keeps of the input, to show what it was for: the canonical input
     (RFC 8785 JSON), or the readable digest its tool chose (``Tool.keep_input``); ``""``
-    keeps nothing. Cut to ``stores.rows.INPUT_TEXT_MAX_CHARS``. A claim that writes the
+    keeps nothing. Cut to ``stores.quoting.INPUT_TEXT_MAX_CHARS``. A claim that writes the
     receipt stores it; None leaves what the receipt holds (a salvage replay)."""
 
 
@@ -246,7 +242,7 @@ class Receipt:
     lease_owner_started_at: float | None = None
     input_text: str | None = None
     """What the call was for, as its claim recorded it (``ClaimRequest.input_text``): the
-    canonical input (at most ``stores.rows.INPUT_TEXT_MAX_CHARS`` characters), the
+    canonical input (at most ``stores.quoting.INPUT_TEXT_MAX_CHARS`` characters), the
     tool's readable digest of it, ``""`` (the tool keeps nothing), or None (a receipt
     written before schema v3, or by a salvage replay)."""
     batch_key: str | None = None

@@ -194,8 +194,8 @@ class ReceiptStoreActor(InboxActor):
 
     def _write_together(self, first: FencedWrite) -> None:
         """``first`` and the fenced writes waiting behind it, in one transaction (see
-        :mod:`stores.sqlite.together`); the first other message taken is put back, to be
-        handled next (the inbox keeps its order)."""
+        ``SqliteReceiptStore.write_together``); the first other message taken is put back,
+        to be handled next (the inbox keeps its order)."""
         calls = [first]
         inbox: TakeBackInbox = self.actor_inbox  # type: ignore[assignment]  # new_inbox()
         while len(calls) < _TOGETHER_MAX:

@@ -33,7 +33,7 @@ from stores.claims import ClaimPlan, already_taken, batch_members_wanted, plan_c
 from stores.codec import encode_output
 from stores.dispositions import decide_disposition, keeps_batch, serves_last_good
 from stores.errors import StoreError
-from stores.fenced import FencedWrites, FenceItem, refusal
+from stores.fenced import FenceItem, refusal
 from stores.postgres.claims import read_settled
 from stores.postgres.conn import PgConnections, is_postgres_url, split_schema
 from stores.postgres.listen import channel_name
@@ -98,7 +98,7 @@ def _by_bytes(rows: list[tuple[str, str, str]], budget: int) -> list[list[tuple[
     return out
 
 
-class PostgresReceiptStore(FencedWrites, ReceiptStore):
+class PostgresReceiptStore(ReceiptStore):
     """Receipt store in a Postgres database (one schema).
 
     Args:

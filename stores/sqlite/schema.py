@@ -60,12 +60,14 @@ import sqlite_utils
 from stores.errors import SchemaVersionError
 from stores.rows import COLUMNS
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "create_v1", "enable_wal", "migrate"]
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "add_v2", "add_v3", "add_v4", "create_v1", "enable_wal", "migrate"]
 
 SCHEMA_VERSION = 4
 
 
 def create_v1(db: sqlite_utils.Database) -> None:
+    """Schema step 1: table ``receipts`` with its first 17 columns. :func:`migrate` runs
+    each step a file lacks, in order; a test builds an old file with the first few."""
     db["receipts"].create(  # type: ignore[union-attr]
         {
             "key": str,
@@ -94,8 +96,8 @@ def create_v1(db: sqlite_utils.Database) -> None:
     db.table("receipts").create_index(["status", "updated_at"], index_name="receipts_status_updated")
 
 
-def _add_v2(db: sqlite_utils.Database) -> None:
-    """Lease owner identity, execution generation, the meta table."""
+def add_v2(db: sqlite_utils.Database) -> None:
+    """Schema step 2: lease owner identity, execution generation, the meta table."""
     receipts = db.table("receipts")
     receipts.add_column("generation", int, not_null_default=1)
     receipts.add_column("lease_owner_host", str)
@@ -104,13 +106,14 @@ def _add_v2(db: sqlite_utils.Database) -> None:
     db["meta"].create({"name": str, "value": int}, pk="name")  # type: ignore[union-attr]
 
 
-def _add_v3(db: sqlite_utils.Database) -> None:
-    """What each receipt was for (``Receipt.input_text``)."""
+def add_v3(db: sqlite_utils.Database) -> None:
+    """Schema step 3: what each receipt was for (``Receipt.input_text``)."""
     db.table("receipts").add_column("input_text", str)
 
 
-def _add_v4(db: sqlite_utils.Database) -> None:
-    """Batch requests recorded before they are sent: ``receipts.batch_key``, ``batches``."""
+def add_v4(db: sqlite_utils.Database) -> None:
+    """Schema step 4: batch requests recorded before they are sent: ``receipts.batch_key``,
+    ``batches``."""
     db.table("receipts").add_column("batch_key", str)
     db["batches"].create(  # type: ignore[union-attr]
         {"org_id": str, "batch_key": str, "tool_id": str, "members": str, "created_at": float},
@@ -119,7 +122,7 @@ def _add_v4(db: sqlite_utils.Database) -> None:
     )
 
 
-_MIGRATIONS = {1: create_v1, 2: _add_v2, 3: _add_v3, 4: _add_v4}
+_MIGRATIONS = {1: create_v1, 2: add_v2, 3: add_v3, 4: add_v4}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

@@ -3,7 +3,16 @@
 One file, WAL mode, a busy timeout, ``BEGIN IMMEDIATE`` for every write. Each bulk
 operation is one transaction whose statements carry all keys at once through
 ``json_each(?)`` (never ``executemany`` with RETURNING, which differs across Python
-3.10-3.13). Under gevent the work runs on the hub's threadpool. Inspect a file with
+3.10-3.13). Under gevent the work runs on the hub's threadpool.
+
+Group commit (:meth:`SqliteReceiptStore.write_together`): every SQLite write transaction
+pays a fixed price (taking the write lock, the commit's WAL frames and index update, and
+under threads a wait for the GIL after each statement) that a handful of keys cannot
+spread: a fenced write of 12 keys costs ~175 µs alone here, ~15 µs a key, where 1,000
+keys cost ~8.5 µs a key. Under load the receipt store actor finds many small writes
+waiting in its inbox (marks running from the lifecycles, completions from the flusher)
+and runs them as one transaction, each inside a savepoint of its own, so one call's
+error rolls back that call alone and is answered to it alone, as if it had run by itself. Inspect a file with
 the sqlite-utils CLI, for instance ``sqlite-utils rows receipts.db receipts --limit 5``
 or ``sqlite-utils query receipts.db "select status, count(*) from receipts group by 1"``.
 """
@@ -20,11 +29,11 @@ from typing import Any, TypeVar
 import attrs
 import orjson
 
-from stores.base import Clock, ReceiptStore, StoreCapabilities
+from stores.base import FENCED_WRITES, Clock, Outcome, ReceiptStore, StoreCapabilities
 from stores.claims import batch_members_wanted, plan_claims, settled_by_read
 from stores.codec import encode_output
 from stores.errors import StoreError
-from stores.fenced import FencedWrites, FenceItem, refusal
+from stores.fenced import FenceItem, refusal
 from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
 from stores.rules import resolved_as_failed
 from stores.sqlite.conn import bound_wal, open_connection, store_error
@@ -52,7 +61,6 @@ from stores.sqlite.sql import (
     _SET_UNCERTAIN_LOST,
     _UPSERT_CLAIMS,
 )
-from stores.sqlite.together import WritesTogether
 from stores.types import (
     BatchRecord,
     Claim,
@@ -87,7 +95,7 @@ _SET = {
 now, ttl, now)."""
 
 
-class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
+class SqliteReceiptStore(ReceiptStore):
     """Receipt store in one SQLite file (or ``":memory:"``).
 
     Args:
@@ -132,6 +140,12 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
         self._reader: sqlite3.Connection | None = None
         """A second connection for plain reads on callers' threads (:meth:`read_reusable`):
         under WAL it reads the last commit without waiting for the writer's lock or turn."""
+        self._together = False
+        """True while :meth:`write_together` runs its calls: each call's :meth:`_write`
+        is then a savepoint of that one transaction."""
+        self._undo_failed = False
+        """A call of :meth:`write_together` whose savepoint could not be rolled back: the
+        whole transaction must go."""
 
     def __repr__(self) -> str:
         return f"SqliteReceiptStore({self.path!r})"
@@ -383,6 +397,70 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
 
         return self._call(work)  # type: ignore[no-any-return]
 
+    # -- group commit -----------------------------------------------------------------
+
+    def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
+        """Run fenced writes (``(method, args, kwargs)``, methods in
+        :data:`~stores.base.FENCED_WRITES`) in one transaction, each in a savepoint.
+
+        A subclass that overrides a fenced write runs inside that transaction: what it
+        does after ``super()`` happens before the COMMIT, and a write through a second
+        connection of its own would wait for the write lock this transaction holds.
+
+        Returns:
+            per call, in order, ``(value, None)`` or ``(None, error)``: the value or the
+            error that call alone would have had. A call's error rolls back its own
+            savepoint only; an error that ends the whole transaction (a failed commit,
+            a full disk) is every call's error, since none of them took effect.
+
+        Raises:
+            ValueError: a method not in :data:`~stores.base.FENCED_WRITES` (nothing is run).
+        """
+        for method, _, _ in calls:
+            if method not in FENCED_WRITES:
+                raise ValueError(f"write_together takes fenced writes only, not {method!r}")
+        try:
+            return self._call(self._together_work, calls)  # type: ignore[no-any-return]
+        except StoreError as exc:  # the transaction as a whole failed: no call took effect
+            return [(None, exc)] * len(calls)
+
+    def _together_work(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        with self._write() as conn:  # the transaction; each call's own _write a savepoint
+            self._together, self._undo_failed = True, False
+            try:
+                for method, args, kwargs in calls:
+                    try:
+                        outcomes.append((getattr(self, method)(*args, **kwargs), None))
+                    except Exception as exc:
+                        # SQLite rolled the whole transaction back, or this call's share
+                        # could not be undone alone (then none of it may be committed)
+                        if not conn.in_transaction or self._undo_failed:
+                            raise
+                        error = store_error(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
+                        outcomes.append((None, error))
+            finally:
+                self._together = False
+        return outcomes
+
+    @contextlib.contextmanager
+    def _savepoint(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        """One call's share of a :meth:`write_together` transaction."""
+        conn.execute("SAVEPOINT one_call")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK TO one_call")
+                    conn.execute("RELEASE one_call")
+                except sqlite3.Error:  # this call's share cannot be undone alone: nor kept,
+                    self._undo_failed = True  # so the whole transaction goes (each call fails)
+            raise
+        conn.execute("RELEASE one_call")
+
+    # -- resolve and maintenance -------------------------------------------------------
+
     def resolve(
         self, org_id: str, key: str, action: ResolveAction, *, output: object = None, note: str = ""
     ) -> Receipt | None:
@@ -410,8 +488,6 @@ class SqliteReceiptStore(WritesTogether, FencedWrites, ReceiptStore):
                 return self._rows(conn, org_id, [key]).get(key)
 
         return self._call(work)  # type: ignore[no-any-return]
-
-    # -- maintenance ------------------------------------------------------------------
 
     def purge(
         self,

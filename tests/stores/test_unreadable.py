@@ -6,6 +6,7 @@ tests, every backend; the text is changed behind the store's back, as a person w
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from typing import Any
 
@@ -32,6 +33,17 @@ BAD_TEXTS = {
 }
 
 
+def _edit_sqlite(store: ReceiptStore, statement: str, params: tuple[Any, ...]) -> None:
+    """Run ``statement`` on the SQLite store's file through a connection of our own, as a
+    person with ``sqlite-utils`` would. An in-memory store's database is its own
+    connection's alone: nothing outside it can edit a row, so the test does not apply."""
+    path = store.capabilities.file_path
+    if path is None:
+        pytest.skip("an in-memory database cannot be edited behind its store's back")
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(statement, params)
+
+
 def overwrite_output(store: ReceiptStore, key: str, text: str) -> None:
     """Change a receipt's stored output text directly in the database."""
     sql = "UPDATE {t} SET output = {p} WHERE org_id = {p} AND key = {p}"
@@ -44,13 +56,7 @@ def overwrite_output(store: ReceiptStore, key: str, text: str) -> None:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(sql.format(t=f'"{schema}".receipts', p="%s"), (text, ORG, key))
         return
-    path = store.path  # type: ignore[attr-defined]
-    statement = sql.format(t="receipts", p="?")
-    if path == ":memory:":  # one database per connection: the store's own
-        store._run(lambda: store._conn.execute(statement, (text, ORG, key)))  # type: ignore[attr-defined]
-        return
-    with sqlite3.connect(path) as conn:
-        conn.execute(statement, (text, ORG, key))
+    _edit_sqlite(store, sql.format(t="receipts", p="?"), (text, ORG, key))
 
 
 @pytest.mark.parametrize("bad", list(BAD_TEXTS))
@@ -101,12 +107,7 @@ def overwrite_status(store: ReceiptStore, key: str, status: str) -> None:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'UPDATE "{schema}".receipts SET status = %s WHERE key = %s', (status, key))
         return
-    statement = "UPDATE receipts SET status = ? WHERE key = ?"
-    if store.path == ":memory:":  # type: ignore[attr-defined]
-        store._run(lambda: store._conn.execute(statement, (status, key)))  # type: ignore[attr-defined]
-        return
-    with sqlite3.connect(store.path) as conn:  # type: ignore[attr-defined]
-        conn.execute(statement, (status, key))
+    _edit_sqlite(store, "UPDATE receipts SET status = ? WHERE key = ?", (status, key))
 
 
 @pytest.mark.parametrize("mode", list(ClaimMode))
@@ -148,12 +149,7 @@ def edit_columns(store: ReceiptStore, key: str, assignments: str) -> None:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(sql.format(t=f'"{schema}".receipts', p="%s"), (ORG, key))
         return
-    statement = sql.format(t="receipts", p="?")
-    if store.path == ":memory:":  # type: ignore[attr-defined]
-        store._run(lambda: store._conn.execute(statement, (ORG, key)))  # type: ignore[attr-defined]
-        return
-    with sqlite3.connect(store.path) as conn:  # type: ignore[attr-defined]
-        conn.execute(statement, (ORG, key))
+    _edit_sqlite(store, sql.format(t="receipts", p="?"), (ORG, key))
 
 
 def test_completed_receipt_without_times_fails_no_other_key_of_a_stale_claim(store: ReceiptStore) -> None:

@@ -296,16 +296,31 @@ def test_modes_http_pool_timeout_sent_nothing() -> None:
     from actors.errors import NotSentError
     from actors.results import ToolContext
 
+    silent = socket.create_server(("127.0.0.1", 0))  # its kernel queue takes connections; never answers
     client = httpx.Client(limits=httpx.Limits(max_connections=1))
     endpoint = HttpEndpoint("http://127.0.0.1:9/charge", client=client)
-    context = ToolContext(
-        tool_id="charge", idempotency_key="k", receipt_keys=("k",), credential_scope_digest="",
-        deadline=time.monotonic() + 0.2, timeout_s=0.2,
-    )  # fmt: skip
-    pool = client._transport._pool  # type: ignore[attr-defined]
-    pool._max_connections = 0  # every connection busy: the request waits for the pool
+    holding = threading.Event()
+
+    def trace(event: str, info: Any) -> None:
+        if event == "http11.send_request_headers.complete":  # the pool's one connection is taken
+            holding.set()
+
+    def hold() -> None:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+        with contextlib.suppress(httpx.HTTPError):  # reset when the test closes the server
+            client.get(url, timeout=WAIT_S, extensions={"trace": trace})
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
     try:
-        with pytest.raises(NotSentError, match="pool"):
+        assert holding.wait(WAIT_S)
+        context = ToolContext(
+            tool_id="charge", idempotency_key="k", receipt_keys=("k",), credential_scope_digest="",
+            deadline=time.monotonic() + 0.2, timeout_s=0.2,
+        )  # fmt: skip
+        with pytest.raises(NotSentError, match="pool"):  # every connection busy: it waited for the pool
             endpoint({"card": 1}, context)
     finally:
+        silent.close()  # resets the held connection, still in the server's queue
+        holder.join(WAIT_S)
         client.close()

@@ -151,12 +151,12 @@ def test_cli_receipts_ls_on_a_store_from_before_inputs_were_kept(cli, tmp_path):
 
     import sqlite_utils
 
-    from stores.sqlite.schema import _add_v2, create_v1
+    from stores.sqlite.schema import add_v2, create_v1
 
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db, isolation_level=None)
     create_v1(sqlite_utils.Database(conn))
-    _add_v2(sqlite_utils.Database(conn))
+    add_v2(sqlite_utils.Database(conn))
     conn.execute("PRAGMA user_version = 2")
     conn.execute(
         "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, output, attempts, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,11 +132,11 @@ def test_store_actor_commits_waiting_fenced_writes_together_and_answers_each(tmp
 def test_store_actor_a_failing_write_in_a_group_fails_only_its_own_caller(tmp_path: Path) -> None:
     store = _HeldStore(tmp_path / "r.db")
     keys, leases = _claimed(store, 3)
-    assert store._conn is not None
-    store._conn.execute(
-        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{keys[1]}' "
-        "BEGIN SELECT RAISE(ABORT, 'boom'); END"
-    )
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as conn:  # the test's own
+        conn.execute(
+            f"CREATE TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{keys[1]}' "
+            "BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )
     with _held(store, keys[0]) as ref:
         replies = [_Reply() for _ in keys]
         for lease, reply in zip(leases, replies, strict=True):

@@ -26,6 +26,7 @@ import stores
 from actors import DispatchSystem, Policy, RunInfo, Tool
 from stores import ClaimRequest, Completion, LeaseRef, Owner
 from stores.keys import key_and_input_hash
+from stores.postgres.listen import Listener, channel_name
 
 from ..conftest import wait_for
 
@@ -44,11 +45,39 @@ def _lookup(value: Any, ctx: Any) -> Any:
 TOOL = Tool(tool_id="lookup", fn=_lookup)
 
 
+class _ShortProbes(stores.PostgresReceiptStore):
+    """A store whose change feed probes a silent connection after 0.2 s and gives the probe
+    1 s (a listener's own defaults are 5 s and 5 s): its own :class:`Listener`, started by
+    the first caller, as the store's is."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.feed: Listener | None = None
+        self.feed_lock = threading.Lock()
+
+    def change_feed(self) -> Listener:
+        with self.feed_lock:
+            if self.feed is None:
+                self.feed = Listener(
+                    self.url, channel_name(self.schema), {}, probe_after_s=0.2, probe_timeout_s=1.0
+                )
+                self.feed.start()
+            return self.feed
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+        super().close()
+
+
 class Workers:
     """Worker A (a dispatch system) and worker B (a bare store owner) on one schema."""
 
-    def __init__(self, pg_url: str, schema: str, *, url_a: str | None = None) -> None:
-        self.store_a = stores.PostgresReceiptStore(url_a or pg_url, schema=schema, max_size=3)
+    def __init__(
+        self, pg_url: str, schema: str, *, url_a: str | None = None, short_probes: bool = False
+    ) -> None:
+        store_a = _ShortProbes if short_probes else stores.PostgresReceiptStore
+        self.store_a = store_a(url_a or pg_url, schema=schema, max_size=3)
         self.store_b = stores.PostgresReceiptStore(pg_url, schema=schema, max_size=2)
         policy = Policy(batch_grace_s=0.0, receipt_poll_initial_s=FALLBACK_S, receipt_poll_max_s=FALLBACK_S)
         self.system = DispatchSystem.start(
@@ -75,7 +104,7 @@ class Workers:
         future = self.system.proxy().execute("lookup", input)
         wait_for(lambda: self.system.stats_.snapshot().get("waiting_on_owner"))
         wait_for(self._watching)  # A's store actor watches the key (else only a poll could tell)
-        assert self.store_a._listener.wait_connected(ANSWER_S)
+        assert self.store_a.change_feed().wait_connected(ANSWER_S)  # A's, started by its system
         return future
 
     def _watching(self) -> bool:
@@ -117,7 +146,7 @@ def test_waiter_is_answered_after_the_listener_connection_is_killed(workers: Wor
 
     lease = workers.hold({"email": "b@example.com"})
     future = workers.a_waits({"email": "b@example.com"})
-    listener = workers.store_a._listener
+    listener = workers.store_a.change_feed()
     with psycopg.connect(pg_url, autocommit=True) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,)).fetchone()[0]
     # completed while the listener may be down: its reconnect makes A re-read the key
@@ -252,8 +281,6 @@ def test_listener_notices_a_silent_connection_and_listens_again(
 ) -> None:
     import psycopg
 
-    from stores.postgres.listen import Listener
-
     channel = f"tooldispatch:{pg_schema}"
     listener = Listener(proxy.conninfo(pg_url), channel, {}, probe_after_s=0.2, probe_timeout_s=1.0)
     try:
@@ -278,12 +305,12 @@ def test_listener_notices_a_silent_connection_and_listens_again(
 def test_waiter_is_answered_after_the_listener_connection_goes_silent(
     pg_url: str, pg_schema: str, proxy: FreezingProxy
 ) -> None:
-    pair = Workers(pg_url, pg_schema, url_a=proxy.conninfo(pg_url))  # A's connections go through the relay
+    # A's connections go through the relay; its listener probes after 0.2 s of silence
+    pair = Workers(pg_url, pg_schema, url_a=proxy.conninfo(pg_url), short_probes=True)
     try:
         lease = pair.hold({"email": "d@example.com"})
         future = pair.a_waits({"email": "d@example.com"})
-        listener = pair.store_a._listener
-        listener._probe_after_s, listener._probe_timeout_s = 0.2, 1.0  # the defaults are 5 s and 5 s
+        listener = pair.store_a.change_feed()
         assert proxy.freeze(listening_only=True) == 1  # A's pool still works, its LISTEN hears nothing
         assert pair.store_b.complete_many(ORG, [Completion(lease.key, lease.lease_id, {"by": "b"})], B).ok
 

@@ -1,14 +1,15 @@
 """Group commit of the SQLite store (``write_together``): several fenced writes, one
 transaction, each call answered as if it had run alone.
 
-Real SQLite files; a temporary trigger on the store's own connection makes one
-statement fail (``RAISE(ABORT)``: that statement alone) or end the whole transaction
-(``RAISE(ROLLBACK)``), and a second connection holding the write lock makes the
-transaction unable to start.
+Real SQLite files; a trigger added to the file through a connection of the test's own
+makes one statement fail (``RAISE(ABORT)``: that statement alone) or end the whole
+transaction (``RAISE(ROLLBACK)``), and a second connection holding the write lock makes
+the transaction unable to start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 import threading
@@ -27,7 +28,7 @@ from stores import (
     SqliteReceiptStore,
     StoreError,
 )
-from stores.sqlite.together import TOGETHER
+from stores.base import FENCED_WRITES
 
 ORG = "org-t"
 ME = Owner("run-t", 1)
@@ -49,12 +50,17 @@ def _status(store: SqliteReceiptStore, name: str) -> ReceiptStatus:
     return receipt.status
 
 
+def _edit(store: SqliteReceiptStore, statement: str) -> None:
+    """Run ``statement`` on the store's file through a connection of the test's own."""
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
+        conn.execute(statement)
+
+
 def _trigger(store: SqliteReceiptStore, name: str, action: str) -> None:
-    conn = store._conn
-    assert conn is not None
-    conn.execute(
-        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{_key(name)}' "
-        f"BEGIN SELECT RAISE({action}, 'boom'); END"
+    _edit(
+        store,
+        f"CREATE TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{_key(name)}' "
+        f"BEGIN SELECT RAISE({action}, 'boom'); END",
     )
 
 
@@ -104,7 +110,7 @@ def test_write_together_one_calls_error_fails_that_call_alone(tmp_path: Path) ->
             ReceiptStatus.COMPLETED,
         ]
         # the store goes on as usual afterwards
-        store._conn.execute("DROP TRIGGER boom")  # type: ignore[union-attr]
+        _edit(store, "DROP TRIGGER boom")
         assert store.mark_running_many(ORG, [leases["b"]], ME).applied == (leases["b"].key,)
 
 
@@ -143,7 +149,7 @@ def test_write_together_takes_fenced_writes_only(tmp_path: Path) -> None:
                 ]
             )
         assert _status(store, "a") is ReceiptStatus.QUEUED  # nothing ran
-        assert "claim_many" not in TOGETHER
+        assert "claim_many" not in FENCED_WRITES
 
 
 class _WaitsFirst(SqliteReceiptStore):

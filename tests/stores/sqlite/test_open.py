@@ -374,13 +374,13 @@ def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Pa
 def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_input(tmp_path: Path) -> None:
     """A file written before receipts kept their inputs (schema 2) opens as schema 4: its
     receipts are kept and read with no input recorded; a claim writing one records it."""
-    from stores.sqlite.schema import _add_v2, create_v1
+    from stores.sqlite.schema import add_v2, create_v1
 
     path = tmp_path / "v2.db"
     conn = sqlite3.connect(path, isolation_level=None)
     db = sqlite_utils.Database(conn)
     create_v1(db)
-    _add_v2(db)
+    add_v2(db)
     conn.execute("PRAGMA user_version = 2")
     conn.execute(
         "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, error, failure_kind, "
@@ -412,15 +412,15 @@ def test_sqlite_open_migrates_an_older_file_to_batch_records_keeping_its_receipt
     schema 4: ``receipts.batch_key`` and table ``batches`` are added, its receipts kept
     (a running one is taken over as before, alone, its input kept), and batch requests
     are recorded from then on."""
-    from stores.sqlite.schema import _add_v2, _add_v3, create_v1
+    from stores.sqlite.schema import add_v2, add_v3, create_v1
 
     path = tmp_path / f"v{version}.db"
     conn = sqlite3.connect(path, isolation_level=None)
     db = sqlite_utils.Database(conn)
     create_v1(db)
-    _add_v2(db)
+    add_v2(db)
     if version == 3:
-        _add_v3(db)
+        add_v3(db)
     conn.execute(f"PRAGMA user_version = {version}")
     conn.execute(
         "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, lease_id, "

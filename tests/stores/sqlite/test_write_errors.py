@@ -4,16 +4,19 @@ SQLite may end a transaction by itself (a full disk, an I/O error, a ``RAISE(ROL
 trigger): a ROLLBACK after that would fail with "cannot rollback - no transaction is
 active" and hide the real error. A COMMIT may fail with the transaction still open (a
 deferred constraint): without a ROLLBACK every later write would fail with "cannot start
-a transaction within a transaction". Real files; triggers and a deferred foreign key on
-the store's own connection make those happen.
+a transaction within a transaction". Real files; triggers and tables added through a
+connection of the test's own make those happen, with what only a connection itself can
+set (foreign keys enforced, a ROLLBACK that fails) given to the store's connection by
+the class ``sqlite3.connect`` makes it of while the store opens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,32 +32,66 @@ def _claimed(store: SqliteReceiptStore, *names: str) -> list[LeaseRef]:
     return [LeaseRef(k, c.receipt.lease_id or "") for k, c in zip(keys, claims, strict=True)]
 
 
+def _edit(store: SqliteReceiptStore, *statements: str) -> None:
+    """Run ``statements`` on the store's file through a connection of the test's own."""
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+C = TypeVar("C", bound=sqlite3.Connection)
+
+
+def _opened_with(
+    path: Path, monkeypatch: pytest.MonkeyPatch, factory: type[C]
+) -> tuple[SqliteReceiptStore, C]:
+    """A store on ``path`` whose connection ``sqlite3.connect`` makes as a ``factory``
+    (connections opened later, a reconnect's, are plain), and that connection."""
+    opened: list[C] = []
+    connect = sqlite3.connect
+
+    def connect_as(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, factory=factory, **kwargs)
+        opened.append(conn)
+        return conn
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite3, "connect", connect_as)
+        store = SqliteReceiptStore(path)
+    (conn,) = opened
+    return store, conn
+
+
 def _rolled_back_by_sqlite(store: SqliteReceiptStore, key: str) -> None:
-    assert store._conn is not None
-    store._conn.execute(
-        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{key}' "
-        "BEGIN SELECT RAISE(ROLLBACK, 'boom: the transaction is gone'); END"
+    _edit(
+        store,
+        f"CREATE TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{key}' "
+        "BEGIN SELECT RAISE(ROLLBACK, 'boom: the transaction is gone'); END",
     )
+
+
+class _ForeignKeysOn(sqlite3.Connection):
+    """A connection that enforces foreign keys (a setting of each connection)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.execute("PRAGMA foreign_keys = ON")
 
 
 def _commit_fails(store: SqliteReceiptStore, key: str) -> None:
     """A deferred foreign key broken by the write: SQLite refuses the COMMIT and keeps the
-    transaction open."""
-    conn = store._conn
-    assert conn is not None
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
-    conn.execute("CREATE TABLE child (ref INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
-    conn.execute(
-        f"CREATE TEMP TRIGGER orphan AFTER UPDATE ON receipts WHEN old.key = '{key}' "
-        "BEGIN INSERT INTO child (ref) VALUES (42); END"
+    transaction open (the store's connection is a :class:`_ForeignKeysOn`)."""
+    _edit(
+        store,
+        "CREATE TABLE parent (id INTEGER PRIMARY KEY)",
+        "CREATE TABLE child (ref INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+        f"CREATE TRIGGER orphan AFTER UPDATE ON receipts WHEN old.key = '{key}' "
+        "BEGIN INSERT INTO child (ref) VALUES (42); END",
     )
 
 
 def _undo(store: SqliteReceiptStore) -> None:
-    assert store._conn is not None
-    store._conn.execute("DROP TRIGGER IF EXISTS boom")
-    store._conn.execute("DROP TRIGGER IF EXISTS orphan")
+    _edit(store, "DROP TRIGGER IF EXISTS boom", "DROP TRIGGER IF EXISTS orphan")
 
 
 def test_a_write_sqlite_rolled_back_reports_its_own_error(tmp_path: Path) -> None:
@@ -68,8 +105,11 @@ def test_a_write_sqlite_rolled_back_reports_its_own_error(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
-def test_a_failed_commit_is_rolled_back_and_the_next_write_goes(tmp_path: Path, together: bool) -> None:
-    with SqliteReceiptStore(tmp_path / "r.db") as store:
+def test_a_failed_commit_is_rolled_back_and_the_next_write_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, together: bool
+) -> None:
+    store, _ = _opened_with(tmp_path / "r.db", monkeypatch, _ForeignKeysOn)
+    with store:
         a, b = _claimed(store, "a", "b")
         _commit_fails(store, a.key)
         if together:
@@ -87,36 +127,35 @@ def test_a_failed_commit_is_rolled_back_and_the_next_write_goes(tmp_path: Path, 
         assert store.mark_running_many(ORG, [a, b], ME).applied == (a.key, b.key)
 
 
-class _RollbackFails:
-    """The store's connection, except that ROLLBACK (and ROLLBACK TO) fail."""
+class _RollbackFails(sqlite3.Connection):
+    """A connection whose ROLLBACK (and ROLLBACK TO) fail once ``armed``."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    armed = False
 
-    def execute(self, sql: str, *args: Any) -> Any:
-        if sql.startswith("ROLLBACK"):
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if self.armed and sql.startswith("ROLLBACK"):
             raise sqlite3.OperationalError("disk I/O error (during rollback)")
-        return self._conn.execute(sql, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+        return super().execute(sql, *args)
 
 
 def _fails_midway(store: SqliteReceiptStore, key: str) -> None:
     """RAISE(FAIL) keeps the rows the statement changed before it: only a rollback undoes them."""
-    assert store._conn is not None
-    store._conn.execute(
-        f"CREATE TEMP TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{key}' "
-        "BEGIN SELECT RAISE(FAIL, 'boom'); END"
+    _edit(
+        store,
+        f"CREATE TRIGGER boom BEFORE UPDATE ON receipts WHEN old.key = '{key}' "
+        "BEGIN SELECT RAISE(FAIL, 'boom'); END",
     )
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["alone", "together"])
-def test_a_rollback_that_fails_never_commits_a_failed_write(tmp_path: Path, together: bool) -> None:
-    with SqliteReceiptStore(tmp_path / "r.db") as store:
+def test_a_rollback_that_fails_never_commits_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, together: bool
+) -> None:
+    store, conn = _opened_with(tmp_path / "r.db", monkeypatch, _RollbackFails)
+    with store:
         first, second, other = _claimed(store, "a", "b", "c")
         _fails_midway(store, max(first.key, second.key))  # the later row of the statement
-        store._conn = _RollbackFails(store._conn)  # type: ignore[assignment,arg-type]
+        conn.armed = True
         if together:
             outcomes = store.write_together(
                 [
@@ -128,9 +167,11 @@ def test_a_rollback_that_fails_never_commits_a_failed_write(tmp_path: Path, toge
         else:
             with pytest.raises(StoreError, match="boom"):
                 store.mark_running_many(ORG, [first, second], ME)
-        assert not isinstance(store._conn, _RollbackFails)  # closed (its transaction discarded), reopened
+        with pytest.raises(sqlite3.ProgrammingError):  # closed (its transaction discarded), reopened
+            conn.execute("SELECT 1")
         keys = [first.key, second.key, other.key]
         assert [r.status for r in store.get_many(ORG, keys)] == [ReceiptStatus.QUEUED] * 3  # nothing kept
+        _undo(store)
         assert store.mark_running_many(ORG, [first, second, other], ME).applied == tuple(
             k for k in keys
-        )  # the next write goes (the trigger lived on the closed connection)
+        )  # the next write goes, on the connection opened again
