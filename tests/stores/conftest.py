@@ -174,17 +174,26 @@ def fake_clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=BACKENDS, ids=[backend.id for backend in BACKENDS])
-def store(request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock) -> Iterator[ReceiptStore]:
-    """An empty receipt store of each backend, on ``fake_clock``; closed afterwards."""
-    backend: Backend = request.param
+ON_DISK = [backend for backend in BACKENDS if backend.id != "sqlite-memory"]
+"""The backends whose rows something outside the store can edit (a file, a server)."""
+
+
+def opened(backend: Backend, tmp_path: Path, clock: FakeClock) -> Iterator[ReceiptStore]:
+    """An empty store of ``backend`` on ``clock`` (skipped where it cannot run), closed
+    and dropped afterwards: the body of a store fixture."""
     require_backend(backend)
-    instance = backend.make(tmp_path, fake_clock)
+    instance = backend.make(tmp_path, clock)
     try:
         yield instance
     finally:
         instance.close()
         backend.drop(instance)
+
+
+@pytest.fixture(params=BACKENDS, ids=[backend.id for backend in BACKENDS])
+def store(request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock) -> Iterator[ReceiptStore]:
+    """An empty receipt store of each backend, on ``fake_clock``; closed afterwards."""
+    yield from opened(request.param, tmp_path, fake_clock)
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,19 @@ from stores import (
     encode_output,
 )
 
-from .conftest import ME, ORG, claim, get, key_of, lease_of, make_completed, make_running
+from .conftest import (
+    ME,
+    ON_DISK,
+    ORG,
+    FakeClock,
+    claim,
+    get,
+    key_of,
+    lease_of,
+    make_completed,
+    make_running,
+    opened,
+)
 
 BAD_TEXTS = {
     "not-json": "{not json",
@@ -33,13 +47,18 @@ BAD_TEXTS = {
 }
 
 
+@pytest.fixture(params=ON_DISK, ids=[backend.id for backend in ON_DISK])
+def store(request: pytest.FixtureRequest, tmp_path: Path, fake_clock: FakeClock) -> Iterator[ReceiptStore]:
+    """An empty store of each backend whose rows can be edited from outside it (an
+    in-memory SQLite database is its own connection's alone)."""
+    yield from opened(request.param, tmp_path, fake_clock)
+
+
 def _edit_sqlite(store: ReceiptStore, statement: str, params: tuple[Any, ...]) -> None:
     """Run ``statement`` on the SQLite store's file through a connection of our own, as a
-    person with ``sqlite-utils`` would. An in-memory store's database is its own
-    connection's alone: nothing outside it can edit a row, so the test does not apply."""
+    person with ``sqlite-utils`` would."""
     path = store.capabilities.file_path
-    if path is None:
-        pytest.skip("an in-memory database cannot be edited behind its store's back")
+    assert path is not None
     with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute(statement, params)
 
