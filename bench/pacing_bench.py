@@ -46,7 +46,7 @@ except ImportError:  # run as a script from a checkout
 
 from actors import DispatchSystem, Pacing, Policy, RunInfo  # noqa: E402
 from actors.http import http_tool  # noqa: E402
-from actors.runtime.actor import runtime_name  # noqa: E402
+from actors.runtime import runtime_name  # noqa: E402
 from stores import SqliteReceiptStore  # noqa: E402
 
 STATED_TARGET, UNKNOWN_TARGET, UNKNOWN_429_MAX = 0.96, 0.85, 0.02

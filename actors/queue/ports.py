@@ -60,7 +60,8 @@ from actors.pacing.bucket import plain_retry_after
 from actors.queue.completion_write import CompletionWriter
 from actors.queue.local_effects import FINISHED_READY, Finished, LocalEffects
 from actors.queue.system_ports import Ports
-from actors.runtime.actor import Reply, log, runtime_name
+from actors.runtime.actor import Reply, log
+from actors.runtime.flavor import runtime_name
 from actors.tool import Tool
 from stores.types import BatchRecord, ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
