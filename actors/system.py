@@ -20,7 +20,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -186,6 +187,12 @@ class DispatchSystem:
     def stopped(self) -> bool:
         """True once :meth:`stop` began."""
         return self._stopped
+
+    @property
+    def memos(self) -> Mapping[str, Memo]:
+        """Each tool's memo of recent outputs (tool id -> :class:`~actors.queue.Memo`; a
+        read-only view), bounded by :attr:`~actors.tool.Policy.memo_max_bytes`."""
+        return MappingProxyType(self._memos)
 
     def proxy(self) -> DispatchProxy:
         """The handle whose ``execute`` returns futures."""

@@ -31,15 +31,14 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from actors import DispatchSystem, RunInfo, Tool
-from actors.lifecycle import machine as lifecycle
-from actors.queue import local_effects as _local_effects
-from actors.queue import ports as _ports
+from actors.lifecycle import Lifecycle
+from actors.queue import ActorEffects, LocalEffects
 from stores import SqliteReceiptStore
 
 STEPS: dict[Any, tuple[str, ...]] = {
-    lifecycle.Lifecycle: ("drained", "on_claimed", "on_granted", "on_marked", "on_finished", "on_persisted"),
-    _ports.ActorEffects: ("claim", "acquire", "mark_running", "persist"),
-    _local_effects.LocalEffects: ("start", "answer"),
+    Lifecycle: ("drained", "on_claimed", "on_granted", "on_marked", "on_finished", "on_persisted"),
+    ActorEffects: ("claim", "acquire", "mark_running", "persist"),
+    LocalEffects: ("start", "answer"),
     SqliteReceiptStore: ("claim_many", "mark_running_many", "complete_many"),
 }
 

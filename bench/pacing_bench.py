@@ -46,7 +46,7 @@ except ImportError:  # run as a script from a checkout
 
 from actors import DispatchSystem, Pacing, Policy, RunInfo  # noqa: E402
 from actors.http import http_tool  # noqa: E402
-from actors.runtime.actor import runtime_name  # noqa: E402
+from actors.runtime import runtime_name  # noqa: E402
 from stores import SqliteReceiptStore  # noqa: E402
 
 STATED_TARGET, UNKNOWN_TARGET, UNKNOWN_429_MAX = 0.96, 0.85, 0.02
@@ -90,7 +90,8 @@ def run_case(rps: float, mode: str, seconds: float, burst_s: float) -> dict[str,
                 time.sleep(max(0.0, min(TRACE_S, start + seconds - time.monotonic())))
                 if TRACE:
                     now_seen = limiter.statuses()
-                    view = system._governor.proxy().pacing_report().get(timeout=30).get("bench/nginx", {})
+                    traced = system.ports.governor.proxy().pacing_report().get(timeout=30)
+                    view = traced.get("bench/nginx", {})
                     print(
                         f"# {time.monotonic() - start:5.1f}s 200={now_seen.get(200, 0)} "
                         f"429={now_seen.get(429, 0)} {view.get('learnt')} rate={view.get('rate_rps')} "
@@ -99,7 +100,7 @@ def run_case(rps: float, mode: str, seconds: float, burst_s: float) -> dict[str,
                         flush=True,
                     )
             seen = limiter.statuses()
-            report = system._governor.proxy().pacing_report().get(timeout=30)
+            report = system.ports.governor.proxy().pacing_report().get(timeout=30)
         finally:
             system.stop(timeout_s=60.0)
             store.close()

@@ -147,6 +147,13 @@ class SalvageLog:
             return set()
         return {key for key in keys if (org_id, key) in held}
 
+    @property
+    def lock(self) -> threading.Lock:
+        """This process's lock for the file, held while appending or replaying: one per file
+        (by its real path), shared by every SalvageLog on it (two DispatchSystems on one
+        store share the default salvage file)."""
+        return self._lock
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """This process's lock for the file, then the cross-process one."""

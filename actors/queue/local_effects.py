@@ -35,15 +35,24 @@ __all__ = ["FINISHED_READY", "FinishReport", "Finished", "LocalEffects"]
 
 
 class LocalEffects:
-    """Effects on the worker pool, the callers, the salvage file and the memo."""
+    """Effects on the worker pool, the callers, the salvage file and the memo.
 
-    actor: Any
-    tool: Tool
-    ports: Ports
-    ref: Any
-    org_id: str
-    finished: Finished
-    _tell: Any
+    Args:
+        actor: the tool queue actor (its ``lifecycle``'s units, its ``queue``'s memo), on
+            whose thread every method but :meth:`keep_late_of` runs.
+        tool: the actor's tool.
+        ports: what the system's tool queue actors share.
+        finished: where the tool's attempts put their outcomes for the actor.
+    """
+
+    def __init__(self, actor: Any, tool: Tool, ports: Ports, finished: Finished) -> None:
+        self.actor = actor
+        self.tool = tool
+        self.ports = ports
+        self.ref = actor.actor_ref
+        self.org_id = ports.run.org_id
+        self.finished = finished
+        self._tell = self.ref.tell
 
     def start(self, spec: AttemptSpec) -> None:
         tell = self._tell

@@ -6,7 +6,8 @@ shares: requests to the store, governor, heartbeat and flusher carry a
 :class:`~actors.runtime.actor.Reply` that comes back to the actor as a fact message, which
 :meth:`ActorEffects.dispatch` hands to the lifecycle. Slot releases are coalesced into
 one governor message per handled message. The effects that stay in the process
-(attempts, callers, salvage, memo) are :class:`LocalEffects`.
+(attempts, callers, salvage, memo) are those of the
+:class:`~actors.queue.local_effects.LocalEffects` it holds.
 """
 
 from __future__ import annotations
@@ -59,15 +60,22 @@ from actors.pacing.bucket import plain_retry_after
 from actors.queue.completion_write import CompletionWriter
 from actors.queue.local_effects import FINISHED_READY, Finished, LocalEffects
 from actors.queue.system_ports import Ports
-from actors.runtime.actor import Reply, log, runtime_name
+from actors.runtime.actor import Reply, log
+from actors.runtime.flavor import runtime_name
 from actors.tool import Tool
 from stores.types import BatchRecord, ClaimMode, ClaimRequest, Completion, Failure, LeaseRef
 
 __all__ = ["ActorEffects"]
 
 
-class ActorEffects(LocalEffects):
-    """The lifecycle's effects for one tool queue actor (runs on that actor's thread)."""
+class ActorEffects:
+    """The lifecycle's effects for one tool queue actor (runs on that actor's thread).
+
+    The effects that stay in the process (``start``, ``keep_late``, ``reconcile``,
+    ``answer``, ``requeue``, ``salvage``, ``count``, ``salvage_path``, ``remember``,
+    ``forget``, ``owe``, ``owed``) are the bound methods of its :attr:`local`, taken once
+    here: a call to one costs no extra layer.
+    """
 
     def __init__(self, actor: Any, tool: Tool, ports: Ports) -> None:
         self.actor = actor
@@ -84,6 +92,20 @@ class ActorEffects(LocalEffects):
         self._unbeat: list[str] = []
         self._tell = self.ref.tell
         self.finished = Finished()
+        local = self.local = LocalEffects(actor, tool, ports, self.finished)
+        """The effects that stay in the process."""
+        self.start = local.start
+        self.keep_late = local.keep_late
+        self.reconcile = local.reconcile
+        self.answer = local.answer
+        self.requeue = local.requeue
+        self.salvage = local.salvage
+        self.count = local.count
+        self.salvage_path = local.salvage_path
+        self.remember = local.remember
+        self.forget = local.forget
+        self.owe = local.owe
+        self.owed = local.owed
         self.writer = CompletionWriter(ports, tool.tool_id, self.org_id)
         self.beats = DeferredBeats(
             ports.policy.heartbeat_for(self.lease_ttl_s), defer=runtime_name() != "gevent"

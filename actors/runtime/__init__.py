@@ -1,7 +1,8 @@
 """The runtime the actors stand on: the actor base, futures, timers, the worker pool, nesting."""
 
-from actors.runtime.actor import InboxActor, Reply, Timers, WorkerPool, guarded, log, on_actor, runtime_name
-from actors.runtime.at_exit import AT_EXIT_STOP_S, track, untrack
+from actors.runtime.actor import InboxActor, Reply, Timers, WorkerPool, guarded, log, on_actor
+from actors.runtime.at_exit import AT_EXIT_STOP_S, ExitHook, track, untrack
+from actors.runtime.flavor import runtime_name
 from actors.runtime.futures import MAX_WAIT_S, LightFuture, bounded, fail, new_future, resolved_future
 from actors.runtime.inbox import TakeBackInbox, answer_left, left_in
 from actors.runtime.nesting import (
@@ -18,6 +19,7 @@ from actors.runtime.nesting import (
 __all__ = [
     "AT_EXIT_STOP_S",
     "MAX_WAIT_S",
+    "ExitHook",
     "InboxActor",
     "LightFuture",
     "NestScope",

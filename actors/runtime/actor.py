@@ -22,9 +22,10 @@ from typing import Any
 
 import pykka
 
+from actors.runtime.flavor import getcurrent, runtime_name
 from actors.runtime.futures import bounded, fail
 from actors.runtime.host_signals import hand_to_host
-from actors.runtime.nesting import _getcurrent, _tool_greenlets, _tool_thread
+from actors.runtime.nesting import tool_greenlets, tool_thread
 
 __all__ = [
     "InboxActor",
@@ -38,12 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tooldispatch")
-
-
-def runtime_name() -> str:
-    """``"gevent"`` when gevent has monkey-patched threading, else ``"threads"``."""
-    monkey = sys.modules.get("gevent.monkey")
-    return "gevent" if monkey and monkey.is_module_patched("threading") else "threads"
 
 
 class Reply:
@@ -212,26 +207,26 @@ class WorkerPool:
 
     @staticmethod
     def _run(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        _tool_thread.active = True
+        tool_thread.active = True
         try:
             fn(*args)
         except BaseException:
             log.exception("a worker task failed")
         finally:
-            _tool_thread.active = False
+            tool_thread.active = False
 
     @staticmethod
     def _run_greenlet(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        assert _getcurrent is not None
-        me = _getcurrent()
-        _tool_greenlets.add(me)
+        assert getcurrent is not None
+        me = getcurrent()
+        tool_greenlets.add(me)
         try:
             fn(*args)
         except BaseException as exc:
             if not hand_to_host(exc):  # (a signal handler's KeyboardInterrupt is the host's)
                 log.exception("a worker task failed")
         finally:
-            _tool_greenlets.discard(me)
+            tool_greenlets.discard(me)
 
     def _work(self, inbox: queue.SimpleQueue[Any]) -> None:
         while True:

@@ -48,8 +48,8 @@ from typing import Any
 
 from actors.errors import note_signalled
 from actors.runtime import futures as _futures
+from actors.runtime.flavor import getcurrent, runtime_name
 from actors.runtime.futures import Interjection, waits_here
-from actors.runtime.nesting import _getcurrent
 
 __all__ = ["SIGNALS", "cover", "hand_to_host", "hold", "release", "settle", "stopping"]
 
@@ -84,7 +84,7 @@ class _Held:
         if not _gevent_running():
             return _noted(self.handler, signum, frame)
         main = _main_greenlet()  # (a signal's handler runs on the main thread: its root greenlet)
-        if _getcurrent() is main:  # type: ignore[misc]
+        if getcurrent() is main:  # type: ignore[misc]
             return _noted(self.handler, signum, frame)
         import gevent
 
@@ -101,17 +101,15 @@ def _noted(handler: Callable[[int, Any], Any], signum: int, frame: Any) -> Any:
 
 
 def _main_greenlet() -> Any:
-    assert _getcurrent is not None
-    g = _getcurrent()
+    assert getcurrent is not None
+    g = getcurrent()
     while g.parent is not None:
         g = g.parent
     return g
 
 
 def _gevent_running() -> bool:
-    from actors.runtime.actor import runtime_name
-
-    return runtime_name() == "gevent" and _getcurrent is not None
+    return runtime_name() == "gevent" and getcurrent is not None
 
 
 def _to_main(handler: Callable[[int, Any], Any], signum: int, main: Any) -> None:
@@ -187,9 +185,9 @@ def settle() -> None:
     and raise what one raised. Their effects (a ``stop`` that cancelled the very call the
     host waited on) never come to the host before their exit, as on plain threads, where
     the main thread runs the handler before anything else. Nothing elsewhere."""
-    if not _runs or threading.get_ident() in _stopping or _getcurrent is None:
+    if not _runs or threading.get_ident() in _stopping or getcurrent is None:
         return
-    if _getcurrent().parent is not None:  # not the main greenlet
+    if getcurrent().parent is not None:  # not the main greenlet
         return
     for run in list(_runs):
         run.done.wait()
@@ -304,7 +302,7 @@ def hand_to_host(exc: BaseException) -> bool:
     if not _gevent_running() or not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return False
     main = _main_greenlet()
-    if _getcurrent() is main:  # type: ignore[misc]
+    if getcurrent() is main:  # type: ignore[misc]
         return False
     import gevent
 

@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from actors.errors import cause_chain
 from actors.runtime import futures as _futures
-
-_getcurrent: Callable[[], Any] | None
-try:
-    from greenlet import getcurrent as _getcurrent
-except ImportError:  # no gevent: workers are threads
-    _getcurrent = None
+from actors.runtime.flavor import getcurrent
 
 __all__ = [
     "NestScope",
@@ -33,12 +28,16 @@ __all__ = [
     "lend",
     "relayed_here",
     "running_keys",
+    "tool_greenlets",
+    "tool_thread",
 ]
 
-_tool_thread = threading.local()
-_tool_greenlets: set[Any] = set()
-"""Under gevent: the greenlets running a tool's function (a greenlet-local flag would cost
-each attempt half a dozen objects for the collector to walk)."""
+tool_thread = threading.local()
+"""On threads: its ``active`` is True on a worker while it runs a tool's function (set by
+the worker pool, :class:`~actors.runtime.actor.WorkerPool`)."""
+tool_greenlets: set[Any] = set()
+"""Under gevent: the greenlets running a tool's function, kept by the worker pool (a
+greenlet-local flag would cost each attempt half a dozen objects for the collector to walk)."""
 
 
 _running: dict[Any, frozenset[str]] = {}
@@ -64,7 +63,7 @@ class NestScope:
 
 
 def _worker_id() -> Any:
-    return _getcurrent() if _tool_greenlets and _getcurrent is not None else threading.get_ident()
+    return getcurrent() if tool_greenlets and getcurrent is not None else threading.get_ident()
 
 
 def enter_keys(keys: Iterable[str], scope: NestScope | None = None) -> Any:
@@ -169,8 +168,8 @@ def running_keys() -> frozenset[str]:
 def in_tool() -> bool:
     """True on a worker thread (or greenlet) while it runs a tool's function, and on one
     lent to a running tool call."""
-    if _tool_greenlets and _getcurrent is not None and _getcurrent() in _tool_greenlets:
+    if tool_greenlets and getcurrent is not None and getcurrent() in tool_greenlets:
         return True
-    if getattr(_tool_thread, "active", False):
+    if getattr(tool_thread, "active", False):
         return True
     return bool(_lent) and _acting_for(_worker_id()) is not None

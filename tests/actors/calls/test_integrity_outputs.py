@@ -139,7 +139,7 @@ def test_outputs_memo_stays_within_its_bytes_with_1_mib_outputs(
     tool = Tool(tool_id="t", fn=fn)
     bound = 3 * MIB + 4096  # room for three 1 MiB outputs
     system = make_system([tool], policy=Policy(batch_grace_s=0.05, memo_max_bytes=bound))
-    memo = system._memos["t"]
+    memo = system.memos["t"]
     for wave in range(3):  # 12 outputs of 1 MiB, four at once
         futures = [system.proxy().execute("t", {"n": n}) for n in range(wave * 4, wave * 4 + 4)]
         for f in futures:
@@ -160,5 +160,5 @@ def test_outputs_memo_refuses_outputs_larger_than_its_bound(make_system: Any) ->
     system = make_system([tool], policy=Policy(batch_grace_s=0.05, memo_max_bytes=MIB // 2))
     for n in range(3):
         assert system.proxy().execute("t", {"n": n}).get(timeout=WAIT_S).execution == "live"
-    assert system._memos["t"].entries == {} and system._memos["t"].bytes == 0
+    assert system.memos["t"].entries == {} and system.memos["t"].bytes == 0
     assert system.proxy().execute("t", {"n": 0}).get(timeout=WAIT_S).execution == "cached"  # the store

@@ -514,8 +514,8 @@ def test_salvage_logs_on_one_path_share_one_lock(tmp_path: Path) -> None:
     # replay must not interleave with the other's append
     first = SalvageLog(tmp_path / "salvage.jsonl")
     second = SalvageLog(str(tmp_path / "." / "salvage.jsonl"))
-    assert first._lock is second._lock
-    assert SalvageLog(tmp_path / "other.jsonl")._lock is not first._lock
+    assert first.lock is second.lock
+    assert SalvageLog(tmp_path / "other.jsonl").lock is not first.lock
 
 
 # -- what a claim asks of the file before it judges a receipt (issue 26) ----------------

@@ -31,9 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.job import rows as rows_module
-from actors.job.cli import _count_rows
 from actors.job.play import Play
-from actors.job.rows import InputError, RowError, read_rows
+from actors.job.rows import InputError, RowError, count_rows, read_rows
 from actors.job.runner import run_rows
 from stores import MAX_ERROR_CHARS, MAX_INPUT_BYTES
 
@@ -323,7 +322,7 @@ def test_count_rows_never_holds_a_line_whole(tmp_path: Path) -> None:
 
     tracemalloc.start()
     try:
-        count = _count_rows(str(path))
+        count = count_rows(str(path))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -112,7 +112,9 @@ class FakeEffects:
         self.uncertain: set[str] = set()
         self.reconciles: list[tuple[int, str]] = []
         self.resolves: list[tuple[int, str, str]] = []
-        self.launch = Launch(Latch())
+        self.write_latch = Latch()
+        """The latch the launch checks (the flusher's, in a system)."""
+        self.launch = Launch(self.write_latch)
         self.hold_sends = False
         """Attempts wait before their send (a gate, a batch's build): withdrawable."""
         self.withdrawn: list[tuple[str, BaseException]] = []

@@ -132,7 +132,7 @@ def test_withdrawn_by_a_stop_refuses_the_callers_and_gives_the_receipts_back() -
 def test_withdrawn_by_the_latch_counts_its_callers_refused() -> None:
     d = _held(BATCHED)
     calls = run_to_running(d, "a", "b")
-    d.fx.launch._latch.trip("writes failed")
+    d.fx.write_latch.trip("writes failed")
     kind, _ = _worker_looks(d) or ("", None)
     assert kind == "latch"
     assert all(isinstance(d.outcome(c), PersistenceCircuitOpenError) for c in calls)

@@ -88,7 +88,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _child_env(runtime: str) -> tuple[dict[str, str], list[str]]:
+def child_env(runtime: str) -> tuple[dict[str, str], list[str]]:
     """(environment, command prefix) of a child host in this run's runtime, importing the
     same ``actors``/``stores`` as this test process."""
     env = dict(os.environ)
@@ -103,7 +103,7 @@ def _run(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     script = tmp_path / "host.py"
     script.write_text(_SCRIPT)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     start = time.monotonic()
     proc = subprocess.Popen(
         [*prefix, str(script), str(tmp_path / "r.db"), ending],
@@ -237,7 +237,7 @@ def test_a_tool_fanning_out_on_an_executor_when_the_host_exits_is_recorded_as_st
     or, not retry-safe, ``uncertain`` (before: ``failed``/``permanent``, never run again)."""
     script = tmp_path / "fanout.py"
     script.write_text(_FANOUT)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     db = tmp_path / "r.db"
     arg = "safe" if safe else "unsafe"
     done = subprocess.run(
@@ -293,7 +293,7 @@ def test_a_multiprocessing_child_that_never_stops_its_system_stores_its_running_
         pytest.skip("a spawned child is a plain interpreter: the threads run covers it")
     script = tmp_path / "mp.py"
     script.write_text(_MP)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     db = tmp_path / "r.db"
     done = subprocess.run(
         [*prefix, str(script), str(db), method],
@@ -306,11 +306,11 @@ def test_a_multiprocessing_child_that_never_stops_its_system_stores_its_running_
     assert _statuses(db) == {"completed": 6}
 
 
-def test_after_an_interrupt_every_later_run_of_the_exit_hook_leaves_at_once(monkeypatch: Any) -> None:
+def test_after_an_interrupt_every_later_run_of_the_exit_hook_leaves_at_once() -> None:
     """The hook runs twice at exit (``atexit``, then multiprocessing's finalizers): once an
     interrupt ended its wait, the second run must not start the stop again (before: the
     second run waited the whole bound, the process did not leave)."""
-    from actors.runtime import at_exit as _at_exit
+    from actors.runtime.at_exit import ExitHook
 
     class Host:
         stopped = False
@@ -320,9 +320,8 @@ def test_after_an_interrupt_every_later_run_of_the_exit_hook_leaves_at_once(monk
             Host.stops += 1
             raise KeyboardInterrupt
 
-    host = Host()
-    monkeypatch.setattr(_at_exit, "_interrupted", False)
-    monkeypatch.setattr(_at_exit, "_running", {host})
-    _at_exit._stop_all()
-    _at_exit._stop_all()
+    hook = ExitHook()
+    hook.add(Host())
+    hook.run()
+    hook.run()
     assert Host.stops == 1

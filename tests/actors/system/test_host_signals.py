@@ -24,7 +24,7 @@ import pytest
 from actors import Tool
 from actors.errors import signalled
 
-from .test_exit_without_stop import _child_env
+from .test_exit_without_stop import child_env
 
 INTERRUPTS = 8
 
@@ -81,7 +81,7 @@ def test_a_signal_to_a_busy_host_reaches_the_host_and_every_paid_result_is_store
 ) -> None:
     script, db = tmp_path / "host.py", tmp_path / "r.db"
     script.write_text(_HOST)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     proc = subprocess.Popen(
         [*prefix, str(script), str(db), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env,
@@ -332,7 +332,7 @@ def test_a_handler_that_blocks_runs_and_its_exit_reaches_the_host(
     stored."""
     script, db = tmp_path / "host.py", tmp_path / "r.db"
     script.write_text(_BLOCKING_HOST)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     proc = subprocess.Popen(
         [*prefix, str(script), str(db), how, waits], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env,

@@ -201,9 +201,10 @@ def test_results_held_on_the_completion_ladder_are_salvaged_before_stop_returns(
         assert "Timeout" not in _outcomes(futures)
         DownStore.clear.set()  # the store answers again: the flusher gets past its wait and stops
         end = time.monotonic() + WAIT_S
-        while system._flusher.is_alive() and time.monotonic() < end:
+        flusher = system.ports.flusher
+        while flusher.is_alive() and time.monotonic() < end:
             threading.Event().wait(0.05)
-        assert not system._flusher.is_alive(), "the flusher never stopped (its stop was taken from its inbox)"
+        assert not flusher.is_alive(), "the flusher never stopped (its stop was taken from its inbox)"
     finally:
         DownStore.clear.set()
         store.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .test_exit_without_stop import _child_env
+from .test_exit_without_stop import child_env
 
 CALLS = 3
 
@@ -94,7 +94,7 @@ def test_a_stop_cut_short_while_the_store_is_locked_salvages_every_paid_result(
     one for its whole bound (60 s). It now salvages what is held and returns at once."""
     script, db = tmp_path / "host.py", tmp_path / "r.db"
     script.write_text(_HOST)
-    env, prefix = _child_env(runtime)
+    env, prefix = child_env(runtime)
     proc = subprocess.Popen(
         [*prefix, str(script), str(db), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env,

@@ -108,7 +108,7 @@ class Workers:
         return future
 
     def _watching(self) -> bool:
-        watch = self.system._store_ref.proxy().watch.get(timeout=ANSWER_S)
+        watch = self.system.ports.store.proxy().watch.get(timeout=ANSWER_S)
         return watch is not None and watch.watched > 0
 
     def close(self) -> None:
