@@ -6,20 +6,23 @@ call costs one round trip whatever its size. The rules every statement keeps:
 - "Now" is ``now()`` on the database server, read inside the deciding statement. A test
   passes its fake time as ``%(now)s`` instead; production passes NULL.
 - Rows are locked in one fixed order, so two bulk calls over overlapping keys in
-  different orders never deadlock: keys in the "C" collation, sorted, each row locked
-  ``FOR UPDATE`` in its own lookup as a nested loop walks them in that order. A claim
+  different orders never deadlock: keys in the "C" collation, sorted, then locked
+  ``FOR UPDATE`` (:func:`_lock`; a claim's ``lk`` sorts the rows it locks). A claim
   first inserts the absent keys (also in key order), and only then locks the existing
   ones: the scalar subquery on ``ins`` in ``lk`` forces that order (sibling CTEs
   otherwise run in an unspecified order).
-- Every keyed statement finds its rows by one index lookup on ``(org_id, key)`` per key,
-  whatever the table's statistics. A new table has none until autovacuum analyzes it,
-  and ``org_id = ... AND key = ANY(...)`` is then planned as a scan of every row of the
-  org, filtered: each statement's cost would grow with the table. Reads and locks look
-  each key up in a ``LATERAL`` subquery (``OFFSET 0`` keeps it one, so it runs as a
-  nested loop, once per key); an ``UPDATE`` joins its target on both key columns to ONE
-  materialized CTE, so the planner sees no constant org to scan by and no key to look
-  up without its org, and chooses between a lookup per key and a scan of the whole
-  table from the table's true size.
+- No plan depends on the table's statistics. A new table has none until autovacuum
+  analyzes it, and ``org_id = ... AND key = ANY(...)`` is then planned as an index scan
+  of the org, the keys a filter: every statement would read every row of the org. So
+  the keys are joined on both ``(org_id, key)`` columns to a materialized CTE that
+  carries the org as a column (:func:`_each`, :func:`_on`): the planner sees no constant
+  org to scan by, and chooses between one index lookup per key and one scan of the
+  table from the keys' count and the table's true size (a claim or read of thousands of
+  keys scans; a few keys are looked up). The fenced writes, a few keys each and the
+  most frequent statements, look each key up in a ``LATERAL`` subquery instead
+  (:func:`_lock`), which cannot be planned as a scan at all. (Estimated costs stay
+  those of the work: a lookup per key costed as a subquery for every one of 20,000
+  keys passes ``jit_above_cost``, and JIT then compiles for seconds.)
 - Arrays travel in binary (``%(keys)b``): psycopg's text dumping of a 500-key list
   costs more than the statement.
 - In READ COMMITTED a ``FOR UPDATE`` returns the newest committed version of each row,
@@ -59,35 +62,17 @@ _NULLS = ", ".join("NULL" for _ in COLUMNS[1:])
 """Padding for the rows a fenced write applied: only their key is sent back."""
 
 
-def _lookup(
-    table: str, key: str, *, org: str = "%(org)s", column: str = "key", cols: str = _COLS, lock: bool = False
-) -> str:
-    """A ``LATERAL`` subquery: columns ``cols`` of the row of ``table`` whose ``(org_id,
-    column)`` is (``org``, ``key``), locked ``FOR UPDATE`` if ``lock``. ``OFFSET 0`` keeps
-    the planner from flattening it into a join, so it runs once per outer row as one
-    unique index lookup, in the outer rows' order. Conditions on other columns belong
-    outside it: inside, they could offer an index of their own to scan by."""
-    return (
-        f'LATERAL (SELECT {cols} FROM {table} WHERE org_id = {org} AND {column} = {key} COLLATE "C" '
-        f"OFFSET 0{' FOR UPDATE' if lock else ''})"
-    )
-
-
-def _each(arrays: str, names: str) -> str:
+def _each(arrays: str = "%(keys)b::text[]", names: str = "key", org: str = "%(org)s") -> str:
     """A CTE of the rows of parallel array parameters ``arrays`` (columns ``names``, the
-    first ``key``), each with the org ``%(org)s`` as column ``org``. An ``UPDATE`` joins
-    its target to it on ``(org_id, key)``: materialized, the org is no constant to the
-    planner, so there is no org-only index scan to choose."""
-    return f'MATERIALIZED (SELECT %(org)s::text COLLATE "C" AS org, x.* FROM unnest({arrays}) AS x({names}))'
+    first ``key``), each with the org ``org`` as column ``org``. Materialized, its org is
+    no constant to the planner: a table joined to it on both key columns (:func:`_on`)
+    has no org-only index scan to choose, nor a lookup of a key without its org."""
+    return f'MATERIALIZED (SELECT {org}::text COLLATE "C" AS org, x.* FROM unnest({arrays}) AS x({names}))'
 
 
-_EACH = 'r.org_id = u.org AND r.key = u.key COLLATE "C"'
-"""The join of an ``UPDATE``'s target ``r`` to rows ``u`` of :func:`_each`."""
-
-
-def _sorted_keys(array: str) -> str:
-    """The distinct keys of text array parameter ``array`` in lock order ("C" collation)."""
-    return f'(SELECT DISTINCT k COLLATE "C" AS key FROM unnest({array}::text[]) AS u(k) ORDER BY 1)'
+def _on(r: str, u: str = "u", column: str = "key") -> str:
+    """The join of table alias ``r`` to rows ``u`` of :func:`_each` on ``(org_id, column)``."""
+    return f'{r}.org_id = {u}.org AND {r}.{column} = {u}.key COLLATE "C"'
 
 
 def _cols(alias: str) -> str:
@@ -199,6 +184,18 @@ _RESOLVE = {
 }
 
 
+def _lock(t: str) -> str:
+    """The rows of table ``t`` of org ``%(org)s`` for the keys in ``%(keys)s``, locked
+    ``FOR UPDATE`` in key order: the sorted keys drive a nested loop over a ``LATERAL``
+    lookup of each (``OFFSET 0`` keeps it a subquery, run once per key), so a statement
+    of a few keys reads a few rows whatever the table's size and statistics."""
+    keys = 'SELECT DISTINCT k COLLATE "C" AS key FROM unnest(%(keys)b::text[]) AS x(k) ORDER BY 1'
+    return (
+        f"SELECT l.* FROM ({keys}) q, "
+        f"LATERAL (SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = q.key OFFSET 0 FOR UPDATE) l"
+    )
+
+
 _TAKE_ARRAYS = (
     "%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[], "
     "%(attempts)b::int[], %(generations)b::int[], %(statuses)b::text[], %(inputs)b::text[], "
@@ -219,29 +216,33 @@ class Statements:
         self.table = t
         self.channel = channel
         self.by_keys = (
-            "SELECT r.* FROM (SELECT %s::text AS org) o, unnest(%b::text[]) AS q(k), "
-            + _lookup(t, "q.k", org="o.org")
-            + " r"
+            f"WITH u AS {_each('%b::text[]', org='%s')} SELECT {_cols('r')} FROM u JOIN {t} r ON {_on('r')}"
         )
-        self.read_settled = read_settled_sql(f"unnest(%(keys)b::text[]) AS q(k), {_lookup(t, 'q.k')} r", _NOW)
-        self.reusable = (
-            f"WITH clk AS ({_NOW}) SELECT r.key, r.input_hash, r.output, "
-            "clk.now - coalesce(r.completed_at, r.updated_at) FROM unnest(%(keys)b::text[]) AS q(k), "
-            + _lookup(t, "q.k", cols="key, status, input_hash, output, completed_at, updated_at")
-            + " r, clk WHERE r.status = 'completed' "
-            # set by hand: left to a claim, which says so for that call alone (a NULL age
-            # failed the whole bulk read with a TypeError)
-            "AND r.output IS NOT NULL AND coalesce(r.completed_at, r.updated_at) IS NOT NULL"
+        self.read_settled = read_settled_sql(
+            f"u AS {_each()}", f"{_cols('r')} FROM u JOIN {t} r ON {_on('r')}", _NOW
         )
+        # the status test stays outside the join (OFFSET 0): on the row it could pick the
+        # status index, whose rows it cannot estimate without statistics either
+        self.reusable = f"""
+WITH clk AS ({_NOW}), u AS {_each()}
+SELECT r.key, r.input_hash, r.output, clk.now - coalesce(r.completed_at, r.updated_at)
+FROM (SELECT r.key, r.status, r.input_hash, r.output, r.completed_at, r.updated_at
+      FROM u JOIN {t} r ON {_on("r")} OFFSET 0) r, clk
+WHERE r.status = 'completed'
+  -- set by hand: left to a claim, which says so for that call alone (a NULL age failed
+  -- the whole bulk read with a TypeError)
+  AND r.output IS NOT NULL AND coalesce(r.completed_at, r.updated_at) IS NOT NULL
+"""
         self.claim = f"""
-WITH req AS (
-  SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],
-                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[], %(inputs)b::text[])
+WITH req AS MATERIALIZED (
+  SELECT %(org)s::text COLLATE "C" AS org, r.*
+  FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[],
+              %(safe)b::boolean[], %(running)b::boolean[], %(inputs)b::text[])
     AS r(key, scope, tool_id, input_hash, lease_id, safe, running, input_text)
 ),
 clk AS ({_NOW}),
 snap AS (
-  SELECT {_cols("s")}, {_action("s")} AS action FROM req, {_lookup(t, "req.key")} s, clk
+  SELECT {_cols("s")}, {_action("s")} AS action FROM req JOIN {t} s ON {_on("s", "req")}, clk
 ),
 ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
@@ -255,9 +256,10 @@ ins AS (
   RETURNING {_cols("r")}
 ),
 lk AS (
-  SELECT l.* FROM (
-    SELECT key FROM snap WHERE action <> 'none' AND (SELECT count(*) FROM ins) >= 0 ORDER BY key
-  ) q, {_lookup(t, "q.key", lock=True)} l
+  SELECT {_COLS} FROM {t}
+  WHERE (org_id, key) IN (SELECT org_id, key FROM snap WHERE action <> 'none')
+    AND (SELECT count(*) FROM ins) >= 0
+  ORDER BY key FOR UPDATE
 ),
 la AS (SELECT {_cols("l")}, {_action("l")} AS action FROM lk l JOIN req ON req.key = l.key, clk),
 take AS MATERIALIZED (
@@ -320,9 +322,8 @@ SELECT count(*) FROM gone
         b = f"{schema}.batches"
         self.now = _NOW
         self.batches_by_keys = (
-            "SELECT x.* FROM unnest(%(keys)b::text[]) AS q(k), "
-            + _lookup(b, "q.k", column="batch_key", cols="batch_key, tool_id, members")
-            + " x"
+            f"WITH u AS {_each()} SELECT x.batch_key, x.tool_id, x.members FROM u JOIN {b} x "
+            f"ON {_on('x', column='batch_key')}"
         )
         self.insert_batches = f"""
 INSERT INTO {b} (org_id, batch_key, tool_id, members, created_at)
@@ -332,7 +333,7 @@ ON CONFLICT (org_id, batch_key) DO NOTHING
 """
         self.set_batch_keys = f"""
 WITH u AS {_each("%(keys)b::text[], %(batches)b::text[]", "key, b")}
-UPDATE {t} AS r SET batch_key = u.b FROM u WHERE {_EACH}
+UPDATE {t} AS r SET batch_key = u.b FROM u WHERE {_on("r")}
 """
         self.purge_batches = f"""
 WITH clk AS ({_NOW})
@@ -344,7 +345,7 @@ WHERE coalesce(x.created_at, 0) <= clk.now - %(older)s AND (%(org)s::text IS NUL
 """
         # a claim that takes a recorded batch request whole: rows locked in key order, the
         # plan decided in Python (stores.claims.plan_claims), then written back
-        self.lock_keys = f"SELECT l.* FROM {_sorted_keys('%(keys)b')} q, {_lookup(t, 'q.key', lock=True)} l"
+        self.lock_keys = _lock(t)
         self.take_rows = f"""
 WITH u AS {_each(_TAKE_ARRAYS, _TAKE_NAMES)}
 UPDATE {t} AS r SET status = u.status, error = NULL, failure_kind = NULL,
@@ -357,19 +358,19 @@ UPDATE {t} AS r SET status = u.status, error = NULL, failure_kind = NULL,
   attempts = u.attempts, updated_at = %(now)s, generation = u.generation, batch_key = u.batch_key,
   lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
   input_text = coalesce(u.input_text, r.input_text)
-FROM u WHERE {_EACH}
+FROM u WHERE {_on("r")}
 """
         self.restore_rows = f"""
 WITH u AS {_each("%(keys)b::text[]", "key")}
 UPDATE {t} AS r SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = %(now)s,
   {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
-FROM u WHERE {_EACH}
+FROM u WHERE {_on("r")}
 """
         self.uncertain_rows = f"""
 WITH u AS {_each("%(keys)b::text[], %(errors)b::text[]", "key, e")}
 UPDATE {t} AS r SET status = 'uncertain', error = u.e, failure_kind = NULL, lease_expires_at = NULL,
   updated_at = %(now)s
-FROM u WHERE {_EACH}
+FROM u WHERE {_on("r")}
 """
         self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
         # the row is locked (``lock_one``) and judged uncertain in Python first (a status or
@@ -400,7 +401,7 @@ WITH j AS (
     AS u(key, lease_id, a, b)
 ),
 clk AS ({_NOW}),
-locked AS (SELECT l.* FROM {_sorted_keys("%(keys)b")} q, {_lookup(t, "q.key", lock=True)} l),
+locked AS ({_lock(t)}),
 ok AS MATERIALIZED (
   SELECT l.*, j.a, j.b FROM locked l JOIN j ON j.key = l.key
   WHERE l.lease_id = j.lease_id AND l.lease_owner_run_id = %(run)s AND l.lease_owner_attempt = %(attempt)s
