@@ -16,12 +16,11 @@ from stores.types import Claim, ClaimMode, ClaimRequest
 __all__ = ["read_settled", "read_settled_sql"]
 
 
-def read_settled_sql(table: str, columns: str, now_sql: str) -> str:
-    """The read: each requested row with the database's now (``%(now)s`` a test's fake)."""
-    return (
-        f"WITH clk AS ({now_sql}) SELECT clk.now, {columns} FROM {table}, clk "
-        "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])"
-    )
+def read_settled_sql(ctes: str, rows: str, now_sql: str) -> str:
+    """The read: each requested row with the database's now (``%(now)s`` a test's fake);
+    ``rows`` the select list and ``FROM`` of the rows of ``%(org)s`` for ``%(keys)s``,
+    ``ctes`` the CTEs it reads (see :mod:`stores.postgres.sql`)."""
+    return f"WITH clk AS ({now_sql}), {ctes} SELECT clk.now, {rows}, clk"
 
 
 def read_settled(

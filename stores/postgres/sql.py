@@ -5,11 +5,24 @@ call costs one round trip whatever its size. The rules every statement keeps:
 
 - "Now" is ``now()`` on the database server, read inside the deciding statement. A test
   passes its fake time as ``%(now)s`` instead; production passes NULL.
-- Rows are locked in one fixed order (``ORDER BY key FOR UPDATE``, keys in the "C"
-  collation), so two bulk calls over overlapping keys in different orders never
-  deadlock. A claim first inserts the absent keys (also in key order), and only then
-  locks the existing ones: the scalar subquery on ``ins`` in ``locked`` forces that order
-  (sibling CTEs otherwise run in an unspecified order).
+- Rows are locked in one fixed order, so two bulk calls over overlapping keys in
+  different orders never deadlock: keys in the "C" collation, sorted, then locked
+  ``FOR UPDATE`` (:func:`_lock`; a claim's ``lk`` sorts the rows it locks). A claim
+  first inserts the absent keys (also in key order), and only then locks the existing
+  ones: the scalar subquery on ``ins`` in ``lk`` forces that order (sibling CTEs
+  otherwise run in an unspecified order).
+- No plan depends on the table's statistics. A new table has none until autovacuum
+  analyzes it, and ``org_id = ... AND key = ANY(...)`` is then planned as an index scan
+  of the org, the keys a filter: every statement would read every row of the org. So
+  the keys are joined on both ``(org_id, key)`` columns to a materialized CTE that
+  carries the org as a column (:func:`_each`, :func:`_on`): the planner sees no constant
+  org to scan by, and chooses between one index lookup per key and one scan of the
+  table from the keys' count and the table's true size (a claim or read of thousands of
+  keys scans; a few keys are looked up). The fenced writes, a few keys each and the
+  most frequent statements, look each key up in a ``LATERAL`` subquery instead
+  (:func:`_lock`), which cannot be planned as a scan at all. (Estimated costs stay
+  those of the work: a lookup per key costed as a subquery for every one of 20,000
+  keys passes ``jit_above_cost``, and JIT then compiles for seconds.)
 - Arrays travel in binary (``%(keys)b``): psycopg's text dumping of a 500-key list
   costs more than the statement.
 - In READ COMMITTED a ``FOR UPDATE`` returns the newest committed version of each row,
@@ -47,6 +60,19 @@ _KEEPS = "l.completed_at IS NOT NULL AND l.status IN ('completed', 'queued', 'ru
 
 _NULLS = ", ".join("NULL" for _ in COLUMNS[1:])
 """Padding for the rows a fenced write applied: only their key is sent back."""
+
+
+def _each(arrays: str = "%(keys)b::text[]", names: str = "key", org: str = "%(org)s") -> str:
+    """A CTE of the rows of parallel array parameters ``arrays`` (columns ``names``, the
+    first ``key``), each with the org ``org`` as column ``org``. Materialized, its org is
+    no constant to the planner: a table joined to it on both key columns (:func:`_on`)
+    has no org-only index scan to choose, nor a lookup of a key without its org."""
+    return f'MATERIALIZED (SELECT {org}::text COLLATE "C" AS org, x.* FROM unnest({arrays}) AS x({names}))'
+
+
+def _on(r: str, u: str = "u", column: str = "key") -> str:
+    """The join of table alias ``r`` to rows ``u`` of :func:`_each` on ``(org_id, column)``."""
+    return f'{r}.org_id = {u}.org AND {r}.{column} = {u}.key COLLATE "C"'
 
 
 def _cols(alias: str) -> str:
@@ -103,7 +129,7 @@ _FENCE_SET = {
     "running_renew": "status = 'running', lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
     "renew": "lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
     "complete": (
-        "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = clk.now, "
+        "status = 'completed', output = l.a, lease_expires_at = NULL, updated_at = clk.now, "
         "completed_at = clk.now"
     ),
     # A receipt holding a previous output (a refresh) goes back to completed, its lease
@@ -111,15 +137,15 @@ _FENCE_SET = {
     "fail": ", ".join(
         [
             "status = CASE WHEN l.completed_at IS NULL THEN 'failed' ELSE 'completed' END",
-            "error = CASE WHEN l.completed_at IS NULL THEN j.a END",
-            "failure_kind = CASE WHEN l.completed_at IS NULL THEN j.b END",
+            "error = CASE WHEN l.completed_at IS NULL THEN l.a END",
+            "failure_kind = CASE WHEN l.completed_at IS NULL THEN l.b END",
             "lease_expires_at = NULL",
             "updated_at = clk.now",
         ]
         + [f"{c} = CASE WHEN l.completed_at IS NULL THEN l.{c} END" for c in _LEASE_COLUMNS]
     ),
     "uncertain": (
-        "status = 'uncertain', error = j.a, failure_kind = j.b, lease_expires_at = NULL, updated_at = clk.now"
+        "status = 'uncertain', error = l.a, failure_kind = l.b, lease_expires_at = NULL, updated_at = clk.now"
     ),
     "release": (
         "status = CASE WHEN l.completed_at IS NULL THEN 'pending' ELSE 'completed' END, "
@@ -158,6 +184,26 @@ _RESOLVE = {
 }
 
 
+def _lock(t: str) -> str:
+    """The rows of table ``t`` of org ``%(org)s`` for the keys in ``%(keys)s``, locked
+    ``FOR UPDATE`` in key order: the sorted keys drive a nested loop over a ``LATERAL``
+    lookup of each (``OFFSET 0`` keeps it a subquery, run once per key), so a statement
+    of a few keys reads a few rows whatever the table's size and statistics."""
+    keys = 'SELECT DISTINCT k COLLATE "C" AS key FROM unnest(%(keys)b::text[]) AS x(k) ORDER BY 1'
+    return (
+        f"SELECT l.* FROM ({keys}) q, "
+        f"LATERAL (SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = q.key OFFSET 0 FOR UPDATE) l"
+    )
+
+
+_TAKE_ARRAYS = (
+    "%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[], "
+    "%(attempts)b::int[], %(generations)b::int[], %(statuses)b::text[], %(inputs)b::text[], "
+    "%(batches)b::text[]"
+)
+_TAKE_NAMES = "key, scope, tool_id, input_hash, lease_id, attempts, generation, status, input_text, batch_key"
+"""The rows a claim of recorded batch requests writes (``take_rows``)."""
+
 _STARTED = "CASE WHEN req.running THEN 'running' ELSE 'queued' END"
 """A claimed receipt's status: ``running`` when claimed straight into running."""
 
@@ -169,26 +215,34 @@ class Statements:
         t = f"{schema}.receipts"
         self.table = t
         self.channel = channel
-        self.by_keys = f"SELECT {_COLS} FROM {t} WHERE org_id = %s AND key = ANY(%b::text[])"
-        self.read_settled = read_settled_sql(t, _COLS, _NOW)
-        self.reusable = (
-            f"WITH clk AS ({_NOW}) SELECT key, input_hash, output, "
-            f"clk.now - coalesce(completed_at, updated_at) FROM {t}, clk "
-            "WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) AND status = 'completed' "
-            # set by hand: left to a claim, which says so for that call alone (a NULL age
-            # failed the whole bulk read with a TypeError)
-            "AND output IS NOT NULL AND coalesce(completed_at, updated_at) IS NOT NULL"
+        self.by_keys = (
+            f"WITH u AS {_each('%b::text[]', org='%s')} SELECT {_cols('r')} FROM u JOIN {t} r ON {_on('r')}"
         )
+        self.read_settled = read_settled_sql(
+            f"u AS {_each()}", f"{_cols('r')} FROM u JOIN {t} r ON {_on('r')}", _NOW
+        )
+        # the status test stays outside the join (OFFSET 0): on the row it could pick the
+        # status index, whose rows it cannot estimate without statistics either
+        self.reusable = f"""
+WITH clk AS ({_NOW}), u AS {_each()}
+SELECT r.key, r.input_hash, r.output, clk.now - coalesce(r.completed_at, r.updated_at)
+FROM (SELECT r.key, r.status, r.input_hash, r.output, r.completed_at, r.updated_at
+      FROM u JOIN {t} r ON {_on("r")} OFFSET 0) r, clk
+WHERE r.status = 'completed'
+  -- set by hand: left to a claim, which says so for that call alone (a NULL age failed
+  -- the whole bulk read with a TypeError)
+  AND r.output IS NOT NULL AND coalesce(r.completed_at, r.updated_at) IS NOT NULL
+"""
         self.claim = f"""
-WITH req AS (
-  SELECT * FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[],
-                       %(leases)b::text[], %(safe)b::boolean[], %(running)b::boolean[], %(inputs)b::text[])
+WITH req AS MATERIALIZED (
+  SELECT %(org)s::text COLLATE "C" AS org, r.*
+  FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[],
+              %(safe)b::boolean[], %(running)b::boolean[], %(inputs)b::text[])
     AS r(key, scope, tool_id, input_hash, lease_id, safe, running, input_text)
 ),
 clk AS ({_NOW}),
 snap AS (
-  SELECT {_cols("s")}, {_action("s")} AS action
-  FROM {t} s JOIN req ON req.key = s.key, clk WHERE s.org_id = %(org)s
+  SELECT {_cols("s")}, {_action("s")} AS action FROM req JOIN {t} s ON {_on("s", "req")}, clk
 ),
 ins AS (
   INSERT INTO {t} AS r (key, org_id, scope, tool_id, status, input_hash, lease_id, lease_owner_run_id,
@@ -203,36 +257,40 @@ ins AS (
 ),
 lk AS (
   SELECT {_COLS} FROM {t}
-  WHERE org_id = %(org)s AND key IN (SELECT key FROM snap WHERE action <> 'none')
+  WHERE (org_id, key) IN (SELECT org_id, key FROM snap WHERE action <> 'none')
     AND (SELECT count(*) FROM ins) >= 0
   ORDER BY key FOR UPDATE
 ),
 la AS (SELECT {_cols("l")}, {_action("l")} AS action FROM lk l JOIN req ON req.key = l.key, clk),
+take AS MATERIALIZED (
+  SELECT l.*, {_STARTED} AS new_status, req.scope AS new_scope, req.tool_id AS new_tool,
+         req.input_hash AS new_hash, req.lease_id AS new_lease, req.input_text AS new_input
+  FROM la l JOIN req ON req.key = l.key WHERE l.action = 'claim'
+),
 claimed AS (
-  UPDATE {t} AS r SET status = {_STARTED}, error = NULL, failure_kind = NULL,
+  UPDATE {t} AS r SET status = l.new_status, error = NULL, failure_kind = NULL,
     output = CASE WHEN {_KEEPS} THEN l.output END,
     completed_at = CASE WHEN {_KEEPS} THEN l.completed_at END,
-    scope = req.scope, tool_id = req.tool_id, input_hash = req.input_hash, lease_id = req.lease_id,
+    scope = l.new_scope, tool_id = l.new_tool, input_hash = l.new_hash, lease_id = l.new_lease,
     lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = clk.now + %(ttl)s,
     attempts = l.attempts + 1, updated_at = clk.now,
     generation = CASE WHEN {_bumps("l")} THEN l.generation + 1 ELSE l.generation END,
     batch_key = CASE WHEN {_bumps("l")} THEN NULL ELSE l.batch_key END,
     lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
-    input_text = coalesce(req.input_text, l.input_text)
-  FROM la l JOIN req ON req.key = l.key, clk
-  WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'claim'
+    input_text = coalesce(l.new_input, l.input_text)
+  FROM take l, clk WHERE r.org_id = l.org_id AND r.key = l.key
   RETURNING {_cols("r")}
 ),
 restored AS (
   UPDATE {t} AS r SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = clk.now,
     {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
-  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'restore'
+  FROM la l, clk WHERE r.org_id = l.org_id AND r.key = l.key AND l.action = 'restore'
   RETURNING {_cols("r")}
 ),
 lost AS (
   UPDATE {t} AS r SET status = 'uncertain', error = %(lost)s, failure_kind = NULL,
     lease_expires_at = NULL, updated_at = clk.now
-  FROM la l, clk WHERE r.org_id = %(org)s AND r.key = l.key AND l.action = 'uncertain'
+  FROM la l, clk WHERE r.org_id = l.org_id AND r.key = l.key AND l.action = 'uncertain'
   RETURNING {_cols("r")}
 )
 SELECT 'claimed', clk.now, ins.* FROM ins, clk
@@ -264,8 +322,8 @@ SELECT count(*) FROM gone
         b = f"{schema}.batches"
         self.now = _NOW
         self.batches_by_keys = (
-            f"SELECT batch_key, tool_id, members FROM {b} WHERE org_id = %(org)s "
-            "AND batch_key = ANY(%(keys)b::text[])"
+            f"WITH u AS {_each()} SELECT x.batch_key, x.tool_id, x.members FROM u JOIN {b} x "
+            f"ON {_on('x', column='batch_key')}"
         )
         self.insert_batches = f"""
 INSERT INTO {b} (org_id, batch_key, tool_id, members, created_at)
@@ -274,8 +332,8 @@ SELECT %(org)s, u.k, u.t, u.m, %(now)s FROM unnest(%(keys)b::text[], %(tools)b::
 ON CONFLICT (org_id, batch_key) DO NOTHING
 """
         self.set_batch_keys = f"""
-UPDATE {t} AS r SET batch_key = u.b FROM unnest(%(keys)b::text[], %(batches)b::text[]) AS u(k, b)
-WHERE r.org_id = %(org)s AND r.key = u.k
+WITH u AS {_each("%(keys)b::text[], %(batches)b::text[]", "key, b")}
+UPDATE {t} AS r SET batch_key = u.b FROM u WHERE {_on("r")}
 """
         self.purge_batches = f"""
 WITH clk AS ({_NOW})
@@ -287,37 +345,32 @@ WHERE coalesce(x.created_at, 0) <= clk.now - %(older)s AND (%(org)s::text IS NUL
 """
         # a claim that takes a recorded batch request whole: rows locked in key order, the
         # plan decided in Python (stores.claims.plan_claims), then written back
-        self.lock_keys = (
-            f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[]) "
-            "ORDER BY key FOR UPDATE"
-        )
+        self.lock_keys = _lock(t)
         self.take_rows = f"""
-UPDATE {t} AS r SET status = w.status, error = NULL, failure_kind = NULL,
+WITH u AS {_each(_TAKE_ARRAYS, _TAKE_NAMES)}
+UPDATE {t} AS r SET status = u.status, error = NULL, failure_kind = NULL,
   output = CASE WHEN r.completed_at IS NOT NULL AND r.status IN ('completed', 'queued', 'running')
     THEN r.output END,
   completed_at = CASE WHEN r.completed_at IS NOT NULL AND r.status IN ('completed', 'queued', 'running')
     THEN r.completed_at END,
-  scope = w.scope, tool_id = w.tool_id, input_hash = w.input_hash, lease_id = w.lease_id,
+  scope = u.scope, tool_id = u.tool_id, input_hash = u.input_hash, lease_id = u.lease_id,
   lease_owner_run_id = %(run)s, lease_owner_attempt = %(attempt)s, lease_expires_at = %(expires)s,
-  attempts = w.attempts, updated_at = %(now)s, generation = w.generation, batch_key = w.batch_key,
+  attempts = u.attempts, updated_at = %(now)s, generation = u.generation, batch_key = u.batch_key,
   lease_owner_host = %(host)s, lease_owner_pid = %(pid)s, lease_owner_started_at = %(started)s,
-  input_text = coalesce(w.input_text, r.input_text)
-FROM unnest(%(keys)b::text[], %(scopes)b::text[], %(tools)b::text[], %(hashes)b::text[], %(leases)b::text[],
-            %(attempts)b::int[], %(generations)b::int[], %(statuses)b::text[], %(inputs)b::text[],
-            %(batches)b::text[])
-  AS w(key, scope, tool_id, input_hash, lease_id, attempts, generation, status, input_text, batch_key)
-WHERE r.org_id = %(org)s AND r.key = w.key
+  input_text = coalesce(u.input_text, r.input_text)
+FROM u WHERE {_on("r")}
 """
         self.restore_rows = f"""
-UPDATE {t} SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = %(now)s,
+WITH u AS {_each("%(keys)b::text[]", "key")}
+UPDATE {t} AS r SET status = 'completed', error = {_LOST}, lease_expires_at = NULL, updated_at = %(now)s,
   {", ".join(f"{c} = NULL" for c in _LEASE_COLUMNS)}
-WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
+FROM u WHERE {_on("r")}
 """
         self.uncertain_rows = f"""
+WITH u AS {_each("%(keys)b::text[], %(errors)b::text[]", "key, e")}
 UPDATE {t} AS r SET status = 'uncertain', error = u.e, failure_kind = NULL, lease_expires_at = NULL,
   updated_at = %(now)s
-FROM unnest(%(keys)b::text[], %(errors)b::text[]) AS u(k, e)
-WHERE r.org_id = %(org)s AND r.key = u.k
+FROM u WHERE {_on("r")}
 """
         self.lock_one = f"SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = %(key)s FOR UPDATE"
         # the row is locked (``lock_one``) and judged uncertain in Python first (a status or
@@ -348,17 +401,14 @@ WITH j AS (
     AS u(key, lease_id, a, b)
 ),
 clk AS ({_NOW}),
-locked AS (
-  SELECT {_COLS} FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])
-  ORDER BY key FOR UPDATE
+locked AS ({_lock(t)}),
+ok AS MATERIALIZED (
+  SELECT l.*, j.a, j.b FROM locked l JOIN j ON j.key = l.key
+  WHERE l.lease_id = j.lease_id AND l.lease_owner_run_id = %(run)s AND l.lease_owner_attempt = %(attempt)s
+    AND l.status IN ('queued', 'running')
 ),
 upd AS (
-  UPDATE {t} AS r SET {set_sql}
-  FROM locked l JOIN j ON j.key = l.key, clk
-  WHERE r.org_id = %(org)s AND r.key = l.key AND l.lease_id = j.lease_id
-    AND l.lease_owner_run_id = %(run)s AND l.lease_owner_attempt = %(attempt)s
-    AND l.status IN ('queued', 'running')
-  RETURNING r.key
+  UPDATE {t} AS r SET {set_sql} FROM ok l, clk WHERE r.org_id = l.org_id AND r.key = l.key RETURNING r.key
 ){note}
 SELECT true, u.key, {_NULLS} FROM upd u{join}
 UNION ALL SELECT false, l.* FROM locked l WHERE l.key NOT IN (SELECT key FROM upd)
