@@ -248,10 +248,12 @@ class Governor:
         key = (org_id, provider)
         new = key not in self.buckets
         bucket = self.bucket(org_id, provider)
+        circuit = bucket.circuit(now)
+        if circuit == "open":  # refused at once, even with no slot free to ask the pacer for
+            return Decisions(refusals=[(reply, self.unavailable_error(key))])
         wkey = (org_id, provider, exempt)
         budgeted = self.limits["provider_calls"] is not None
-        closed = bucket.circuit(now) == "closed"
-        if immediate and (not closed or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
+        if immediate and (circuit != "closed" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
             out = Decisions(grants=[(reply, -1)])
         else:
             waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)

@@ -129,11 +129,11 @@ class SharedLearner:
             self.seen_events = got.events
         fresh = got.accepted - self.seen_accepted
         if fresh > 0:
-            own = list(sent_at)[:fresh]
-            for sent in own:
+            times = list(sent_at)[:fresh]
+            for sent in times:
                 learner.on_accepted(1, now, got.in_use, sent)
-            if fresh > len(own):
-                learner.on_accepted(fresh - len(own), now, got.in_use)
+            if fresh > len(times):
+                learner.on_accepted(fresh - len(times), now, got.in_use)
             self.seen_accepted = got.accepted
         if learner.rate is None:
             return None
