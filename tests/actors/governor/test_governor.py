@@ -387,6 +387,18 @@ def test_governor_open_circuit_refuses_waiters_and_new_calls_then_probes() -> No
     assert _granted(closed) == {held: 1}
 
 
+def test_governor_open_circuit_refuses_a_call_at_once_even_at_the_ceiling() -> None:
+    from actors.errors import ProviderUnavailableError
+
+    gov = _gov(Policy(max_concurrency=1, circuit_failures=1, circuit_open_s=5.0))
+    gov.acquire(ORG, "p", 1, object(), now=0.0)
+    gov.release(ORG, "p", 1, 0, now=0.1, unavailable=1)  # the circuit opens
+    assert gov.acquire(ORG, "other", 1, object(), now=0.2).grants  # the only slot is taken
+    late = object()
+    assert isinstance(_refused(gov.acquire(ORG, "p", 1, late, now=1.0))[late], ProviderUnavailableError)
+    assert not gov.waiters.get((ORG, "p", False))  # failed fast, not left waiting for a slot
+
+
 def test_governor_answers_that_are_not_successes_keep_the_circuit_closed() -> None:
     gov = _gov(Policy(circuit_failures=2), p=Pacing())
     for i in range(5):
