@@ -31,7 +31,7 @@ from actors.errors import BudgetExceededError, CallCancelledError, ProviderUnava
 from actors.pacing.bucket import MIN_WAKE_S, ProviderBucket, parse_retry_after
 from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
-from actors.pacing.shared_learner import SharedLearner, mirror
+from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
 from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
 from actors.tool import Pacing, Policy
 
@@ -589,7 +589,9 @@ class GovernorPacing:
         publish when this governor holds its lease (two round trips when the rate changes,
         else one). False when the pacer is away (the caller grows the local share instead)."""
         org_id, provider = key
-        role = self.roles.setdefault(key, SharedLearner())
+        role = self.roles.get(key)
+        if role is None:
+            role = self.roles[key] = SharedLearner(tolerance=PUBLISH_TOLERANCE if self.shared else 0.0)
         got = self.pacer.learn(org_id, provider, successes, self.holder)
         if got.degraded:
             role.step(got, now)  # drops the role: the counts are this worker's alone

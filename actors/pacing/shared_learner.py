@@ -92,6 +92,10 @@ class SharedLearner:
     seen_accepted: int = 0
     seen_events: int = 0
     looked_at: float = -math.inf
+    tolerance: float = PUBLISH_TOLERANCE
+    """The learner's rate is published when it differs from the pacer's by more than this
+    share of itself (0 for a pacer of this process alone, where publishing costs no round
+    trip: the pacer then paces at the learner's rate exactly)."""
 
     def due(self, now: float) -> bool:
         """Whether this worker holds the lease and has not looked for :data:`LOOK_S`."""
@@ -139,7 +143,7 @@ class SharedLearner:
             return None
         same = (
             got.rate_rps is not None
-            and abs(got.rate_rps - learner.rate) <= PUBLISH_TOLERANCE * learner.rate
+            and abs(got.rate_rps - learner.rate) <= self.tolerance * learner.rate
             and got.limit_rps == learner.limit_rps
             and got.phase == learner.phase
             and got.cuts == learner.cuts
