@@ -138,14 +138,15 @@ class Governor:
         self._arrivals = itertools.count()
         self.now = 0.0
         """The time passed to the last step (seconds): the clock of the governor's own pacer."""
-        own = pacer is None
+        shared = pacer is not None
         if pacer is None:
             pacer = LocalPacer(clock=lambda: self.now)
-        self.pacing = GovernorPacing(self, pacer, shared=not own)
+        self.pacing = GovernorPacing(self, pacer, shared=shared)
         """Its pacing: rates, pauses and circuits, kept by ``pacing.pacer``."""
 
     def bucket(self, org_id: str, provider: str) -> ProviderBucket:
-        """The pacing state of (org, provider), created from its Pacing on first use."""
+        """What this governor keeps of (org, provider) beside its pacer, created from its
+        Pacing on first use."""
         key = (org_id, provider)
         found = self.buckets.get(key)
         if found is None:
