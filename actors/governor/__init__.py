@@ -1,7 +1,8 @@
 """The governor: admission decisions (budgets, concurrency, pacing, backpressure) and its actor.
 
-A :class:`Governor` holds a :class:`GovernorPacing`: :class:`LocalPacing` (this process's
-buckets) or :class:`SharedPacing` (a shared pacer, as in :func:`shared_governor`).
+A :class:`Governor` paces through a :class:`GovernorPacing` over a pacer: its own
+:class:`~actors.pacing.pacers.LocalPacer`, or one shared with other processes (as in
+:func:`shared_governor`); the same code paces both.
 """
 
 from actors.governor.actor import GovernorActor
@@ -10,10 +11,9 @@ from actors.governor.decisions import (
     Decisions,
     Governor,
     GovernorPacing,
-    LocalPacing,
     suggested_parallelism,
 )
-from actors.governor.shared import SharedPacing, shared_governor
+from actors.governor.shared import shared_governor
 
 __all__ = [
     "BUDGET_KINDS",
@@ -21,8 +21,6 @@ __all__ = [
     "Governor",
     "GovernorActor",
     "GovernorPacing",
-    "LocalPacing",
-    "SharedPacing",
     "shared_governor",
     "suggested_parallelism",
 ]

@@ -165,7 +165,7 @@ class GovernorActor(pykka.ThreadingActor):
         gov = self.governor
         gov.refresh_report(self.clock())
         now = self.clock()
-        return pacing_report(gov.buckets, gov.circuits, now, self.gates.waited_s(), self.gates.held_s(now))
+        return pacing_report(gov.buckets, now, self.gates.waited_s(), self.gates.held_s(now))
 
 
 def _take_one(pacer: Any, org_id: str, provider: str) -> tuple[int, float]:

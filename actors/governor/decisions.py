@@ -7,24 +7,32 @@ decisions (resolving reply futures, arming the wake-up timer).
 Rules (docs/pacing.md): one provider call (a batch included) takes one slot;
 waiting for pacing holds no global slot and never blocks another provider's waiters;
 a 429 closes that (org, provider) gate for the Retry-After (plus jitter, so waiters are
-not all released at once) and cuts its rate (AIMD, see :mod:`actors.pacing.bucket`).
+not all released at once) and cuts its rate once per congestion event. Rates, pauses and
+circuits are a :class:`~actors.pacing.pacers.Pacer`'s (:class:`GovernorPacing`): the
+governor's own :class:`~actors.pacing.pacers.LocalPacer`, or one shared by every worker
+(:func:`~actors.governor.shared.shared_governor`); the same code paces both.
 """
 
 from __future__ import annotations
 
-import abc
+import bisect
 import collections
 import itertools
 import math
+import os
 import random
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
 from actors.errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
-from actors.pacing.bucket import ProviderBucket, parse_retry_after
-from actors.pacing.circuit import Circuit
+from actors.pacing.bucket import MIN_WAKE_S, ProviderBucket, parse_retry_after
+from actors.pacing.pacer_state import growth
+from actors.pacing.pacers import LocalPacer, Pacer
+from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
+from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
 from actors.tool import Pacing, Policy
 
 __all__ = [
@@ -33,12 +41,17 @@ __all__ = [
     "Decisions",
     "Governor",
     "GovernorPacing",
-    "LocalPacing",
     "suggested_parallelism",
 ]
 
 BUDGET_KINDS = ("provider_calls", "retries", "receipt_ops")
 BucketKey = tuple[str, str]
+WAIT_POLL_S = 1.0
+"""Longest a worker told to wait asks a shared pacer again: another worker's half-open
+probe settling wakes nobody here, and its claim lasts ``probe_lease_s`` (30 s), so without
+this a worker could stall that long after the circuit had closed."""
+KEPT_VERSIONS = 64
+"""Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
 
 
 def suggested_parallelism(pacing: Pacing, ceiling: int) -> int:
@@ -82,7 +95,7 @@ class Decisions:
     bursts: dict[BucketKey, float] = attrs.field(factory=dict)
     """(org, provider) -> its stated burst: requests its send gate lets go at once."""
     granted: list[tuple[BucketKey, int, bool]] = attrs.field(factory=list)
-    """(org, provider, tokens, probe) a shared pacer granted now: each send through that
+    """((org, provider), tokens, probe) a shared pacer granted now: each send through that
     provider's gate uses one while its slot lasts (see :meth:`SendGate.grant
     <actors.pacing.send_gate.SendGate.grant>`)."""
 
@@ -95,8 +108,9 @@ class Governor:
             the global ceiling (``max_concurrency``) and Retry-After bounds.
         pacings: provider name -> Pacing.
         rng: ``rng() -> float in [0, 1)`` for jitter (injectable for tests).
-        pacing: how rates, pauses and circuits are kept (default :class:`LocalPacing`;
-            :class:`~actors.governor.shared.SharedPacing` for a shared pacer).
+        pacer: a pacer shared with other processes (its owner closes it); None: a
+            :class:`~actors.pacing.pacers.LocalPacer` of this governor's own, timed by
+            the ``now`` passed to each step.
     """
 
     def __init__(
@@ -104,7 +118,7 @@ class Governor:
         policy: Policy,
         pacings: dict[str, Pacing],
         rng: Callable[[], float] = random.random,
-        pacing: GovernorPacing | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.policy = policy
         self.pacings = pacings
@@ -118,31 +132,32 @@ class Governor:
         }
         self.spent: collections.Counter[str] = collections.Counter()
         self.buckets: dict[BucketKey, ProviderBucket] = {}
-        self.circuits: dict[BucketKey, Circuit] = {}
         self.waiters: dict[tuple[str, str, bool], collections.deque[_Waiter]] = {}
         """(org, provider, exempt) -> waiters in arrival order."""
         self.stopped = False
         self._arrivals = itertools.count()
-        self.pacing: GovernorPacing = pacing if pacing is not None else LocalPacing()
-        """Who paces: this process's buckets (:class:`LocalPacing`) or a shared pacer."""
-        self.pacing.attach(self)
+        self.now = 0.0
+        """The time passed to the last step (seconds): the clock of the governor's own pacer."""
+        shared = pacer is not None
+        if pacer is None:
+            pacer = LocalPacer(clock=lambda: self.now)
+        self.pacing = GovernorPacing(self, pacer, shared=shared)
+        """Its pacing: rates, pauses and circuits, kept by ``pacing.pacer``."""
 
     def bucket(self, org_id: str, provider: str) -> ProviderBucket:
-        """The pacing state of (org, provider), created from its Pacing on first use."""
+        """What this governor keeps of (org, provider) beside its pacer, created from its
+        Pacing on first use."""
         key = (org_id, provider)
         found = self.buckets.get(key)
         if found is None:
             pacing = self.pacings.get(provider, Pacing())
             found = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency, pacing.start_rps)
             self.buckets[key] = found
-            policy = self.policy
-            self.circuits[key] = Circuit(
-                policy.circuit_failures, policy.circuit_open_s, policy.circuit_open_max_s
-            )
         return found
 
     def refresh_report(self, now: float) -> None:
         """Bring what the pacing report reads up to date (see :meth:`GovernorPacing.refresh_report`)."""
+        self.now = now
         self.pacing.refresh_report(now)
 
     def unpaced(self, key: BucketKey) -> bool:
@@ -168,6 +183,7 @@ class Governor:
         from the provider, successes included; default ``successes``) drive the
         provider's circuit. When it opens, every waiter of (org, provider) is refused with
         ProviderUnavailableError."""
+        self.now = now
         return self.pacing.release(
             org_id, provider, count, successes, now, unavailable, answered, exempt, refunds, sent_at
         )
@@ -183,6 +199,7 @@ class Governor:
     ) -> Decisions:
         """Pause (org, provider) for the parsed Retry-After and cut its rate (once per
         congestion event; ``sent_at``, when the 429'd request was sent, tells events apart)."""
+        self.now = now
         return self.pacing.backpressure(org_id, provider, retry_after, now, wall, sent_at)
 
     def charge(self, kind: str, amount: int) -> None:
@@ -218,6 +235,7 @@ class Governor:
         answer from its receipt, and no budget charge held for such a call refuses a call
         that needs it.
         """
+        self.now = now
         out = self._queue(org_id, provider, want, reply, now, exempt, immediate)
         self.pacing.acquired((org_id, provider), now, out)
         return out
@@ -231,12 +249,12 @@ class Governor:
         key = (org_id, provider)
         new = key not in self.buckets
         bucket = self.bucket(org_id, provider)
-        verdict = self.circuits[key].admits(now)
-        if verdict == "refuse":
+        circuit = bucket.circuit(now)
+        if circuit == "open":  # refused at once, even with no slot free to ask the pacer for
             return Decisions(refusals=[(reply, self.unavailable_error(key))])
         wkey = (org_id, provider, exempt)
         budgeted = self.limits["provider_calls"] is not None
-        if immediate and (verdict != "go" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
+        if immediate and (circuit != "closed" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
             out = Decisions(grants=[(reply, -1)])
         else:
             waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)
@@ -258,8 +276,9 @@ class Governor:
         bucket cannot grant yet, so a busy provider's stream of waiters never starves
         another provider's waiters at the global ceiling. A grant is charged to the
         ``provider_calls`` budget before it is taken (a refused charge refuses that waiter
-        alone); a half-open circuit's probe is marked sent only once its charge went through.
+        alone, and lets go of a half-open circuit's probe granted to it).
         """
+        self.now = now
         out = Decisions()
         blocked: set[tuple[str, str, bool]] = set()
         while True:
@@ -269,7 +288,7 @@ class Governor:
             wkey = min(heads)[1]
             key = (wkey[0], wkey[1])
             queue, bucket = self.waiters[wkey], self.buckets[key]
-            n = self.pacing.grantable(wkey, queue[0].want, bucket, now, out)
+            n = self.pacing.grantable(wkey, self._budget_room(queue[0].want), bucket, now, out)
             if n is None:  # the provider's circuit is open: every waiter of it is refused
                 out.refusals.extend((w.reply, self.unavailable_error(key)) for w in queue)
                 queue.clear()
@@ -282,13 +301,13 @@ class Governor:
                 n = self._charge_calls(n)
             except BudgetExceededError as exc:
                 out.refusals.append((waiter.reply, exc))
+                self.pacing.unsent_probe(key)
                 continue
             bucket.admission_wait_s += max(0.0, now - waiter.since)
             self.pacing.take(wkey, bucket, n, now)
             if wkey[2]:
                 bucket.nested_out += n
             out.grants.append((waiter.reply, n))
-        out.wake_at = self.pacing.next_wake(now, out)
         return out
 
     def return_slots(self, bucket: ProviderBucket, count: int, exempt: bool, refunds: int) -> None:
@@ -333,6 +352,14 @@ class Governor:
             "5xx or timeouts), so its calls are refused for a while; then one probe call goes"
         )
 
+    def _budget_room(self, want: int) -> int:
+        """``want``, no more than the ``provider_calls`` budget has left (at least one: a
+        spent budget refuses the waiter once a slot is there for it)."""
+        limit = self.limits["provider_calls"]
+        if limit is None:
+            return want
+        return max(1, min(want, limit - self.spent["provider_calls"]))
+
     def _charge_calls(self, n: int) -> int:
         limit = self.limits["provider_calls"]
         if limit is not None:
@@ -352,173 +379,264 @@ class Governor:
         return out
 
 
-class GovernorPacing(abc.ABC):
-    """How a :class:`Governor` paces: the rate, Retry-After pauses and circuit of each
-    (org, provider). The governor keeps budgets, ceilings and waiters, and asks its pacing
-    at each of these steps; every method runs on the governor's thread.
+class GovernorPacing:
+    """How a :class:`Governor` paces: through a :class:`~actors.pacing.pacers.Pacer`, whose
+    :class:`~actors.pacing.pacer_state.BucketState` (or the Redis script held to it) keeps
+    the rate, Retry-After pauses and circuit of each (org, provider). Every method runs on
+    the governor's thread; each pacer call is one round trip when the pacer is shared.
 
-    The governor calls :meth:`attach` once, from its constructor.
+    The governor keeps budgets, the global ceiling and each provider's ``max_concurrency``
+    (both per process), the waiters, and the counters of the pacing report
+    (:class:`~actors.pacing.bucket.ProviderBucket`). Mapping of its steps onto the pacer:
+
+    * ``wake``: ``pacer.take(org, provider, n, partial=True)`` for the head waiter of each
+      provider; nothing granted blocks its waiters until ``now + wait_s`` (a ``paused``
+      verdict pauses this process's send gate, so senders respect another worker's
+      pause); ``refuse`` refuses them and closes the send gate; a grant is charged and its
+      rate version remembered. With a shared pacer the tokens granted go to the send gate
+      (``Decisions.granted``): a request leaves within its slot or asks the pacer again.
+    * ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last
+      grant made at or before the 429'd request was sent (several 429s of one congestion
+      event, from any worker, cut once: RFC 6582).
+    * ``release``: for a stated rate ``pacer.grow`` by :func:`~actors.pacing.pacer_state.growth`
+      (slow start, or AIMD's additive increase); for an unknown limit ``pacer.learn`` (the
+      successes join every worker's count; the worker holding the learner lease runs the
+      :class:`~actors.pacing.learner.LimitLearner` of them all and publishes its rate: see
+      :mod:`actors.pacing.shared_learner`; a governor pacing alone always holds it); then
+      ``pacer.record`` (the circuit); when it opens, waiters are refused and the gate
+      closed. While a shared pacer is away (its local fallback answers), an unknown limit
+      grows by AIMD on this worker's share, as a stated one.
+
+    Args:
+        governor: the governor paced for.
+        pacer: the pacer (its owner closes it).
+        shared: whether other processes pace through ``pacer`` too (a governor pacing
+            alone grants slots before a claim for an unpaced provider, and its send gates
+            space sends by the rate alone).
     """
 
-    gov: Governor
-
-    def attach(self, governor: Governor) -> None:
-        """Pace for ``governor`` (its buckets, circuits and waiters)."""
+    def __init__(self, governor: Governor, pacer: Pacer, shared: bool) -> None:
         self.gov = governor
+        self.pacer = pacer
+        self.shared = shared
+        for name, pacing in governor.pacings.items():
+            pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
+        if pacer.settings == PacerSettings():  # not chosen by its maker: the policy's circuit
+            pacer.settings = PacerSettings.from_policy(governor.policy)
+        self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
+        """(org, provider) -> (grant time, rate version), oldest first."""
+        self.granted_version = 0
+        """The rate version of the grant :meth:`grantable` last made."""
+        self.seen: dict[BucketKey, tuple[float | None, float | None, bool, int]] = {}
+        """(org, provider) -> (rate, reference rate, slow start, version) as the pacer last said."""
+        self.roles: dict[BucketKey, SharedLearner] = {}
+        """(org, provider) of an unknown limit -> this governor's learner role."""
+        self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
+        """This governor's name for the learner lease."""
+        self.probing: dict[BucketKey, bool] = {}
+        """(org, provider) whose half-open probe this governor was granted and has not yet
+        reported -> whether a nested call has it: a probe given back unsent releases the
+        claim at once (else every worker would wait out the probe lease)."""
 
-    @abc.abstractmethod
+    def acquired(self, key: BucketKey, now: float, out: Decisions) -> None:
+        """After a request for slots of ``key`` was answered: a first request during another
+        worker's pause starts this process's send gate paused too."""
+        bucket = self.gov.buckets.get(key)
+        if self.shared and bucket is not None and bucket.gate_until > now:
+            out.gates[key] = (bucket.rate, bucket.gate_until)
+
     def unpaced(self, key: BucketKey) -> bool:
-        """No rate applies to ``key`` now (slots may be granted before a claim)."""
+        """No rate applies to ``key`` now (slots may be granted before a claim); never with a
+        shared pacer, which decides each grant (one round trip)."""
+        return not self.shared and self.pacer.state(key[0], key[1]).rate_rps is None
 
-    def refresh_report(self, now: float) -> None:  # noqa: B027 - a hook: only a shared pacer needs it
-        """Bring what the pacing report reads up to date."""
-
-    def acquired(self, key: BucketKey, now: float, out: Decisions) -> None:  # noqa: B027 - a hook
-        """After a request for slots of ``key`` was answered (queued, granted or refused)."""
-
-    @abc.abstractmethod
     def grantable(
         self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
     ) -> int | None:
-        """Slots the head waiter of ``wkey`` may have now (0: wait), or None: refuse them all."""
+        """Slots the head waiter of ``wkey`` may have now (0: wait), or None: the circuit is
+        open, refuse them all."""
+        key = (wkey[0], wkey[1])
+        if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
+            free = self.gov.ceiling - self.gov.in_flight
+            if bucket.max_concurrency is not None:
+                free = min(free, bucket.max_concurrency - bucket.in_flight)
+            want = min(want, free)
+        if want < 1:
+            return 0  # only a release can help
+        role = self.roles.get(key)
+        if role is not None and role.due(now):  # the learner looks while it waits, too
+            self._learn(key, bucket, 0, now, out)
+        grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2])
+        self._saw(key, grant, out)
+        if grant.verdict == "refuse":
+            bucket.circuit_until = now + grant.wait_s
+            out.closed[key] = now + grant.wait_s
+            return None
+        if grant.granted < 1:
+            wait = max(grant.wait_s, MIN_WAKE_S)
+            if grant.verdict == "wait" and self.shared:  # (a probe out may be another worker's:
+                wait = min(wait, WAIT_POLL_S)  # its verdict wakes nobody here; ask again soon)
+            again = now + wait
+            out.wake_at = again if out.wake_at is None else min(out.wake_at, again)
+            if grant.verdict == "paused" and self.shared:  # another worker's 429: hold ours too
+                bucket.gate_until = max(bucket.gate_until, again)
+                out.gates[key] = (grant.rate_rps, bucket.gate_until)
+            return 0
+        self.granted_version = grant.version
+        if grant.verdict == "probe":
+            self.probing[key] = wkey[2]
+        if self.shared:
+            out.granted.append((key, grant.granted, grant.verdict == "probe"))
+        return grant.granted
 
-    @abc.abstractmethod
     def take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
-        """Take ``n`` granted (and charged) slots."""
+        """Count ``n`` granted (and charged) slots against this process's ceilings; remember
+        their rate version."""
+        if not wkey[2]:
+            bucket.in_flight += n
+            self.gov.in_flight += n
+        seen = self.grants_at.setdefault((wkey[0], wkey[1]), [])
+        seen.append((now, self.granted_version))
+        del seen[:-KEPT_VERSIONS]
 
-    @abc.abstractmethod
-    def next_wake(self, now: float, out: Decisions) -> float | None:
-        """When a waiter left waiting may be granted, or None."""
+    def unsent_probe(self, key: BucketKey) -> None:
+        """The half-open probe just granted for ``key`` (if it was) will not be sent: let go
+        of its claim, so the next call probes."""
+        if self.probing.pop(key, None) is not None:
+            self.pacer.record(key[0], key[1], answered=0, unavailable=0)
 
-    @abc.abstractmethod
     def backpressure(
         self, org_id: str, provider: str, retry_after: Any, now: float, wall: float, sent_at: float | None
     ) -> Decisions:
-        """A 429: pause (org, provider) and cut its rate once per congestion event."""
+        """A 429: pause (org, provider) for every worker and cut its rate once per event."""
+        key = (org_id, provider)
+        if _is_date(retry_after):  # read against the clock the workers share, not this host's
+            wall = self.pacer.wall_time(wall)
+        pause = self.gov.pause_s(retry_after, wall)
+        pause += self.gov.rng() * min(1.0, 0.1 * pause)  # jitter: waiters are not all released at once
+        bucket = self.gov.bucket(org_id, provider)
+        seen = self.grants_at.get(key, [])
+        at = len(seen) if sent_at is None else bisect.bisect_right(seen, (sent_at, 1 << 62))
+        if at:
+            cut_version: int | None = seen[at - 1][1]
+        else:  # before every grant kept; or none granted yet: the version last heard of
+            cut_version = None if seen else self.seen.get(key, (None, None, False, 0))[3]
+        paused = self.pacer.pause(org_id, provider, pause, cut_version=cut_version)
+        if paused.cut:  # this process's 429 began a congestion event (the report's per-run cuts)
+            bucket.cuts += 1
+        bucket.paused(now, paused.pause_s, retry_after)
+        out = self.gov.wake(now)
+        self._saw(key, paused, out)
+        role = self.roles.get(key)
+        if paused.cut and role is not None and role.learner is not None:  # the learner is here: cut now
+            self._learn(key, bucket, 0, now, out)
+        out.gates[key] = (bucket.rate, bucket.gate_until)
+        return out
 
-    @abc.abstractmethod
     def release(
         self, org_id: str, provider: str, count: int, successes: int, now: float, unavailable: int,
         answered: int | None, exempt: bool, refunds: int, sent_at: Sequence[float],
     ) -> Decisions:  # fmt: skip
         """Slots given back with their outcomes (see :meth:`Governor.release`)."""
-
-
-class LocalPacing(GovernorPacing):
-    """Pacing by this process alone: the governor's :class:`~actors.pacing.bucket.ProviderBucket`
-    and :class:`~actors.pacing.circuit.Circuit` of each (org, provider)."""
-
-    def unpaced(self, key: BucketKey) -> bool:
-        """No rate applies to ``key`` now (its bucket counts concurrency alone)."""
-        return self.gov.buckets[key].rate is None
-
-    def grantable(
-        self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
-    ) -> int | None:
-        """Slots the head waiter of ``wkey`` may have now (0: wait), or None: refuse them all."""
-        verdict = self.gov.circuits[(wkey[0], wkey[1])].admits(now)
-        if verdict == "refuse":  # opened while these waited (defensive: release refuses them)
-            return None
-        if verdict == "wait" and not wkey[2]:
-            # a half-open circuit's probe is out; a nested call is not held by it, since
-            # its parent, waiting on it, may be that probe (which would then never settle)
-            return 0
-        if verdict == "probe":
-            want = 1
-        if wkey[2]:  # exempt: the provider's rate only
-            return min(want, _rate_room(bucket, now))
-        return min(want, bucket.available(now), self.gov.ceiling - self.gov.in_flight)
-
-    def take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
-        """Take ``n`` granted (and charged) slots from the bucket and the ceiling."""
-        circuit = self.gov.circuits[(wkey[0], wkey[1])]
-        if circuit.admits(now) == "probe":
-            circuit.probe_sent(wkey[2])
-        if wkey[2]:
-            if bucket.rate is not None:
-                bucket.tokens -= n
-        else:
-            bucket.take(n, now)
-            self.gov.in_flight += n
-
-    def next_wake(self, now: float, out: Decisions) -> float | None:
-        """When a waiter left waiting may be granted (the earliest bucket refill), or None."""
-        wake_at: float | None = None
-        for wkey, queue in self.gov.waiters.items():
-            if queue:
-                ready = self.gov.buckets[(wkey[0], wkey[1])].ready_at(now, concurrency=not wkey[2])
-                if ready is not None and ready > now:
-                    wake_at = ready if wake_at is None else min(wake_at, ready)
-        return wake_at
-
-    def backpressure(
-        self,
-        org_id: str,
-        provider: str,
-        retry_after: Any,
-        now: float,
-        wall: float,
-        sent_at: float | None = None,
-    ) -> Decisions:
-        """Pause (org, provider) for the parsed Retry-After and cut its rate (once per
-        congestion event; ``sent_at``, when the 429'd request was sent, tells events apart)."""
-        pause = self.gov.pause_s(retry_after, wall)
-        jitter = self.gov.rng() * min(1.0, 0.1 * pause)
-        bucket = self.gov.bucket(org_id, provider)
-        bucket.on_backpressure(pause, jitter, now, sent_at=sent_at, retry_after=retry_after)
-        out = self.gov.wake(now)
-        out.gates[(org_id, provider)] = (bucket.rate, bucket.gate_until)
-        return out
-
-    def release(
-        self,
-        org_id: str,
-        provider: str,
-        count: int,
-        successes: int,
-        now: float,
-        unavailable: int = 0,
-        answered: int | None = None,
-        exempt: bool = False,
-        refunds: int = 0,
-        sent_at: Sequence[float] = (),
-    ) -> Decisions:
-        """Return ``count`` slots; ``successes`` of them feed AIMD's additive increase (or
-        the unknown limit's learner, with ``sent_at``: when their requests went out, on
-        ``now``'s clock, where known); ``unavailable`` ones (and ``answered``: any answer
-        from the provider, successes included; default ``successes``) drive the
-        provider's circuit. When it opens, every waiter of (org, provider) is refused with
-        ProviderUnavailableError."""
         key = (org_id, provider)
         bucket = self.gov.bucket(org_id, provider)
         self.gov.return_slots(bucket, count, exempt, refunds)
-        rate = bucket.rate
-        for i in range(successes):
-            bucket.on_success(now, sent_at[i] if i < len(sent_at) else None)
-        circuit = self.gov.circuits[key]
+        out = Decisions()
+        if bucket.learner is None or not self._learn(key, bucket, successes, now, out, sent_at):
+            self._grow(key, bucket, successes, out)
         answered_n = successes if answered is None else answered
-        opened = False  # a release with no verdict may be another call's, the probe still out
-        if (
-            answered_n
-            or unavailable
-            or not (circuit.probing and self.gov.probe_out(key, circuit.probe_exempt))
-        ):
-            opened = circuit.record(answered_n, unavailable, now)
-        refusals = self.gov.refuse_waiters(key) if opened else []
-        out = self.gov.wake(now)
-        out.refusals.extend(refusals)
-        if opened:
-            out.closed[key] = circuit.open_until
-        if bucket.rate != rate:
-            out.gates[(org_id, provider)] = (bucket.rate, None)
-        return out
+        refusals = []
+        # the probe's slot came back with no verdict (not sent, or an outcome that says
+        # nothing of the provider, such as a nested call's error passed on): let go of it,
+        # so the next call probes at once (else every worker waited out its 30 s claim)
+        # (only once no slot of the probe's kind is out: the slot back may be another call's,
+        # granted before the circuit opened, and the probe still out)
+        unsent_probe = key in self.probing and not self.gov.probe_out(key, self.probing[key])
+        if answered_n or unavailable or unsent_probe:
+            self.probing.pop(key, None)  # reported (record(0, 0): the probe claim is let go)
+            recorded = self.pacer.record(org_id, provider, answered=answered_n, unavailable=unavailable)
+            if answered_n:
+                bucket.circuit_until = None
+            if recorded.opened:
+                bucket.circuit_opened += 1
+                bucket.circuit_until = now + recorded.open_s
+                refusals = self.gov.refuse_waiters(key)
+                out.closed[key] = now + recorded.open_s
+        woken = self.gov.wake(now)
+        woken.refusals.extend(refusals)
+        woken.closed.update(out.closed)
+        woken.gates = {**out.gates, **woken.gates}
+        return woken
+
+    def _grow(self, key: BucketKey, bucket: ProviderBucket, successes: int, out: Decisions) -> None:
+        """Grow the rate by ``successes`` (:func:`~actors.pacing.pacer_state.growth`)."""
+        rate, ref, slow, _ = self.seen.get(key, (bucket.rate, None, bucket.slow_start, 0))
+        limits = self.pacer.limits_of(key[1])
+        capped = limits.max_rps is not None and rate is not None and rate >= limits.max_rps
+        if successes and rate is not None and not capped:
+            grow = growth(rate, ref, slow, successes)
+            self._saw(key, self.pacer.grow(key[0], key[1], add_rps=grow.add_rps, mul=grow.mul), out)
+
+    def _learn(
+        self,
+        key: BucketKey,
+        bucket: ProviderBucket,
+        successes: int,
+        now: float,
+        out: Decisions,
+        sent_at: Sequence[float] = (),
+    ) -> bool:
+        """Count ``successes`` (their requests sent at ``sent_at``) for the learner; learn and
+        publish when this governor holds its lease (two round trips when the rate changes,
+        else one). False when the pacer is away (the caller grows the local share instead)."""
+        org_id, provider = key
+        role = self.roles.get(key)
+        if role is None:
+            role = self.roles[key] = SharedLearner(tolerance=PUBLISH_TOLERANCE if self.shared else 0.0)
+        got = self.pacer.learn(org_id, provider, successes, self.holder)
+        if got.degraded:
+            role.step(got, now)  # drops the role: the counts are this worker's alone
+            return False
+        self._saw(key, got, out)
+        publish = role.step(got, now, successes, sent_at)
+        if publish is not None:
+            got = self.pacer.learn(org_id, provider, 0, self.holder, publish)
+            self._saw(key, got, out)
+        if role.learner is not None:
+            bucket.learner = role.learner  # the report shows the learner itself
+        elif bucket.learner is not None:
+            mirror(bucket.learner, got)  # (a learner this worker held and lost is no longer fed)
+        return True
+
+    def refresh_report(self, now: float) -> None:
+        """Before a pacing report: each unknown limit's published estimate, where another
+        worker holds the learner (one read each)."""
+        for key, role in self.roles.items():
+            bucket = self.gov.buckets.get(key)
+            if bucket is None or bucket.learner is None or role.learner is not None:
+                continue
+            got = self.pacer.learn(key[0], key[1], 0, "")
+            if not got.degraded:
+                mirror(bucket.learner, got)
+
+    def _saw(self, key: BucketKey, reply: PacerState, out: Decisions) -> None:
+        """Keep the pacer's rate; retime this process's send gate when it changed."""
+        before = self.seen.get(key)
+        rate = reply.rate_rps
+        self.seen[key] = (rate, reply.reference_rps, reply.slow_start, reply.version)
+        bucket = self.gov.buckets.get(key)
+        if bucket is not None:
+            bucket.rate, bucket.slow_start = rate, reply.slow_start
+        if before is None or before[0] != rate:
+            out.gates.setdefault(key, (rate, None))
 
 
-def _rate_room(bucket: ProviderBucket, now: float) -> int:
-    """Grants the bucket's rate allows at ``now``, its max_concurrency aside (nested calls)."""
-    if now < bucket.gate_until:
-        return 0
-    bucket.refill(now)
-    if bucket.rate is None:
-        return 1 << 30
-    return math.floor(bucket.tokens + 1e-9)
+def _is_date(retry_after: Any) -> bool:
+    """A Retry-After given as a date (an HTTP-date text or a datetime), not seconds."""
+    if retry_after is None or isinstance(retry_after, (int, float)):
+        return False
+    try:
+        float(str(retry_after).strip())
+    except ValueError:
+        return True
+    return False

@@ -1,13 +1,13 @@
 """Pacing: token bucket, limit learner, circuit, send gates and the pacers shared through Redis.
 
-The in-process rules are :mod:`actors.pacing.bucket` (with :mod:`~actors.pacing.learner`
-and :mod:`~actors.pacing.circuit`) for a governor pacing alone, and
-:class:`~actors.pacing.pacer_state.BucketState` for a :class:`Pacer`; the Redis script
-``pacer.lua`` is held to :class:`BucketState` by a conformance test.
+The rules (GCRA take, pause with one cut per congestion event, AIMD growth, circuit,
+learner lease) exist once, in :class:`~actors.pacing.pacer_state.BucketState`: the engine
+of :class:`LocalPacer` (a governor's own, or one process's shared pacer); the Redis script
+``pacer.lua`` is held to it by a conformance test. An unknown limit is learnt by
+:class:`LimitLearner`, fed through the pacer's learner lease.
 """
 
 from actors.pacing.bucket import (
-    AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
     AIMD_MIN_RPS,
@@ -21,9 +21,8 @@ from actors.pacing.bucket import (
     parse_retry_after,
     plain_retry_after,
 )
-from actors.pacing.circuit import Circuit
 from actors.pacing.learner import LimitLearner
-from actors.pacing.pacer_state import BucketState
+from actors.pacing.pacer_state import BucketState, growth
 from actors.pacing.pacer_url import InvalidPacerURLError, open_pacer
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.providers import provider_pacings
@@ -52,7 +51,6 @@ from actors.pacing.values import (
 )
 
 __all__ = [
-    "AIMD_CUT_COOLDOWN_S",
     "AIMD_DECREASE",
     "AIMD_INCREASE_FRACTION",
     "AIMD_MIN_RPS",
@@ -63,7 +61,6 @@ __all__ = [
     "SLOW_START_EXIT_DECREASE",
     "SLOW_START_RPS",
     "BucketState",
-    "Circuit",
     "CircuitRecorded",
     "Grant",
     "Grow",
@@ -90,6 +87,7 @@ __all__ = [
     "SetRate",
     "SharedLearner",
     "Take",
+    "growth",
     "open_pacer",
     "pacing_report",
     "parse_retry_after",

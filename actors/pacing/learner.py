@@ -155,8 +155,9 @@ class LimitLearner:
     )
     """The last cycles between pauses: (responses accepted, seconds), for the fit."""
     _accepted: collections.deque[float] = attrs.field(factory=collections.deque)
-    _sent: collections.deque[float] = attrs.field(factory=collections.deque)
-    """Send times of the accepted requests (their answer's time when unknown)."""
+    sent: collections.deque[float] = attrs.field(factory=collections.deque)
+    """Send times of the requests accepted in the last :data:`SENT_KEPT_S` (their
+    answer's time when unknown), oldest first."""
     _exit: tuple[float, float] | None = None
     """(send time of the 429 that ended slow start, the rate it was sent at) until the
     estimate from everything sent before it is made (see :meth:`_settle_exit`)."""
@@ -187,9 +188,9 @@ class LimitLearner:
         unknown); grows the rate when ``in_use`` (calls are admitted at a good share of
         it: a rate nobody uses is not raised, RFC 7661)."""
         self._accepted.extend([now] * n)
-        self._sent.extend([now if sent_at is None else sent_at] * n)
-        while self._sent and self._sent[0] < now - SENT_KEPT_S:
-            self._sent.popleft()
+        self.sent.extend([now if sent_at is None else sent_at] * n)
+        while self.sent and self.sent[0] < now - SENT_KEPT_S:
+            self.sent.popleft()
         if self._exit is not None and now >= self.measure_from:
             self._settle_exit()
         if now >= self.measure_from:
@@ -272,7 +273,7 @@ class LimitLearner:
         assert self._exit is not None
         refused_at, sent_rps = self._exit
         self._exit = None
-        before = sum(1 for t in self._sent if refused_at - EXIT_WINDOW_S <= t <= refused_at)
+        before = sum(1 for t in self.sent if refused_at - EXIT_WINDOW_S <= t <= refused_at)
         estimate = min(before / EXIT_WINDOW_S, sent_rps)
         if self.limit_rps is None or estimate <= self.limit_rps or self.phase != "plateau" or self.cuts != 1:
             return

@@ -13,7 +13,8 @@
 -- * KEYS[1]: a hash, the state of one (org, provider): GCRA's theoretical arrival time
 --   'tat' (ITU-T I.371), the rate 'rate' (requests per second, 0 = unpaced), the rate
 --   before the last cut 'ref', 'ver' (bumped by every cut or set), 'ss' (slow start),
---   the moving average of grants 'used'/'used_at', the Retry-After pause 'pause', and
+--   the moving average of grants 'used'/'used_at' (-1: no grant yet; the first starts
+--   it at the rate itself, in use), the Retry-After pause 'pause', and
 --   the circuit: consecutive unavailable outcomes 'c_fail', open until 'c_open'
 --   (0 = closed), period 'c_period', half-open probe lease 'c_probe'.
 --   A rate change keeps the tokens owed, not the time: the part of 'tat' still ahead is
@@ -43,7 +44,8 @@
 --
 -- ARGV: op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate), ttl_ms,
 -- use_window_s, then the operation's own:
---   take    n, partial (1/0), worker ('' = do not touch KEYS[2]), presence_s, probe_lease_s
+--   take    n, partial (1/0), worker ('' = do not touch KEYS[2]), presence_s, probe_lease_s,
+--           nested (1/0: a nested call, not held back by a half-open probe out)
 --   pause   pause_s, cut_version (<0: no cut), decrease, slow_start_decrease, min_rps,
 --           unpaced_start_rps
 --   grow    add_rps, mul, max_rps (0: no cap), in_use_fraction
@@ -72,7 +74,7 @@ local s = {}
 for i, name in ipairs(names) do s[name] = tonumber(raw[i]) end
 local absent = s.rate == nil
 if absent then
-  s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = 0,
+  s = {tat = 0, rate = init_rate, ref = init_rate, ver = 0, ss = init_ss, used = -1,
        used_at = now, pause = 0, c_fail = 0, c_open = 0, c_period = 0, c_probe = 0}
 end
 for _, name in ipairs({'acc', 'ev', 'ev_at', 'ev_acc', 'lim', 'ph', 'cuts',
@@ -88,6 +90,7 @@ local function burst()
   return b
 end
 local function used_rps()
+  if s.used < 0 then return 0 end
   local age = now - s.used_at
   if age < 0 then age = 0 end
   return s.used * math.exp(-age / use_window) / use_window
@@ -119,7 +122,7 @@ end
 if op == 'take' then
   local n, partial = tonumber(ARGV[7]), ARGV[8] == '1'
   local worker, presence_s = ARGV[9], tonumber(ARGV[10])
-  local probe_lease = tonumber(ARGV[11])
+  local probe_lease, nested = tonumber(ARGV[11]), ARGV[12] == '1'
   local workers, rank = -1, -1
   if worker ~= '' then
     redis.call('ZADD', wkey, now, worker)
@@ -140,10 +143,12 @@ if op == 'take' then
     if now < s.c_open then
       return reply('0', fmt(s.c_open - now), 'refuse')
     end
-    if s.c_probe > now then
+    if s.c_probe <= now then
+      verdict, n, partial = 'probe', 1, true
+    elseif not nested then
+      -- a nested call's parent, waiting on it, may be the probe out: it goes by the rate
       return reply('0', fmt(s.c_probe - now), 'wait')
     end
-    verdict, n, partial = 'probe', 1, true
   end
   if now < s.pause then
     return reply('0', fmt(s.pause - now), 'paused')
@@ -172,6 +177,7 @@ if op == 'take' then
     s.tat = tat + k * T
     wait = math.max(0, s.tat + T - b * T - now)
   end
+  if s.used < 0 then s.used, s.used_at = s.rate * use_window, now end
   s.used = s.used * math.exp(-math.max(0, now - s.used_at) / use_window) + k
   s.used_at = now
   if verdict == 'probe' then

@@ -19,6 +19,13 @@ from typing import Any
 
 import attrs
 
+from actors.pacing.bucket import (
+    AIMD_CAREFUL_FROM,
+    AIMD_INCREASE_FRACTION,
+    AIMD_MAX_STEP_PER_CALL,
+    AIMD_MIN_RPS,
+    SLOW_START_DOUBLING_S,
+)
 from actors.pacing.values import (
     PHASES,
     CircuitRecorded,
@@ -40,7 +47,26 @@ from actors.pacing.values import (
     Take,
 )
 
-__all__ = ["BucketState"]
+__all__ = ["BucketState", "growth"]
+
+
+def growth(rate: float, reference: float | None, slow_start: bool, successes: int) -> Grow:
+    """The growth ``successes`` successful calls earn a rate of ``rate`` requests/s.
+
+    In slow start the rate doubles every :data:`~actors.pacing.bucket.SLOW_START_DOUBLING_S`
+    worth of them (RFC 5681's slow start in rate form); else each adds
+    :data:`~actors.pacing.bucket.AIMD_INCREASE_FRACTION` of ``reference`` (the rate before
+    the last cut; None: ``rate``) per second at this rate (AIMD), but near the reference at
+    most :data:`~actors.pacing.bucket.AIMD_MAX_STEP_PER_CALL` of the rate (CUBIC's shape,
+    RFC 9438). The :class:`Grow` applies only while the rate is in use (RFC 7661).
+    """
+    if slow_start:
+        return Grow(mul=2.0 ** (successes / (max(rate, AIMD_MIN_RPS) * SLOW_START_DOUBLING_S)))
+    ref = reference or rate
+    step = AIMD_INCREASE_FRACTION * ref / max(rate, AIMD_MIN_RPS)
+    if AIMD_CAREFUL_FROM * ref <= rate <= ref / AIMD_CAREFUL_FROM:
+        step = min(step, AIMD_MAX_STEP_PER_CALL * rate)
+    return Grow(add_rps=successes * step)
 
 
 @attrs.define
@@ -52,7 +78,8 @@ class BucketState:
     ref: float = 0.0
     ver: int = 0
     ss: int = 0
-    used: float = 0.0
+    used: float = -1.0
+    """Grants, decayed (-1: none yet; the first starts it at the rate itself, in use)."""
     used_at: float = 0.0
     pause: float = 0.0
     c_fail: int = 0
@@ -98,7 +125,7 @@ class BucketState:
             self.rate = self.ref = 0.0 if limits.rate_rps is None else float(limits.rate_rps)
             self.ss, self.used_at, self.fresh = int(limits.slow_start), now, False
         if isinstance(op, Take):
-            return self._take(now, op.n, op.partial, settings.probe_lease_s)
+            return self._take(now, op.n, op.partial, op.nested, settings.probe_lease_s)
         if isinstance(op, Pause):
             cut = -1 if op.cut_version is None else op.cut_version
             return self._pause(now, max(0.0, op.pause_s), cut, settings)
@@ -140,20 +167,23 @@ class BucketState:
         return max(b, 1.0)
 
     def _used_rps(self, now: float) -> float:
+        if self.used < 0:
+            return 0.0
         return self.used * math.exp(-max(0.0, now - self.used_at) / self._use_window) / self._use_window
 
     def _grant(self, now: float, granted: int, wait_s: float, verdict: str) -> Grant:
         owed = self.tat - now if self.rate > 0 and self.tat > now else 0.0
         return Grant(**self._fields(), granted=granted, wait_s=wait_s, verdict=verdict, owed_s=owed)
 
-    def _take(self, now: float, n: int, partial: bool, probe_lease_s: float) -> Grant:
+    def _take(self, now: float, n: int, partial: bool, nested: bool, probe_lease_s: float) -> Grant:
         verdict = "go"
         if self.c_open > 0:
             if now < self.c_open:
                 return self._grant(now, 0, self.c_open - now, "refuse")
-            if self.c_probe > now:
+            if self.c_probe <= now:
+                verdict, n, partial = "probe", 1, True
+            elif not nested:  # a nested call's parent, waiting on it, may be the probe out
                 return self._grant(now, 0, self.c_probe - now, "wait")
-            verdict, n, partial = "probe", 1, True
         if now < self.pause:
             return self._grant(now, 0, self.pause - now, "paused")
         k, wait = n, 0.0
@@ -182,6 +212,11 @@ class BucketState:
                 return self._grant(now, 0, wait, "wait")
             self.tat = tat + k * period
             wait = max(0.0, self.tat + period - b * period - now)
+        if self.used < 0:
+            # the first grant: no history is no evidence of an idle provider (RFC 7661's
+            # rule is for a sender with nothing to send); an average starting at zero
+            # would hold slow start back for a time constant (~0.3 s of its ramp)
+            self.used, self.used_at = self.rate * self._use_window, now
         decay = math.exp(-max(0.0, now - self.used_at) / self._use_window)
         self.used, self.used_at = self.used * decay + k, now
         if verdict == "probe":

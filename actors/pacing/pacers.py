@@ -107,16 +107,19 @@ class Pacer(abc.ABC):
             raise TypeError(f"{type(self).__name__}.apply({op!r}) answered {reply!r}")
         return reply
 
-    def take(self, org_id: str, provider: str, n: int = 1, *, partial: bool = False) -> Grant:
+    def take(
+        self, org_id: str, provider: str, n: int = 1, *, partial: bool = False, nested: bool = False
+    ) -> Grant:
         """Take ``n`` tokens of (org, provider)'s bucket, all or none (``partial``: as many
-        as there are, up to ``n``), unless it is paused or its circuit refuses.
+        as there are, up to ``n``), unless it is paused or its circuit refuses (``nested``:
+        for a nested call, which a half-open circuit's probe out does not hold back).
 
         Raises:
             ValueError: ``n`` < 1.
         """
         if n < 1:
             raise ValueError(f"take needs n >= 1, got {n}")
-        return self._apply(org_id, provider, Take(n=n, partial=partial), Grant)
+        return self._apply(org_id, provider, Take(n=n, partial=partial, nested=nested), Grant)
 
     def pause(self, org_id: str, provider: str, pause_s: float, *, cut_version: int | None = None) -> Paused:
         """Pause (org, provider) for ``pause_s`` seconds (for every worker), its bucket left
@@ -240,7 +243,7 @@ class LocalPacer(Pacer):
                 burst = max(1.0, lim.burst if lim.burst is not None else 1 + rate / 100)
                 tat = now + max(0.0, first_s) + (burst - 1) / rate
             self._states[(org_id, provider)] = BucketState(
-                tat=tat, rate=rate, ref=rate, ver=version, used_at=now, fresh=False,
+                tat=tat, rate=rate, ref=rate, ver=version, used=0.0, used_at=now, fresh=False,
                 pause=now + pause_s if pause_s > 0 else 0.0,
                 c_open=now + open_s if open_s > 0 else 0.0, c_period=max(0.0, open_s),
                 phase=phase if rate > 0 else None,

@@ -94,6 +94,7 @@ def script_args(op: PacerOp, limits: ProviderLimits, settings: PacerSettings, wo
             worker,
             repr(s.presence_s),
             repr(s.probe_lease_s),
+            "1" if op.nested else "0",
         ]
     elif isinstance(op, Pause):
         cut = -1 if op.cut_version is None else op.cut_version
@@ -258,9 +259,11 @@ class RedisPacer(Pacer):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
+        self.client: Any
+        """The Redis client every call goes through (made from ``url``, or ``url`` itself)."""
         if isinstance(url, str):
             self.url = _redact(url)
-            self._client = redis.Redis.from_url(
+            self.client = redis.Redis.from_url(
                 url,
                 socket_connect_timeout=connect_timeout_s,
                 socket_timeout=timeout_s,
@@ -268,7 +271,7 @@ class RedisPacer(Pacer):
                 decode_responses=True,
             )
         else:
-            self.url, self._client = repr(url), url
+            self.url, self.client = repr(url), url
         errors = redis.exceptions
         # away, or unable to serve this call: a replica after a failover (READONLY), a
         # cluster without a master, maxmemory (OOM), a busy script, a loading dataset...:
@@ -324,14 +327,14 @@ class RedisPacer(Pacer):
         sha = self._sha or self._load()
         sent = self.clock()
         try:
-            reply = self._client.evalsha(sha, len(keys), *keys, *argv)
+            reply = self.client.evalsha(sha, len(keys), *keys, *argv)
         except self._noscript:  # the script cache was flushed (restart, failover, SCRIPT FLUSH)
-            reply = self._client.evalsha(self._load(), len(keys), *keys, *argv)
+            reply = self.client.evalsha(self._load(), len(keys), *keys, *argv)
         self._offset = float(reply[0]) - (sent + self.clock()) / 2
         return [str(x) for x in reply]
 
     def _load(self) -> str:
-        sha: str = self._client.script_load(SCRIPT)
+        sha: str = self.client.script_load(SCRIPT)
         self._sha = sha
         self.script_loads += 1
         return sha
@@ -493,11 +496,11 @@ class RedisPacer(Pacer):
         if self._degraded_since is not None:
             return fallback
         try:
-            seconds, micros = self._client.time()
+            seconds, micros = self.client.time()
         except self._down_errors:
             return fallback
         return float(seconds) + float(micros) / 1e6
 
     def close(self) -> None:
         """Close the Redis connections."""
-        self._client.close()
+        self.client.close()

@@ -135,6 +135,13 @@ class SendGate:
         """Requests that may go back to back at the rate (1: every one spaced)."""
         return self._burst
 
+    @property
+    def next_turn(self) -> float:
+        """The theoretical time of the next turn a sender would book (GCRA over bookings,
+        seconds on the gate's clock; -inf: none booked since the gate was last reset): it
+        moves on with each booking."""
+        return self._next
+
     def set_rate(self, rps: float | None) -> None:
         """Space later bookings at ``rps`` (None: no spacing)."""
         with self._lock:
@@ -165,8 +172,9 @@ class SendGate:
             for i in range(n):
                 heapq.heappush(self._slots, math.inf if probe else now + i * spacing + LATE_S)
 
-    def _slot(self, now: float) -> bool:
-        """Use the first granted token whose slot has not gone by (False: none left)."""
+    def use_slot(self, now: float) -> bool:
+        """Use the first token :meth:`grant` gave whose slot has not gone by at ``now``
+        (False: none left; tokens whose slots went by are dropped)."""
         with self._lock:
             slots = self._slots
             while slots and slots[0] < now:
@@ -284,7 +292,7 @@ class SendGate:
         """A send that passed the gate at ``now`` uses a granted token whose slot has not
         gone by; without one it asks the shared pacer again. Returns 0.0 (send now) or
         the seconds to wait before trying again (infinity: never)."""
-        if self._slot(now):
+        if self.use_slot(now):
             return 0.0
         retake = self.retake
         if retake is None:

@@ -33,6 +33,7 @@ Times are seconds on the caller's clock (the pacer's replies are relative to the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 
@@ -91,14 +92,24 @@ class SharedLearner:
     seen_accepted: int = 0
     seen_events: int = 0
     looked_at: float = -math.inf
+    tolerance: float = PUBLISH_TOLERANCE
+    """The learner's rate is published when it differs from the pacer's by more than this
+    share of itself (0 for a pacer of this process alone, where publishing costs no round
+    trip: the pacer then paces at the learner's rate exactly)."""
 
     def due(self, now: float) -> bool:
         """Whether this worker holds the lease and has not looked for :data:`LOOK_S`."""
         return self.learner is not None and now >= self.looked_at + LOOK_S
 
-    def step(self, got: Learnt, now: float) -> tuple[float, bool, float | None, str, int] | None:
+    def step(
+        self, got: Learnt, now: float, own: int = 0, sent_at: Sequence[float] = ()
+    ) -> tuple[float, bool, float | None, str, int] | None:
         """Feed a ``learn`` reply to the learner (when ``got.leader``); what to publish,
-        as :meth:`~actors.pacing.pacers.Pacer.learn`'s ``publish``, or None."""
+        as :meth:`~actors.pacing.pacers.Pacer.learn`'s ``publish``, or None.
+
+        ``own``: the responses this worker's ``learn`` added (a learner adopted now starts
+        with them); ``sent_at``: when those requests were sent (``now``'s clock, where
+        known); the others count as sent when answered."""
         self.looked_at = now
         if not got.leader or got.degraded:
             self.learner = None  # a local fallback's counts are not everyone's: adopt again later
@@ -106,7 +117,7 @@ class SharedLearner:
         learner = self.learner
         if learner is None:
             self.learner = learner = adopt(got, now)
-            self.seen_accepted, self.seen_events = got.accepted, got.events
+            self.seen_accepted, self.seen_events = got.accepted - own, got.events
         if got.events > self.seen_events:
             at = now - got.event_ago_s
             before = got.event_accepted - self.seen_accepted
@@ -122,13 +133,17 @@ class SharedLearner:
             self.seen_events = got.events
         fresh = got.accepted - self.seen_accepted
         if fresh > 0:
-            learner.on_accepted(fresh, now, got.in_use)
+            times = list(sent_at)[:fresh]
+            for sent in times:
+                learner.on_accepted(1, now, got.in_use, sent)
+            if fresh > len(times):
+                learner.on_accepted(fresh - len(times), now, got.in_use)
             self.seen_accepted = got.accepted
         if learner.rate is None:
             return None
         same = (
             got.rate_rps is not None
-            and abs(got.rate_rps - learner.rate) <= PUBLISH_TOLERANCE * learner.rate
+            and abs(got.rate_rps - learner.rate) <= self.tolerance * learner.rate
             and got.limit_rps == learner.limit_rps
             and got.phase == learner.phase
             and got.cuts == learner.cuts

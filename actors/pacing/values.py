@@ -56,7 +56,7 @@ class ProviderLimits:
 
     @classmethod
     def from_pacing(cls, pacing: Pacing) -> ProviderLimits:
-        """As :class:`~actors.pacing.bucket.ProviderBucket` starts: a stated rate paced at
+        """How a provider's :class:`~actors.tool.Pacing` starts: a stated rate paced at
         :data:`~actors.pacing.bucket.PACE_MARGIN` of itself and never above, else slow start
         from ``start_rps``, else unpaced."""
         if pacing.rps is not None:
@@ -69,8 +69,8 @@ class ProviderLimits:
 
 @attrs.frozen(kw_only=True)
 class PacerSettings:
-    """Rules shared by every bucket of a pacer (defaults: those of :mod:`actors.pacing.bucket`
-    and :class:`~actors.pacing.circuit.Circuit`)."""
+    """Rules shared by every bucket of a pacer (defaults: the constants of
+    :mod:`actors.pacing.bucket`; the circuit's from :class:`~actors.tool.Policy`)."""
 
     decrease: float = AIMD_DECREASE
     """A congestion event cuts the rate to this share of itself."""
@@ -234,6 +234,9 @@ class Take:
     """Tokens wanted (at least 1)."""
     partial: bool = False
     """Grant fewer than ``n`` when fewer are there."""
+    nested: bool = False
+    """A nested call's take: not held back by a half-open circuit's probe out (the probe
+    may be its parent, waiting on it); it may be the probe itself."""
 
 
 @attrs.frozen(kw_only=True)

@@ -262,5 +262,5 @@ def test_pacing_unknown_limit_learns_from_when_requests_were_sent(make_system: A
     answered = time.monotonic()
     buckets = system._governor.proxy().governor.get().buckets
     (bucket,) = [b for (_, provider), b in buckets.items() if provider == tool.provider_name]
-    sent = list(bucket.learner._sent)
+    sent = list(bucket.learner.sent)
     assert len(sent) == 3 and all(before <= t <= answered - 0.15 for t in sent), (before, sent, answered)

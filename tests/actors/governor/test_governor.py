@@ -387,6 +387,18 @@ def test_governor_open_circuit_refuses_waiters_and_new_calls_then_probes() -> No
     assert _granted(closed) == {held: 1}
 
 
+def test_governor_open_circuit_refuses_a_call_at_once_even_at_the_ceiling() -> None:
+    from actors.errors import ProviderUnavailableError
+
+    gov = _gov(Policy(max_concurrency=1, circuit_failures=1, circuit_open_s=5.0))
+    gov.acquire(ORG, "p", 1, object(), now=0.0)
+    gov.release(ORG, "p", 1, 0, now=0.1, unavailable=1)  # the circuit opens
+    assert gov.acquire(ORG, "other", 1, object(), now=0.2).grants  # the only slot is taken
+    late = object()
+    assert isinstance(_refused(gov.acquire(ORG, "p", 1, late, now=1.0))[late], ProviderUnavailableError)
+    assert not gov.waiters.get((ORG, "p", False))  # failed fast, not left waiting for a slot
+
+
 def test_governor_answers_that_are_not_successes_keep_the_circuit_closed() -> None:
     gov = _gov(Policy(circuit_failures=2), p=Pacing())
     for i in range(5):
@@ -394,7 +406,8 @@ def test_governor_answers_that_are_not_successes_keep_the_circuit_closed() -> No
         gov.release(
             ORG, "p", count=1, successes=0, now=float(i), unavailable=1 if i % 2 else 0, answered=1 - i % 2
         )
-    assert gov.circuits[(ORG, "p")].state == "closed"
+    assert gov.bucket(ORG, "p").circuit(5.0) == "closed"
+    assert gov.acquire(ORG, "p", 1, object(), now=5.0).grants  # calls go
 
 
 # -- immediate grants (slots asked for before a claim) -----------------------------------
@@ -453,7 +466,9 @@ def test_governor_immediate_while_the_circuit_probes_is_sent_the_usual_way() -> 
     gov.release(ORG, "p", count=1, successes=0, now=0.1, unavailable=1)  # opens
     decided = gov.acquire(ORG, "p", 1, b, now=2.0, immediate=True)  # half-open: probe
     assert _granted(decided) == {b: -1}
-    assert not gov.circuits[("acme", "p")].probing  # the probe was not spent on a claim
+    probe = object()  # the probe was not spent on a claim: the next call is it
+    assert _granted(gov.acquire(ORG, "p", 3, probe, now=2.0)) == {probe: 1}
+    assert gov.acquire(ORG, "p", 1, object(), now=2.0).grants == []  # the others wait for it
 
 
 def test_governor_immediate_under_a_provider_calls_budget_is_sent_the_usual_way() -> None:
@@ -513,4 +528,4 @@ def test_governor_a_call_granted_before_the_circuit_opened_ending_with_no_verdic
         gov.release(ORG, "p", 1, 0, now=1.8, answered=0)  # the probe or the other: one still out
         assert gov.acquire(ORG, "p", 1, object(), now=1.85).grants == []
         assert _granted(gov.release(ORG, "p", 1, 0, now=1.9, answered=0)) == {second: 1}  # none out
-    assert gov.circuits[(ORG, "p")].probing
+    assert gov.acquire(ORG, "p", 1, object(), now=2.0).grants == []  # ``second`` is the probe now

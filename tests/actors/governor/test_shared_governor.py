@@ -74,7 +74,7 @@ def _drive(govs, now, seconds: float, step: float = 0.02) -> None:
 
 def _reported_limit(gov, now: float):
     gov.refresh_report(now)
-    return pacing_report(gov.buckets, gov.circuits, now)["org/p"]
+    return pacing_report(gov.buckets, now)["org/p"]
 
 
 def _learning_pair():
@@ -100,7 +100,7 @@ def test_two_governors_learn_one_estimate_from_a_429_either_met():
     assert reports[0]["limit_rps"] == reports[1]["limit_rps"] == learner.limit_rps
     assert reports[0]["learnt"] == reports[1]["learnt"] == "plateau"
     # the shared rate is the learner's plateau, not the pacer's own cut
-    assert two.pacing.shared[("org", "p")][0] == learner.rate
+    assert two.pacing.seen[("org", "p")][0] == learner.rate
 
 
 def test_the_learner_lease_passes_to_another_governor_when_its_holder_goes_quiet():
@@ -134,7 +134,7 @@ def test_a_lease_holder_whose_calls_do_not_end_still_learns_from_the_others():
         if granted:
             two.release("org", "p", granted, granted, now[0])
         one.wake(now[0])
-        rates.append(two.pacing.shared[("org", "p")][0])
+        rates.append(two.pacing.seen[("org", "p")][0])
     assert one.pacing.roles[("org", "p")].learner is not None
     assert rates[-1] > 2 * rates[0]  # slow start went on as two's calls were accepted
 

@@ -1,4 +1,6 @@
-"""State-machine tests of the pacing pieces: Retry-After parsing and the provider bucket.
+"""State-machine tests of the pacing pieces: Retry-After parsing, the pacing rules
+(:class:`~actors.pacing.pacer_state.BucketState`, the one engine of every pacer: driven
+here as a governor drives it), the circuit, and the send gate.
 
 Time is passed in as values; nothing sleeps and no thread runs.
 """
@@ -8,25 +10,39 @@ from __future__ import annotations
 import email.utils
 import math
 import time
+from typing import Any
 
 import pytest
 
+from actors.governor.decisions import Governor
 from actors.pacing.bucket import (
-    AIMD_CUT_COOLDOWN_S,
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
     AIMD_MIN_RPS,
-    IN_USE_FRACTION,
     PACE_MARGIN,
     SLOW_START_DOUBLING_S,
     SLOW_START_EXIT_DECREASE,
     SLOW_START_RPS,
-    USE_WINDOW_S,
     ProviderBucket,
     parse_retry_after,
 )
-from actors.pacing.circuit import Circuit
+from actors.pacing.pacer_state import BucketState, growth
 from actors.pacing.send_gate import HEADROOM, WAKE_S, SendGate, SendGates
+from actors.pacing.values import (
+    CircuitRecorded,
+    Grant,
+    Grow,
+    Grown,
+    PacerOp,
+    PacerSettings,
+    Pause,
+    Paused,
+    ProviderLimits,
+    ReadState,
+    Record,
+    Take,
+)
+from actors.tool import Pacing, Policy
 
 NOW = 1_700_000_000.0  # epoch seconds, so HTTP-dates are realistic
 DEFAULT_S, MAX_S, MIN_S = 5.0, 300.0, 0.05
@@ -79,281 +95,328 @@ def test_parse_retry_after_default_never_exceeds_cap() -> None:
 # -- token bucket ---------------------------------------------------------------------
 
 
-def _bucket(rps: float | None = None, burst: float | None = None, **kw: object) -> ProviderBucket:
-    return ProviderBucket(ceiling_rps=rps, burst=burst, max_concurrency=None, **kw)  # type: ignore[arg-type]
+class Engine:
+    """One provider's :class:`BucketState`, driven the way a governor drives its pacer."""
 
+    def __init__(self, pacing: Pacing, settings: PacerSettings | None = None) -> None:
+        self.state = BucketState()
+        self.limits = ProviderLimits.from_pacing(pacing)
+        self.settings = settings or PacerSettings()
 
-def _use(bucket: ProviderBucket, now: float) -> None:
-    """Admit calls at the bucket's rate for the 3 s before ``now`` (so successes may grow it)."""
-    assert bucket.rate is not None
-    n = math.ceil(3.0 * bucket.rate)
-    for i in range(n + 1):
-        bucket.take(1, now - 3.0 + i * 3.0 / n)
-    bucket.in_flight = 0
-    assert bucket.used_rps(now) >= bucket.rate
+    def op(self, op: PacerOp, now: float) -> Any:
+        return self.state.handle(op, now, self.limits, self.settings)
+
+    def take(self, n: int, now: float, nested: bool = False) -> Grant:
+        return self.op(Take(n=n, partial=True, nested=nested), now)  # type: ignore[no-any-return]
+
+    def granted(self, n: int, now: float) -> int:
+        return self.take(n, now).granted
+
+    def pause(self, pause_s: float, now: float, cut: bool = True) -> Paused:
+        """A 429: pause; ``cut``: for a request granted at the current version (a new event)."""
+        version = self.op(ReadState(), now).version
+        return self.op(Pause(pause_s=pause_s, cut_version=version if cut else version - 1), now)  # type: ignore[no-any-return]
+
+    def rate(self, now: float = 0.0) -> float | None:
+        return self.op(ReadState(), now).rate_rps  # type: ignore[no-any-return]
+
+    def succeed(self, successes: int, now: float) -> Grown:
+        """``successes`` successful calls: the growth they earn, as a governor grows it."""
+        state = self.op(ReadState(), now)
+        rate = state.rate_rps or 0.0
+        if state.rate_rps is None:
+            return self.op(Grow(), now)  # type: ignore[no-any-return]
+        return self.op(growth(rate, state.reference_rps, state.slow_start, successes), now)  # type: ignore[no-any-return]
+
+    def use(self, now: float) -> None:
+        """Grant calls as fast as the rate allows for the 3 s before ``now`` (so successes
+        may grow it)."""
+        rate = self.rate(now)
+        assert rate is not None
+        at = now - 3.0
+        while at <= now:
+            grant = self.take(1, at)
+            at += 1 / rate if grant.granted else grant.wait_s
+        window = self.settings.use_window_s
+        used_rps = self.state.used * math.exp(-(now - self.state.used_at) / window) / window
+        assert used_rps >= 0.9 * rate  # (grown from a half: see in_use_fraction)
 
 
 def test_a_stated_rate_is_paced_just_under_itself() -> None:
-    bucket = _bucket(10.0, burst=5.0)
-    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)
+    assert ProviderBucket(ceiling_rps=10.0, burst=5.0, max_concurrency=None).rate == pytest.approx(
+        10.0 * PACE_MARGIN
+    )
+    assert Engine(Pacing(rps=10.0, burst=5.0)).rate() == pytest.approx(10.0 * PACE_MARGIN)
     assert PACE_MARGIN >= 0.97  # the main job's target is >= 97% of a stated rate
 
 
 def test_bucket_refills_at_rate_and_caps_at_burst() -> None:
-    bucket = _bucket(10.0, burst=5.0)
-    assert bucket.available(100.0) == 5
-    bucket.take(5, 100.0)
-    assert bucket.available(100.0) == 0
-    assert bucket.available(100.25) == 2  # 0.25 s * 9.8 rps
-    assert bucket.available(100.6) == 5
-    assert bucket.available(1000.0) == 5  # never past the burst
-    assert bucket.tokens == 5.0
+    bucket = Engine(Pacing(rps=10.0, burst=5.0))
+    assert bucket.granted(6, 100.0) == 5  # a full bucket: its burst
+    assert bucket.granted(5, 100.0) == 0
+    assert bucket.granted(5, 100.25) == 2  # 0.25 s * 9.8 rps
+    assert bucket.granted(5, 100.6) == 3  # 0.35 s more
+    assert bucket.granted(10, 1000.0) == 5  # never past the burst
 
 
-def test_bucket_ready_at_says_when_the_next_token_arrives() -> None:
-    bucket = _bucket(2.0, burst=1.0)
-    assert bucket.available(10.0) == 1
-    bucket.take(1, 10.0)
-    assert bucket.available(10.0) == 0
-    assert bucket.ready_at(10.0) == pytest.approx(10.0 + 1 / (2.0 * PACE_MARGIN))
+def test_bucket_wait_says_when_the_next_token_arrives() -> None:
+    bucket = Engine(Pacing(rps=2.0, burst=1.0))
+    assert bucket.granted(1, 10.0) == 1
+    waiting = bucket.take(1, 10.0)
+    assert waiting.granted == 0 and waiting.verdict == "wait"
+    assert waiting.wait_s == pytest.approx(1 / (2.0 * PACE_MARGIN))
+    assert bucket.granted(1, 10.0 + waiting.wait_s) == 1
 
 
-def test_bucket_max_concurrency_caps_available() -> None:
-    bucket = ProviderBucket(ceiling_rps=None, burst=None, max_concurrency=3)
-    assert bucket.available(0.0) == 3
-    bucket.take(2, 0.0)
-    assert bucket.available(0.0) == 1
-    bucket.take(1, 0.0)
-    assert bucket.available(0.0) == 0
-    assert bucket.ready_at(0.0) is None  # only a release can help
-    bucket.in_flight -= 1
-    assert bucket.available(0.0) == 1
+def test_governor_max_concurrency_caps_grants() -> None:
+    gov = Governor(Policy(), {"p": Pacing(max_concurrency=3)})
+    assert dict(gov.acquire("o", "p", 2, "a", now=0.0).grants) == {"a": 2}
+    assert dict(gov.acquire("o", "p", 5, "b", now=0.0).grants) == {"b": 1}
+    waiting = gov.acquire("o", "p", 1, "c", now=0.0)
+    assert waiting.grants == [] and waiting.wake_at is None  # only a release can help
+    assert dict(gov.release("o", "p", 1, successes=1, now=0.0).grants) == {"c": 1}
 
 
 def test_bucket_unknown_rate_without_a_start_is_not_paced() -> None:
-    bucket = _bucket()
-    assert bucket.rate is None and not bucket.slow_start
-    bucket.take(1000, 0.0)
-    assert bucket.available(0.0) >= 1_000_000
-    assert bucket.ready_at(0.0) == 0.0
-    bucket.on_success(0.0)
-    assert bucket.rate is None
+    bucket = Engine(Pacing())
+    assert bucket.rate() is None
+    assert bucket.granted(1000, 0.0) == 1000
+    assert bucket.granted(1_000_000, 0.0) == 1_000_000  # never waits
+    bucket.succeed(1, 0.0)
+    assert bucket.rate() is None
 
 
 def test_bucket_backpressure_closes_gate_and_cuts_rate() -> None:
-    bucket = _bucket(10.0, burst=5.0)
-    bucket.on_backpressure(pause_s=30.0, jitter_s=0.5, now=100.0)
-    assert bucket.gate_until == pytest.approx(130.5)
-    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
-    assert bucket.backpressure_events == 1
-    assert bucket.available(100.0) == 0
-    assert bucket.available(130.0) == 0  # still closed
-    assert bucket.ready_at(120.0) == pytest.approx(130.5)
+    bucket = Engine(Pacing(rps=10.0, burst=5.0))
+    paused = bucket.pause(30.5, now=100.0)
+    assert paused.cut and paused.pause_s == pytest.approx(30.5)
+    assert bucket.rate() == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
+    assert bucket.take(1, 100.0).verdict == "paused"
+    assert bucket.granted(1, 130.0) == 0  # still closed
+    assert bucket.take(1, 120.0).wait_s == pytest.approx(10.5)
 
 
 def test_bucket_tokens_restart_at_zero_after_the_gate() -> None:
-    bucket = _bucket(4.0, burst=10.0)
-    bucket.on_backpressure(pause_s=10.0, jitter_s=0.0, now=0.0)
+    bucket = Engine(Pacing(rps=4.0, burst=10.0))
+    bucket.pause(10.0, now=0.0)
     rate = 4.0 * PACE_MARGIN * AIMD_DECREASE
-    assert bucket.available(10.0) == 0  # gate open, but no burst is waiting
-    assert bucket.ready_at(10.0) == pytest.approx(10.0 + 1 / rate)
-    assert bucket.available(10.0 + 1 / rate) == 1
-    assert bucket.available(11.0) == math.floor(rate)  # spread by the rate, not the whole burst of 10
+    after = bucket.take(10, 10.0)
+    assert after.granted == 0  # gate open, but no burst is waiting
+    assert after.wait_s == pytest.approx(1 / rate)
+    first = bucket.granted(10, 10.0 + 1 / rate)
+    assert first == 1
+    assert first + bucket.granted(10, 11.0) == math.floor(rate)  # spread by the rate, not the burst of 10
 
 
 def test_bucket_repeated_backpressure_cuts_again_never_below_minimum() -> None:
-    bucket = _bucket(1.0, burst=1.0)
+    bucket = Engine(Pacing(rps=1.0, burst=1.0))
     for i in range(50):
-        bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=10.0 * i)  # separate events
-    assert bucket.rate == AIMD_MIN_RPS
-    assert bucket.backpressure_events == 50
+        assert bucket.pause(1.0, now=10.0 * i).cut  # separate events
+    assert bucket.rate() == AIMD_MIN_RPS
 
 
 def test_bucket_backpressure_never_shortens_an_open_gate() -> None:
-    bucket = _bucket(10.0, burst=1.0)
-    bucket.on_backpressure(pause_s=60.0, jitter_s=0.0, now=0.0)
-    bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=5.0)
-    assert bucket.gate_until == 60.0
+    bucket = Engine(Pacing(rps=10.0, burst=1.0))
+    bucket.pause(60.0, now=0.0)
+    assert bucket.pause(1.0, now=5.0).pause_s == pytest.approx(55.0)
 
 
 def test_bucket_success_adds_rate_back_gradually_up_to_the_stated_rate() -> None:
-    bucket = _bucket(10.0, burst=1.0)
-    bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=0.0)
-    cut = bucket.rate
+    bucket = Engine(Pacing(rps=10.0, burst=1.0))
+    bucket.pause(1.0, now=0.0)
+    cut = bucket.rate()
     assert cut == pytest.approx(10.0 * PACE_MARGIN * AIMD_DECREASE)
-    _use(bucket, 2.0)
-    bucket.on_success(2.0)
-    assert cut < bucket.rate < cut + 0.2  # gradual: one success is a small step
-    previous = bucket.rate
+    bucket.use(4.0)
+    bucket.succeed(1, 4.0)
+    rate = bucket.rate()
+    assert rate is not None and cut < rate < cut + 0.2  # gradual: one success is a small step
+    previous = rate
     for _ in range(10):
-        bucket.on_success(2.0)
-        assert bucket.rate >= previous
-        previous = bucket.rate
-    assert bucket.rate < 10.0 * PACE_MARGIN
+        bucket.succeed(1, 4.0)
+        rate = bucket.rate()
+        assert rate is not None and rate >= previous
+        previous = rate
+    assert previous < 10.0 * PACE_MARGIN
     for _ in range(10_000):
-        bucket.on_success(2.0)
-    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)  # back at the stated rate, never past it
+        bucket.succeed(1, 4.0)
+    assert bucket.rate() == pytest.approx(10.0 * PACE_MARGIN)  # back at the stated rate, never past it
 
 
 def test_bucket_additive_increase_is_a_share_of_the_reference_per_second() -> None:
-    bucket = _bucket(100.0)
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=0.0)
-    reference, cut = bucket.reference_rps, bucket.rate
+    bucket = Engine(Pacing(rps=100.0))
+    bucket.pause(0.05, now=0.0)
+    state = bucket.op(ReadState(), 0.0)
+    reference, cut = state.reference_rps, state.rate_rps
     assert reference == pytest.approx(100.0 * PACE_MARGIN)
-    _use(bucket, 1.0)
+    bucket.use(4.0)
     assert cut is not None and reference is not None
     for _ in range(round(cut)):  # about one second's worth of successes at the cut rate
-        bucket.on_success(1.0)
-    assert bucket.rate == pytest.approx(cut + AIMD_INCREASE_FRACTION * reference, rel=0.03)
+        bucket.succeed(1, 4.0)
+    assert bucket.rate() == pytest.approx(cut + AIMD_INCREASE_FRACTION * reference, rel=0.03)
 
 
 def test_bucket_rate_nobody_uses_does_not_grow() -> None:
-    bucket = _bucket(10.0, burst=1.0)
-    bucket.on_backpressure(pause_s=1.0, jitter_s=0.0, now=0.0)
-    cut = bucket.rate
+    settings = PacerSettings()
+    bucket = Engine(Pacing(rps=10.0, burst=1.0), settings)
+    bucket.pause(1.0, now=0.0)
+    cut = bucket.rate()
     assert cut is not None
     for _ in range(1000):
-        bucket.on_success(5.0)  # nothing was admitted: the rate is unused
-    assert bucket.rate == cut
-    _use(bucket, 6.0)
-    bucket.on_success(6.0)
-    assert bucket.rate > cut  # admitted at its rate: grows
-    rate = bucket.rate
-    idle = 6.0 + 4 * USE_WINDOW_S  # nothing admitted since: the average decayed under half the rate
-    assert bucket.used_rps(idle) < IN_USE_FRACTION * rate
-    bucket.on_success(idle)
-    assert bucket.rate == rate
+        assert not bucket.succeed(1, 5.0).grown  # nothing was granted: the rate is unused
+    assert bucket.rate() == cut
+    bucket.use(7.0)
+    assert bucket.succeed(1, 7.0).grown  # granted at its rate: grows
+    rate = bucket.rate()
+    assert rate is not None and rate > cut
+    idle = 7.0 + 4 * settings.use_window_s  # nothing granted since: the average decayed under half the rate
+    assert not bucket.succeed(1, idle).grown
+    assert bucket.rate() == rate
 
 
 def test_bucket_success_at_the_stated_rate_stays_there() -> None:
-    bucket = _bucket(10.0, burst=1.0)
-    _use(bucket, 0.0)
-    bucket.on_success(0.0)
-    assert bucket.rate == pytest.approx(10.0 * PACE_MARGIN)
+    bucket = Engine(Pacing(rps=10.0, burst=1.0))
+    bucket.use(3.0)
+    bucket.succeed(1, 3.0)
+    assert bucket.rate() == pytest.approx(10.0 * PACE_MARGIN)
+
+
+def _ramp(bucket: Engine, until: float) -> dict[float, float]:
+    """Calls granted and succeeding at the rate until ``until``: the rate every 0.1 s."""
+    rates: dict[float, float] = {}
+    now = 0.0
+    while now < until:
+        rate = bucket.rate(now)
+        assert rate is not None
+        assert bucket.granted(1, now) == 1
+        bucket.succeed(1, now)
+        rates.setdefault(round(now, 1), rate)
+        now += 1 / rate
+    return rates
 
 
 def test_slow_start_doubles_the_rate_every_period_while_it_is_used() -> None:
-    bucket = _bucket(start_rps=SLOW_START_RPS)
-    assert bucket.slow_start and bucket.rate == SLOW_START_RPS
-    rates: dict[float, float] = {}
-    now = 0.0
-    while now < 1.0 + 2 * SLOW_START_DOUBLING_S:  # calls admitted and succeeding at the rate
-        assert bucket.rate is not None
-        bucket.take(1, now)
-        bucket.on_success(now)
-        rates.setdefault(round(now, 1), bucket.rate)
-        now += 1 / bucket.rate
-    assert bucket.rate > SLOW_START_RPS * 2
-    # once the calls admitted fill the moving average, it doubles every period: x4 in two
+    bucket = Engine(Pacing(start_rps=SLOW_START_RPS))
+    state = bucket.op(ReadState(), 0.0)
+    assert state.slow_start and state.rate_rps == SLOW_START_RPS
+    rates = _ramp(bucket, 1.0 + 2 * SLOW_START_DOUBLING_S)
+    rate = bucket.rate()
+    assert rate is not None and rate > SLOW_START_RPS * 2
+    # once the calls granted fill the moving average, it doubles every period: x4 in two
     start = max(r for t, r in rates.items() if t <= 1.0)
-    assert bucket.rate == pytest.approx(4 * start, rel=0.1)
+    assert rate == pytest.approx(4 * start, rel=0.1)
 
 
 def test_slow_start_ramps_from_a_providers_first_grant() -> None:
     # no history is no evidence of an idle provider: the ramp starts with the first call
     # (a moving average starting at zero held it back ~0.3 s, ~1% of a 30 s run)
-    bucket = _bucket(start_rps=SLOW_START_RPS)
-    now = 0.0
-    while now < 2 * SLOW_START_DOUBLING_S:  # calls admitted and succeeding at the rate
-        assert bucket.rate is not None
-        bucket.take(1, now)
-        bucket.on_success(now)
-        now += 1 / bucket.rate
-    assert bucket.rate == pytest.approx(4 * SLOW_START_RPS, rel=0.2)
+    bucket = Engine(Pacing(start_rps=SLOW_START_RPS))
+    _ramp(bucket, 2 * SLOW_START_DOUBLING_S)
+    assert bucket.rate() == pytest.approx(4 * SLOW_START_RPS, rel=0.2)
 
 
 def test_slow_start_does_not_ramp_a_rate_nobody_uses_after_its_first_grant() -> None:
-    bucket = _bucket(start_rps=SLOW_START_RPS)
+    bucket = Engine(Pacing(start_rps=SLOW_START_RPS))
+    assert not bucket.succeed(1, 0.0).grown  # no grant yet: nothing in use
     bucket.take(1, 0.0)
-    bucket.on_success(0.05)
-    assert bucket.rate is not None and bucket.rate > SLOW_START_RPS  # in use at first
-    rate = bucket.rate
+    assert bucket.succeed(1, 0.05).grown  # in use from the first grant
+    rate = bucket.rate()
+    assert rate is not None and rate > SLOW_START_RPS
     for i in range(5):  # then one call a second: the average falls under half the rate
-        bucket.on_success(2.0 + i)
-    assert bucket.rate == rate
+        bucket.take(1, 2.0 + i)
+        bucket.succeed(1, 2.0 + i)
+    assert bucket.rate() == rate
 
 
-def test_unpaced_bucket_starts_slow_start_from_half_the_admitted_rate_at_its_first_429() -> None:
-    bucket = _bucket()
+def test_unpaced_bucket_starts_slow_start_from_half_the_granted_rate_at_its_first_429() -> None:
+    bucket = Engine(Pacing())
     for i in range(300):
-        bucket.take(1, 100.0 + i * 0.01)  # 100 admissions a second for 3 s
+        bucket.take(1, 100.0 + i * 0.01)  # 100 grants a second for 3 s
     now = 100.0 + 2.99
-    observed = bucket.used_rps(now)
-    assert observed == pytest.approx(100.0, rel=0.05)
-    bucket.on_backpressure(pause_s=5.0, jitter_s=0.0, now=now)
-    assert bucket.slow_start
-    assert bucket.rate == pytest.approx(observed * SLOW_START_EXIT_DECREASE)
-    assert bucket.available(now + 5.0) == 0
-    assert bucket.available(now + 5.0 + 1 / bucket.rate) == 1  # paced now
+    paused = bucket.pause(5.0, now=now)
+    assert paused.slow_start and paused.cut
+    assert paused.rate_rps == pytest.approx(100.0 * SLOW_START_EXIT_DECREASE, rel=0.05)
+    rate = paused.rate_rps
+    assert rate is not None
+    assert bucket.granted(1, now + 5.0) == 0
+    assert bucket.granted(1, now + 5.0 + 1 / rate) == 1  # paced now
 
 
 def test_unpaced_bucket_restarts_no_lower_than_the_slow_start_floor() -> None:
-    bucket = _bucket()
+    bucket = Engine(Pacing())
     bucket.take(3, 0.0)
-    bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=0.01)
-    assert bucket.rate == SLOW_START_RPS and bucket.slow_start
+    paused = bucket.pause(0.1, now=0.01)
+    assert paused.rate_rps == SLOW_START_RPS and paused.slow_start
 
 
-def test_bucket_used_rps_forgets_old_admissions() -> None:
-    bucket = _bucket()
-    bucket.take(10, 0.0)
-    assert bucket.used_rps(0.0) == pytest.approx(10 / USE_WINDOW_S)
-    assert bucket.used_rps(USE_WINDOW_S) == pytest.approx(10 / USE_WINDOW_S / math.e)
-    assert bucket.used_rps(20 * USE_WINDOW_S) < 1e-6
+def test_bucket_use_forgets_old_grants() -> None:
+    window = PacerSettings().use_window_s
+    restarts = []
+    for ago in (0.0, window, 20 * window):  # 100 grants, then a 429 ``ago`` seconds later
+        bucket = Engine(Pacing())
+        bucket.take(100, 0.0)
+        restarts.append(bucket.pause(1.0, now=ago).rate_rps)
+    used = 100 / window
+    assert restarts == [
+        pytest.approx(used * SLOW_START_EXIT_DECREASE),
+        pytest.approx(used / math.e * SLOW_START_EXIT_DECREASE),
+        SLOW_START_RPS,  # forgotten: the floor
+    ]
 
 
-def test_bucket_429_for_a_request_sent_after_the_cut_is_a_new_event() -> None:
-    bucket = _bucket(100.0)
+def test_governor_429_for_a_request_sent_after_the_cut_is_a_new_event() -> None:
+    gov = Governor(Policy(retry_after_min_s=0.01), {"p": Pacing(rps=100.0)}, rng=lambda: 0.0)
     rate = 100.0 * PACE_MARGIN
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.0, sent_at=9.99)
-    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.01, sent_at=9.995)  # sent before the cut
-    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
-    bucket.on_backpressure(pause_s=0.05, jitter_s=0.0, now=10.1, sent_at=10.06)  # sent after it
-    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE**2)
-    assert bucket.backpressure_events == 3
+    assert gov.acquire("o", "p", 1, "a", now=9.99).grants
+    gov.backpressure("o", "p", "0.05", now=10.0, wall=1_700_000_000.0, sent_at=9.99)
+    assert gov.bucket("o", "p").rate == pytest.approx(rate * AIMD_DECREASE)
+    gov.backpressure("o", "p", "0.05", now=10.01, wall=1_700_000_000.0, sent_at=9.995)  # sent before the cut
+    assert gov.bucket("o", "p").rate == pytest.approx(rate * AIMD_DECREASE)
+    assert gov.acquire("o", "p", 1, "b", now=10.08).grants  # granted after the cut
+    gov.backpressure("o", "p", "0.05", now=10.1, wall=1_700_000_000.0, sent_at=10.08)
+    assert gov.bucket("o", "p").rate == pytest.approx(rate * AIMD_DECREASE**2)
+    assert gov.bucket("o", "p").backpressure_events == 3
+    assert gov.bucket("o", "p").cuts == 2
 
 
-def test_bucket_wake_time_always_yields_a_token() -> None:
-    # Regression: a refill landing at 0.99999999999994 tokens gave available() == 0 and a
-    # ready_at() that rounded to ``now``, so the governor armed no wake-up (lost waiter).
-    bucket = _bucket(10.0, burst=10.0)
-    bucket.on_backpressure(pause_s=30.0, jitter_s=0.0, now=100.0)
+def test_bucket_wait_always_yields_a_token() -> None:
+    # Regression: a refill landing at 0.99999999999994 tokens granted nothing and said to
+    # wait until ``now``, so the governor armed no wake-up (lost waiter).
+    bucket = Engine(Pacing(rps=10.0, burst=10.0))
+    bucket.pause(30.0, now=100.0)
+    rate = bucket.rate()
     now = 130.0
     for _ in range(50):
-        assert bucket.available(now) == 0
-        ready = bucket.ready_at(now)
-        assert ready is not None and ready > now
-        now = ready
-        if bucket.available(now) >= 1:
+        grant = bucket.take(1, now)
+        if grant.granted:
             break
+        assert grant.wait_s > 0
+        now += grant.wait_s
     else:
-        pytest.fail("ready_at never led to a token")
-    assert bucket.rate is not None
-    assert now == pytest.approx(130.0 + 1 / bucket.rate)
+        pytest.fail("the waits never led to a token")
+    assert rate is not None
+    assert now == pytest.approx(130.0 + 1 / rate)
 
 
-def test_bucket_ready_at_is_strictly_ahead_for_a_tiny_deficit() -> None:
-    bucket = _bucket(1000.0, burst=1.0)
-    now = 10_000_000.0  # a monotonic clock after months of uptime: coarse floats
-    bucket.refill(now)
-    bucket.take(1, now)
-    bucket.tokens = 1.0 - 1e-8
-    ready = bucket.ready_at(now)
-    assert ready is not None and ready > now
-    assert bucket.available(ready) == 1
+def test_bucket_wait_is_strictly_ahead_for_a_tiny_deficit() -> None:
+    bucket = Engine(Pacing(rps=1000.0, burst=1.0))
+    now = 1_800_000_000.0  # epoch seconds, as a shared pacer's clock: coarse floats
+    assert bucket.granted(1, now) == 1
+    grant = bucket.take(1, now + 1 / (1000.0 * PACE_MARGIN) - 1e-7)  # a hair short of the token
+    assert grant.granted == 1 or grant.wait_s > 0
+    if not grant.granted:
+        assert bucket.granted(1, now + 1 / (1000.0 * PACE_MARGIN) - 1e-7 + grant.wait_s) == 1
 
 
 def test_bucket_429s_of_one_congestion_event_cut_the_rate_once() -> None:
-    bucket = _bucket(10.0, burst=1.0)
+    bucket = Engine(Pacing(rps=10.0, burst=1.0))
     rate = 10.0 * PACE_MARGIN
-    bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=0.0)
-    bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=AIMD_CUT_COOLDOWN_S / 2)  # in flight at the first
-    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE)
-    assert bucket.backpressure_events == 2
-    bucket.on_backpressure(pause_s=0.1, jitter_s=0.0, now=AIMD_CUT_COOLDOWN_S * 2)  # a new event
-    assert bucket.rate == pytest.approx(rate * AIMD_DECREASE**2)
-    assert bucket.reference_rps == pytest.approx(rate * AIMD_DECREASE)
+    assert bucket.pause(0.1, now=0.0).cut
+    assert not bucket.pause(0.1, now=0.5, cut=False).cut  # granted before the first: in flight at it
+    assert bucket.rate() == pytest.approx(rate * AIMD_DECREASE)
+    assert bucket.pause(0.1, now=2.0).cut  # granted after the cut: a new event
+    state = bucket.op(ReadState(), 2.0)
+    assert state.rate_rps == pytest.approx(rate * AIMD_DECREASE**2)
+    assert state.reference_rps == pytest.approx(rate * AIMD_DECREASE)
 
 
 # -- send gate ------------------------------------------------------------------------
@@ -493,61 +556,66 @@ def test_send_gate_pause_voids_bookings_made_before_it() -> None:
 # -- circuit breaker ------------------------------------------------------------------
 
 
-def _circuit() -> Circuit:
-    return Circuit(threshold=3, open_s=5.0, open_max_s=12.0)
+def _circuit(threshold: int | None = 3) -> Engine:
+    settings = PacerSettings(circuit_failures=threshold, circuit_open_s=5.0, circuit_open_max_s=12.0)
+    return Engine(Pacing(), settings)
+
+
+def _record(bucket: Engine, answered: int, unavailable: int, now: float) -> CircuitRecorded:
+    return bucket.op(Record(answered=answered, unavailable=unavailable), now)  # type: ignore[no-any-return]
 
 
 def test_circuit_opens_after_consecutive_unavailable_outcomes_only() -> None:
     circuit = _circuit()
-    assert circuit.record(answered=0, unavailable=2, now=0.0) is False
-    assert circuit.record(answered=1, unavailable=0, now=0.1) is False  # an answer resets the count
-    assert circuit.record(answered=0, unavailable=2, now=0.2) is False
-    assert circuit.admits(0.2) == "go"
-    assert circuit.record(answered=0, unavailable=1, now=0.3) is True
-    assert (circuit.state, circuit.open_until, circuit.opened) == ("open", pytest.approx(5.3), 1)
-    assert circuit.admits(5.0) == "refuse"
+    assert _record(circuit, answered=0, unavailable=2, now=0.0).opened is False
+    assert _record(circuit, answered=1, unavailable=0, now=0.1).opened is False  # an answer resets the count
+    assert _record(circuit, answered=0, unavailable=2, now=0.2).opened is False
+    assert circuit.take(1, 0.2).verdict == "go"
+    opened = _record(circuit, answered=0, unavailable=1, now=0.3)
+    assert opened.opened is True and opened.open_s == pytest.approx(5.0)
+    refused = circuit.take(1, 5.0)
+    assert (refused.verdict, refused.granted, refused.wait_s) == ("refuse", 0, pytest.approx(0.3))
 
 
 def test_circuit_half_open_lets_one_probe_and_its_answer_closes_it() -> None:
     circuit = _circuit()
-    circuit.record(answered=0, unavailable=3, now=0.0)
-    assert circuit.admits(5.0) == "probe"
-    circuit.probe_sent()
-    assert circuit.admits(5.1) == "wait"  # the others wait for the probe
-    assert circuit.record(answered=1, unavailable=0, now=5.2) is False
-    assert (circuit.state, circuit.failures) == ("closed", 0)
-    assert circuit.admits(5.2) == "go"
+    _record(circuit, answered=0, unavailable=3, now=0.0)
+    probe = circuit.take(3, 5.0)
+    assert (probe.verdict, probe.granted) == ("probe", 1)  # one call: the probe
+    assert circuit.take(1, 5.1).verdict == "wait"  # the others wait for the probe
+    assert circuit.take(1, 5.1, nested=True).verdict == "go"  # but a nested call (its parent may be it)
+    assert _record(circuit, answered=1, unavailable=0, now=5.2).opened is False
+    assert circuit.take(1, 5.2).verdict == "go"
+    for i in range(2):  # closed, its count of failures reset: two more do not open it
+        assert _record(circuit, answered=0, unavailable=1, now=5.3 + i).opened is False
 
 
 def test_circuit_failed_probe_reopens_for_twice_as_long_up_to_the_max() -> None:
     circuit = _circuit()
-    circuit.record(answered=0, unavailable=3, now=0.0)
-    periods = []
-    now = 0.0
+    periods = [_record(circuit, answered=0, unavailable=3, now=0.0).open_s]
+    now = periods[0]
     for _ in range(3):
-        now = circuit.open_until
-        assert circuit.admits(now) == "probe"
-        circuit.probe_sent()
-        assert circuit.record(answered=0, unavailable=1, now=now) is True
-        periods.append(circuit.period_s)
-    assert periods == [10.0, 12.0, 12.0]
-    assert circuit.opened == 4
+        assert circuit.take(1, now).verdict == "probe"
+        reopened = _record(circuit, answered=0, unavailable=1, now=now)
+        assert reopened.opened is True
+        periods.append(reopened.open_s)
+        now += reopened.open_s
+    assert periods == [5.0, 10.0, 12.0, 12.0]  # opened four times
 
 
 def test_circuit_probe_that_was_not_sent_lets_another_probe() -> None:
     circuit = _circuit()
-    circuit.record(answered=0, unavailable=3, now=0.0)
-    assert circuit.admits(6.0) == "probe"
-    circuit.probe_sent()
-    circuit.record(answered=0, unavailable=0, now=6.1)  # given back unsent: nothing learnt
-    assert circuit.state == "half_open"
-    assert circuit.admits(6.1) == "probe"
+    _record(circuit, answered=0, unavailable=3, now=0.0)
+    assert circuit.take(1, 6.0).verdict == "probe"
+    assert circuit.take(1, 6.05).verdict == "wait"
+    _record(circuit, answered=0, unavailable=0, now=6.1)  # given back unsent: nothing learnt
+    assert circuit.take(1, 6.1).verdict == "probe"  # still half-open: another probe
 
 
 def test_circuit_without_a_threshold_never_opens() -> None:
-    circuit = Circuit(threshold=None, open_s=5.0, open_max_s=60.0)
-    assert circuit.record(answered=0, unavailable=1000, now=0.0) is False
-    assert circuit.admits(0.0) == "go"
+    circuit = _circuit(threshold=None)
+    assert _record(circuit, answered=0, unavailable=1000, now=0.0).opened is False
+    assert circuit.take(1, 0.0).verdict == "go"
 
 
 def test_send_gate_closed_for_an_open_circuit_gives_up_every_turn() -> None:

@@ -65,7 +65,7 @@ def test_circuit_opens_on_failures_gathered_by_parallel_calls() -> None:
     assert all(q.grants for q in queued[:3])  # three more in flight; the fourth waits
     # the five sent together all met a closed port: one release, the circuit opens
     out = gov.release(ORG, "p", 5, successes=0, now=0.1, unavailable=5, answered=0)
-    assert gov.circuits[(ORG, "p")].state == "open"
+    assert gov.bucket(ORG, "p").circuit(0.1) == "open"
     assert (ORG, "p") in out.closed
     refused = dict(out.refusals)
     assert all(isinstance(exc, ProviderUnavailableError) for exc in refused.values())

@@ -13,7 +13,7 @@ ORG = "org"
 
 
 def _report(gov: Governor, now: float, waits: dict[tuple[str, str], float] | None = None) -> dict:
-    return pacing_report(gov.buckets, gov.circuits, now, waits)
+    return pacing_report(gov.buckets, now, waits)
 
 
 def test_pacing_report_says_how_each_rate_was_set() -> None:

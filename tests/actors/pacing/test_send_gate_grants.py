@@ -63,8 +63,8 @@ def test_tokens_granted_together_have_slots_a_spacing_apart() -> None:
     gate.grant(3, 0.0)
     spacing = 1 / gate.rps  # type: ignore[operator]
     fake.now = 2 * spacing + LATE_S - 1e-6  # the third token's slot still lasts
-    assert gate._slot(fake.now) is True
-    assert gate._slot(fake.now) is False  # the first two went by unused
+    assert gate.use_slot(fake.now) is True
+    assert gate.use_slot(fake.now) is False  # the first two went by unused
     assert pacer.asked == []
 
 

@@ -32,9 +32,9 @@ def test_gate_nginx_a_cancel_at_the_gate_meets_no_429(nginx: Any, make_system: A
     gate.set_rate(1.0)  # the gate a little slower than the governor: a queue forms there
     futures = {}
     for i in (1, 2, 3, 4):
-        booked = gate._next
+        booked = gate.next_turn
         futures[i] = system.proxy().execute("verify", {"i": i})
-        until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
+        until(lambda booked=booked: gate.next_turn > booked, f"call {i} to book its turn")
     if cancel:
         futures[3].cancel()
     threading.Event().wait(0.05)

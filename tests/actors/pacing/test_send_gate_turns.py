@@ -97,9 +97,9 @@ def test_gate_a_cancel_at_the_gate_never_lets_two_requests_leave_at_once(make_sy
     spacing = 1.0 / (rate * 1.02)
     futures = {}
     for i in (1, 2, 3, 4):  # one at a time, so they book turns in this order
-        booked = gate._next
+        booked = gate.next_turn
         futures[i] = system.proxy().execute("paced", {"i": i})
-        until(lambda booked=booked: gate._next > booked, f"call {i} to book its turn")
+        until(lambda booked=booked: gate.next_turn > booked, f"call {i} to book its turn")
     futures[2].cancel()  # it waits at the gate for its turn
     with contextlib.suppress(CallCancelledError):
         futures[2].get(timeout=WAIT_S)

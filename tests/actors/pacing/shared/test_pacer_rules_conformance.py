@@ -51,7 +51,9 @@ publications = st.none() | st.tuples(
 )
 
 steps: st.SearchStrategy[Step] = st.one_of(
-    st.tuples(st.just("op"), st.builds(Take, n=st.integers(1, 12), partial=st.booleans())),
+    st.tuples(
+        st.just("op"), st.builds(Take, n=st.integers(1, 12), partial=st.booleans(), nested=st.booleans())
+    ),
     st.tuples(st.just("op"), st.builds(Pause, pause_s=seconds)),
     st.tuples(st.just("cut"), seconds, st.sampled_from(["current", "stale"])),
     st.tuples(
@@ -161,7 +163,9 @@ def test_pacer_script_replies_as_the_python_rules(
 
 
 circuit_steps: st.SearchStrategy[Step] = st.one_of(
-    st.tuples(st.just("op"), st.builds(Take, n=st.integers(1, 3), partial=st.booleans())),
+    st.tuples(
+        st.just("op"), st.builds(Take, n=st.integers(1, 3), partial=st.booleans(), nested=st.booleans())
+    ),
     st.tuples(
         st.just("op"),
         st.builds(Record, answered=st.sampled_from([0, 0, 0, 1]), unavailable=st.integers(0, 2)),

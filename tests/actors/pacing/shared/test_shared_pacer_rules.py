@@ -145,7 +145,7 @@ def test_open_pacer_parses_the_pacer_option() -> None:
     try:
         assert pacer.backend == "redis" and pacer.prefix == "a:b" and pacer.expected_workers == 8
         assert "secret" not in pacer.url and "secret" not in str(pacer.snapshot())
-        kwargs = pacer._client.connection_pool.connection_kwargs
+        kwargs = pacer.client.connection_pool.connection_kwargs
         assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["db"]) == (0.2, 0.1, 3)
     finally:
         pacer.close()
