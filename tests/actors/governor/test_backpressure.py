@@ -260,7 +260,7 @@ def test_pacing_unknown_limit_learns_from_when_requests_were_sent(make_system: A
     futures = [system.proxy().execute("api", {"n": n}) for n in range(3)]
     assert all(f.get(timeout=WAIT_S).execution == "live" for f in futures)
     answered = time.monotonic()
-    buckets = system._governor.proxy().governor.get().buckets
+    buckets = system.ports.governor.proxy().governor.get().buckets
     (bucket,) = [b for (_, provider), b in buckets.items() if provider == tool.provider_name]
     sent = list(bucket.learner.sent)
     assert len(sent) == 3 and all(before <= t <= answered - 0.15 for t in sent), (before, sent, answered)

@@ -251,7 +251,7 @@ def test_send_a_withdrawn_sender_gives_its_turn_at_the_gate_back(make_system: An
     fresh = outcome(system.proxy().execute("paced", {"i": 2}, timeout_s=8.0), timeout=12.0)
     assert not isinstance(fresh, Exception), (
         f"the first free turn is ~5 s away, within the call's 8 s; got {fresh!r} "
-        f"(the gate is booked {gate._next - time.monotonic():.0f} s ahead by withdrawn senders)"
+        f"(the gate is booked {gate.next_turn - time.monotonic():.0f} s ahead by withdrawn senders)"
     )
 
 
