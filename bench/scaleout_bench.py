@@ -71,8 +71,9 @@ def _backend_pids() -> list[int]:
     matched by client port in ``pg_stat_activity``."""
     import psutil
     import psycopg
+    from psycopg.conninfo import conninfo_to_dict
 
-    port = int(PG.split("@")[-1].split("/")[0].split(":")[-1]) if ":" in PG.split("@")[-1] else 5432
+    port = int(conninfo_to_dict(PG.split("?")[0]).get("port") or 5432)
     mine = {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port}
     with psycopg.connect(PG.split("?")[0], autocommit=True) as conn:
         rows = conn.execute("SELECT pid, client_port FROM pg_stat_activity").fetchall()
