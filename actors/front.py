@@ -167,6 +167,8 @@ class Intake:
         self.queues = queues
         self.store = store
         self.salvage = salvage
+        self._where = repr(store)
+        """The store as outages name it (:mod:`actors.store.outage`)."""
         self._digests: dict[str, str] = {}
         self._read_first = {tool_id: ReadFirst() for tool_id in tools}
         self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
@@ -380,7 +382,7 @@ class Intake:
         """
         if self.policy.max_receipt_ops is not None:
             return misses, 0
-        where, outages = repr(self.store), self.stats.outages
+        where, outages = self._where, self.stats.outages
         if outages.since(STORE_SERVICE, where) is not None:
             return misses, 0
         tool_id = tool.tool_id

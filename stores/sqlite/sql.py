@@ -17,17 +17,26 @@ _SELECT = f"SELECT {', '.join(COLUMNS)} FROM receipts"
 _BY_KEYS = f"{_SELECT} WHERE org_id = ? AND key IN (SELECT value FROM json_each(?))"
 # What a normal claim reuses (stores.dispositions.decide_disposition: completed, fresh enough),
 # the output text as stored: the caller's plain read of a cold rerun.
-_REUSABLE = (
-    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+_REUSABLE_TAKEN = (
     # "+status": no index on status for this term, so each key is looked up by primary key
     # (with status = ? the planner may scan every completed receipt of the file instead)
-    "WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) AND +status = 'completed' "
+    "AND +status = 'completed' "
     # values a reader would not take (set by hand): left to a claim, which says so for
     # that call alone (a text time here failed the whole bulk read with a TypeError)
     "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' "
     "AND typeof(coalesce(completed_at, updated_at)) IN ('integer', 'real') "
     "AND typeof(generation) = 'integer'"
 )
+_REUSABLE = (
+    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+    f"WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) {_REUSABLE_TAKEN}"
+)
+_REUSABLE_ONE = (
+    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+    f"WHERE org_id = ? AND key = ? {_REUSABLE_TAKEN}"
+)
+"""One key's read (a lone call of a rerun): a point lookup, without encoding the key as a
+JSON list for ``json_each`` (~11 µs against ~17 µs a statement, measured)."""
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,

@@ -50,6 +50,7 @@ from stores.sqlite.sql import (
     _RESOLVE_FAILED_REFRESH,
     _RESTORE_COMPLETED,
     _REUSABLE,
+    _REUSABLE_ONE,
     _SET_BATCH_KEY,
     _SET_COMPLETE,
     _SET_FAIL,
@@ -250,7 +251,10 @@ class SqliteReceiptStore(ReceiptStore):
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
     ) -> dict[str, tuple[str, str]]:
         def read(conn: sqlite3.Connection) -> dict[str, tuple[str, str]]:
-            rows = conn.execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
+            if len(keys) == 1:
+                rows = conn.execute(_REUSABLE_ONE, (org_id, keys[0]))
+            else:
+                rows = conn.execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
             now = self.clock()
             return {
                 key: (input_hash, text)

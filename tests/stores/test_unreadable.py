@@ -293,6 +293,9 @@ def test_a_receipt_with_odd_columns_fails_no_other_key_of_a_plain_reusable_read(
         pytest.fail(f"one odd receipt failed the whole read: {type(exc).__name__}: {exc}")
     assert set(found) == {keys[0], keys[2]}
     assert set(store.read_reusable(ORG, keys)) <= set(keys)  # no age asked: never raises either
+    # a lone call's read (one key: a statement of its own) leaves it to the claim too
+    assert store.read_reusable(ORG, keys[1:2], stale_after_s=3600.0) == {}
+    assert set(store.read_reusable(ORG, keys[:1], stale_after_s=3600.0)) == {keys[0]}
 
 
 ODD_LEASES = {  # backend -> the expiry set by hand (absent: the column cannot hold it)
