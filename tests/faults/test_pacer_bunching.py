@@ -18,6 +18,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 RATE = 100
 """The provider's bound per second (``RATE * WINDOW_S + BURST`` per window) and the play's
 stated rate."""

@@ -17,6 +17,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 RATE = 100
 WINDOW_S = 0.2
 BURST = 6

@@ -7,9 +7,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from actors import DispatchSystem, Pacing, Policy, RunInfo, Tool
 from actors.pacing import RedisPacer
 from stores import SqliteReceiptStore
+
+pytestmark = pytest.mark.scenario
 
 WAIT_S = 15.0
 

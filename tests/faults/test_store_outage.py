@@ -15,6 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 KEYS = 240
 RATE = 40
 """The provider's limit and the play's stated rate, requests/s: the run lasts about KEYS/RATE s."""

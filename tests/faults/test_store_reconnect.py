@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.scenario
+
 KEYS = 700
 RATE = 40
 OUTAGE_S = 8.5

@@ -17,6 +17,8 @@ import stores
 from actors.flusher.salvage import SalvageLog, salvage_entry
 from stores import ClaimRequest, Owner, ReceiptStatus, SqliteReceiptStore
 
+pytestmark = pytest.mark.scenario
+
 ORG = "acme"
 REPO_ROOT = Path(stores.__file__).resolve().parent.parent
 CHILD_TIMEOUT_S = 120.0

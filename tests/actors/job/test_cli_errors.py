@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.scenario
+
 LOCAL_PLAY = """
 from actors import Tool
 

@@ -22,6 +22,8 @@ import pytest
 
 import actors
 
+pytestmark = pytest.mark.scenario
+
 EXIT_WITHIN_S = 20.0
 
 _SCRIPT = textwrap.dedent(

@@ -26,6 +26,8 @@ from actors.errors import signalled
 
 from .test_exit_without_stop import child_env
 
+pytestmark = pytest.mark.scenario
+
 INTERRUPTS = 8
 
 _HOST = textwrap.dedent(

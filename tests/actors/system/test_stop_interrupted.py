@@ -21,6 +21,8 @@ import pytest
 
 from .test_exit_without_stop import child_env
 
+pytestmark = pytest.mark.scenario
+
 CALLS = 3
 
 _HOST = textwrap.dedent(
