@@ -25,7 +25,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 TEST_COMMAND = (
     'python3 -m venv .venv && .venv/bin/python -m pip install --quiet "tox>=4.11" "tox-uv>=1.11" '
-    "&& .venv/bin/tox run-parallel --parallel 3"
+    "&& .venv/bin/tox run-parallel --parallel auto"
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
