@@ -103,6 +103,10 @@ def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(
     finally:
         code = _finish(proc, err)
     first = err_path.read_text()
+    # a request still being served counts once it is answered: read the bill after that
+    cli.poll_until(
+        lambda: server.calls()["serving"] == 0, timeout_s=STOP_TIMEOUT_S, what="the provider to idle"
+    )
 
     assert code == 130, first[-3000:]
     assert "interrupted (SIGTERM)" in first
@@ -127,6 +131,8 @@ def test_cli_sigterm_is_a_first_ctrl_c_report_flushed_output_and_a_free_resume(
     with sqlite3.connect(db) as conn:
         unique = conn.execute("select count(*) from receipts where status = 'completed'").fetchone()[0]
     assert server.stats()["items"] == unique  # over both runs, each lookup paid once
+    # a pending receipt was never sent: the resume replays no request the provider had served
+    assert server.stats().get("replayed_items", 0) == 0, server.stats()
 
 
 @pytest.mark.parametrize("runtime", ["threads", "gevent"])
