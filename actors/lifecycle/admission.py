@@ -412,6 +412,9 @@ class Admission:
                 self.p.exits.give_back(
                     unit, CallCancelledError("the dispatcher stopped before the call started")
                 )
+        gathered, self.s.intake = self.s.intake, []  # drained, not yet claimed
+        refused += sum(len(g.calls) for g in gathered)
+        self.p.exits.cancel_groups(gathered)
         waiting = [g for g in self.s.groups.values() if g.state is GroupState.WAITING]
         refused += sum(len(g.calls) for g in waiting)
         self.p.exits.cancel_groups(waiting)

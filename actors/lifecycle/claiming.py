@@ -81,6 +81,17 @@ class Claims:
             self.p.exits.enqueue(self.p.exits.compile(groups))
             self.p.admission.pump(now)
             return
+        if self.s.intake_out or self.s.slotting:
+            # a claim of drained groups is out: these go with the next one, sent when it
+            # is answered (under load one transaction and one turn claim many calls; an
+            # idle call is claimed at once)
+            for group in groups:
+                group.state = GroupState.CLAIMING
+            self.s.intake.extend(groups)
+            return
+        self._intake(groups)
+
+    def _intake(self, groups: list[Group]) -> None:
         fits = self.s.width - self.s.holding >= len(groups)
         if fits and self.straight_into_running and not self.s.pending and not self.s.acquiring[False]:
             # admission looks immediate: take the slots first and claim straight into
@@ -91,7 +102,24 @@ class Claims:
             self.s.slotting = groups
             self.fx.acquire(len(groups), False, immediate=True)
             return
-        self.claim(groups, None)
+        self.claim(groups, None, intake=True)
+
+    def _next_intake(self) -> None:
+        """The claim of drained groups answered: claim those drained meanwhile."""
+        if self.s.intake_out or self.s.slotting or not self.s.intake:
+            return
+        groups, self.s.intake = self.s.intake, []
+        if self.s.stopping:  # (stop refuses them itself; kept safe all the same)
+            self.p.exits.cancel_groups(groups)
+            return
+        wanted = []
+        for group in groups:
+            if group.calls:
+                wanted.append(group)
+            else:  # every caller gave up while it waited: nothing was claimed
+                self.p.exits.settle(group, None)
+        if wanted:
+            self._intake(wanted)
 
     @property
     def straight_into_running(self) -> bool:
@@ -115,7 +143,7 @@ class Claims:
                 n -= 1
         if n > 0:  # granted, charged, never sent
             self.fx.release_slots(n, refunds=n)
-        self.claim(groups, None)
+        self.claim(groups, None, intake=True)
         self.p.admission.pump(now)
 
     def _spare_slot(self, group: Group) -> None:
@@ -125,7 +153,9 @@ class Claims:
             self.s.holding -= 1
             self.fx.release_slots(1, refunds=1)
 
-    def claim(self, groups: list[Group], force: ClaimMode | None) -> None:
+    def claim(self, groups: list[Group], force: ClaimMode | None, intake: bool = False) -> None:
+        """Claim ``groups`` in bulk (``force``: in that mode, else each group's own);
+        ``intake``: drained groups (others drained meanwhile wait for the answer)."""
         buckets: dict[tuple[ClaimMode, float | None], list[Group]] = {}
         for group in groups:
             group.state = GroupState.CLAIMING
@@ -156,12 +186,21 @@ class Claims:
                     for i, g in enumerate(members)
                 ]
                 running = frozenset(g.key for g in members if g.slotted)
+                if intake:
+                    self.s.intake_out.add(batch)
                 self.fx.claim(batch, mode, stale, requests, running, patience_s(members))
 
     def on_claimed(
         self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float
     ) -> None:
-        """A bulk claim answered: sort the dispositions."""
+        """A bulk claim answered: sort the dispositions; then claim the groups drained
+        while it was out."""
+        self._sort(batch, claims, error, now)
+        if batch in self.s.intake_out:
+            self.s.intake_out.discard(batch)
+            self._next_intake()
+
+    def _sort(self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float) -> None:
         members: list[Group] = self.s.batches.pop(batch, [])
         if error is not None or claims is None:
             self.p.cleanup.claim_failed([group.key for group in members])

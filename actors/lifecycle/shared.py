@@ -79,6 +79,11 @@ class Shared:
         """Per admission queue (exempt or not): a slot request is out."""
         self.slotting: list[Group] = []
         """Groups whose slots were asked for before their claim (``Claims.drained``)."""
+        self.intake_out: set[int] = set()
+        """Claims of drained groups not yet answered (request numbers)."""
+        self.intake: list[Group] = []
+        """Groups drained while a claim of drained groups (or its slot request) is out:
+        claimed together once it is answered (``Claims.drained``)."""
         self.stopping = False
         """The dispatcher is stopping: nothing new is sent."""
         self.batches: dict[int, Any] = {}

@@ -1,0 +1,118 @@
+"""State-machine tests of claims gathered while one is out (:mod:`actors.lifecycle.claiming`).
+
+Groups drained while a claim of drained groups (or its slot request) is out wait for
+its answer, then go in one claim: under load one transaction and one store turn claim
+every call that came meanwhile, and an idle call is claimed at once. Each exit of a
+gathered group (its caller gives up, the dispatcher stops, the claim before it fails)
+ends with :meth:`Driver.assert_nothing_held`.
+"""
+
+from __future__ import annotations
+
+from actors.errors import CallCancelledError, StoreError
+from actors.lifecycle.calls import GroupState
+
+from .conftest import Driver, value_of
+
+
+def _claimed_keys(d: Driver) -> list[list[str]]:
+    return [[r.key for r in requests] for _, (_, requests) in sorted(d.fx.claims.items())]
+
+
+def _run_all(d: Driver) -> None:
+    """Answer every request out (slots, marks, attempts, writes) until none is left."""
+    finished: set[int] = set()
+    for _ in range(50):
+        if d.fx.marks and max(d.fx.marks) not in d._batches_seen:
+            d.mark()
+        elif d.open_acquires():
+            d.grant()
+        elif todo := [s for s in d.fx.starts if id(s) not in finished]:
+            finished.add(id(todo[0]))
+            d.finish(spec=todo[0])
+            d.persisted()
+        else:
+            return
+
+
+def test_groups_drained_while_a_claim_is_out_go_together_once_it_is_answered() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    b, c = d.drain("b", "c")
+    (e,) = d.drain("e")
+    assert _claimed_keys(d) == [["a"]]  # b, c and e wait for a's claim
+    d.answer_claim()
+    assert _claimed_keys(d) == [["a"], ["b", "c", "e"]]  # then go in one
+    d.answer_claim()
+    _run_all(d)
+    assert [value_of(d.outcome(x))["v"] for x in (a, b, c, e)] == ["a", "b", "c", "e"]
+    d.assert_nothing_held()
+
+
+def test_an_idle_call_is_claimed_at_once() -> None:
+    d = Driver()
+    d.drain("a")
+    d.answer_claim()
+    d.drain("b")  # a is claimed (running or not): no claim of drained groups is out
+    assert _claimed_keys(d) == [["a"], ["b"]]
+    d.answer_claim()
+    _run_all(d)
+    d.assert_nothing_held()
+
+
+def test_a_gathered_call_whose_caller_gives_up_is_never_claimed() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    b, c = d.drain("b", "c")
+    assert d.cancel(b)
+    assert isinstance(d.outcome(b), CallCancelledError)
+    d.answer_claim()
+    assert _claimed_keys(d) == [["a"], ["c"]]  # b's receipt was never touched
+    assert "b" not in d.life.groups
+    d.answer_claim()
+    _run_all(d)
+    assert value_of(d.outcome(a)) == {"v": "a"} and value_of(d.outcome(c)) == {"v": "c"}
+    d.assert_nothing_held()
+
+
+def test_a_stop_refuses_gathered_calls_and_claims_nothing_more() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    b, c = d.drain("b", "c")
+    assert d.stop() == 2  # b and c refused now; a's claim is out (released when answered)
+    assert isinstance(d.outcome(b), CallCancelledError) and isinstance(d.outcome(c), CallCancelledError)
+    d.answer_claim()
+    assert _claimed_keys(d) == [["a"]]
+    assert isinstance(d.outcome(a), CallCancelledError)
+    d.assert_nothing_held()
+
+
+def test_a_failed_claim_still_sends_the_gathered_groups() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    (b,) = d.drain("b")
+    assert d.life.groups["b"].state is GroupState.CLAIMING
+    d.fail_claim(StoreError("disk I/O error"))
+    assert isinstance(d.outcome(a), StoreError)
+    d.last_claim()  # (b's slots asked first: nothing waits now; the governor says "the usual way")
+    assert _claimed_keys(d) == [["a"], ["b"]]
+    d.answer_claim()
+    _run_all(d)
+    assert value_of(d.outcome(b)) == {"v": "b"}
+    d.assert_nothing_held()
+
+
+def test_groups_drained_while_slots_are_asked_before_a_claim_wait_for_that_claim() -> None:
+    d = Driver(straight=True)
+    d.drain("a")
+    d.drain("b")  # a's slots are asked for: b waits
+    assert d.fx.claims == {} and len(d.fx.immediate) == 1
+    d.grant_now(1)
+    assert _claimed_keys(d) == [["a"]]
+    d.answer_claim()
+    assert _claimed_keys(d) == [["a"], ["b"]] or d.fx.immediate  # b: its own slots first
+    if d.fx.immediate:
+        d.grant_now(1)
+    d.answer_claim()
+    _run_all(d)
+    d.assert_nothing_held()
