@@ -51,6 +51,7 @@ from actors.lifecycle.calls import Call
 from actors.messages import CallCancelled, RememberOutputs, SubmitCalls
 from actors.results import ToolResult
 from actors.runtime.futures import Interjection, fail, new_future, resolved_future, takes_interjections
+from actors.runtime.gathering import Gathering
 from actors.runtime.host_signals import cover as cover_signals
 from actors.runtime.nesting import in_tool, running_keys
 from actors.stats import Stats
@@ -171,6 +172,8 @@ class Intake:
         """The store as outages name it (:mod:`actors.store.outage`)."""
         self._digests: dict[str, str] = {}
         self._read_first = {tool_id: ReadFirst() for tool_id in tools}
+        self._waiting: dict[str, Gathering[Call]] = {}
+        """Tool id -> calls submitted, not yet taken by its queue actor (:meth:`submit`)."""
         self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
         self._remember_lock = threading.Lock()
         self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str, bytes]]] = {}
@@ -213,13 +216,23 @@ class Intake:
         return found
 
     def submit(self, tool_id: str, calls: list[Call]) -> None:
-        """Queue ``calls`` on their tool's queue actor in one message (cancelled if it is gone)."""
+        """Queue ``calls`` on their tool's queue actor (cancelled if it is gone): put in
+        the tool's gathering, which rings the actor only when it was empty, so calls
+        submitted close together, from one thread or many, reach it in one message."""
         ref = self.queues[tool_id]
         for call in calls:
             call.future.on_cancel = _cancel_hook(ref, call)
-        try:
-            ref.tell(SubmitCalls(calls=tuple(calls)))
-        except pykka.ActorDeadError:
+        waiting = self._waiting.get(tool_id)
+        if waiting is None:
+            waiting = self._waiting.setdefault(tool_id, Gathering())
+        ring = waiting.put(calls)
+        if ring:
+            try:
+                ref.tell(SubmitCalls(waiting=waiting))
+            except pykka.ActorDeadError:
+                calls = waiting.close()  # with any that rode along
+                ring = None
+        if ring is None:
             for call in calls:
                 fail(call.future, CallCancelledError("the dispatcher is stopped"))
 

@@ -283,10 +283,13 @@ class Answered:
 
 @attrs.frozen(kw_only=True)
 class SubmitCalls:
-    """Queue calls of one tool (``execute`` sends one, ``execute_many`` many)."""
+    """Calls of one tool wait in ``waiting``: take them all (the doorbell of the front
+    door: sent by the put that found it empty; ``execute`` puts one call, ``execute_many``
+    many, callers on other threads put theirs meanwhile)."""
 
-    calls: tuple[Any, ...]
-    """:class:`actors.lifecycle.calls.Call` each (input snapshot, key, mode, reply future)."""
+    waiting: Any
+    """An :class:`actors.runtime.gathering.Gathering` of
+    :class:`actors.lifecycle.calls.Call` (input snapshot, key, mode, reply future)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -38,6 +38,7 @@ from actors.queue.memo import Memo, held_bytes
 from actors.results import ToolResult
 from actors.runtime.actor import InboxActor, guarded
 from actors.runtime.futures import fail
+from actors.runtime.gathering import Gathering
 from actors.runtime.inbox import answer_left, left_in
 from actors.tool import Tool
 from stores.codec import decode_output
@@ -223,6 +224,8 @@ class ToolQueueActor(InboxActor):
         """A DrainDue(-1) is in the inbox."""
         self._drain_wanted = False
         self._stop_replies: list[Any] = []
+        self._waiting: Gathering[Call] | None = None
+        """The calls submitted and not yet taken (the front door's, known from its first ring)."""
 
     @property
     def memo(self) -> Memo:
@@ -234,7 +237,8 @@ class ToolQueueActor(InboxActor):
         now = self.clock()
         try:
             if isinstance(message, SubmitCalls):
-                for call in message.calls:
+                self._waiting = message.waiting
+                for call in message.waiting.take():
                     self._submit(call, now)
                 wanted, self._drain_wanted = self._drain_wanted, False
                 if wanted and not self._drain_pending:  # (else a DrainDue in the inbox takes them)
@@ -278,16 +282,19 @@ class ToolQueueActor(InboxActor):
         for finished, report in self.effects.finished.close():  # paid answers, never read
             kept += report.keep_late(finished)
         left = left_in(self.actor_inbox)
+        waiting = [self._waiting] if self._waiting is not None else []
         for message in left:
             if isinstance(message, SubmitCalls):
-                for call in message.calls:
-                    fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
+                waiting.append(message.waiting)
             elif isinstance(message, UnitFinished):  # a paid answer that came in as it stopped
                 kept += self.effects.keep_late(message)
             elif isinstance(message, StopQueue):
                 for slot in (message.reply, message.idle):
                     if slot is not None:
                         slot.set(0)
+        for calls in waiting:  # (closed: a later submit is refused at once)
+            for call in calls.close():
+                fail(call.future, CallCancelledError("the dispatcher stopped before the call started"))
         answer_left(left, CallCancelledError("the dispatcher stopped"))
         # stop's bound ran out before these finished (answers the other actors never sent,
         # since they stopped too): every caller still hears back

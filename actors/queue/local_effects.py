@@ -9,7 +9,6 @@ salvage file, counts, and fills the tool's memo. It runs on the tool queue actor
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from actors.messages import Reconciled, UnitFinished
 from actors.results import ToolContext, ToolResult, provider_idempotency_key
 from actors.runtime.actor import Reply, log
 from actors.runtime.futures import fail
+from actors.runtime.gathering import Gathering
 from actors.worker.attempt import attempt
 from stores.codec import EncodedOutput
 
@@ -206,43 +206,38 @@ class Finished:
 
     Only the first outcome put into an empty buffer rings the actor (one
     :data:`FINISHED_READY` message); the outcomes put before the actor takes them ride
-    along. Units finishing together are so handled, and their outputs written, together,
-    and a finishing call costs no message of its own. Once :meth:`close` d (the actor
-    stopped), a put is refused and its worker salvages the outcome itself.
+    along (a :class:`~actors.runtime.gathering.Gathering`). Units finishing together are
+    so handled, and their outputs written, together, and a finishing call costs no
+    message of its own. Once :meth:`close` d (the actor stopped), a put is refused and
+    its worker salvages the outcome itself.
     """
 
-    __slots__ = ("_closed", "_items", "_lock")
+    __slots__ = ("_items",)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: list[tuple[UnitFinished, FinishReport]] = []
-        self._closed = False
+        self._items: Gathering[tuple[UnitFinished, FinishReport]] = Gathering()
 
     def put(self, message: UnitFinished, report: FinishReport) -> bool | None:
         """Keep an outcome. Returns True: ring the actor; False: a ring is on its way;
         None: closed (nothing kept)."""
-        with self._lock:
-            if self._closed:
-                return None
-            self._items.append((message, report))
-            return len(self._items) == 1
+        return self._items.put(((message, report),))
 
     def take(self) -> list[tuple[UnitFinished, FinishReport]]:
         """Every outcome kept so far (on the actor's thread). The actor answers for them
         from now on: their reports let go of the groups kept for salvage (a worker still
         returning from its report, or idle with its last task, holds nothing of the call)."""
-        with self._lock:
-            items, self._items = self._items, []
+        items = self._items.take()
         for _, report in items:
             report.groups = None
         return items
 
     def close(self) -> list[tuple[UnitFinished, FinishReport]]:
         """Refuse later puts; return what is left unread."""
-        with self._lock:
-            self._closed = True
-            items, self._items = self._items, []
-        return items
+        return self._items.close()
+
+    def __len__(self) -> int:
+        """Outcomes waiting to be taken."""
+        return len(self._items)
 
 
 class FinishReport:

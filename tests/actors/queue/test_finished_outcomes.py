@@ -99,7 +99,7 @@ def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
 
     def take_all(self: Finished) -> Any:  # every outcome arrives before the actor reads them
         deadline = time.monotonic() + 10.0
-        while len(self._items) < n and time.monotonic() < deadline:
+        while len(self) < n and time.monotonic() < deadline:
             time.sleep(0.005)
         return original_take(self)
 
