@@ -17,7 +17,8 @@ run on both runtimes, but not on every Python version: with ``TOOLDISPATCH_SCENA
 keeps the scenario tests whose node id hashes to share I, shifted by N/2 under gevent, so
 each runs once per runtime, on two Python versions, and each version's envs run a
 quarter of them. ``TOOLDISPATCH_SCENARIOS=all`` (or no share, a plain ``pytest``): every
-scenario test runs.
+scenario test runs. Tests marked ``waits`` (in process, but seconds of waiting each: a
+timeout, a lease, a back-off, a stop's bound run out) are shared the same way.
 
 Hypothesis profiles: ``ci`` (loaded when ``CI`` is set) drops the per-example deadline and
 the too-slow health check, since CI shares two cores between parallel tox envs.
@@ -149,6 +150,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "scenario: an end-to-end scenario (real processes, servers, seconds of wall time); "
         f"{SHARE_ENV_VAR}=I/N runs a share of them (tests/conftest.py)",
     )
+    config.addinivalue_line(
+        "markers",
+        "waits: in process, but seconds of waiting (timeouts, leases, back-offs); shared "
+        f"as scenario tests are ({SHARE_ENV_VAR})",
+    )
     if _test_timeout_s() > 0:
         config.stash[_WATCHDOG_FD] = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
 
@@ -195,7 +201,7 @@ def _scenario_share() -> tuple[int, int] | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep this run's share of the scenario tests (see the module doc)."""
+    """Keep this run's share of the scenario (and ``waits``) tests (see the module doc)."""
     share = _scenario_share()
     if share is None:
         return
@@ -203,10 +209,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shift = shares // 2 if _detect_runtime() == "gevent" else 0
     kept, elsewhere = [], []
     for item in items:
-        if (
-            item.get_closest_marker("scenario") is None
-            or (zlib.crc32(item.nodeid.encode()) + shift) % shares == mine
-        ):
+        if (item.get_closest_marker("scenario") is None and item.get_closest_marker("waits") is None) or (
+            zlib.crc32(item.nodeid.encode()) + shift
+        ) % shares == mine:
             kept.append(item)
         else:
             elsewhere.append(item)

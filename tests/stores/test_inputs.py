@@ -131,6 +131,7 @@ def sized(target_bytes: int, filler: float) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("filler", [1.0, 1e20], ids=["orjson-longer", "orjson-shorter"])
+@pytest.mark.waits
 def test_input_cap_measures_the_whole_input_by_its_canonical_text_non_semantic_fields_too(
     filler: float,
 ) -> None:

@@ -78,6 +78,7 @@ def _input(n: int) -> dict[str, Any]:
     return {"n": n, "secret": f"s3cret-{n}"}
 
 
+@pytest.mark.waits
 def test_a_request_without_recorded_inputs_is_rebuilt_from_the_reruns_calls(
     make_system: Any, db_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_request_without_recorded_inputs_is_rebuilt_from_the_reruns_calls(
     assert b"s3cret" not in stored  # nowhere in the file (nor its WAL)
 
 
+@pytest.mark.waits
 def test_a_request_waits_for_its_members_calls_that_come_later(make_system: Any, db_path: Path) -> None:
     provider = _Provider()
     store = _first_run_paid_and_lost(make_system, db_path, provider)
@@ -122,6 +124,7 @@ def test_a_request_waits_for_its_members_calls_that_come_later(make_system: Any,
         store.close()
 
 
+@pytest.mark.waits
 def test_a_request_whose_members_inputs_never_come_leaves_them_uncertain(
     make_system: Any, db_path: Path
 ) -> None:

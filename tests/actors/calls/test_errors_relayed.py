@@ -365,6 +365,7 @@ def test_a_parent_that_is_not_retry_safe_keeps_a_permanent_relayed_failure_faile
 @pytest.mark.parametrize(
     "how", ["polled-on-own-thread", "polled-on-a-lent-thread", "after-99-other-failures"]
 )
+@pytest.mark.waits
 def test_a_relayed_error_stays_relayed_however_much_the_function_waited_or_got_after_it(
     make_system: Any, how: str
 ) -> None:
@@ -430,6 +431,7 @@ def test_a_relayed_error_stays_relayed_however_much_the_function_waited_or_got_a
     assert system.stats()["pacing"]["acme/pa"]["circuit"] == "closed"
 
 
+@pytest.mark.waits
 def test_an_early_wait_that_ran_out_raised_after_many_more_is_still_passed_on(
     make_system: Any, db_path: Path
 ) -> None:

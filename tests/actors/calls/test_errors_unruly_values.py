@@ -162,6 +162,7 @@ def test_error_text_never_raises() -> None:
 
 
 @pytest.mark.parametrize("huge", [1e10, 10**12], ids=["1e10", "10**12"])
+@pytest.mark.waits
 def test_a_huge_timeout_is_no_timeout_and_every_other_timer_still_fires(make_system: Any, huge: Any) -> None:
     """``timeout_s`` past ``threading.TIMEOUT_MAX`` (a common "no timeout") is accepted and
     breaks nothing: the shared timer thread keeps firing other calls' timeouts and batch

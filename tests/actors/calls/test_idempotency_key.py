@@ -61,6 +61,7 @@ def test_batch_idempotency_key_is_order_free() -> None:
     assert batch_idempotency_key([a, b]) == batch_idempotency_key([b, a])
 
 
+@pytest.mark.waits
 def test_a_batch_sent_again_in_another_order_gets_each_member_its_own_replayed_result(
     make_system: Any, db_path: Path
 ) -> None:

@@ -116,6 +116,7 @@ def test_call_budget_refusal_is_not_recorded_as_a_failure(
 
 
 @pytest.mark.parametrize("ends", ["deadline", "cancel"])
+@pytest.mark.waits
 def test_call_a_retry_never_sent_gives_its_budget_charge_back(make_system: Any, ends: str) -> None:
     # the one retry the budget allows is charged while the first call backs off; that call
     # ends there (its deadline passes, or its caller cancels), so the retry never goes: the

@@ -156,6 +156,7 @@ def test_mark_running_that_meets_an_outage_is_tried_again_before_anything_is_sen
     assert _outage(system)["failures"] == 3
 
 
+@pytest.mark.waits
 def test_a_failure_record_that_meets_an_outage_is_tried_again_and_trips_no_latch(
     make_system: Any, away_store: Any, read_receipts: Any, key_of: Any
 ) -> None:
@@ -176,6 +177,7 @@ def test_a_failure_record_that_meets_an_outage_is_tried_again_and_trips_no_latch
     assert _outage(system)["failures"] >= 1
 
 
+@pytest.mark.waits
 def test_a_wait_on_another_owner_rides_out_an_outage_and_takes_its_output(
     make_system: Any, away_store: Any, open_store: Any
 ) -> None:

@@ -30,6 +30,7 @@ def _slow_tool(recorder: Any, started: threading.Event) -> Tool:
 
 
 @pytest.mark.parametrize("mode", ["force_refresh", "retry_failed"])
+@pytest.mark.waits
 def test_a_call_held_behind_a_running_call_times_out_at_its_own_timeout(
     make_system: Any, recorder: Any, mode: str
 ) -> None:
@@ -49,6 +50,7 @@ def test_a_call_held_behind_a_running_call_times_out_at_its_own_timeout(
     assert recorder.count("slow") == 1  # the call that gave up was never sent
 
 
+@pytest.mark.waits
 def test_a_patient_refresh_held_behind_a_running_call_runs_after_it(make_system: Any, recorder: Any) -> None:
     started = threading.Event()
     system = make_system([_slow_tool(recorder, started)], policy=Policy(batch_grace_s=0.02))
@@ -90,6 +92,7 @@ def test_when_the_first_caller_of_a_queued_input_leaves_the_next_owns_its_execut
     assert recorder.count("batch") + recorder.count("one") == 1
 
 
+@pytest.mark.waits
 def test_calls_held_behind_a_running_call_never_stretch_its_deadline(make_system: Any) -> None:
     """Two forced refreshes wait behind a normal call whose caller gave up at 0.3 s. The
     normal call's retries stop at its own deadline (before: the held callers' timeouts

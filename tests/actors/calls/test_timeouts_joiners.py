@@ -38,6 +38,7 @@ def _timed_get(future: Any) -> tuple[Any, float]:
         return exc, time.monotonic() - start
 
 
+@pytest.mark.waits
 def test_a_joiner_with_a_short_timeout_is_answered_at_its_own_deadline(
     make_system: Any, recorder: Any
 ) -> None:
@@ -54,6 +55,7 @@ def test_a_joiner_with_a_short_timeout_is_answered_at_its_own_deadline(
     assert recorder.count("slow") == 1
 
 
+@pytest.mark.waits
 def test_a_patient_joiner_outwaits_the_execution_deadline_and_gets_the_result(
     make_system: Any, recorder: Any
 ) -> None:
@@ -73,6 +75,7 @@ def test_a_patient_joiner_outwaits_the_execution_deadline_and_gets_the_result(
     assert recorder.count("slow") == 1
 
 
+@pytest.mark.waits
 def test_a_joiner_of_an_execution_already_timed_out_keeps_its_own_timeout(
     make_system: Any, recorder: Any
 ) -> None:
@@ -94,6 +97,7 @@ def test_a_joiner_of_an_execution_already_timed_out_keeps_its_own_timeout(
     assert recorder.count("slow") == 1
 
 
+@pytest.mark.waits
 def test_a_batch_members_joiner_times_out_alone(make_system: Any, recorder: Any) -> None:
     """In a compiled batch already sent, a joiner of one member with a short timeout is
     answered at it; a joiner with a long one outwaits the batch mates' deadline."""

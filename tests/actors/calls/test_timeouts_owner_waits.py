@@ -53,6 +53,7 @@ def _waiting_system(make_system: Any, open_store: Any, recorder: Any, n: int) ->
     return make_system([tool], policy=POLICY, scope="enrich", org_id="acme"), key
 
 
+@pytest.mark.waits
 def test_a_caller_waiting_on_another_owner_times_out_at_its_own_timeout(
     make_system: Any, open_store: Any, recorder: Any, read_receipts: Any
 ) -> None:
@@ -69,6 +70,7 @@ def test_a_caller_waiting_on_another_owner_times_out_at_its_own_timeout(
     assert system.stats()["waiting_on_owner"] == 0
 
 
+@pytest.mark.waits
 def test_patient_callers_wait_on_while_impatient_ones_and_late_joiners_time_out(
     make_system: Any, open_store: Any, recorder: Any
 ) -> None:
@@ -90,6 +92,7 @@ def test_patient_callers_wait_on_while_impatient_ones_and_late_joiners_time_out(
     assert recorder.count("api") == 1
 
 
+@pytest.mark.waits
 def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
     make_system: Any, open_store: Any, recorder: Any, db_path: Any
 ) -> None:
@@ -119,6 +122,7 @@ def test_a_timeout_while_a_reclaim_is_out_is_kept_and_nothing_is_paid(
     assert system.stats()["waiting_on_owner"] == 0
 
 
+@pytest.mark.waits
 def test_the_waiting_gauge_counts_the_callers_still_waiting(
     make_system: Any, open_store: Any, recorder: Any
 ) -> None:

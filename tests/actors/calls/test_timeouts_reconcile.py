@@ -56,6 +56,7 @@ def _wait_until(predicate: Any, timeout_s: float = WAIT_S) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.waits
 def test_a_slow_reconcile_hook_answers_the_caller_at_its_timeout_and_its_answer_is_kept(
     make_system: Any, read_receipts: Any, key_of: Any, recorder: Any
 ) -> None:
@@ -75,6 +76,7 @@ def test_a_slow_reconcile_hook_answers_the_caller_at_its_timeout_and_its_answer_
     assert recorder.count("charge") == 1 and recorder.count("reconcile") == 1
 
 
+@pytest.mark.waits
 def test_a_late_not_done_with_no_caller_left_calls_no_provider(
     make_system: Any, read_receipts: Any, key_of: Any, recorder: Any
 ) -> None:
@@ -95,6 +97,7 @@ def test_a_late_not_done_with_no_caller_left_calls_no_provider(
     assert recorder.count("charge") == 2
 
 
+@pytest.mark.waits
 def test_callers_joining_a_reconcile_keep_their_own_timeouts(
     make_system: Any, read_receipts: Any, key_of: Any, recorder: Any
 ) -> None:

@@ -38,6 +38,7 @@ def _locker(db_path: Path, hold_s: float) -> threading.Event:
 
 
 @pytest.mark.parametrize("failing", [False, True], ids=["value", "failure"])
+@pytest.mark.waits
 def test_callers_waiting_on_a_locked_write_are_answered_at_their_own_timeout(
     make_system: Any, db_path: Path, recorder: Any, read_receipts: Any, key_of: Any, failing: bool
 ) -> None:

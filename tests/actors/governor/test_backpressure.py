@@ -30,6 +30,7 @@ def echo(recorder: Any, name: str) -> Any:
     return fn
 
 
+@pytest.mark.waits
 def test_backpressure_429_pauses_every_tool_of_that_provider(make_system: Any, recorder: Any) -> None:
     limited_at: list[float] = []
 
@@ -81,6 +82,7 @@ def test_backpressure_429_pauses_every_tool_of_that_provider(make_system: Any, r
 
 
 @pytest.mark.parametrize("timeout_s", [30.0, 0.5], ids=["waits-out-the-pause", "re-admitted-unsent"])
+@pytest.mark.waits
 def test_backpressure_429_holds_back_requests_already_waiting_to_be_sent(
     make_system: Any, recorder: Any, timeout_s: float
 ) -> None:
@@ -138,6 +140,7 @@ def test_http_tool_slow_starts_when_the_rate_is_not_stated() -> None:
     assert http_tool("t", "http://127.0.0.1:9/x", pacing=stated).pacing is stated
 
 
+@pytest.mark.waits
 def test_pacing_slow_provider_does_not_delay_another_provider(make_system: Any, recorder: Any) -> None:
     tools = [
         Tool(tool_id="paced", fn=echo(recorder, "paced"), pacing=Pacing(rps=2, burst=1)),

@@ -57,6 +57,7 @@ def _waiting_policy(**extra: Any) -> Policy:
     )
 
 
+@pytest.mark.waits
 def test_lease_heartbeats_keep_long_call_owned(tmp_path: Path) -> None:
     db = str(tmp_path / "receipts.db")
     provider = ProviderLog()
@@ -196,6 +197,7 @@ def test_lease_without_heartbeats_is_reclaimed_once_and_late_completion_salvaged
     assert SalvageLog(str(tmp_path / "second-salvage.jsonl")).entries() == []
 
 
+@pytest.mark.waits
 def test_lease_drain_runs_what_it_claimed_before_waiting_on_another_owners_lease(
     make_system: Any, open_store: Any, recorder: Any
 ) -> None:

@@ -222,6 +222,7 @@ def test_http_tool_lone_call_error_fails_like_a_batch_member(provider, tmp_path)
 # -- issue 26: a key never changes between attempts of one request ---------------------------
 
 
+@pytest.mark.waits
 def test_http_tool_a_key_still_being_served_is_asked_again_and_replayed(provider_factory, endpoint):
     """A second request under a key whose first request the provider still serves (a
     crashed run's, sent again by its rerun) is answered 409 with Retry-After: the endpoint
@@ -244,6 +245,7 @@ def test_http_tool_a_key_still_being_served_is_asked_again_and_replayed(provider
     assert server.calls()["billed"] == {'/v1/country {"code": "FR"}': 1}
 
 
+@pytest.mark.waits
 def test_http_tool_a_key_still_being_served_past_the_timeout_is_a_timeout(provider_factory, endpoint):
     import threading
 
@@ -293,6 +295,7 @@ def test_http_tool_another_409_is_the_providers_answer(tmp_path, endpoint):
     assert seen == ["k"]
 
 
+@pytest.mark.waits
 def test_http_tool_a_timed_out_call_asks_again_under_the_same_key(provider_factory, tmp_path):
     """The call times out (every in-call attempt under one key) and is recorded failed,
     kind timeout; the next call of it asks again under that same key, and the provider,

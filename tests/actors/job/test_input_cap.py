@@ -213,6 +213,7 @@ def test_read_rows_holds_a_row_to_the_cap_by_its_canonical_text_in_every_format(
     assert message.startswith(f"line {number + 1}: input too large: {what} is {MAX_INPUT_BYTES + 1} bytes;")
 
 
+@pytest.mark.waits
 def test_read_rows_jsonl_value_is_measured_by_its_canonical_text_not_as_written(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     short = '{"n":[' + ",".join(["1e20"] * 1000) + '],"pad":"'  # 1e20: 4 bytes here, 21 in canonical form

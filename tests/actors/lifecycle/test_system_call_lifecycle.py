@@ -116,6 +116,7 @@ class Running:
 # -- (1) timeouts hold
 
 
+@pytest.mark.waits
 def test_lifecycle_timed_out_call_keeps_its_slot_and_its_late_result_is_reused(
     make_system: Any, db_path: Path
 ) -> None:
@@ -211,6 +212,7 @@ def test_lifecycle_store_error_at_each_step_answers_and_gives_every_slot_back(
 # -- (3) stop races
 
 
+@pytest.mark.waits
 def test_lifecycle_stop_with_a_hung_tool_returns_and_later_calls_are_cancelled(make_system: Any) -> None:
     hang, started = threading.Event(), threading.Event()
 
@@ -306,6 +308,7 @@ def test_lifecycle_execute_while_stopping_always_answers(make_system: Any) -> No
     assert answers.get("CallCancelledError"), answers  # some calls came too late
 
 
+@pytest.mark.waits
 def test_lifecycle_process_with_a_hung_tool_exits_after_stop(tmp_path: Path) -> None:
     script = tmp_path / "host.py"
     script.write_text(
@@ -629,6 +632,7 @@ def test_lifecycle_slots_free_only_once_results_are_persisted(make_system: Any, 
 # -- (13) continuous admission
 
 
+@pytest.mark.waits
 def test_lifecycle_admission_is_continuous_whatever_the_latency(make_system: Any) -> None:
     gauge = Running()
 

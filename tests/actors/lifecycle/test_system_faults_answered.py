@@ -348,6 +348,7 @@ def test_break_an_oversized_outputs_joiner_gets_a_dispatch_error(make_system: An
         assert len(result.value["blob"]) == 33 * 1024 * 1024
 
 
+@pytest.mark.waits
 def test_break_stop_during_the_completion_ladder_salvages_before_it_returns(tmp_path: Path) -> None:
     class Down(SqliteReceiptStore):
         def complete_many(self, *args: Any, **kwargs: Any) -> Any:

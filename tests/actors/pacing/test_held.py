@@ -28,6 +28,7 @@ def test_held_clock_counts_overlapping_waits_once() -> None:
     assert clock.held_s(40.0) == pytest.approx(3.5)
 
 
+@pytest.mark.waits
 def test_pacing_report_held_time_never_exceeds_the_time_elapsed(make_system: Any) -> None:
     # two tools of one provider paced at 20/s, both with calls waiting at once: their
     # waits overlap, so added up they exceed the run's wall time; held back does not

@@ -79,6 +79,7 @@ def test_gate_the_last_turn_given_back_is_the_next_senders() -> None:
     assert gate.book(clock())[0] == 1.0  # C takes 101, not 102
 
 
+@pytest.mark.waits
 def test_gate_a_cancel_at_the_gate_never_lets_two_requests_leave_at_once(make_system: Any) -> None:
     sends: list[tuple[int, float]] = []
     lock = threading.Lock()

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pykka
+import pytest
 
 from actors.messages import UnitFinished
 from actors.queue.local_effects import FINISHED_READY, Finished, FinishReport
@@ -88,6 +89,7 @@ def test_finished_many_workers_lose_nothing() -> None:
     assert sorted(taken) == sorted(n * 10_000 + i for n in range(4) for i in range(2000))
 
 
+@pytest.mark.waits
 def test_finished_one_outcome_that_fails_to_be_handled_never_drops_the_others(
     make_system: Any, monkeypatch: Any
 ) -> None:

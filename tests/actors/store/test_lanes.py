@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from actors import Tool
 from stores import PostgresReceiptStore, SqliteReceiptStore
 
@@ -23,6 +25,7 @@ __all__ = ["pg_schema"]
 SLOW_S = 1.0
 
 
+@pytest.mark.waits
 def test_lanes_a_slow_write_does_not_hold_up_another_calls_claim(make_system: Any, pg_schema: str) -> None:
     writing = threading.Event()
 

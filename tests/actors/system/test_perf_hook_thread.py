@@ -17,6 +17,7 @@ from actors.stats import HOOK_BACKLOG, Stats
 WAIT_S = 15.0
 
 
+@pytest.mark.waits
 def test_a_slow_perf_hook_delays_no_call(make_system: Any) -> None:
     seen: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -37,7 +38,7 @@ def test_a_slow_perf_hook_delays_no_call(make_system: Any) -> None:
     first = proxy.execute("t", {"s": 0.05}, timeout_s=5)
     assert first.get(timeout=WAIT_S).execution == "live"
     second = proxy.execute("t", {"s": 0.01}, timeout_s=5)  # sent while the hook sleeps
-    slow = proxy.execute("t", {"s": 10}, timeout_s=0.5)
+    slow = proxy.execute("t", {"s": 1.0}, timeout_s=0.5)  # (stop waits for it at teardown)
     assert second.get(timeout=WAIT_S).execution == "live"
     with pytest.raises(ToolTimeoutError):
         slow.get(timeout=WAIT_S)

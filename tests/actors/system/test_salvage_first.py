@@ -184,6 +184,7 @@ def _first_run_salvages(
 
 
 @pytest.mark.parametrize("how", ["locked", "away"])
+@pytest.mark.waits
 def test_a_rerun_completes_a_salvaged_receipt_whose_lease_expired_instead_of_uncertain(
     make_system: Any, db_path: Path, stores_opened: list[Any], how: str
 ) -> None:
@@ -199,6 +200,7 @@ def test_a_rerun_completes_a_salvaged_receipt_whose_lease_expired_instead_of_unc
     assert _key(7) not in _salvaged_keys(db_path)
 
 
+@pytest.mark.waits
 def test_a_running_system_sees_what_another_system_salvaged_after_it_started(
     make_system: Any, db_path: Path, stores_opened: list[Any]
 ) -> None:
@@ -220,6 +222,7 @@ def test_a_running_system_sees_what_another_system_salvaged_after_it_started(
     assert _receipt(db_path, 7).status is ReceiptStatus.COMPLETED
 
 
+@pytest.mark.waits
 def test_a_replay_that_meets_an_outage_is_tried_again_with_the_claim(
     make_system: Any, db_path: Path, stores_opened: list[Any]
 ) -> None:
@@ -237,6 +240,7 @@ def test_a_replay_that_meets_an_outage_is_tried_again_with_the_claim(
 
 
 @pytest.mark.parametrize("elsewhere", ["restored", "uncertain"])
+@pytest.mark.waits
 def test_a_salvaged_refresh_judged_by_a_worker_without_the_file_is_completed_with_it(
     make_system: Any, db_path: Path, stores_opened: list[Any], elsewhere: str
 ) -> None:
@@ -301,6 +305,7 @@ def pg_schema() -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.mark.waits
 def test_a_postgres_rerun_completes_what_a_worker_on_its_host_salvaged(
     make_system: Any, tmp_path: Path, pg_schema: str
 ) -> None:

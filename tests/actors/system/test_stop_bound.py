@@ -107,6 +107,7 @@ def _salvaged_outputs(system: Any) -> list[Any]:
     return [entry.output for entry in system.salvage.entries()]
 
 
+@pytest.mark.waits
 def test_a_result_whose_write_waits_on_the_store_when_stop_runs_out_is_salvaged(
     make_system: Any, db_path: Path
 ) -> None:
@@ -170,6 +171,7 @@ class DownStore(SqliteReceiptStore):
         return super().get_many(*args, **kwargs)
 
 
+@pytest.mark.waits
 def test_results_held_on_the_completion_ladder_are_salvaged_before_stop_returns(
     make_system: Any, db_path: Path
 ) -> None:
@@ -211,6 +213,7 @@ def test_results_held_on_the_completion_ladder_are_salvaged_before_stop_returns(
 
 
 @pytest.mark.parametrize("members", [1, 10, 25], ids=["chunks-of-1", "chunks-of-10", "chunks-of-25"])
+@pytest.mark.waits
 def test_a_batch_written_in_many_chunks_while_the_store_is_locked_is_salvaged_whole(
     make_system: Any, db_path: Path, members: int
 ) -> None:

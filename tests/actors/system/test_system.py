@@ -107,6 +107,7 @@ def test_batch_seven_calls_over_three_keys_make_one_provider_call(make_system: A
     assert stats["provider_calls"] == 1 and stats["batches"] == 1 and stats["calls"] == 7
 
 
+@pytest.mark.waits
 def test_batch_grace_window_collects_calls_into_one_batch(make_system: Any, recorder: Any) -> None:
     def batch_fn(payload: list[Any], ctx: Any) -> list[Any]:
         recorder.record("batch", payload, ctx)
@@ -495,6 +496,7 @@ def test_credential_change_requeues_once_with_new_key(
 
 
 @pytest.mark.parametrize("second_s", [0.3, 3.0])
+@pytest.mark.waits
 def test_a_call_queued_again_after_a_credentials_change_keeps_only_its_time_left(
     make_system: Any, recorder: Any, second_s: float
 ) -> None:

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from actors import (
     BatchStrategy,
     CallCancelledError,
@@ -121,6 +123,7 @@ class _BusyRenewals(SqliteReceiptStore):
         return _RenewalHandle(self.path)
 
 
+@pytest.mark.waits
 def test_send_a_batch_whose_leases_were_lost_before_it_was_sent_is_not_sent(
     make_system: Any, db_path: Any
 ) -> None:
@@ -228,6 +231,7 @@ def test_send_calls_refused_at_the_gate_by_stop_are_counted_cancelled(
 # -- senders withdrawn at the gate keep their booked turns (ghost bookings) ----------------
 
 
+@pytest.mark.waits
 def test_send_a_withdrawn_sender_gives_its_turn_at_the_gate_back(make_system: Any) -> None:
     sent: list[int] = []
 
@@ -285,6 +289,7 @@ def test_send_a_caller_who_came_after_every_cancel_gets_a_live_result(make_syste
     assert held.sent == [(1, [1, 2])]
 
 
+@pytest.mark.waits
 def test_send_a_batch_whose_leases_lapsed_before_it_was_sent_goes_once_whole_from_the_run_that_took_it(
     make_system: Any, db_path: Any
 ) -> None:

@@ -91,6 +91,7 @@ def test_short_schema_names_keep_their_channel(pg_schema: str) -> None:
     assert channel_name(pg_schema) == f"tooldispatch:{pg_schema}"
 
 
+@pytest.mark.waits
 def test_an_idle_healthy_listener_keeps_its_connection(pg_url: str, pg_schema: str) -> None:
     import psycopg
 
@@ -123,6 +124,7 @@ class _Unlistening(Listener):
         super()._listen(conn)
 
 
+@pytest.mark.waits
 def test_the_probe_notices_a_session_that_no_longer_listens(pg_url: str, pg_schema: str) -> None:
     import psycopg
 

@@ -173,6 +173,7 @@ def test_an_unknown_limit_is_learnt_again_after_redis_comes_back(
 CALL_WAIT_S = 15.0
 
 
+@pytest.mark.waits
 def test_redis_pacer_error_that_is_no_outage_still_serves_a_waiting_call(
     redis_server: Any, prefix: str, tmp_path: Path
 ) -> None:

@@ -270,6 +270,7 @@ def test_local_pacer_on_an_epoch_clock_grants_an_idle_bucket_its_whole_burst(rps
 
 
 @pytest.mark.parametrize("burst", [1, 2])
+@pytest.mark.waits
 def test_redis_pacer_grants_an_idle_bucket_its_whole_burst(
     redis_server: RedisServer, prefix: str, burst: int
 ) -> None:
