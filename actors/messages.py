@@ -33,6 +33,7 @@ __all__ = [
     "BackpressureReported",
     "CallCancelled",
     "ChargeBudget",
+    "ClaimHeld",
     "ClaimReceipts",
     "CleanupDue",
     "CompleteReceipts",
@@ -312,6 +313,15 @@ class ReceiptsClaimed(Answered):
     ``batch``: which claim request. ``value``: list of stores.Claim, request order (None on error).
     ``error``: why the claim failed, or None.
     """
+
+
+@attrs.frozen(kw_only=True)
+class ClaimHeld:
+    """Fact: the store is away, and the claim of ``batch`` is held to be tried again (told
+    once, at its first failure; its :class:`ReceiptsClaimed` comes when it is answered, or
+    at its callers' timeout). Calls drained meanwhile stop waiting for it."""
+
+    batch: int
 
 
 @attrs.frozen(kw_only=True)

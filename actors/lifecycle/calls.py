@@ -181,6 +181,9 @@ class Group:
     """Holds a slot taken before its claim (claimed straight into running)."""
     reconciling_since: float | None = None
     """When its reconcile hook was started, while the hook is out (its callers' timeouts)."""
+    held_since: float | None = None
+    """When the store held its claim to try it again (an outage), until the claim is
+    answered: each caller is answered at its own timeout meanwhile."""
     written: Any = None
     """What its write in progress will answer (a ``Done`` or the error being recorded): a
     caller whose timeout passes meanwhile gets it then."""

@@ -134,6 +134,12 @@ class Claims:
         into running, the rest as usual, in one claim."""
         groups, self.s.slotting = self.s.slotting, []
         self.s.acquiring[False] = False
+        try:
+            self._claim_slotted(groups, n, now)
+        finally:  # (whatever it met: the calls drained meanwhile are never left waiting)
+            self._next_intake()
+
+    def _claim_slotted(self, groups: list[Group], n: int, now: float) -> None:
         for group in groups:
             if n <= 0:
                 break
@@ -195,7 +201,25 @@ class Claims:
     ) -> None:
         """A bulk claim answered: sort the dispositions; then claim the groups drained
         while it was out."""
-        self._sort(batch, claims, error, now)
+        intake = batch in self.s.intake_out
+        self.s.intake_out.discard(batch)
+        for group in self.s.batches.get(batch, ()):
+            group.held_since = None
+        try:
+            self._sort(batch, claims, error, now)
+        finally:  # (whatever sorting met: the calls drained meanwhile are never left waiting)
+            if intake:
+                self._next_intake()
+
+    def on_claim_held(self, batch: int, now: float) -> None:
+        """The store is away and holds the claim of ``batch`` to try it again (for its
+        callers' longest timeout): each of its callers is answered at its own timeout
+        meanwhile (``Waits.on_wait_due``), and the calls drained meanwhile stop waiting for
+        it and go in a claim of their own."""
+        for group in self.s.batches.get(batch, ()):
+            if group.held_since is None and group.state is GroupState.CLAIMING:
+                group.held_since = now
+                self.p.waits.time_waiters(group, -math.inf, group.calls, now)
         if batch in self.s.intake_out:
             self.s.intake_out.discard(batch)
             self._next_intake()

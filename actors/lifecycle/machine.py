@@ -40,6 +40,7 @@ from actors.lifecycle.reconciling import Waits
 from actors.lifecycle.shared import Parts, Shared
 from actors.messages import (
     CallCancelled,
+    ClaimHeld,
     CleanupDue,
     CompletionsPersisted,
     DeadlineDue,
@@ -251,6 +252,7 @@ class Lifecycle:
 _HANDLERS: dict[type, Callable[[Assembled, Any, float], object]] = {
     UnitFinished: lambda p, m, now: p.finisher.on_finished(m, now),
     ReceiptsClaimed: lambda p, m, now: p.claims.on_claimed(m.batch, m.value, m.error, now),
+    ClaimHeld: lambda p, m, now: p.claims.on_claim_held(m.batch, now),
     CompletionsPersisted: lambda p, m, now: p.persister.on_persisted(m.batch, m.value, m.error, now),
     RunningMarked: lambda p, m, now: p.admission.on_marked(m.batch, m.value, m.error, now),
     FailuresRecorded: lambda p, m, now: p.persister.on_failures_recorded(m.batch, m.value, m.error, now),

@@ -35,6 +35,7 @@ from typing import Any
 import pykka
 
 from actors.errors import error_text, type_name
+from actors.messages import ClaimHeld, ClaimReceipts
 from actors.stats import Outages
 from stores.errors import StoreUnavailableError
 
@@ -119,6 +120,8 @@ class StoreRetries:
                 held = False
         if held:
             self.timers.call_later(delay, self._again, key)
+            if attempts == 1 and type(command) is ClaimReceipts:
+                _tell_held(command)
             return None
         if not until:
             return error  # sent to be answered at once: the error as it came
@@ -171,3 +174,12 @@ class StoreRetries:
     def _answer(command: Any, error: BaseException) -> None:
         with contextlib.suppress(Exception):  # a reply already answered (a race with a stop)
             command.reply.set_exception((type(error), error, error.__traceback__))
+
+
+def _tell_held(claim: ClaimReceipts) -> None:
+    """Tell a claim's sender (a reply that is an actor's message) its claim is held."""
+    reply = claim.reply
+    ref, fields = getattr(reply, "ref", None), getattr(reply, "fields", None)
+    if ref is not None and isinstance(fields, dict) and "batch" in fields:
+        with contextlib.suppress(pykka.ActorDeadError):
+            ref.tell(ClaimHeld(batch=fields["batch"]))

@@ -314,3 +314,26 @@ def test_a_front_door_read_that_meets_an_outage_counts_it_and_the_calls_go_on(
     outage = _outage(system)
     assert "during read_reusable" in outage["cause"]  # the front door met it first
     assert outage["failures"] >= 2  # the read and the claims
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("b_after", ["the first failure", "nothing"])
+def test_a_call_drained_while_a_longer_claim_rides_out_an_outage_fails_at_its_own_timeout(
+    make_system: Any, away_store: Any, b_after: str
+) -> None:
+    runs: list[Any] = []
+    system = make_system([_counting(runs)], policy=POLICY, store=away_store)
+    away_store.away.away_for(600.0)
+    proxy = system.proxy()
+    a = proxy.execute("api", {"x": 1}, timeout_s=6.0)  # a's claim rides the outage out for 6 s
+    if b_after == "the first failure":
+        _until(lambda: away_store.away.failed["claim_many"] >= 1, "a's claim meeting the outage")
+    start = time.monotonic()
+    b = proxy.execute("api", {"x": 2}, timeout_s=0.5)  # drained while a's claim is out
+    with pytest.raises(StoreUnavailableError):
+        b.get(timeout=WAIT_S)
+    took = time.monotonic() - start
+    assert took < 3.0, f"b (timeout_s=0.5) was answered after {took:.1f} s, a's patience"
+    with pytest.raises(StoreUnavailableError):
+        a.get(timeout=WAIT_S)
+    assert runs == []

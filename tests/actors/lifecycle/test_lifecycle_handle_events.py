@@ -10,6 +10,7 @@ import pytest
 from actors.lifecycle.machine import EVENTS
 from actors.messages import (
     CallCancelled,
+    ClaimHeld,
     CleanupDue,
     CompletionsPersisted,
     DeadlineDue,
@@ -40,6 +41,7 @@ def _stale(d: Driver) -> dict[type, Any]:
     return {
         UnitFinished: UnitFinished(unit=99, attempt=1, members=None, error=None),
         ReceiptsClaimed: ReceiptsClaimed(batch=99, value=[], error=None),
+        ClaimHeld: ClaimHeld(batch=99),
         CompletionsPersisted: CompletionsPersisted(batch=99, value={}, error=None),
         RunningMarked: RunningMarked(batch=99, value=None, error=None),
         FailuresRecorded: FailuresRecorded(batch=99, value=None, error=None),
