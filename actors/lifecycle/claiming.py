@@ -289,6 +289,8 @@ class Claims:
                         f"receipt {group.key} is still held by another owner's live lease"
                     ),
                 )
+            elif not group.calls:  # every caller gave up (cancelled, or timed out while the
+                self.p.exits.settle(group, None)  # claim was held): nobody waits on the owner
             else:  # running, blocked_active_lease: another owner holds it
                 group.wait.force_after = disposition is ClaimDisposition.BLOCKED_ACTIVE_LEASE
                 if not self._last_good_given(group, receipt):

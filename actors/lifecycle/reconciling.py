@@ -51,6 +51,8 @@ class Waits:
         since = group.reconciling_since if group.reconciling_since is not None else group.wait.since
         if since is not None:
             self.time_waiters(group, since, [call], now)
+        elif group.held_since is not None:  # its claim is held in an outage: its own deadline
+            self.time_waiters(group, -math.inf, [call], now)
         if group.wait.counted:  # one more caller waiting on another owner (the gauge)
             group.wait.counted += 1
             self.fx.count("waiting_on_owner")

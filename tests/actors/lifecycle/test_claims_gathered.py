@@ -15,6 +15,7 @@ from actors.errors import CallCancelledError, StoreError
 from actors.lifecycle.calls import Group, GroupState
 from actors.messages import ClaimHeld, ReceiptsClaimed, WaitDue
 from stores import StoreUnavailableError
+from stores.types import ClaimDisposition, ReceiptStatus
 
 from .conftest import Driver, value_of
 
@@ -178,4 +179,57 @@ def test_callers_of_a_claim_held_in_an_outage_are_answered_each_at_its_own_timeo
     _run_all(d)
     assert value_of(d.outcome(patient)) == {"v": "a"}
     assert d.fx.starts and all(s.context.receipt_keys == ("a",) for s in d.fx.starts)
+    d.assert_nothing_held()
+
+
+def test_a_caller_joining_a_held_claim_is_answered_at_its_own_timeout() -> None:
+    d = Driver()
+    (first,) = d.drain("a")
+    batch, _, _ = d.last_claim()
+    d.life.handle(ClaimHeld(batch=batch), d.now)
+    d.pump()
+    joiner = d.attach("a")
+    joiner.timeout_s = 0.5
+    d.life.joined(joiner, d.now)
+    d.pump()
+    dues = sorted(delay for delay, message in d.fx.timers if isinstance(message, WaitDue))
+    assert dues == [0.5, 5.0]  # the joiner's own deadline, beside the first caller's
+    (due,) = [m for delay, m in d.fx.timers if isinstance(m, WaitDue) and delay == 0.5]
+    d.tick(0.5)
+    d.life.handle(due, d.now)
+    d.pump()
+    assert isinstance(d.outcome(joiner), StoreUnavailableError) and not d.answered(first)
+    d.answer_claim()
+    _run_all(d)
+    assert value_of(d.outcome(first)) == {"v": "a"}
+    d.assert_nothing_held()
+
+
+def test_a_held_claim_whose_callers_all_gave_up_waits_on_no_other_owner() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    batch, _, _ = d.last_claim()
+    d.life.handle(ClaimHeld(batch=batch), d.now)
+    d.pump()
+    d.fire(WaitDue)  # its only caller's own timeout, while the claim is held
+    assert isinstance(d.outcome(a), StoreUnavailableError)
+    theirs = d.receipt("a", ReceiptStatus.RUNNING, lease_id="theirs")
+    d.answer_claim({"a": ClaimDisposition.RUNNING}, a=theirs)  # another owner runs it meanwhile
+    assert "a" not in d.life.groups and d.fx.reads == {}  # nobody waits: no polls
+    d.assert_nothing_held()
+    later = d.drain("a")[0]  # a later call starts afresh
+    d.answer_claim()
+    _run_all(d)
+    assert value_of(d.outcome(later)) == {"v": "a"}
+    d.assert_nothing_held()
+
+
+def test_a_claim_whose_callers_all_cancelled_waits_on_no_other_owner() -> None:
+    d = Driver()
+    (a,) = d.drain("a")
+    d.last_claim()
+    assert d.cancel(a)
+    theirs = d.receipt("a", ReceiptStatus.RUNNING, lease_id="theirs")
+    d.answer_claim({"a": ClaimDisposition.BLOCKED_ACTIVE_LEASE}, a=theirs)
+    assert "a" not in d.life.groups and d.fx.reads == {}
     d.assert_nothing_held()
