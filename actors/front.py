@@ -49,6 +49,7 @@ from actors.errors import (
 )
 from actors.lifecycle.calls import Call
 from actors.messages import CallCancelled, RememberOutputs, SubmitCalls
+from actors.queue.read_ahead import ReadAhead
 from actors.results import ToolResult
 from actors.runtime.futures import Interjection, fail, new_future, resolved_future, takes_interjections
 from actors.runtime.gathering import Gathering
@@ -62,7 +63,7 @@ from stores.base import ReceiptStore
 from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
 from stores.inputs import sent_size_bytes
-from stores.keys import key_maker
+from stores.keys import key_maker, key_of_hash_maker
 from stores.quoting import brief
 from stores.rows import INPUT_TEXT_MAX_CHARS
 from stores.types import ClaimMode
@@ -75,6 +76,9 @@ on the caller's thread before they are queued: a cold rerun is then answered wit
 actors. Fewer calls (a lone ``execute``) are read first while such reads keep finding
 receipts (:class:`ReadFirst`), else they go straight to their queue, which claims them."""
 
+READ_AHEAD_SCORE = 0.9
+"""A tool's plain reads finding this share of what they ask for (running average:
+:class:`ReadFirst`) start reading its rerun's receipts ahead (:mod:`actors.queue.read_ahead`)."""
 REMEMBER_EVERY = 64
 """Outputs read on callers' threads are given to the tool's memo (one message to its queue
 actor) this many at a time, or with the next hit once :data:`REMEMBER_AFTER_S` passed."""
@@ -172,6 +176,8 @@ class Intake:
         """The store as outages name it (:mod:`actors.store.outage`)."""
         self._digests: dict[str, str] = {}
         self._read_first = {tool_id: ReadFirst() for tool_id in tools}
+        self._ahead: dict[str, ReadAhead] = {}
+        """Tool id -> its rerun's receipts read ahead into its memo (made at the first rerun)."""
         self._waiting: dict[str, Gathering[Call]] = {}
         """Tool id -> calls submitted, not yet taken by its queue actor (:meth:`submit`)."""
         self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
@@ -279,6 +285,9 @@ class Intake:
             stats.add("errors", len(failed), tool=known)
             return failed
         mode = _MODES[force_refresh, retry_failed]
+        ahead = self._ahead.get(tool_id)
+        if ahead is not None and ahead.running:
+            ahead.asked(len(inputs))
         memo = self.memos.get(tool_id)
         recall = memo.recall if memo is not None and memo.max_bytes and mode is ClaimMode.NORMAL else None
         nested = in_tool()
@@ -328,7 +337,8 @@ class Intake:
             and self._read_first[tool_id].wanted(len(misses))
         ):
             before = len(misses)
-            misses, lives = self._from_store(tool, misses, futures, stale_after_s)
+            ahead_ok = recall is not None and stale_after_s is None  # what the memo would answer
+            misses, lives = self._from_store(tool, misses, futures, stale_after_s, read_ahead=ahead_ok)
             cached += before - len(misses) - lives
         calls: list[Call] = []
         for index, input, key, input_hash, canonical in misses:
@@ -376,6 +386,7 @@ class Intake:
         misses: list[tuple[int, Any, str, str, bytes]],
         futures: list[Any],
         stale_after_s: float | None,
+        read_ahead: bool = False,
     ) -> tuple[list[tuple[int, Any, str, str, bytes]], int]:
         """Answer the calls whose receipts a plain read of the store finds completed (a
         cold rerun): their ``futures`` slots get resolved futures; returns the misses left
@@ -391,7 +402,8 @@ class Intake:
         must be charged by the store actor, so none is made here. A key the salvage file
         holds a paid output for is left to its claim, which replays the file first
         (:mod:`actors.store.salvaged`): the store may hold an older output (a refresh
-        whose write failed), or one that cannot be read.
+        whose write failed), or one that cannot be read. With ``read_ahead``, a read that
+        finds what it asks for (a rerun) starts the tool's :class:`ReadAhead`.
         """
         if self.policy.max_receipt_ops is not None:
             return misses, 0
@@ -412,7 +424,12 @@ class Intake:
                 outages.failed(STORE_SERVICE, where, f"{type_name(exc)}: {error_text(exc)}", started)
             return misses, 0
         outages.answered(STORE_SERVICE, where)
-        self._read_first[tool_id].found(len(misses), len(found))
+        read_first = self._read_first[tool_id]
+        read_first.found(len(misses), len(found))
+        if read_ahead and found and read_first.score >= READ_AHEAD_SCORE:
+            ahead = self._read_ahead(tool)
+            if ahead is not None:
+                ahead.noticed(list(found))
         salvaged = self._salvaged(found)
         texts: dict[str, str] = {}
         left: list[tuple[int, Any, str, str, bytes]] = []
@@ -435,6 +452,33 @@ class Intake:
         if texts and self.memos[tool_id].max_bytes:
             self._remember_later(tool_id, texts)
         return left, live
+
+    def _read_ahead(self, tool: Tool) -> ReadAhead | None:
+        """``tool``'s :class:`ReadAhead` (made at its first use; None while its credentials'
+        digest is to be asked again: the next call asks it, on its own account)."""
+        ahead = self._ahead.get(tool.tool_id)
+        if ahead is None:
+            digest = self._digests.get(tool.tool_id) if tool.credentials is not None else ""
+            if digest is None:
+                return None
+            run = self.run
+            key_of = key_of_hash_maker(
+                org_id=run.org_id, scope=run.scope, tool_id=tool.tool_id,
+                credential_scope_digest=digest, version=tool.version,
+            )  # fmt: skip
+            ahead = self._ahead.setdefault(tool.tool_id, ReadAhead(
+                store=self.store, org_id=run.org_id, tool_id=tool.tool_id, key_of=key_of,
+                memo=self.memos[tool.tool_id], queue=self.queues[tool.tool_id], salvaged=self._salvaged,
+                stopping=self.stopping,
+            ))  # fmt: skip
+        return ahead
+
+    def join_read_ahead(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds in all for the reads ahead to end (once
+        ``stopping`` is set), so none reads the store after the system stopped."""
+        end = time.monotonic() + timeout_s
+        for ahead in list(self._ahead.values()):
+            ahead.join(max(0.0, end - time.monotonic()))
 
     def _salvaged(self, found: Mapping[str, Any]) -> set[str]:
         """The keys of ``found`` the salvage file holds a paid output for (none when it

@@ -739,3 +739,6 @@ class RememberOutputs:
 
     entries: tuple[tuple[str, str], ...]
     """(receipt key, encoded output text) per receipt."""
+    ahead: bool = False
+    """Read ahead of the calls (:mod:`actors.queue.read_ahead`): a key the memo holds or
+    owes is kept as it is (what this system completed since the read is newer)."""

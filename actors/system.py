@@ -350,6 +350,7 @@ class DispatchSystem:
         self._stopping.set()
         untrack(self)
         end = time.monotonic() + min(timeout_s, MAX_WAIT_S)  # a huge bound means "wait as long as it takes"
+        self._intake.join_read_ahead(min(1.0, timeout_s / 4))  # (a page's read at most)
         idle = []
         for ref in self._queues.values():
             reply, done = new_future(), new_future()

@@ -435,6 +435,35 @@ class ReceiptStore(abc.ABC):
             and type(claim.receipt.output) is not UnreadableOutput  # its claim reports it
         }
 
+    def read_completed_since(
+        self,
+        org_id: str,
+        tool_id: str,
+        *,
+        after: tuple[float, str] | None,
+        keys: Sequence[str] = (),
+        limit: int,
+    ) -> list[tuple[str, str, str, float]] | None:
+        """A page of the ``completed`` receipts of ``tool_id`` a normal claim would reuse
+        (``stale_after_s`` aside), in the order of their last update: the receipts a rerun
+        will ask for next, read ahead of its calls (:mod:`actors.queue.read_ahead`).
+
+        Args:
+            org_id, tool_id: whose receipts.
+            after: the last (update time, key) of the previous page; None: the first page,
+                starting at the earliest update time among ``keys`` (receipts a rerun's
+                first calls found).
+            limit: most rows.
+
+        Returns:
+            (key, input hash, output text, update time) per receipt, at most ``limit``;
+            ``[]`` at the end; None when this store does not read ahead (this default).
+
+        Raises:
+            StoreError: the read failed.
+        """
+        return None
+
     def change_feed(self) -> ChangeFeed | None:
         """What tells waiters on other owners' receipts that something changed, if anything.
 

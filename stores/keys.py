@@ -46,6 +46,7 @@ __all__ = [
     "explain_key",
     "key_and_input_hash",
     "key_maker",
+    "key_of_hash_maker",
     "orjson_is_jcs",
     "receipt_key",
 ]
@@ -181,6 +182,50 @@ def receipt_key(**parts: Any) -> str:
     return explain_key(**parts).key
 
 
+def _envelope_prefix(
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    credential_scope_digest: str,
+    version: str,
+    stale_after_s: float | None,
+) -> Any:
+    """A sha256 fed with the key's envelope up to the input hash (through its opening
+    quote): a key is ``prefix.copy()`` fed ``<input hash>"]``."""
+    _, _, envelope, _ = _build(
+        org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
+    )
+    head = envelope.encode("utf-8")
+    cut = len(_sha256("null")) + 3  # the input hash, its quotes and the closing bracket
+    return hashlib.sha256(head[: len(head) - cut + 1])
+
+
+def key_of_hash_maker(
+    *,
+    org_id: str,
+    scope: str,
+    tool_id: str,
+    credential_scope_digest: str = "",
+    version: str = "",
+    stale_after_s: float | None = None,
+) -> Callable[[str], str]:
+    """``key_of(input hash) -> key``: the receipt key :func:`key_maker` with these parts
+    gives an input of that hash (the envelope is hashed once). A stored receipt whose key
+    is ``key_of`` its stored input hash is one a call with these parts would claim.
+
+    Raises:
+        InvalidInputError: a part is not a string.
+    """
+    prefix = _envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s)
+
+    def key_of(input_hash: str) -> str:
+        digest = prefix.copy()
+        digest.update(f'{input_hash}"]'.encode())
+        return str(digest.hexdigest())
+
+    return key_of
+
+
 def key_maker(
     *,
     org_id: str,
@@ -203,12 +248,7 @@ def key_maker(
         InputTooLargeError: (from ``make``) a whole input is over
             ``stores.inputs.MAX_INPUT_BYTES`` of canonical JSON text.
     """
-    _, _, envelope, _ = _build(
-        org_id, scope, tool_id, None, credential_scope_digest, version, stale_after_s, ()
-    )
-    head = envelope.encode("utf-8")
-    cut = len(_sha256("null")) + 3  # the input hash, its quotes and the closing bracket
-    prefix = hashlib.sha256(head[: len(head) - cut + 1])  # through the opening quote
+    prefix = _envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s)
     ignored = frozenset(ignore_fields)
     sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
 

@@ -261,8 +261,12 @@ class ToolQueueActor(InboxActor):
             elif isinstance(message, ForgetMemo):
                 self.queue.memo.forget()
             elif isinstance(message, RememberOutputs):
+                memo, running = self.queue.memo, self.lifecycle.groups
                 for key, text in message.entries:  # read from the store: no known age
-                    self.queue.memo.remember(key, text, -float("inf"))
+                    if key in running:  # claimed since the read (a refresh): its group answers
+                        continue
+                    if not (message.ahead and (key in memo.entries or key in memo.owed)):
+                        memo.remember(key, text, -float("inf"))
             else:
                 self.effects.dispatch(message, now)
         finally:

@@ -37,6 +37,20 @@ _REUSABLE_ONE = (
 )
 """One key's read (a lone call of a rerun): a point lookup, without encoding the key as a
 JSON list for ``json_each`` (~11 µs against ~17 µs a statement, measured)."""
+_READ_AHEAD_START = (
+    "SELECT min(updated_at) FROM receipts WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) "
+    "AND typeof(updated_at) IN ('integer', 'real')"
+)
+_READ_AHEAD = (
+    # a range of the (status, updated_at) index, in its order; ties at the page's edge
+    # are told apart by key
+    "SELECT key, input_hash, output, updated_at FROM receipts "
+    "WHERE status = 'completed' AND updated_at >= ? AND typeof(updated_at) IN ('integer', 'real') "
+    "AND NOT (updated_at = ? AND key <= ?) AND org_id = ? AND tool_id = ? "
+    "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' AND typeof(generation) = 'integer' "
+    "ORDER BY updated_at, key LIMIT ?"
+)
+"""A rerun's receipts read ahead of its calls (``read_completed_since``)."""
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,

@@ -46,6 +46,8 @@ from stores.sqlite.sql import (
     _FENCE,
     _INSERT_BATCH,
     _PURGE_BATCHES,
+    _READ_AHEAD,
+    _READ_AHEAD_START,
     _RESOLVE,
     _RESOLVE_FAILED_REFRESH,
     _RESTORE_COMPLETED,
@@ -261,6 +263,29 @@ class SqliteReceiptStore(ReceiptStore):
                 for key, input_hash, text, at in rows
                 if stale_after_s is None or now - at <= stale_after_s
             }
+
+        return self._plain_read(read)
+
+    def read_completed_since(
+        self,
+        org_id: str,
+        tool_id: str,
+        *,
+        after: tuple[float, str] | None,
+        keys: Sequence[str] = (),
+        limit: int,
+    ) -> list[tuple[str, str, str, float]] | None:
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
+            if after is None:
+                (start,) = conn.execute(
+                    _READ_AHEAD_START, (org_id, orjson.dumps(list(keys)).decode())
+                ).fetchone()
+                if start is None:
+                    return []
+                since, last = start, ""
+            else:
+                since, last = after
+            return conn.execute(_READ_AHEAD, (since, since, last, org_id, tool_id, limit)).fetchall()
 
         return self._plain_read(read)
 
