@@ -337,7 +337,9 @@ class Intake:
             and self._read_first[tool_id].wanted(len(misses))
         ):
             before = len(misses)
-            ahead_ok = recall is not None and stale_after_s is None  # what the memo would answer
+            # what the memo would answer, for calls that come a few at a time (one read
+            # answers a bulk of them already)
+            ahead_ok = recall is not None and stale_after_s is None and len(misses) < READ_FIRST
             misses, lives = self._from_store(tool, misses, futures, stale_after_s, read_ahead=ahead_ok)
             cached += before - len(misses) - lives
         calls: list[Call] = []

@@ -143,6 +143,19 @@ def test_a_call_with_a_staleness_bound_starts_no_reading_ahead(
     assert recorder.count("echo") == 20
 
 
+def test_a_rerun_in_bulk_reads_nothing_ahead(make_system: Any, db_path: Path, recorder: Any) -> None:
+    """An ``execute_many`` of many calls reads all their receipts in one read already:
+    nothing is read ahead for it."""
+    inputs = [{"i": i} for i in range(2000)]
+    echo = _echo(recorder)
+    _first_run(make_system, [echo], inputs)
+    rerun = make_system([echo], run_id="rerun")
+    for start in range(0, len(inputs), 500):
+        for future in rerun.proxy().execute_many("echo", inputs[start : start + 500]):
+            assert future.get(timeout=WAIT_S).execution == "cached"
+    assert rerun._intake._ahead == {}
+
+
 def test_a_key_claimed_since_it_was_read_is_not_put_in_the_memo(
     make_system: Any, db_path: Path, recorder: Any, key_of: Callable[..., str]
 ) -> None:
