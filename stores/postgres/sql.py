@@ -233,6 +233,17 @@ WHERE r.status = 'completed'
   -- the whole bulk read with a TypeError)
   AND r.output IS NOT NULL AND coalesce(r.completed_at, r.updated_at) IS NOT NULL
 """
+        self.read_ahead_start = (
+            f"SELECT min(updated_at) FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])"
+        )
+        # a range of the (status, updated_at) index, in its order; ties at the page's edge
+        # are told apart by key
+        self.read_ahead = f"""
+SELECT key, input_hash, output, updated_at FROM {t}
+WHERE status = 'completed' AND updated_at >= %(since)s AND NOT (updated_at = %(since)s AND key <= %(last)s)
+  AND org_id = %(org)s AND tool_id = %(tool)s AND output IS NOT NULL AND input_hash IS NOT NULL
+ORDER BY updated_at, key COLLATE "C" LIMIT %(limit)s
+"""
         self.claim = f"""
 WITH req AS MATERIALIZED (
   SELECT %(org)s::text COLLATE "C" AS org, r.*

@@ -248,6 +248,25 @@ class PostgresReceiptStore(ReceiptStore):
             if stale_after_s is None or age <= stale_after_s
         }
 
+    def read_completed_since(
+        self,
+        org_id: str,
+        tool_id: str,
+        *,
+        after: tuple[float, str] | None,
+        keys: Sequence[str] = (),
+        limit: int,
+    ) -> list[tuple[str, str, str, float]] | None:
+        if after is None:
+            ((since,),) = self._execute(self._sql.read_ahead_start, {"org": org_id, "keys": list(keys)})
+            if since is None:
+                return []
+            last = ""
+        else:
+            since, last = after
+        params = {"org": org_id, "tool": tool_id, "since": since, "last": last, "limit": limit}
+        return self._execute(self._sql.read_ahead, params)
+
     def _claim(
         self,
         org_id: str,

@@ -1,5 +1,5 @@
-"""``read_completed_since``: a tool's completed receipts in pages, in the order of their
-last update, from the earliest among the keys a rerun found (actors/queue/read_ahead.py)."""
+"""``read_completed_since`` on SQLite leaves out values set by hand that a plain read
+would not take (the pages themselves: tests/stores/test_read_ahead_pages.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,6 @@ from stores import ClaimRequest, Completion, Owner, SqliteReceiptStore
 
 ORG = "org-a"
 OWNER = Owner("run-a")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _complete(store: SqliteReceiptStore, tool_id: str, keys: list[str], org_id: str = ORG) -> None:
@@ -40,31 +32,6 @@ def _all_pages(
             return pages
         pages.append([row[0] for row in rows])
         after = (rows[-1][3], rows[-1][0])
-
-
-def test_pages_follow_the_updates_from_the_earliest_found_and_split_ties_by_key(tmp_path: Path) -> None:
-    clock = Clock()
-    store = SqliteReceiptStore(tmp_path / "r.db", clock=clock)
-    try:
-        _complete(store, "t", ["old"])
-        clock.now += 10
-        _complete(store, "t", ["c", "a", "b", "e", "d"])  # five at one time: ties at every page edge
-        _complete(store, "other", ["x"])
-        _complete(store, "t", ["y"], org_id="org-b")
-        clock.now += 10
-        _complete(store, "t", ["f"])
-        store.claim_many(ORG, [ClaimRequest("running", "play", "t", "h")], OWNER, lease_ttl_s=60)
-        clock.now += 10
-        pages = _all_pages(store, ["b", "f"], limit=2)
-        assert pages == [["a", "b"], ["c", "d"], ["e", "f"]]  # from b's time: "old" is before it
-        rows = store.read_completed_since(ORG, "t", after=None, keys=["old"], limit=10)
-        assert rows is not None and [r[:3] for r in rows][:2] == [
-            ("old", "h-old", '{"k":"old"}'),
-            ("a", "h-a", '{"k":"a"}'),
-        ]
-        assert store.read_completed_since(ORG, "t", after=None, keys=["missing"], limit=10) == []
-    finally:
-        store.close()
 
 
 def test_values_set_by_hand_are_left_to_the_calls_claims(tmp_path: Path) -> None:
