@@ -79,6 +79,8 @@ receipts (:class:`ReadFirst`), else they go straight to their queue, which claim
 READ_AHEAD_SCORE = 0.9
 """A tool's plain reads finding this share of what they ask for (running average:
 :class:`ReadFirst`) start reading its rerun's receipts ahead (:mod:`actors.queue.read_ahead`)."""
+_UNREAD: Any = object()
+"""A memo's text not read (none, or one that does not decode)."""
 REMEMBER_EVERY = 64
 """Outputs read on callers' threads are given to the tool's memo (one message to its queue
 actor) this many at a time, or with the next hit once :data:`REMEMBER_AFTER_S` passed."""
@@ -97,6 +99,8 @@ class MemoView(Protocol):
 
     max_bytes: int
     """Its bound in bytes; 0: the tool keeps no memo."""
+    forgets: int
+    """Times it forgot everything (a purge)."""
 
     def recall(self, key: str, stale_after_s: float | None, now: float) -> str | None:
         """The output text this system completed under ``key`` (``now``: ``time.monotonic()``),
@@ -180,7 +184,7 @@ class Intake:
         """Tool id -> its rerun's receipts read ahead into its memo (made at the first rerun)."""
         self._waiting: dict[str, Gathering[Call]] = {}
         """Tool id -> calls submitted, not yet taken by its queue actor (:meth:`submit`)."""
-        self._remember: dict[str, tuple[float, list[tuple[str, str]]]] = {}
+        self._remember: dict[str, tuple[float, list[tuple[str, str]], int]] = {}
         self._remember_lock = threading.Lock()
         self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str, bytes]]] = {}
 
@@ -319,12 +323,14 @@ class Intake:
                 continue
             if recall is not None:
                 text = recall(key, stale_after_s, now)
+                value = _UNREAD
                 if text is not None:  # answered here, from a read-only view (a copy per call)
+                    with contextlib.suppress(Exception):  # one that cannot be read: its claim says so
+                        value = decode_output(text)
+                if value is not _UNREAD:
                     live = memo is not None and memo.take_owed(key)  # completed here, no caller told
                     futures.append(
-                        resolved_future(
-                            ToolResult.of(decode_output(text), "live" if live else "cached", key, tool_id)
-                        )
+                        resolved_future(ToolResult.of(value, "live" if live else "cached", key, tool_id))
                     )
                     cached += not live
                     continue
@@ -413,6 +419,8 @@ class Intake:
         if outages.since(STORE_SERVICE, where) is not None:
             return misses, 0
         tool_id = tool.tool_id
+        memo = self.memos.get(tool_id)
+        forgets = memo.forgets if memo is not None else 0  # (before the read: a purge since voids it)
         started = time.monotonic()
         try:
             found = self.store.read_reusable(
@@ -452,7 +460,7 @@ class Intake:
             live += owed
             futures[index] = resolved_future(ToolResult.of(value, "live" if owed else "cached", key, tool_id))
         if texts and self.memos[tool_id].max_bytes:
-            self._remember_later(tool_id, texts)
+            self._remember_later(tool_id, texts, forgets)
         return left, live
 
     def _read_ahead(self, tool: Tool) -> ReadAhead | None:
@@ -492,20 +500,21 @@ class Intake:
         except OSError:
             return set()
 
-    def _remember_later(self, tool_id: str, texts: dict[str, str]) -> None:
-        """Give ``texts`` (key -> output text) to the tool's memo, gathered: one message per
-        :data:`REMEMBER_EVERY` outputs or :data:`REMEMBER_AFTER_S` (at the next read that
-        finds some), so lone calls of a rerun do not each cost the queue actor a message."""
+    def _remember_later(self, tool_id: str, texts: dict[str, str], forgets: int) -> None:
+        """Give ``texts`` (key -> output text, read when the memo's ``forgets`` was
+        ``forgets``) to the tool's memo, gathered: one message per :data:`REMEMBER_EVERY`
+        outputs or :data:`REMEMBER_AFTER_S` (at the next read that finds some), so lone
+        calls of a rerun do not each cost the queue actor a message."""
         now = time.monotonic()
         with self._remember_lock:
-            since, entries = self._remember.get(tool_id) or (now, [])
+            since, entries, first = self._remember.get(tool_id) or (now, [], forgets)
             entries.extend(texts.items())
             if len(entries) < REMEMBER_EVERY and now - since < REMEMBER_AFTER_S:
-                self._remember[tool_id] = (since, entries)
+                self._remember[tool_id] = (since, entries, min(first, forgets))
                 return
             self._remember.pop(tool_id, None)
         with contextlib.suppress(pykka.ActorDeadError):
-            self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries)))
+            self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries), forgets=min(first, forgets)))
 
 
 takes_interjections(Intake._from_store)  # (the caller's thread waits on the store there)

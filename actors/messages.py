@@ -739,6 +739,9 @@ class RememberOutputs:
 
     entries: tuple[tuple[str, str], ...]
     """(receipt key, encoded output text) per receipt."""
-    ahead: bool = False
-    """Read ahead of the calls (:mod:`actors.queue.read_ahead`): a key the memo holds or
-    owes is kept as it is (what this system completed since the read is newer)."""
+    forgets: int
+    """The memo's :attr:`~actors.queue.memo.Memo.forgets` before the read: a purge seen
+    since voids the read."""
+    ahead_at: float | None = None
+    """Read ahead of the calls at this time (monotonic seconds;
+    :mod:`actors.queue.read_ahead`): kept by :meth:`~actors.queue.memo.Memo.keep_ahead`."""

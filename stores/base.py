@@ -443,6 +443,7 @@ class ReceiptStore(abc.ABC):
         after: tuple[float, str] | None,
         keys: Sequence[str] = (),
         limit: int,
+        max_bytes: int,
     ) -> list[tuple[str, str, str, float]] | None:
         """A page of the ``completed`` receipts of ``tool_id`` a normal claim would reuse
         (``stale_after_s`` aside), in the order of their last update: the receipts a rerun
@@ -454,6 +455,8 @@ class ReceiptStore(abc.ABC):
                 starting at the earliest update time among ``keys`` (receipts a rerun's
                 first calls found).
             limit: most rows.
+            max_bytes: the page ends with the row whose output text reaches this size,
+                added up over the page (at least one row).
 
         Returns:
             (key, input hash, output text, update time) per receipt, at most ``limit``;

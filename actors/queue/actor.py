@@ -90,6 +90,8 @@ class ToolQueue:
         self.memo = memo if memo is not None and tool.durable else Memo(0)
         self.recalled: str | None = None
         """The output text :meth:`submit` found in the memo for the call it answered MEMO."""
+        self.recalled_value: Any = None
+        """That text decoded (each call its own copy)."""
         self.queued: dict[str, Group] = {}
         self.inflight: dict[str, Group] = inflight if inflight is not None else {}
         self.window_opened_at: float | None = None
@@ -101,7 +103,12 @@ class ToolQueue:
         if self.memo.max_bytes and call.mode is ClaimMode.NORMAL:
             self.recalled = self.memo.recall(key, call.stale_after_s, call.submitted_at)
             if self.recalled is not None:
-                return Submitted.MEMO
+                try:
+                    self.recalled_value = decode_output(self.recalled)
+                except Exception:  # (a text read ahead, changed by hand): its claim says so, for it alone
+                    self.memo.forget(key)
+                else:
+                    return Submitted.MEMO
         running = self.inflight.get(key)
         if (
             running is not None
@@ -261,12 +268,7 @@ class ToolQueueActor(InboxActor):
             elif isinstance(message, ForgetMemo):
                 self.queue.memo.forget()
             elif isinstance(message, RememberOutputs):
-                memo, running = self.queue.memo, self.lifecycle.groups
-                for key, text in message.entries:  # read from the store: no known age
-                    if key in running:  # claimed since the read (a refresh): its group answers
-                        continue
-                    if not (message.ahead and (key in memo.entries or key in memo.owed)):
-                        memo.remember(key, text, -float("inf"))
+                self._remember_read(message)
             else:
                 self.effects.dispatch(message, now)
         finally:
@@ -278,6 +280,24 @@ class ToolQueueActor(InboxActor):
                 for reply in replies:
                     reply.set(0)
         return None
+
+    def _remember_read(self, message: RememberOutputs) -> None:
+        """Outputs read from the store, for the memo: none after a purge seen since the
+        read; none of a key claimed since (a refresh: its group answers); none replacing
+        what this system completed or owes (newer than the read)."""
+        memo, running = self.queue.memo, self.lifecycle.groups
+        if message.forgets != memo.forgets:
+            return
+        entries, owed, ahead_at = memo.entries, memo.owed, message.ahead_at
+        for key, text in message.entries:
+            if key in running or key in owed:
+                continue
+            if ahead_at is not None:
+                memo.keep_ahead(key, text, ahead_at)
+                continue
+            held = entries.get(key)
+            if held is None or held[0] == -float("inf"):  # (a store's read has no known age)
+                memo.remember(key, text, -float("inf"))
 
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
@@ -315,11 +335,11 @@ class ToolQueueActor(InboxActor):
         decision = self.queue.submit(call)
         tool_id = self.queue.tool.tool_id
         if decision is Submitted.MEMO:
-            text = self.queue.recalled
+            value = self.queue.recalled_value
             if self.queue.memo.take_owed(call.key):  # completed here, no caller told: this one
-                call.future.set(ToolResult.of(decode_output(text), "live", call.key, tool_id))
+                call.future.set(ToolResult.of(value, "live", call.key, tool_id))
             else:
-                call.future.set(ToolResult.of(decode_output(text), "cached", call.key, tool_id))
+                call.future.set(ToolResult.of(value, "cached", call.key, tool_id))
                 self.ports.stats.add("cached", tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)

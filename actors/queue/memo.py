@@ -7,7 +7,12 @@ import collections
 import sys
 from typing import Any
 
-__all__ = ["Memo", "held_bytes"]
+__all__ = ["AHEAD_TTL_S", "Memo", "held_bytes"]
+
+AHEAD_TTL_S = 2.0
+"""Seconds an output read ahead of a rerun's calls is used after its read: the longest a
+change made elsewhere since (another process's refresh) can go unseen by this system's
+calls of a key it never asked for before."""
 
 
 class Memo:
@@ -33,6 +38,13 @@ class Memo:
         self.owed: dict[str, None] = {}
         """Keys whose receipt this system completed with no caller answered ``live`` (kept
         whatever ``max_bytes``: a mark, not an output; one per such key until it is asked for)."""
+        self.ahead: collections.OrderedDict[str, tuple[float, str, int]] = collections.OrderedDict()
+        """Outputs read ahead of a rerun's calls (:mod:`actors.queue.read_ahead`), oldest
+        read first: key -> (when read, monotonic seconds; text; bytes). Used for
+        :data:`AHEAD_TTL_S` after their read, within half of ``max_bytes``."""
+        self.ahead_bytes = 0
+        self.forgets = 0
+        """Times everything was forgotten (a purge): an output read before one is not kept."""
 
     def owe(self, key: str) -> None:
         """Mark ``key``: this system is writing its output and no caller was answered
@@ -50,6 +62,10 @@ class Memo:
         ``stale_after_s`` is not used; an output reused from the store has no known age)."""
         found = self.entries.get(key)
         if found is None:
+            if stale_after_s is None and self.ahead:
+                read = self.ahead.get(key)
+                if read is not None and now - read[0] <= AHEAD_TTL_S:
+                    return read[1]
             return None
         at, text, _ = found
         if stale_after_s is not None and now - at > stale_after_s:
@@ -58,6 +74,7 @@ class Memo:
 
     def remember(self, key: str, text: str, at: float) -> None:
         """Keep ``key``'s output text, dropping the oldest entries past ``max_bytes``."""
+        self._drop_ahead(key)  # (superseded, whether kept here or not)
         size = held_bytes(text)
         if self.max_bytes <= 0 or size > self.max_bytes:
             return
@@ -66,9 +83,39 @@ class Memo:
             self.bytes -= old[2]
         self.entries[key] = (at, text, size)
         self.bytes += size
-        while self.bytes > self.max_bytes and self.entries:
+        while self.bytes + self.ahead_bytes > self.max_bytes and (self.ahead or self.entries):
+            if self.ahead:  # what was read ahead goes first
+                self._drop_ahead(next(iter(self.ahead)))
+                continue
             _, (_, _, dropped) = self.entries.popitem(last=False)
             self.bytes -= dropped
+
+    def keep_ahead(self, key: str, text: str, read_at: float) -> None:
+        """Keep ``key``'s output text read ahead at ``read_at`` (monotonic seconds) for
+        :data:`AHEAD_TTL_S`, unless the memo holds or owes the key (what this system
+        completed or read since is newer); outputs read too long ago go first, and nothing
+        is kept past half of ``max_bytes``."""
+        if key in self.entries or key in self.owed:
+            return
+        ahead = self.ahead
+        while ahead:
+            first = next(iter(ahead))
+            if read_at - ahead[first][0] <= AHEAD_TTL_S:
+                break
+            self._drop_ahead(first)
+        size = held_bytes(text)
+        self._drop_ahead(key)
+        if (
+            self.ahead_bytes + size
+        ) * 2 > self.max_bytes or self.bytes + self.ahead_bytes + size > self.max_bytes:
+            return
+        ahead[key] = (read_at, text, size)
+        self.ahead_bytes += size
+
+    def _drop_ahead(self, key: str) -> None:
+        old = self.ahead.pop(key, None)
+        if old is not None:
+            self.ahead_bytes -= old[2]
 
     def forget(self, key: str | None = None) -> None:
         """Drop one key, or everything (after a purge), with its mark (:meth:`owe`)."""
@@ -76,8 +123,12 @@ class Memo:
             self.entries = collections.OrderedDict()
             self.bytes = 0
             self.owed = {}
+            self.ahead = collections.OrderedDict()
+            self.ahead_bytes = 0
+            self.forgets += 1
             return
         self.owed.pop(key, None)
+        self._drop_ahead(key)
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old[2]

@@ -6,16 +6,22 @@ with many caller threads costs far more than the read (every read gives up the G
 and waits to take it back behind the others'). Once a tool's plain reads find what
 they ask for, :class:`ReadAhead` reads that run's receipts in pages, in the order of
 their last update and starting at the earliest among those found, and gives them to
-the memo (:class:`~actors.messages.RememberOutputs` with ``ahead``): the calls that
+the memo (:class:`~actors.messages.RememberOutputs` with ``ahead_at``): the calls that
 follow are memo hits, answered on their callers' threads without a read of their own.
 
 What it keeps is what a plain read would have answered: completed receipts a normal
 claim reuses, whose key is the one this tool's calls make of the stored input hash
 (this tool, credentials, version and scope; no ``stale_after_s``), none that the
-salvage file holds a paid output for. A key the memo holds or owes is not replaced.
-It stays a couple of pages ahead of the tool's calls, stops at half the memo's bound,
-at the end of the receipts, at an error, once calls stop coming for
-:data:`IDLE_S`, and when the system stops.
+salvage file holds a paid output for, none of a key claimed since (a refresh), none
+read before a purge the memo has seen since, nothing that replaces what the memo
+holds or owes. What is read ahead is used for
+:data:`~actors.queue.memo.AHEAD_TTL_S` after its read (the longest a refresh made
+elsewhere meanwhile goes unseen), within half the memo's bound. A read takes about
+:data:`PAGE_S` of the tool's calls (at least :data:`MIN_PAGE`, at most :data:`PAGE`
+receipts, never more output than the room left), and the reading stays
+:data:`AHEAD_PAGES` reads ahead of the calls; it ends when the run's own outputs fill
+half the memo, at the end of the receipts or an error, once calls stop coming for
+:data:`IDLE_S` (a later rerun resumes it), and when the system stops.
 """
 
 from __future__ import annotations
@@ -31,10 +37,15 @@ import pykka
 from actors.messages import RememberOutputs
 from actors.runtime.actor import log
 
-__all__ = ["AHEAD_PAGES", "IDLE_S", "PAGE", "ReadAhead"]
+__all__ = ["AHEAD_PAGES", "IDLE_S", "MIN_PAGE", "PAGE", "PAGE_S", "ReadAhead"]
 
 PAGE = 1000
-"""Receipts a read takes."""
+"""Most receipts a read takes."""
+MIN_PAGE = 32
+"""Fewest receipts a read takes."""
+PAGE_S = 0.5
+"""A read takes about this many seconds of the tool's calls (at their rate since the
+previous read): what it keeps is used well within :data:`~actors.queue.memo.AHEAD_TTL_S`."""
 AHEAD_PAGES = 2
 """Pages read ahead of the tool's calls (rows read minus calls made) before waiting."""
 IDLE_S = 2.0
@@ -123,22 +134,27 @@ class ReadAhead:
 
     def _read_ahead(self, found: list[str]) -> None:
         self.calls = self.read = 0
-        seen_calls, quiet_since = 0, time.monotonic()
+        memo, page = self.memo, MIN_PAGE
+        now = time.monotonic()
+        seen_calls, quiet_since, rate_calls, rate_at = 0, now, 0, now
         while not self.stopping.is_set():
-            if self.read - self.calls >= AHEAD_PAGES * PAGE:
-                now = time.monotonic()
+            now = time.monotonic()
+            room = memo.max_bytes // 2 - memo.ahead_bytes
+            if self.read - self.calls >= AHEAD_PAGES * page or room <= 0:
                 if self.calls != seen_calls:
                     seen_calls, quiet_since = self.calls, now
                 elif now - quiet_since >= IDLE_S:
                     return
                 self.stopping.wait(_LOOK_S)
                 continue
-            if self.memo.bytes * 2 >= self.memo.max_bytes:
+            if memo.bytes * 2 >= memo.max_bytes:  # the run's own outputs fill it
                 self._ended = True
                 return
+            forgets = memo.forgets  # (before the read: a purge since voids it)
             rows = self.store.read_completed_since(
-                self.org_id, self.tool_id, after=self._after, keys=found, limit=PAGE
+                self.org_id, self.tool_id, after=self._after, keys=found, limit=page, max_bytes=room
             )
+            read_at = time.monotonic()
             if not rows:
                 self._ended = True
                 return
@@ -152,4 +168,10 @@ class ReadAhead:
             if texts:
                 self.kept += len(texts)
                 with contextlib.suppress(pykka.ActorDeadError):
-                    self.queue.tell(RememberOutputs(entries=tuple(texts.items()), ahead=True))
+                    self.queue.tell(
+                        RememberOutputs(entries=tuple(texts.items()), forgets=forgets, ahead_at=read_at)
+                    )
+            if read_at > rate_at:  # the next page: PAGE_S of the calls, at their rate since this one's
+                rate = (self.calls - rate_calls) / (read_at - rate_at)
+                page = max(MIN_PAGE, min(PAGE, int(rate * PAGE_S)))
+            rate_calls, rate_at = self.calls, read_at

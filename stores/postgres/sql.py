@@ -236,13 +236,20 @@ WHERE r.status = 'completed'
         self.read_ahead_start = (
             f"SELECT min(updated_at) FROM {t} WHERE org_id = %(org)s AND key = ANY(%(keys)b::text[])"
         )
-        # a range of the (status, updated_at) index, in its order; ties at the page's edge
-        # are told apart by key
+        # a range of the (status, updated_at) index, in its order (ties at the page's edge
+        # told apart by key); the page ends with the row whose output reaches %(bytes)s,
+        # added up
         self.read_ahead = f"""
-SELECT key, input_hash, output, updated_at FROM {t}
-WHERE status = 'completed' AND updated_at >= %(since)s AND NOT (updated_at = %(since)s AND key <= %(last)s)
-  AND org_id = %(org)s AND tool_id = %(tool)s AND output IS NOT NULL AND input_hash IS NOT NULL
-ORDER BY updated_at, key COLLATE "C" LIMIT %(limit)s
+SELECT key, input_hash, output, updated_at FROM (
+  SELECT p.*,
+         sum(octet_length(p.output)) OVER (ORDER BY p.updated_at, p.key) - octet_length(p.output) AS earlier
+  FROM (SELECT key, input_hash, output, updated_at FROM {t}
+        WHERE status = 'completed' AND updated_at >= %(since)s
+          AND NOT (updated_at = %(since)s AND key <= %(last)s)
+          AND org_id = %(org)s AND tool_id = %(tool)s AND output IS NOT NULL AND input_hash IS NOT NULL
+        ORDER BY updated_at, key LIMIT %(limit)s) p
+) q
+WHERE earlier < %(bytes)s ORDER BY updated_at, key
 """
         self.claim = f"""
 WITH req AS MATERIALIZED (

@@ -256,6 +256,7 @@ class PostgresReceiptStore(ReceiptStore):
         after: tuple[float, str] | None,
         keys: Sequence[str] = (),
         limit: int,
+        max_bytes: int,
     ) -> list[tuple[str, str, str, float]] | None:
         if after is None:
             ((since,),) = self._execute(self._sql.read_ahead_start, {"org": org_id, "keys": list(keys)})
@@ -264,7 +265,14 @@ class PostgresReceiptStore(ReceiptStore):
             last = ""
         else:
             since, last = after
-        params = {"org": org_id, "tool": tool_id, "since": since, "last": last, "limit": limit}
+        params = {
+            "org": org_id,
+            "tool": tool_id,
+            "since": since,
+            "last": last,
+            "limit": limit,
+            "bytes": max_bytes,
+        }
         return self._execute(self._sql.read_ahead, params)
 
     def _claim(

@@ -274,6 +274,7 @@ class SqliteReceiptStore(ReceiptStore):
         after: tuple[float, str] | None,
         keys: Sequence[str] = (),
         limit: int,
+        max_bytes: int,
     ) -> list[tuple[str, str, str, float]] | None:
         def read(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
             if after is None:
@@ -285,7 +286,13 @@ class SqliteReceiptStore(ReceiptStore):
                 since, last = start, ""
             else:
                 since, last = after
-            return conn.execute(_READ_AHEAD, (since, since, last, org_id, tool_id, limit)).fetchall()
+            rows, size = [], 0
+            for row in conn.execute(_READ_AHEAD, (since, since, last, org_id, tool_id, limit)):
+                rows.append(row)
+                size += len(row[2])
+                if size >= max_bytes:  # (rows are stepped one by one: the rest is never read)
+                    break
+            return rows
 
         return self._plain_read(read)
 

@@ -24,7 +24,7 @@ def _complete(store: ReceiptStore, tool_id: str, keys: list[str], org_id: str = 
 def _all_pages(store: ReceiptStore, found: list[str], limit: int, tool_id: str = "t") -> list[list[str]]:
     pages, after = [], None
     while True:
-        rows = store.read_completed_since(ORG, tool_id, after=after, keys=found, limit=limit)
+        rows = store.read_completed_since(ORG, tool_id, after=after, keys=found, limit=limit, max_bytes=10**9)
         assert rows is not None
         if not rows:
             return pages
@@ -46,9 +46,17 @@ def test_pages_follow_the_updates_from_the_earliest_found_and_split_ties_by_key(
     fake_clock.advance(10)
     pages = _all_pages(store, ["b", "f"], limit=2)
     assert pages == [["a", "b"], ["c", "d"], ["e", "f"]]  # from b's time: "old" is before it
-    rows = store.read_completed_since(ORG, "t", after=None, keys=["old"], limit=10)
+    rows = store.read_completed_since(ORG, "t", after=None, keys=["old"], limit=10, max_bytes=10**9)
     assert rows is not None and [r[:3] for r in rows][:2] == [
         ("old", "h-old", '{"k":"old"}'),
         ("a", "h-a", '{"k":"a"}'),
     ]
-    assert store.read_completed_since(ORG, "t", after=None, keys=["missing"], limit=10) == []
+    assert store.read_completed_since(ORG, "t", after=None, keys=["missing"], limit=10, max_bytes=10**9) == []
+
+
+def test_a_page_ends_with_the_row_whose_output_reaches_max_bytes(store: ReceiptStore) -> None:
+    _complete(store, "t", ["a", "b", "c", "d"])  # outputs of 9 characters: {"k":"a"}
+    rows = store.read_completed_since(ORG, "t", after=None, keys=["a"], limit=10, max_bytes=10)
+    assert rows is not None and [r[0] for r in rows] == ["a", "b"]
+    rows = store.read_completed_since(ORG, "t", after=None, keys=["a"], limit=10, max_bytes=1)
+    assert rows is not None and [r[0] for r in rows] == ["a"]  # at least one

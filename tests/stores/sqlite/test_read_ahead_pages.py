@@ -26,7 +26,7 @@ def _all_pages(
 ) -> list[list[str]]:
     pages, after = [], None
     while True:
-        rows = store.read_completed_since(ORG, tool_id, after=after, keys=found, limit=limit)
+        rows = store.read_completed_since(ORG, tool_id, after=after, keys=found, limit=limit, max_bytes=10**9)
         assert rows is not None
         if not rows:
             return pages
