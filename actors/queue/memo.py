@@ -97,12 +97,8 @@ class Memo:
         is kept past half of ``max_bytes``."""
         if key in self.entries or key in self.owed:
             return
+        self.expire_ahead(read_at)
         ahead = self.ahead
-        while ahead:
-            first = next(iter(ahead))
-            if read_at - ahead[first][0] <= AHEAD_TTL_S:
-                break
-            self._drop_ahead(first)
         size = held_bytes(text)
         self._drop_ahead(key)
         if (
@@ -111,6 +107,15 @@ class Memo:
             return
         ahead[key] = (read_at, text, size)
         self.ahead_bytes += size
+
+    def expire_ahead(self, now: float) -> None:
+        """Drop the outputs read ahead more than :data:`AHEAD_TTL_S` before ``now``."""
+        ahead = self.ahead
+        while ahead:
+            first = next(iter(ahead))
+            if now - ahead[first][0] <= AHEAD_TTL_S:
+                return
+            self._drop_ahead(first)
 
     def _drop_ahead(self, key: str) -> None:
         old = self.ahead.pop(key, None)

@@ -378,3 +378,34 @@ def test_an_output_read_before_this_system_refreshed_the_key_does_not_replace_it
     _until(lambda: "after" in memo.entries, "the messages handled")
     assert rerun._intake._ahead == {}
     assert proxy.execute("echo", {"i": 1}).get(timeout=WAIT_S).value["n"] == 81
+
+
+def test_the_reading_goes_on_once_what_it_read_has_expired(
+    make_system: Any, db_path: Path, recorder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs larger than the room read ahead: the room fills, and the reading goes on as
+    what was read is used or expires (a key a call then reads for itself leaves it)."""
+    import actors.queue.memo
+
+    monkeypatch.setattr(actors.queue.memo, "AHEAD_TTL_S", 0.2)
+
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record("big", input, ctx)
+        return {"i": input["i"], "pad": "x" * 20_000}
+
+    big = Tool(tool_id="big", fn=fn)
+    inputs = [{"i": i} for i in range(200)]
+    _first_run(make_system, [big], inputs, tool_id="big")
+    policy = Policy(batch_grace_s=0.05, memo_max_bytes=200_000)  # room for 5 outputs read ahead
+    rerun = make_system([big], run_id="rerun", policy=policy)
+    proxy = rerun.proxy()
+
+    def slowly(x: Any) -> Any:
+        time.sleep(0.01)  # a play's own work: the calls span about a second
+        return proxy.execute("big", x).get(timeout=WAIT_S)
+
+    results = []
+    for x in inputs[:100]:
+        results.append(slowly(x))
+    assert {r.execution for r in results} == {"cached"}
+    assert rerun._intake._ahead["big"].read >= 30, rerun._intake._ahead["big"].read
