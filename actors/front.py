@@ -325,8 +325,10 @@ class Intake:
                 text = recall(key, stale_after_s, now)
                 value = _UNREAD
                 if text is not None:  # answered here, from a read-only view (a copy per call)
-                    with contextlib.suppress(Exception):  # one that cannot be read: its claim says so
+                    try:
                         value = decode_output(text)
+                    except Exception:  # one that cannot be read: its claim says so
+                        value = _UNREAD
                 if value is not _UNREAD:
                     live = memo is not None and memo.take_owed(key)  # completed here, no caller told
                     futures.append(
