@@ -4,9 +4,11 @@ order of their last update, from the earliest among the keys a rerun found
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
-from stores import ClaimRequest, Completion, Owner, ReceiptStore
+from stores import ClaimRequest, Completion, Owner, ReceiptStore, SqliteReceiptStore
 
 ORG = "org-a"
 OWNER = Owner("run-a")
@@ -60,3 +62,17 @@ def test_a_page_ends_with_the_row_whose_output_reaches_max_bytes(store: ReceiptS
     assert rows is not None and [r[0] for r in rows] == ["a", "b"]
     rows = store.read_completed_since(ORG, "t", after=None, keys=["a"], limit=10, max_bytes=1)
     assert rows is not None and [r[0] for r in rows] == ["a"]  # at least one
+
+
+def test_values_set_by_hand_are_left_to_the_calls_claims(tmp_path: Path) -> None:
+    """SQLite leaves values set by hand that a plain read would not take out of a page."""
+    store = SqliteReceiptStore(tmp_path / "r.db")
+    try:
+        _complete(store, "t", ["a", "b", "c", "d"])
+        with sqlite3.connect(tmp_path / "r.db") as conn:
+            conn.execute("UPDATE receipts SET output = x'00' WHERE key = 'b'")
+            conn.execute("UPDATE receipts SET input_hash = x'01' WHERE key = 'c'")
+            conn.execute("UPDATE receipts SET updated_at = 'later' WHERE key = 'd'")
+        assert _all_pages(store, ["a"], limit=10) == [["a"]]
+    finally:
+        store.close()
