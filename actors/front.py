@@ -79,8 +79,6 @@ receipts (:class:`ReadFirst`), else they go straight to their queue, which claim
 READ_AHEAD_SCORE = 0.9
 """A tool's plain reads finding this share of what they ask for (running average:
 :class:`ReadFirst`) start reading its rerun's receipts ahead (:mod:`actors.queue.read_ahead`)."""
-_UNREAD: Any = object()
-"""A memo's text not read (none, or one that does not decode)."""
 REMEMBER_EVERY = 64
 """Outputs read on callers' threads are given to the tool's memo (one message to its queue
 actor) this many at a time, or with the next hit once :data:`REMEMBER_AFTER_S` passed."""
@@ -182,7 +180,7 @@ class Intake:
         self._read_first = {tool_id: ReadFirst() for tool_id in tools}
         self._ahead: dict[str, ReadAhead] = {}
         """Tool id -> its rerun's receipts read ahead into its memo (made at the first rerun)."""
-        self._waiting: dict[str, Gathering[Call]] = {}
+        self._waiting: dict[str, Gathering[Call]] = {tool_id: Gathering() for tool_id in tools}
         """Tool id -> calls submitted, not yet taken by its queue actor (:meth:`submit`)."""
         self._remember: dict[str, tuple[float, list[tuple[str, str]], int]] = {}
         self._remember_lock = threading.Lock()
@@ -232,9 +230,7 @@ class Intake:
         ref = self.queues[tool_id]
         for call in calls:
             call.future.on_cancel = _cancel_hook(ref, call)
-        waiting = self._waiting.get(tool_id)
-        if waiting is None:
-            waiting = self._waiting.setdefault(tool_id, Gathering())
+        waiting = self._waiting[tool_id]
         ring = waiting.put(calls)
         if ring:
             try:
@@ -323,19 +319,18 @@ class Intake:
                 continue
             if recall is not None:
                 text = recall(key, stale_after_s, now)
-                value = _UNREAD
                 if text is not None:  # answered here, from a read-only view (a copy per call)
                     try:
                         value = decode_output(text)
-                    except Exception:  # one that cannot be read: its claim says so
-                        value = _UNREAD
-                if value is not _UNREAD:
-                    live = memo is not None and memo.take_owed(key)  # completed here, no caller told
-                    futures.append(
-                        resolved_future(ToolResult.of(value, "live" if live else "cached", key, tool_id))
-                    )
-                    cached += not live
-                    continue
+                    except Exception:  # one that cannot be read: a miss, its claim says so
+                        pass
+                    else:
+                        live = memo is not None and memo.take_owed(key)  # completed here, no caller told
+                        futures.append(
+                            resolved_future(ToolResult.of(value, "live" if live else "cached", key, tool_id))
+                        )
+                        cached += not live
+                        continue
             misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
         if (
@@ -512,11 +507,15 @@ class Intake:
             since, entries, first = self._remember.get(tool_id) or (now, [], forgets)
             entries.extend(texts.items())
             if len(entries) < REMEMBER_EVERY and now - since < REMEMBER_AFTER_S:
-                self._remember[tool_id] = (since, entries, min(first, forgets))
+                self._remember[tool_id] = (
+                    since,
+                    entries,
+                    first,
+                )  # (the first read's: a purge since voids all)
                 return
             self._remember.pop(tool_id, None)
         with contextlib.suppress(pykka.ActorDeadError):
-            self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries), forgets=min(first, forgets)))
+            self.queues[tool_id].tell(RememberOutputs(entries=tuple(entries), forgets=first))
 
 
 takes_interjections(Intake._from_store)  # (the caller's thread waits on the store there)

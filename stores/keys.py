@@ -216,7 +216,11 @@ def key_of_hash_maker(
     Raises:
         InvalidInputError: a part is not a string.
     """
-    prefix = _envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s)
+    return _keyer(_envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s))
+
+
+def _keyer(prefix: Any) -> Callable[[str], str]:
+    """``key_of(input hash) -> key`` over an envelope's hashed prefix (:func:`_envelope_prefix`)."""
 
     def key_of(input_hash: str) -> str:
         digest = prefix.copy()
@@ -248,7 +252,7 @@ def key_maker(
         InputTooLargeError: (from ``make``) a whole input is over
             ``stores.inputs.MAX_INPUT_BYTES`` of canonical JSON text.
     """
-    prefix = _envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s)
+    key_of = _keyer(_envelope_prefix(org_id, scope, tool_id, credential_scope_digest, version, stale_after_s))
     ignored = frozenset(ignore_fields)
     sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
 
@@ -269,8 +273,6 @@ def key_maker(
             size = sent_size_bytes(size, input, ignored)
         check_input_size(size_bytes=size)
         input_hash = sha256(data).hexdigest()
-        digest = prefix.copy()
-        digest.update(f'{input_hash}"]'.encode("ascii"))
-        return digest.hexdigest(), input_hash, data
+        return key_of(input_hash), input_hash, data
 
     return make

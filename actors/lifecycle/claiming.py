@@ -201,8 +201,7 @@ class Claims:
     ) -> None:
         """A bulk claim answered: sort the dispositions; then claim the groups drained
         while it was out."""
-        intake = batch in self.s.intake_out
-        self.s.intake_out.discard(batch)
+        intake = self._intake_answered(batch)
         for group in self.s.batches.get(batch, ()):
             group.held_since = None
         try:
@@ -220,9 +219,16 @@ class Claims:
             if group.held_since is None and group.state is GroupState.CLAIMING:
                 group.held_since = now
                 self.p.waits.time_waiters(group, -math.inf, group.calls, now)
-        if batch in self.s.intake_out:
-            self.s.intake_out.discard(batch)
+        if self._intake_answered(batch):
             self._next_intake()
+
+    def _intake_answered(self, batch: int) -> bool:
+        """Whether ``batch`` is the claim of drained groups that was out (it no longer is:
+        the groups drained meanwhile may go)."""
+        if batch not in self.s.intake_out:
+            return False
+        self.s.intake_out.discard(batch)
+        return True
 
     def _sort(self, batch: int, claims: list[Any] | None, error: BaseException | None, now: float) -> None:
         members: list[Group] = self.s.batches.pop(batch, [])

@@ -84,8 +84,6 @@ class ReadAhead:
         """The tool's calls counted since the reading began (:meth:`asked`)."""
         self.read = 0
         """Receipts read so far."""
-        self.kept = 0
-        """Outputs given to the memo."""
         self._after: tuple[float, str] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -166,7 +164,6 @@ class ReadAhead:
             for key in self.salvaged(texts) if texts else ():
                 texts.pop(key, None)
             if texts:
-                self.kept += len(texts)
                 with contextlib.suppress(pykka.ActorDeadError):
                     self.queue.tell(
                         RememberOutputs(entries=tuple(texts.items()), forgets=forgets, ahead_at=read_at)
