@@ -73,7 +73,7 @@ def _count_rows(path: str) -> int | None:
     "--concurrency",
     type=click.IntRange(1, 100_000),
     default=None,
-    help="Rows at once (default 256; 1000 under gevent).",
+    help="Most rows at once (default 256; 1000 under gevent); a run adds row workers as rows wait.",
 )
 @click.option(
     "--pacer",

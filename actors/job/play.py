@@ -125,6 +125,9 @@ class PlayContext:
         self._ignored = {tool.tool_id: tool.non_semantic_fields for tool in tools}
         self._refreshed: set[tuple[str, str]] = set()  # (tool id, input) forced and returned
         self._refreshed_lock = threading.Lock()
+        self.before_wait: Callable[[], object] | None = None
+        """Told on the row's thread before it waits for a call not answered at once (the
+        row runner adds a row worker for the wait)."""
 
     def start_row(self) -> None:
         """A row begins on this thread (greenlet): :meth:`cancelled_in_row` is False again."""
@@ -159,7 +162,10 @@ class PlayContext:
                 same = None
         options.setdefault("retry_failed", self.retry_failed)
         try:
-            result = self.proxy.execute(tool_id, input, **options).get(timeout=self.timeout_s)
+            future = self.proxy.execute(tool_id, input, **options)
+            if self.before_wait is not None and getattr(future, "done", False) is not True:
+                self.before_wait()
+            result = future.get(timeout=self.timeout_s)
         except Exception as exc:
             if is_a(exc, CallCancelledError):
                 self._row.cancelled = True

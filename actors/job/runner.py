@@ -22,7 +22,12 @@ from actors.job.ordered import DEFAULT_MEMORY_BYTES, OrderedWriter
 from actors.job.play import Play, PlayContext
 from actors.job.rows import InputError, RowError
 
-__all__ = ["RowOutcome", "RunSummary", "cut_short", "encode_outcome", "run_rows"]
+__all__ = ["FIRST_WORKERS", "STUCK_S", "RowOutcome", "RunSummary", "cut_short", "encode_outcome", "run_rows"]
+
+FIRST_WORKERS = 4
+"""Row workers a run starts with (fewer when ``concurrency`` is lower)."""
+STUCK_S = 0.02
+"""Seconds a worker's row runs before the run adds a worker for it (checked as often)."""
 
 
 @attrs.frozen
@@ -134,7 +139,14 @@ def run_rows(
     summary: RunSummary | None = None,
     writer: OrderedWriter | None = None,
 ) -> RunSummary:
-    """Run ``play`` over ``rows`` with ``concurrency`` workers until done or ``stop`` is set.
+    """Run ``play`` over ``rows`` with up to ``concurrency`` workers until done or ``stop``
+    is set.
+
+    The run starts :data:`FIRST_WORKERS` workers and adds one each time a row waits for
+    a call not answered at once (``ctx.tool``), and one for each row that has run
+    :data:`STUCK_S` or more (waiting on something else), up to ``concurrency``: rows
+    answered at once (a rerun's receipts) run on a few threads, which take the GIL in
+    turn with less waiting, and rows that wait get the width.
 
     Rows not started when ``stop`` is set are skipped (a rerun resumes them), and so are
     rows a stop cut short (once ``stop`` is set: the row raised :func:`cut_short` error,
@@ -153,8 +165,12 @@ def run_rows(
     started = time.monotonic()
     exhausted = threading.Event()
     """Every input row was taken: a stop after that interrupts nothing (the run completes)."""
+    workers: list[threading.Thread] = []
+    busy_since: list[float | None] = []
+    """Per worker: ``time.monotonic()`` when its row began, None between rows."""
 
-    def take() -> tuple[int, Any] | None:
+    def take(slot: int) -> tuple[int, Any] | None:
+        busy_since[slot] = None
         with source_lock:
             if stop.is_set():
                 return None
@@ -171,18 +187,19 @@ def run_rows(
                 stop.set()
                 return None
 
-    def work() -> None:
+    def work(slot: int) -> None:
         try:
-            _work()
+            _work(slot)
         except Exception as exc:  # writing the output failed (disk full, ...): stop, say so
             summary.config_error = (
                 summary.config_error or f"cannot write the output: {type_name(exc)}: {error_text(exc)}"
             )
             stop.set()
 
-    def _work() -> None:
-        while (item := take()) is not None:
+    def _work(slot: int) -> None:
+        while (item := take(slot)) is not None:
             index, row = item
+            busy_since[slot] = time.monotonic()
             if isinstance(row, RowError):
                 outcome = RowOutcome(index, None, error=f"RowError: {row}")
             else:
@@ -220,13 +237,57 @@ def run_rows(
             if on_row is not None:
                 on_row(outcome)
 
-    workers = [
-        threading.Thread(target=work, name=f"tooldispatch-row-{i}", daemon=True) for i in range(concurrency)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
+    widen_lock = threading.Lock()
+
+    def add_worker() -> bool:
+        """Start one more worker while rows are left to take and the width allows; False
+        when none was started (a thread the system refuses ends the widening)."""
+        with widen_lock:
+            if len(workers) >= width[0] or exhausted.is_set() or stop.is_set():
+                return False
+            slot = len(workers)
+            worker = threading.Thread(target=work, args=(slot,), name=f"tooldispatch-row-{slot}", daemon=True)
+            busy_since.append(None)
+            workers.append(worker)
+            try:
+                worker.start()
+            except RuntimeError:  # "can't start new thread": the width reached is the width
+                workers.pop()
+                busy_since.pop()
+                width[0] = len(workers)
+                return False
+            return True
+
+    width = [concurrency]
+    """The most workers (``concurrency``, or fewer when the system refused a thread)."""
+    for _ in range(min(concurrency, FIRST_WORKERS)):
+        add_worker()
+    if ctx is not None:  # a row about to wait for a call: another worker takes the next row
+        ctx.before_wait = add_worker
+
+    def widen() -> None:
+        """Add a worker for each one stuck in a row (waiting on something other than a
+        call: the play's own I/O) while rows are left to take."""
+        while not exhausted.wait(STUCK_S) and not stop.is_set() and len(workers) < width[0]:
+            now = time.monotonic()
+            stuck = sum(1 for since in busy_since if since is not None and now - since >= STUCK_S)
+            for _ in range(stuck):
+                if not add_worker():
+                    break
+
+    widener = threading.Thread(target=widen, name="tooldispatch-rows-widen", daemon=True)
+    widener.start()
+    widener.join()
+    joined = 0
+    while True:  # a row worker may add another until every row is taken
+        with widen_lock:
+            if joined == len(workers):
+                break
+            worker = workers[joined]
         worker.join()
+        joined += 1
+    if ctx is not None:
+        ctx.before_wait = None
     try:
         writer.close()
     except Exception as exc:
