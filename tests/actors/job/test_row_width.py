@@ -111,9 +111,7 @@ def test_rows_widen_at_their_first_wait_for_a_call_however_short(
 
     def quick(input: Any, ctx: Any) -> Any:
         with peak:
-            time.sleep(
-                0.005
-            )  # a fast provider: shorter than STUCK_S, each row waits all the same
+            time.sleep(0.005)  # a fast provider: shorter than STUCK_S, each row waits all the same
         return {"n": input["n"]}
 
     tool = Tool(tool_id="quick", fn=quick)
@@ -131,9 +129,7 @@ def test_rows_that_wait_on_the_plays_own_io_get_the_whole_width() -> None:
 
     def play(row: Any, ctx: Any) -> Any:
         with peak:
-            time.sleep(
-                0.3
-            )  # the play's own wait, no ctx.tool: seen as a row that runs on
+            time.sleep(0.3)  # the play's own wait, no ctx.tool: seen as a row that runs on
         return row
 
     summary = _rows(play, list(range(64)), None, concurrency=32)
@@ -151,9 +147,7 @@ def test_row_workers_never_pass_the_concurrency(concurrency: int) -> None:
             time.sleep(0.05)
         return row
 
-    summary = _rows(
-        play, list(range(4 * concurrency + 2)), None, concurrency=concurrency
-    )
+    summary = _rows(play, list(range(4 * concurrency + 2)), None, concurrency=concurrency)
 
     assert summary.ok == 4 * concurrency + 2
     assert peak.most == concurrency
