@@ -50,7 +50,16 @@ from stores.types import (
     ResolveAction,
 )
 
-__all__ = ["FENCED_WRITES", "MAX_OUTPUT_BYTES", "ChangeFeed", "Clock", "ReceiptStore", "StoreCapabilities"]
+__all__ = [
+    "FENCED_WRITES", "MAX_OUTPUT_BYTES", "PLAIN_READ_WAIT_S", "ChangeFeed", "Clock", "ReceiptStore",
+    "StoreCapabilities",
+]  # fmt: skip
+
+PLAIN_READ_WAIT_S = 0.1
+"""Seconds a plain read on a caller's thread (:meth:`ReceiptStore.read_reusable`) may wait
+for a connection or a lock before it gives up: the call then goes to its queue, whose
+claim waits on the store actor's thread instead, where the caller's ``timeout_s`` and a
+stop reach it."""
 
 Clock = Callable[[], float]
 """A function returning the store's "now" in epoch seconds."""
@@ -419,7 +428,11 @@ class ReceiptStore(abc.ABC):
             and leaves such a key to a claim, which reports it for that call alone.
 
         Raises:
-            StoreError: the read failed.
+            StoreError: the read failed. It runs on a caller's thread, inside
+                ``execute()``: it must not wait behind a write, another connection's lock
+                or a busy connection pool; it answers within about
+                :data:`PLAIN_READ_WAIT_S`, or raises (StoreUnavailableError when it would
+                have had to wait).
 
         This default goes through :meth:`read_settled`; a store may read the text directly.
         """
@@ -463,7 +476,8 @@ class ReceiptStore(abc.ABC):
             ``[]`` at the end; None when this store does not read ahead (this default).
 
         Raises:
-            StoreError: the read failed.
+            StoreError: the read failed; like :meth:`read_reusable`, it does not wait
+                behind a lock (``stop()`` waits for the reader).
         """
         return None
 

@@ -184,7 +184,7 @@ class PgConnections:
             raise
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, wait_s: float | None = None) -> Iterator[Any]:
         """A pooled connection, probed first when it may be dead.
 
         An idle connection in autocommit has nothing to read; a readable socket means
@@ -192,11 +192,12 @@ class PgConnections:
         connection idle for more than ``_IDLE_CHECK_S`` (a server restarted while it
         slept). A busy pool pays no round trip. A dead one is closed and handed back
         (the pool replaces it) and the next is tried at once: the pool's own check
-        would sleep with a back-off between dead connections.
+        would sleep with a back-off between dead connections. ``wait_s``: the most
+        seconds to wait for one (default the pool's ``timeout_s``).
         """
         import psycopg
 
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.timeout_s if wait_s is None else wait_s)
         for _ in range(self._max_size + 1):
             conn = self._getconn(deadline)
             idle_s = time.monotonic() - getattr(conn, "_td_returned_at", 0.0)
@@ -233,8 +234,9 @@ class PgConnections:
                 if left <= RECONNECT_S:
                     raise
 
-    def run(self, fn: Callable[[Any], T], *, transaction: bool = False) -> T:
+    def run(self, fn: Callable[[Any], T], *, transaction: bool = False, wait_s: float | None = None) -> T:
         """``fn(conn)`` on a pooled connection (in one transaction if asked), errors mapped.
+        ``wait_s``: the most seconds to wait for a connection (default ``timeout_s``).
 
         Raises:
             StoreUnavailableError: no connection, or it was lost (a result may or may not
@@ -246,16 +248,36 @@ class PgConnections:
 
         if self._closed:
             raise StoreError(f"{self.where}: the receipt store is closed")
+        waited = self.timeout_s if wait_s is None else wait_s
         try:
-            with self.connection() as conn:
+            with self.connection(waited) as conn:
                 if not transaction:
                     return fn(conn)
                 with conn.transaction():
                     return fn(conn)
         except PoolTimeout as exc:
-            raise StoreUnavailableError(f"{self.where}: no connection within {self.timeout_s:g} s") from exc
+            raise StoreUnavailableError(f"{self.where}: no connection within {waited:g} s") from exc
         except psycopg.Error as exc:
             raise store_error(self.where, exc) from exc
+
+    def read_now(self, query: str, params: Any, wait_s: float) -> list[tuple[Any, ...]]:
+        """One read that waits at most about ``wait_s`` seconds for a pooled connection and
+        as long again on the server for a lock (``lock_timeout``: a table that an
+        ``ALTER TABLE``, ``VACUUM FULL`` or ``LOCK TABLE`` holds); its rows.
+
+        Raises:
+            StoreUnavailableError: no connection within ``wait_s``, the lock not granted
+                within it (SQLSTATE 55P03), or the connection lost.
+            StoreError: any other database error.
+        """
+        lock_ms = max(1, round(wait_s * 1000))
+
+        def work(conn: Any) -> list[tuple[Any, ...]]:
+            conn.execute(f"SET LOCAL lock_timeout = {lock_ms}")
+            rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
+            return rows
+
+        return self.run(work, transaction=True, wait_s=wait_s)
 
     def execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
         """Run one statement; all its rows (a statement without rows: its row count)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from stores.base import Clock, ReceiptStore, StoreCapabilities
+from stores.base import PLAIN_READ_WAIT_S, Clock, ReceiptStore, StoreCapabilities
 from stores.claims import ClaimPlan, already_taken, batch_members_wanted, plan_claims
 from stores.codec import encode_output
 from stores.dispositions import decide_disposition, keeps_batch, serves_last_good
@@ -240,11 +240,13 @@ class PostgresReceiptStore(ReceiptStore):
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
     ) -> dict[str, tuple[str, str]]:
         """As :meth:`ReceiptStore.read_reusable`: the stored output text as it is, one
-        statement, ages judged by the database's clock (no receipt built, no re-encoding)."""
+        statement, ages judged by the database's clock (no receipt built, no re-encoding),
+        waiting at most :data:`~stores.base.PLAIN_READ_WAIT_S` for a connection or a lock."""
         params = {"org": org_id, "keys": list(dict.fromkeys(keys)), "now": self._now()}
+        rows = self._conns.read_now(self._sql.reusable, params, PLAIN_READ_WAIT_S)
         return {
             key: (input_hash, text)
-            for key, input_hash, text, age in self._execute(self._sql.reusable, params)
+            for key, input_hash, text, age in rows
             if stale_after_s is None or age <= stale_after_s
         }
 
@@ -259,7 +261,8 @@ class PostgresReceiptStore(ReceiptStore):
         max_bytes: int,
     ) -> list[tuple[str, str, str, float]] | None:
         if after is None:
-            ((since,),) = self._execute(self._sql.read_ahead_start, {"org": org_id, "keys": list(keys)})
+            start = {"org": org_id, "keys": list(keys)}
+            ((since,),) = self._conns.read_now(self._sql.read_ahead_start, start, PLAIN_READ_WAIT_S)
             if since is None:
                 return []
             last = ""
@@ -273,7 +276,7 @@ class PostgresReceiptStore(ReceiptStore):
             "limit": limit,
             "bytes": max_bytes,
         }
-        return self._execute(self._sql.read_ahead, params)
+        return self._conns.read_now(self._sql.read_ahead, params, PLAIN_READ_WAIT_S)
 
     def _claim(
         self,
