@@ -74,7 +74,7 @@ def _last_progress_rows(text: str) -> int:
 def test_cli_two_quick_signals_write_no_cancelled_row_report_and_a_rerun_completes_it(
     cli, provider_factory, tmp_path, runtime, sig
 ):
-    domains = _made_up_domains(3000)
+    domains = _made_up_domains(1500)
     rows = tmp_path / "domains.txt"
     rows.write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     server = provider_factory("--latency", "3")  # the abort comes while requests are in flight
