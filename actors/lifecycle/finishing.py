@@ -280,8 +280,8 @@ class Finisher:
         self.conclude(unit, None, error, now, uncertain=True)
 
     def _warn_overdue(self, now: float) -> None:
-        """Say, once a minute at most, that functions past their timeout still hold slots:
-        the sign of a tool that waits on calls it made from threads of its own."""
+        """Say, once a minute at most, that functions past their timeout still hold slots: a
+        slow provider, or a tool that waits on calls it made from threads of its own."""
         if now - self.s.overdue_warned_at < OVERDUE_WARN_EVERY_S:
             return
         self.s.overdue_warned_at = now
@@ -290,9 +290,9 @@ class Finisher:
         )
         log.warning(
             "%d call(s) of %s passed their timeout while its function still runs; each keeps its "
-            "slot until the function returns (a function that waits on calls it made from threads "
-            "of its own and did not make them inside ctx.nested() or through ctx.wrap: at the "
-            "concurrency ceiling those calls wait for the slots their parents hold)",
+            "slot until the function returns. Its provider may be slow to answer; or the function "
+            "waits on calls it made from threads of its own outside ctx.nested() and ctx.wrap, which "
+            "at the concurrency ceiling wait for the slots their parents hold",
             held, self.tool.tool_id,
         )  # fmt: skip
 

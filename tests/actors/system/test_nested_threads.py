@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -152,3 +153,20 @@ def test_calls_made_off_the_tools_thread_outside_nested_time_out_and_the_dispatc
     with caplog.at_level(logging.WARNING, logger="tooldispatch"), pytest.raises(ToolTimeoutError):
         system.proxy().execute("parent", {"p": 1}).get(timeout=WAIT_S)
     assert any("ctx.nested()" in r.getMessage() and "parent" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tool_that_is_only_slow_past_its_timeout_is_told_as_maybe_slow_provider(
+    make_system: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same warning for a function that simply takes longer than its timeout (no
+    nested calls at all) names a slow provider first, not only threads of its own."""
+
+    def slow(input: Any, ctx: Any) -> Any:
+        time.sleep(1.0)
+        return {"ok": True}
+
+    system = make_system([Tool(tool_id="slow", fn=slow, timeout_s=0.3)], policy=Policy(batch_grace_s=0.01))
+    with caplog.at_level(logging.WARNING, logger="tooldispatch"), pytest.raises(ToolTimeoutError):
+        system.proxy().execute("slow", {"s": 1}).get(timeout=WAIT_S)
+    told = [r.getMessage() for r in caplog.records if "passed their timeout" in r.getMessage()]
+    assert told and all("provider may be slow" in text for text in told), told
