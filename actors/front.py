@@ -507,11 +507,7 @@ class Intake:
             since, entries, first = self._remember.get(tool_id) or (now, [], forgets)
             entries.extend(texts.items())
             if len(entries) < REMEMBER_EVERY and now - since < REMEMBER_AFTER_S:
-                self._remember[tool_id] = (
-                    since,
-                    entries,
-                    first,
-                )  # (the first read's: a purge since voids all)
+                self._remember[tool_id] = (since, entries, first)  # a purge since the first voids all
                 return
             self._remember.pop(tool_id, None)
         with contextlib.suppress(pykka.ActorDeadError):

@@ -238,12 +238,15 @@ def run_rows(
                 on_row(outcome)
 
     widen_lock = threading.Lock()
+    width = concurrency
+    """The most workers (``concurrency``, or fewer once the system refused a thread)."""
 
     def add_worker() -> bool:
         """Start one more worker while rows are left to take and the width allows; False
         when none was started (a thread the system refuses ends the widening)."""
+        nonlocal width
         with widen_lock:
-            if len(workers) >= width[0] or exhausted.is_set() or stop.is_set():
+            if len(workers) >= width or exhausted.is_set() or stop.is_set():
                 return False
             slot = len(workers)
             worker = threading.Thread(target=work, args=(slot,), name=f"tooldispatch-row-{slot}", daemon=True)
@@ -254,12 +257,10 @@ def run_rows(
             except RuntimeError:  # "can't start new thread": the width reached is the width
                 workers.pop()
                 busy_since.pop()
-                width[0] = len(workers)
+                width = len(workers)
                 return False
             return True
 
-    width = [concurrency]
-    """The most workers (``concurrency``, or fewer when the system refused a thread)."""
     for _ in range(min(concurrency, FIRST_WORKERS)):
         add_worker()
     if ctx is not None:  # a row about to wait for a call: another worker takes the next row
@@ -268,7 +269,7 @@ def run_rows(
     def widen() -> None:
         """Add a worker for each one stuck in a row (waiting on something other than a
         call: the play's own I/O) while rows are left to take."""
-        while not exhausted.wait(STUCK_S) and not stop.is_set() and len(workers) < width[0]:
+        while not exhausted.wait(STUCK_S) and not stop.is_set() and len(workers) < width:
             now = time.monotonic()
             stuck = sum(1 for since in busy_since if since is not None and now - since >= STUCK_S)
             for _ in range(stuck):
@@ -277,15 +278,11 @@ def run_rows(
 
     widener = threading.Thread(target=widen, name="tooldispatch-rows-widen", daemon=True)
     widener.start()
-    widener.join()
-    joined = 0
-    while True:  # a row worker may add another until every row is taken
-        with widen_lock:
-            if joined == len(workers):
-                break
-            worker = workers[joined]
+    widener.join()  # it ends once every row is taken, at a stop or at the width: then so does adding
+    with widen_lock:
+        every = list(workers)
+    for worker in every:
         worker.join()
-        joined += 1
     if ctx is not None:
         ctx.before_wait = None
     try:

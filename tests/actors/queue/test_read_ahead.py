@@ -42,6 +42,16 @@ def _echo(recorder: Any, tool_id: str = "echo") -> Tool:
     return Tool(tool_id=tool_id, fn=fn)
 
 
+def _big(recorder: Any) -> Tool:
+    """A tool whose outputs are 20 KB each."""
+
+    def fn(input: Any, ctx: Any) -> Any:
+        recorder.record("big", input, ctx)
+        return {"i": input["i"], "pad": "x" * 20_000}
+
+    return Tool(tool_id="big", fn=fn)
+
+
 def _on_threads(proxy: Any, tool_id: str, inputs: list[Any]) -> list[Any]:
     """Each input called by one of :data:`THREADS` threads, one ``execute(...).get()`` at
     a time (a play's rows); the results in the inputs' order."""
@@ -241,11 +251,7 @@ def test_a_page_holds_no_more_output_than_the_room_left(
     """Large outputs: a page ends once its outputs fill the room left in the memo (a
     page of 1,000 receipts of 100 KB each held 100 MB in flight)."""
 
-    def fn(input: Any, ctx: Any) -> Any:
-        recorder.record("big", input, ctx)
-        return {"i": input["i"], "pad": "x" * 20_000}
-
-    big = Tool(tool_id="big", fn=fn)
+    big = _big(recorder)
     inputs = [{"i": i} for i in range(300)]
     _first_run(make_system, [big], inputs, tool_id="big")
     BigOutputs.pages = []
@@ -391,11 +397,7 @@ def test_the_reading_goes_on_once_what_it_read_has_expired(
 
     monkeypatch.setattr(actors.queue.memo, "AHEAD_TTL_S", 0.2)
 
-    def fn(input: Any, ctx: Any) -> Any:
-        recorder.record("big", input, ctx)
-        return {"i": input["i"], "pad": "x" * 20_000}
-
-    big = Tool(tool_id="big", fn=fn)
+    big = _big(recorder)
     inputs = [{"i": i} for i in range(200)]
     _first_run(make_system, [big], inputs, tool_id="big")
     policy = Policy(batch_grace_s=0.05, memo_max_bytes=200_000)  # room for 5 outputs read ahead
