@@ -630,8 +630,10 @@ class DispatchProxy:
             with UnknownToolError, InvalidInputError (InputTooLargeError: the input is
             over ``stores.MAX_INPUT_BYTES`` of JSON text), the tool's error,
             RecordedFailureError, LeaseLostError, ReceiptWaitTimeoutError,
-            BudgetExceededError, PersistenceCircuitOpenError, CallCancelledError or
-            CallCycleError (from inside a tool, a call of the input it runs for).
+            BudgetExceededError, PersistenceCircuitOpenError, CallCancelledError,
+            CallCycleError (from inside a tool, a call of the input it runs for) or
+            StoreUnavailableError (the store away, or locked by another connection:
+            StoreBusyError, for the whole of ``timeout_s``).
         """
         (future,) = self._intake.execute_many(
             tool_id, (input,), force_refresh, retry_failed, stale_after_s, timeout_s

@@ -122,6 +122,10 @@ class StoreCapabilities:
     :meth:`ReceiptStore.claim_many` takes a recorded batch request's members together
     (``Claim.batch``); False: the dispatcher leaves ``batches`` out, and a batch request
     cut short by a crash is not sent again as it was."""
+    bounded_claims: bool = False
+    """:meth:`ReceiptStore.claim_many` takes ``wait_s`` (its lock waits bounded by its
+    callers' ``timeout_s``); False: the dispatcher leaves it out, and the store's own
+    bound applies."""
     file_path: str | None = None
     """The store's database file, when it is one: files kept for a run (the salvage log)
     go beside it by default. None: not a file (a server, ``":memory:"``)."""
@@ -153,6 +157,7 @@ class ReceiptStore(abc.ABC):
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
         running: Collection[str] = frozenset(),
+        wait_s: float | None = None,
     ) -> list[Claim]:
         """Claim receipts: one read, then one transaction for the keys it did not settle.
 
@@ -166,6 +171,10 @@ class ReceiptStore(abc.ABC):
             running: keys the caller will send at once (it holds a slot for each): when
                 this claim takes one, it is written ``running`` in the same transaction
                 (claim straight into running: no separate :meth:`mark_running_many`).
+            wait_s: the longest the claim waits for a lock another connection holds,
+                seconds (None: the store's own bound, SQLite's ``busy_timeout_s``,
+                Postgres's ``lock_timeout_s``); given only to a store whose
+                ``capabilities.bounded_claims``.
 
         Returns:
             list of Claim, same order as ``requests``. A ``CLAIMED`` receipt is
@@ -206,6 +215,12 @@ class ReceiptStore(abc.ABC):
           when a member cannot be taken (gone, completed, failed, uncertain, named by
           another request, under another live lease), the members that could are
           recorded ``uncertain`` instead (see :mod:`stores.claims`).
+
+        Raises:
+            StoreBusyError: another connection held its lock past ``wait_s`` (nothing
+                was claimed).
+            StoreUnavailableError: no connection, or it was lost.
+            StoreError: any other failure.
         """
 
     def mark_running_many(

@@ -13,6 +13,7 @@ __all__ = [
     "InvalidOutputError",
     "OutputNotStorableError",
     "SchemaVersionError",
+    "StoreBusyError",
     "StoreCorruptError",
     "StoreError",
     "StoreUnavailableError",
@@ -70,6 +71,14 @@ class StoreError(ToolDispatchError):
 
 class StoreUnavailableError(StoreError):
     """The store cannot be opened or written (missing directory, no permission)."""
+
+
+class StoreBusyError(StoreUnavailableError):
+    """A write waited its whole allowance for a lock another connection holds on the
+    store (SQLite: another process's write transaction, ``SQLITE_BUSY``; Postgres: a
+    table lock such as ``LOCK TABLE`` or ``ALTER TABLE`` takes, SQLSTATE 55P03). A claim
+    rides it out like an outage, within its callers' ``timeout_s``; a write of paid
+    outcomes does not (its ladder, salvage and latch take over)."""
 
 
 class StoreCorruptError(StoreError):

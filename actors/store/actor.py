@@ -226,18 +226,16 @@ class ReceiptStoreActor(InboxActor):
 
 
 def _claim(store: ReceiptStore, m: ClaimReceipts) -> Any:
-    if not m.running:
-        return store.claim_many(
-            m.org_id,
-            m.requests,
-            m.owner,
-            lease_ttl_s=m.lease_ttl_s,
-            mode=m.mode,
-            stale_after_s=m.stale_after_s,
-        )
+    """The claim, its lock waits bounded by what is left of its ``retry_until`` (a lock
+    held past it is answered as an outage: :mod:`actors.store.outage`)."""
+    extra: dict[str, Any] = {}
+    if m.running:
+        extra["running"] = m.running
+    if m.retry_until and store.capabilities.bounded_claims:
+        extra["wait_s"] = max(0.0, m.retry_until - time.monotonic())
     return store.claim_many(
         m.org_id, m.requests, m.owner, lease_ttl_s=m.lease_ttl_s, mode=m.mode, stale_after_s=m.stale_after_s,
-        running=m.running,
+        **extra,
     )  # fmt: skip
 
 

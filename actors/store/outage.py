@@ -1,7 +1,9 @@
 """Store commands ridden through an outage of the receipt store.
 
 A command whose store call fails because the store is away
-(:class:`~stores.errors.StoreUnavailableError`: no connection, or it was lost) is tried
+(:class:`~stores.errors.StoreUnavailableError`: no connection, or it was lost; or its
+:class:`~stores.errors.StoreBusyError`: another connection held a lock past the
+command's wait, except for writes of paid outcomes, :data:`_PAID_OUTCOMES`) is tried
 again after a bounded back-off (:data:`BACKOFF_S`, doubling, jittered) until the
 ``retry_until`` its sender gave it (from its calls' own ``timeout_s``: see
 :mod:`actors.lifecycle.effects`); only then does its caller hear back: the answer, or a
@@ -35,14 +37,18 @@ from typing import Any
 import pykka
 
 from actors.errors import error_text, type_name
-from actors.messages import ClaimHeld, ClaimReceipts
+from actors.messages import ClaimHeld, ClaimReceipts, CompleteReceipts, RecordFailures, RecordUncertain
 from actors.stats import Outages
-from stores.errors import StoreUnavailableError
+from stores.errors import StoreBusyError, StoreUnavailableError
 
 __all__ = ["BACKOFF_S", "SERVICE", "StoreRetries"]
 
 SERVICE = "receipt store"
 """The service name outages of the store are counted under."""
+
+_PAID_OUTCOMES = (CompleteReceipts, RecordFailures, RecordUncertain)
+"""Writes of what a provider answered: a lock held past their busy timeout is not ridden
+out (their ladder, salvage and the latch take over: :mod:`actors.flusher`)."""
 
 BACKOFF_S = (0.05, 2.0)
 """The first back-off between attempts and the largest, seconds (each is doubled, then
@@ -99,7 +105,9 @@ class StoreRetries:
         """``command``'s store call, begun at ``since`` (``clock`` seconds), raised ``error``.
         Returns None when it is held for another attempt (its caller is not answered now),
         else the error to answer with."""
-        if not isinstance(error, StoreUnavailableError):
+        if not isinstance(error, StoreUnavailableError) or (
+            isinstance(error, StoreBusyError) and isinstance(command, _PAID_OUTCOMES)
+        ):
             self.answered(command)  # the store answered (with an error of its own)
             return error
         text = f"{type_name(error)}: {error_text(error)}"
@@ -129,7 +137,8 @@ class StoreRetries:
 
     def _named(self, error: BaseException, attempts: int, for_s: float, began_at: float) -> BaseException:
         since = datetime.datetime.fromtimestamp(began_at, datetime.timezone.utc).strftime("%H:%M:%S UTC")
-        named = StoreUnavailableError(
+        kind = StoreBusyError if isinstance(error, StoreBusyError) else StoreUnavailableError
+        named = kind(
             f"the receipt store {self.where} has been unavailable for {for_s:.1f} s (since {since}); "
             f"gave up after {attempts} {'attempt' if attempts == 1 else 'attempts'} within this call's "
             f"timeout: {error_text(error)}"

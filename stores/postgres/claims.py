@@ -29,13 +29,19 @@ def read_settled(
     requests: list[ClaimRequest],
     mode: ClaimMode,
     stale_after_s: float | None,
+    lock_wait_s: float | None = None,
 ) -> tuple[dict[str, Claim], list[ClaimRequest]]:
     """(answers, misses) for ``requests`` (unique keys) of a
-    :class:`~stores.postgres.store.PostgresReceiptStore`; a forced refresh reads nothing."""
+    :class:`~stores.postgres.store.PostgresReceiptStore`; a forced refresh reads nothing.
+    ``lock_wait_s``: the most seconds the read waits for a table lock (None: no bound).
+
+    Raises:
+        StoreBusyError: the lock not granted within ``lock_wait_s``.
+    """
     if mode is ClaimMode.FORCE_REFRESH or not requests:
         return {}, requests
     params = {"org": org_id, "keys": [r.key for r in requests], "now": store._now()}
-    rows = store._execute(store._sql.read_settled, params)
+    rows = store._conns.execute(store._sql.read_settled, params, lock_wait_s=lock_wait_s)
     if not rows:
         return {}, requests
     now = rows[0][0]

@@ -3,8 +3,9 @@ psycopg_pool pool, and the mapping of driver errors onto the store's error tree.
 
 Driver errors: a lost or refused connection (``psycopg.OperationalError``, which
 includes a terminated backend and a detected deadlock) and a pool that hands out no
-connection in time are :class:`~stores.errors.StoreUnavailableError`; anything else
-psycopg raises is :class:`~stores.errors.StoreError`, as is an ``OperationalError`` that
+connection in time are :class:`~stores.errors.StoreUnavailableError` (a lock not granted
+within ``lock_timeout``, SQLSTATE 55P03, is its :class:`~stores.errors.StoreBusyError`);
+anything else psycopg raises is :class:`~stores.errors.StoreError`, as is an ``OperationalError`` that
 is the server refusing what it was sent (:func:`refused`: a value over a size limit),
 which no retry would change.
 """
@@ -17,12 +18,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from stores.errors import StoreError, StoreUnavailableError
+from stores.errors import StoreBusyError, StoreError, StoreUnavailableError
 from stores.postgres.schema import migrate, quote_ident
 
 __all__ = ["PgConnections", "is_postgres_url", "refused", "split_schema", "store_error"]
 
 T = TypeVar("T")
+
+_LOCK_NOT_AVAILABLE = "55P03"
+"""SQLSTATE lock_not_available: ``lock_timeout`` ran out."""
 
 _IDLE_CHECK_S = 2.0
 """A pooled connection idle longer than this is checked (one empty query) before use."""
@@ -83,6 +87,12 @@ def refused(exc: BaseException) -> bool:
     return state.startswith("54") or state == "08P01"
 
 
+def _ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds for a Postgres setting, at least 1 (0 would mean
+    no bound)."""
+    return max(1, round(seconds * 1000))
+
+
 def store_error(where: str, exc: BaseException) -> StoreError:
     """The store's error for a driver error ``exc`` of ``where`` (the store's address):
     :class:`~stores.errors.StoreUnavailableError` for a lost or refused connection, a
@@ -96,6 +106,8 @@ def store_error(where: str, exc: BaseException) -> StoreError:
             f"{where}: the server refused what was sent, over one of its size limits (not an "
             f"outage: not tried again): {text}"
         )
+    if getattr(exc, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+        return StoreBusyError(f"{where}: another session holds a lock past the wait allowed: {text}")
     if isinstance(exc, psycopg.OperationalError):
         return StoreUnavailableError(f"{where}: {text}")
     return StoreError(f"{where}: {text}")
@@ -110,6 +122,8 @@ class PgConnections:
         min_size, max_size: the pool's bounds.
         connect_timeout_s: how long to wait for a connection, seconds.
         application_name: what ``pg_stat_activity`` shows.
+        lock_timeout_s: how long a pooled statement waits for a lock another session
+            holds, seconds (the sessions' ``lock_timeout``; then StoreBusyError).
 
     Raises:
         StoreUnavailableError: the server cannot be reached (or refused us).
@@ -125,12 +139,14 @@ class PgConnections:
         max_size: int,
         connect_timeout_s: float,
         application_name: str,
+        lock_timeout_s: float = 30.0,
     ) -> None:
         import psycopg
         from psycopg_pool import ConnectionPool
 
         self.where = redact(url)
         self.timeout_s = connect_timeout_s
+        self.lock_timeout_s = lock_timeout_s
         self._max_size = max_size
         self._closed = False
         self.connect_kwargs: dict[str, Any] = {
@@ -156,7 +172,12 @@ class PgConnections:
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **self.connect_kwargs},
+            kwargs={
+                "autocommit": True,
+                **self.connect_kwargs,
+                # every pooled statement's wait for a lock, as SQLite's busy timeout
+                "options": f"{self.connect_kwargs['options']} -c lock_timeout={_ms(lock_timeout_s)}",
+            },
             timeout=connect_timeout_s,
             reconnect_timeout=RECONNECT_S,
             name=f"tooldispatch-{schema}",
@@ -234,11 +255,22 @@ class PgConnections:
                 if left <= RECONNECT_S:
                     raise
 
-    def run(self, fn: Callable[[Any], T], *, transaction: bool = False, wait_s: float | None = None) -> T:
+    def run(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        transaction: bool = False,
+        wait_s: float | None = None,
+        lock_wait_s: float | None = None,
+    ) -> T:
         """``fn(conn)`` on a pooled connection (in one transaction if asked), errors mapped.
         ``wait_s``: the most seconds to wait for a connection (default ``timeout_s``).
+        ``lock_wait_s``: the most seconds each statement waits for a lock another session
+        holds, when shorter than ``lock_timeout_s`` (``SET LOCAL lock_timeout``, which
+        makes the call one transaction: about 0.3 ms more); None: ``lock_timeout_s``.
 
         Raises:
+            StoreBusyError: a lock not granted within ``lock_wait_s`` (SQLSTATE 55P03).
             StoreUnavailableError: no connection, or it was lost (a result may or may not
                 have been written: the caller reads back).
             StoreError: the store is closed, or any other database error.
@@ -251,9 +283,13 @@ class PgConnections:
         waited = self.timeout_s if wait_s is None else wait_s
         try:
             with self.connection(waited) as conn:
-                if not transaction:
+                if lock_wait_s is not None and lock_wait_s >= self.lock_timeout_s:
+                    lock_wait_s = None  # the session's own bound is the shorter
+                if not transaction and lock_wait_s is None:
                     return fn(conn)
                 with conn.transaction():
+                    if lock_wait_s is not None:
+                        conn.execute(f"SET LOCAL lock_timeout = {_ms(lock_wait_s)}")
                     return fn(conn)
         except PoolTimeout as exc:
             raise StoreUnavailableError(f"{self.where}: no connection within {waited:g} s") from exc
@@ -266,27 +302,26 @@ class PgConnections:
         ``ALTER TABLE``, ``VACUUM FULL`` or ``LOCK TABLE`` holds); its rows.
 
         Raises:
-            StoreUnavailableError: no connection within ``wait_s``, the lock not granted
-                within it (SQLSTATE 55P03), or the connection lost.
+            StoreUnavailableError: no connection within ``wait_s``, or the connection
+                lost; StoreBusyError (one of them): the lock not granted within it.
             StoreError: any other database error.
         """
-        lock_ms = max(1, round(wait_s * 1000))
 
         def work(conn: Any) -> list[tuple[Any, ...]]:
-            conn.execute(f"SET LOCAL lock_timeout = {lock_ms}")
             rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
             return rows
 
-        return self.run(work, transaction=True, wait_s=wait_s)
+        return self.run(work, wait_s=wait_s, lock_wait_s=wait_s)
 
-    def execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
-        """Run one statement; all its rows (a statement without rows: its row count)."""
+    def execute(self, query: str, params: Any, lock_wait_s: float | None = None) -> list[tuple[Any, ...]]:
+        """Run one statement; all its rows (a statement without rows: its row count).
+        ``lock_wait_s``: as :meth:`run` takes it."""
 
         def work(conn: Any) -> list[tuple[Any, ...]]:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description is not None else [(cur.rowcount,)]
 
-        return self.run(work)
+        return self.run(work, lock_wait_s=lock_wait_s)
 
     def query(self, schema: str, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """A read-only query in ``schema`` (``%s`` placeholders): rows as dicts."""

@@ -74,6 +74,11 @@ may answer an ordinary claim)."""
 _LEAVES_IN_FLIGHT = (ClaimDisposition.RUNNING, ClaimDisposition.BLOCKED_ACTIVE_LEASE)
 
 
+def _left(until: float | None) -> float | None:
+    """Seconds left until ``until`` (monotonic; None: no bound), never below zero."""
+    return None if until is None else max(0.0, until - time.monotonic())
+
+
 RECORDS_MAX_BYTES = 64 * 1024 * 1024
 """Most batch-record text (``members``, characters) one insert statement carries: the
 records go in one array parameter, and Postgres holds any value, an array too, to 1 GB
@@ -114,6 +119,9 @@ class PostgresReceiptStore(ReceiptStore):
         connect_timeout_s: how long to wait for a connection, seconds.
         application_name: what ``pg_stat_activity`` shows for the store's connections
             (default ``tooldispatch:SCHEMA``; the listener adds ``:listen``).
+        lock_timeout_s: how long a statement waits for a lock another session holds
+            (``LOCK TABLE``, ``ALTER TABLE``, ``VACUUM FULL``), seconds, as SQLite's
+            ``busy_timeout_s``; a claim waits no longer than its callers' ``timeout_s``.
 
     Raises:
         StoreUnavailableError: the server cannot be reached (or refused us).
@@ -121,7 +129,7 @@ class PostgresReceiptStore(ReceiptStore):
         ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
 
-    capabilities = StoreCapabilities(claims_into_running=True, batch_records=True)
+    capabilities = StoreCapabilities(claims_into_running=True, batch_records=True, bounded_claims=True)
     """Claims into running, batch records; each instance adds ``parallel_calls`` (half its
     ``max_size``, 1 to 4)."""
 
@@ -135,6 +143,7 @@ class PostgresReceiptStore(ReceiptStore):
         max_size: int = 8,
         connect_timeout_s: float = 10.0,
         application_name: str | None = None,
+        lock_timeout_s: float = 30.0,
     ) -> None:
         lanes = max(1, min(4, max_size // 2))
         self.capabilities = attrs.evolve(type(self).capabilities, parallel_calls=lanes)
@@ -155,6 +164,7 @@ class PostgresReceiptStore(ReceiptStore):
             max_size=max_size,
             connect_timeout_s=connect_timeout_s,
             application_name=application_name or f"tooldispatch:{schema}",
+            lock_timeout_s=lock_timeout_s,
         )
         self._where = self._conns.where
 
@@ -210,18 +220,24 @@ class PostgresReceiptStore(ReceiptStore):
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
         running: Collection[str] = frozenset(),
+        wait_s: float | None = None,
     ) -> list[Claim]:
         unique = {request.key: request for request in reversed(requests)}
         # settled receipts: answered by one plain read (no lock); the rest are claimed
-        decided, pending = read_settled(self, org_id, list(unique.values()), mode, stale_after_s)
+        until = None if wait_s is None else time.monotonic() + wait_s
+        decided, pending = read_settled(self, org_id, list(unique.values()), mode, stale_after_s, wait_s)
         gone: set[str] = set()  # lease ids whose holder's process is known to be gone
         for _ in range(_RACED_RETRIES):
             batched: list[ClaimRequest] = []
             decided.update(
-                self._claim(org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running, batched)
+                self._claim(
+                    org_id, pending, owner, lease_ttl_s, mode, stale_after_s, gone, running, batched, until
+                )
             )
             if batched:  # recorded in a batch request: taken with the whole request, or not at all
-                decided.update(self._claim_batches(org_id, batched, owner, lease_ttl_s, mode, stale_after_s))
+                decided.update(
+                    self._claim_batches(org_id, batched, owner, lease_ttl_s, mode, stale_after_s, until)
+                )
             # Keys another transaction inserted after this statement's snapshot (or
             # deleted under it) got no answer, nor did live leases of dead holders on
             # this host: ask again for them alone (those leases now count as expired).
@@ -289,9 +305,11 @@ class PostgresReceiptStore(ReceiptStore):
         gone: set[str],
         running: Collection[str] = frozenset(),
         batched: list[ClaimRequest] | None = None,
+        until: float | None = None,
     ) -> dict[str, Claim]:
         """One claim statement; the keys it leaves to a whole batch request's claim
-        (:meth:`_claim_batches`) go to ``batched`` (their requests), unanswered."""
+        (:meth:`_claim_batches`) go to ``batched`` (their requests), unanswered. ``until``:
+        when its lock waits end (monotonic seconds; None: never)."""
         if not requests:
             return {}
         host, pid, started_at = owner_identity(owner)
@@ -322,7 +340,7 @@ class PostgresReceiptStore(ReceiptStore):
         by_key = {r.key: r for r in requests}
         seen: dict[Any, bool] = {}  # holder process -> gone, asked once per claim
         decided: dict[str, Claim] = {}
-        for row in self._execute(self._sql.claim, params):
+        for row in self._conns.execute(self._sql.claim, params, lock_wait_s=_left(until)):
             kind, now, receipt = row[0], row[1], receipt_from_row(row[2:])
             if kind == "uncertain":
                 decided[receipt.key] = Claim(decide_disposition(receipt, mode, now, stale_after_s), receipt)
@@ -369,12 +387,14 @@ class PostgresReceiptStore(ReceiptStore):
         lease_ttl_s: float,
         mode: ClaimMode,
         stale_after_s: float | None,
+        until: float | None = None,
     ) -> dict[str, Claim]:
         """Claim receipts recorded in batch requests, each with its whole request, in one
         transaction: the records read, every member's row locked (in key order, as every
         statement locks), the plan made by :func:`stores.claims.plan_claims` (as SQLite's)
         and written. A key whose row changed since the claim statement read it (gone, or
-        another batch key) is left unanswered: the caller's next pass claims it again."""
+        another batch key) is left unanswered: the caller's next pass claims it again.
+        ``until``: as :meth:`_claim` takes it."""
         sql = self._sql
 
         def work(conn: Any) -> dict[str, Claim]:
@@ -400,7 +420,7 @@ class PostgresReceiptStore(ReceiptStore):
             self._write_plan(conn, org_id, owner, plan, now, lease_ttl_s)
             return plan.decided
 
-        return self._conns.run(work, transaction=True)
+        return self._conns.run(work, transaction=True, lock_wait_s=_left(until))
 
     def _write_plan(
         self, conn: Any, org_id: str, owner: Owner, plan: ClaimPlan, now: float, ttl_s: float

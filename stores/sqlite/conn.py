@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from stores.errors import StoreCorruptError, StoreError, StoreUnavailableError
+from stores.errors import StoreBusyError, StoreCorruptError, StoreError, StoreUnavailableError
 from stores.sqlite.schema import enable_wal, migrate
 
 __all__ = ["bound_wal", "open_connection", "store_error"]
@@ -13,12 +13,20 @@ __all__ = ["bound_wal", "open_connection", "store_error"]
 _TOOBIG = 18
 """SQLite's SQLITE_TOOBIG: a string or blob over its length limit (1 GB by default)."""
 
+_BUSY = (5, 6)
+"""SQLite's SQLITE_BUSY and SQLITE_LOCKED (primary codes): another connection's lock."""
+
 
 def store_error(path: str, exc: BaseException) -> StoreError:
     """The store's error for an ``sqlite3`` error ``exc`` of the file ``path``: a
     :class:`~stores.errors.StoreError` naming it; for a value over SQLite's size limit
-    ("string or blob too big"), one saying the same write fails the same way again."""
+    ("string or blob too big"), one saying the same write fails the same way again; for
+    another connection's lock held past the busy timeout, a
+    :class:`~stores.errors.StoreBusyError`."""
     text = f"{type(exc).__name__}: {exc}"
+    code = getattr(exc, "sqlite_errorcode", None)  # (Python 3.11+; 3.10: the text alone)
+    if (code is not None and code & 0xFF in _BUSY) or "database is locked" in str(exc):
+        return StoreBusyError(f"{path}: another connection holds the file's lock: {text}")
     if getattr(exc, "sqlite_errorcode", None) == _TOOBIG or "too big" in str(exc):
         return StoreError(
             f"{path}: SQLite refused a value over its size limit (not an outage: not tried again): {text}"

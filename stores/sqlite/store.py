@@ -118,7 +118,9 @@ class SqliteReceiptStore(ReceiptStore):
         SchemaVersionError: the file was written by a newer tooldispatch.
     """
 
-    capabilities = StoreCapabilities(group_commit=True, claims_into_running=True, batch_records=True)
+    capabilities = StoreCapabilities(
+        group_commit=True, claims_into_running=True, batch_records=True, bounded_claims=True
+    )
     """Group commit, claims into running, batch records; each instance adds its ``file_path``."""
 
     def __init__(
@@ -184,14 +186,24 @@ class SqliteReceiptStore(ReceiptStore):
             self._reader = None
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, wait_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction; its ``BEGIN IMMEDIATE`` waits for another connection's
+        lock at most ``wait_s`` seconds (None: the busy timeout; never longer)."""
         conn = self._connection()
         if self._together:  # one call of write_together's transaction
             with self._savepoint(conn):
                 yield conn
             return
         conn = self._open_for_write()
-        conn.execute("BEGIN IMMEDIATE")
+        wait_ms = self._busy_ms if wait_s is None else max(0, min(self._busy_ms, int(wait_s * 1000)))
+        if wait_ms == self._busy_ms:
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         try:
             yield conn
             conn.execute("COMMIT")
@@ -330,11 +342,11 @@ class SqliteReceiptStore(ReceiptStore):
         mode: ClaimMode = ClaimMode.NORMAL,
         stale_after_s: float | None = None,
         running: Collection[str] = frozenset(),
+        wait_s: float | None = None,
     ) -> list[Claim]:
         unique = {request.key: request for request in reversed(requests)}
-        decided: dict[str, Claim] = self._call(
-            self._claim, org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s, running
-        )
+        args = (org_id, list(unique.values()), owner, lease_ttl_s, mode, stale_after_s, running, wait_s)
+        decided: dict[str, Claim] = self._call(self._claim, *args)
         return [decided[request.key] for request in requests]
 
     def _claim(
@@ -346,6 +358,7 @@ class SqliteReceiptStore(ReceiptStore):
         mode: ClaimMode,
         stale_after_s: float | None,
         running: Collection[str] = frozenset(),
+        wait_s: float | None = None,
     ) -> dict[str, Claim]:
         decided: dict[str, Claim] = {}
         if mode is not ClaimMode.FORCE_REFRESH:  # settled receipts: a plain read, no lock
@@ -354,7 +367,7 @@ class SqliteReceiptStore(ReceiptStore):
                 decided, requests = settled_by_read(requests, existing, self.clock(), mode, stale_after_s)
                 if not requests:
                     return decided
-        with self._write() as conn:
+        with self._write(wait_s) as conn:
             now = self.clock()
             existing = self._rows(conn, org_id, (r.key for r in requests))
             batches: dict[str, BatchRecord] = {}

@@ -107,7 +107,11 @@ def test_store_capabilities_defaults_on_a_store_that_declares_none(open_store: A
 def test_store_capabilities_sqlite_and_its_file(open_store: Any, db_path: Path) -> None:
     store = open_store()
     assert store.capabilities == StoreCapabilities(
-        group_commit=True, claims_into_running=True, batch_records=True, file_path=str(db_path)
+        group_commit=True,
+        claims_into_running=True,
+        batch_records=True,
+        bounded_claims=True,
+        file_path=str(db_path),
     )
     with SqliteReceiptStore(":memory:") as memory:
         assert memory.capabilities.file_path is None
