@@ -1,6 +1,7 @@
 """Where one idle call's time goes: a timeline of its hand-offs (issue 8, target e).
 
     python bench/idle_trace.py [--rounds 300]
+    python bench/idle_trace.py --bulk 20000     # hand-offs per call, idle and in a bulk
 
 One durable no-op call at a time on a new SQLite file, 2 ms idle between calls (as
 ``dispatch_bench.py --only latency``). Each step of the call's life is stamped on entry
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+import pykka
 
 try:
     import stores  # noqa: F401
@@ -33,6 +35,7 @@ except ImportError:  # run from a checkout without installing
 from actors import DispatchSystem, RunInfo, Tool
 from actors.lifecycle import Lifecycle
 from actors.queue import ActorEffects, LocalEffects
+from actors.runtime.actor import WorkerPool
 from stores import SqliteReceiptStore
 
 STEPS: dict[Any, tuple[str, ...]] = {
@@ -58,9 +61,52 @@ def _noop(input: Any, ctx: Any) -> dict[str, Any]:
     return {"ok": True}
 
 
+def _count_handoffs(bulk: int) -> None:
+    """Print the actor messages and worker tasks per call: one idle call at a time, then
+    ``bulk`` fresh calls in one ``execute_many`` (each message or task is a hand-off to
+    another thread; the caller's own wake for its result is not counted)."""
+    counts = {"messages": 0, "tasks": 0}
+
+    def counted(kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[kind] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    pykka.ActorRef.tell = counted("messages", pykka.ActorRef.tell)  # type: ignore[method-assign]
+    pykka.ActorRef.ask = counted("messages", pykka.ActorRef.ask)  # type: ignore[method-assign]
+    WorkerPool.submit = counted("tasks", WorkerPool.submit)  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as directory:
+        store = SqliteReceiptStore(os.path.join(directory, "count.db"))
+        run = RunInfo(run_id="count", org_id="bench", scope="count")
+        try:
+            with DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run) as system:
+                proxy = system.proxy()
+                proxy.execute("noop", {"i": -1}).get(timeout=30)
+                for label, shape in (("one idle call", 1), (f"a bulk of {bulk:,}", bulk)):
+                    rounds = 50 if shape == 1 else 1
+                    time.sleep(0.05)
+                    counts.update(messages=0, tasks=0)
+                    for r in range(rounds):
+                        time.sleep(0.002 if shape == 1 else 0)
+                        inputs = [{"s": shape, "r": r, "i": i} for i in range(shape)]
+                        for future in proxy.execute_many("noop", inputs):
+                            future.get(timeout=60)
+                    per = shape * rounds
+                    m, t = counts["messages"] / per, counts["tasks"] / per
+                    print(f"{label:<22} actor messages {m:7.3f}  worker tasks {t:7.3f}  both {m + t:.3f}")
+        finally:
+            store.close()
+
+
 @click.command()
 @click.option("--rounds", default=300, show_default=True, help="Idle calls timed.")
-def main(rounds: int) -> None:
+@click.option("--bulk", default=0, help="Count hand-offs per call instead: idle, and N in one execute_many.")
+def main(rounds: int, bulk: int) -> None:
+    if bulk:
+        _count_handoffs(bulk)
+        return
     log: list[tuple[str, float]] = []
     for cls, names in STEPS.items():
         for name in names:
