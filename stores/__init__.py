@@ -32,8 +32,8 @@ from stores.errors import (
     UnreadableOutputError,
 )
 from stores.inputs import MAX_INPUT_BYTES, check_input_size
-from stores.money import Money
 from stores.keys import KeyExplanation, canonical_json, explain_key, receipt_key
+from stores.money import Money
 from stores.process import ProcessIdentity, current_process_identity, process_gone
 from stores.quoting import MAX_ERROR_CHARS, brief, shorten
 from stores.rules import output_too_large_error
