@@ -312,7 +312,7 @@ class _Planner:
         receipt = Receipt(
             key, self.org_id, request.scope, request.tool_id, status, request.input_hash, output, None,
             None, lease_id, self.run_id, self.run_attempt, self.expires, attempts, created, now, completed_at,
-            generation, host, pid, started_at, input_text, batch_key,
+            generation, host, pid, started_at, input_text, batch_key, None if old is None else old.cost,
         )  # fmt: skip
         return Claim(ClaimDisposition.CLAIMED, receipt)
 

@@ -31,7 +31,8 @@ __all__ = ["FenceItem", "completion_items", "failure_items", "lease_items", "ref
 
 FenceItem = tuple[str, str, str | None, str | None]
 """(receipt key, lease id, a, b): a is the output text (complete) or the error text
-(fail, uncertain), b the failure kind; None where unused."""
+(fail, uncertain), b the cost's text (complete: ``"0.0025 USD"``, None when unknown) or
+the failure kind (fail, uncertain); None where unused."""
 
 
 def lease_items(leases: Sequence[LeaseRef]) -> list[FenceItem]:
@@ -45,8 +46,9 @@ def failure_items(failures: Sequence[Failure]) -> list[FenceItem]:
 
 
 def completion_items(completions: Sequence[Completion]) -> tuple[list[FenceItem], dict[str, Refusal]]:
-    """(items, refused): the items of a complete write, with each output as column text;
-    a key whose output the store cannot take is refused instead (no item)."""
+    """(items, refused): the items of a complete write, with each output and cost as
+    column text (a cost of None stays None); a key whose output the store cannot take is
+    refused instead (no item)."""
     items: list[FenceItem] = []
     refused: dict[str, Refusal] = {}
     for completion in completions:
@@ -54,7 +56,8 @@ def completion_items(completions: Sequence[Completion]) -> tuple[list[FenceItem]
         if why is not None:
             refused[completion.key] = why
             continue
-        items.append((completion.key, completion.lease_id, text, None))
+        cost = None if completion.cost is None else str(completion.cost)
+        items.append((completion.key, completion.lease_id, text, cost))
     return items, refused
 
 

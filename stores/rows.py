@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from stores.codec import decode_stored
+from stores.money import Money
 from stores.quoting import INPUT_TEXT_MAX_CHARS, kept_input, shorten, storable
 from stores.types import BatchRecord, FailureKind, Receipt, ReceiptStatus
 
@@ -52,6 +53,7 @@ COLUMNS = (
     "lease_owner_started_at",
     "input_text",
     "batch_key",
+    "cost",
 )
 """Column order, which is also :class:`stores.types.Receipt`'s field order."""
 
@@ -130,7 +132,9 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     generation: text or NaN set by hand), reads as ``uncertain`` (never re-run nor
     reused silently; an operator resolves it), with an error saying why and no
     ``completed_at`` (so no claim takes its output as a last good one); other numbers
-    that are not (counts, times only shown) read as their defaults."""
+    that are not (counts, times only shown) read as their defaults. A cost whose text is
+    not an amount of money (:meth:`~stores.money.Money.parse`; set by hand) reads as None
+    (unknown), never failing the read."""
     values = list(row)
     status = _STATUS_BY_VALUE.get(values[4])  # a dict hit is cheaper than the enum call
     odd = f"status {values[4]!r}" if status is None else _odd_numbers(values, status)
@@ -145,7 +149,17 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     values[6] = decode_stored(values[6])  # one damaged output never fails a bulk read
     if values[8] is not None:
         values[8] = FailureKind(values[8])
+    if values[23] is not None:
+        values[23] = _cost(values[23])
     return Receipt(*values)
+
+
+def _cost(text: Any) -> Money | None:
+    """The cost column's text as :class:`~stores.money.Money`; None when it is not one."""
+    try:
+        return Money.parse(text)
+    except ValueError:
+        return None
 
 
 def batch_row(record: BatchRecord) -> tuple[str, str, str]:

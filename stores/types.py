@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from stores.money import Money
 from stores.quoting import kept_input
 
 __all__ = [
@@ -187,6 +188,9 @@ class Completion:
     """``completed_at`` of the stored output this call refreshes, as its claim read it
     (not written: a salvage entry keeps it, so a replay knows the stored output is the
     older one when it is still that one)."""
+    cost: Money | None = None
+    """The price paid for this call's answer, written with the output (``Receipt.cost``);
+    None: unknown, or free."""
 
 
 @attrs.frozen
@@ -249,6 +253,12 @@ class Receipt:
     """The ``Idempotency-Key`` of the batch request this execution was (or is about to
     be) sent in, as recorded by ``mark_running_many`` (a :class:`BatchRecord`); None when
     it was sent alone, or not yet. Kept until a claim starts a new generation."""
+    cost: Money | None = None
+    """What the call whose output the receipt holds cost when it was paid (v5), as its
+    completion said: replaced by each completion that stores an output (a refresh paid
+    again), kept by everything else (claims, a failed or lost refresh, resolve). None:
+    unknown or free, a receipt never completed, a receipt completed before schema v5,
+    or a stored text that is not an amount of money (set by hand)."""
 
     @property
     def owner(self) -> Owner | None:

@@ -23,7 +23,7 @@ from stores.errors import SchemaVersionError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 MAX_IDENTIFIER_BYTES = 63
@@ -104,7 +104,12 @@ def _add_v4(schema: str) -> list[str]:
     ]
 
 
-_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3, 4: _add_v4}
+def _add_v5(schema: str) -> list[str]:
+    """What each receipt's call cost (as SQLite's schema v5)."""
+    return [f"ALTER TABLE {schema}.receipts ADD COLUMN cost text"]
+
+
+_MIGRATIONS = {1: _create_v1, 2: _add_v2, 3: _add_v3, 4: _add_v4, 5: _add_v5}
 
 
 def lock_id(schema_name: str) -> int:

@@ -129,7 +129,7 @@ _FENCE_SET = {
     "running_renew": "status = 'running', lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
     "renew": "lease_expires_at = clk.now + %(ttl)s, updated_at = clk.now",
     "complete": (
-        "status = 'completed', output = l.a, lease_expires_at = NULL, updated_at = clk.now, "
+        "status = 'completed', output = l.a, cost = l.b, lease_expires_at = NULL, updated_at = clk.now, "
         "completed_at = clk.now"
     ),
     # A receipt holding a previous output (a refresh) goes back to completed, its lease

@@ -30,6 +30,9 @@ input_text             TEXT     what the call was for: its canonical input, cut 
                                 4096 characters, or its tool's digest (v3; NULL in
                                 rows written before)
 batch_key              TEXT     the batch request its execution was sent in (v4)
+cost                   TEXT     what the call whose output it holds cost, as
+                                stores.Money's text ("0.0025 USD"); NULL: unknown
+                                or free, or written before (v5)
 =====================  =======  ==================================================
 
 Table ``meta`` (v2): ``name`` TEXT primary key, ``value`` INTEGER; ``purge_epoch``
@@ -60,9 +63,19 @@ import sqlite_utils
 from stores.errors import SchemaVersionError
 from stores.rows import COLUMNS
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "add_v2", "add_v3", "add_v4", "create_v1", "enable_wal", "migrate"]
+__all__ = [
+    "COLUMNS",
+    "SCHEMA_VERSION",
+    "add_v2",
+    "add_v3",
+    "add_v4",
+    "add_v5",
+    "create_v1",
+    "enable_wal",
+    "migrate",
+]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def create_v1(db: sqlite_utils.Database) -> None:
@@ -122,7 +135,13 @@ def add_v4(db: sqlite_utils.Database) -> None:
     )
 
 
-_MIGRATIONS = {1: create_v1, 2: add_v2, 3: add_v3, 4: add_v4}
+def add_v5(db: sqlite_utils.Database) -> None:
+    """Schema step 5: what each receipt's call cost (``receipts.cost``, NULL in the rows
+    already there)."""
+    db.table("receipts").add_column("cost", str)
+
+
+_MIGRATIONS = {1: create_v1, 2: add_v2, 3: add_v3, 4: add_v4, 5: add_v5}
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> None:

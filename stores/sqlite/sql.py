@@ -54,7 +54,7 @@ _READ_AHEAD = (
 _UPSERT_CLAIMS = f"""
 INSERT INTO receipts ({", ".join(COLUMNS)})
 SELECT value->>0, ?, value->>1, value->>2, value->>8, value->>3, NULL, NULL, NULL,
-       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?, value->>9, value->>10
+       value->>4, ?, ?, ?, value->>5, value->>6, ?, NULL, value->>7, ?, ?, ?, value->>9, value->>10, NULL
 FROM json_each(?) WHERE true
 ON CONFLICT (org_id, key) DO UPDATE SET
   status = excluded.status, error = NULL, failure_kind = NULL,
@@ -123,7 +123,8 @@ _SET_RUNNING = "status = 'running', updated_at = ?"
 _SET_RUNNING_RENEW = "status = 'running', lease_expires_at = ? + ?, updated_at = ?"
 _SET_RENEW = "lease_expires_at = ? + ?, updated_at = ?"
 _SET_COMPLETE = (
-    "status = 'completed', output = j.a, lease_expires_at = NULL, updated_at = ?, completed_at = ?"
+    "status = 'completed', output = j.a, cost = j.b, lease_expires_at = NULL, updated_at = ?, "
+    "completed_at = ?"
 )
 # A receipt that still holds a previous output (a refresh) goes back to completed.
 # Its lease is dropped (lease id and owner too), so the lost owner's late completion is

@@ -171,6 +171,33 @@ def edit_columns(store: ReceiptStore, key: str, assignments: str) -> None:
     _edit_sqlite(store, sql.format(t="receipts", p="?"), (ORG, key))
 
 
+ODD_COSTS = {
+    "words": "'a lot'",
+    "negative": "'-1 USD'",
+    "no-currency": "'0.25'",
+    "long-code": "'1 DOLLARS'",
+    "integer": "42",  # SQLite keeps it a number
+    "blob": "x'01'",
+}
+
+
+@pytest.mark.parametrize("odd", list(ODD_COSTS))
+def test_a_cost_that_is_not_money_reads_as_none(store: ReceiptStore, odd: str) -> None:
+    """A cost text set by hand that is not an amount of money reads as None (unknown):
+    the receipt and the other keys of the read are answered as usual."""
+    if odd in ("integer", "blob"):
+        _sqlite_only(store)
+    keys = [key_of(f"odd-cost-{i}") for i in range(3)]
+    for i, key in enumerate(keys):
+        make_completed(store, key, {"answer": i})
+    edit_columns(store, keys[1], f"cost = {ODD_COSTS[odd]}")
+    read = store.get_many(ORG, keys)
+    assert [(r.status, r.output, r.cost) for r in read] == [  # type: ignore[union-attr]
+        (ReceiptStatus.COMPLETED, {"answer": i}, None) for i in range(3)
+    ]
+    assert [c.disposition for c in claim(store, keys)] == [ClaimDisposition.REUSED] * 3
+
+
 def test_completed_receipt_without_times_fails_no_other_key_of_a_stale_claim(store: ReceiptStore) -> None:
     keys = [key_of(f"no-times-{i}") for i in range(4)]
     for i, key in enumerate(keys):

@@ -171,4 +171,4 @@ def test_cli_receipts_ls_on_a_store_from_before_inputs_were_kept(cli, tmp_path):
     shown = json.loads(cli.run("receipts", "show", "c" * 16, "--db", db).stdout)
     assert shown["input_text"] is None
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4  # opened, and migrated
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5  # opened, and migrated

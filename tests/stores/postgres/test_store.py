@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from stores import (
     Failure,
     FailureKind,
     LeaseRef,
+    Money,
     Owner,
     ReceiptStatus,
     SchemaVersionError,
@@ -264,7 +266,7 @@ def test_pg_newer_schema_refused(open_pg: Callable[..., Any], pg_url: str, pg_sc
 def test_pg_opens_a_version_2_schema_and_receipts_then_keep_their_input(
     open_pg: Callable[..., Any], pg_url: str, pg_schema: str
 ) -> None:
-    """A schema made before receipts kept their inputs (version 2) migrates to 4: its
+    """A schema made before receipts kept their inputs (version 2) migrates to 5: its
     receipts are kept and read with no input recorded; a claim writing one records it."""
     from stores.postgres.schema import _MIGRATIONS, quote_ident
 
@@ -297,11 +299,11 @@ def test_pg_opens_a_version_2_schema_and_receipts_then_keep_their_input(
     assert store.get_many(ORG, ["k"])[0].input_text == '{"domain":"lemonde.fr"}'
     with raw(pg_url) as conn:
         version = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
-    assert version == ("4",)
+    assert version == ("5",)
 
 
 @pytest.mark.parametrize("from_version", [2, 3])
-def test_pg_opens_an_older_schema_as_version_4_keeping_its_receipts(
+def test_pg_opens_an_older_schema_with_batch_records_keeping_its_receipts(
     open_pg: Callable[..., Any], pg_url: str, pg_schema: str, from_version: int
 ) -> None:
     """A schema written before issue 26 (version 2, or 3 with receipts' inputs) gains
@@ -329,7 +331,7 @@ def test_pg_opens_an_older_schema_as_version_4_keeping_its_receipts(
     store = open_pg()
     with raw(pg_url) as conn:
         (version,) = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
-    assert version == "4"
+    assert version == "5"
     (claim,) = store.claim_many(ORG, requests(["k1"]), A, lease_ttl_s=30.0)
     assert claim.disposition is ClaimDisposition.CLAIMED and claim.batch is None
     assert (claim.receipt.generation, claim.receipt.batch_key) == (1, None)
@@ -338,6 +340,47 @@ def test_pg_opens_an_older_schema_as_version_4_keeping_its_receipts(
     record = BatchRecord(key="b1", tool_id="tool", members=("k1", "k2"), inputs=("1", "2"))
     assert store.mark_running_many(ORG, leases_of([claim, *more]), A, batches=[record]).ok
     assert [r.batch_key for r in store.get_many(ORG, ["k1", "k2"])] == ["b1", "b1"]
+
+
+def test_pg_opens_a_version_4_schema_adding_cost_keeping_its_receipts(
+    open_pg: Callable[..., Any], pg_url: str, pg_schema: str
+) -> None:
+    """A schema made before receipts kept what their calls cost (version 4) gains
+    ``receipts.cost``, NULL in every receipt already there (read as None), the receipts
+    otherwise as they were; a completion from then on records its cost."""
+    from stores.postgres.schema import _MIGRATIONS, quote_ident
+
+    schema = quote_ident(pg_schema)
+    with raw(pg_url) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.meta (name text PRIMARY KEY, value text NOT NULL)")
+        for version in range(1, 5):
+            for statement in _MIGRATIONS[version](schema):
+                conn.execute(statement)
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('schema_version', '4')")
+        conn.execute(
+            f"INSERT INTO {schema}.receipts (key, org_id, scope, tool_id, status, input_hash, output, "
+            "attempts, created_at, updated_at, completed_at, generation, input_text, batch_key) VALUES "
+            "('k1', %s, 'play', 'tool', 'completed', 'h', '{\"v\":1}', 1, 1.0, 2.0, 2.0, 3, '\"a\"', 'b1')",
+            (ORG,),
+        )
+    store = open_pg()
+    with raw(pg_url) as conn:
+        (version,) = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'schema_version'").fetchone()
+    assert version == "5"
+    (old,) = store.get_many(ORG, ["k1"])
+    assert old is not None and old.cost is None
+    assert (old.status, old.output, old.completed_at) == (ReceiptStatus.COMPLETED, {"v": 1}, 2.0)
+    assert old.generation == 3
+    assert (old.input_text, old.batch_key) == ('"a"', "b1")
+    (claim,) = store.claim_many(ORG, requests(["k2"]), A, lease_ttl_s=30.0)
+    paid = Money(Decimal("0.0025"), "USD")
+    lease = claim.receipt.lease_id or ""
+    assert store.complete_many(ORG, [Completion("k2", lease, {"v": 2}, cost=paid)], A).ok
+    assert [r.cost for r in store.get_many(ORG, ["k1", "k2"])] == [None, paid]  # type: ignore[union-attr]
+    with raw(pg_url) as conn:
+        rows = conn.execute(f"SELECT key, cost FROM {schema}.receipts ORDER BY key").fetchall()
+    assert rows == [("k1", None), ("k2", "0.0025 USD")]
 
 
 def test_open_store_picks_backend(pg_url: str, pg_schema: str, tmp_path: Any) -> None:

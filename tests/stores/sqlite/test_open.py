@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from stores import (
     Failure,
     FailureKind,
     LeaseRef,
+    Money,
     Owner,
     SchemaVersionError,
     SqliteReceiptStore,
@@ -368,11 +370,11 @@ def test_sqlite_open_migrates_a_version_1_file_keeping_its_receipts(tmp_path: Pa
             "org", [ClaimRequest("a" * 64, "play", "tool", "0" * 64)], OWNER, lease_ttl_s=5
         )
         assert claim.disposition.value == "reused"
-    assert user_version(path) == SCHEMA_VERSION == 4
+    assert user_version(path) == SCHEMA_VERSION == 5
 
 
 def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_input(tmp_path: Path) -> None:
-    """A file written before receipts kept their inputs (schema 2) opens as schema 4: its
+    """A file written before receipts kept their inputs (schema 2) opens as schema 5: its
     receipts are kept and read with no input recorded; a claim writing one records it."""
     from stores.sqlite.schema import add_v2, create_v1
 
@@ -401,7 +403,7 @@ def test_sqlite_open_migrates_a_version_2_file_and_receipts_then_keep_their_inpu
         )
         assert claim.disposition.value == "claimed"
         assert store.get_many("org", ["b" * 64])[0].input_text == '{"domain":"lemonde.fr"}'  # type: ignore[union-attr]
-    assert user_version(path) == SCHEMA_VERSION == 4
+    assert user_version(path) == SCHEMA_VERSION == 5
 
 
 @pytest.mark.parametrize("version", [2, 3])
@@ -409,7 +411,7 @@ def test_sqlite_open_migrates_an_older_file_to_batch_records_keeping_its_receipt
     tmp_path: Path, version: int
 ) -> None:
     """A file written before issue 26 (schema 2, or 3 with receipts' inputs) opens as
-    schema 4: ``receipts.batch_key`` and table ``batches`` are added, its receipts kept
+    schema 5: ``receipts.batch_key`` and table ``batches`` are added, its receipts kept
     (a running one is taken over as before, alone, its input kept), and batch requests
     are recorded from then on."""
     from stores.sqlite.schema import add_v2, add_v3, create_v1
@@ -440,6 +442,41 @@ def test_sqlite_open_migrates_an_older_file_to_batch_records_keeping_its_receipt
         record = BatchRecord(key="b1", tool_id="tool", members=("k1", "k2"), inputs=("1", "2"))
         assert store.mark_running_many("org", leases, OWNER, batches=[record]).ok
         assert [r.batch_key for r in store.get_many("org", ["k1", "k2"])] == ["b1", "b1"]  # type: ignore[union-attr]
-    assert user_version(path) == SCHEMA_VERSION == 4
+    assert user_version(path) == SCHEMA_VERSION == 5
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT batch_key, tool_id FROM batches").fetchall() == [("b1", "tool")]
+
+
+def test_sqlite_open_migrates_a_version_4_file_adding_cost_keeping_its_receipts(tmp_path: Path) -> None:
+    """A file written before receipts kept what their calls cost (schema 4) opens as schema
+    5: ``receipts.cost`` is added, NULL in every receipt already there (read as None), the
+    receipts otherwise as they were; a completion from then on records its cost."""
+    from stores.sqlite.schema import add_v2, add_v3, add_v4, create_v1
+
+    path = tmp_path / "v4.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    db = sqlite_utils.Database(conn)
+    for step in (create_v1, add_v2, add_v3, add_v4):
+        step(db)
+    conn.execute("PRAGMA user_version = 4")
+    conn.execute(
+        "INSERT INTO receipts (key, org_id, scope, tool_id, status, input_hash, output, attempts, "
+        "created_at, updated_at, completed_at, generation, input_text, batch_key) VALUES "
+        "('k1', 'org', 'play', 'tool', 'completed', 'h', '{\"v\":1}', 1, 1.0, 2.0, 2.0, 3, '\"a\"', 'b1')"
+    )
+    conn.close()
+    with SqliteReceiptStore(path) as store:
+        (old,) = store.get_many("org", ["k1"])
+        assert old is not None and old.cost is None
+        assert (old.status.value, old.output, old.completed_at) == ("completed", {"v": 1}, 2.0)
+        assert old.generation == 3
+        assert (old.input_text, old.batch_key) == ('"a"', "b1")
+        (claim,) = store.claim_many("org", [ClaimRequest("k2", "play", "tool", "h")], OWNER, lease_ttl_s=30)
+        lease = claim.receipt.lease_id or ""
+        paid = Money(Decimal("0.0025"), "USD")
+        assert store.complete_many("org", [Completion("k2", lease, {"v": 2}, cost=paid)], OWNER).ok
+        assert [r.cost for r in store.get_many("org", ["k1", "k2"])] == [None, paid]  # type: ignore[union-attr]
+    assert user_version(path) == SCHEMA_VERSION == 5
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT key, cost FROM receipts ORDER BY key").fetchall()
+    assert rows == [("k1", None), ("k2", "0.0025 USD")]
