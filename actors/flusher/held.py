@@ -30,7 +30,7 @@ def request_entries(message: FlushCompletions, scope: str, reason: str) -> list[
             key=c.key, org_id=message.org_id, scope=scope, tool_id=message.tool_id,
             input_hash=message.input_hashes.get(c.key, ""), output=c.output,
             attempts=2 if message.failed else 1, first_error_at=None, error=message.failed or reason,
-            lease_id=c.lease_id, generation=c.generation, replaces=c.replaces,
+            lease_id=c.lease_id, generation=c.generation, replaces=c.replaces, cost=c.cost,
         ))  # fmt: skip
     return entries
 
@@ -97,4 +97,5 @@ class HeldOutputs:
             lease_id=member.completion.lease_id,
             generation=member.completion.generation,
             replaces=member.completion.replaces,
+            cost=member.completion.cost,
         )

@@ -33,6 +33,7 @@ import filelock
 from stores.base import MAX_OUTPUT_BYTES, ReceiptStore
 from stores.codec import UnreadableOutput, converter, decode_output, encode_output, salvage_form
 from stores.errors import InvalidOutputError, OutputNotStorableError
+from stores.money import Money
 from stores.types import (
     ClaimDisposition,
     ClaimMode,
@@ -73,6 +74,8 @@ class SalvageEntry:
         replaces: for a refresh, ``completed_at`` of the stored output it replaces, as its
             claim read it (None otherwise, and in older files): a replay puts the entry in
             place of a completed receipt's output only while that output is still this one.
+        cost: what the call cost, in :class:`stores.Money`'s text form (``"0.0025 USD"``;
+            None: unknown or free, and in older files); a replay writes it with the output.
     """
 
     receipt_key: str
@@ -89,6 +92,7 @@ class SalvageEntry:
     output_problem: str | None = None
     generation: int | None = None
     replaces: float | None = None
+    cost: str | None = None
 
 
 def _encode(entry: SalvageEntry) -> str:
@@ -299,7 +303,9 @@ class SalvageLog:
                     else:
                         todo.append(members[key])
                 for lease_owner, own in held_by.items():
-                    late_completions = [Completion(e.receipt_key, e.lease_id or "", e.output) for e in own]
+                    late_completions = [
+                        Completion(e.receipt_key, e.lease_id or "", e.output, cost=_cost(e)) for e in own
+                    ]
                     late = store.complete_many(org_id, late_completions, lease_owner)
                     completed += len(late.applied)
                     todo.extend(e for e in own if e.receipt_key in late.refused)
@@ -343,11 +349,11 @@ def _claim_and_complete(
     kept = [e for e in entries if e.receipt_key not in held]
     leases = [LeaseRef(key, lease) for key, lease in held.items() if lease]
     store.mark_running_many(org_id, leases, REPLAY_OWNER)
-    done = store.complete_many(
-        org_id,
-        [Completion(lease.key, lease.lease_id, members[lease.key].output) for lease in leases],
-        REPLAY_OWNER,
-    )
+    completions = [
+        Completion(lease.key, lease.lease_id, members[lease.key].output, cost=_cost(members[lease.key]))
+        for lease in leases
+    ]
+    done = store.complete_many(org_id, completions, REPLAY_OWNER)
     kept.extend(members[key] for key in done.refused)
     store.release(org_id, [lease for lease in leases if lease.key in done.refused], REPLAY_OWNER)
     return len(done.applied), kept
@@ -375,6 +381,15 @@ def _judged_uncertain(receipt: Receipt | None, entry: SalvageEntry) -> TypeGuard
         and entry.lease_id is not None
         and receipt.lease_id == entry.lease_id
     )
+
+
+def _cost(entry: SalvageEntry) -> Money | None:
+    """The entry's cost as Money; None when it has none, or a text that is not one (edited
+    by hand: the output is still replayed)."""
+    try:
+        return None if entry.cost is None else Money.parse(entry.cost)
+    except ValueError:
+        return None
 
 
 def _gen(entry: SalvageEntry) -> int:
@@ -407,7 +422,7 @@ class NotASalvageFileError(ValueError):
 def salvage_entry(
     *, key: str, org_id: str, scope: str, tool_id: str, input_hash: str, output: Any, attempts: int,
     first_error_at: float | None, error: str, lease_id: str | None = None, generation: int | None = None,
-    replaces: float | None = None,
+    replaces: float | None = None, cost: Money | None = None,
 ) -> SalvageEntry:  # fmt: skip
     """Build an entry (first_error_at defaults to now). An output with no exact stored
     form (not JSON, too deep, an integer beyond 4300 digits) is kept described
@@ -428,4 +443,5 @@ def salvage_entry(
         output_problem=problem,
         generation=generation,
         replaces=replaces,
+        cost=None if cost is None else str(cost),
     )

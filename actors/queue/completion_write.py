@@ -116,5 +116,5 @@ class CompletionWriter:
             key=completion.key, org_id=self.org_id, scope=self.ports.run.scope, tool_id=self.tool_id,
             input_hash=input_hashes.get(completion.key, ""), output=completion.output, attempts=1,
             first_error_at=None, error=error, lease_id=completion.lease_id, generation=completion.generation,
-            replaces=completion.replaces,
+            replaces=completion.replaces, cost=completion.cost,
         )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -14,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.flusher.held import request_entries
 from actors.flusher.salvage import REPLAY_OWNER, SalvageEntry, SalvageLog, salvage_entry
-from stores import MAX_OUTPUT_BYTES, SqliteReceiptStore
+from actors.messages import FlushCompletions
+from stores import MAX_OUTPUT_BYTES, Money, SqliteReceiptStore
 from stores.codec import encode_json
 from stores.types import (
     ClaimMode,
@@ -449,6 +452,42 @@ def test_salvage_entry_without_lease_id_still_reads(tmp_path: Path) -> None:
     )
     (entry,) = SalvageLog(path).entries()
     assert entry.lease_id is None and entry.output == {"v": 1} and entry.completion_attempts == 2
+
+
+def test_salvage_keeps_what_a_call_cost_through_the_file_and_its_replay(tmp_path: Path, store: Any) -> None:
+    """A salvaged completion's cost is written to the file (Money's text form) and by the
+    replay to the receipt, whichever way it is replayed (under the lease it was salvaged
+    from, or claimed anew); a line of an older file, without a cost, replays with none."""
+    run = Owner("run-1", 1)
+    paid, other = Money(Decimal("0.00250"), "USD"), Money(Decimal("3"), "EUR")
+    lease = _claim(store, "held", run)
+    flush = FlushCompletions(
+        org_id=ORG, owner=run, entries=(Completion("held", lease.lease_id, {"v": 1}, cost=paid),),
+        tool_id=TOOL, input_hashes={"held": "hash-held"}, reply=None,
+    )  # fmt: skip
+    log = SalvageLog(tmp_path / "salvage.jsonl")
+    log.append([*request_entries(flush, SCOPE, "store down"), _entry_costing("fresh", other)])
+    text = Path(log.path).read_text(encoding="utf-8")
+    assert '"cost":"0.00250 USD"' in text and '"cost":"3 EUR"' in text
+    with open(log.path, "a", encoding="utf-8") as fh:  # written before entries carried a cost
+        fh.write(
+            '{"receipt_key":"old","org_id":"acme","scope":"enrich","tool_id":"verify_email",'
+            '"input_hash":"hash-old","output":{"v":3},"completion_attempts":2,"first_error_at":1.5,'
+            '"error":"boom"}\n'
+        )
+    assert [e.cost for e in log.entries()] == ["0.00250 USD", "3 EUR", None]
+    assert log.replay(store).completed == 3
+    held, fresh, old = store.get_many(ORG, ["held", "fresh", "old"])
+    assert (held.output, held.cost, str(held.cost)) == ({"v": 1}, paid, "0.00250 USD")
+    assert (fresh.output, fresh.cost) == ({"v": 2}, other)
+    assert (old.status, old.output, old.cost) == (ReceiptStatus.COMPLETED, {"v": 3}, None)
+
+
+def _entry_costing(key: str, cost: Money) -> SalvageEntry:
+    return salvage_entry(
+        key=key, org_id=ORG, scope=SCOPE, tool_id=TOOL, input_hash=f"hash-{key}", output={"v": 2},
+        attempts=1, first_error_at=START, error="StoreError: disk I/O error", cost=cost,
+    )  # fmt: skip
 
 
 def test_salvage_replay_completes_under_the_lease_it_was_salvaged_from(tmp_path: Path, store: Any) -> None:
