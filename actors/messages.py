@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from stores.money import Money
 from stores.types import (
     BatchRecord,
     ClaimMode,
@@ -322,6 +323,8 @@ class ClaimHeld:
     at its callers' timeout). Calls drained meanwhile stop waiting for it."""
 
     batch: int
+    cause: BaseException | None = None
+    """The error its first attempt met (a StoreBusyError: another connection's lock)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -427,6 +430,9 @@ class UnitFinished:
     replayed: bool = False
     """The tool said the provider answered from its record of an earlier request with
     the same idempotency key (``ToolContext.mark_replayed``): not billed again."""
+    costs: tuple[Money | None, ...] = ()
+    """Per member, in unit order, what its answer cost (``actors.worker.prices``); ()
+    for an unpriced tool."""
 
 
 @attrs.frozen(kw_only=True)

@@ -122,10 +122,11 @@ class StoreCapabilities:
     :meth:`ReceiptStore.claim_many` takes a recorded batch request's members together
     (``Claim.batch``); False: the dispatcher leaves ``batches`` out, and a batch request
     cut short by a crash is not sent again as it was."""
-    bounded_claims: bool = False
-    """:meth:`ReceiptStore.claim_many` takes ``wait_s`` (its lock waits bounded by its
-    callers' ``timeout_s``); False: the dispatcher leaves it out, and the store's own
-    bound applies."""
+    bounded_waits: bool = False
+    """:meth:`ReceiptStore.claim_many`, :meth:`ReceiptStore.mark_running_many` and
+    :meth:`ReceiptStore.release` take ``wait_s`` (their lock waits bounded by their
+    callers' ``timeout_s``; ``_fence`` is given it); False: the dispatcher leaves it out,
+    and the store's own bound applies."""
     file_path: str | None = None
     """The store's database file, when it is one: files kept for a run (the salvage log)
     go beside it by default. None: not a file (a server, ``":memory:"``)."""
@@ -174,7 +175,7 @@ class ReceiptStore(abc.ABC):
             wait_s: the longest the claim waits for a lock another connection holds,
                 seconds (None: the store's own bound, SQLite's ``busy_timeout_s``,
                 Postgres's ``lock_timeout_s``); given only to a store whose
-                ``capabilities.bounded_claims``.
+                ``capabilities.bounded_waits``.
 
         Returns:
             list of Claim, same order as ``requests``. A ``CLAIMED`` receipt is
@@ -231,6 +232,7 @@ class ReceiptStore(abc.ABC):
         *,
         lease_ttl_s: float | None = None,
         batches: Sequence[BatchRecord] = (),
+        wait_s: float | None = None,
     ) -> FenceReport:
         """Move queued (or already running) receipts to ``running``, fenced.
 
@@ -244,12 +246,15 @@ class ReceiptStore(abc.ABC):
         org and key) and its members' ``batch_key`` set to its key; a record with a
         refused member is not stored at all (the caller forms its request again without
         that member).
+
+        ``wait_s``: as :meth:`claim_many` takes it (StoreBusyError past it).
         """
         op = "running" if lease_ttl_s is None else "running_renew"
         items = lease_items(leases)
-        if not batches:
-            return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s)
-        return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s, batches=batches)
+        extra: dict[str, Any] = {} if wait_s is None else {"wait_s": wait_s}
+        if batches:
+            extra["batches"] = batches
+        return self._fence(org_id, owner, op, items, {}, ttl_s=lease_ttl_s, **extra)
 
     def renew_leases(
         self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, lease_ttl_s: float
@@ -288,12 +293,16 @@ class ReceiptStore(abc.ABC):
         items = failure_items(failures)
         return self._fence(org_id, owner, "uncertain", items, {}, ReceiptStatus.UNCERTAIN)
 
-    def release(self, org_id: str, leases: Sequence[LeaseRef], owner: Owner) -> FenceReport:
+    def release(
+        self, org_id: str, leases: Sequence[LeaseRef], owner: Owner, *, wait_s: float | None = None
+    ) -> FenceReport:
         """Give receipts back (status ``pending``, no lease), fenced.
 
         A receipt holding a previous output (a refresh) goes back to ``completed``.
+        ``wait_s``: as :meth:`claim_many` takes it (StoreBusyError past it).
         """
-        return self._fence(org_id, owner, "release", lease_items(leases), {})
+        extra: dict[str, Any] = {} if wait_s is None else {"wait_s": wait_s}
+        return self._fence(org_id, owner, "release", lease_items(leases), {}, **extra)
 
     def _fence(
         self,
@@ -305,6 +314,7 @@ class ReceiptStore(abc.ABC):
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
         batches: Sequence[BatchRecord] = (),
+        wait_s: float | None = None,
     ) -> FenceReport:
         """The one statement the six fenced writes above are built on (each backend's own).
 
@@ -313,6 +323,8 @@ class ReceiptStore(abc.ABC):
         transaction; for ``running`` and ``running_renew``, stores in that transaction each
         of ``batches`` whose every member was applied and sets its members' ``batch_key``.
         ``ttl_s``: the new lease lifetime (``running_renew``, ``renew``), seconds.
+        ``wait_s``: the longest the transaction waits for another connection's lock,
+        seconds (given only with ``capabilities.bounded_waits``; StoreBusyError past it).
 
         Returns:
             The :class:`FenceReport` in the order of ``items``: keys not applied are added

@@ -18,6 +18,7 @@ import attrs
 
 from actors.lifecycle.states import GroupState, check_transition
 from actors.tool import Tool
+from stores.money import Money
 from stores.types import BatchRecord, ClaimMode, LeaseRef, Receipt
 
 __all__ = [
@@ -184,9 +185,13 @@ class Group:
     held_since: float | None = None
     """When the store held its claim to try it again (an outage), until the claim is
     answered: each caller is answered at its own timeout meanwhile."""
+    held_by: BaseException | None = None
+    """What the held claim's first attempt met (set with ``held_since``)."""
     written: Any = None
     """What its write in progress will answer (a ``Done`` or the error being recorded): a
     caller whose timeout passes meanwhile gets it then."""
+    cost: Money | None = None
+    """What its answer cost, once paid (:mod:`actors.worker.prices`), for its receipt."""
 
     @classmethod
     def of(cls, call: Call) -> Group:

@@ -203,21 +203,21 @@ class Claims:
         while it was out."""
         intake = self._intake_answered(batch)
         for group in self.s.batches.get(batch, ()):
-            group.held_since = None
+            group.held_since = group.held_by = None
         try:
             self._sort(batch, claims, error, now)
         finally:  # (whatever sorting met: the calls drained meanwhile are never left waiting)
             if intake:
                 self._next_intake()
 
-    def on_claim_held(self, batch: int, now: float) -> None:
-        """The store is away and holds the claim of ``batch`` to try it again (for its
-        callers' longest timeout): each of its callers is answered at its own timeout
-        meanwhile (``Waits.on_wait_due``), and the calls drained meanwhile stop waiting for
-        it and go in a claim of their own."""
+    def on_claim_held(self, batch: int, now: float, cause: BaseException | None = None) -> None:
+        """The store is away (``cause``: the error its first attempt met) and holds the
+        claim of ``batch`` to try it again (for its callers' longest timeout): each of its
+        callers is answered at its own timeout meanwhile (``Waits.on_wait_due``), and the
+        calls drained meanwhile stop waiting for it and go in a claim of their own."""
         for group in self.s.batches.get(batch, ()):
             if group.held_since is None and group.state is GroupState.CLAIMING:
-                group.held_since = now
+                group.held_since, group.held_by = now, cause
                 self.p.waits.time_waiters(group, -math.inf, group.calls, now)
         if self._intake_answered(batch):
             self._next_intake()

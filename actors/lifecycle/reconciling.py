@@ -23,7 +23,7 @@ from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.tool import NOT_DONE
 from stores.codec import EncodedOutput, encode_output
-from stores.errors import InvalidOutputError, OutputNotStorableError, StoreUnavailableError
+from stores.errors import InvalidOutputError, OutputNotStorableError, StoreBusyError, StoreUnavailableError
 from stores.types import Receipt
 
 __all__ = ["Waits"]
@@ -71,10 +71,13 @@ class Waits:
                         failure_kind=None,
                     ))  # fmt: skip
             elif group.held_since is not None:  # its claim is held in an outage of the store
+                cause = group.held_by
+                kind = StoreBusyError if is_a(cause, StoreBusyError) else StoreUnavailableError
+                why = f" ({error_text(cause)})" if cause is not None else ""
                 for call in group.take_late(-math.inf, now):
-                    self.fx.answer(call, StoreUnavailableError(
+                    self.fx.answer(call, kind(
                         f"the receipt store is unavailable: the claim of {key} is held to be tried "
-                        f"again; gave up at this call's timeout_s ({call.timeout_s} s)"
+                        f"again{why}; gave up at this call's timeout_s ({call.timeout_s} s)"
                     ))  # fmt: skip
             elif group.state in (GroupState.WAITING, GroupState.CLAIMING, GroupState.RECONCILING):
                 # claiming: a reclaim is out (it finds no caller); reconciling: the store's

@@ -213,8 +213,10 @@ class ReceiptStoreActor(InboxActor):
         # not merged by kind (as the lanes do): in a savepoint of its own, one request's
         # error stays its own
         started = time.monotonic()
+        waits = [_waits(self.store, m).get("wait_s") for m in calls]
+        bound = {} if None in waits else {"wait_s": max(w for w in waits if w is not None)}
         try:
-            outcomes = self.store.write_together([m.store_call() for m in calls])
+            outcomes = self.store.write_together([m.store_call() for m in calls], **bound)
         except Exception as exc:  # a store that failed the whole call: each is answered
             outcomes = [(None, exc)] * len(calls)
         for message, (value, error) in zip(calls, outcomes, strict=True):
@@ -225,14 +227,37 @@ class ReceiptStoreActor(InboxActor):
             answer(message, value, error)
 
 
+LOCK_SLICE_S = 0.5
+"""The longest one attempt of a claim, a running mark or a release waits for another
+connection's lock, seconds: a lock held longer is ridden out by attempts
+(:mod:`actors.store.outage`), so that the store's one writer (SQLite) is free between
+them for the other commands, each answered by its own deadline."""
+
+
+_BOUNDED = (ClaimReceipts, MarkRunning, ReleaseReceipts)
+"""The commands sent before anything is paid (or after nothing was): their lock waits are
+bounded by their deadlines."""
+
+
+def _waits(store: ReceiptStore, m: Any) -> dict[str, Any]:
+    """``{"wait_s": ...}``: the lock wait of command ``m``'s attempt: at most
+    :data:`LOCK_SLICE_S`, and no more than is left of its ``retry_until`` when it has one
+    (one without is answered at once: a release's cleanup has its own ladder); {} for a
+    write of paid outcomes (it waits the store's own bound) or a store without
+    ``capabilities.bounded_waits``."""
+    if type(m) not in _BOUNDED or not store.capabilities.bounded_waits:
+        return {}
+    if not m.retry_until:
+        return {"wait_s": LOCK_SLICE_S}
+    return {"wait_s": min(LOCK_SLICE_S, max(0.0, m.retry_until - time.monotonic()))}
+
+
 def _claim(store: ReceiptStore, m: ClaimReceipts) -> Any:
-    """The claim, its lock waits bounded by what is left of its ``retry_until`` (a lock
-    held past it is answered as an outage: :mod:`actors.store.outage`)."""
-    extra: dict[str, Any] = {}
+    """The claim, its lock waits bounded (:func:`_waits`; a lock held past them is
+    answered as an outage: :mod:`actors.store.outage`)."""
+    extra: dict[str, Any] = _waits(store, m)
     if m.running:
         extra["running"] = m.running
-    if m.retry_until and store.capabilities.bounded_claims:
-        extra["wait_s"] = max(0.0, m.retry_until - time.monotonic())
     return store.claim_many(
         m.org_id, m.requests, m.owner, lease_ttl_s=m.lease_ttl_s, mode=m.mode, stale_after_s=m.stale_after_s,
         **extra,
@@ -241,11 +266,13 @@ def _claim(store: ReceiptStore, m: ClaimReceipts) -> Any:
 
 PERFORM: dict[type, Callable[[ReceiptStore, Any], Any]] = {
     ClaimReceipts: _claim,
-    MarkRunning: lambda store, m: store.mark_running_many(m.org_id, m.leases, m.owner, **m.extra()),
+    MarkRunning: lambda store, m: store.mark_running_many(
+        m.org_id, m.leases, m.owner, **m.extra(), **_waits(store, m)
+    ),
     CompleteReceipts: lambda store, m: store.complete_many(m.org_id, m.completions, m.owner),
     RecordFailures: lambda store, m: store.fail_many(m.org_id, m.failures, m.owner),
     RecordUncertain: lambda store, m: store.mark_uncertain_many(m.org_id, m.failures, m.owner),
-    ReleaseReceipts: lambda store, m: store.release(m.org_id, m.leases, m.owner),
+    ReleaseReceipts: lambda store, m: store.release(m.org_id, m.leases, m.owner, **_waits(store, m)),
     ReadReceipts: lambda store, m: store.get_many(m.org_id, m.keys),
     ResolveReceipt: lambda store, m: store.resolve(m.org_id, m.key, m.action, output=m.output, note=m.note),
     ReadPurgeEpoch: lambda store, m: store.purge_epoch(),

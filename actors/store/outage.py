@@ -129,7 +129,7 @@ class StoreRetries:
         if held:
             self.timers.call_later(delay, self._again, key)
             if attempts == 1 and type(command) is ClaimReceipts:
-                _tell_held(command)
+                _tell_held(command, error)
             return None
         if not until:
             return error  # sent to be answered at once: the error as it came
@@ -185,10 +185,11 @@ class StoreRetries:
             command.reply.set_exception((type(error), error, error.__traceback__))
 
 
-def _tell_held(claim: ClaimReceipts) -> None:
-    """Tell a claim's sender (a reply that is an actor's message) its claim is held."""
+def _tell_held(claim: ClaimReceipts, error: BaseException) -> None:
+    """Tell a claim's sender (a reply that is an actor's message) its claim is held, and
+    why (``error``)."""
     reply = claim.reply
     ref, fields = getattr(reply, "ref", None), getattr(reply, "fields", None)
     if ref is not None and isinstance(fields, dict) and "batch" in fields:
         with contextlib.suppress(pykka.ActorDeadError):
-            ref.tell(ClaimHeld(batch=fields["batch"]))
+            ref.tell(ClaimHeld(batch=fields["batch"], cause=error))

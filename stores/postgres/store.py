@@ -129,7 +129,7 @@ class PostgresReceiptStore(ReceiptStore):
         ValueError: a schema name over 63 bytes (Postgres would cut it).
     """
 
-    capabilities = StoreCapabilities(claims_into_running=True, batch_records=True, bounded_claims=True)
+    capabilities = StoreCapabilities(claims_into_running=True, batch_records=True, bounded_waits=True)
     """Claims into running, batch records; each instance adds ``parallel_calls`` (half its
     ``max_size``, 1 to 4)."""
 
@@ -459,6 +459,7 @@ class PostgresReceiptStore(ReceiptStore):
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
         batches: Sequence[BatchRecord] = (),
+        wait_s: float | None = None,
     ) -> FenceReport:
         keys = [item[0] for item in items]
         applied: set[str] = set()
@@ -479,8 +480,11 @@ class PostgresReceiptStore(ReceiptStore):
             fence = self._sql.fence[op]
             if batches:
                 rows = self._conns.run(
-                    lambda conn: self._recorded(conn, fence, params, batches), transaction=True
-                )
+                    lambda conn: self._recorded(conn, fence, params, batches), transaction=True,
+                    lock_wait_s=wait_s,
+                )  # fmt: skip
+            elif wait_s is not None:
+                rows = self._conns.execute(fence, params, lock_wait_s=wait_s)
             else:
                 rows = self._execute(fence, params)
             for row in rows:

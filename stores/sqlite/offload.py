@@ -56,8 +56,20 @@ class BlockingRunner:
 
             hub = get_hub_if_exists()
             if hub is not None:
-                return hub.threadpool.apply(self._locked, (fn, *args))  # type: ignore[no-any-return]
+                # the error comes back as a value, raised here: one raised on the pool
+                # thread is printed by gevent with its traceback (a busy file, a closed
+                # store: errors the caller handles)
+                value, error = hub.threadpool.apply(self._caught, (fn, *args))
+                if error is not None:
+                    raise error
+                return value  # type: ignore[return-value]
         return self._locked(fn, *args)
+
+    def _caught(self, fn: Callable[..., T], *args: Any) -> tuple[T | None, BaseException | None]:
+        try:
+            return self._locked(fn, *args), None
+        except Exception as exc:
+            return None, exc
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:

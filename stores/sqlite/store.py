@@ -119,7 +119,7 @@ class SqliteReceiptStore(ReceiptStore):
     """
 
     capabilities = StoreCapabilities(
-        group_commit=True, claims_into_running=True, batch_records=True, bounded_claims=True
+        group_commit=True, claims_into_running=True, batch_records=True, bounded_waits=True
     )
     """Group commit, claims into running, batch records; each instance adds its ``file_path``."""
 
@@ -414,6 +414,7 @@ class SqliteReceiptStore(ReceiptStore):
         idempotent_status: ReceiptStatus | None = None,
         ttl_s: float | None = None,
         batches: Sequence[BatchRecord] = (),
+        wait_s: float | None = None,
     ) -> FenceReport:
         keys = [item[0] for item in items]
         set_sql, arity = _SET[op]
@@ -421,7 +422,7 @@ class SqliteReceiptStore(ReceiptStore):
         set_params = (now,) if arity == 1 else (now, now) if arity == 2 else (now, ttl_s, now)
 
         def work() -> FenceReport:
-            with self._write() as conn:
+            with self._write(wait_s) as conn:
                 applied: set[str] = set()
                 if items:
                     sql = _FENCE.format(set=set_sql)
@@ -448,7 +449,9 @@ class SqliteReceiptStore(ReceiptStore):
 
     # -- group commit -----------------------------------------------------------------
 
-    def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
+    def write_together(
+        self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]], *, wait_s: float | None = None
+    ) -> list[Outcome]:
         """Run fenced writes (``(method, args, kwargs)``, methods in
         :data:`~stores.base.FENCED_WRITES`) in one transaction, each in a savepoint.
 
@@ -462,6 +465,8 @@ class SqliteReceiptStore(ReceiptStore):
             savepoint only; an error that ends the whole transaction (a failed commit,
             a full disk) is every call's error, since none of them took effect.
 
+        ``wait_s``: as :meth:`_fence` takes it, for the whole transaction.
+
         Raises:
             ValueError: a method not in :data:`~stores.base.FENCED_WRITES` (nothing is run).
         """
@@ -469,13 +474,15 @@ class SqliteReceiptStore(ReceiptStore):
             if method not in FENCED_WRITES:
                 raise ValueError(f"write_together takes fenced writes only, not {method!r}")
         try:
-            return self._call(self._together_work, calls)  # type: ignore[no-any-return]
+            return self._call(self._together_work, calls, wait_s)  # type: ignore[no-any-return]
         except StoreError as exc:  # the transaction as a whole failed: no call took effect
             return [(None, exc)] * len(calls)
 
-    def _together_work(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
+    def _together_work(
+        self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]], wait_s: float | None = None
+    ) -> list[Outcome]:
         outcomes: list[Outcome] = []
-        with self._write() as conn:  # the transaction; each call's own _write a savepoint
+        with self._write(wait_s) as conn:  # the transaction; each call's own _write a savepoint
             self._together, self._undo_failed = True, False
             try:
                 for method, args, kwargs in calls:

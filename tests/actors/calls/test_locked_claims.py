@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from actors import Policy, Tool
+from actors.store.actor import LOCK_SLICE_S
 from stores import (
     ClaimRequest,
     Owner,
@@ -172,4 +173,80 @@ def test_the_stores_claim_waits_for_a_lock_no_longer_than_it_is_told(
         waiting.join(WAIT_S)
         assert released and released[0][0].receipt.key == "k1"  # taken once it was let go
     finally:
+        store.close()
+
+
+def _answered_within(future: Any, bound_s: float) -> BaseException | Any:
+    """The future's value or error, which must come within ``bound_s`` seconds."""
+    try:
+        return future.get(timeout=bound_s)
+    except pytest.fail.Exception:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ == "Timeout":
+            pytest.fail(f"no answer within {bound_s} s")
+        return exc
+
+
+def test_a_lock_taken_while_calls_wait_for_their_turn_is_bounded_by_their_timeout(
+    make_system: Any, tmp_path: Path, kind_and_schema: tuple[str, str | None]
+) -> None:
+    """Claimed, then waiting for a paced turn when the lock comes: each running mark (and
+    the release after it) rides the lock out for no longer than the calls' timeout from
+    its request (a call's timeout runs from its send: its turn comes first, one a second
+    here), never the store's 30 s; the first call is stored before the lock."""
+    from actors import Pacing
+
+    kind, schema = kind_and_schema
+    runs: list[Any] = []
+    store = _store(kind, tmp_path, schema)
+    paced = Tool(tool_id="echo", fn=_echo(runs).fn, pacing=Pacing(rps=1.0, burst=1))
+    system = make_system([paced], store=store, policy=Policy(batch_grace_s=0.0))
+    try:
+        proxy = system.proxy()
+        inputs = [{"i": i} for i in range(3)]
+        started = time.monotonic()
+        futures = proxy.execute_many("echo", inputs, timeout_s=TIMEOUT_S)
+        assert futures[0].get(timeout=WAIT_S).execution == "live"  # stored; the rest wait
+        with _locked(kind, tmp_path, schema):
+            bound_s = len(inputs) * (1.0 + TIMEOUT_S + 2 * LOCK_SLICE_S) + 1.0  # turns, marks, releases
+            answers = [_answered_within(f, bound_s) for f in futures[1:]]
+            answered_in = time.monotonic() - started
+        assert answered_in < bound_s, answered_in  # not the store's 30 s bound
+        assert len(runs) == len(set(map(str, runs))), runs  # nothing paid twice
+        assert any(isinstance(a, StoreUnavailableError) for a in answers), answers
+        # the lock gone: every call that was not answered live runs once
+        again = [proxy.execute("echo", i).get(timeout=WAIT_S).value for i in inputs]
+        assert again == [{"echo": i["i"]} for i in inputs]
+        assert sorted(r["i"] for r in runs) == [0, 1, 2]
+    finally:
+        system.stop(timeout_s=WAIT_S)
+        store.close()
+
+
+@pytest.mark.parametrize("same_tool", [True, False], ids=["same-tool", "other-tool"])
+def test_an_impatient_call_is_answered_at_its_own_timeout_behind_a_patient_claim(
+    make_system: Any, tmp_path: Path, kind_and_schema: tuple[str, str | None], same_tool: bool
+) -> None:
+    kind, schema = kind_and_schema
+    runs: list[Any] = []
+    store = _store(kind, tmp_path, schema)
+    tools = [_echo(runs), Tool(tool_id="other", fn=_echo(runs).fn)]
+    system = make_system(tools, store=store, policy=Policy(batch_grace_s=0.0))
+    try:
+        proxy = system.proxy()
+        assert proxy.execute("echo", {"i": -1}).get(timeout=WAIT_S).value == {"echo": -1}
+        with _locked(kind, tmp_path, schema):
+            patient = proxy.execute("echo", {"i": 1}, timeout_s=60.0)
+            time.sleep(0.1)
+            started = time.monotonic()
+            impatient = proxy.execute("echo" if same_tool else "other", {"i": 2}, timeout_s=TIMEOUT_S)
+            with pytest.raises(StoreUnavailableError):
+                impatient.get(timeout=WAIT_S)
+            answered_in = time.monotonic() - started
+            assert not patient.done  # still riding the lock out
+        assert answered_in < TIMEOUT_S + 1.5, answered_in
+        assert patient.get(timeout=WAIT_S).value == {"echo": 1}
+    finally:
+        system.stop(timeout_s=WAIT_S)
         store.close()

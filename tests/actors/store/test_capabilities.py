@@ -110,7 +110,7 @@ def test_store_capabilities_sqlite_and_its_file(open_store: Any, db_path: Path) 
         group_commit=True,
         claims_into_running=True,
         batch_records=True,
-        bounded_claims=True,
+        bounded_waits=True,
         file_path=str(db_path),
     )
     with SqliteReceiptStore(":memory:") as memory:
