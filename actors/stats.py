@@ -7,9 +7,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from stores.money import Money
 
 __all__ = ["PHASES", "Outages", "Stats"]
 
@@ -195,6 +197,10 @@ class Stats:
         self.per_tool: dict[str, collections.Counter[str]] = {}
         self.outages = Outages()
         """Outages of the receipt store seen by this system's calls (see :class:`Outages`)."""
+        self.spent: dict[str, Money] = {}
+        """Currency -> what the answers this system was sent cost (``Tool.price``)."""
+        self.spent_by_tool: dict[str, dict[str, Money]] = {}
+        """Tool id -> currency -> the same, per tool."""
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
         """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""
@@ -205,6 +211,14 @@ class Stats:
                 if counts is None:
                     counts = self.per_tool[tool] = collections.Counter()
                 counts[name] += n
+
+    def spend(self, costs: Sequence[Money], tool: str) -> None:
+        """Add what answers of ``tool`` cost (paid this run) to its and the system's sums."""
+        with self._lock:
+            for cost in costs:
+                for sums in (self.spent, self.spent_by_tool.setdefault(tool, {})):
+                    held = sums.get(cost.currency)
+                    sums[cost.currency] = cost if held is None else held + cost
 
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
@@ -241,6 +255,11 @@ class Stats:
         if self._hook is not None:
             out["perf_hook_dropped"] = self._hook.dropped
         return out
+
+    def snapshot_spent(self) -> dict[str, Any]:
+        """``{"total": {currency: Money}, "tools": {tool id: {currency: Money}}}``."""
+        with self._lock:
+            return {"total": dict(self.spent), "tools": {t: dict(s) for t, s in self.spent_by_tool.items()}}
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,

@@ -265,11 +265,15 @@ class DispatchSystem:
         ``latch_tripped``, ``phases`` (p50/p95 ms), ``tools`` (tool id -> its own
         counters) and ``pacing`` ("org/provider" -> current rate and how it was learnt,
         limit estimate, pauses with their Retry-After, 429s, circuit state, time waited;
-        see :func:`actors.pacing.bucket.pacing_report`).
+        see :func:`actors.pacing.bucket.pacing_report`); ``spent``: what the answers
+        this system was sent cost by their tools' prices (``Tool.price``), as
+        ``{"total": {currency: Money}, "tools": {tool id: {currency: Money}}}`` (a
+        replayed answer is not counted: it was paid before).
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["salvaged"] = self.salvage.appended  # what is in the file, however it got there
         out["tools"] = self.stats_.snapshot_tools()
+        out["spent"] = self.stats_.snapshot_spent()
         out["latch_tripped"] = self.latch.tripped
         out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()

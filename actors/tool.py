@@ -10,6 +10,7 @@ import attrs
 
 from actors.checks import check_count, check_number
 from stores.inputs import MAX_INPUT_BYTES
+from stores.money import Money
 
 __all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
 
@@ -85,6 +86,10 @@ class BatchStrategy:
             when both are given, split results are matched to members by id instead
             of by position (for providers that answer in another order); a member
             with no matching item gets ``no_result``.
+        request_price: what one batch request costs whatever its size (a
+            :class:`~stores.money.Money`), split over its members
+            (:meth:`~stores.money.Money.split`: shares that add up exactly) and added to
+            each member's own ``Tool.price``; None: nothing per request.
     """
 
     batch_fn: Callable[[Any, Any], Any]
@@ -95,10 +100,15 @@ class BatchStrategy:
     batch_operation: str = ""
     input_id: Callable[[Any], Any] | None = None
     result_id: Callable[[Any], Any] | None = None
+    request_price: Money | None = None
 
     def __attrs_post_init__(self) -> None:
         check_count("BatchStrategy.max_batch_size", self.max_batch_size)
         check_count("BatchStrategy.max_batch_bytes", self.max_batch_bytes)
+        if self.request_price is not None and not isinstance(self.request_price, Money):
+            raise ValueError(
+                f"BatchStrategy.request_price must be a stores.Money, not {self.request_price!r}"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -147,12 +157,21 @@ class Tool:
             False, nothing. The function runs on the caller's thread, when the call's
             key is made; an error it raises (or a value that is not a str) fails that
             call alone with InvalidInputError. The input hash is kept in every case.
+        price: what one answered call costs, kept on its receipt when it is paid: a
+            :class:`~stores.money.Money` (per request; for a batched tool, per member,
+            beside ``BatchStrategy.request_price``), or a function
+            ``price(input, output) -> Money`` for a price known from the answer (the
+            tokens in an LLM's usage, say), run on the worker after the call returns;
+            None: unpriced. A function that raises or returns anything but a Money
+            leaves that call's cost unknown (None) and logs a warning: the answer is
+            kept all the same.
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
             range) or is out of its range, or a count that is not a whole number in its
-            range (a concurrency of 0, say), or a ``keep_input`` that is neither a bool
-            nor a function: refused here, not on an actor's thread.
+            range (a concurrency of 0, say), a ``keep_input`` that is neither a bool
+            nor a function, or a ``price`` that is neither a Money nor a function:
+            refused here, not on an actor's thread.
     """
 
     tool_id: str
@@ -169,6 +188,7 @@ class Tool:
     credentials: Callable[[], str] | None = None
     reconcile: Callable[[Any, Any], Any] | None = None
     keep_input: bool | Callable[[Any], str] = True
+    price: Money | Callable[[Any, Any], Money] | None = None
 
     def __attrs_post_init__(self) -> None:
         check_number("Tool.timeout_s", self.timeout_s, positive=True, optional=True)
@@ -176,6 +196,11 @@ class Tool:
         if not (isinstance(self.keep_input, bool) or callable(self.keep_input)):
             raise ValueError(
                 f"Tool.keep_input must be True, False or a function input -> str, not {self.keep_input!r}"
+            )
+        if not (self.price is None or isinstance(self.price, Money) or callable(self.price)):
+            raise ValueError(
+                f"Tool.price must be a stores.Money or a function (input, output) -> Money, "
+                f"not {self.price!r}"
             )
 
     @property

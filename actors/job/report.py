@@ -21,6 +21,7 @@ from rich.text import Text
 
 from actors.job.runner import RunSummary
 from actors.job.tally import CallTally
+from stores.money import total
 
 __all__ = [
     "PHASE_NAMES", "ProgressDisplay", "completed_cell", "output_line", "progress_line", "report_table",
@@ -220,6 +221,11 @@ def report_table(
     paid_ids = [t for ids in providers.values() for t in ids]
     if paid_ids and not summed(paid_ids, "answered"):  # nothing billable: say so, plainly
         table.add_row("paid this run", _nothing_paid(summed(paid_ids, "requests"), tally))
+    spent = (stats.get("spent") or {}).get("tools", {})
+    for provider, ids in sorted(providers.items()):
+        sums = total(money for t in ids for money in spent.get(t, {}).values())
+        if sums:
+            table.add_row(f"spent at {provider} (by the tools' prices)", ", ".join(map(str, sums.values())))
     for provider, ids in sorted(providers.items()):
         sent, limited = summed(ids, "requests"), summed(ids, "backpressure")
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")

@@ -111,7 +111,9 @@ class Finisher:
             self.conclude(unit, None, error, now)
             return
         self._report(unit, None, msg.sent_at, msg.replayed)
-        self.conclude(unit, msg.members, None, now)
+        if msg.costs and not msg.replayed:  # paid now (a replayed answer was paid before)
+            self.fx.spend([cost for cost in msg.costs if cost is not None])
+        self.conclude(unit, msg.members, None, now, costs=msg.costs)
 
     def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
         """Its worker sent nothing: the last check before the request refused it
@@ -334,9 +336,11 @@ class Finisher:
         error: BaseException | None,
         now: float,
         uncertain: bool = False,
+        costs: tuple[Any, ...] = (),
     ) -> None:
-        """The unit's last attempt is over: persist values, record or release the rest
-        (``uncertain``: failures are recorded uncertain whatever the tool)."""
+        """The unit's last attempt is over: persist values (with what each cost:
+        ``costs``, per member), record or release the rest (``uncertain``: failures are
+        recorded uncertain whatever the tool)."""
         for queue in (self.s.pending, self.s.pending_exempt):
             if unit.queued and unit in queue:
                 queue.remove(unit)
@@ -354,6 +358,7 @@ class Finisher:
             elif not self.tool.durable:
                 self.p.exits.settle(group, Done(plain_value(text), "live"))
             else:
+                group.cost = costs[i] if i < len(costs) else None
                 values.append((group, text))
         if not self.tool.durable:
             for group, exc in failed:

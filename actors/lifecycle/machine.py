@@ -197,6 +197,7 @@ class Lifecycle:
                     EncodedOutput(t),
                     g.receipt.generation,
                     g.receipt.completed_at,
+                    cost=g.cost,
                 )
                 for g, t in values
                 if g.receipt
@@ -252,7 +253,7 @@ class Lifecycle:
 _HANDLERS: dict[type, Callable[[Assembled, Any, float], object]] = {
     UnitFinished: lambda p, m, now: p.finisher.on_finished(m, now),
     ReceiptsClaimed: lambda p, m, now: p.claims.on_claimed(m.batch, m.value, m.error, now),
-    ClaimHeld: lambda p, m, now: p.claims.on_claim_held(m.batch, now),
+    ClaimHeld: lambda p, m, now: p.claims.on_claim_held(m.batch, now, m.cause),
     CompletionsPersisted: lambda p, m, now: p.persister.on_persisted(m.batch, m.value, m.error, now),
     RunningMarked: lambda p, m, now: p.admission.on_marked(m.batch, m.value, m.error, now),
     FailuresRecorded: lambda p, m, now: p.persister.on_failures_recorded(m.batch, m.value, m.error, now),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -26,6 +27,7 @@ from actors.runtime.futures import fail
 from actors.runtime.gathering import Gathering
 from actors.worker.attempt import attempt
 from stores.codec import EncodedOutput
+from stores.money import Money
 
 if TYPE_CHECKING:
     from actors.queue.system_ports import Ports
@@ -175,6 +177,10 @@ class LocalEffects:
     def count(self, name: str, n: int = 1) -> None:
         if n:  # n < 0 for gauges (waiting_on_owner)
             self.ports.stats.add(name, n, tool=self.tool.tool_id)
+
+    def spend(self, costs: Sequence[Money]) -> None:
+        if costs:
+            self.ports.stats.spend(costs, tool=self.tool.tool_id)
 
     def salvage_path(self) -> str:
         return str(self.ports.salvage.path)

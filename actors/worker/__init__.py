@@ -1,4 +1,5 @@
-"""What runs on the worker pool: one attempt of a provider call and the last check before it is sent."""
+"""What runs on the worker pool: one attempt of a provider call, the last check before it is
+sent, and what its answers cost."""
 
 from actors.worker.attempt import attempt, split_members
 from actors.worker.launch import Launch

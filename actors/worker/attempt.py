@@ -3,8 +3,9 @@
 The lifecycle never waits for a tool. It hands :func:`attempt` to the pool; the
 attempt builds the tool's context, calls the tool (or the batch operation), splits a
 batch result per member and encodes every member's output on the worker (so a value
-that cannot be serialised fails its own member, off every actor), then tells the tool
-queue actor :class:`~actors.messages.UnitFinished`.
+that cannot be serialised fails its own member, off every actor), works out what each
+answer cost (:mod:`actors.worker.prices`), then tells the tool queue actor
+:class:`~actors.messages.UnitFinished`.
 
 Also here: how an error is classified (:func:`failure_kind_for`, :func:`transient`)
 and how a batch result is split (:func:`split_members`).
@@ -30,6 +31,7 @@ from actors.lifecycle.attempts import AttemptSpec, PlainValue
 from actors.messages import UnitFinished
 from actors.runtime.nesting import enter_keys, leave_keys, relayed_here
 from actors.tool import Tool
+from actors.worker.prices import member_costs
 from stores.codec import encode_output
 from stores.errors import InvalidOutputError, OutputNotStorableError
 from stores.types import FailureKind
@@ -189,9 +191,11 @@ def attempt(
     finally:
         leave_keys(token, nest)
     members: list[tuple[Any, BaseException | None]]
+    costs: tuple[Any, ...] = ()
     try:
         if spec.durable:
             members = [_encode(v) for v in values]
+            costs = member_costs(tool, spec.inputs, values, spec.batched)
         else:
             members = [(None, v) if is_a(v, BaseException) else (PlainValue(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
@@ -203,7 +207,7 @@ def attempt(
         return
     tell(UnitFinished(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed,
-        replayed=spec.context.replayed,
+        replayed=spec.context.replayed, costs=costs,
     ))  # fmt: skip
 
 

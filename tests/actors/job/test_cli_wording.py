@@ -348,3 +348,25 @@ def test_count_rows_reads_a_file_as_read_rows_does(tmp_path: Path) -> None:
     path.write_text(json.dumps("a") + "\r\u00a0\r" + json.dumps("b") + "\r", encoding="utf-8")
 
     assert count_rows(str(path)) == sum(1 for _ in read_rows(str(path))) == 2
+
+
+def test_cli_report_shows_what_was_spent_by_the_tools_prices(cli: Any, tmp_path: Path) -> None:
+    play = tmp_path / "priced_play.py"
+    play.write_text(
+        "from stores import Money\n"
+        "from actors import Tool\n"
+        "tools = [Tool(tool_id='verify', provider='acme', fn=lambda input, ctx: input,\n"
+        "              price=Money('0.002', 'USD'))]\n"
+        "def play(row, ctx):\n"
+        "    return ctx.tool('verify', {'row': row})\n",
+        encoding="utf-8",
+    )
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a\nb\nc\nd\n", encoding="utf-8")
+    run = ("run", play, "--input", rows, "--db", tmp_path / "r.db")
+
+    first = cli.report(cli.run(*run).stderr)
+    again = cli.report(cli.run(*run).stderr)
+
+    assert first["spent at acme (by the tools' prices)"] == "0.008 USD", first
+    assert "spent at acme (by the tools' prices)" not in again, again  # a rerun spends nothing

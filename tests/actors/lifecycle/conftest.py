@@ -100,6 +100,7 @@ class FakeEffects:
         self.requeued: list[Call] = []
         self.salvaged: list[tuple[str, str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
+        self.spent: list[Any] = []
         self.memo: dict[str, tuple[str, bool]] = {}
         self.owes: set[str] = set()
         self.release_batches: list[int] = []
@@ -232,6 +233,9 @@ class FakeEffects:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
+
+    def spend(self, costs: Any) -> None:
+        self.spent.extend(costs)
 
     def remember(self, key: str, text: str, cached: bool) -> None:
         self.memo[key] = (text, cached)
