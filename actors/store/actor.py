@@ -213,10 +213,12 @@ class ReceiptStoreActor(InboxActor):
         # not merged by kind (as the lanes do): in a savepoint of its own, one request's
         # error stays its own
         started = time.monotonic()
-        waits = [_waits(self.store, m).get("wait_s") for m in calls]
-        bound = {} if None in waits else {"wait_s": max(w for w in waits if w is not None)}
+        together = []
+        for m in calls:  # each bounded write says its wait (the transaction takes the longest)
+            method, args, kwargs = m.store_call()
+            together.append((method, args, {**kwargs, **_waits(self.store, m)}))
         try:
-            outcomes = self.store.write_together([m.store_call() for m in calls], **bound)
+            outcomes = self.store.write_together(together)
         except Exception as exc:  # a store that failed the whole call: each is answered
             outcomes = [(None, exc)] * len(calls)
         for message, (value, error) in zip(calls, outcomes, strict=True):
@@ -239,17 +241,24 @@ _BOUNDED = (ClaimReceipts, MarkRunning, ReleaseReceipts)
 bounded by their deadlines."""
 
 
+def _wait_s(store: ReceiptStore, m: Any) -> float | None:
+    """The lock wait of command ``m``'s attempt, seconds: at most :data:`LOCK_SLICE_S`, and
+    no more than is left of its ``retry_until`` when it has one (one without is answered
+    at once: a release's cleanup has its own ladder); None for a write of paid outcomes
+    (it waits the store's own bound) or a store without ``capabilities.bounded_waits``."""
+    capabilities = getattr(store, "capabilities", None)
+    if type(m) not in _BOUNDED or capabilities is None or not capabilities.bounded_waits:
+        return None
+    until = float(m.retry_until)
+    if not until:
+        return LOCK_SLICE_S
+    return min(LOCK_SLICE_S, max(0.0, until - time.monotonic()))
+
+
 def _waits(store: ReceiptStore, m: Any) -> dict[str, Any]:
-    """``{"wait_s": ...}``: the lock wait of command ``m``'s attempt: at most
-    :data:`LOCK_SLICE_S`, and no more than is left of its ``retry_until`` when it has one
-    (one without is answered at once: a release's cleanup has its own ladder); {} for a
-    write of paid outcomes (it waits the store's own bound) or a store without
-    ``capabilities.bounded_waits``."""
-    if type(m) not in _BOUNDED or not store.capabilities.bounded_waits:
-        return {}
-    if not m.retry_until:
-        return {"wait_s": LOCK_SLICE_S}
-    return {"wait_s": min(LOCK_SLICE_S, max(0.0, m.retry_until - time.monotonic()))}
+    """``{"wait_s": ...}`` (:func:`_wait_s`), or {} when it is None."""
+    wait = _wait_s(store, m)
+    return {} if wait is None else {"wait_s": wait}
 
 
 def _claim(store: ReceiptStore, m: ClaimReceipts) -> Any:

@@ -449,9 +449,7 @@ class SqliteReceiptStore(ReceiptStore):
 
     # -- group commit -----------------------------------------------------------------
 
-    def write_together(
-        self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]], *, wait_s: float | None = None
-    ) -> list[Outcome]:
+    def write_together(self, calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[Outcome]:
         """Run fenced writes (``(method, args, kwargs)``, methods in
         :data:`~stores.base.FENCED_WRITES`) in one transaction, each in a savepoint.
 
@@ -465,7 +463,9 @@ class SqliteReceiptStore(ReceiptStore):
             savepoint only; an error that ends the whole transaction (a failed commit,
             a full disk) is every call's error, since none of them took effect.
 
-        ``wait_s``: as :meth:`_fence` takes it, for the whole transaction.
+        The transaction waits for another connection's lock as long as the longest
+        ``wait_s`` among the calls' keyword arguments, or the busy timeout when a call
+        gives none.
 
         Raises:
             ValueError: a method not in :data:`~stores.base.FENCED_WRITES` (nothing is run).
@@ -474,6 +474,8 @@ class SqliteReceiptStore(ReceiptStore):
             if method not in FENCED_WRITES:
                 raise ValueError(f"write_together takes fenced writes only, not {method!r}")
         try:
+            waits = [kwargs.get("wait_s") for _, _, kwargs in calls]
+            wait_s = None if None in waits else max(w for w in waits if w is not None)
             return self._call(self._together_work, calls, wait_s)  # type: ignore[no-any-return]
         except StoreError as exc:  # the transaction as a whole failed: no call took effect
             return [(None, exc)] * len(calls)
