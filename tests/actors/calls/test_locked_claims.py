@@ -31,6 +31,7 @@ from stores import (
 
 from ..conftest import WAIT_S
 from .test_lease_cleanup import PG_URL, pg_schema
+from .test_locked_table import _table_locked
 
 __all__ = ["pg_schema"]  # the fixture, used by name
 
@@ -48,20 +49,6 @@ def _file_locked(path: Path) -> Iterator[None]:
         yield
     finally:
         conn.execute("ROLLBACK")
-        conn.close()
-
-
-@contextlib.contextmanager
-def _table_locked(schema: str) -> Iterator[None]:
-    """The schema's receipts table held ``ACCESS EXCLUSIVE`` by another session."""
-    import psycopg
-
-    conn = psycopg.connect(PG_URL)
-    try:
-        conn.execute(f'LOCK TABLE "{schema}".receipts IN ACCESS EXCLUSIVE MODE')
-        yield
-    finally:
-        conn.rollback()
         conn.close()
 
 
