@@ -218,7 +218,10 @@ class Stats:
             for cost in costs:
                 for sums in (self.spent, self.spent_by_tool.setdefault(tool, {})):
                     held = sums.get(cost.currency)
-                    sums[cost.currency] = cost if held is None else held + cost
+                    try:
+                        sums[cost.currency] = cost if held is None else held + cost
+                    except ValueError as exc:  # past Money's bound: the sum stays as it was
+                        log.warning("%s: what it spent is past what a sum can hold: %s", tool, exc)
 
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""

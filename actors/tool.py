@@ -164,14 +164,17 @@ class Tool:
             tokens in an LLM's usage, say), run on the worker after the call returns;
             None: unpriced. A function that raises or returns anything but a Money
             leaves that call's cost unknown (None) and logs a warning: the answer is
-            kept all the same.
+            kept all the same. It runs before the answer is handed back, so its time
+            counts in the call's ``timeout_s``: keep it quick. Not for a tool with
+            ``durable=False`` (local and free: ValueError).
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
             range) or is out of its range, or a count that is not a whole number in its
             range (a concurrency of 0, say), a ``keep_input`` that is neither a bool
-            nor a function, or a ``price`` that is neither a Money nor a function:
-            refused here, not on an actor's thread.
+            nor a function, or a ``price`` that is neither a Money nor a function (or
+            is given to a tool with ``durable=False``): refused here, not on an actor's
+            thread.
     """
 
     tool_id: str
@@ -196,6 +199,11 @@ class Tool:
         if not (isinstance(self.keep_input, bool) or callable(self.keep_input)):
             raise ValueError(
                 f"Tool.keep_input must be True, False or a function input -> str, not {self.keep_input!r}"
+            )
+        if self.price is not None and not self.durable:
+            raise ValueError(
+                f"Tool {self.tool_id!r}: a price on a tool with durable=False (local and free, no "
+                "receipt to keep its cost): make it durable, or leave the price out"
             )
         if not (self.price is None or isinstance(self.price, Money) or callable(self.price)):
             raise ValueError(

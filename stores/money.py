@@ -17,12 +17,19 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Money", "total"]
+__all__ = ["MAX_AMOUNT", "MAX_PLACES", "Money", "total"]
 
 _CODE = re.compile(r"[A-Z]{3}")
 _TEXT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]{3})\s*")
 _SHARE_PLACES = Decimal("1e-12")
 """The finest unit a split share is rounded to (shares still add up to the whole)."""
+MAX_AMOUNT = Decimal("1e15")
+"""Amounts are below this (a quadrillion units)..."""
+MAX_PLACES = 18
+"""...with at most this many decimal places: so every sum and share here is exact."""
+_EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow, decimal.InvalidOperation])
+"""The arithmetic of amounts: 80 digits hold a billion sums of the largest amount at the
+finest places; anything inexact raises rather than rounds."""
 
 
 def _amount(value: Any) -> Decimal:
@@ -37,7 +44,12 @@ def _amount(value: Any) -> Decimal:
         raise ValueError(f"not a decimal amount: {value!r}") from None
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"a money amount must be finite and at least 0, not {value!r}")
-    return amount
+    if amount >= MAX_AMOUNT or -int(amount.as_tuple().exponent) > MAX_PLACES:
+        raise ValueError(
+            f"a money amount must be below {MAX_AMOUNT:f} with at most {MAX_PLACES} decimal places, "
+            f"not {value!r}"
+        )
+    return amount.copy_abs()  # (-0 is 0)
 
 
 def _currency(value: Any) -> str:
@@ -55,8 +67,9 @@ class Money:
         currency: an ISO 4217 alphabetic code (``"USD"``).
 
     Raises:
-        ValueError: a float, NaN, infinity, a negative amount, or a code that is not
-            three capital letters.
+        ValueError: a float, NaN, infinity, a negative amount, one of
+            :data:`MAX_AMOUNT` or more or with more than :data:`MAX_PLACES` decimal
+            places, or a code that is not three capital letters.
     """
 
     amount: Decimal = attrs.field(converter=_amount)
@@ -79,22 +92,31 @@ class Money:
         return f"{self.amount:f} {self.currency}"
 
     def __add__(self, other: Money) -> Money:
-        """The sum of two amounts of one currency.
+        """The sum of two amounts of one currency, exact.
 
         Raises:
-            ValueError: the currencies differ.
+            ValueError: the currencies differ, or the sum reaches :data:`MAX_AMOUNT`.
         """
         if not isinstance(other, Money):
             return NotImplemented
         if other.currency != self.currency:
             raise ValueError(f"cannot add {other.currency} to {self.currency}")
-        return Money(self.amount + other.amount, self.currency)
+        return Money(_EXACT.add(self.amount, other.amount), self.currency)
 
     def __mul__(self, times: int | Decimal) -> Money:
-        """This amount ``times`` times (an int or Decimal, at least 0)."""
+        """This amount ``times`` times (an int or Decimal, at least 0), exact.
+
+        Raises:
+            ValueError: the product reaches :data:`MAX_AMOUNT` or has more than
+                :data:`MAX_PLACES` decimal places.
+        """
         if isinstance(times, bool) or not isinstance(times, (int, Decimal)):
             return NotImplemented
-        return Money(self.amount * times, self.currency)
+        try:
+            product = _EXACT.multiply(self.amount, Decimal(times))
+        except decimal.DecimalException:
+            raise ValueError(f"{self} times {times} is not an amount of money") from None
+        return Money(product, self.currency)
 
     __rmul__ = __mul__
 
@@ -108,12 +130,12 @@ class Money:
         """
         if n < 1:
             raise ValueError(f"split into at least one share, not {n}")
-        steps = int((self.amount / _SHARE_PLACES).to_integral_value(decimal.ROUND_FLOOR))
+        steps = int(_EXACT.divide(self.amount, _SHARE_PLACES).to_integral_value(decimal.ROUND_FLOOR))
         base, extra = divmod(steps, n)
-        rest = self.amount - steps * _SHARE_PLACES  # finer than a step: the first share's
-        shares = [(base + (1 if i < extra else 0)) * _SHARE_PLACES for i in range(n)]
-        shares[0] += rest
-        return [Money(share.normalize() if share else Decimal(0), self.currency) for share in shares]
+        rest = _EXACT.subtract(self.amount, _EXACT.multiply(Decimal(steps), _SHARE_PLACES))
+        shares = [_EXACT.multiply(Decimal(base + (1 if i < extra else 0)), _SHARE_PLACES) for i in range(n)]
+        shares[0] = _EXACT.add(shares[0], rest)  # finer than a step: the first share's
+        return [Money(_EXACT.normalize(share) if share else Decimal(0), self.currency) for share in shares]
 
 
 def total(amounts: Iterable[Money]) -> dict[str, Money]:

@@ -62,7 +62,7 @@ def _own(tool: Tool, price: Any, input: Any, output: Any) -> Money | None:
         return price
     try:
         cost = price(input, output)
-    except Exception as exc:
+    except Exception as exc:  # (a Money past its bound raises ValueError: the same)
         _warn(tool, "raised", "its price function raised %s: %s", type_name(exc), error_text(exc))
         return None
     if not isinstance(cost, Money):
@@ -76,8 +76,6 @@ def _sum(tool: Tool, own: Money | None, share: Money | None) -> Money | None:
         return own if share is None else share
     try:
         return own + share
-    except ValueError:
-        _warn(
-            tool, "currencies", "its price is in %s and its request price in %s", own.currency, share.currency
-        )
+    except ValueError:  # two currencies, or a sum past Money's bound
+        _warn(tool, "sum", "its price (%s) and its share of the request price (%s) do not add up", own, share)
         return None

@@ -65,3 +65,34 @@ def test_shares_add_up_to_the_whole_exactly(amount: Decimal, n: int) -> None:
 def test_a_split_into_no_shares_is_refused() -> None:
     with pytest.raises(ValueError):
         Money(1, "USD").split(0)
+
+
+@pytest.mark.parametrize("amount", ["9e999999", "1e15", "1e-19", "12345678901234567.999999999999"])
+def test_amounts_past_the_bounds_are_refused(amount: str) -> None:
+    with pytest.raises(ValueError, match="below"):
+        Money(amount, "USD")
+
+
+def test_minus_zero_is_zero_and_survives_its_text() -> None:
+    assert str(Money("-0", "USD")) == "0 USD"
+    assert Money.parse(str(Money("-0.000", "USD"))) == Money(0, "USD")
+
+
+def test_sums_and_products_past_the_bound_are_refused_not_rounded() -> None:
+    big = Money("999999999999999.999999999999999999", "USD")
+    with pytest.raises(ValueError):
+        big + big
+    with pytest.raises(ValueError):
+        Money("0.000000000000000001", "USD") * Decimal("0.5")
+
+
+@given(
+    st.decimals(min_value=0, max_value=Decimal("999999999999999.999999999999999999"), places=18),
+    st.integers(1, 1000),
+)
+def test_shares_of_the_largest_amounts_add_up_exactly(amount: Decimal, n: int) -> None:
+    import decimal
+
+    shares = Money(amount, "USD").split(n)
+    with decimal.localcontext(decimal.Context(prec=80)):
+        assert sum((share.amount for share in shares), Decimal(0)) == amount

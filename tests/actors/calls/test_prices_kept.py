@@ -91,3 +91,16 @@ def test_a_price_that_raises_keeps_the_answer_and_leaves_its_cost_unknown(
     (receipt,) = read_receipts([key_of(tool, {"i": 1})])
     assert receipt.output == result.value and receipt.cost is None
     assert system.stats()["spent"]["total"] == {}
+
+
+def test_spend_past_what_a_sum_holds_loses_no_answer(
+    make_system: Any, read_receipts: Any, key_of: Any
+) -> None:
+    big = Money("999999999999999", USD)
+    tool = Tool(tool_id="dear", fn=_echo, price=big)
+    inputs = [{"i": i} for i in range(3)]
+    system = make_system([tool])
+    results = [f.get(timeout=WAIT_S) for f in system.proxy().execute_many("dear", inputs)]
+    assert [r.execution for r in results] == ["live"] * 3
+    assert [r.cost for r in read_receipts([key_of(tool, i) for i in inputs])] == [big] * 3
+    assert system.stats()["spent"]["total"] == {USD: big}  # the sums past the bound are left out

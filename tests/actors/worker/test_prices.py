@@ -88,3 +88,16 @@ def test_a_price_that_is_neither_money_nor_a_function_is_refused_at_once(price: 
         Tool(tool_id="t", fn=_fn, price=price)
     with pytest.raises(ValueError, match="request_price"):
         BatchStrategy(batch_fn=_fn, max_batch_size=2, request_price=price)
+
+
+def test_a_price_on_a_tool_without_receipts_is_refused() -> None:
+    with pytest.raises(ValueError, match="durable=False"):
+        Tool(tool_id="local", fn=_fn, durable=False, price=Money("7", USD))
+
+
+def test_a_sum_past_the_bound_leaves_the_cost_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    big = Money("999999999999999", USD)
+    tool = Tool(tool_id="huge", fn=_fn, price=big, batch=_batch(big))
+    with caplog.at_level(logging.DEBUG, logger="actors.worker.prices"):
+        assert member_costs(tool, [1], ["a"], batched=True) == (None,)
+    assert "do not add up" in caplog.text
