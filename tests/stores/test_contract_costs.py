@@ -34,7 +34,7 @@ PAID = Money(Decimal("0.0025"), "USD")
 EXACT = {
     "trailing-zeros": Money(Decimal("0.00250"), "USD"),
     "tiny": Money(Decimal("1E-12"), "USD"),
-    "large": Money(Decimal("123456789012345678901234.567890123456789"), "EUR"),
+    "large": Money(Decimal("999999999999999.999999999999999999"), "EUR"),  # the largest, finest
     "zero": Money(Decimal("0"), "JPY"),
     "own-unit": Money(Decimal("3"), "CRD"),
 }
