@@ -64,6 +64,7 @@ from stores.codec import decode_output
 from stores.errors import StoreUnavailableError
 from stores.inputs import sent_size_bytes
 from stores.keys import key_maker, key_of_hash_maker
+from stores.money import Money
 from stores.quoting import brief
 from stores.rows import INPUT_TEXT_MAX_CHARS
 from stores.types import ClaimMode
@@ -182,7 +183,7 @@ class Intake:
         """Tool id -> its rerun's receipts read ahead into its memo (made at the first rerun)."""
         self._waiting: dict[str, Gathering[Call]] = {tool_id: Gathering() for tool_id in tools}
         """Tool id -> calls submitted, not yet taken by its queue actor (:meth:`submit`)."""
-        self._remember: dict[str, tuple[float, list[tuple[str, str]], int]] = {}
+        self._remember: dict[str, tuple[float, list[tuple[str, str, Money | None]], int]] = {}
         self._remember_lock = threading.Lock()
         self._makers: dict[tuple[str, str, float | None], Callable[[Any], tuple[str, str, bytes]]] = {}
 
@@ -297,6 +298,7 @@ class Intake:
         futures: list[Any] = []
         misses: list[tuple[int, Any, str, str, bytes]] = []  # (index, input, key, input hash, canonical)
         errors = cached = 0
+        saved: list[Money] = []  # what the calls answered from receipts cost when paid
         for input in inputs:
             try:
                 key, input_hash, canonical = make(input)
@@ -329,7 +331,11 @@ class Intake:
                         futures.append(
                             resolved_future(ToolResult.of(value, "live" if live else "cached", key, tool_id))
                         )
-                        cached += not live
+                        if not live:
+                            cached += 1
+                            cost = memo.cost_of(key)  # type: ignore[union-attr]
+                            if cost is not None:
+                                saved.append(cost)
                         continue
             misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
@@ -343,7 +349,7 @@ class Intake:
             # what the memo would answer, for calls that come a few at a time (one read
             # answers a bulk of them already)
             ahead_ok = recall is not None and stale_after_s is None and len(misses) < READ_FIRST
-            misses, lives = self._from_store(tool, misses, futures, stale_after_s, read_ahead=ahead_ok)
+            misses, lives = self._from_store(tool, misses, futures, stale_after_s, saved, read_ahead=ahead_ok)
             cached += before - len(misses) - lives
         calls: list[Call] = []
         for index, input, key, input_hash, canonical in misses:
@@ -381,6 +387,8 @@ class Intake:
             stats.add("errors", errors, tool=tool_id)
         if cached:
             stats.add("cached", cached, tool=tool_id)
+        if saved:
+            stats.save(saved, tool=tool_id)
         if calls:
             self.submit(tool_id, calls)
         return futures
@@ -391,10 +399,12 @@ class Intake:
         misses: list[tuple[int, Any, str, str, bytes]],
         futures: list[Any],
         stale_after_s: float | None,
+        saved: list[Money],
         read_ahead: bool = False,
     ) -> tuple[list[tuple[int, Any, str, str, bytes]], int]:
         """Answer the calls whose receipts a plain read of the store finds completed (a
-        cold rerun): their ``futures`` slots get resolved futures; returns the misses left
+        cold rerun): their ``futures`` slots get resolved futures, and what those answers
+        cost when paid is added to ``saved``; returns the misses left
         for the tool's queue, and how many answers were ``live`` (a receipt this system
         completed with no caller answered: :meth:`actors.queue.memo.Memo.owe`).
 
@@ -438,7 +448,7 @@ class Intake:
             if ahead is not None:
                 ahead.noticed(list(found))
         salvaged = self._salvaged(found)
-        texts: dict[str, str] = {}
+        texts: dict[str, tuple[str, Money | None]] = {}
         left: list[tuple[int, Any, str, str, bytes]] = []
         memo, live = self.memos.get(tool_id), 0
         for miss in misses:
@@ -452,9 +462,11 @@ class Intake:
             except Exception:
                 left.append(miss)
                 continue
-            texts[key] = stored[1]
+            texts[key] = (stored[1], stored[2])
             owed = memo is not None and memo.take_owed(key)  # completed here, no caller told
             live += owed
+            if not owed and stored[2] is not None:
+                saved.append(stored[2])
             futures[index] = resolved_future(ToolResult.of(value, "live" if owed else "cached", key, tool_id))
         if texts and self.memos[tool_id].max_bytes:
             self._remember_later(tool_id, texts, forgets)
@@ -497,15 +509,15 @@ class Intake:
         except OSError:
             return set()
 
-    def _remember_later(self, tool_id: str, texts: dict[str, str], forgets: int) -> None:
-        """Give ``texts`` (key -> output text, read when the memo's ``forgets`` was
+    def _remember_later(self, tool_id: str, texts: dict[str, tuple[str, Money | None]], forgets: int) -> None:
+        """Give ``texts`` (key -> (output text, its cost), read when the memo's ``forgets`` was
         ``forgets``) to the tool's memo, gathered: one message per :data:`REMEMBER_EVERY`
         outputs or :data:`REMEMBER_AFTER_S` (at the next read that finds some), so lone
         calls of a rerun do not each cost the queue actor a message."""
         now = time.monotonic()
         with self._remember_lock:
             since, entries, first = self._remember.get(tool_id) or (now, [], forgets)
-            entries.extend(texts.items())
+            entries.extend((key, text, cost) for key, (text, cost) in texts.items())
             if len(entries) < REMEMBER_EVERY and now - since < REMEMBER_AFTER_S:
                 self._remember[tool_id] = (since, entries, first)  # a purge since the first voids all
                 return

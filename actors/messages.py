@@ -743,8 +743,8 @@ class ReceiptsChanged:
 class RememberOutputs:
     """Outputs a caller read from the store (completed receipts): keep them in the memo."""
 
-    entries: tuple[tuple[str, str], ...]
-    """(receipt key, encoded output text) per receipt."""
+    entries: tuple[tuple[str, str, Money | None], ...]
+    """(receipt key, encoded output text, what it cost when paid: ``Receipt.cost``) per receipt."""
     forgets: int
     """The memo's :attr:`~actors.queue.memo.Memo.forgets` before the read: a purge seen
     since voids the read."""

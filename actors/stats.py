@@ -201,6 +201,11 @@ class Stats:
         """Currency -> what the answers this system was sent cost (``Tool.price``)."""
         self.spent_by_tool: dict[str, dict[str, Money]] = {}
         """Tool id -> currency -> the same, per tool."""
+        self.saved: dict[str, Money] = {}
+        """Currency -> what the calls answered from receipts (``cached``) cost when their
+        receipts were paid (``Receipt.cost``)."""
+        self.saved_by_tool: dict[str, dict[str, Money]] = {}
+        """Tool id -> currency -> the same, per tool."""
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
         """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""
@@ -214,14 +219,24 @@ class Stats:
 
     def spend(self, costs: Sequence[Money], tool: str) -> None:
         """Add what answers of ``tool`` cost (paid this run) to its and the system's sums."""
+        self._add_money(costs, tool, self.spent, self.spent_by_tool, "spent")
+
+    def save(self, costs: Sequence[Money], tool: str) -> None:
+        """Add what calls of ``tool`` answered from receipts cost when they were paid."""
+        self._add_money(costs, tool, self.saved, self.saved_by_tool, "saved")
+
+    def _add_money(
+        self, costs: Sequence[Money], tool: str, total: dict[str, Money],
+        by_tool: dict[str, dict[str, Money]], what: str,
+    ) -> None:  # fmt: skip
         with self._lock:
             for cost in costs:
-                for sums in (self.spent, self.spent_by_tool.setdefault(tool, {})):
+                for sums in (total, by_tool.setdefault(tool, {})):
                     held = sums.get(cost.currency)
                     try:
                         sums[cost.currency] = cost if held is None else held + cost
                     except ValueError as exc:  # past Money's bound: the sum stays as it was
-                        log.warning("%s: what it spent is past what a sum can hold: %s", tool, exc)
+                        log.warning("%s: what it %s is past what a sum can hold: %s", tool, what, exc)
 
     def record(self, phase: str, ms: float, **extra: Any) -> None:
         """Record one timing of ``phase`` in milliseconds and call the perf hook."""
@@ -263,6 +278,11 @@ class Stats:
         """``{"total": {currency: Money}, "tools": {tool id: {currency: Money}}}``."""
         with self._lock:
             return {"total": dict(self.spent), "tools": {t: dict(s) for t, s in self.spent_by_tool.items()}}
+
+    def snapshot_saved(self) -> dict[str, Any]:
+        """As :meth:`snapshot_spent`, for what the answers from receipts saved."""
+        with self._lock:
+            return {"total": dict(self.saved), "tools": {t: dict(s) for t, s in self.saved_by_tool.items()}}
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,

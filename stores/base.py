@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import attrs
 
 from stores.fenced import FenceItem, completion_items, failure_items, lease_items
+from stores.money import Money
 from stores.rules import MAX_OUTPUT_BYTES
 from stores.types import (
     BatchRecord,
@@ -439,7 +440,7 @@ class ReceiptStore(abc.ABC):
 
     def read_reusable(
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
-    ) -> dict[str, tuple[str, str]]:
+    ) -> dict[str, tuple[str, str, Money | None]]:
         """The stored outputs a normal claim of ``keys`` would reuse, by one plain read.
 
         Args:
@@ -449,7 +450,8 @@ class ReceiptStore(abc.ABC):
 
         Returns:
             key -> (input hash, output text as :func:`stores.codec.encode_output` writes
-            it) for every ``completed`` receipt fresh enough; other keys are absent (a
+            it, what the call cost when it was paid: ``Receipt.cost``) for every
+            ``completed`` receipt fresh enough; other keys are absent (a
             caller claims them). Nothing is written. A store that reads the text directly
             may return a text that does not decode (changed by hand): its caller decodes
             and leaves such a key to a claim, which reports it for that call alone.
@@ -468,7 +470,7 @@ class ReceiptStore(abc.ABC):
         requests = [ClaimRequest(key, "", "", "") for key in dict.fromkeys(keys)]
         answers, _ = self.read_settled(org_id, requests, stale_after_s=stale_after_s)
         return {
-            key: (claim.receipt.input_hash, encode_output(claim.receipt.output))
+            key: (claim.receipt.input_hash, encode_output(claim.receipt.output), claim.receipt.cost)
             for key, claim in answers.items()
             if claim.disposition is ClaimDisposition.REUSED
             and claim.receipt.status is ReceiptStatus.COMPLETED
@@ -484,7 +486,7 @@ class ReceiptStore(abc.ABC):
         keys: Sequence[str] = (),
         limit: int,
         max_bytes: int,
-    ) -> list[tuple[str, str, str, float]] | None:
+    ) -> list[tuple[str, str, str, float, Money | None]] | None:
         """A page of the ``completed`` receipts of ``tool_id`` a normal claim would reuse
         (``stale_after_s`` aside), in the order of their last update: the receipts a rerun
         will ask for next, read ahead of its calls (:mod:`actors.queue.read_ahead`).
@@ -499,7 +501,7 @@ class ReceiptStore(abc.ABC):
                 added up over the page (at least one row).
 
         Returns:
-            (key, input hash, output text, update time) per receipt, at most ``limit``;
+            (key, input hash, output text, update time, cost) per receipt, at most ``limit``;
             ``[]`` at the end; None when this store does not read ahead (this default).
 
         Raises:

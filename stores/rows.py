@@ -26,6 +26,7 @@ __all__ = [
     "batch_row",
     "error_text",
     "kept_input",
+    "read_cost",
     "receipt_from_row",
 ]
 
@@ -150,12 +151,15 @@ def receipt_from_row(row: Sequence[Any]) -> Receipt:
     if values[8] is not None:
         values[8] = FailureKind(values[8])
     if values[23] is not None:
-        values[23] = _cost(values[23])
+        values[23] = read_cost(values[23])
     return Receipt(*values)
 
 
-def _cost(text: Any) -> Money | None:
-    """The cost column's text as :class:`~stores.money.Money`; None when it is not one."""
+def read_cost(text: Any) -> Money | None:
+    """The cost column's text as :class:`~stores.money.Money`; None when it is NULL or not
+    an amount of money (set by hand)."""
+    if text is None:
+        return None
     try:
         return Money.parse(text)
     except ValueError:

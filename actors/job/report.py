@@ -222,10 +222,17 @@ def report_table(
     if paid_ids and not summed(paid_ids, "answered"):  # nothing billable: say so, plainly
         table.add_row("paid this run", _nothing_paid(summed(paid_ids, "requests"), tally))
     spent = (stats.get("spent") or {}).get("tools", {})
+    saved = (stats.get("saved") or {}).get("tools", {})
     for provider, ids in sorted(providers.items()):
         sums = total(money for t in ids for money in spent.get(t, {}).values())
         if sums:
             table.add_row(f"spent at {provider} (by the tools' prices)", ", ".join(map(str, sums.values())))
+        sums = total(money for t in ids for money in saved.get(t, {}).values())
+        if sums:
+            table.add_row(
+                f"saved at {provider} (answered from receipts, at what they cost when paid)",
+                ", ".join(map(str, sums.values())),
+            )
     for provider, ids in sorted(providers.items()):
         sent, limited = summed(ids, "requests"), summed(ids, "backpressure")
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")

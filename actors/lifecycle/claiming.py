@@ -417,7 +417,7 @@ class Claims:
             )
         last_good = _LAST_GOOD.get(receipt.status)
         owed = last_good is None and bool(group.calls) and self.fx.owed(group.key)  # ours, callerless
-        return Done(text, execution, last_good=last_good, owed=owed)
+        return Done(text, execution, last_good=last_good, owed=owed, cost=receipt.cost)
 
     def _last_good_given(self, group: Group, receipt: Receipt) -> bool:
         """A forced refresh waiting on another owner's refresh of a receipt holding its last

@@ -27,6 +27,7 @@ from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit
 from actors.lifecycle.shared import Parts, Shared
 from actors.results import ToolResult
 from stores.codec import decode_output, encode_output
+from stores.money import Money
 from stores.types import ClaimMode, FailureKind, Receipt
 
 __all__ = ["FLUSHER_FAILED", "MISSING", "RELEASE_ON", "Done", "Exits", "TooLarge", "batches_of"]
@@ -234,7 +235,7 @@ class Exits:
         if group.wait.counted:  # the waiting-on-owner gauge counts the callers still waiting
             self.fx.count("waiting_on_owner", -min(len(ordinary), group.wait.counted))
             group.wait.counted = max(0, group.wait.counted - len(ordinary))
-        done = Done(text, "cached", last_good=mark)
+        done = Done(text, "cached", last_good=mark, cost=receipt.cost)
         for call in ordinary:
             self.fx.answer(call, self.outcome_for(call, group, done))
 
@@ -252,7 +253,8 @@ class Exits:
             if outcome.execution == "live" and group.ran:
                 self.fx.count("live")
             if self.tool.durable and not outcome.last_good:  # not the memo's: later calls ask the store
-                self.fx.remember(group.key, outcome.value, outcome.execution == "cached")
+                cached = outcome.execution == "cached"
+                self.fx.remember(group.key, outcome.value, cached, outcome.cost if cached else group.cost)
         elif outcome is not None and group.receipt is not None and self.tool.durable:
             # it claimed the receipt and did not complete it: what the memo holds of the key
             # (a refresh's previous output) may no longer be what a normal claim answers
@@ -276,6 +278,8 @@ class Exits:
             elif execution == "live":
                 execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
+        if execution == "cached" and outcome.cost is not None:  # answered from a receipt
+            self.fx.save(outcome.cost)
         mark = outcome.last_good
         return ToolResult.of(
             value, execution, group.key, self.tool.tool_id,  # type: ignore[arg-type]
@@ -334,12 +338,18 @@ class Done:
     ``last_good``: None, or the receipt's last good output given while a refresh of it
     runs (``"refresh_running"``) or has an uncertain outcome (``"refresh_uncertain"``);
     ``owed``: a stored output this system's execution wrote with no caller answered
-    ``live`` (the group took its mark from the memo): its first caller is ``live``."""
+    ``live`` (the group took its mark from the memo): its first caller is ``live``;
+    ``cost``: what the call whose output this is cost when it was paid (an output taken
+    from a receipt: ``Receipt.cost``)."""
 
-    __slots__ = ("execution", "last_good", "owed", "value")
+    __slots__ = ("cost", "execution", "last_good", "owed", "value")
 
-    def __init__(self, value: Any, execution: str, last_good: str | None = None, owed: bool = False) -> None:
+    def __init__(
+        self, value: Any, execution: str, last_good: str | None = None, owed: bool = False,
+        cost: Money | None = None,
+    ) -> None:  # fmt: skip
         self.value = value
         self.execution = execution
         self.last_good = last_good
         self.owed = owed
+        self.cost = cost

@@ -289,15 +289,15 @@ class ToolQueueActor(InboxActor):
         if message.forgets != memo.forgets:
             return
         entries, owed, ahead_at = memo.entries, memo.owed, message.ahead_at
-        for key, text in message.entries:
+        for key, text, cost in message.entries:
             if key in running or key in owed:
                 continue
             if ahead_at is not None:
-                memo.keep_ahead(key, text, ahead_at)
+                memo.keep_ahead(key, text, ahead_at, cost)
                 continue
             held = entries.get(key)
             if held is None or held[0] == -float("inf"):  # (a store's read has no known age)
-                memo.remember(key, text, -float("inf"))
+                memo.remember(key, text, -float("inf"), cost)
 
     def on_stop(self) -> None:
         """Calls that reached the inbox as the actor stopped are answered, never dropped
@@ -341,6 +341,9 @@ class ToolQueueActor(InboxActor):
             else:
                 call.future.set(ToolResult.of(value, "cached", call.key, tool_id))
                 self.ports.stats.add("cached", tool=tool_id)
+                cost = self.queue.memo.cost_of(call.key)
+                if cost is not None:
+                    self.ports.stats.save([cost], tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
             self.ports.stats.add("deduped", tool=tool_id)
             if decision is Submitted.ATTACHED:  # joined an execution past the queue: its own timeout

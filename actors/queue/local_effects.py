@@ -182,11 +182,14 @@ class LocalEffects:
         if costs:
             self.ports.stats.spend(costs, tool=self.tool.tool_id)
 
+    def save(self, cost: Money) -> None:
+        self.ports.stats.save([cost], tool=self.tool.tool_id)
+
     def salvage_path(self) -> str:
         return str(self.ports.salvage.path)
 
-    def remember(self, key: str, text: str, cached: bool) -> None:
-        self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic())
+    def remember(self, key: str, text: str, cached: bool, cost: Money | None = None) -> None:
+        self.actor.queue.memo.remember(key, text, -float("inf") if cached else time.monotonic(), cost)
 
     def forget(self, key: str) -> None:
         self.actor.queue.memo.forget(key)

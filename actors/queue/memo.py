@@ -7,6 +7,8 @@ import collections
 import sys
 from typing import Any
 
+from stores.money import Money
+
 __all__ = ["AHEAD_TTL_S", "Memo", "held_bytes"]
 
 AHEAD_TTL_S = 2.0
@@ -45,6 +47,9 @@ class Memo:
         self.ahead_bytes = 0
         self.forgets = 0
         """Times everything was forgotten (a purge): an output read before one is not kept."""
+        self.costs: dict[str, Money] = {}
+        """Key -> what the call whose output is kept (in ``entries`` or ``ahead``) cost when
+        it was paid (``Receipt.cost``); keys of unpriced calls are absent."""
 
     def owe(self, key: str) -> None:
         """Mark ``key``: this system is writing its output and no caller was answered
@@ -72,8 +77,14 @@ class Memo:
             return None
         return text
 
-    def remember(self, key: str, text: str, at: float) -> None:
-        """Keep ``key``'s output text, dropping the oldest entries past ``max_bytes``."""
+    def cost_of(self, key: str) -> Money | None:
+        """What the call whose output :meth:`recall` gives for ``key`` cost when it was paid
+        (None: unpriced, or not kept)."""
+        return self.costs.get(key) if self.costs else None
+
+    def remember(self, key: str, text: str, at: float, cost: Money | None = None) -> None:
+        """Keep ``key``'s output text (and what its call cost), dropping the oldest entries
+        past ``max_bytes``."""
         self._drop_ahead(key)  # (superseded, whether kept here or not)
         size = held_bytes(text)
         if self.max_bytes <= 0 or size > self.max_bytes:
@@ -83,14 +94,20 @@ class Memo:
             self.bytes -= old[2]
         self.entries[key] = (at, text, size)
         self.bytes += size
+        if cost is not None:
+            self.costs[key] = cost
+        elif self.costs:
+            self.costs.pop(key, None)
         while self.bytes + self.ahead_bytes > self.max_bytes and (self.ahead or self.entries):
             if self.ahead:  # what was read ahead goes first
                 self._drop_ahead(next(iter(self.ahead)))
                 continue
-            _, (_, _, dropped) = self.entries.popitem(last=False)
+            dropped_key, (_, _, dropped) = self.entries.popitem(last=False)
             self.bytes -= dropped
+            if self.costs:
+                self.costs.pop(dropped_key, None)
 
-    def keep_ahead(self, key: str, text: str, read_at: float) -> None:
+    def keep_ahead(self, key: str, text: str, read_at: float, cost: Money | None = None) -> None:
         """Keep ``key``'s output text read ahead at ``read_at`` (monotonic seconds) for
         :data:`AHEAD_TTL_S`, unless the memo holds or owes the key (what this system
         completed or read since is newer); outputs read too long ago go first, and nothing
@@ -107,6 +124,8 @@ class Memo:
             return
         ahead[key] = (read_at, text, size)
         self.ahead_bytes += size
+        if cost is not None:
+            self.costs[key] = cost
 
     def expire_ahead(self, now: float) -> None:
         """Drop the outputs read ahead more than :data:`AHEAD_TTL_S` before ``now``."""
@@ -121,6 +140,15 @@ class Memo:
         old = self.ahead.pop(key, None)
         if old is not None:
             self.ahead_bytes -= old[2]
+            if self.costs:
+                self.costs.pop(key, None)
+
+    def _drop(self, key: str) -> None:
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[2]
+        if self.costs:
+            self.costs.pop(key, None)
 
     def forget(self, key: str | None = None) -> None:
         """Drop one key, or everything (after a purge), with its mark (:meth:`owe`)."""
@@ -130,13 +158,12 @@ class Memo:
             self.owed = {}
             self.ahead = collections.OrderedDict()
             self.ahead_bytes = 0
+            self.costs = {}
             self.forgets += 1
             return
         self.owed.pop(key, None)
         self._drop_ahead(key)
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
+        self._drop(key)
 
 
 _EMPTY_TEXT_BYTES = sys.getsizeof("")

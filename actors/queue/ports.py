@@ -72,7 +72,7 @@ class ActorEffects:
     """The lifecycle's effects for one tool queue actor (runs on that actor's thread).
 
     The effects that stay in the process (``start``, ``keep_late``, ``reconcile``,
-    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``salvage_path``, ``remember``,
+    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``save``, ``salvage_path``, ``remember``,
     ``forget``, ``owe``, ``owed``) are the bound methods of its :attr:`local`, taken once
     here: a call to one costs no extra layer.
     """
@@ -102,6 +102,7 @@ class ActorEffects:
         self.salvage = local.salvage
         self.count = local.count
         self.spend = local.spend
+        self.save = local.save
         self.salvage_path = local.salvage_path
         self.remember = local.remember
         self.forget = local.forget

@@ -160,14 +160,15 @@ class ReadAhead:
             self._after = (last[3], last[0])
             self.read += len(rows)
             key_of = self.key_of
-            texts = {key: text for key, input_hash, text, _ in rows if key_of(input_hash) == key}
+            texts = {
+                key: (text, cost) for key, input_hash, text, _, cost in rows if key_of(input_hash) == key
+            }
             for key in self.salvaged(texts) if texts else ():
                 texts.pop(key, None)
             if texts:
+                entries = tuple((key, text, cost) for key, (text, cost) in texts.items())
                 with contextlib.suppress(pykka.ActorDeadError):
-                    self.queue.tell(
-                        RememberOutputs(entries=tuple(texts.items()), forgets=forgets, ahead_at=read_at)
-                    )
+                    self.queue.tell(RememberOutputs(entries=entries, forgets=forgets, ahead_at=read_at))
             if read_at > rate_at:  # the next page: PAGE_S of the calls, at their rate since this one's
                 rate = (self.calls - rate_calls) / (read_at - rate_at)
                 page = max(MIN_PAGE, min(PAGE, int(rate * PAGE_S)))

@@ -225,8 +225,8 @@ class Statements:
         # status index, whose rows it cannot estimate without statistics either
         self.reusable = f"""
 WITH clk AS ({_NOW}), u AS {_each()}
-SELECT r.key, r.input_hash, r.output, clk.now - coalesce(r.completed_at, r.updated_at)
-FROM (SELECT r.key, r.status, r.input_hash, r.output, r.completed_at, r.updated_at
+SELECT r.key, r.input_hash, r.output, clk.now - coalesce(r.completed_at, r.updated_at), r.cost
+FROM (SELECT r.key, r.status, r.input_hash, r.output, r.completed_at, r.updated_at, r.cost
       FROM u JOIN {t} r ON {_on("r")} OFFSET 0) r, clk
 WHERE r.status = 'completed'
   -- set by hand: left to a claim, which says so for that call alone (a NULL age failed
@@ -240,10 +240,10 @@ WHERE r.status = 'completed'
         # told apart by key); the page ends with the row whose output reaches %(bytes)s,
         # added up
         self.read_ahead = f"""
-SELECT key, input_hash, output, updated_at FROM (
+SELECT key, input_hash, output, updated_at, cost FROM (
   SELECT p.*,
          sum(octet_length(p.output)) OVER (ORDER BY p.updated_at, p.key) - octet_length(p.output) AS earlier
-  FROM (SELECT key, input_hash, output, updated_at FROM {t}
+  FROM (SELECT key, input_hash, output, updated_at, cost FROM {t}
         WHERE status = 'completed' AND updated_at >= %(since)s
           AND NOT (updated_at = %(since)s AND key <= %(last)s)
           AND org_id = %(org)s AND tool_id = %(tool)s AND output IS NOT NULL AND input_hash IS NOT NULL

@@ -34,12 +34,13 @@ from stores.codec import encode_output
 from stores.dispositions import decide_disposition, keeps_batch, serves_last_good
 from stores.errors import StoreError
 from stores.fenced import FenceItem, refusal
+from stores.money import Money
 from stores.postgres.claims import read_settled
 from stores.postgres.conn import PgConnections, is_postgres_url, split_schema
 from stores.postgres.listen import channel_name
 from stores.postgres.schema import quote_ident
 from stores.postgres.sql import Statements
-from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
+from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, read_cost, receipt_from_row
 from stores.rules import (
     IN_FLIGHT,
     LOST_WHILE_RUNNING,
@@ -254,15 +255,15 @@ class PostgresReceiptStore(ReceiptStore):
 
     def read_reusable(
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
-    ) -> dict[str, tuple[str, str]]:
+    ) -> dict[str, tuple[str, str, Money | None]]:
         """As :meth:`ReceiptStore.read_reusable`: the stored output text as it is, one
         statement, ages judged by the database's clock (no receipt built, no re-encoding),
         waiting at most :data:`~stores.base.PLAIN_READ_WAIT_S` for a connection or a lock."""
         params = {"org": org_id, "keys": list(dict.fromkeys(keys)), "now": self._now()}
         rows = self._conns.read_now(self._sql.reusable, params, PLAIN_READ_WAIT_S)
         return {
-            key: (input_hash, text)
-            for key, input_hash, text, age in rows
+            key: (input_hash, text, None if cost is None else read_cost(cost))
+            for key, input_hash, text, age, cost in rows
             if stale_after_s is None or age <= stale_after_s
         }
 
@@ -275,7 +276,7 @@ class PostgresReceiptStore(ReceiptStore):
         keys: Sequence[str] = (),
         limit: int,
         max_bytes: int,
-    ) -> list[tuple[str, str, str, float]] | None:
+    ) -> list[tuple[str, str, str, float, Money | None]] | None:
         if after is None:
             start = {"org": org_id, "keys": list(keys)}
             ((since,),) = self._conns.read_now(self._sql.read_ahead_start, start, PLAIN_READ_WAIT_S)
@@ -292,7 +293,8 @@ class PostgresReceiptStore(ReceiptStore):
             "limit": limit,
             "bytes": max_bytes,
         }
-        return self._conns.read_now(self._sql.read_ahead, params, PLAIN_READ_WAIT_S)
+        rows = self._conns.read_now(self._sql.read_ahead, params, PLAIN_READ_WAIT_S)
+        return [(k, h, text, at, None if cost is None else read_cost(cost)) for k, h, text, at, cost in rows]
 
     def _claim(
         self,

@@ -28,11 +28,11 @@ _REUSABLE_TAKEN = (
     "AND typeof(generation) = 'integer'"
 )
 _REUSABLE = (
-    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+    "SELECT key, input_hash, output, coalesce(completed_at, updated_at), cost FROM receipts "
     f"WHERE org_id = ? AND key IN (SELECT value FROM json_each(?)) {_REUSABLE_TAKEN}"
 )
 _REUSABLE_ONE = (
-    "SELECT key, input_hash, output, coalesce(completed_at, updated_at) FROM receipts "
+    "SELECT key, input_hash, output, coalesce(completed_at, updated_at), cost FROM receipts "
     f"WHERE org_id = ? AND key = ? {_REUSABLE_TAKEN}"
 )
 """One key's read (a lone call of a rerun): a point lookup, without encoding the key as a
@@ -44,7 +44,7 @@ _READ_AHEAD_START = (
 _READ_AHEAD = (
     # a range of the (status, updated_at) index, in its order; ties at the page's edge
     # are told apart by key
-    "SELECT key, input_hash, output, updated_at FROM receipts "
+    "SELECT key, input_hash, output, updated_at, cost FROM receipts "
     "WHERE status = 'completed' AND updated_at >= ? AND typeof(updated_at) IN ('integer', 'real') "
     "AND NOT (updated_at = ? AND key <= ?) AND org_id = ? AND tool_id = ? "
     "AND typeof(output) = 'text' AND typeof(input_hash) = 'text' AND typeof(generation) = 'integer' "

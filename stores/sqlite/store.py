@@ -34,7 +34,8 @@ from stores.claims import batch_members_wanted, plan_claims, settled_by_read
 from stores.codec import encode_output
 from stores.errors import StoreError
 from stores.fenced import FenceItem, refusal
-from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, receipt_from_row
+from stores.money import Money
+from stores.rows import DEFAULT_PURGE, batch_from_row, batch_row, error_text, read_cost, receipt_from_row
 from stores.rules import resolved_as_failed
 from stores.sqlite.conn import bound_wal, open_connection, store_error
 from stores.sqlite.offload import BlockingRunner
@@ -263,16 +264,16 @@ class SqliteReceiptStore(ReceiptStore):
 
     def read_reusable(
         self, org_id: str, keys: Sequence[str], *, stale_after_s: float | None = None
-    ) -> dict[str, tuple[str, str]]:
-        def read(conn: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+    ) -> dict[str, tuple[str, str, Money | None]]:
+        def read(conn: sqlite3.Connection) -> dict[str, tuple[str, str, Money | None]]:
             if len(keys) == 1:
                 rows = conn.execute(_REUSABLE_ONE, (org_id, keys[0]))
             else:
                 rows = conn.execute(_REUSABLE, (org_id, orjson.dumps(list(keys)).decode()))
             now = self.clock()
             return {
-                key: (input_hash, text)
-                for key, input_hash, text, at in rows
+                key: (input_hash, text, None if cost is None else read_cost(cost))
+                for key, input_hash, text, at, cost in rows
                 if stale_after_s is None or now - at <= stale_after_s
             }
 
@@ -287,8 +288,8 @@ class SqliteReceiptStore(ReceiptStore):
         keys: Sequence[str] = (),
         limit: int,
         max_bytes: int,
-    ) -> list[tuple[str, str, str, float]] | None:
-        def read(conn: sqlite3.Connection) -> list[tuple[str, str, str, float]]:
+    ) -> list[tuple[str, str, str, float, Money | None]] | None:
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str, str, float, Money | None]]:
             if after is None:
                 (start,) = conn.execute(
                     _READ_AHEAD_START, (org_id, orjson.dumps(list(keys)).decode())
@@ -299,9 +300,11 @@ class SqliteReceiptStore(ReceiptStore):
             else:
                 since, last = after
             rows, size = [], 0
-            for row in conn.execute(_READ_AHEAD, (since, since, last, org_id, tool_id, limit)):
-                rows.append(row)
-                size += len(row[2])
+            for key, input_hash, text, at, cost in conn.execute(
+                _READ_AHEAD, (since, since, last, org_id, tool_id, limit)
+            ):
+                rows.append((key, input_hash, text, at, None if cost is None else read_cost(cost)))
+                size += len(text)
                 if size >= max_bytes:  # (rows are stepped one by one: the rest is never read)
                     break
             return rows

@@ -130,10 +130,10 @@ def test_read_settled_and_read_reusable_answer_as_a_claim_would(store: Any, fake
     assert list(answers) == ["k-done"] and [r.key for r in rest] == ["k-fail", "k-held", "k-new"]
     answers, rest = store.read_settled(ORG, _requests(keys), mode=ClaimMode.FORCE_REFRESH)
     assert answers == {} and len(rest) == 4
-    assert store.read_reusable(ORG, keys) == {"k-done": ("h", '{"n":1}')}
+    assert store.read_reusable(ORG, keys) == {"k-done": ("h", '{"n":1}', None)}
     fake_clock.advance(30)
     assert store.read_reusable(ORG, keys, stale_after_s=10) == {}  # the store's clock judges
-    assert store.read_reusable(ORG, keys, stale_after_s=60) == {"k-done": ("h", '{"n":1}')}
+    assert store.read_reusable(ORG, keys, stale_after_s=60) == {"k-done": ("h", '{"n":1}', None)}
     answers, rest = store.read_settled(ORG, _requests(["k-done"]), stale_after_s=10)
     assert answers == {} and [r.key for r in rest] == ["k-done"]
     assert store.read_reusable("org-b", keys) == {}  # never another org's

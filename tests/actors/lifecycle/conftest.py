@@ -101,6 +101,7 @@ class FakeEffects:
         self.salvaged: list[tuple[str, str]] = []
         self.counts: collections.Counter[str] = collections.Counter()
         self.spent: list[Any] = []
+        self.saved: list[Any] = []
         self.memo: dict[str, tuple[str, bool]] = {}
         self.owes: set[str] = set()
         self.release_batches: list[int] = []
@@ -237,7 +238,10 @@ class FakeEffects:
     def spend(self, costs: Any) -> None:
         self.spent.extend(costs)
 
-    def remember(self, key: str, text: str, cached: bool) -> None:
+    def save(self, cost: Any) -> None:
+        self.saved.append(cost)
+
+    def remember(self, key: str, text: str, cached: bool, cost: Any = None) -> None:
         self.memo[key] = (text, cached)
 
     def forget(self, key: str) -> None:

@@ -192,8 +192,9 @@ def test_a_key_claimed_since_it_was_read_is_not_put_in_the_memo(
     assert key not in memo.entries  # the claim of the refresh took the memo's copy out
     queue = system._queues["echo"]
     for ahead_at in (time.monotonic(), None):
-        queue.tell(RememberOutputs(entries=((key, '{"echo": 1, "n": 1}'),), forgets=0, ahead_at=ahead_at))
-    queue.tell(RememberOutputs(entries=(("another-key", "1"),), forgets=0))
+        entries = ((key, '{"echo": 1, "n": 1}', None),)
+        queue.tell(RememberOutputs(entries=entries, forgets=0, ahead_at=ahead_at))
+    queue.tell(RememberOutputs(entries=(("another-key", "1", None),), forgets=0))
     _until(lambda: "another-key" in memo.entries, "the messages handled")
     assert key not in memo.entries and key not in memo.ahead
     gate.set()
@@ -352,7 +353,7 @@ def test_a_page_read_before_a_purge_is_not_kept(make_system: Any, db_path: Path,
     _until(lambda: memo.forgets == 1, "the memo forgotten")
     HeldPages.release.set()
     _until(lambda: not rerun._intake._ahead["echo"].running or len(memo.ahead) > 0, "the page handed over")
-    rerun._queues["echo"].tell(RememberOutputs(entries=(("after", "1"),), forgets=1))
+    rerun._queues["echo"].tell(RememberOutputs(entries=(("after", "1", None),), forgets=1))
     _until(lambda: "after" in memo.entries, "the page's message handled")
     assert HeldPages.held and not set(HeldPages.held) & set(memo.ahead)
 
@@ -382,7 +383,7 @@ def test_an_output_read_before_this_system_refreshed_the_key_does_not_replace_it
         future.get(timeout=WAIT_S)
     queue, memo = rerun._queues["echo"], rerun._memos["echo"]
     _until(lambda: not rerun._intake._remember, "what was held back sent")
-    queue.tell(RememberOutputs(entries=(("after", "1"),), forgets=memo.forgets))
+    queue.tell(RememberOutputs(entries=(("after", "1", None),), forgets=memo.forgets))
     _until(lambda: "after" in memo.entries, "the messages handled")
     assert rerun._intake._ahead == {}
     assert proxy.execute("echo", {"i": 1}).get(timeout=WAIT_S).value["n"] == 81
