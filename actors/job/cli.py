@@ -88,10 +88,17 @@ def _count_rows(path: str) -> int | None:
     metavar="I/N",
     help="Worker I of N (0 <= I < N): run only the rows whose 0-based index % N == I.",
 )
+@click.option(
+    "--report-json",
+    "report_json_path",
+    default=None,
+    metavar="FILE",
+    help="Also write the report as JSON to FILE (what was spent and saved, calls, providers; docs/cli.md).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
-    pacer: str | None, shard: str | None,
+    pacer: str | None, shard: str | None, report_json_path: str | None,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -114,15 +121,18 @@ def run(
         raise ConfigError(f"--input {input_path} is not a regular file")
     if not org.strip() or (scope is not None and not scope.strip()):
         raise ConfigError("--org and --scope must not be empty")
-    if output_path is not None:
-        taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
-        taken[os.path.realpath(salvage_default(db))] = "the salvage file"
-        clash = taken.get(os.path.realpath(output_path))
+    taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
+    taken[os.path.realpath(salvage_default(db))] = "the salvage file"
+    for option, path in (("--output", output_path), ("--report-json", report_json_path)):
+        if path is None:
+            continue
+        clash = taken.get(os.path.realpath(path))
         if clash:
-            raise ConfigError(f"--output {output_path} is also {clash}: writing it would destroy it")
+            raise ConfigError(f"{option} {path} is also {clash}: writing it would destroy it")
+        taken[os.path.realpath(path)] = option
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
-        pacer, _parse_shard(shard),
+        pacer, _parse_shard(shard), report_json_path,
     )  # fmt: skip
     sys.exit(code)
 
@@ -130,7 +140,7 @@ def run(
 def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
-    pacer_url: str | None = None, shard: tuple[int, int] | None = None,
+    pacer_url: str | None = None, shard: tuple[int, int] | None = None, report_json_path: str | None = None,
 ) -> int:  # fmt: skip
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
@@ -188,6 +198,16 @@ def _run(
             )
         )  # fmt: skip
         wide.print(tools_table(stats, tally, stopped_by="abort" if summary.aborted else "interrupt"))
+        if report_json_path is not None:
+            from actors.job.report_json import report_json, write_report_json
+
+            try:
+                write_report_json(report_json_path, report_json(stats, summary, tally, play.tools))
+            except OSError as exc:
+                console.print(
+                    f"error: cannot write --report-json {report_json_path}: {exc.strerror or exc}",
+                    highlight=False, soft_wrap=True,
+                )  # fmt: skip
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "

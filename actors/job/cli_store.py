@@ -1,6 +1,6 @@
 """The ``tooldispatch receipts`` and ``tooldispatch salvage`` command groups (click).
 
-``receipts`` inspects and maintains the receipt store (stats, ls, show, resolve, purge);
+``receipts`` inspects and maintains the receipt store (stats, ls, show, cost, resolve, purge);
 ``salvage`` lists and replays outputs that were paid for but could not be stored. Both
 work on a SQLite file or a ``postgresql://`` URL (``--db``, env ``TOOLDISPATCH_DB``).
 """
@@ -108,6 +108,65 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
     if natural > console.width:  # a narrow terminal: room for the input
         table = _ls_table(rows, compact=True)
     console.print(table)
+
+
+@receipts.command("cost", short_help="What the receipts cost when paid, by tool, org or day.")
+@db_option
+@click.option(
+    "--by", "by", type=click.Choice(["tool", "org", "day"]), default="tool", show_default=True,
+    help="Sum per tool id, per org, or per UTC day the calls were paid.",
+)  # fmt: skip
+@click.option(
+    "--since",
+    default=None,
+    help="Only calls paid since then: a duration back from now (36h, 7d, 2w) or a date (2026-12-01, UTC).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the lines as JSON (amounts as text).")
+def receipts_cost(db: str, by: str, since: str | None, as_json: bool) -> None:
+    """What the receipts cost when their calls were paid (Tool.price), summed per group
+    and currency. A receipt keeps its latest payment: a refresh replaces its cost, and a
+    purged receipt is gone."""
+    from actors.job.ledger import cost_lines, parse_since
+
+    where, params = "where (cost is not null or status = 'completed')", []
+    if since is not None:
+        try:
+            since_s = parse_since(since, time.time())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        where += " and completed_at >= ?"
+        params.append(since_s)
+    rows = _query(db, f"select tool_id, org_id, status, cost, completed_at from receipts {where}", params)
+    try:
+        lines = cost_lines(rows, by)
+    except ValueError as exc:  # a sum past what Money holds
+        raise ConfigError(str(exc)) from None
+    if as_json:
+        click.echo(
+            orjson.dumps(
+                [
+                    {
+                        by: line.group,
+                        "spent": None if line.spent is None else str(line.spent.amount),
+                        "currency": None if line.spent is None else line.spent.currency,
+                        "paid": line.paid,
+                        "unpriced": line.unpriced,
+                    }
+                    for line in lines
+                ],
+                option=orjson.OPT_INDENT_2,
+            ).decode()
+        )
+        return
+    if not lines:
+        click.echo(f"no paid receipts in {db}" + (f" since {since}" if since else ""))
+        return
+    table = Table(by, Column("spent", justify="right"), Column("paid", justify="right"),
+                  Column("unpriced", justify="right"))  # fmt: skip
+    for line in lines:
+        spent = "-" if line.spent is None else str(line.spent)
+        table.add_row(cell(line.group), spent, str(line.paid), str(line.unpriced or ""))
+    plain_console().print(table)
 
 
 LS_INPUT_CHARS = 48

@@ -350,7 +350,7 @@ def test_count_rows_reads_a_file_as_read_rows_does(tmp_path: Path) -> None:
     assert count_rows(str(path)) == sum(1 for _ in read_rows(str(path))) == 2
 
 
-def test_cli_report_shows_what_was_spent_by_the_tools_prices(cli: Any, tmp_path: Path) -> None:
+def test_cli_report_shows_what_was_spent_and_saved_by_the_tools_prices(cli: Any, tmp_path: Path) -> None:
     play = tmp_path / "priced_play.py"
     play.write_text(
         "from stores import Money\n"
@@ -365,8 +365,19 @@ def test_cli_report_shows_what_was_spent_by_the_tools_prices(cli: Any, tmp_path:
     rows.write_text("a\nb\nc\nd\n", encoding="utf-8")
     run = ("run", play, "--input", rows, "--db", tmp_path / "r.db")
 
-    first = cli.report(cli.run(*run).stderr)
-    again = cli.report(cli.run(*run).stderr)
+    first = cli.report(cli.run(*run, "--report-json", tmp_path / "first.json").stderr)
+    again = cli.report(cli.run(*run, "--report-json", tmp_path / "again.json").stderr)
 
+    saved = "saved at acme (answered from receipts, at what they cost when paid)"
     assert first["spent at acme (by the tools' prices)"] == "0.008 USD", first
+    assert saved not in first, first
     assert "spent at acme (by the tools' prices)" not in again, again  # a rerun spends nothing
+    assert again[saved] == "0.008 USD", again
+    first_json = json.loads((tmp_path / "first.json").read_text(encoding="utf-8"))
+    again_json = json.loads((tmp_path / "again.json").read_text(encoding="utf-8"))
+    assert first_json["status"] == "finished" and first_json["rows"]["total"] == 4
+    assert first_json["ledger"]["spent"]["providers"] == {"acme": {"USD": "0.008"}}
+    assert first_json["ledger"]["saved"]["total"] == {}
+    assert again_json["ledger"]["spent"]["total"] == {}
+    assert again_json["ledger"]["saved"]["tools"] == {"verify": {"USD": "0.008"}}
+    assert again_json["calls"]["reused"] == 4 and again_json["providers"]["acme"]["requests"] == 0
