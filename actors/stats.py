@@ -13,7 +13,7 @@ from typing import Any
 
 from stores.money import Money
 
-__all__ = ["PHASES", "Outages", "Stats"]
+__all__ = ["PHASES", "WASTE_REASONS", "Outages", "Stats"]
 
 PHASES = (
     "provider",
@@ -157,6 +157,17 @@ class Outages:
         return sorted(done + ongoing, key=lambda o: float(o["began_at"]))
 
 
+WASTE_REASONS = {
+    "refused": "paid answers another run's output replaced: it completed the receipt first",
+    "resent": "requests a lost owner (a crash, a lapsed lease) recorded, sent again and answered "
+    "anew: the lost owner's send is presumed paid, at what the new answers cost",
+    "uncertain": "sends whose outcome is uncertain (no answer, the provider may have acted), at the "
+    "tool's stated price (``Tool.price`` when it is a Money; nothing for a price known from "
+    "the answer)",
+}
+"""Why paid calls were wasted (``stats()["wasted"]["reasons"]``)."""
+
+
 class Stats:
     """Counters (``calls``, ``live``, ``cached``, ``in_flight``, ``deduped``,
     ``provider_calls``, ``batches``, ``retries``, ``backpressure``, ``failures``,
@@ -206,6 +217,13 @@ class Stats:
         receipts were paid (``Receipt.cost``)."""
         self.saved_by_tool: dict[str, dict[str, Money]] = {}
         """Tool id -> currency -> the same, per tool."""
+        self.wasted: dict[str, Money] = {}
+        """Currency -> what paid calls whose answer this system could not use cost, or may
+        have cost (see :data:`WASTE_REASONS`)."""
+        self.wasted_by_tool: dict[str, dict[str, Money]] = {}
+        """Tool id -> currency -> the same, per tool."""
+        self.wasted_by_reason: dict[str, dict[str, Money]] = {}
+        """Reason (:data:`WASTE_REASONS`) -> currency -> the same, per reason."""
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
         """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""
@@ -224,6 +242,12 @@ class Stats:
     def save(self, costs: Sequence[Money], tool: str) -> None:
         """Add what calls of ``tool`` answered from receipts cost when they were paid."""
         self._add_money(costs, tool, self.saved, self.saved_by_tool, "saved")
+
+    def waste(self, costs: Sequence[Money], tool: str, reason: str) -> None:
+        """Add what paid calls of ``tool`` whose answer was not used cost (``reason``: one
+        of :data:`WASTE_REASONS`)."""
+        self._add_money(costs, tool, self.wasted, self.wasted_by_tool, "wasted")
+        self._add_money(costs, reason, {}, self.wasted_by_reason, "wasted")
 
     def _add_money(
         self, costs: Sequence[Money], tool: str, total: dict[str, Money],
@@ -283,6 +307,16 @@ class Stats:
         """As :meth:`snapshot_spent`, for what the answers from receipts saved."""
         with self._lock:
             return {"total": dict(self.saved), "tools": {t: dict(s) for t, s in self.saved_by_tool.items()}}
+
+    def snapshot_wasted(self) -> dict[str, Any]:
+        """As :meth:`snapshot_spent`, for what was wasted, with ``"reasons": {reason:
+        {currency: Money}}`` (:data:`WASTE_REASONS`)."""
+        with self._lock:
+            return {
+                "total": dict(self.wasted),
+                "tools": {t: dict(s) for t, s in self.wasted_by_tool.items()},
+                "reasons": {r: dict(s) for r, s in self.wasted_by_reason.items()},
+            }
 
     def snapshot_tools(self) -> dict[str, dict[str, int]]:
         """Tool id -> a copy of that tool's counters (``calls``, ``live``, ``cached``,

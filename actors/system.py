@@ -270,13 +270,16 @@ class DispatchSystem:
         ``{"total": {currency: Money}, "tools": {tool id: {currency: Money}}}`` (a
         replayed answer is not counted: it was paid before); ``saved``: in the same shape,
         what the calls answered from receipts (``cached``) cost when their receipts were
-        paid (``Receipt.cost``; a receipt paid before it kept a cost counts nothing).
+        paid (``Receipt.cost``; a receipt paid before it kept a cost counts nothing);
+        ``wasted``: in the same shape plus ``"reasons"``, what paid calls whose answer
+        could not be used cost (see :data:`actors.stats.WASTE_REASONS`).
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["salvaged"] = self.salvage.appended  # what is in the file, however it got there
         out["tools"] = self.stats_.snapshot_tools()
         out["spent"] = self.stats_.snapshot_spent()
         out["saved"] = self.stats_.snapshot_saved()
+        out["wasted"] = self.stats_.snapshot_wasted()
         out["latch_tripped"] = self.latch.tripped
         out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()

@@ -223,6 +223,7 @@ def report_table(
         table.add_row("paid this run", _nothing_paid(summed(paid_ids, "requests"), tally))
     spent = (stats.get("spent") or {}).get("tools", {})
     saved = (stats.get("saved") or {}).get("tools", {})
+    wasted = (stats.get("wasted") or {}).get("tools", {})
     for provider, ids in sorted(providers.items()):
         sums = total(money for t in ids for money in spent.get(t, {}).values())
         if sums:
@@ -233,6 +234,15 @@ def report_table(
                 f"saved at {provider} (answered from receipts, at what they cost when paid)",
                 ", ".join(map(str, sums.values())),
             )
+        sums = total(money for t in ids for money in wasted.get(t, {}).values())
+        if sums:
+            table.add_row(f"wasted at {provider} (paid, answer not used)", ", ".join(map(str, sums.values())))
+    reasons = (stats.get("wasted") or {}).get("reasons", {})
+    if reasons:
+        table.add_row(
+            "wasted, by reason",
+            "; ".join(f"{why}: {', '.join(map(str, by.values()))}" for why, by in sorted(reasons.items())),
+        )
     for provider, ids in sorted(providers.items()):
         sent, limited = summed(ids, "requests"), summed(ids, "backpressure")
         table.add_row(f"requests sent to {provider}", f"{sent} ({limited} answered 429)")

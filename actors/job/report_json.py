@@ -4,7 +4,7 @@ One object, written when the run ends (also when a signal stopped it)::
 
     {"version": 1, "status": "finished" | "interrupted" | "aborted",
      "rows": {"total", "ok", "failed", "cut"}, "wall_s", "rows_per_s",
-     "ledger": {"spent": LEDGER, "saved": LEDGER},
+     "ledger": {"spent": LEDGER, "saved": LEDGER, "wasted": LEDGER + {"reasons"}},
      "calls": {"ran", "reused", "reused_receipts", "reused_this_run", "joined", "failed", ...},
      "providers": {name: {"tools", "requests", "answered_429", "answered", "replayed",
                           "pacing": {"org/provider": view}}},
@@ -13,7 +13,9 @@ One object, written when the run ends (also when a signal stopped it)::
 ``LEDGER`` is ``{"total": {currency: amount}, "providers": {name: {currency: amount}},
 "tools": {tool id: {currency: amount}}}``; amounts are decimal strings (exact: never a
 float), currencies ISO 4217 codes. ``spent``: what the answers this run was sent cost by
-the tools' prices; ``saved``: what the calls it answered from receipts cost when paid.
+the tools' prices; ``saved``: what the calls it answered from receipts cost when paid;
+``wasted``: what paid calls whose answer was not used cost, with ``reasons`` (``refused``,
+``resent``, ``uncertain``: :data:`actors.stats.WASTE_REASONS`) -> {currency: amount}.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def report_json(
         "rows": {"total": summary.rows, "ok": summary.ok, "failed": summary.failed, "cut": summary.cut_short},
         "wall_s": round(summary.wall_s, 3),
         "rows_per_s": round(summary.rows_per_s, 1),
-        "ledger": {what: _ledger(stats.get(what) or {}, providers) for what in ("spent", "saved")},
+        "ledger": {what: _ledger(stats.get(what) or {}, providers) for what in ("spent", "saved", "wasted")},
         "calls": tally.totals() if tally is not None else {},
         "providers": {
             name: {
@@ -91,7 +93,9 @@ def write_report_json(path: str, report: Mapping[str, Any]) -> None:
 
 def _ledger(sums: Mapping[str, Any], providers: Mapping[str, list[str]]) -> dict[str, Any]:
     tools = sums.get("tools") or {}
+    reasons = {why: _amounts(by.values()) for why, by in sorted((sums.get("reasons") or {}).items())}
     return {
+        **({"reasons": reasons} if "reasons" in sums else {}),
         "total": _amounts((sums.get("total") or {}).values()),
         "providers": {
             name: _amounts(m for t in ids for m in tools.get(t, {}).values())

@@ -23,6 +23,7 @@ from actors.lifecycle.exits import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, To
 from actors.lifecycle.failure_record import failure_record, may_have_acted
 from actors.lifecycle.shared import Parts, Shared
 from stores.codec import EncodedOutput, decode_output, encode_output
+from stores.money import Money
 from stores.types import Failure
 
 __all__ = ["Persister"]
@@ -74,6 +75,8 @@ class Persister:
                 self.fx.count("completed" if kind == "persisted" else "salvaged")
                 self.p.exits.settle(group, Done(text, "live"))
             elif kind == "completed_by_other":
+                if group.cost is not None:  # paid, and another run's output stands instead
+                    self.fx.waste([group.cost], "refused")
                 try:
                     self.p.exits.settle(group, Done(encode_output(outcome.output), "cached"))
                 except Exception as exc:  # the other run's output cannot be read back: ours is
@@ -132,7 +135,12 @@ class Persister:
             record = Failure(
                 group.key, group.receipt.lease_id or "", *failure_record(exc, relayed, self.fx.salvage_path())
             )
-            (unsure if uncertain or may_have_acted(self.tool, exc, relayed) else records).append(record)
+            if uncertain or may_have_acted(self.tool, exc, relayed):
+                unsure.append(record)
+                if isinstance(self.tool.price, Money):  # sent, and the provider may have billed it
+                    self.fx.waste([self.tool.price], "uncertain")
+            else:
+                records.append(record)
             group.state = GroupState.PERSISTING
             group.written = exc
         for group in released:

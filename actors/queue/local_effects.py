@@ -185,6 +185,10 @@ class LocalEffects:
     def save(self, cost: Money) -> None:
         self.ports.stats.save([cost], tool=self.tool.tool_id)
 
+    def waste(self, costs: Sequence[Money], reason: str) -> None:
+        if costs:
+            self.ports.stats.waste(costs, self.tool.tool_id, reason)
+
     def salvage_path(self) -> str:
         return str(self.ports.salvage.path)
 

@@ -72,9 +72,9 @@ class ActorEffects:
     """The lifecycle's effects for one tool queue actor (runs on that actor's thread).
 
     The effects that stay in the process (``start``, ``keep_late``, ``reconcile``,
-    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``save``, ``salvage_path``, ``remember``,
-    ``forget``, ``owe``, ``owed``) are the bound methods of its :attr:`local`, taken once
-    here: a call to one costs no extra layer.
+    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``save``, ``waste``,
+    ``salvage_path``, ``remember``, ``forget``, ``owe``, ``owed``) are the bound methods of
+    its :attr:`local`, taken once here: a call to one costs no extra layer.
     """
 
     def __init__(self, actor: Any, tool: Tool, ports: Ports) -> None:
@@ -103,6 +103,7 @@ class ActorEffects:
         self.count = local.count
         self.spend = local.spend
         self.save = local.save
+        self.waste = local.waste
         self.salvage_path = local.salvage_path
         self.remember = local.remember
         self.forget = local.forget

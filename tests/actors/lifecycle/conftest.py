@@ -102,6 +102,7 @@ class FakeEffects:
         self.counts: collections.Counter[str] = collections.Counter()
         self.spent: list[Any] = []
         self.saved: list[Any] = []
+        self.wasted: list[Any] = []
         self.memo: dict[str, tuple[str, bool]] = {}
         self.owes: set[str] = set()
         self.release_batches: list[int] = []
@@ -240,6 +241,9 @@ class FakeEffects:
 
     def save(self, cost: Any) -> None:
         self.saved.append(cost)
+
+    def waste(self, costs: Any, reason: str) -> None:
+        self.wasted.extend((cost, reason) for cost in costs)
 
     def remember(self, key: str, text: str, cached: bool, cost: Any = None) -> None:
         self.memo[key] = (text, cached)
@@ -426,10 +430,12 @@ class Driver:
 
     def finish(
         self, value: Any = "ok", error: BaseException | None = None, spec: AttemptSpec | None = None,
-        sent: bool = True,
+        sent: bool = True, costs: tuple[Any, ...] = (), replayed: bool = False,
     ) -> None:  # fmt: skip
         """The worker reports the latest (or ``spec``'s) attempt (``sent``: False when its
-        request never went out, as a send gate reports a turn after the deadline)."""
+        request never went out, as a send gate reports a turn after the deadline; ``costs``:
+        its members' costs, as the worker works them out from the tool's price; ``replayed``: the
+        provider answered from its record of the request's idempotency key)."""
         spec = spec or self.fx.starts[-1]
         self.unsent_retries += not sent and spec.attempt > 1
         members = None
@@ -444,6 +450,8 @@ class Driver:
                 members=members,
                 error=error,
                 sent_at=self.now if sent else None,
+                costs=costs,
+                replayed=replayed,
             ),
             self.now,
         )
