@@ -22,6 +22,7 @@ from actors.job.cli_common import (
     DEFAULT_DB,
     EXIT_CODES,
     ConfigError,
+    is_url,
     plain_console,
     salvage_default,
 )
@@ -95,10 +96,16 @@ def _count_rows(path: str) -> int | None:
     metavar="FILE",
     help="Also write the report as JSON to FILE (what was spent and saved, calls, providers; docs/cli.md).",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Send nothing: say which rows receipts answer, which calls the run would pay for and "
+    "what they would cost (docs/cli.md).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
-    pacer: str | None, shard: str | None, report_json_path: str | None,
+    pacer: str | None, shard: str | None, report_json_path: str | None, dry_run: bool,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -130,6 +137,11 @@ def run(
         if clash:
             raise ConfigError(f"{option} {path} is also {clash}: writing it would destroy it")
         taken[os.path.realpath(path)] = option
+    if dry_run:
+        if output_path is not None:
+            raise ConfigError("--dry-run writes no --output: it sends nothing, so it has no results")
+        sys.exit(_dry_run(play_spec, input_path, db, org, scope, force_refresh, retry_failed,
+                          _parse_shard(shard), report_json_path))  # fmt: skip
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
         pacer, _parse_shard(shard), report_json_path,
@@ -314,6 +326,50 @@ def _run(
         console.print(last_line(summary), highlight=False, soft_wrap=True)
         return 130
     return 1 if summary.failed else 0
+
+
+def _dry_run(
+    play_spec: str, input_path: str, db: str, org: str, scope: str | None, force_refresh: bool,
+    retry_failed: bool, shard: tuple[int, int] | None, report_json_path: str | None,
+) -> int:  # fmt: skip
+    """``run --dry-run``: the play over the rows against the receipts, nothing sent
+    (:mod:`actors.job.dry_run`); a store that does not exist yet answers nothing."""
+    from actors.job.dry_run import DryProxy, DryTally, dry_run_json, dry_run_rows, dry_run_table
+    from actors.job.play import PlayContext, PlayLoadError, load_play
+    from actors.job.report_json import write_report_json
+    from actors.tool import RunInfo
+    from stores import StoreError, open_store
+
+    try:
+        play = load_play(play_spec)
+    except PlayLoadError as exc:
+        raise ConfigError(str(exc)) from None
+    rows = _first_rows(input_path)
+    if shard is not None:
+        rows = _shard_rows(rows, *shard)
+    fresh = not is_url(db) and not os.path.exists(db)  # nothing made: an empty store answers
+    try:
+        store = open_store(":memory:" if fresh else db)
+    except (OSError, StoreError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    run_info = RunInfo(run_id="dry-run", org_id=org, scope=scope or play.name)
+    proxy = DryProxy(play.tools, store, run_info, DryTally())
+    ctx = PlayContext(proxy, force_refresh=force_refresh, retry_failed=retry_failed, tools=play.tools)
+    try:
+        tally = dry_run_rows(play, rows, ctx, proxy)
+    finally:
+        store.close()
+    console = plain_console(stderr=True)
+    wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
+    wide.print(dry_run_table(tally, play.tools))
+    if report_json_path is not None:
+        try:
+            write_report_json(report_json_path, dry_run_json(tally, play.tools))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write --report-json {report_json_path}: {exc.strerror or exc}"
+            ) from None
+    return 0
 
 
 def _parse_shard(shard: str | None) -> tuple[int, int] | None:
