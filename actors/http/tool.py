@@ -63,6 +63,7 @@ from actors.http.credentials import (
 from actors.pacing.bucket import SLOW_START_RPS, parse_retry_after
 from actors.results import ToolContext
 from actors.tool import BatchStrategy, Pacing, Tool
+from stores.money import Money
 from stores.quoting import brief, shorten
 from stores.types import FailureKind
 
@@ -231,6 +232,8 @@ def http_tool(
     durable: bool = True,
     credentials: Any = None,
     keep_input: bool | Callable[[Any], str] = True,
+    price: Money | Callable[[Any, Any], Money] | None = None,
+    request_price: Money | None = None,
 ) -> Tool:
     """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
 
@@ -257,6 +260,10 @@ def http_tool(
             URLs and client do not show (see :func:`credential_scope_digest`).
         keep_input: what its receipts keep of each input (see ``Tool.keep_input``):
             the canonical input, a function's readable digest of it, or nothing.
+        price: what one answered call (a batch member too) costs: ``Tool.price`` (a
+            :class:`~stores.money.Money`, or ``price(input, output) -> Money``).
+        request_price: what one batch request costs whatever its size
+            (``BatchStrategy.request_price``; only with ``batch_url``).
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
@@ -266,7 +273,8 @@ def http_tool(
     a provider that rotates a session cookie makes the next run's digest another.
 
     Raises:
-        ValueError: as :func:`credential_scope_digest`.
+        ValueError: as :func:`credential_scope_digest`; a ``request_price`` without
+            ``batch_url``; a price that is not a Money nor a function (``Tool``).
     """
     shared = client or httpx.Client()
     single = HttpEndpoint(url, client=shared, headers=headers)
@@ -287,7 +295,10 @@ def http_tool(
             build=build_batch,
             split=split,
             batch_operation=batch_url,
+            request_price=request_price,
         )
+    elif request_price is not None:
+        raise ValueError(f"{tool_id}: request_price is what a batch request costs: give batch_url too")
     urls = [url] if batch_url is None else [url, batch_url]
 
     def scope() -> str:
@@ -308,4 +319,5 @@ def http_tool(
         timeout_s=timeout_s,
         credentials=scope,
         keep_input=keep_input,
+        price=price,
     )

