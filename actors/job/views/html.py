@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import html
 import itertools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,11 +93,12 @@ def _steps(points: Sequence[Point]) -> tuple[Steps, Steps]:
 
 
 def _nice(top: float) -> float:
-    """A round axis maximum at or above ``top`` (1, 2, 2.5, 5 times a power of ten)."""
+    """A round axis maximum at or above ``top`` (1, 2, 5 times a power of ten: its fifths
+    are round too)."""
     if top <= 0:
         return 1.0
-    scale = 10.0 ** len(str(int(top))) / 10.0 if top >= 1 else 1.0
-    for step in (1, 2, 2.5, 5, 10):
+    scale = 10.0 ** math.floor(math.log10(top)) if top >= 1 else 1.0
+    for step in (1, 2, 5, 10):
         if top <= step * scale:
             return step * scale
     return 10 * scale
@@ -126,14 +128,15 @@ def chart_svg(provider: str, points: Sequence[Point]) -> str:
         return " ".join(coords)
 
     grid = []
-    for i in range(5):
-        v = top * i / 4
+    for i in range(6):
+        v = top * i / 5
         grid.append(
             f'<line x1="{_LEFT}" y1="{y(v):.1f}" x2="{_W - _RIGHT}" y2="{y(v):.1f}" stroke="#e6e6e6"/>'
             f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>'
         )
-    for i in range(6):
-        t = end * i / 5
+    every = _nice(end / 5)  # a round step of seconds, at most 5 labels
+    for i in range(int(end / every) + 1):
+        t = every * i
         grid.append(f'<text x="{x(t):.1f}" y="{_H - _BOTTOM + 16}" text-anchor="middle">{t:.0f} s</text>')
     lines = []
     for steps, color, what in ((accepted, ACCEPTED_COLOR, "accepted"), (limited, LIMITED_COLOR, "429")):

@@ -5,7 +5,8 @@ holds running totals (requests sent, those answered 429) and the pacing rate at 
 moment; rates over time are the differences between neighbours, so merging two
 neighbours (keeping the later totals) loses resolution, never requests. Past
 ``max_points`` every pair of neighbours is merged into one: memory stays bounded however
-long the run, and the points stay evenly spread over it.
+long the run. After a merge, a new sample is merged into the last point until the last
+gap is as wide as the merged ones, so the points stay evenly spread over the run.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class Timeline:
         self.started = started
         self.max_points = max_points
         self._points: dict[str, list[Point]] = {name: [] for name in self.providers}
+        self._spacing: dict[str, float] = dict.fromkeys(self.providers, 0.0)
+        """Provider -> the gap its points keep since the last halving: a new sample closer
+        to the one before the last is merged into the last, so the points stay evenly
+        spread however long the run."""
         self._lock = threading.Lock()
 
     def sample(self, stats: Mapping[str, Any], now: float) -> None:
@@ -90,16 +95,19 @@ class Timeline:
                     for key, view in pacing.items()
                     if key.rpartition("/")[2] == name and view.get("rate_rps") is not None
                 ]
-                points.append(
-                    Point(
-                        t_s=t_s,
-                        requests=sum(int(per_tool.get(t, {}).get("requests", 0)) for t in ids),
-                        limited=sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids),
-                        rate_rps=sum(rates) if rates else None,  # one rate per org: their sum
-                    )
+                point = Point(
+                    t_s=t_s,
+                    requests=sum(int(per_tool.get(t, {}).get("requests", 0)) for t in ids),
+                    limited=sum(int(per_tool.get(t, {}).get("backpressure", 0)) for t in ids),
+                    rate_rps=sum(rates) if rates else None,  # one rate per org: their sum
                 )
+                if len(points) > 1 and points[-1].t_s - points[-2].t_s < self._spacing[name]:
+                    points[-1] = _merge(points[-1], point)  # the last gap is not wide enough yet
+                else:
+                    points.append(point)
                 if len(points) > self.max_points:
-                    self._points[name] = self._halve(points)
+                    points = self._points[name] = self._halve(points)
+                    self._spacing[name] = (points[-1].t_s - points[0].t_s) / (len(points) - 1)
 
     @staticmethod
     def _halve(points: list[Point]) -> list[Point]:
