@@ -35,7 +35,7 @@ def test_cli_report_html_figures_equal_the_report_and_the_providers_counts(
 ) -> None:
     limited = provider_factory("--rate", "10", "--burst", "2")  # slow start from 20/s meets 429s
     rows = tmp_path / "rows.txt"
-    rows.write_text("".join(f"site{i}.example.fr\n" for i in range(50)), encoding="utf-8")
+    rows.write_text("".join(f"site{i}.example.fr\n" for i in range(80)), encoding="utf-8")
     page = tmp_path / "report.html"
     env = cli.env(TOOLDISPATCH_PROVIDER_URL=limited.url, TOOLDISPATCH_BATCH="0", COLUMNS="400")
     done = cli.run("run", cli.examples / "domains_play.py", "--input", rows, "--db", tmp_path / "r.db",
@@ -57,7 +57,7 @@ def test_cli_report_html_figures_equal_the_report_and_the_providers_counts(
     for cls in ("accepted", "429", "pacing"):
         assert f'<polyline class="{cls}"' in text, cls
     # the plain progress lines are what they were (not a terminal: no live view)
-    assert re.search(r"^progress: rows \d+/50 ", done.stderr, flags=re.M), done.stderr[:2000]
+    assert re.search(r"^progress: rows \d+/80 ", done.stderr, flags=re.M), done.stderr[:2000]
     assert "holding it up" not in done.stderr
 
     png = browser.screenshot(page, tmp_path / "report.png", width=1000, height=640)
