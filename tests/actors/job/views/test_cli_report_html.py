@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,38 @@ def test_cli_report_html_next_to_the_input_is_refused(cli: Any, tmp_path: Path) 
     assert done.returncode == 2
     assert "--report-html" in done.stderr and "is also --input" in done.stderr
     assert rows.read_text(encoding="utf-8") == "a.example\n"
+
+
+def test_cli_report_html_is_written_for_an_interrupted_run(
+    cli: Any, provider_factory: Any, tmp_path: Path
+) -> None:
+    limited = provider_factory("--rate", "5", "--burst", "1")
+    rows = tmp_path / "rows.txt"
+    rows.write_text("".join(f"cut{i}.example.fr\n" for i in range(300)), encoding="utf-8")
+    page, err_path = tmp_path / "report.html", tmp_path / "stderr.txt"
+    env = cli.env(TOOLDISPATCH_PROVIDER_URL=limited.url, TOOLDISPATCH_BATCH="0", COLUMNS="400")
+    argv = cli.command("run", cli.examples / "domains_play.py", "--input", rows, "--db", tmp_path / "r.db",
+                       "--report-html", page)  # fmt: skip
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        try:  # a plain progress line: two seconds in, the time series has samples
+            cli.poll_until(
+                lambda: proc.poll() is not None or "progress: rows" in err_path.read_text(),
+                timeout_s=60, what="a progress line",
+            )  # fmt: skip
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = err_path.read_text()
+    assert code == 130, text[-3000:]
+    cells = _cells(page.read_text(encoding="utf-8"))
+    assert cells["status"].startswith("interrupted: "), cells
+    assert cells == {k: cli.report(text)[k] for k in cells}
+    served = limited.stats()
+    sent = served["requests"] + served.get("rate_limited", 0)
+    assert cells[f"requests sent to {PROVIDER}"] == f"{sent} ({served.get('rate_limited', 0)} answered 429)"
+    assert "status: <b>interrupted</b>" in page.read_text(encoding="utf-8")
