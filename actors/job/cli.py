@@ -97,6 +97,14 @@ def _count_rows(path: str) -> int | None:
     help="Also write the report as JSON to FILE (what was spent and saved, calls, providers; docs/cli.md).",
 )
 @click.option(
+    "--report-html",
+    "report_html_path",
+    default=None,
+    metavar="FILE",
+    help="Also write the report as a self-contained HTML page to FILE, with a chart per provider "
+    "of requests accepted, 429s and the pacing rate over the run (docs/cli.md).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Send nothing: say which rows receipts answer, which calls the run would pay for and "
@@ -105,7 +113,8 @@ def _count_rows(path: str) -> int | None:
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
-    pacer: str | None, shard: str | None, report_json_path: str | None, dry_run: bool,
+    pacer: str | None, shard: str | None, report_json_path: str | None, report_html_path: str | None,
+    dry_run: bool,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -130,7 +139,9 @@ def run(
         raise ConfigError("--org and --scope must not be empty")
     taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
     taken[os.path.realpath(salvage_default(db))] = "the salvage file"
-    for option, path in (("--output", output_path), ("--report-json", report_json_path)):
+    for option, path in (
+        ("--output", output_path), ("--report-json", report_json_path), ("--report-html", report_html_path),
+    ):  # fmt: skip
         if path is None:
             continue
         clash = taken.get(os.path.realpath(path))
@@ -140,11 +151,15 @@ def run(
     if dry_run:
         if output_path is not None:
             raise ConfigError("--dry-run writes no --output: it sends nothing, so it has no results")
+        if report_html_path is not None:
+            raise ConfigError(
+                "--dry-run writes no --report-html: it sends nothing, so it has nothing to chart"
+            )
         sys.exit(_dry_run(play_spec, input_path, db, org, scope, force_refresh, retry_failed,
                           _parse_shard(shard), report_json_path))  # fmt: skip
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
-        pacer, _parse_shard(shard), report_json_path,
+        pacer, _parse_shard(shard), report_json_path, report_html_path,
     )  # fmt: skip
     sys.exit(code)
 
@@ -153,6 +168,7 @@ def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None, report_json_path: str | None = None,
+    report_html_path: str | None = None,
 ) -> int:  # fmt: skip
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
@@ -160,6 +176,7 @@ def _run(
     from actors.job.runner import RunSummary, run_rows
     from actors.job.signals import Interrupts
     from actors.job.tally import CallTally
+    from actors.job.views import Timeline, provider_tools
     from actors.pacing import InvalidPacerURLError, open_pacer
     from actors.runtime.actor import runtime_name
     from actors.system import DispatchSystem
@@ -200,6 +217,7 @@ def _run(
     live = RunSummary()  # filled while the rows run: what an abort that cannot wait for them reports
     writer = OrderedWriter(out)
     started = time.monotonic()
+    timeline = Timeline(provider_tools(play.tools, tally.local), started)  # the live view's and the page's
 
     def report(stats: dict[str, Any], summary: RunSummary) -> None:
         wide = console if console.is_terminal else plain_console(stderr=True, width=max(console.width, 200))
@@ -220,6 +238,32 @@ def _run(
                     f"error: cannot write --report-json {report_json_path}: {exc.strerror or exc}",
                     highlight=False, soft_wrap=True,
                 )  # fmt: skip
+        if report_html_path is not None:
+            write_html(report_html_path, stats, summary)
+
+    def write_html(path: str, stats: dict[str, Any], summary: RunSummary) -> None:
+        from actors.job.views import render_html, write_report_html
+
+        timeline.sample(stats, time.monotonic())  # the last point: the report's totals
+        status = "aborted" if summary.aborted else "interrupted" if summary.interrupted else "finished"
+        table = report_table(
+            stats,
+            summary,
+            tally,
+            play.tools,
+            output_path,
+            force_refresh=force_refresh,
+            retry_failed=retry_failed,
+        )
+        tools = tools_table(stats, tally, stopped_by="abort" if summary.aborted else "interrupt")
+        try:
+            write_report_html(path, render_html(table, tools, timeline.series(), status=status))
+        except OSError as exc:
+            console.print(
+                f"error: cannot write --report-html {path}: {exc.strerror or exc}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def last_line(summary: RunSummary) -> str:
         how = "aborted: receipts not yet sent were released; " if summary.aborted else "interrupted: "
@@ -263,7 +307,7 @@ def _run(
             total = _count_rows(input_path)
             if total is not None and shard is not None:
                 total = len(range(shard[0], total, shard[1]))
-            progress = ProgressDisplay(console, total, stats_seen, tally=tally).start()
+            progress = ProgressDisplay(console, total, stats_seen, tally=tally, timeline=timeline).start()
             summary = None
             try:
                 summary = run_rows(

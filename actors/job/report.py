@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from actors.job.runner import RunSummary
 from actors.job.tally import CallTally
+from actors.job.views.live import live_view
+from actors.job.views.timeline import Timeline
 from stores.money import total
 
 __all__ = [
@@ -28,6 +30,11 @@ __all__ = [
     "resume_hint", "tools_table",
 ]  # fmt: skip
 
+
+LIVE_REFRESH_S = 0.25
+"""Seconds between redraws of the live view (each reads ``stats()`` once)."""
+SAMPLE_EVERY_S = 1.0
+"""Seconds between samples of the run's time series (:class:`~actors.job.views.Timeline`)."""
 
 OWNER_WAITING_KEY = "waiting_on_owner"
 """``stats()`` gauge: calls now waiting for a receipt another live owner (another run
@@ -77,7 +84,13 @@ def _summed(stats: dict[str, Any], name: str) -> int:
 
 
 class ProgressDisplay:
-    """Shows progress until :meth:`close`.
+    """Shows progress until :meth:`close`, and samples the run's time series.
+
+    On a terminal, the live view (:func:`actors.job.views.live_view`): the progress line and
+    a table per provider, redrawn :data:`LIVE_REFRESH_S` apart; elsewhere the plain progress
+    line every ``interval_s``. Either way ``stats()`` is read on the display's own thread,
+    never the rows', and ``timeline`` (when given) gets a sample about every
+    :data:`SAMPLE_EVERY_S`.
 
     Args:
         console: where to draw: live redraws when it is interactive (a terminal that is
@@ -86,6 +99,8 @@ class ProgressDisplay:
         stats: ``stats() -> dict`` of the dispatch system.
         interval_s: seconds between plain lines (non-terminal).
         tally: the run's :class:`~actors.job.tally.CallTally` (ran, reused, joined), or None.
+        timeline: the run's :class:`~actors.job.views.Timeline` (its providers are the live
+            view's rows), or None.
     """
 
     def __init__(
@@ -95,19 +110,25 @@ class ProgressDisplay:
         stats: Callable[[], dict[str, Any]],
         interval_s: float = 2.0,
         tally: CallTally | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.console, self.total, self.stats, self.interval_s = console, total, stats, interval_s
         self.tally = tally
+        self.timeline = timeline
         self.done = 0
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._live: Live | None = None
         self._thread: threading.Thread | None = None
+        self._before: dict[str, Any] | None = None
+        """The ``stats()`` of the previous redraw (what grew since: see :func:`holdups`)."""
 
     def start(self) -> ProgressDisplay:
         if self.console.is_interactive:
-            self._live = Live(Text(self._line()), console=self.console, refresh_per_second=8, transient=False)
-            self._live.start()
+            self._live = Live(
+                self._view(self.stats()), console=self.console, auto_refresh=False, transient=False
+            )
+            self._live.start(refresh=True)
         self._thread = threading.Thread(target=self._loop, name="tooldispatch-progress", daemon=True)
         self._thread.start()
         return self
@@ -115,20 +136,38 @@ class ProgressDisplay:
     def advance(self) -> None:
         self.done += 1
 
-    def _line(self) -> str:
-        stats = self.stats()
+    def _line(self, stats: dict[str, Any] | None = None) -> str:
+        stats = self.stats() if stats is None else stats
         tally = self.tally.totals() if self.tally is not None else None
         if self.tally is not None and isinstance(stats.get("tools"), dict):  # requests: paid tools only
             stats = {**stats, "tools": {t: c for t, c in stats["tools"].items() if t not in self.tally.local}}
         return progress_line(self.done, self.total, stats, time.monotonic() - self.started, tally)
 
+    def _view(self, stats: dict[str, Any]) -> RenderableType:
+        line = self._line(stats)
+        if self.timeline is None:
+            return Text(line)
+        view = live_view(line, stats, self.timeline.providers, self.timeline.last_rates(), self._before)
+        self._before = stats
+        return view
+
     def _loop(self) -> None:
-        interval = 0.125 if self._live is not None else self.interval_s
-        while not self._stop.wait(interval):
+        tick = self.interval_s if self.timeline is None else min(self.interval_s, SAMPLE_EVERY_S)
+        if self._live is not None:
+            tick = LIVE_REFRESH_S
+        next_line = next_sample = time.monotonic()
+        next_line += self.interval_s
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            stats = self.stats()
+            if self.timeline is not None and now >= next_sample:
+                self.timeline.sample(stats, now)
+                next_sample = now + SAMPLE_EVERY_S - tick / 2  # about once a second, whatever the tick
             if self._live is not None:
-                self._live.update(Text(self._line()))
-            else:
-                self.console.print(f"progress: {self._line()}", highlight=False, soft_wrap=True)
+                self._live.update(self._view(stats), refresh=True)
+            elif now >= next_line:
+                next_line = now + self.interval_s - tick / 2
+                self.console.print(f"progress: {self._line(stats)}", highlight=False, soft_wrap=True)
 
     def close(self, *, final: bool = True) -> None:
         """Stop the display; ``final`` leaves a last progress line (False erases the live
@@ -138,7 +177,7 @@ class ProgressDisplay:
             self._thread.join(timeout=2)
         if self._live is not None:
             if final:
-                self._live.update(Text(self._line()))
+                self._live.update(self._view(self.stats()), refresh=True)
             else:
                 self._live.transient = True
             self._live.stop()

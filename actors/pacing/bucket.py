@@ -255,7 +255,8 @@ def pacing_report(
         for its turn at the send gate; never more than the time elapsed), ``waited_s``
         (the waits added up: each tool queue's wait for grants, counted once whatever
         the calls it held, plus each sender's wait at the send gate; waits that overlap
-        add up, so it can exceed the time elapsed).
+        add up, so it can exceed the time elapsed), ``in_flight`` (its calls holding a slot
+        now: sent, or about to be).
     """
     out: dict[str, dict[str, Any]] = {}
     for key, bucket in buckets.items():
@@ -275,5 +276,6 @@ def pacing_report(
             "circuit_opened": bucket.circuit_opened,
             "held_s": (held or {}).get(key, 0.0),
             "waited_s": bucket.admission_wait_s + (gate_waits or {}).get(key, 0.0),
+            "in_flight": bucket.in_flight,
         }
     return out
