@@ -18,7 +18,10 @@ keeps the scenario tests whose node id hashes to share I, shifted by N/2 under g
 each runs once per runtime, on two Python versions, and each version's envs run a
 quarter of them. ``TOOLDISPATCH_SCENARIOS=all`` (or no share, a plain ``pytest``): every
 scenario test runs. Tests marked ``waits`` (in process, but seconds of waiting each: a
-timeout, a lease, a back-off, a stop's bound run out) are shared the same way.
+timeout, a lease, a back-off, a stop's bound run out) are shared the same way. A test
+parametrized on the runtime of the processes it starts (``runtime``: ``threads`` or
+``gevent``, a CLI's ``--runtime``) runs, in a shared run, only in the suite run of that
+runtime: the other run would start the same processes the same way again.
 
 Hypothesis profiles: ``ci`` (loaded when ``CI`` is set) drops the per-example deadline and
 the too-slow health check, since CI shares two cores between parallel tox envs.
@@ -200,16 +203,26 @@ def _scenario_share() -> tuple[int, int] | None:
     return share, shares
 
 
+def _started_runtime(item: pytest.Item) -> str | None:
+    """The runtime a test parametrized on ``runtime`` starts its processes in, else None."""
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get("runtime") if callspec is not None else None
+    return value if value in ("threads", "gevent") else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep this run's share of the scenario (and ``waits``) tests (see the module doc)."""
     share = _scenario_share()
     if share is None:
         return
     mine, shares = share
-    shift = shares // 2 if _detect_runtime() == "gevent" else 0
+    runtime = _detect_runtime()
+    shift = shares // 2 if runtime == "gevent" else 0
     kept, elsewhere = [], []
     for item in items:
-        if (item.get_closest_marker("scenario") is None and item.get_closest_marker("waits") is None) or (
+        if _started_runtime(item) not in (None, runtime):
+            elsewhere.append(item)  # the suite run of that runtime runs it
+        elif (item.get_closest_marker("scenario") is None and item.get_closest_marker("waits") is None) or (
             zlib.crc32(item.nodeid.encode()) + shift
         ) % shares == mine:
             kept.append(item)

@@ -228,6 +228,7 @@ def test_a_bad_option_fails_those_calls_clearly_and_nothing_else(
     assert (stats["calls"], stats["errors"], stats["live"]) == (3, 2, 1)
 
 
+@pytest.mark.waits
 def test_each_caller_times_out_at_its_own_timeout_not_a_batch_mates(make_system: Any, recorder: Any) -> None:
     """One caller's short ``timeout_s`` fails that caller only: the calls batched with it,
     and other callers of the same input, wait as long as their own timeouts say; the

@@ -35,6 +35,10 @@ from .test_locked_table import _table_locked
 
 __all__ = ["pg_schema"]  # the fixture, used by name
 
+# Every case waits out a lock and a call's timeout (1 s each, 5 s with paced turns): shared
+# between the Python versions as the other waiting tests are (tests/conftest.py).
+pytestmark = pytest.mark.waits
+
 ORG = "org-a"
 TIMEOUT_S = 1.0
 """The calls' own timeout, seconds (SQLite's busy timeout stays its default, 30 s)."""

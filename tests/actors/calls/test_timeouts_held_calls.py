@@ -140,6 +140,7 @@ class _SlowClaims(SqliteReceiptStore):
         return {}
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("earlier", ["completed", "failed"])
 def test_a_refresh_held_behind_a_claim_that_settles_at_once_is_sent_after_it(
     make_system: Any, recorder: Any, db_path: Any, earlier: str

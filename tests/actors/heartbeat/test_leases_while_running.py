@@ -128,6 +128,7 @@ def test_lease_heartbeats_keep_long_call_owned(tmp_path: Path) -> None:
     reader.close()
 
 
+@pytest.mark.waits
 def test_lease_without_heartbeats_is_reclaimed_once_and_late_completion_salvaged(tmp_path: Path) -> None:
     db = str(tmp_path / "receipts.db")
     salvage_path = str(tmp_path / "salvage.jsonl")

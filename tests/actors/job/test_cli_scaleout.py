@@ -114,18 +114,22 @@ def _setup(tmp_path, keys: int = KEYS):
     return play, rows, backwards
 
 
-def _start(cli, play, rows, db, pacer, provider, name, *extra):
-    # The workers run on threads in both tox envs: four gevent workers sharing two loaded
-    # cores with the rest of CI once went 2.5% over the 429 bound (a starved hub sends
-    # its granted requests late and together); the shared pacer itself is tested under
-    # gevent in tests/actors/pacing/shared.
+WORKER_RUNTIME = pytest.mark.parametrize("runtime", ["threads"])
+"""The workers run on threads in both tox envs: four gevent workers sharing two loaded
+cores with the rest of CI once went 2.5% over the 429 bound (a starved hub sends its
+granted requests late and together); the shared pacer itself is tested under gevent in
+tests/actors/pacing/shared. Given as the ``runtime`` parameter, so a shared run starts
+them in the threads suite run only (tests/conftest.py), not the same way again in gevent's."""
+
+
+def _start(cli, play, rows, db, pacer, provider, name, *extra, runtime):
     env = cli.env(
         TOOLDISPATCH_PROVIDER_URL=provider.url, SCALEOUT_RPS=str(RATE), SCALEOUT_LEASE_S=str(LEASE_S)
     )
     log = open(cli.cwd / f"{name}.log", "w")  # noqa: SIM115 - closed by _finish
     proc = subprocess.Popen(
         cli.command("run", play, "--input", rows, "--output", cli.cwd / f"{name}.jsonl", "--db", db,
-                    "--pacer", pacer, "--concurrency", str(CONCURRENCY), "--runtime", "threads", *extra),
+                    "--pacer", pacer, "--concurrency", str(CONCURRENCY), "--runtime", runtime, *extra),
         cwd=cli.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     proc.log = log  # type: ignore[attr-defined]
@@ -144,13 +148,16 @@ def _finish(cli, proc, name, timeout_s: float = 240.0) -> int:
     return code
 
 
+@WORKER_RUNTIME
 def test_four_workers_on_the_same_keys_pay_once_and_share_the_rate(
-    cli, tmp_path, pg_db, pacer_url, provider_factory
+    cli, tmp_path, pg_db, pacer_url, provider_factory, runtime
 ):
     provider = provider_factory("--rate", str(RATE), "--burst", str(BURST), "--latency", "0.01")
     play, rows, backwards = _setup(tmp_path)
     procs = [
-        _start(cli, play, rows if i % 2 == 0 else backwards, pg_db, pacer_url, provider, f"w{i}")
+        _start(
+            cli, play, rows if i % 2 == 0 else backwards, pg_db, pacer_url, provider, f"w{i}", runtime=runtime
+        )
         for i in range(WORKERS)
     ]
     for i, proc in enumerate(procs):
@@ -170,13 +177,16 @@ def test_four_workers_on_the_same_keys_pay_once_and_share_the_rate(
     assert provider.stats()["requests"] == requests  # the rerun is all cached
 
 
+@WORKER_RUNTIME
 def test_kill_9_one_worker_the_others_finish_and_redo_at_most_its_calls_in_flight(
-    cli, tmp_path, pg_db, pacer_url, provider_factory
+    cli, tmp_path, pg_db, pacer_url, provider_factory, runtime
 ):
     provider = provider_factory("--rate", str(RATE), "--burst", str(BURST), "--latency", "0.02")
     play, rows, backwards = _setup(tmp_path)
     procs = [
-        _start(cli, play, rows if i % 2 == 0 else backwards, pg_db, pacer_url, provider, f"w{i}")
+        _start(
+            cli, play, rows if i % 2 == 0 else backwards, pg_db, pacer_url, provider, f"w{i}", runtime=runtime
+        )
         for i in range(WORKERS)
     ]
     cli.poll_until(

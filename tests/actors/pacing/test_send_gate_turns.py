@@ -229,6 +229,7 @@ def test_gate_a_closure_leaves_no_turn_of_a_sender_that_gave_up() -> None:
     assert delay <= 1.0, f"half-open probe waits {delay} s for turns of senders that gave up"
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("probe_timeout_s", [60.0, 3.0])
 def test_gate_the_half_open_probe_never_waits_behind_turns_of_senders_that_gave_up(
     make_system: Any, probe_timeout_s: float

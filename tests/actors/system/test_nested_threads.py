@@ -155,6 +155,7 @@ def test_calls_made_off_the_tools_thread_outside_nested_time_out_and_the_dispatc
     assert any("ctx.nested()" in r.getMessage() and "parent" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.waits
 def test_a_tool_that_is_only_slow_past_its_timeout_is_told_as_maybe_slow_provider(
     make_system: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -91,6 +91,7 @@ def test_send_deadline_passed_during_build_gives_the_budget_and_stats_back(make_
 # -- a caller that joined (the unit's deadline extended for it) gets NotSentError ---------
 
 
+@pytest.mark.waits
 def test_send_a_joiner_within_its_timeout_is_served_not_refused(make_system: Any) -> None:
     held = Batch(lambda n: threading.Event().wait(0.8) if n == 1 else None)
     system = make_system([held.tool()], policy=Policy(batch_grace_s=0.01))

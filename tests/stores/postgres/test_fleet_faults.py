@@ -157,12 +157,21 @@ def run_children(children: Any, script: str | None, argvs: list[Any]) -> list[An
     return reports
 
 
+ONLY_CHILDREN = pytest.mark.parametrize("runtime", ["threads"])
+"""For a test whose racing all happens in its children: plain, unpatched Python processes
+(``children``) in either suite run, so a shared run starts them in the threads suite run
+only (tests/conftest.py); the gevent run would start the same processes the same way again."""
+
+
 def open_store(pg_url: str, schema: str, clock: float | None = None) -> Any:
     return stores.PostgresReceiptStore(pg_url, schema=schema, clock=(lambda: clock) if clock else None)
 
 
+@ONLY_CHILDREN
 @pytest.mark.parametrize("start", ["new", "expired"])
-def test_pg_processes_claim_each_key_once(pg_url: str, pg_schema: str, children: Any, start: str) -> None:
+def test_pg_processes_claim_each_key_once(
+    pg_url: str, pg_schema: str, children: Any, start: str, runtime: str
+) -> None:
     with open_store(pg_url, pg_schema) as store:
         if start == "expired":  # every claim is a racing reclaim; lease expired on the server's clock
             store.claim_many(
@@ -186,8 +195,9 @@ def test_pg_processes_claim_each_key_once(pg_url: str, pg_schema: str, children:
             assert receipt.attempts == (1 if start == "new" else 2)
 
 
+@ONLY_CHILDREN
 def test_pg_overlapping_bulk_writes_in_different_orders_never_deadlock(
-    pg_url: str, pg_schema: str, children: Any
+    pg_url: str, pg_schema: str, children: Any, runtime: str
 ) -> None:
     keys = KEYS[:300]
     with open_store(pg_url, pg_schema) as store:  # half the keys exist (new ones are inserted, racing)
@@ -199,7 +209,10 @@ def test_pg_overlapping_bulk_writes_in_different_orders_never_deadlock(
     assert [r["errors"] for r in reports] == [[]] * WORKERS
 
 
-def test_pg_completion_racing_reclaim_has_one_winner(pg_url: str, pg_schema: str, children: Any) -> None:
+@ONLY_CHILDREN
+def test_pg_completion_racing_reclaim_has_one_winner(
+    pg_url: str, pg_schema: str, children: Any, runtime: str
+) -> None:
     keys = KEYS[:400]
     with open_store(pg_url, pg_schema, clock=T0) as store:
         claims = store.claim_many(
@@ -237,8 +250,9 @@ def test_pg_completion_racing_reclaim_has_one_winner(pg_url: str, pg_schema: str
     assert sum(outcomes.values()) == len(keys)
 
 
+@ONLY_CHILDREN
 def test_pg_workers_starting_at_once_on_empty_database_all_start(
-    pg_url: str, pg_schema: str, children: Any
+    pg_url: str, pg_schema: str, children: Any, runtime: str
 ) -> None:
     argvs = [[pg_url, pg_schema, f"proc-{i}", KEYS[:10], i, None, "--open-late"] for i in range(WORKERS)]
     try:
