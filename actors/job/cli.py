@@ -88,10 +88,24 @@ def _count_rows(path: str) -> int | None:
     metavar="I/N",
     help="Worker I of N (0 <= I < N): run only the rows whose 0-based index % N == I.",
 )
+@click.option(
+    "--budget",
+    default=None,
+    metavar="MONEY",
+    help="The run's budget in money, e.g. 25USD: a call that would pass it is refused before it "
+    "is sent, its receipt left for a later run.",
+)
+@click.option(
+    "--budget-provider",
+    "budget_providers",
+    multiple=True,
+    metavar="NAME=MONEY",
+    help="A provider's own budget in money, e.g. acme=10USD (repeatable).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
-    pacer: str | None, shard: str | None,
+    pacer: str | None, shard: str | None, budget: str | None, budget_providers: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -120,9 +134,10 @@ def run(
         clash = taken.get(os.path.realpath(output_path))
         if clash:
             raise ConfigError(f"--output {output_path} is also {clash}: writing it would destroy it")
+    policy = _budget_policy(budget, budget_providers)
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
-        pacer, _parse_shard(shard),
+        pacer, _parse_shard(shard), policy,
     )  # fmt: skip
     sys.exit(code)
 
@@ -130,8 +145,9 @@ def run(
 def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
-    pacer_url: str | None = None, shard: tuple[int, int] | None = None,
+    pacer_url: str | None = None, shard: tuple[int, int] | None = None, policy: Any = None,
 ) -> int:  # fmt: skip
+    from actors.governor.budgets import check_money_budgets
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
     from actors.job.report import ProgressDisplay, output_line, report_table, resume_hint, tools_table
@@ -148,6 +164,11 @@ def _run(
         play = load_play(play_spec)
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
+    if policy is not None:
+        try:
+            check_money_budgets(play.tools, policy)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     rows = _first_rows(input_path)
     if shard is not None:
         rows = _shard_rows(rows, *shard)
@@ -219,7 +240,9 @@ def _run(
     interrupts.short_report = lambda: report(interrupts.system.stats(), aborted_now())
     interrupts.last_line = lambda: last_line(aborted_now())
     try:
-        with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
+        with DispatchSystem.start(
+            tools=play.tools, store=store, run=run_info, policy=policy, pacer=pacer
+        ) as system:
             interrupts.attach(system)  # a signal from now on stops it: nothing unsent goes out
             ctx = PlayContext(
                 system.proxy(),
@@ -294,6 +317,31 @@ def _run(
         console.print(last_line(summary), highlight=False, soft_wrap=True)
         return 130
     return 1 if summary.failed else 0
+
+
+def _budget_policy(budget: str | None, by_provider: tuple[str, ...]) -> Any:
+    """The :class:`~actors.tool.Policy` of ``--budget`` and ``--budget-provider`` (None:
+    neither given, the default policy); a usage error for text that is not money."""
+    if budget is None and not by_provider:
+        return None
+    from actors.tool import Policy
+    from stores.money import Money
+
+    def money(option: str, text: str) -> Money:
+        try:
+            return Money.parse(text)
+        except ValueError:
+            raise ConfigError(f"{option} {text!r}: expected an amount and a currency, e.g. 25USD") from None
+
+    providers: dict[str, Money] = {}
+    for item in by_provider:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--budget-provider {item!r}: expected NAME=MONEY, e.g. acme=10USD")
+        providers[name.strip()] = money("--budget-provider", text)
+    return Policy(
+        max_spend=money("--budget", budget) if budget is not None else None, max_spend_by_provider=providers
+    )
 
 
 def _parse_shard(shard: str | None) -> tuple[int, int] | None:
