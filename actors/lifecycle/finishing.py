@@ -132,7 +132,7 @@ class Finisher:
             return
         else:
             failed = [member[1] is not None for member in msg.members]
-            spent = settled_cost(self.tool, unit, msg.costs, failed, self.s.spend_currency)
+            spent = settled_cost(self.tool, unit, charge, msg.costs, failed, self.s.spend_currency)
         if spent != charge:
             self.fx.release_slots(0, exempt=unit.exempt, unspent=exact_difference(charge, spent))
 

@@ -54,17 +54,17 @@ def unit_cost(tool: Tool, unit: Unit) -> Decimal:
 
 
 def settled_cost(
-    tool: Tool, unit: Unit, costs: Sequence[Any], failed: Sequence[bool], currency: str
+    tool: Tool, unit: Unit, charge: Decimal, costs: Sequence[Any], failed: Sequence[bool], currency: str
 ) -> Decimal:
     """What ``unit``'s answered request cost, from its members' ``costs`` (in member order,
     as :func:`~actors.worker.prices.member_costs` gives them; ``failed[i]``: member i's
     answer was an error, which costs its share of the request price alone): a member's
     cost in ``currency``, or its estimate when its cost is unknown (None) or in another
     currency (logged at WARNING once per tool and currency). Costs that do not match the
-    members (none at all: an unpriced tool): its charge, as it was."""
+    members (none at all): ``charge``, what it was charged, as it was."""
     members = len(unit.groups)
     if not costs or len(costs) != members:
-        return unit.charge if unit.charge is not None else ZERO
+        return charge
     batched = _batched(tool, members)
     own = tool.price if isinstance(tool.price, Money) else tool.price_estimate
     shares = (

@@ -166,3 +166,20 @@ def test_money_budget_must_be_money() -> None:
         Policy(max_spend=Money("-1", USD))
     with pytest.raises(ValueError, match=r"price_estimate must be a stores\.Money"):
         Tool(tool_id="t", fn=_Paid(), price=lambda i, o: Money("1", USD), price_estimate="1USD")  # type: ignore[arg-type]
+
+
+def test_money_budget_counts_a_cost_in_another_currency_at_its_estimate(
+    make_system: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    paid = _Paid()
+    tool = Tool(
+        tool_id="llm_eur", fn=paid, price=lambda i, o: Money("0.01", "EUR"), price_estimate=Money("1", USD)
+    )
+    system = make_system([tool], policy=Policy(batch_grace_s=0.0, max_spend=Money("2", USD)))
+    with caplog.at_level("WARNING", logger="tooldispatch"):
+        for i in range(2):
+            assert system.proxy().execute("llm_eur", {"i": i}).get(timeout=WAIT_S).execution == "live"
+    assert any("not in its money budget's currency (USD)" in r.getMessage() for r in caplog.records)
+    with pytest.raises(BudgetExceededError):  # each counted at its 1 USD estimate
+        system.proxy().execute("llm_eur", {"i": 2}).get(timeout=WAIT_S)
+    assert len(paid.inputs) == 2

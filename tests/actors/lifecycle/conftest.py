@@ -141,7 +141,8 @@ class FakeEffects:
         self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
     ) -> None:
         (self.immediate if immediate else self.acquires).append((want, exempt))
-        self.prices.append(prices)
+        if not immediate:
+            self.prices.append(prices)
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
