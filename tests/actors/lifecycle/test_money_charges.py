@@ -44,7 +44,7 @@ def test_money_charge_slots_are_asked_with_their_prices_and_a_fixed_price_settle
 
 def test_money_charge_comes_back_when_nothing_was_sent() -> None:
     d = Driver(FIXED, BUDGET)
-    (call,) = d.drain("a")
+    d.drain("a")
     d.answer_claim()
     d.grant()
     d.mark(error=StoreUnavailableError("down"))  # never sent: receipts given back
@@ -55,7 +55,7 @@ def test_money_charge_comes_back_when_nothing_was_sent() -> None:
 
 def test_money_charge_of_a_unit_gone_before_its_grant_comes_back() -> None:
     d = Driver(FIXED, BUDGET)
-    gone, kept = d.drain("a", "b")
+    gone, _ = d.drain("a", "b")
     d.answer_claim()
     assert d.cancel(gone)
     d.grant()  # charged for 2 units; one is gone
@@ -68,7 +68,7 @@ def test_money_charge_of_a_unit_gone_before_its_grant_comes_back() -> None:
 
 def test_money_charge_refused_leaves_the_receipts_pending() -> None:
     d = Driver(FIXED, BUDGET)
-    (call,) = d.drain("a")
+    d.drain("a")
     d.answer_claim()
     d.refuse(BudgetExceededError("the run's money budget of 1 USD would be passed"))
     assert [lease.key for lease in d.fx.released] == ["a"]  # released, not failed
