@@ -273,7 +273,8 @@ class UnknownToolError(DispatchError, LookupError):
 
 
 class BudgetExceededError(DispatchError):
-    """A budget (provider calls, retries, receipt operations) is spent; the call was refused."""
+    """A budget (provider calls, retries, receipt operations, money) is spent, or the call
+    would pass it: it was refused before it was sent, its receipt (if any) left pending."""
 
 
 class PersistenceCircuitOpenError(DispatchError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, ClassVar
 
 import attrs
@@ -119,6 +120,9 @@ class AcquireSlots:
     immediate: bool = False
     """Slots asked before a claim: granted now or not at all (0), see
     :meth:`actors.governor.decisions.Governor.acquire`."""
+    prices: tuple[Decimal, ...] = ()
+    """Under a money budget: what each of the ``want`` requests is known to cost, in the
+    order they go, in the budget's currency (a grant of n charges the first n)."""
     reply: Any
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 
@@ -146,6 +150,9 @@ class ReleaseSlots:
     sent_at: tuple[float, ...] = ()
     """When the successes' requests went out (``time.monotonic()``), where known: an
     unknown limit is estimated from what was *sent* before a 429."""
+    unspent: Decimal = Decimal(0)
+    """Money charged for these calls and not spent, in the budget's currency: given back
+    to the money budgets (negative: what a call cost above its estimate)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -162,8 +162,7 @@ WASTE_REASONS = {
     "resent": "requests a lost owner (a crash, a lapsed lease) recorded, sent again and answered "
     "anew: the lost owner's send is presumed paid, at what the new answers cost",
     "uncertain": "sends whose outcome is uncertain (no answer, the provider may have acted), at the "
-    "tool's stated price (``Tool.price`` when it is a Money; nothing for a price known from "
-    "the answer)",
+    "tool's stated price (``Tool.stated_price``: its Money price or its price_estimate)",
 }
 """Why paid calls were wasted (``stats()["wasted"]["reasons"]``)."""
 

@@ -40,6 +40,7 @@ from actors.flusher.salvage import ReplayReport, SalvageLog
 from actors.flusher.stop_salvage import salvage_unread, salvage_writing
 from actors.front import DispatchProxy, Intake
 from actors.governor.actor import GovernorActor
+from actors.governor.budgets import check_money_budgets
 from actors.governor.decisions import suggested_parallelism
 from actors.heartbeat.actor import HeartbeatActor
 from actors.lifecycle.calls import Call, Role
@@ -85,6 +86,7 @@ class DispatchSystem:
                 f"capabilities' defaults), got {type(store).__name__}"
             )
         self._pacings = provider_pacings(self.tools.values())  # conflicting limits: before any actor starts
+        check_money_budgets(self.tools.values(), policy)
         self.run = run
         self.policy = policy
         self.store = store
@@ -178,7 +180,9 @@ class DispatchSystem:
 
         Raises:
             ValueError: no tool, or tools of one provider giving different pacings
-                (:func:`provider_pacings`).
+                (:func:`provider_pacings`), or money budgets that cannot be kept (a price
+                in another currency than its budget's, a tool priced from its answer with
+                no ``price_estimate``: :func:`~actors.governor.budgets.check_money_budgets`).
             TypeError: ``store`` is not a :class:`stores.ReceiptStore`.
         """
         return cls(tools, store, run, policy or Policy(), pacer)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -167,14 +168,19 @@ class Tool:
             kept all the same. It runs before the answer is handed back, so its time
             counts in the call's ``timeout_s``: keep it quick. Not for a tool with
             ``durable=False`` (local and free: ValueError).
+        price_estimate: for a ``price`` function, what one answered call is counted at
+            under a money budget (``Policy.max_spend``) from when it is granted its slot
+            until its answer says what it really cost (a :class:`~stores.money.Money`);
+            None: no estimate, and such a tool under a money budget is refused when the
+            system starts (ValueError naming the tool). Ignored with a fixed price.
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
             range) or is out of its range, or a count that is not a whole number in its
             range (a concurrency of 0, say), a ``keep_input`` that is neither a bool
             nor a function, or a ``price`` that is neither a Money nor a function (or
-            is given to a tool with ``durable=False``): refused here, not on an actor's
-            thread.
+            is given to a tool with ``durable=False``), or a ``price_estimate`` that is
+            not a Money: refused here, not on an actor's thread.
     """
 
     tool_id: str
@@ -192,6 +198,7 @@ class Tool:
     reconcile: Callable[[Any, Any], Any] | None = None
     keep_input: bool | Callable[[Any], str] = True
     price: Money | Callable[[Any, Any], Money] | None = None
+    price_estimate: Money | None = None
 
     def __attrs_post_init__(self) -> None:
         check_number("Tool.timeout_s", self.timeout_s, positive=True, optional=True)
@@ -210,11 +217,39 @@ class Tool:
                 f"Tool.price must be a stores.Money or a function (input, output) -> Money, "
                 f"not {self.price!r}"
             )
+        if self.price_estimate is not None and not isinstance(self.price_estimate, Money):
+            raise ValueError(f"Tool.price_estimate must be a stores.Money, not {self.price_estimate!r}")
+        if self.price_estimate is not None and not self.durable:
+            raise ValueError(f"Tool {self.tool_id!r}: a price_estimate on a tool with durable=False")
 
     @property
     def provider_name(self) -> str:
         """The provider whose pacing this tool shares."""
         return self.provider or self.tool_id
+
+    @property
+    def stated_price(self) -> Money | None:
+        """What one call costs before its answer is known: ``price`` when it is a Money,
+        else ``price_estimate`` (None: unknown until the answer, or unpriced)."""
+        return self.price if isinstance(self.price, Money) else self.price_estimate
+
+    @property
+    def priced(self) -> bool:
+        """Whether an answered call of it may cost anything (a price or a request price)."""
+        return self.price is not None or (self.batch is not None and self.batch.request_price is not None)
+
+    def known_cost(self, members: int, batched: bool) -> Money | None:
+        """What one request of ``members`` calls is known to cost before it is sent: the
+        price per member (``price`` when a Money, else ``price_estimate``) plus, when
+        ``batched`` (sent through ``BatchStrategy.batch_fn``), ``request_price``; None
+        when nothing is known. Currencies are the caller's to check (a sum of two raises
+        ValueError)."""
+        own = self.price if isinstance(self.price, Money) else self.price_estimate
+        cost = own * members if own is not None else None
+        shared = self.batch.request_price if batched and self.batch is not None else None
+        if shared is None:
+            return cost
+        return shared if cost is None else cost + shared
 
 
 @attrs.frozen(kw_only=True)
@@ -236,6 +271,11 @@ class RunInfo:
     deadline_s: float | None = None
 
 
+def _frozen(value: Mapping[str, Money]) -> Mapping[str, Money]:
+    """A read-only copy of a mapping (a policy is frozen)."""
+    return MappingProxyType(dict(value))
+
+
 @attrs.frozen(kw_only=True)
 class Policy:
     """Dispatcher settings; defaults from docs/host-api.md (Configuration). Times in seconds.
@@ -249,6 +289,14 @@ class Policy:
         timeout_s: default per-call timeout.
         max_concurrency: global ceiling of provider calls in flight.
         max_provider_calls / max_retries / max_receipt_ops: budgets (None: unlimited).
+        max_spend: a budget in money for the run (every provider of this system
+            together; None: unlimited): a call (or a batch request) is charged what it is
+            known to cost (``Tool.known_cost``) when it is granted its slot, before it is
+            sent, and one that would pass the budget is refused with
+            BudgetExceededError, its receipt left pending (docs/host-api.md, Budgets
+            in money).
+        max_spend_by_provider: provider name -> its own budget in money for the run,
+            beside ``max_spend``.
         retry_attempts: in-call attempts of retry-safe tools on transient errors.
         retry_backoff_s: first back-off between those attempts (doubles, jittered).
         receipt_poll_initial_s / receipt_poll_max_s / receipt_wait_max_attempts:
@@ -275,7 +323,8 @@ class Policy:
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
             range) or is out of its range, or a count that is not a whole number in its
-            range (a concurrency of 0, say): refused here, not on an actor's thread.
+            range (a concurrency of 0, say), or a money budget that is not a
+            :class:`~stores.money.Money`: refused here, not on an actor's thread.
     """
 
     batch_grace_s: float = 0.25
@@ -287,6 +336,8 @@ class Policy:
     max_provider_calls: int | None = None
     max_retries: int | None = None
     max_receipt_ops: int | None = None
+    max_spend: Money | None = None
+    max_spend_by_provider: Mapping[str, Money] = attrs.field(factory=dict, converter=_frozen, hash=False)
     retry_attempts: int = 3
     retry_backoff_s: float = 0.5
     receipt_poll_initial_s: float = 0.01
@@ -316,6 +367,23 @@ class Policy:
             check_count(f"Policy.{name}", getattr(self, name), minimum=least, optional=name in _OPTIONAL)
         for step in self.completion_ladder_s:
             check_number("Policy.completion_ladder_s", step)
+        if self.max_spend is not None and not isinstance(self.max_spend, Money):
+            raise ValueError(
+                f"Policy.max_spend must be a stores.Money (Money.parse('25USD')), not {self.max_spend!r}"
+            )
+        for provider, budget in self.max_spend_by_provider.items():
+            if not isinstance(provider, str) or not provider:
+                raise ValueError(f"Policy.max_spend_by_provider: a provider name, not {provider!r}")
+            if not isinstance(budget, Money):
+                raise ValueError(
+                    f"Policy.max_spend_by_provider[{provider!r}] must be a stores.Money, not {budget!r}"
+                )
+
+    def spend_currency(self, provider: str) -> str | None:
+        """The currency of the money budgets that apply to ``provider`` (``max_spend``,
+        else its own), or None when none does."""
+        budget = self.max_spend or self.max_spend_by_provider.get(provider)
+        return budget.currency if budget is not None else None
 
     def heartbeat_for(self, lease_ttl_s: float) -> float:
         """Seconds between lease renewals for a lease of ``lease_ttl_s``."""

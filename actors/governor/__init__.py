@@ -6,6 +6,7 @@ A :class:`Governor` paces through a :class:`GovernorPacing` over a pacer: its ow
 """
 
 from actors.governor.actor import GovernorActor
+from actors.governor.budgets import MoneyBudgets, check_money_budgets
 from actors.governor.decisions import (
     BUDGET_KINDS,
     Decisions,
@@ -21,6 +22,8 @@ __all__ = [
     "Governor",
     "GovernorActor",
     "GovernorPacing",
+    "MoneyBudgets",
+    "check_money_budgets",
     "shared_governor",
     "suggested_parallelism",
 ]

@@ -83,6 +83,7 @@ class GovernorActor(pykka.ThreadingActor):
                     now,
                     message.exempt,
                     message.immediate,
+                    message.prices,
                 )
             )
         elif isinstance(message, ReleaseSlots):
@@ -91,7 +92,7 @@ class GovernorActor(pykka.ThreadingActor):
                 gov.release(
                     message.org_id, message.provider, message.count, message.successes, now,
                     unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
-                    refunds=message.refunds, sent_at=message.sent_at,
+                    refunds=message.refunds, sent_at=message.sent_at, unspent=message.unspent,
                 )
             )  # fmt: skip
         elif isinstance(message, BackpressureReported):

@@ -23,11 +23,13 @@ import os
 import random
 import secrets
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any
 
 import attrs
 
 from actors.errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
+from actors.governor.budgets import ZERO, MoneyBudgets
 from actors.pacing.bucket import MIN_WAKE_S, ProviderBucket, parse_retry_after
 from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
@@ -79,6 +81,9 @@ class _Waiter:
     """A nested call's request: no global ceiling, no provider max_concurrency."""
     since: float = 0.0
     """When it began waiting (governor clock), for the time waited for pacing."""
+    prices: tuple[Decimal, ...] = ()
+    """Under a money budget: what each slot wanted is known to cost, in the order its
+    requests go (() : not counted in money)."""
 
 
 @attrs.define
@@ -104,8 +109,9 @@ class Governor:
     """Admission control state machine.
 
     Args:
-        policy: budgets (``max_provider_calls``, ``max_retries``, ``max_receipt_ops``),
-            the global ceiling (``max_concurrency``) and Retry-After bounds.
+        policy: budgets (``max_provider_calls``, ``max_retries``, ``max_receipt_ops``;
+            in money ``max_spend``, ``max_spend_by_provider``), the global ceiling
+            (``max_concurrency``) and Retry-After bounds.
         pacings: provider name -> Pacing.
         rng: ``rng() -> float in [0, 1)`` for jitter (injectable for tests).
         pacer: a pacer shared with other processes (its owner closes it); None: a
@@ -131,6 +137,8 @@ class Governor:
             "receipt_ops": policy.max_receipt_ops,
         }
         self.spent: collections.Counter[str] = collections.Counter()
+        self.money = MoneyBudgets(policy)
+        """The budgets in money and what is charged against them."""
         self.buckets: dict[BucketKey, ProviderBucket] = {}
         self.waiters: dict[tuple[str, str, bool], collections.deque[_Waiter]] = {}
         """(org, provider, exempt) -> waiters in arrival order."""
@@ -176,14 +184,18 @@ class Governor:
         exempt: bool = False,
         refunds: int = 0,
         sent_at: Sequence[float] = (),
+        unspent: Decimal = ZERO,
     ) -> Decisions:
         """Return ``count`` slots; ``successes`` of them feed the rate's growth (AIMD, or the
         unknown limit's learner, with ``sent_at``: when their requests went out, on
         ``now``'s clock, where known); ``unavailable`` ones (and ``answered``: any answer
         from the provider, successes included; default ``successes``) drive the
         provider's circuit. When it opens, every waiter of (org, provider) is refused with
-        ProviderUnavailableError."""
+        ProviderUnavailableError. ``unspent``: money charged for the provider's calls and
+        not spent (never sent, or an estimate above the real cost; negative: a cost above
+        its estimate), given back to its money budgets."""
         self.now = now
+        self.money.give_back(provider, unspent)
         return self.pacing.release(
             org_id, provider, count, successes, now, unavailable, answered, exempt, refunds, sent_at
         )
@@ -221,9 +233,14 @@ class Governor:
 
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
-        immediate: bool = False,
+        immediate: bool = False, prices: Sequence[Decimal] = (),
     ) -> Decisions:  # fmt: skip
         """Queue a request for up to ``want`` slots and grant what can be granted.
+
+        ``prices``: under a money budget, what each of the ``want`` requests is known to
+        cost, in the order they go (the budget's currency): a grant of ``n`` charges the
+        first ``n``, and only as many are granted as fit in what is left of the budgets;
+        when not even the first fits, the request is refused with BudgetExceededError.
 
         ``exempt`` (a nested call, made by a running tool that waits for it): the slot is
         not counted against the global ceiling nor the provider's max_concurrency, since
@@ -233,16 +250,17 @@ class Governor:
         waiting, and with no ``provider_calls`` budget (else -1: ask the usual way), so a
         claim is never held back by pacing, no rate token is spent on a call the claim may
         answer from its receipt, and no budget charge held for such a call refuses a call
-        that needs it.
+        that needs it (nor with a money budget over the provider).
         """
         self.now = now
-        out = self._queue(org_id, provider, want, reply, now, exempt, immediate)
+        out = self._queue(org_id, provider, want, reply, now, exempt, immediate, tuple(prices))
         self.pacing.acquired((org_id, provider), now, out)
         return out
 
     def _queue(
-        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool, immediate: bool
-    ) -> Decisions:
+        self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool, immediate: bool,
+        prices: tuple[Decimal, ...],
+    ) -> Decisions:  # fmt: skip
         """:meth:`acquire` before its pacing hears of it."""
         if self.stopped:
             return Decisions(refusals=[(reply, CallCancelledError("the dispatcher is stopping"))])
@@ -253,11 +271,11 @@ class Governor:
         if circuit == "open":  # refused at once, even with no slot free to ask the pacer for
             return Decisions(refusals=[(reply, self.unavailable_error(key))])
         wkey = (org_id, provider, exempt)
-        budgeted = self.limits["provider_calls"] is not None
+        budgeted = self.limits["provider_calls"] is not None or self.money.applies(provider)
         if immediate and (circuit != "closed" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
             out = Decisions(grants=[(reply, -1)])
         else:
-            waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now)
+            waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now, prices)
             self.waiters.setdefault(wkey, collections.deque()).append(waiter)
             out = self.wake(now)
             if immediate and waiter in self.waiters[wkey]:  # not granted now: 0
@@ -276,7 +294,9 @@ class Governor:
         bucket cannot grant yet, so a busy provider's stream of waiters never starves
         another provider's waiters at the global ceiling. A grant is charged to the
         ``provider_calls`` budget before it is taken (a refused charge refuses that waiter
-        alone, and lets go of a half-open circuit's probe granted to it).
+        alone, and lets go of a half-open circuit's probe granted to it), and to the money
+        budgets (a waiter whose first request's price does not fit is refused at once,
+        before it takes a rate token).
         """
         self.now = now
         out = Decisions()
@@ -288,7 +308,16 @@ class Governor:
             wkey = min(heads)[1]
             key = (wkey[0], wkey[1])
             queue, bucket = self.waiters[wkey], self.buckets[key]
-            n = self.pacing.grantable(wkey, self._budget_room(queue[0].want), bucket, now, out)
+            head = queue[0]
+            room = self._budget_room(head.want)
+            if head.prices:
+                fit = self.money.room(key[1], head.prices)
+                if fit < 1:
+                    queue.popleft()
+                    out.refusals.append((head.reply, self.money.refusal(key[1], head.prices[0])))
+                    continue
+                room = min(room, fit)
+            n = self.pacing.grantable(wkey, room, bucket, now, out)
             if n is None:  # the provider's circuit is open: every waiter of it is refused
                 out.refusals.extend((w.reply, self.unavailable_error(key)) for w in queue)
                 queue.clear()
@@ -303,6 +332,8 @@ class Governor:
                 out.refusals.append((waiter.reply, exc))
                 self.pacing.unsent_probe(key)
                 continue
+            if waiter.prices:
+                self.money.charge(key[1], waiter.prices[:n])
             bucket.admission_wait_s += max(0.0, now - waiter.since)
             self.pacing.take(wkey, bucket, n, now)
             if wkey[2]:

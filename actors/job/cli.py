@@ -110,11 +110,25 @@ def _count_rows(path: str) -> int | None:
     help="Send nothing: say which rows receipts answer, which calls the run would pay for and "
     "what they would cost (docs/cli.md).",
 )
+@click.option(
+    "--budget",
+    default=None,
+    metavar="MONEY",
+    help="The run's budget in money, e.g. 25USD: a call that would pass it is refused before it "
+    "is sent, its receipt left for a later run.",
+)
+@click.option(
+    "--budget-provider",
+    "budget_providers",
+    multiple=True,
+    metavar="NAME=MONEY",
+    help="A provider's own budget in money, e.g. acme=10USD (repeatable).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
     pacer: str | None, shard: str | None, report_json_path: str | None, report_html_path: str | None,
-    dry_run: bool,
+    dry_run: bool, budget: str | None, budget_providers: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -157,9 +171,10 @@ def run(
             )
         sys.exit(_dry_run(play_spec, input_path, db, org, scope, force_refresh, retry_failed,
                           _parse_shard(shard), report_json_path))  # fmt: skip
+    policy = _budget_policy(budget, budget_providers)
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
-        pacer, _parse_shard(shard), report_json_path, report_html_path,
+        pacer, _parse_shard(shard), report_json_path, report_html_path, policy,
     )  # fmt: skip
     sys.exit(code)
 
@@ -168,8 +183,9 @@ def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None, report_json_path: str | None = None,
-    report_html_path: str | None = None,
+    report_html_path: str | None = None, policy: Any = None,
 ) -> int:  # fmt: skip
+    from actors.governor.budgets import check_money_budgets
     from actors.job.ordered import OrderedWriter
     from actors.job.play import PlayContext, PlayLoadError, load_play
     from actors.job.report import ProgressDisplay, output_line, report_table, resume_hint, tools_table
@@ -187,6 +203,11 @@ def _run(
         play = load_play(play_spec)
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
+    if policy is not None:
+        try:
+            check_money_budgets(play.tools, policy)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     rows = _first_rows(input_path)
     if shard is not None:
         rows = _shard_rows(rows, *shard)
@@ -295,7 +316,9 @@ def _run(
     interrupts.short_report = lambda: report(interrupts.system.stats(), aborted_now())
     interrupts.last_line = lambda: last_line(aborted_now())
     try:
-        with DispatchSystem.start(tools=play.tools, store=store, run=run_info, pacer=pacer) as system:
+        with DispatchSystem.start(
+            tools=play.tools, store=store, run=run_info, policy=policy, pacer=pacer
+        ) as system:
             interrupts.attach(system)  # a signal from now on stops it: nothing unsent goes out
             ctx = PlayContext(
                 system.proxy(),
@@ -414,6 +437,31 @@ def _dry_run(
                 f"cannot write --report-json {report_json_path}: {exc.strerror or exc}"
             ) from None
     return 0
+
+
+def _budget_policy(budget: str | None, by_provider: tuple[str, ...]) -> Any:
+    """The :class:`~actors.tool.Policy` of ``--budget`` and ``--budget-provider`` (None:
+    neither given, the default policy); a usage error for text that is not money."""
+    if budget is None and not by_provider:
+        return None
+    from actors.tool import Policy
+    from stores.money import Money
+
+    def money(option: str, text: str) -> Money:
+        try:
+            return Money.parse(text)
+        except ValueError:
+            raise ConfigError(f"{option} {text!r}: expected an amount and a currency, e.g. 25USD") from None
+
+    providers: dict[str, Money] = {}
+    for item in by_provider:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--budget-provider {item!r}: expected NAME=MONEY, e.g. acme=10USD")
+        providers[name.strip()] = money("--budget-provider", text)
+    return Policy(
+        max_spend=money("--budget", budget) if budget is not None else None, max_spend_by_provider=providers
+    )
 
 
 def _parse_shard(shard: str | None) -> tuple[int, int] | None:

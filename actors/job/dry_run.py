@@ -39,7 +39,6 @@ __all__ = [
     "dry_run_json",
     "dry_run_rows",
     "dry_run_table",
-    "stated_price",
 ]
 
 
@@ -84,7 +83,7 @@ class DryTally:
             keys = self.would_pay.get(tool.tool_id)
             if not keys:
                 continue
-            price = stated_price(tool)
+            price = tool.stated_price
             amounts = [price * len(keys)] if price is not None else []
             batch = tool.batch
             if batch is not None and batch.request_price is not None:
@@ -92,15 +91,6 @@ class DryTally:
             if amounts:
                 out[tool.tool_id] = total(amounts)
         return out
-
-
-def stated_price(tool: Tool) -> Money | None:
-    """What one call of ``tool`` costs before its answer is known: its ``price`` when it
-    is a Money, else its ``price_estimate`` (None: unknown)."""
-    if isinstance(tool.price, Money):
-        return tool.price
-    estimate = getattr(tool, "price_estimate", None)
-    return estimate if isinstance(estimate, Money) else None
 
 
 class DryProxy:
@@ -159,7 +149,7 @@ class DryProxy:
         keys = tally.would_pay.setdefault(tool_id, set())
         if key not in keys:
             keys.add(key)
-            if stated_price(tool) is None and tool.price is not None:
+            if tool.stated_price is None and tool.price is not None:
                 tally.unpriced[tool_id] = tally.unpriced.get(tool_id, 0) + 1
         self.row_pays = True
         raise DryRunStop(f"{tool_id}: the run would pay for this call")

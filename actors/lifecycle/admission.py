@@ -28,6 +28,7 @@ from actors.lifecycle.attempts import SendTicket, batch_record, spec_for
 from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
+from actors.lifecycle.spending import ZERO, exact_difference, exact_sum, unit_cost
 from stores.types import ClaimMode
 
 __all__ = ["Admission", "sent_batch"]
@@ -62,7 +63,13 @@ class Admission:
             if want < 1:
                 continue
             self.s.acquiring[exempt] = True
-            self.fx.acquire(want, exempt)
+            if self.s.spend_currency is None:
+                self.fx.acquire(want, exempt)
+                continue
+            # under a money budget the governor charges what each request is known to cost
+            prices = tuple(unit_cost(self.tool, queue[i]) for i in range(min(want, len(queue))))
+            self.s.asked_prices[exempt] = prices
+            self.fx.acquire(len(prices), exempt, prices=prices)
 
     def _drop_empty(self, queue: collections.deque[Unit]) -> None:
         while queue and not queue[0].groups:
@@ -79,6 +86,7 @@ class Admission:
             return
         self.s.acquiring[exempt] = False
         queue = self.s.pending_exempt if exempt else self.s.pending
+        prices, self.s.asked_prices[exempt] = self.s.asked_prices[exempt], ()
         if error is not None or not n:
             units = list(queue)
             queue.clear()
@@ -91,19 +99,32 @@ class Admission:
             self.pump(now)
             return
         admitted: list[Unit] = []
+        # under a money budget: what the grant charged, spent on the units it admits (the
+        # queue may have changed since it was asked: a unit costing more than what is left
+        # waits for the next grant, priced anew)
+        allowance = exact_sum(prices[:n]) if self.s.spend_currency is not None else None
         while n > 0 and queue:
-            unit = queue.popleft()
-            unit.queued = False
+            unit = queue[0]
             if not unit.groups:
+                queue.popleft()
+                unit.queued = False
                 self.s.units.pop(unit.id, None)
                 continue
+            if allowance is not None:
+                cost = unit_cost(self.tool, unit)
+                if cost > allowance:
+                    break
+                allowance = exact_difference(allowance, cost)
+                unit.charge = cost
+            queue.popleft()
+            unit.queued = False
             unit.slot = True
             if not exempt:
                 self.s.holding += 1
             n -= 1
             admitted.append(unit)
-        if n > 0:  # granted (and charged) for units gone meanwhile: never sent, charges back
-            self.fx.release_slots(n, exempt=exempt, refunds=n)
+        if n > 0 or allowance:  # granted (and charged) for units gone meanwhile: never sent, charges back
+            self.fx.release_slots(n, exempt=exempt, refunds=n, unspent=allowance or ZERO)
         self.admit(admitted, now)
         self.pump(now)
 

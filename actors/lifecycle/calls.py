@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -267,6 +268,9 @@ class Unit:
     """Waits in the lifecycle's admission queue."""
     sent_on_slot: bool = False
     """A request went out under the slot it holds now (else the slot's charge is refunded)."""
+    charge: Decimal | None = None
+    """Under a money budget: what its slot's grant charged (the budget's currency), held
+    until its answer settles it, or given back when nothing went."""
     exempt: bool = False
     """Its slot is a nested call's (not counted against the ceiling)."""
     deadline: float | None = None

@@ -10,6 +10,7 @@ is away is tried again before the request is answered with its error (0: at once
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, Protocol
 
 from actors.lifecycle.attempts import AttemptSpec
@@ -28,10 +29,12 @@ class Effects(Protocol):
         running: frozenset[str] = frozenset(), patience_s: float = 0.0,
     ) -> None: ...  # fmt: skip
     def read(self, batch: int, keys: list[str], patience_s: float = 0.0) -> None: ...
-    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None: ...
+    def acquire(
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
+    ) -> None: ...
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
-        refunds: int = 0, sent_at: float | None = None,
+        refunds: int = 0, sent_at: float | None = None, unspent: Decimal = Decimal(0),
     ) -> None: ...  # fmt: skip
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
     def mark_running(

@@ -172,8 +172,14 @@ class Exits:
             unit.slot = False
             if not unit.exempt:
                 self.s.holding -= 1
-            # a slot under which nothing was sent gives its provider_calls charge back
-            self.fx.release_slots(1, exempt=unit.exempt, refunds=0 if unit.sent_on_slot else 1)
+            # a slot under which nothing was sent gives its provider_calls charge back, and
+            # its money charge (one sent keeps it until its answer settles it)
+            if unit.sent_on_slot or not unit.charge:
+                self.fx.release_slots(1, exempt=unit.exempt, refunds=0 if unit.sent_on_slot else 1)
+            else:
+                self.fx.release_slots(1, exempt=unit.exempt, refunds=1, unspent=unit.charge)
+            if not unit.sent_on_slot:
+                unit.charge = None
             unit.sent_on_slot = False
 
     def leave(self, unit: Unit) -> None:

@@ -30,6 +30,7 @@ from actors.lifecycle.attempts import plain_value, retry_in_call, transient
 from actors.lifecycle.calls import Group, GroupState, Role, Unit
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
+from actors.lifecycle.spending import ZERO, exact_difference, settled_cost
 from actors.messages import RetryDue, UnitFinished
 from stores.claims import batch_unsendable
 
@@ -82,6 +83,8 @@ class Finisher:
         )  # a refused connection, an attempt never started or held past its turn: no request
         if unsent:
             self.fx.count("requests", -1)
+        if unit.charge is not None:
+            self._settle(unit, msg, unsent or (is_a(error, RateLimitedError) and not relayed))
         if unit.retry_charged:  # the retry this attempt was charged for: spent if it went out
             unit.retry_charged = False
             if unsent:
@@ -117,6 +120,24 @@ class Finisher:
             if unit.taken_over and paid:  # the lost owner's send of this request: presumed paid
                 self.fx.waste(paid, "resent")
         self.conclude(unit, msg.members, None, now, costs=msg.costs)
+
+    def _settle(self, unit: Unit, msg: UnitFinished, free: bool) -> None:
+        """Settle the money charge of an attempt that came back (sent, or known to be unsent:
+        ``free``, as a 429): nothing spent for one unsent, refused with a 429 or answered
+        by the provider's replay; what it cost for an answer; for another error its charge
+        stands (whether it was billed is not known)."""
+        charge, unit.charge = unit.charge, None
+        if charge is None or self.s.spend_currency is None:
+            return
+        if free or msg.replayed:
+            spent = ZERO
+        elif msg.error is not None or msg.members is None:
+            return
+        else:
+            failed = [member[1] is not None for member in msg.members]
+            spent = settled_cost(self.tool, unit, charge, msg.costs, failed, self.s.spend_currency)
+        if spent != charge:
+            self.fx.release_slots(0, exempt=unit.exempt, unspent=exact_difference(charge, spent))
 
     def _withdrawn(self, unit: Unit, kind: str, error: BaseException | None, now: float) -> None:
         """Its worker sent nothing: the last check before the request refused it

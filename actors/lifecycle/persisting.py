@@ -23,7 +23,6 @@ from actors.lifecycle.exits import FLUSHER_FAILED, MISSING, RELEASE_ON, Done, To
 from actors.lifecycle.failure_record import failure_record, may_have_acted
 from actors.lifecycle.shared import Parts, Shared
 from stores.codec import EncodedOutput, decode_output, encode_output
-from stores.money import Money
 from stores.types import Failure
 
 __all__ = ["Persister"]
@@ -137,8 +136,9 @@ class Persister:
             )
             if uncertain or may_have_acted(self.tool, exc, relayed):
                 unsure.append(record)
-                if isinstance(self.tool.price, Money):  # sent, and the provider may have billed it
-                    self.fx.waste([self.tool.price], "uncertain")
+                stated = self.tool.stated_price
+                if stated is not None:  # sent, and the provider may have billed it
+                    self.fx.waste([stated], "uncertain")
             else:
                 records.append(record)
             group.state = GroupState.PERSISTING

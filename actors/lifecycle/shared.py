@@ -13,6 +13,7 @@ import collections
 import itertools
 import math
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 from typing import Any, Protocol
 
 from actors.lifecycle.calls import Call, Group, Unit
@@ -77,6 +78,12 @@ class Shared:
         """When functions past their timeout were last said to hold slots (``Finisher``)."""
         self.acquiring = {False: False, True: False}
         """Per admission queue (exempt or not): a slot request is out."""
+        self.spend_currency = (
+            policy.spend_currency(tool.provider_name) if tool.durable and tool.priced else None
+        )
+        """The currency of the money budgets its calls are charged to (None: not charged)."""
+        self.asked_prices: dict[bool, tuple[Decimal, ...]] = {False: (), True: ()}
+        """Per admission queue: the prices its slot request out was sent with."""
         self.slotting: list[Group] = []
         """Groups whose slots were asked for before their claim (``Claims.drained``)."""
         self.intake_out: set[int] = set()

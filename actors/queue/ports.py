@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -22,6 +23,7 @@ import pykka
 
 from actors.heartbeat.deferred_beats import DeferredBeats
 from actors.lifecycle.machine import EVENTS
+from actors.lifecycle.spending import ZERO, exact_sum
 from actors.messages import (
     AcquireSlots,
     BackpressureReported,
@@ -87,6 +89,8 @@ class ActorEffects:
         self._release: dict[bool, list[int]] = {False: [0, 0, 0, 0, 0], True: [0, 0, 0, 0, 0]}
         self._sent_at: dict[bool, list[float]] = {False: [], True: []}
         """Send times of the successes in ``_release``."""
+        self._unspent: dict[bool, Decimal] = {False: ZERO, True: ZERO}
+        """Money charged and not spent, given back with ``_release``."""
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
@@ -169,16 +173,18 @@ class ActorEffects:
         if not idle and sum(self._release[False]) + sum(self._release[True]) < _GATHER:
             return
         for exempt, (count, successes, unavailable, answered, refunds) in self._release.items():
-            if count or successes or unavailable or answered or refunds:
+            unspent = self._unspent[exempt]
+            if count or successes or unavailable or answered or refunds or unspent:
                 self.ports.governor.tell(
                     ReleaseSlots(
                         org_id=self.org_id, provider=self.tool.provider_name, count=count,
                         successes=successes, unavailable=unavailable, answered=answered, exempt=exempt,
-                        refunds=refunds, sent_at=tuple(self._sent_at[exempt]),
+                        refunds=refunds, sent_at=tuple(self._sent_at[exempt]), unspent=unspent,
                     )
                 )  # fmt: skip
                 self._release[exempt] = [0, 0, 0, 0, 0]
                 self._sent_at[exempt] = []
+                self._unspent[exempt] = ZERO
 
     # -- effects out --------------------------------------------------------------------
 
@@ -207,18 +213,22 @@ class ActorEffects:
             )
         )  # fmt: skip
 
-    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
+    def acquire(
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
+    ) -> None:
         reply = Reply(self.ref, SlotsGranted, exempt=exempt)
         message = AcquireSlots(
             org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt,
-            immediate=immediate,
+            immediate=immediate, prices=prices,
         )  # fmt: skip
         _ask(self.ports.governor, message, reply)
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
-        refunds: int = 0, sent_at: float | None = None,
+        refunds: int = 0, sent_at: float | None = None, unspent: Decimal = ZERO,
     ) -> None:  # fmt: skip
+        if unspent:
+            self._unspent[exempt] = exact_sum((self._unspent[exempt], unspent))
         if sent_at is not None and successes:
             self._sent_at[exempt].extend([sent_at] * successes)
         totals = self._release[exempt]

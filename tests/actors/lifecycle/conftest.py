@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from decimal import Decimal
 from typing import Any
 
 from actors.errors import CallCancelledError
@@ -107,6 +108,8 @@ class FakeEffects:
         self.owes: set[str] = set()
         self.release_batches: list[int] = []
         self.refunds = 0
+        self.unspent = Decimal(0)
+        self.prices: list[tuple[Decimal, ...]] = []
         self.running: dict[int, frozenset[str]] = {}
         """Claim batch -> keys to claim straight into running."""
         self.immediate: list[tuple[int, bool]] = []
@@ -136,15 +139,20 @@ class FakeEffects:
         self.reads[batch] = keys
         self.patience[batch] = patience_s
 
-    def acquire(self, want: int, exempt: bool, immediate: bool = False) -> None:
+    def acquire(
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
+    ) -> None:
         (self.immediate if immediate else self.acquires).append((want, exempt))
+        if not immediate:
+            self.prices.append(prices)
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
-        refunds: int = 0, sent_at: float | None = None,
+        refunds: int = 0, sent_at: float | None = None, unspent: Decimal = Decimal(0),
     ) -> None:  # fmt: skip
         self.slots_released[exempt] += count
         self.refunds += refunds
+        self.unspent += unspent
         self.reports.append({"successes": successes, "unavailable": unavailable, "answered": answered})
 
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
