@@ -159,12 +159,14 @@ class Intake:
         store: the receipt store (plain reads of a cold rerun, on the caller's thread).
         salvage: the salvage file (a key it holds a paid output for is never answered by
             a plain read: its claim replays the file first).
+        telemetry: the system's instruments (``actors.telemetry.instruments.Instruments``)
+            when telemetry is on, else None: each call then gets a span, begun here.
     """
 
     def __init__(
         self, *, run: RunInfo, policy: Policy, tools: dict[str, Tool], stats: Stats,
         stopping: threading.Event, memos: Mapping[str, MemoView], queues: dict[str, Any], store: ReceiptStore,
-        salvage: SalvageFile | None = None,
+        salvage: SalvageFile | None = None, telemetry: Any = None,
     ) -> None:  # fmt: skip
         self.run = run
         self.policy = policy
@@ -175,6 +177,7 @@ class Intake:
         self.queues = queues
         self.store = store
         self.salvage = salvage
+        self.telemetry = telemetry
         self._where = repr(store)
         """The store as outages name it (:mod:`actors.store.outage`)."""
         self._digests: dict[str, str] = {}
@@ -352,6 +355,7 @@ class Intake:
             misses, lives = self._from_store(tool, misses, futures, stale_after_s, saved, read_ahead=ahead_ok)
             cached += before - len(misses) - lives
         calls: list[Call] = []
+        telemetry = self.telemetry
         for index, input, key, input_hash, canonical in misses:
             future = futures[index] = new_future()
             try:
@@ -380,8 +384,13 @@ class Intake:
                     submitted_at=now,
                     nested=nested,
                     ancestors=cycle,
+                    trace=telemetry.call(tool, key, now) if telemetry is not None else None,
                 )
             )
+        if telemetry is not None:
+            telemetry.answered_here(tool, futures, now, [call.future for call in calls])
+            for call in calls:
+                call.future.add_done_callback(call.trace.done)
         stats.add("calls", len(futures), tool=tool_id)
         if errors:
             stats.add("errors", errors, tool=tool_id)
