@@ -46,6 +46,18 @@ def _wall_ns(monotonic_s: float) -> int:
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
 
 
+def error_type(error: BaseException | None) -> str:
+    """An error's ``error.type``: its fully qualified class name (a builtin's bare name)."""
+    if error is None:
+        return "unknown"
+    kind = type(error)
+    try:  # (a foreign error's class may answer anything)
+        module, name = str(kind.__module__), str(kind.__qualname__)
+    except Exception:
+        return "unknown"
+    return name if module == "builtins" else f"{module}.{name}"
+
+
 def _amount(money: Money) -> str:
     return f"{money.amount:f}"
 
@@ -256,7 +268,7 @@ class CallTrace:
                 self.wait("store_write", self.returned_at, now)
         else:
             attributes["tooldispatch.outcome"] = "error"
-            attributes["error.type"] = type(error).__qualname__ if error is not None else "unknown"
+            attributes["error.type"] = error_type(error)
         ins = self.ins
         if ins.metrics:
             ins.calls.add(1, attributes)
@@ -269,7 +281,7 @@ class CallTrace:
                 span.set_attribute("gen_ai.tool.call.id", value.receipt_key)
                 span.set_attribute("tooldispatch.receipt_key", value.receipt_key)
         else:
-            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__ if error is not None else None))
+            span.set_status(Status(StatusCode.ERROR, error_type(error)))
         span.set_attributes(attributes)
         if self.attempt:
             span.set_attribute("tooldispatch.attempt", self.attempt)
@@ -326,8 +338,8 @@ class Sending:
         span = self.span
         if span is not None:
             if error is not None:
-                span.set_attribute("error.type", type(error).__qualname__)
-                span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+                span.set_attribute("error.type", error_type(error))
+                span.set_status(Status(StatusCode.ERROR, error_type(error)))
             span.end()
 
 
@@ -365,6 +377,6 @@ class HttpSpan:
                 span.set_attribute("error.type", str(status))
                 span.set_status(Status(StatusCode.ERROR))
         elif error is not None:
-            span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+            span.set_attribute("error.type", error_type(error))
+            span.set_status(Status(StatusCode.ERROR, error_type(error)))
         span.end()
