@@ -129,15 +129,19 @@ class Instruments:
         on the caller's thread: its span's parent is the caller's current context."""
         return CallTrace(self, tool, key, now)
 
-    def answered_here(self, tool: Tool, futures: Sequence[Any], now: float, skip: Sequence[Any]) -> None:
-        """Calls answered on the caller's thread (memo hits, a rerun's plain reads, errors
-        before any key): a span each, begun and ended now. ``skip``: futures whose call
-        has a trace of its own (queued)."""
+    def answered_here(
+        self, tool: Tool, futures: Sequence[Any], now: float, skip: Sequence[Any], priced: Mapping[int, Money]
+    ) -> None:
+        """Calls answered on the caller's thread (memo hits, a rerun's plain reads, inputs
+        that cannot be keyed): a span each, begun and ended now. ``skip``: futures whose
+        call has a trace of its own (queued); ``priced``: index -> what a receipt that
+        answered one cost when paid."""
         queued = {id(f) for f in skip}
-        for future in futures:
+        for index, future in enumerate(futures):
             if id(future) not in queued:
                 value, _ = future.peek()
                 trace = CallTrace(self, tool, value.receipt_key if isinstance(value, ToolResult) else "", now)
+                trace.cost = priced.get(index)
                 trace.done(future)
 
     def money(self, costs: Sequence[Money], tool: str, saved: bool) -> None:
