@@ -345,8 +345,6 @@ class ToolQueueActor(InboxActor):
                 call.future.set(ToolResult.of(value, "cached", call.key, tool_id))
                 self.ports.stats.add("cached", tool=tool_id)
                 cost = self.queue.memo.cost_of(call.key)
-                if cost is not None and call.trace is not None:
-                    call.trace.cost = cost
                 if cost is not None:
                     self.ports.stats.save([cost], tool=tool_id)
         elif decision in (Submitted.FOLLOWER, Submitted.ATTACHED):
