@@ -5,6 +5,7 @@ with opentelemetry-proto (no OpenTelemetry collector binary is installed here)."
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,6 +86,25 @@ def receiver() -> Iterator[str]:
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
+
+
+def test_cli_otel_without_the_packages(cli: Any, tmp_path: Any) -> None:
+    """Where ``opentelemetry`` cannot be imported, a run without ``--otel`` never needs it,
+    and ``--otel`` is a configuration error naming the extra to install (exit 2)."""
+    blocked = tmp_path / "blocked"
+    (blocked / "opentelemetry").mkdir(parents=True)
+    (blocked / "opentelemetry" / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    play = tmp_path / "math_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n\n1\n", encoding="utf-8")
+    env = cli.env()
+    env["PYTHONPATH"] = f"{blocked}{os.pathsep}{env['PYTHONPATH']}"
+    plain = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", env=env)
+    assert plain.returncode == 0, plain.stderr
+    traced = cli.run("run", play, "--input", rows, "--db", tmp_path / "r.db", "--otel", env=env)
+    assert traced.returncode == 2, traced.stderr
+    assert "pip install 'tooldispatch[otel]'" in traced.stderr
 
 
 def _value(any_value: Any) -> Any:

@@ -264,7 +264,7 @@ def test_telemetry_waits_for_retry_backoff_and_pause(otel: Otel, start: Any) -> 
     transient, limited = sorted(spans, key=lambda s: s.start_time or 0)
     assert transient.attributes["tooldispatch.attempt"] == 2  # type: ignore[index]
     assert waits(transient)["retry_backoff"] >= 0.15  # jittered around 0.2 s
-    assert waits(limited)["pause"] >= 0.25  # the Retry-After, less the time it took to be told
+    assert waits(limited)["pause"] >= 0.15  # most of the 0.3 s Retry-After (its start was told late)
     ((unit, attributes, point),) = otel.points("tooldispatch.rate_limited")
     assert (unit, attributes, point.value) == (
         "{request}",
