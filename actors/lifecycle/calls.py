@@ -51,11 +51,12 @@ def patience_s(groups: Iterable[Group]) -> float:
 
 def note_wait(groups: Iterable[Group], reason: str, since: float, now: float) -> None:
     """Tell the trace of each caller of ``groups`` (telemetry on) that it waited for
-    ``reason`` from ``since`` to ``now`` (``time.monotonic()``)."""
+    ``reason`` from ``since`` (or from when it came, if later: it joined the wait) to
+    ``now`` (``time.monotonic()``)."""
     for group in groups:
         for call in group.calls:
             if call.trace is not None:
-                call.trace.wait(reason, since, now)
+                call.trace.wait(reason, max(since, call.submitted_at), now)
 
 
 def mode_covers(running: ClaimMode, wanted: ClaimMode) -> bool:
