@@ -34,6 +34,7 @@ from actors.errors import (
 from actors.flusher.salvage import SalvageEntry, SalvageLog
 from actors.results import ToolContext, ToolResult
 from actors.system import DispatchProxy, DispatchSystem
+from actors.telemetry import Telemetry
 from actors.tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
 from stores.errors import InputTooLargeError, InvalidInputError, StoreError, ToolDispatchError
 from stores.types import FailureKind
@@ -70,6 +71,7 @@ __all__ = [
     "SalvageLog",
     "StoreError",
     "SuspendedError",
+    "Telemetry",
     "Tool",
     "ToolContext",
     "ToolDispatchError",

@@ -159,12 +159,14 @@ class Intake:
         store: the receipt store (plain reads of a cold rerun, on the caller's thread).
         salvage: the salvage file (a key it holds a paid output for is never answered by
             a plain read: its claim replays the file first).
+        telemetry: the system's instruments (``actors.telemetry.instruments.Instruments``)
+            when telemetry is on, else None: each call then gets a span, begun here.
     """
 
     def __init__(
         self, *, run: RunInfo, policy: Policy, tools: dict[str, Tool], stats: Stats,
         stopping: threading.Event, memos: Mapping[str, MemoView], queues: dict[str, Any], store: ReceiptStore,
-        salvage: SalvageFile | None = None,
+        salvage: SalvageFile | None = None, telemetry: Any = None,
     ) -> None:  # fmt: skip
         self.run = run
         self.policy = policy
@@ -175,6 +177,7 @@ class Intake:
         self.queues = queues
         self.store = store
         self.salvage = salvage
+        self.telemetry = telemetry
         self._where = repr(store)
         """The store as outages name it (:mod:`actors.store.outage`)."""
         self._digests: dict[str, str] = {}
@@ -299,6 +302,8 @@ class Intake:
         misses: list[tuple[int, Any, str, str, bytes]] = []  # (index, input, key, input hash, canonical)
         errors = cached = 0
         saved: list[Money] = []  # what the calls answered from receipts cost when paid
+        priced: dict[int, Money] | None = {} if self.telemetry is not None else None
+        """(Telemetry on) index -> what a call answered here from a receipt cost when paid."""
         for input in inputs:
             try:
                 key, input_hash, canonical = make(input)
@@ -336,6 +341,8 @@ class Intake:
                             cost = memo.cost_of(key)  # type: ignore[union-attr]
                             if cost is not None:
                                 saved.append(cost)
+                                if priced is not None:
+                                    priced[len(futures) - 1] = cost
                         continue
             misses.append((len(futures), input, key, input_hash, canonical))
             futures.append(None)
@@ -349,9 +356,12 @@ class Intake:
             # what the memo would answer, for calls that come a few at a time (one read
             # answers a bulk of them already)
             ahead_ok = recall is not None and stale_after_s is None and len(misses) < READ_FIRST
-            misses, lives = self._from_store(tool, misses, futures, stale_after_s, saved, read_ahead=ahead_ok)
+            misses, lives = self._from_store(
+                tool, misses, futures, stale_after_s, saved, read_ahead=ahead_ok, priced=priced
+            )
             cached += before - len(misses) - lives
         calls: list[Call] = []
+        telemetry = self.telemetry
         for index, input, key, input_hash, canonical in misses:
             future = futures[index] = new_future()
             try:
@@ -380,8 +390,13 @@ class Intake:
                     submitted_at=now,
                     nested=nested,
                     ancestors=cycle,
+                    trace=telemetry.call(tool, key, now) if telemetry is not None else None,
                 )
             )
+        if telemetry is not None:
+            telemetry.answered_here(tool, futures, now, [call.future for call in calls], priced or {})
+            for call in calls:
+                call.future.add_done_callback(call.trace.done)
         stats.add("calls", len(futures), tool=tool_id)
         if errors:
             stats.add("errors", errors, tool=tool_id)
@@ -401,6 +416,7 @@ class Intake:
         stale_after_s: float | None,
         saved: list[Money],
         read_ahead: bool = False,
+        priced: dict[int, Money] | None = None,
     ) -> tuple[list[tuple[int, Any, str, str, bytes]], int]:
         """Answer the calls whose receipts a plain read of the store finds completed (a
         cold rerun): their ``futures`` slots get resolved futures, and what those answers
@@ -467,6 +483,8 @@ class Intake:
             live += owed
             if not owed and stored[2] is not None:
                 saved.append(stored[2])
+                if priced is not None:
+                    priced[index] = stored[2]
             futures[index] = resolved_future(ToolResult.of(value, "live" if owed else "cached", key, tool_id))
         if texts and self.memos[tool_id].max_bytes:
             self._remember_later(tool_id, texts, forgets)

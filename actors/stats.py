@@ -223,6 +223,8 @@ class Stats:
         """Tool id -> currency -> the same, per tool."""
         self.wasted_by_reason: dict[str, dict[str, Money]] = {}
         """Reason (:data:`WASTE_REASONS`) -> currency -> the same, per reason."""
+        self.telemetry: Any = None
+        """The system's instruments when telemetry is on: told of money spent and saved."""
 
     def add(self, name: str, n: int = 1, tool: str | None = None) -> None:
         """Add ``n`` to a counter (and to ``tool``'s own counter, when given)."""
@@ -237,10 +239,14 @@ class Stats:
     def spend(self, costs: Sequence[Money], tool: str) -> None:
         """Add what answers of ``tool`` cost (paid this run) to its and the system's sums."""
         self._add_money(costs, tool, self.spent, self.spent_by_tool, "spent")
+        if self.telemetry is not None:
+            self.telemetry.money(costs, tool, saved=False)
 
     def save(self, costs: Sequence[Money], tool: str) -> None:
         """Add what calls of ``tool`` answered from receipts cost when they were paid."""
         self._add_money(costs, tool, self.saved, self.saved_by_tool, "saved")
+        if self.telemetry is not None:
+            self.telemetry.money(costs, tool, saved=True)
 
     def waste(self, costs: Sequence[Money], tool: str, reason: str) -> None:
         """Add what paid calls of ``tool`` whose answer was not used cost (``reason``: one

@@ -57,6 +57,7 @@ from actors.stats import Stats
 from actors.store.actor import ReceiptStoreActor
 from actors.store.client import StoreClient
 from actors.store.purge_watch import PurgeWatcher
+from actors.telemetry import Telemetry, open_instruments
 from actors.tool import Policy, RunInfo, Tool
 from actors.worker.launch import Launch
 from stores.base import ReceiptStore
@@ -75,8 +76,9 @@ class DispatchSystem:
     """
 
     def __init__(
-        self, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy, pacer: Any = None
-    ) -> None:
+        self, tools: Iterable[Tool], store: ReceiptStore, run: RunInfo, policy: Policy, pacer: Any = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:  # fmt: skip
         self.tools = {t.tool_id: t for t in tools}
         if not self.tools:
             raise ValueError("DispatchSystem needs at least one tool")
@@ -132,11 +134,15 @@ class DispatchSystem:
             writing=self._writing,
         )
         self._pool = WorkerPool("tooldispatch-tool")
+        self.telemetry: Any = None
+        """The instruments (``actors.telemetry.instruments.Instruments``) when telemetry is on."""
+        if telemetry is not None:
+            self.telemetry = self.stats_.telemetry = open_instruments(telemetry, run, self._pacing_rates)
         self.ports = Ports(
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,
             launch=self.launch, gates=self.gates, stats=self.stats_, pool=self._pool, timers=self.timers,
-            salvage=self.salvage, requeue=self._requeue, writing=self._writing,
+            salvage=self.salvage, requeue=self._requeue, writing=self._writing, telemetry=self.telemetry,
             width=lambda tool: suggested_parallelism(pacings[tool.provider_name], policy.max_concurrency),
         )  # fmt: skip
         self._memos = {
@@ -149,6 +155,7 @@ class DispatchSystem:
         self._intake = Intake(
             run=run, policy=policy, tools=self.tools, stats=self.stats_, stopping=self._stopping,
             memos=self._memos, queues=self._queues, store=store, salvage=self.salvage,
+            telemetry=self.telemetry,
         )  # fmt: skip
         self._proxy = DispatchProxy(self._intake, self.stats)
         if any(m.max_bytes for m in self._memos.values()):  # purge_epoch: every store has it
@@ -165,6 +172,7 @@ class DispatchSystem:
         run: RunInfo,
         policy: Policy | None = None,
         pacer: Any = None,
+        telemetry: Telemetry | None = None,
     ) -> DispatchSystem:
         """Start every actor and return the system.
 
@@ -177,6 +185,9 @@ class DispatchSystem:
                 shared through Redis by several worker processes, from
                 :func:`~actors.pacing.open_pacer`); None: this process paces alone.
                 The system does not close it.
+            telemetry: emit OpenTelemetry spans and metrics (:class:`~actors.telemetry.Telemetry`:
+                its tracer and meter providers, default the global ones); None: off,
+                and ``opentelemetry`` is never imported (docs/telemetry.md).
 
         Raises:
             ValueError: no tool, or tools of one provider giving different pacings
@@ -184,8 +195,9 @@ class DispatchSystem:
                 in another currency than its budget's, a tool priced from its answer with
                 no ``price_estimate``: :func:`~actors.governor.budgets.check_money_budgets`).
             TypeError: ``store`` is not a :class:`stores.ReceiptStore`.
+            TelemetryUnavailableError: ``telemetry`` given, ``opentelemetry`` not installed.
         """
-        return cls(tools, store, run, policy or Policy(), pacer)
+        return cls(tools, store, run, policy or Policy(), pacer, telemetry)
 
     @property
     def stopped(self) -> bool:
@@ -298,6 +310,12 @@ class DispatchSystem:
         except Exception:  # stopped, or busy past the bound: stats never hang
             out["pacing"] = {}
         return out
+
+    def _pacing_rates(self) -> dict[str, Any]:
+        """The governor's pacing report (the pacing-rate gauge's callback, on the metric
+        reader's thread; never on an actor's)."""
+        report: dict[str, Any] = self._governor.proxy().pacing_report().get(timeout=2.0)
+        return report
 
     def replay_salvage(self) -> ReplayReport:
         """Put salvaged outputs into the store (see :meth:`SalvageLog.replay`)."""

@@ -5,6 +5,7 @@ Run from the repository root::
     python bench/dispatch_bench.py [--calls 20000]
     python bench/dispatch_bench.py --profile fresh|rerun|memo   # one section under cProfile
     python bench/dispatch_bench.py --only latency --only gevent  # just e. and f. (seconds)
+    python bench/dispatch_bench.py --otel --no-gevent   # b.-e. with telemetry off, then on
 
 One run prints, side by side with ratios and each target marked met or MISSED:
 
@@ -28,6 +29,11 @@ e. **latency**: one non-batchable call at a time on an idle system; p50 added ov
 f. **gevent**: in a child ``python -m gevent.monkey`` process, 5,000 calls of a tool that
    sleeps 1 s (``Pacing(max_concurrency=5000)``, ``Policy(max_concurrency=5000)``): wall
    (<= 1.5 s) and the child's peak RSS (<= 200 MB).
+
+With ``--otel`` (needs ``tooldispatch[otel]``), sections b. to e. run twice, telemetry off
+then on (``DispatchSystem.start(telemetry=...)``: an SDK tracer provider whose batch span
+processor exports to nowhere, a meter provider read in memory), and a table gives each
+figure side by side with the ratio on/off (docs/telemetry.md, What it costs).
 
 The machine is shared: the header prints the load average and an empty-loop
 calibration; compare runs only at similar values. See ``bench/README.md``.
@@ -181,10 +187,13 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_system(path: str, n: int, profile: str | None) -> dict[str, tuple[float, dict[str, int]]]:
+def bench_system(
+    path: str, n: int, profile: str | None, telemetry: Any = None
+) -> dict[str, tuple[float, dict[str, int]]]:
     """Per shape (:data:`SHAPES`): ``fresh-S`` on a new store, ``rerun-S`` (a new system on
     the same store); ``memo`` (the many-rerun's system again); ``cpu-fresh``: the process's
-    user + system CPU seconds of ``fresh-many`` (in the kinds' place: ``{"cpu_s": ...}``)."""
+    user + system CPU seconds of ``fresh-many`` (in the kinds' place: ``{"cpu_s": ...}``).
+    ``telemetry``: each system's ``telemetry=`` (None: off)."""
     out: dict[str, Any] = {}
     store = SqliteReceiptStore(path)
     try:
@@ -193,7 +202,9 @@ def bench_system(path: str, n: int, profile: str | None) -> dict[str, tuple[floa
             runs = ((f"bench-fresh-{shape}", ("fresh",)), (f"bench-rerun-{shape}", ("rerun", "memo")))
             for run_id, sections in runs:
                 run = RunInfo(run_id=run_id, org_id=ORG_ID, scope=SCOPE)
-                system = DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run)
+                system = DispatchSystem.start(
+                    tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run, **_on(telemetry)
+                )
                 try:
                     for name in sections:
                         if name == "memo" and shape != "many":
@@ -282,7 +293,13 @@ def _pct(values: list[float], q: float) -> float:
     return data[min(len(data) - 1, int(len(data) * q))]
 
 
-def bench_latency(path: str, rounds: int) -> tuple[float, float, float]:
+def _on(telemetry: Any) -> dict[str, Any]:
+    """``DispatchSystem.start``'s telemetry argument, given only when on (a checkout from
+    before telemetry takes none)."""
+    return {} if telemetry is None else {"telemetry": telemetry}
+
+
+def bench_latency(path: str, rounds: int, telemetry: Any = None) -> tuple[float, float, float]:
     """p50 / p95 ms of one fresh call at a time, and p50 of calling the function directly."""
     direct, live = [], []
     for i in range(rounds):
@@ -292,7 +309,9 @@ def bench_latency(path: str, rounds: int) -> tuple[float, float, float]:
     store = SqliteReceiptStore(path)
     try:
         run = RunInfo(run_id="bench-latency", org_id=ORG_ID, scope=SCOPE)
-        with DispatchSystem.start(tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run) as system:
+        with DispatchSystem.start(
+            tools=[Tool(tool_id="noop", fn=_noop)], store=store, run=run, **_on(telemetry)
+        ) as system:
             proxy = system.proxy()
             for i in range(20):  # warm up: pools start their workers
                 proxy.execute("noop", {"i": -1 - i}).get(timeout=30)
@@ -425,10 +444,13 @@ def _report_gevent(gev: dict[str, Any]) -> None:
     help="Run only these sections (e. latency, f. gevent; repeatable).",
 )
 @click.option("--dir", "directory", default=None, help="Where to put the temporary files.")
+@click.option(
+    "--otel", is_flag=True, help="Run b. to e. with telemetry off, then on; print both and the ratios."
+)
 @click.option("--gevent-child", default=0, hidden=True)
 def main(
     calls: int, raw_keys: int, latency_rounds: int, profile: str | None, no_gevent: bool, directory: str | None,  # noqa: E501
-    gevent_child: int, only: tuple[str, ...],
+    gevent_child: int, only: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Time the dispatch system against the raw SQLite limit and diskcache."""
     if gevent_child:
@@ -437,6 +459,10 @@ def main(
     started = time.perf_counter()
     click.echo(f"load average {_load()}, {_calibrate()}; Python {platform.python_version()}, "
                f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs")  # fmt: skip
+    if otel:
+        bench_otel(calls, latency_rounds, directory)
+        click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
+        return
     if only:
         with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
             if "latency" in only:
@@ -504,6 +530,55 @@ def main(
     _report_latency(lat50, lat95, direct50)
     _report_gevent(gev)
     click.echo(f"\nwhole run {time.perf_counter() - started:.0f} s; load average at the end {_load()}")
+
+
+def _otel_telemetry() -> tuple[Any, Callable[[], None]]:
+    """Telemetry on as a deployment would have it, minus the network: an SDK tracer
+    provider whose batch span processor exports to nowhere, a meter provider read in
+    memory. Returns (``Telemetry``, its shutdown)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from actors.telemetry import Telemetry
+
+    class Nowhere(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+    def shutdown() -> None:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    return Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider), shutdown
+
+
+def bench_otel(calls: int, rounds: int, directory: str | None) -> None:
+    """Sections b. to e. with telemetry off, then on, side by side."""
+    telemetry, shutdown = _otel_telemetry()
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        for label, chosen in (("off", None), ("on", telemetry)):
+            with tempfile.TemporaryDirectory(prefix="dispatch-bench-", dir=directory) as tmp:
+                system = bench_system(os.path.join(tmp, "receipts.db"), calls, None, chosen)
+                lat50, _, _ = bench_latency(os.path.join(tmp, "latency.db"), rounds, chosen)
+            row = {k: _rate(calls, v[0]) for k, v in system.items() if k != "cpu-fresh"}
+            row["cpu µs per fresh call"] = system["cpu-fresh"][0] / calls * 1e6
+            row["idle call p50 ms"] = lat50
+            figures[label] = row
+    finally:
+        shutdown()
+    click.echo(f"\ntelemetry off and on, {calls:,} calls (calls/s unless named)")
+    click.echo(f"{'what':<34}{'off':>12}{'on':>12}{'on/off':>9}")
+    click.echo("-" * 67)
+    for name in figures["off"]:
+        off, on = figures["off"][name], figures["on"][name]
+        click.echo(f"{name:<34}{off:>12,.1f}{on:>12,.1f}{on / off:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ from actors.http.credentials import (
 )
 from actors.pacing.bucket import SLOW_START_RPS, parse_retry_after
 from actors.results import ToolContext
+from actors.telemetry.config import ACTIVE
 from actors.tool import BatchStrategy, Pacing, Tool
 from stores.money import Money
 from stores.quoting import brief, shorten
@@ -148,8 +149,14 @@ class HttpEndpoint:
         """
         headers = {**self.headers, "Idempotency-Key": ctx.idempotency_key}
         timeout_s = ctx.timeout_s
+        resend = max(0, getattr(ctx, "attempt", 1) - 1)  # this call's earlier attempts were sent too
         while True:
-            response = self._send(body, headers, timeout_s)
+            telemetry = ACTIVE.get()  # (None unless telemetry is on: then an HTTP client span)
+            if telemetry is None:
+                response = self._send(body, headers, timeout_s)
+            else:
+                response = self._traced_send(telemetry, body, headers, timeout_s, resend)
+            resend += 1
             if response.status_code != 409 or not _in_progress(response):
                 return self._answer(response, ctx)
             # the provider still processes this key's request (another attempt's, or a
@@ -164,6 +171,21 @@ class HttpEndpoint:
                 )
             time.sleep(wait)
             timeout_s = max(0.001, ctx.deadline - time.monotonic())
+
+    def _traced_send(
+        self, telemetry: Any, body: Any, headers: dict[str, str], timeout_s: float, resend: int
+    ) -> httpx.Response:
+        """:meth:`_send` in an HTTP client span (``http`` semconv; ``resend``: the
+        ``http.request.resend_count``), its trace context sent as ``traceparent``."""
+        headers = dict(headers)
+        span = telemetry.http(self.method, httpx.URL(self.url), resend, headers)
+        try:
+            response = self._send(body, headers, timeout_s)
+        except BaseException as exc:
+            span.close(None, exc.__cause__ if isinstance(exc.__cause__, httpx.HTTPError) else exc)
+            raise
+        span.close(response.status_code, None)
+        return response
 
     def _send(self, body: Any, headers: dict[str, str], timeout_s: float) -> httpx.Response:
         """One request; transport errors mapped as :meth:`__call__` says."""

@@ -124,11 +124,17 @@ def _count_rows(path: str) -> int | None:
     metavar="NAME=MONEY",
     help="A provider's own budget in money, e.g. acme=10USD (repeatable).",
 )
+@click.option(
+    "--otel",
+    is_flag=True,
+    help="Export OpenTelemetry traces and metrics over OTLP/HTTP, as the OTEL_* variables say "
+    "(OTEL_EXPORTER_OTLP_ENDPOINT; needs tooldispatch[otel]; docs/telemetry.md).",
+)
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
     pacer: str | None, shard: str | None, report_json_path: str | None, report_html_path: str | None,
-    dry_run: bool, budget: str | None, budget_providers: tuple[str, ...],
+    dry_run: bool, budget: str | None, budget_providers: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
 
@@ -174,7 +180,7 @@ def run(
     policy = _budget_policy(budget, budget_providers)
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
-        pacer, _parse_shard(shard), report_json_path, report_html_path, policy,
+        pacer, _parse_shard(shard), report_json_path, report_html_path, policy, otel=otel,
     )  # fmt: skip
     sys.exit(code)
 
@@ -183,7 +189,7 @@ def _run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None, report_json_path: str | None = None,
-    report_html_path: str | None = None, policy: Any = None,
+    report_html_path: str | None = None, policy: Any = None, otel: bool = False,
 ) -> int:  # fmt: skip
     from actors.governor.budgets import check_money_budgets
     from actors.job.ordered import OrderedWriter
@@ -207,6 +213,15 @@ def _run(
         try:
             check_money_budgets(play.tools, policy)
         except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    otlp = None
+    if otel:  # before anything is opened: a missing extra is a configuration error
+        from actors.telemetry import TelemetryUnavailableError
+        from actors.telemetry.otlp import export_otlp
+
+        try:
+            otlp = export_otlp()
+        except TelemetryUnavailableError as exc:
             raise ConfigError(str(exc)) from None
     rows = _first_rows(input_path)
     if shard is not None:
@@ -317,8 +332,9 @@ def _run(
     interrupts.last_line = lambda: last_line(aborted_now())
     try:
         with DispatchSystem.start(
-            tools=play.tools, store=store, run=run_info, policy=policy, pacer=pacer
-        ) as system:
+            tools=play.tools, store=store, run=run_info, policy=policy, pacer=pacer,
+            telemetry=otlp.telemetry if otlp is not None else None,
+        ) as system:  # fmt: skip
             interrupts.attach(system)  # a signal from now on stops it: nothing unsent goes out
             ctx = PlayContext(
                 system.proxy(),
@@ -348,6 +364,8 @@ def _run(
         store.close()
         if pacer is not None:
             pacer.close()
+        if otlp is not None:  # what the run's last calls made, exported before the report
+            otlp.shutdown()
     if interrupts.aborted:  # the rows ended in time: this thread reports, unless the abort did
         if not interrupts.may_report():
             interrupts.wait_for_abort()  # it printed its own report and ends the process

@@ -25,7 +25,7 @@ from actors.errors import (
     is_a,
 )
 from actors.lifecycle.attempts import SendTicket, batch_record, spec_for
-from actors.lifecycle.calls import Call, Group, GroupState, Unit, patience_s
+from actors.lifecycle.calls import Call, Group, GroupState, Unit, note_wait, patience_s
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.lifecycle.spending import ZERO, exact_difference, exact_sum, unit_cost
@@ -119,6 +119,10 @@ class Admission:
             queue.popleft()
             unit.queued = False
             unit.slot = True
+            if unit.waiting is not None:  # (telemetry on) it waited for this slot
+                reason, since = unit.waiting
+                unit.waiting = None
+                note_wait(unit.groups, reason, since, now)
             if not exempt:
                 self.s.holding += 1
             n -= 1
@@ -270,7 +274,7 @@ class Admission:
         unit.counted = counted  # taken back if its worker sends nothing (``Finisher._withdrawn``)
         # taken by its worker right before the request, unless its deadline passed first
         unit.ticket = ticket = SendTicket(unit.deadline if unit.deadline is not None else math.inf)
-        self.fx.start(spec_for(unit, unit.attempt, now, ticket))
+        self.fx.start(spec_for(unit, unit.attempt, now, ticket, traced=self.s.traced))
 
     def _not_sent(self, unit: Unit, now: float) -> None:
         error = unit.last_error  # (``is``, not its truth: a tool's error may be falsy, or raise)

@@ -24,7 +24,7 @@ from actors.errors import (
     flag_of,
     is_a,
 )
-from actors.lifecycle.calls import Unit
+from actors.lifecycle.calls import Group, Role, Unit
 from actors.results import ToolContext, batch_idempotency_key, provider_idempotency_key
 from actors.runtime.nesting import NestScope
 from actors.tool import Tool
@@ -124,6 +124,9 @@ class AttemptSpec:
     """The receipt keys of the tool calls its nested callers were made inside."""
     ticket: SendTicket | None = None
     """Its permission to send, taken right before the request (:mod:`actors.worker.launch`)."""
+    traces: tuple[Any, ...] | None = None
+    """Telemetry on: each member's owner call's trace (``Call.trace``, or None), in member
+    order; None when telemetry is off."""
 
 
 def _canonical_key(unit: Unit) -> str:
@@ -171,8 +174,11 @@ def recorded_value(text: str) -> Any:
     return decode_output(text)
 
 
-def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None) -> AttemptSpec:
+def spec_for(
+    unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None = None, traced: bool = False
+) -> AttemptSpec:
     """The attempt ``attempt_no`` of ``unit``; its context gives the time left to the deadline.
+    ``traced``: telemetry is on (the members' owners' traces go with it, ``AttemptSpec.traces``).
 
     A unit with a record (``Unit.record``: recorded before its first send, or taken over
     from a lost owner) sends exactly the recorded request: its members in the recorded
@@ -201,8 +207,16 @@ def spec_for(unit: Unit, attempt_no: int, now: float, ticket: SendTicket | None 
     return AttemptSpec(
         unit=unit.id, attempt=attempt_no, tool=tool, payload=payload, inputs=inputs, batched=batched,
         context=context, durable=tool.durable, ancestors=frozenset().union(*(g.ancestors for g in groups)),
-        ticket=ticket,
+        ticket=ticket, traces=tuple(_owner_trace(g) for g in groups) if traced else None,
     )  # fmt: skip
+
+
+def _owner_trace(group: Group) -> Any:
+    """The trace of the call ``group``'s execution answers ``live`` (its owner), or None."""
+    for call in group.calls:
+        if call.role is Role.OWNER:
+            return call.trace
+    return None
 
 
 @attrs.frozen

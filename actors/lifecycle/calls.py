@@ -30,6 +30,7 @@ __all__ = [
     "Reread",
     "Role",
     "Unit",
+    "note_wait",
     "patience_s",
     "strongest_mode",
 ]
@@ -47,6 +48,16 @@ def patience_s(groups: Iterable[Group]) -> float:
     largest own ``timeout_s`` of their callers, seconds from the request (0 when no caller
     is left: answered at once)."""
     return max((c.timeout_s for g in groups for c in g.calls), default=0.0)
+
+
+def note_wait(groups: Iterable[Group], reason: str, since: float, now: float) -> None:
+    """Tell the trace of each caller of ``groups`` (telemetry on) that it waited for
+    ``reason`` from ``since`` (or from when it came, if later: it joined the wait) to
+    ``now`` (``time.monotonic()``)."""
+    for group in groups:
+        for call in group.calls:
+            if call.trace is not None:
+                call.trace.wait(reason, max(since, call.submitted_at), now)
 
 
 def mode_covers(running: ClaimMode, wanted: ClaimMode) -> bool:
@@ -95,6 +106,9 @@ class Call:
     input_bytes: int = 0
     """The size of its canonical input (RFC 8785 JSON, UTF-8), bytes: what it adds to a
     batch (``BatchStrategy.max_batch_bytes``)."""
+    trace: Any = None
+    """Its span and timings while telemetry is on (``actors.telemetry.instruments.CallTrace``),
+    else None; the lifecycle only hands it on and tells it of waits."""
 
 
 class Reread(enum.Enum):
@@ -305,6 +319,10 @@ class Unit:
     members, in this order, under this key (``attempts.spec_for``)."""
     proposed: BatchRecord | None = None
     """The record asked for with its running mark, until the store answers."""
+    waiting: tuple[str, float] | None = None
+    """While telemetry is on (``Shared.traced``): why and since when (``time.monotonic()``)
+    it waits to be sent (``"slot"``, ``"pause"``, ``"retry_backoff"``), told to its callers'
+    traces when the wait ends (:func:`note_wait`)."""
     taken_over: bool = False
     """Its request was recorded by an owner that was lost (crashed, or its lease ran
     out): it may have been sent already, by that owner."""

@@ -19,11 +19,12 @@ from actors.errors import (
     CallCancelledError,
     NotSentError,
     PersistenceCircuitOpenError,
+    RateLimitedError,
     RecordedFailureError,
     SuspendedError,
     is_a,
 )
-from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit
+from actors.lifecycle.calls import Call, Group, GroupState, Role, Unit, note_wait
 from actors.lifecycle.shared import Parts, Shared
 from actors.results import ToolResult
 from stores.codec import decode_output, encode_output
@@ -106,6 +107,9 @@ class Exits:
                 unit.exempt = True
             queue = self.s.pending_exempt if unit.exempt else self.s.pending
             unit.queued = True
+            if self.s.traced and unit.waiting is None:  # told to its callers when a slot comes
+                paused = is_a(unit.last_error, RateLimitedError)  # the governor holds it through the pause
+                unit.waiting = ("pause" if paused else "slot", self.s.clock())
             if front:
                 queue.appendleft(unit)
             else:
@@ -196,7 +200,9 @@ class Exits:
                 group.unit = None
 
     def stop_waiting(self, group: Group) -> None:
-        group.wait.since = None
+        since, group.wait.since = group.wait.since, None
+        if since is not None and self.s.traced:
+            note_wait((group,), "owner", since, self.s.clock())
         if group.wait.watched:
             group.wait.watched = False
             self.s.unwatching.append(group.key)
@@ -286,6 +292,8 @@ class Exits:
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
         if execution == "cached" and outcome.cost is not None:  # answered from a receipt
             self.fx.save(outcome.cost)
+            if call.trace is not None:
+                call.trace.cost = outcome.cost
         mark = outcome.last_good
         return ToolResult.of(
             value, execution, group.key, self.tool.tool_id,  # type: ignore[arg-type]

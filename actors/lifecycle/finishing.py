@@ -27,7 +27,7 @@ from actors.errors import (
     is_a,
 )
 from actors.lifecycle.attempts import plain_value, retry_in_call, transient
-from actors.lifecycle.calls import Group, GroupState, Role, Unit
+from actors.lifecycle.calls import Group, GroupState, Role, Unit, note_wait
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.lifecycle.spending import ZERO, exact_difference, settled_cost
@@ -239,6 +239,8 @@ class Finisher:
             self.p.admission.pump(now)
             return
         backoff = self.policy.retry_backoff_s * (2 ** max(0, unit.attempt - 1))
+        if self.s.traced:
+            unit.waiting = ("retry_backoff", now)
         self.fx.later(backoff, RetryDue(unit=unit.id))
 
     def on_retry_due(self, unit_id: int, now: float) -> None:
@@ -246,6 +248,10 @@ class Finisher:
         unit = self.s.units.get(unit_id)
         if unit is None or unit.out or unit.slot or unit.persisting:
             return
+        if unit.waiting is not None:  # (telemetry on) its back-off is over
+            _, since = unit.waiting
+            unit.waiting = None
+            note_wait(unit.groups, "retry_backoff", since, now)
         self.p.exits.enqueue([unit], front=True)
         self.p.admission.pump(now)
 

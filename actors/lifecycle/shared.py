@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -112,6 +113,11 @@ class Shared:
         """Read batches asked for by a change notification (not timer polls)."""
         self.ids = itertools.count(1)
         """Request, unit and batch numbers."""
+        self.traced = False
+        """Telemetry is on: calls carry traces (``Call.trace``), attempts hand them to
+        their workers and waits are told to them (set by the owning actor)."""
+        self.clock: Callable[[], float] = time.monotonic
+        """Where a traced wait begins with no ``now`` at hand (``Exits.enqueue``)."""
 
 
 class ExitsPart(Protocol):

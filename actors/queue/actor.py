@@ -227,6 +227,9 @@ class ToolQueueActor(InboxActor):
             owner_here(ports.owner),
         )
         self.queue = ToolQueue(tool, ports.policy.batch_grace_s, self.lifecycle.groups, memo)
+        self.traced = getattr(ports, "telemetry", None) is not None
+        """Telemetry is on: waits in the batch grace window are told to the calls' traces."""
+        self.lifecycle.state.traced = self.traced
         self._drain_pending = False
         """A DrainDue(-1) is in the inbox."""
         self._drain_wanted = False
@@ -373,6 +376,11 @@ class ToolQueueActor(InboxActor):
         else:
             groups = self.queue.drain(generation)
         if groups:
+            if self.traced and self.queue.tool.batch is not None:
+                for group in groups:
+                    for call in group.calls:
+                        if call.trace is not None:
+                            call.trace.wait("batch_grace", call.submitted_at, now)
             calls = sum(len(g.calls) for g in groups)
             self.ports.stats.record(
                 "group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls

@@ -239,6 +239,9 @@ class ActorEffects:
         totals[4] += refunds
 
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None:
+        telemetry = getattr(self.ports, "telemetry", None)
+        if telemetry is not None:
+            telemetry.backpressure(self.tool.tool_id, self.tool.provider_name)
         self.ports.governor.tell(
             BackpressureReported(
                 org_id=self.org_id,

@@ -49,6 +49,8 @@ class Ports:
     salvage: SalvageLog
     requeue: Callable[[Call, BaseException], None]
     width: Callable[[Tool], int]
+    telemetry: Any = None
+    """The system's instruments when telemetry is on (``actors.telemetry.instruments``), else None."""
     writing: dict[int, Any] = attrs.field(factory=dict)
     """Writes of outputs in progress (the flusher's and the tool queue actors' own),
     salvaged by a stop whose bound runs out."""

@@ -182,6 +182,16 @@ class LightFuture(pykka.Future[Any]):
     def _is_done(self) -> bool:
         return self.done
 
+    def peek(self) -> tuple[Any, BaseException | None]:
+        """A set future's (value, None), or (None, its error); never waits (a future not
+        set yet, or one with a get hook, gives (None, None))."""
+        if not self.done or self._hook is not None:
+            return None, None
+        if self._exc_info is not None:
+            error: BaseException | None = self._exc_info[1]
+            return None, error
+        return self._value, None
+
     def _run_callbacks(self) -> None:
         callbacks, self._callbacks = self._callbacks, None
         for fn in callbacks or ():

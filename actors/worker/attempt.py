@@ -93,6 +93,9 @@ def split_members(tool: Tool, inputs: list[Any], raw: Any) -> list[Any]:
 
 _MISSING = object()
 
+GATE_WAIT_MIN_S = 1e-4
+"""Shortest wait at the send gate told to a traced call (a turn given at once is none)."""
+
 
 def _encode(value: Any) -> tuple[str | None, BaseException | None]:
     if is_a(value, BaseException):
@@ -133,14 +136,18 @@ def attempt(
     """
     tool = spec.tool
     ticket = spec.ticket
+    traces = spec.traces  # (None unless telemetry is on)
     if gate is not None and gate.paced:  # an unpaced gate lets every request go at once
         latest = ticket.deadline if ticket is not None else spec.context.deadline
         park = functools.partial(launch.park, ticket) if launch is not None and ticket is not None else None
+        since = clock() if traces is not None else 0.0
         try:
             turn = gate.wait_turn(latest=latest, clock=clock, park=park)
         finally:
             if launch is not None and ticket is not None and ticket.wake is not None:  # it waited
                 launch.unpark(ticket)
+        if traces is not None and clock() - since > GATE_WAIT_MIN_S:
+            _waited(traces, "pause" if gate.blocked(since) is not None else "pacing", since, clock())
         if not turn:
             refusal = launch.refusal(ticket) if launch is not None else None
             blocked = gate.blocked(clock())
@@ -171,7 +178,7 @@ def attempt(
             _not_sent(spec, tell, *refusal)
             return
         sent_at = clock()
-        raw = send(payload, spec.context)
+        raw = send(payload, spec.context) if traces is None else _traced_send(send, payload, spec, traces)
         values = split_members(tool, spec.inputs, raw) if spec.batched else [raw]
         # a nested call's error given as a member's outcome: that call's, not the request's;
         # an error whose reads raise is told as its stand-in (``tame``), from here on
@@ -196,6 +203,10 @@ def attempt(
         if spec.durable:
             members = [_encode(v) for v in values]
             costs = member_costs(tool, spec.inputs, values, spec.batched)
+            if traces is not None and costs:
+                for trace, cost in zip(traces, costs, strict=False):
+                    if trace is not None:
+                        trace.cost = cost
         else:
             members = [(None, v) if is_a(v, BaseException) else (PlainValue(v), None) for v in values]
     except BaseException as exc:  # a guard: the unit is told whatever its values do
@@ -209,6 +220,30 @@ def attempt(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed,
         replayed=spec.context.replayed, costs=costs,
     ))  # fmt: skip
+
+
+def _traced_send(
+    send: Callable[[Any, Any], Any], payload: Any, spec: AttemptSpec, traces: tuple[Any, ...]
+) -> Any:
+    """``send(payload, spec.context)`` with telemetry on: the call's context attached (a
+    batch's: a span linked to its members' calls), so the tool's own spans nest under it."""
+    first = next((t for t in traces if t is not None), None)
+    if first is None:  # no caller of it is traced (members riding along)
+        return send(payload, spec.context)
+    sending = first.ins.sending(spec.tool, traces, spec.attempt, spec.batched, spec.context.idempotency_key)
+    try:
+        raw = send(payload, spec.context)
+    except BaseException as exc:
+        sending.close(exc)
+        raise
+    sending.close(None)
+    return raw
+
+
+def _waited(traces: tuple[Any, ...], reason: str, since: float, until: float) -> None:
+    for trace in traces:
+        if trace is not None:
+            trace.wait(reason, since, until)
 
 
 def _not_sent(spec: AttemptSpec, tell: Callable[[Any], None], kind: str, error: BaseException) -> None:
