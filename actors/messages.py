@@ -440,6 +440,9 @@ class UnitFinished:
     costs: tuple[Money | None, ...] = ()
     """Per member, in unit order, what its answer cost (``actors.worker.prices``); ()
     for an unpriced tool."""
+    gated: tuple[str, float] | None = None
+    """Its wait at the provider's send gate, when it waited: (``"pacing"`` or ``"pause"``,
+    seconds)."""
 
 
 @attrs.frozen(kw_only=True)

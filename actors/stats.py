@@ -13,7 +13,7 @@ from typing import Any
 
 from stores.money import Money
 
-__all__ = ["PHASES", "WASTE_REASONS", "Outages", "Stats"]
+__all__ = ["PHASES", "WAIT_REASONS", "WASTE_REASONS", "Outages", "Stats"]
 
 PHASES = (
     "provider",
@@ -157,6 +157,18 @@ class Outages:
         return sorted(done + ongoing, key=lambda o: float(o["began_at"]))
 
 
+WAIT_REASONS = {
+    "batch_grace": "gathered into a batch: the grace a batch tool's queue waits for more calls",
+    "running": "sent and waiting for the provider's answer",
+    "slot": "waiting for a slot: the provider's rate or concurrency, or the run's ceiling",
+    "pacing": "granted, waiting for its turn at the provider's send gate",
+    "pause": "held by a 429's Retry-After (at the governor, or at the send gate)",
+    "retry_backoff": "waiting out the back-off before a retry",
+    "owner": "waiting for another run's execution of the same call (its receipt)",
+    "store": "waiting for the receipt store: a claim, or the write of an answer",
+}
+"""Where an execution's time goes (``stats()["waits"]``; the report's "time at P")."""
+
 WASTE_REASONS = {
     "refused": "paid answers another run's output replaced: it completed the receipt first",
     "resent": "requests a lost owner (a crash, a lapsed lease) recorded, sent again and answered "
@@ -221,6 +233,9 @@ class Stats:
         have cost (see :data:`WASTE_REASONS`)."""
         self.wasted_by_tool: dict[str, dict[str, Money]] = {}
         """Tool id -> currency -> the same, per tool."""
+        self.waits: dict[str, dict[str, float]] = {}
+        """Tool id -> reason (:data:`WAIT_REASONS`) -> seconds its executions spent so
+        (each distinct call counted once: a batch request's wait counts once per member)."""
         self.wasted_by_reason: dict[str, dict[str, Money]] = {}
         """Reason (:data:`WASTE_REASONS`) -> currency -> the same, per reason."""
         self.telemetry: Any = None
@@ -247,6 +262,20 @@ class Stats:
         self._add_money(costs, tool, self.saved, self.saved_by_tool, "saved")
         if self.telemetry is not None:
             self.telemetry.money(costs, tool, saved=True)
+
+    def waited(self, tool: str, reason: str, seconds: float) -> None:
+        """Add ``seconds`` that executions of ``tool`` spent on ``reason`` (:data:`WAIT_REASONS`)."""
+        if seconds > 0.0:
+            with self._lock:
+                by = self.waits.get(tool)
+                if by is None:
+                    by = self.waits[tool] = {}
+                by[reason] = by.get(reason, 0.0) + seconds
+
+    def snapshot_waits(self) -> dict[str, dict[str, float]]:
+        """Tool id -> reason -> seconds (see :attr:`waits`)."""
+        with self._lock:
+            return {tool: dict(by) for tool, by in self.waits.items()}
 
     def waste(self, costs: Sequence[Money], tool: str, reason: str) -> None:
         """Add what paid calls of ``tool`` whose answer was not used cost (``reason``: one

@@ -288,7 +288,11 @@ class DispatchSystem:
         what the calls answered from receipts (``cached``) cost when their receipts were
         paid (``Receipt.cost``; a receipt paid before it kept a cost counts nothing);
         ``wasted``: in the same shape plus ``"reasons"``, what paid calls whose answer
-        could not be used cost (see :data:`actors.stats.WASTE_REASONS`).
+        could not be used cost (see :data:`actors.stats.WASTE_REASONS`); ``waits``: where
+        the time of each execution (a distinct call) went, in seconds summed over
+        executions, by reason (:data:`actors.stats.WAIT_REASONS`: ``running``, ``slot``,
+        ``pacing``, ``pause``, ``retry_backoff``, ``owner``, ``store``, ``batch_grace``), as
+        ``{"tools": {tool id: {reason: s}}, "providers": {provider: {reason: s}}}``.
         """
         out: dict[str, Any] = self.stats_.snapshot()
         out["salvaged"] = self.salvage.appended  # what is in the file, however it got there
@@ -296,6 +300,7 @@ class DispatchSystem:
         out["spent"] = self.stats_.snapshot_spent()
         out["saved"] = self.stats_.snapshot_saved()
         out["wasted"] = self.stats_.snapshot_wasted()
+        out["waits"] = self._waits()
         out["latch_tripped"] = self.latch.tripped
         out["latch_refused"] = out.get("refused_by_latch", 0)
         out["phases"] = self.stats_.percentiles()
@@ -316,6 +321,17 @@ class DispatchSystem:
         reader's thread; never on an actor's)."""
         report: dict[str, Any] = self._governor.proxy().pacing_report().get(timeout=2.0)
         return report
+
+    def _waits(self) -> dict[str, Any]:
+        """``{"tools": {tool id: {reason: s}}, "providers": {provider: {reason: s}}}``."""
+        tools = self.stats_.snapshot_waits()
+        providers: dict[str, dict[str, float]] = {}
+        for tool_id, by in tools.items():
+            tool = self.tools.get(tool_id)
+            sums = providers.setdefault(tool.provider_name if tool is not None else tool_id, {})
+            for reason, seconds in by.items():
+                sums[reason] = sums.get(reason, 0.0) + seconds
+        return {"tools": tools, "providers": providers}
 
     def replay_salvage(self) -> ReplayReport:
         """Put salvaged outputs into the store (see :meth:`SalvageLog.replay`)."""

@@ -294,6 +294,9 @@ def report_table(
         for name, view in sorted((stats.get("pacing") or {}).items()):
             if name.rpartition("/")[2] == provider and view.get("rate_rps") is not None:
                 table.add_row(f"pacing of {provider}", pacing_cell(view))
+        waited = ((stats.get("waits") or {}).get("providers") or {}).get(provider)
+        if waited:
+            table.add_row(f"time at {provider} (call-seconds, by reason)", waits_cell(waited))
     if tally is not None:
         paid = tally.totals()
         paid_ids = [t for ids in providers.values() for t in ids]
@@ -371,6 +374,16 @@ def report_table(
         stop = "aborted" if summary.aborted else "interrupted"
         table.add_row("status", f"{stop}: {resume_hint(force_refresh)}")
     return table
+
+
+def waits_cell(waited: dict[str, float]) -> str:
+    """``{"running": 12.0, "slot": 6.0}`` -> ``"running 12.0 s (67%), slot 6.0 s (33%)"``:
+    where the time of a provider's calls went (``stats()["waits"]``), longest first."""
+    whole = sum(waited.values())
+    if whole <= 0:
+        return "-"
+    ranked = sorted(waited.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{reason} {s:.1f} s ({100.0 * s / whole:.0f}%)" for reason, s in ranked if s > 0)
 
 
 def _nothing_paid(requests: int, tally: CallTally | None) -> str:

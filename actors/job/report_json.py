@@ -7,7 +7,7 @@ One object, written when the run ends (also when a signal stopped it)::
      "ledger": {"spent": LEDGER, "saved": LEDGER, "wasted": LEDGER + {"reasons"}},
      "calls": {"ran", "reused", "reused_receipts", "reused_this_run", "joined", "failed", ...},
      "providers": {name: {"tools", "requests", "answered_429", "answered", "replayed",
-                          "pacing": {"org/provider": view}}},
+                          "pacing": {"org/provider": view}, "waits_s": {reason: seconds}}},
      "counters": {name: int}, "outages": [...], "errors": [{"kind", "rows", "example"}]}
 
 ``LEDGER`` is ``{"total": {currency: amount}, "providers": {name: {currency: amount}},
@@ -68,6 +68,7 @@ def report_json(
                 "answered": summed(ids, "answered"),
                 "replayed": summed(ids, "replayed"),
                 "pacing": {k: v for k, v in pacing.items() if k.rpartition("/")[2] == name},
+                "waits_s": ((stats.get("waits") or {}).get("providers") or {}).get(name, {}),
             }
             for name, ids in sorted(providers.items())
         },

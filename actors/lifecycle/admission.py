@@ -119,10 +119,12 @@ class Admission:
             queue.popleft()
             unit.queued = False
             unit.slot = True
-            if unit.waiting is not None:  # (telemetry on) it waited for this slot
+            if unit.waiting is not None:  # it waited for this slot
                 reason, since = unit.waiting
                 unit.waiting = None
-                note_wait(unit.groups, reason, since, now)
+                self.fx.waited(reason, (now - since) * len(unit.groups))
+                if self.s.traced:
+                    note_wait(unit.groups, reason, since, now)
             if not exempt:
                 self.s.holding += 1
             n -= 1

@@ -194,6 +194,7 @@ class Claims:
                 running = frozenset(g.key for g in members if g.slotted)
                 if intake:
                     self.s.intake_out.add(batch)
+                self.s.asked_at[batch] = self.s.clock()
                 self.fx.claim(batch, mode, stale, requests, running, patience_s(members))
 
     def on_claimed(
@@ -202,6 +203,9 @@ class Claims:
         """A bulk claim answered: sort the dispositions; then claim the groups drained
         while it was out."""
         intake = self._intake_answered(batch)
+        asked = self.s.asked_at.pop(batch, None)
+        if asked is not None:
+            self.fx.waited("store", (now - asked) * len(self.s.batches.get(batch, ())))
         for group in self.s.batches.get(batch, ()):
             group.held_since = group.held_by = None
         try:

@@ -107,7 +107,7 @@ class Exits:
                 unit.exempt = True
             queue = self.s.pending_exempt if unit.exempt else self.s.pending
             unit.queued = True
-            if self.s.traced and unit.waiting is None:  # told to its callers when a slot comes
+            if unit.waiting is None:  # counted (and told to traced callers) when a slot comes
                 paused = is_a(unit.last_error, RateLimitedError)  # the governor holds it through the pause
                 unit.waiting = ("pause" if paused else "slot", self.s.clock())
             if front:
@@ -201,8 +201,11 @@ class Exits:
 
     def stop_waiting(self, group: Group) -> None:
         since, group.wait.since = group.wait.since, None
-        if since is not None and self.s.traced:
-            note_wait((group,), "owner", since, self.s.clock())
+        if since is not None:
+            now = self.s.clock()
+            self.fx.waited("owner", now - since)
+            if self.s.traced:
+                note_wait((group,), "owner", since, now)
         if group.wait.watched:
             group.wait.watched = False
             self.s.unwatching.append(group.key)

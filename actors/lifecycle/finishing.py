@@ -61,6 +61,11 @@ class Finisher:
             return
         unit.out = False
         error = msg.error
+        members = len(unit.groups)
+        if msg.gated is not None:  # its wait at the send gate
+            self.fx.waited(msg.gated[0], msg.gated[1] * members)
+        if msg.sent_at is not None:
+            self.fx.waited("running", (now - msg.sent_at) * members)
         if msg.withdrawn:
             self._withdrawn(unit, msg.withdrawn, error, now)
             return
@@ -239,8 +244,7 @@ class Finisher:
             self.p.admission.pump(now)
             return
         backoff = self.policy.retry_backoff_s * (2 ** max(0, unit.attempt - 1))
-        if self.s.traced:
-            unit.waiting = ("retry_backoff", now)
+        unit.waiting = ("retry_backoff", now)
         self.fx.later(backoff, RetryDue(unit=unit.id))
 
     def on_retry_due(self, unit_id: int, now: float) -> None:
@@ -248,10 +252,12 @@ class Finisher:
         unit = self.s.units.get(unit_id)
         if unit is None or unit.out or unit.slot or unit.persisting:
             return
-        if unit.waiting is not None:  # (telemetry on) its back-off is over
+        if unit.waiting is not None:  # its back-off is over
             _, since = unit.waiting
             unit.waiting = None
-            note_wait(unit.groups, "retry_backoff", since, now)
+            self.fx.waited("retry_backoff", (now - since) * len(unit.groups))
+            if self.s.traced:
+                note_wait(unit.groups, "retry_backoff", since, now)
         self.p.exits.enqueue([unit], front=True)
         self.p.admission.pump(now)
 

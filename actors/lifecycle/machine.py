@@ -202,6 +202,7 @@ class Lifecycle:
                 for g, t in values
                 if g.receipt
             ]
+            s.asked_at[batch] = s.clock()
             fx.persist(batch, entries, {g.key: g.input_hash for g, _ in values})
         if s.unwatching:
             keys, s.unwatching = s.unwatching, []

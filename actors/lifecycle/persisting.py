@@ -60,6 +60,9 @@ class Persister:
     ) -> None:
         """The flusher settled outputs: answer callers; the slot is free once all are written."""
         values: list[tuple[Group, str]] = self.s.batches.pop(batch, [])
+        asked = self.s.asked_at.pop(batch, None)
+        if asked is not None:
+            self.fx.waited("store", (now - asked) * len(values))
         refused: list[tuple[Group, BaseException]] = []
         for group, text in values:
             outcome = None if outcomes is None else outcomes.get(group.key)

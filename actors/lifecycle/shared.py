@@ -117,7 +117,11 @@ class Shared:
         """Telemetry is on: calls carry traces (``Call.trace``), attempts hand them to
         their workers and waits are told to them (set by the owning actor)."""
         self.clock: Callable[[], float] = time.monotonic
-        """Where a traced wait begins with no ``now`` at hand (``Exits.enqueue``)."""
+        """Where a wait begins with no ``now`` at hand (``Exits.enqueue``, a store request);
+        the owning actor's clock."""
+        self.asked_at: dict[int, float] = {}
+        """Store request (claim, write of outputs) -> when it was asked (``clock``): its
+        answer counts the wait as ``store`` (``Effects.waited``)."""
 
 
 class ExitsPart(Protocol):

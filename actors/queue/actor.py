@@ -230,6 +230,7 @@ class ToolQueueActor(InboxActor):
         self.traced = getattr(ports, "telemetry", None) is not None
         """Telemetry is on: waits in the batch grace window are told to the calls' traces."""
         self.lifecycle.state.traced = self.traced
+        self.lifecycle.state.clock = clock  # where waits begin: the clock of every ``now``
         self._drain_pending = False
         """A DrainDue(-1) is in the inbox."""
         self._drain_wanted = False
@@ -376,11 +377,15 @@ class ToolQueueActor(InboxActor):
         else:
             groups = self.queue.drain(generation)
         if groups:
-            if self.traced and self.queue.tool.batch is not None:
-                for group in groups:
-                    for call in group.calls:
-                        if call.trace is not None:
-                            call.trace.wait("batch_grace", call.submitted_at, now)
+            tool = self.queue.tool
+            if tool.batch is not None:  # the calls gathered for a batch (each execution counted once)
+                waited = sum(now - g.calls[0].submitted_at for g in groups if g.calls)
+                self.ports.stats.waited(tool.tool_id, "batch_grace", waited)
+                if self.traced:
+                    for group in groups:
+                        for call in group.calls:
+                            if call.trace is not None:
+                                call.trace.wait("batch_grace", call.submitted_at, now)
             calls = sum(len(g.calls) for g in groups)
             self.ports.stats.record(
                 "group", (time.perf_counter() - start) * 1000.0, groups=len(groups), calls=calls

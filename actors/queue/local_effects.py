@@ -185,6 +185,9 @@ class LocalEffects:
     def save(self, cost: Money) -> None:
         self.ports.stats.save([cost], tool=self.tool.tool_id)
 
+    def waited(self, reason: str, seconds: float) -> None:
+        self.ports.stats.waited(self.tool.tool_id, reason, seconds)
+
     def waste(self, costs: Sequence[Money], reason: str) -> None:
         if costs:
             self.ports.stats.waste(costs, self.tool.tool_id, reason)

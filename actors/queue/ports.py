@@ -74,7 +74,7 @@ class ActorEffects:
     """The lifecycle's effects for one tool queue actor (runs on that actor's thread).
 
     The effects that stay in the process (``start``, ``keep_late``, ``reconcile``,
-    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``save``, ``waste``,
+    ``answer``, ``requeue``, ``salvage``, ``count``, ``spend``, ``save``, ``waste``, ``waited``,
     ``salvage_path``, ``remember``, ``forget``, ``owe``, ``owed``) are the bound methods of
     its :attr:`local`, taken once here: a call to one costs no extra layer.
     """
@@ -108,6 +108,7 @@ class ActorEffects:
         self.spend = local.spend
         self.save = local.save
         self.waste = local.waste
+        self.waited = local.waited
         self.salvage_path = local.salvage_path
         self.remember = local.remember
         self.forget = local.forget

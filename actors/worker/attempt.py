@@ -137,17 +137,21 @@ def attempt(
     tool = spec.tool
     ticket = spec.ticket
     traces = spec.traces  # (None unless telemetry is on)
+    gated: tuple[str, float] | None = None  # its wait at the send gate, told with its outcome
     if gate is not None and gate.paced:  # an unpaced gate lets every request go at once
         latest = ticket.deadline if ticket is not None else spec.context.deadline
         park = functools.partial(launch.park, ticket) if launch is not None and ticket is not None else None
-        since = clock() if traces is not None else 0.0
+        since = clock()
         try:
             turn = gate.wait_turn(latest=latest, clock=clock, park=park)
         finally:
             if launch is not None and ticket is not None and ticket.wake is not None:  # it waited
                 launch.unpark(ticket)
-        if traces is not None and clock() - since > GATE_WAIT_MIN_S:
-            _waited(traces, "pause" if gate.blocked(since) is not None else "pacing", since, clock())
+        until = clock()
+        if until - since > GATE_WAIT_MIN_S:
+            gated = ("pause" if gate.blocked(since) is not None else "pacing", until - since)
+            if traces is not None:
+                _waited(traces, gated[0], since, until)
         if not turn:
             refusal = launch.refusal(ticket) if launch is not None else None
             blocked = gate.blocked(clock())
@@ -190,7 +194,7 @@ def attempt(
         passed_on = (told,) if relayed_here(token, exc) else ()  # a nested call's error: its request went out
         tell(UnitFinished(
             unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at,
-            relayed=passed_on, replayed=spec.context.replayed,
+            relayed=passed_on, replayed=spec.context.replayed, gated=gated,
         ))  # fmt: skip
         if not is_a(exc, Exception):
             raise
@@ -213,12 +217,12 @@ def attempt(
         told = tame(exc)
         tell(UnitFinished(
             unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at,
-            replayed=spec.context.replayed,
+            replayed=spec.context.replayed, gated=gated,
         ))  # fmt: skip
         return
     tell(UnitFinished(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed,
-        replayed=spec.context.replayed, costs=costs,
+        replayed=spec.context.replayed, costs=costs, gated=gated,
     ))  # fmt: skip
 
 

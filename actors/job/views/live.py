@@ -21,10 +21,14 @@ from stores.money import total
 __all__ = ["WAITS_KEY", "holdups", "live_view"]
 
 WAITS_KEY = "waits"
-"""A provider's pacing view may carry ``{"waits": {reason: seconds}}``: where its calls'
-time went so far (pacing, a pause, slots, other owners, the store...). The live view
-names the reasons that grew since its last redraw, the longest first; absent, nothing is
-shown from it."""
+"""``stats()["waits"]["providers"][provider]``: ``{reason: seconds}``, where its calls'
+time went so far (:data:`actors.stats.WAIT_REASONS`). The live view names the reasons
+that grew most since its last redraw (running aside: that is not being held up)."""
+
+_WAIT_WORDS = {
+    "slot": "a slot", "pacing": "its turn to send", "pause": "a pause", "retry_backoff": "retry back-offs",
+    "owner": "another run's calls", "store": "the receipt store", "batch_grace": "batches to fill",
+}  # fmt: skip
 
 
 def _views_of(provider: str, pacing: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -60,15 +64,24 @@ def holdups(provider: str, stats: Mapping[str, Any], before: Mapping[str, Any] |
         elif prev is not None and float(view.get("held_s") or 0.0) > float(prev.get("held_s") or 0.0):
             rate = view.get("rate_rps")
             out.append("pacing: calls wait their turn" + (f" at {rate:.1f}/s" if rate is not None else ""))
-        waits, waits_before = view.get(WAITS_KEY), (prev or {}).get(WAITS_KEY) or {}
-        if isinstance(waits, Mapping):  # the per-reason waits, when the system gives them
-            grew = {
-                reason: float(s) - float(waits_before.get(reason, 0.0))
-                for reason, s in waits.items()
-                if float(s) > float(waits_before.get(reason, 0.0))
-            }
-            out += [f"waiting for {reason}" for reason, _ in sorted(grew.items(), key=lambda kv: -kv[1])]
+    waits = _waits_of(provider, stats)
+    if waits and before is not None:  # the waits by reason that grew since the last look
+        waits_before = _waits_of(provider, before)
+        grew = {
+            reason: float(s) - float(waits_before.get(reason, 0.0))
+            for reason, s in waits.items()
+            if reason != "running" and float(s) > float(waits_before.get(reason, 0.0))
+        }
+        out += [
+            f"waiting for {_WAIT_WORDS.get(reason, reason)}"
+            for reason, _ in sorted(grew.items(), key=lambda kv: -kv[1])[:2]
+        ]
     return out
+
+
+def _waits_of(provider: str, stats: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = ((stats.get(WAITS_KEY) or {}).get("providers") or {}).get(provider)
+    return found if isinstance(found, Mapping) else {}
 
 
 def _money(sums: Mapping[str, Any], ids: Sequence[str]) -> str:

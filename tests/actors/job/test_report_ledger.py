@@ -86,3 +86,15 @@ def test_the_report_as_json_carries_the_ledger_exactly(tmp_path: Path) -> None:
         "verify",
         "enrich",
     ]
+
+
+def test_the_report_says_where_each_providers_time_went() -> None:
+    stats = _stats()
+    stats["waits"] = {"providers": {"acme": {"running": 6.0, "slot": 3.0, "store": 1.0}}}
+    rows = _rows(report_table(stats, RunSummary(rows=1, ok=1), None, TOOLS))
+    assert rows["time at acme (call-seconds, by reason)"] == (
+        "running 6.0 s (60%), slot 3.0 s (30%), store 1.0 s (10%)"
+    )
+    assert "time at maps (call-seconds, by reason)" not in rows
+    report = report_json(stats, RunSummary(rows=1, ok=1), None, TOOLS)
+    assert report["providers"]["acme"]["waits_s"] == {"running": 6.0, "slot": 3.0, "store": 1.0}

@@ -104,6 +104,7 @@ class FakeEffects:
         self.spent: list[Any] = []
         self.saved: list[Any] = []
         self.wasted: list[Any] = []
+        self.waits: dict[str, float] = {}
         self.memo: dict[str, tuple[str, bool]] = {}
         self.owes: set[str] = set()
         self.release_batches: list[int] = []
@@ -250,6 +251,9 @@ class FakeEffects:
     def save(self, cost: Any) -> None:
         self.saved.append(cost)
 
+    def waited(self, reason: str, seconds: float) -> None:
+        self.waits[reason] = self.waits.get(reason, 0.0) + seconds
+
     def waste(self, costs: Any, reason: str) -> None:
         self.wasted.extend((cost, reason) for cost in costs)
 
@@ -287,6 +291,7 @@ class Driver:
         self.fx = FakeEffects()
         self.policy = policy or Policy(timeout_s=TIMEOUT_S, retry_backoff_s=0.5)
         self.life = Lifecycle(tool, self.policy, ORG, SCOPE, self.fx, width, owner)  # type: ignore[arg-type]
+        self.life.state.clock = lambda: self.now  # waits begin on the fake clock
         self.release_errors: list[BaseException] = []
         """Errors the store answers the next releases with (then they succeed)."""
         self.calls: list[Call] = []
@@ -438,12 +443,13 @@ class Driver:
 
     def finish(
         self, value: Any = "ok", error: BaseException | None = None, spec: AttemptSpec | None = None,
-        sent: bool = True, costs: tuple[Any, ...] = (), replayed: bool = False,
+        sent: bool = True, costs: tuple[Any, ...] = (), replayed: bool = False, sent_at: float | None = None,
     ) -> None:  # fmt: skip
         """The worker reports the latest (or ``spec``'s) attempt (``sent``: False when its
         request never went out, as a send gate reports a turn after the deadline; ``costs``:
         its members' costs, as the worker works them out from the tool's price; ``replayed``: the
-        provider answered from its record of the request's idempotency key)."""
+        provider answered from its record of the request's idempotency key; ``sent_at``: when it
+        went out, default now)."""
         spec = spec or self.fx.starts[-1]
         self.unsent_retries += not sent and spec.attempt > 1
         members = None
@@ -457,7 +463,7 @@ class Driver:
                 attempt=spec.attempt,
                 members=members,
                 error=error,
-                sent_at=self.now if sent else None,
+                sent_at=(self.now if sent_at is None else sent_at) if sent else None,
                 costs=costs,
                 replayed=replayed,
             ),

@@ -74,10 +74,12 @@ def test_holdups_say_pacing_when_calls_were_held_since_the_last_look() -> None:
     assert holdups("acme", _stats(held_s=1.0), _stats(held_s=1.0)) == []  # nothing held now
 
 
-def test_holdups_name_the_waits_by_reason_that_grew_longest_first() -> None:
-    now = _stats(held_s=1.0, waits={"slots": 5.0, "store": 2.5, "pacing": 1.0})
-    before = _stats(held_s=1.0, waits={"slots": 4.9, "store": 1.0, "pacing": 1.0})
-    assert holdups("acme", now, before) == ["waiting for store", "waiting for slots"]
+def test_holdups_name_the_waits_by_reason_that_grew_most_running_aside() -> None:
+    now, before = _stats(held_s=1.0), _stats(held_s=1.0)
+    now["waits"] = {"providers": {"acme": {"slot": 5.0, "store": 2.5, "pause": 1.0, "running": 60.0}}}
+    before["waits"] = {"providers": {"acme": {"slot": 4.9, "store": 1.0, "pause": 0.5, "running": 1.0}}}
+    assert holdups("acme", now, before) == ["waiting for the receipt store", "waiting for a pause"]
+    assert holdups("acme", now, now) == []
 
 
 def test_live_view_says_what_holds_every_provider_up() -> None:
