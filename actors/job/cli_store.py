@@ -110,24 +110,39 @@ def receipts_ls(db: str, status: str | None, limit: int) -> None:
     console.print(table)
 
 
-@receipts.command("cost", short_help="What the receipts cost when paid, by tool, org or day.")
+@receipts.command("cost", short_help="What the receipts cost when paid, by tool, provider, org, day or run.")
 @db_option
 @click.option(
-    "--by", "by", type=click.Choice(["tool", "org", "day"]), default="tool", show_default=True,
-    help="Sum per tool id, per org, or per UTC day the calls were paid.",
+    "--by", "by", type=click.Choice(["tool", "provider", "org", "day", "run"]), default="tool",
+    show_default=True,
+    help="Sum per tool id, per provider (needs --play), per org, per UTC day the calls were paid, or "
+    "per run that stored them.",
 )  # fmt: skip
+@click.option(
+    "--play", "play_spec", default=None, metavar="PLAY", help="The play whose tools name providers."
+)
 @click.option(
     "--since",
     default=None,
     help="Only calls paid since then: a duration back from now (36h, 7d, 2w) or a date (2026-12-01, UTC).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the lines as JSON (amounts as text).")
-def receipts_cost(db: str, by: str, since: str | None, as_json: bool) -> None:
+def receipts_cost(db: str, by: str, play_spec: str | None, since: str | None, as_json: bool) -> None:
     """What the receipts cost when their calls were paid (Tool.price), summed per group
     and currency. A receipt keeps its latest payment: a refresh replaces its cost, and a
     purged receipt is gone."""
     from actors.job.ledger import cost_lines, parse_since
 
+    providers: dict[str, str] = {}
+    if by == "provider":
+        if play_spec is None:
+            raise ConfigError("--by provider needs --play PLAY: receipts keep their tool, not its provider")
+        from actors.job.play import PlayLoadError, load_play
+
+        try:
+            providers = {t.tool_id: t.provider_name for t in load_play(play_spec).tools}
+        except PlayLoadError as exc:
+            raise ConfigError(str(exc)) from None
     where, params = "where (cost is not null or status = 'completed')", []
     if since is not None:
         try:
@@ -136,9 +151,10 @@ def receipts_cost(db: str, by: str, since: str | None, as_json: bool) -> None:
             raise ConfigError(str(exc)) from None
         where += " and completed_at >= ?"
         params.append(since_s)
-    rows = _query(db, f"select tool_id, org_id, status, cost, completed_at from receipts {where}", params)
+    columns = "tool_id, org_id, status, cost, completed_at, lease_owner_run_id"
+    rows = _query(db, f"select {columns} from receipts {where}", params)
     try:
-        lines = cost_lines(rows, by)
+        lines = cost_lines(rows, by, providers)
     except ValueError as exc:  # a sum past what Money holds
         raise ConfigError(str(exc)) from None
     if as_json:

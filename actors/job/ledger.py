@@ -20,9 +20,11 @@ from stores.rows import read_cost
 
 __all__ = ["BY", "CostLine", "cost_lines", "parse_since"]
 
-BY = ("tool", "org", "day")
-"""The groupings ``receipts cost --by`` knows: a receipt's tool id, its org, the UTC day
-its call was paid (completed)."""
+BY = ("tool", "provider", "org", "day", "run")
+"""The groupings ``receipts cost --by`` knows: a receipt's tool id, its tool's provider
+(from the play's tools: receipts do not keep it), its org, the UTC day its call was paid
+(completed), the run that stored its output (``lease_owner_run_id``, kept after
+completion; ``(unknown)`` where a resolution or a restored refresh dropped it)."""
 
 
 @attrs.frozen
@@ -43,20 +45,25 @@ class CostLine:
     unpriced: int
 
 
-def cost_lines(rows: Iterable[Mapping[str, Any]], by: str) -> list[CostLine]:
+def cost_lines(
+    rows: Iterable[Mapping[str, Any]], by: str, providers: Mapping[str, str] | None = None
+) -> list[CostLine]:
     """Sum ``rows`` (``tool_id``, ``org_id``, ``status``, ``cost`` text, ``completed_at``
-    epoch seconds) by ``by`` (one of :data:`BY`), sorted by group then currency. A cost
-    whose text is not an amount of money (set by hand) counts as none.
+    epoch seconds, ``lease_owner_run_id``) by ``by`` (one of :data:`BY`), sorted by group
+    then currency. A cost whose text is not an amount of money (set by hand) counts as
+    none. ``providers``: tool id -> provider, for ``by="provider"`` (a tool not in it is
+    its own provider, as ``Tool.provider_name`` has it).
 
     Raises:
         ValueError: ``by`` is not one of :data:`BY`; a group's sum reaches Money's bound.
     """
     if by not in BY:
         raise ValueError(f"--by {by!r}: one of {', '.join(BY)}")
+    providers = providers or {}
     sums: dict[str, dict[str, list[Any]]] = {}
     unpriced: dict[str, int] = {}
     for row in rows:
-        group = _group(row, by)
+        group = _group(row, by, providers)
         cost = read_cost(row.get("cost"))
         if cost is None:
             if row.get("status") == "completed":
@@ -81,11 +88,17 @@ def cost_lines(rows: Iterable[Mapping[str, Any]], by: str) -> list[CostLine]:
     return lines
 
 
-def _group(row: Mapping[str, Any], by: str) -> str:
+def _group(row: Mapping[str, Any], by: str, providers: Mapping[str, str]) -> str:
     if by == "tool":
         return str(row.get("tool_id"))
+    if by == "provider":
+        tool = str(row.get("tool_id"))
+        return providers.get(tool, tool)
     if by == "org":
         return str(row.get("org_id"))
+    if by == "run":
+        run = row.get("lease_owner_run_id")
+        return str(run) if run else "(unknown)"
     at = row.get("completed_at")
     if not isinstance(at, (int, float)):
         return "(not completed)"

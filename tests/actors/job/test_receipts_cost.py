@@ -13,23 +13,25 @@ from click.testing import CliRunner
 
 from actors.job.cli import main
 from actors.job.ledger import parse_since
-from stores import ClaimRequest, Completion, LeaseRef, Money, open_store
+from stores import ClaimRequest, Completion, LeaseRef, Money, Owner, open_store
 
 from ...stores.conftest import OTHER
 
 DAY_S = 86400.0
 
 
-def _paid(db: str, org: str, tool: str, key: str, cost: Money | None, days_ago: float = 0.0) -> None:
+def _paid(
+    db: str, org: str, tool: str, key: str, cost: Money | None, days_ago: float = 0.0, owner: Owner = OTHER
+) -> None:
     store = open_store(db)
     try:
         (claim,) = store.claim_many(
-            org, [ClaimRequest(key, "play", tool, f"hash-{key}")], OTHER, lease_ttl_s=60
+            org, [ClaimRequest(key, "play", tool, f"hash-{key}")], owner, lease_ttl_s=60
         )
         lease = LeaseRef(key, claim.receipt.lease_id)
-        assert store.mark_running_many(org, [lease], OTHER).ok
+        assert store.mark_running_many(org, [lease], owner).ok
         assert store.complete_many(
-            org, [Completion(lease.key, lease.lease_id, {"v": key}, cost=cost)], OTHER
+            org, [Completion(lease.key, lease.lease_id, {"v": key}, cost=cost)], owner
         ).ok
     finally:
         store.close()
@@ -99,6 +101,28 @@ def test_receipts_cost_prints_a_table_and_says_when_nothing_was_paid(db: str) ->
     done = CliRunner().invoke(main, ["receipts", "cost", "--db", db])
     assert done.exit_code == 0, done.output
     assert "0.0025 USD" in done.output and "verify" in done.output
+
+
+def test_receipts_cost_by_the_run_that_paid_and_by_provider(db: str, tmp_path: Any) -> None:
+    _paid(db, "acme", "verify", "v0", Money("1", "USD"), owner=Owner("monday-run", 1))
+    _paid(db, "acme", "verify", "v1", Money("1", "USD"), owner=Owner("tuesday-run", 1))
+    _paid(db, "acme", "enrich", "e0", Money("2", "USD"), owner=Owner("tuesday-run", 1))
+    _paid(db, "acme", "geo", "g0", Money("4", "USD"), owner=Owner("tuesday-run", 1))
+    by_run = _cost(db, "--by", "run")
+    assert [(line["run"], line["spent"]) for line in by_run] == [("monday-run", "1"), ("tuesday-run", "7")]
+    play = tmp_path / "providers_play.py"
+    play.write_text(
+        "from actors import Tool\n"
+        "tools = [Tool(tool_id='verify', fn=print, provider='acme-api'),\n"
+        "         Tool(tool_id='enrich', fn=print, provider='acme-api')]\n"
+        "def play(row, ctx):\n    return row\n",
+        encoding="utf-8",
+    )
+    by_provider = _cost(db, "--by", "provider", "--play", str(play))
+    # geo is not in the play: it is its own provider
+    assert [(line["provider"], line["spent"]) for line in by_provider] == [("acme-api", "4"), ("geo", "4")]
+    done = CliRunner().invoke(main, ["receipts", "cost", "--db", db, "--by", "provider"])
+    assert done.exit_code == 2 and "--by provider needs --play" in done.output
 
 
 @pytest.mark.parametrize("since", ["yesterday", "7 parsecs", ""])
