@@ -4,16 +4,13 @@ and the ``receipts`` and ``salvage`` commands against a store made by a real run
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
-import select
 import shutil
 import sqlite3
-import subprocess
-import time
 
 import pytest
+
+from ._terminal import run_on_a_terminal
 
 pytestmark = pytest.mark.scenario
 
@@ -58,38 +55,8 @@ def local_run(tmp_path):
 
 
 def _run_on_pty(command, *, cwd, env):
-    """Run ``command`` with stdout and stderr on a new pseudo-terminal; return (exit
-    code, everything it wrote)."""
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen(
-            command, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
-        )
-    finally:
-        os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + PTY_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every writer closed the slave side
-                break
-            if not data:
-                break
-            chunks.append(data)
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-    return code, b"".join(chunks).decode("utf-8", errors="replace")
+    """Run ``command`` on a new pseudo-terminal; return (exit code, everything it wrote)."""
+    return run_on_a_terminal(command, cwd=cwd, env=env, timeout_s=PTY_TIMEOUT_S)
 
 
 def test_cli_output_plain_progress_and_report(cli, local_run, tmp_path):
