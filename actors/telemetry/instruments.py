@@ -19,9 +19,11 @@ actor's, a worker's): the SDK's spans and instruments are thread-safe.
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
@@ -39,6 +41,38 @@ __all__ = ["CallTrace", "HttpSpan", "Instruments", "Sending"]
 
 SCOPE = "tooldispatch"
 """The instrumentation scope's name (tracer and meter)."""
+
+
+log = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_faulted: set[str] = set()
+
+
+def observer(fn: _F) -> _F:
+    """Telemetry observes and never decides: an error in it (an exporter's, a span
+    processor's, a meter's) is logged (at WARNING the first time for each place, then at
+    DEBUG) and goes no further, so no call, answer or paid output is lost to it. The
+    wrapped function then returns None."""
+
+    where = fn.__qualname__
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            _fault(where)
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
+def _fault(where: str) -> None:
+    """Log the error being handled, telemetry's in ``where`` (see :func:`observer`)."""
+    level = logging.DEBUG if where in _faulted else logging.WARNING
+    _faulted.add(where)
+    log.log(level, "telemetry failed in %s (the call goes on without it)", where, exc_info=True)
 
 
 def _wall_ns(monotonic_s: float) -> int:
@@ -124,11 +158,13 @@ class Instruments:
 
     # -- calls ------------------------------------------------------------------------
 
-    def call(self, tool: Tool, key: str, now: float) -> CallTrace:
+    @observer
+    def call(self, tool: Tool, key: str, now: float) -> CallTrace | None:
         """A call of ``tool`` under receipt ``key`` begins (``now``: ``time.monotonic()``),
         on the caller's thread: its span's parent is the caller's current context."""
         return CallTrace(self, tool, key, now)
 
+    @observer
     def answered_here(
         self, tool: Tool, futures: Sequence[Any], now: float, skip: Sequence[Any], priced: Mapping[int, Money]
     ) -> None:
@@ -144,6 +180,7 @@ class Instruments:
                 trace.cost = priced.get(index)
                 trace.done(future)
 
+    @observer
     def money(self, costs: Sequence[Money], tool: str, saved: bool) -> None:
         """What answers of ``tool`` cost (paid now, or ``saved``: answered from receipts)."""
         if not self.metrics:
@@ -154,6 +191,7 @@ class Instruments:
                 float(cost.amount), {"gen_ai.tool.name": tool, "tooldispatch.cost.currency": cost.currency}
             )
 
+    @observer
     def backpressure(self, tool: str, provider: str) -> None:
         """A request of ``tool`` was answered 429 (or 503 with Retry-After)."""
         if self.metrics:
@@ -185,13 +223,29 @@ class Instruments:
         idempotency_key: str,
     ) -> Sending:
         """A worker is about to send one request for the calls of ``traces`` (each
-        member's owner, or None); see :class:`Sending`."""
-        return Sending(self, tool, traces, attempt, batched, idempotency_key)
+        member's owner, or None); see :class:`Sending` (one that fails to begin is an
+        inert one: :func:`observer`)."""
+        begun: Sending = _begun(Sending, self, tool, traces, attempt, batched, idempotency_key)
+        return begun
 
     def http(self, method: str, url: Any, resend_count: int, headers: dict[str, str]) -> HttpSpan:
         """An HTTP request begins (``url``: an ``httpx.URL``); its ``traceparent`` is put
         in ``headers`` (W3C trace context, the global propagator)."""
-        return HttpSpan(self, method, url, resend_count, headers)
+        begun: HttpSpan = _begun(HttpSpan, self, method, url, resend_count, headers)
+        return begun
+
+
+def _begun(kind: Any, *args: Any) -> Any:
+    """``kind(*args)``, or an inert ``kind`` (every slot None: its ``close`` does nothing)
+    when beginning it failed (:func:`observer`)."""
+    try:
+        return kind(*args)
+    except Exception:
+        _fault(kind.__qualname__)
+        inert = kind.__new__(kind)
+        for slot in kind.__slots__:
+            setattr(inert, slot, None)
+        return inert
 
 
 class CallTrace:
@@ -231,6 +285,11 @@ class CallTrace:
         self.context: Any = None
         """The OpenTelemetry context with its span current (attached on the worker)."""
         if ins.tracer is not None:
+            self._start_span(ins, key, now)
+
+    @observer
+    def _start_span(self, ins: Instruments, key: str, now: float) -> None:
+        if ins.tracer is not None:
             self.span = ins.tracer.start_span(
                 f"execute_tool {self.tool}", kind=SpanKind.INTERNAL, start_time=_wall_ns(now),
                 attributes={
@@ -242,6 +301,7 @@ class CallTrace:
             )  # fmt: skip
             self.context = otel_trace.set_span_in_context(self.span)
 
+    @observer
     def wait(self, reason: str, since: float, until: float) -> None:
         """It waited from ``since`` to ``until`` (``time.monotonic()``) for ``reason`` (one
         of :data:`~actors.telemetry.config.WAIT_REASONS`)."""
@@ -260,6 +320,7 @@ class CallTrace:
                 timestamp=_wall_ns(since),
             )
 
+    @observer
     def done(self, future: Any) -> None:
         """The call's future is set: its answer ends the span and counts in the metrics."""
         now = time.monotonic()
@@ -330,13 +391,15 @@ class Sending:
         self._token = otel_context.attach(context) if context is not None else None
         self._active = ACTIVE.set(ins)
 
+    @observer
     def close(self, error: BaseException | None) -> None:
         """The request returned (or raised ``error``)."""
-        ACTIVE.reset(self._active)
+        if self._active is not None:
+            ACTIVE.reset(self._active)
         if self._token is not None:
             otel_context.detach(self._token)
         now = time.monotonic()
-        for trace in self.traces:
+        for trace in self.traces or ():
             if trace is not None:
                 trace.returned_at = now
         span = self.span
@@ -370,6 +433,7 @@ class HttpSpan:
         self.span = ins.tracer.start_span(method, kind=SpanKind.CLIENT, attributes=attributes)
         propagate.inject(headers, context=otel_trace.set_span_in_context(self.span))
 
+    @observer
     def close(self, status: int | None, error: BaseException | None) -> None:
         """The answer's status code, or the error the request raised."""
         span = self.span
