@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from actors.errors import error_text, is_a, type_name
+from actors.errors import error_text, is_a, signalled, type_name
 from actors.tool import Tool
 from stores.money import Money
 
@@ -62,7 +62,9 @@ def _own(tool: Tool, price: Any, input: Any, output: Any) -> Money | None:
         return price
     try:
         cost = price(input, output)
-    except Exception as exc:  # (a Money past its bound raises ValueError: the same)
+    except BaseException as exc:  # SystemExit & co too: the answer is paid (past Money's bound: ValueError)
+        if signalled(exc):  # a host's signal handler raised it: the host's, not this price's
+            raise
         _warn(tool, "raised", "its price function raised %s: %s", type_name(exc), error_text(exc))
         return None
     if not isinstance(cost, Money):

@@ -5,6 +5,7 @@ out leaves the cost unknown and never the answer."""
 from __future__ import annotations
 
 import logging
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -57,6 +58,10 @@ def test_a_failed_member_costs_its_share_of_the_request_alone() -> None:
     assert costs == (Money("0.26", USD), Money("0.25", USD))
 
 
+def _interrupt() -> Any:
+    raise KeyboardInterrupt
+
+
 def test_a_batch_tool_sent_alone_costs_its_price() -> None:
     tool = Tool(tool_id="t", fn=_fn, price=Money("0.01", USD), batch=_batch(Money("0.5", USD)))
     assert member_costs(tool, [1], ["a"], batched=False) == (Money("0.01", USD),)
@@ -69,8 +74,10 @@ def test_a_batch_tool_sent_alone_costs_its_price() -> None:
         lambda i, o: 0.25,
         lambda i, o: None,
         lambda i, o: Money(1, "EUR"),
+        lambda i, o: sys.exit(3),
+        lambda i, o: _interrupt(),
     ],
-    ids=["raises", "float", "none", "other-currency"],
+    ids=["raises", "float", "none", "other-currency", "exits", "interrupted"],
 )
 def test_a_price_that_cannot_be_worked_out_leaves_the_cost_unknown(
     price: Any, caplog: pytest.LogCaptureFixture
