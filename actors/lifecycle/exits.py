@@ -293,7 +293,7 @@ class Exits:
             elif execution == "live":
                 execution = "in_flight"
         value = decode_output(outcome.value) if self.tool.durable else outcome.value
-        if execution == "cached" and outcome.cost is not None:  # answered from a receipt
+        if outcome.cost is not None and execution != "live":  # from a receipt another execution paid
             self.fx.save(outcome.cost)
             if call.trace is not None:
                 call.trace.cost = outcome.cost

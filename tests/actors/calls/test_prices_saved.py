@@ -5,12 +5,13 @@ receipt completed. Real SQLite files."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from actors import Policy, Tool
 from stores.money import Money
 
-from ..conftest import WAIT_S
+from ..conftest import WAIT_S, until
 
 USD = "USD"
 PAID = Money("0.002", USD)
@@ -89,3 +90,42 @@ def test_each_currency_is_saved_apart(make_system: Any) -> None:
     saved = rerun.stats()["saved"]
     assert saved["total"] == {USD: PAID * 2, "EUR": Money("0.02", "EUR")}
     assert saved["tools"] == {"us": {USD: PAID * 2}, "eu": {"EUR": Money("0.02", "EUR")}}
+
+
+def test_a_call_that_waited_for_another_runs_execution_saves_what_that_run_paid(make_system: Any) -> None:
+    gate = threading.Event()
+
+    def slow(input: Any, ctx: Any) -> Any:
+        gate.wait(WAIT_S)
+        return {"echo": input["i"]}
+
+    tool = Tool(tool_id="verify", fn=slow, price=PAID)
+    payer, waiter = make_system([tool], run_id="payer"), make_system([tool], run_id="waiter")
+    paying = payer.proxy().execute("verify", {"i": 1})
+    until(lambda: payer.stats()["tools"].get("verify", {}).get("requests", 0) == 1, "the payer's call sent")
+    waiting = waiter.proxy().execute("verify", {"i": 1})
+    until(lambda: waiter.stats()["owner_waits"] == 1, "the waiter waiting on the payer's receipt")
+    gate.set()
+    assert paying.get(timeout=WAIT_S).execution == "live"
+    assert waiting.get(timeout=WAIT_S).execution == "in_flight"
+    assert payer.stats()["spent"]["total"] == {USD: PAID} and payer.stats()["saved"]["total"] == {}
+    assert waiter.stats()["saved"]["total"] == {USD: PAID} and waiter.stats()["spent"]["total"] == {}
+
+
+def test_calls_joined_to_this_systems_own_execution_save_nothing(make_system: Any) -> None:
+    gate = threading.Event()
+
+    def slow(input: Any, ctx: Any) -> Any:
+        gate.wait(WAIT_S)
+        return {"echo": input["i"]}
+
+    system = make_system([Tool(tool_id="verify", fn=slow, price=PAID)])
+    first = system.proxy().execute("verify", {"i": 1})
+    until(lambda: system.stats()["tools"].get("verify", {}).get("requests", 0) == 1, "the call sent")
+    joined = system.proxy().execute("verify", {"i": 1})
+    gate.set()
+    assert {first.get(timeout=WAIT_S).execution, joined.get(timeout=WAIT_S).execution} == {
+        "live",
+        "in_flight",
+    }
+    assert system.stats()["saved"]["total"] == {} and system.stats()["spent"]["total"] == {USD: PAID}
