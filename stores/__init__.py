@@ -97,6 +97,45 @@ def open_store(target: str | os.PathLike[str], **kwargs: Any) -> ReceiptStore:
     return SqliteReceiptStore(target, **kwargs)
 
 
+def stored_schema_version(target: str | os.PathLike[str]) -> int | None:
+    """The schema version of the store ``target`` names (as :func:`open_store` takes it),
+    read without writing anything: no migration, no file or schema made. None when there
+    is no store there yet (compare with ``stores.sqlite.schema.SCHEMA_VERSION``, the
+    version opening it would bring it to).
+
+    Raises:
+        StoreUnavailableError: a Postgres server that cannot be reached.
+    """
+    if isinstance(target, str) and target.startswith(("postgresql://", "postgres://")):
+        try:
+            import psycopg
+
+            from stores.postgres.conn import split_schema
+            from stores.postgres.schema import quote_ident, read_version
+        except ImportError as exc:
+            raise StoreUnavailableError(f"a postgresql:// store needs psycopg: {exc}") from None
+        url, schema = split_schema(target)
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as pg:
+                return read_version(pg, quote_ident(schema or "tooldispatch"))
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"cannot read the schema version of {url}: {exc}") from None
+    path = os.fspath(target)
+    if path == ":memory:" or not os.path.exists(path):
+        return None
+    import sqlite3
+    import urllib.parse
+
+    conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True)
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot read the schema version of {path}: {exc}") from None
+    finally:
+        conn.close()
+    return version or None
+
+
 __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_INPUT_BYTES",
@@ -154,5 +193,6 @@ __all__ = [
     "salvage_form",
     "serves_last_good",
     "shorten",
+    "stored_schema_version",
     "validate_output",
 ]

@@ -22,7 +22,6 @@ from actors.job.cli_common import (
     DEFAULT_DB,
     EXIT_CODES,
     ConfigError,
-    is_url,
     plain_console,
     salvage_default,
 )
@@ -423,7 +422,7 @@ def _dry_run(
     from actors.job.play import PlayContext, PlayLoadError, load_play
     from actors.job.report_json import write_report_json
     from actors.tool import RunInfo
-    from stores import StoreError, open_store
+    from stores import StoreError, open_store, stored_schema_version
 
     try:
         play = load_play(play_spec)
@@ -432,7 +431,19 @@ def _dry_run(
     rows = _first_rows(input_path)
     if shard is not None:
         rows = _shard_rows(rows, *shard)
-    fresh = not is_url(db) and not os.path.exists(db)  # nothing made: an empty store answers
+    from stores.sqlite.schema import SCHEMA_VERSION
+
+    try:
+        version = stored_schema_version(db)  # read without writing: a dry run upgrades nothing
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
+    if version is not None and version < SCHEMA_VERSION:
+        raise ConfigError(
+            f"the store {db} has schema version {version}; opening it upgrades it to {SCHEMA_VERSION}, "
+            "and a dry run writes nothing: run without --dry-run, or `tooldispatch receipts stats --db ...` "
+            "(which upgrades it), first"
+        )
+    fresh = version is None  # nothing made: an empty store answers
     try:
         store = open_store(":memory:" if fresh else db)
     except (OSError, StoreError, ValueError) as exc:

@@ -129,6 +129,8 @@ class DryProxy:
             raise DispatchError(f"unknown tool {tool_id!r}; known: {', '.join(sorted(self.tools))}")
         if not tool.durable:  # local and free: run it (it sends nothing)
             return ToolResult.of(tool.fn(input, None), "live", "", tool_id)
+        if self.row_pays:  # the row stopped at a call it would pay for: what follows is not known
+            raise DryRunStop(f"{tool_id}: after a call the run would pay for (not counted)")
         key, input_hash, _ = self._maker(tool, stale_after_s)(input)
         tally, org = self.tally, self.run.org_id
         if not force_refresh:

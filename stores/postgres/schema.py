@@ -21,7 +21,7 @@ from typing import Any
 
 from stores.errors import SchemaVersionError
 
-__all__ = ["SCHEMA_VERSION", "migrate", "quote_ident"]
+__all__ = ["SCHEMA_VERSION", "migrate", "quote_ident", "read_version"]
 
 SCHEMA_VERSION = 5
 
@@ -118,7 +118,8 @@ def lock_id(schema_name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _version(conn: Any, schema: str) -> int | None:
+def read_version(conn: Any, schema: str) -> int | None:
+    """The schema version ``schema`` (quoted) holds (None: none yet); nothing written."""
     import psycopg
 
     try:
@@ -143,7 +144,7 @@ def migrate(conn: Any, schema_name: str, where: str) -> None:
         SchemaVersionError: the database's schema is newer than this code.
     """
     schema = quote_ident(schema_name)
-    version = _version(conn, schema)  # the common case: made already, no lock taken
+    version = read_version(conn, schema)  # the common case: made already, no lock taken
     _refuse_newer(version, where)
     if version == SCHEMA_VERSION:
         return
@@ -151,7 +152,7 @@ def migrate(conn: Any, schema_name: str, where: str) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id(schema_name),))
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {schema}.meta (name text PRIMARY KEY, value text NOT NULL)")
-        version = _version(conn, schema) or 0
+        version = read_version(conn, schema) or 0
         _refuse_newer(version, where)
         for target in range(version + 1, SCHEMA_VERSION + 1):
             for statement in _MIGRATIONS[target](schema):

@@ -10,12 +10,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from actors import DispatchSystem
 from actors.job.cli import main
 from actors.tool import RunInfo
-from stores import open_store
+from stores import open_store, stored_schema_version
 
 PLAY = """
 import json
@@ -152,3 +153,74 @@ def test_a_dry_run_refuses_an_output_file(tmp_path: Path) -> None:
         main, ["run", str(play), "--input", str(rows), "--dry-run", "--output", str(tmp_path / "o.jsonl")]
     )
     assert done.exit_code == 2 and "--dry-run writes no --output" in done.output
+
+
+def _quoted(schema: str | None) -> str:
+    return f'"{schema}"'
+
+
+def _older_schema(db: str) -> None:
+    """``db`` (a store made now) as version 4 left it: no cost column."""
+    open_store(db).close()
+    if db.startswith("postgresql://"):
+        import psycopg
+
+        from stores.postgres.conn import split_schema
+
+        url, schema = split_schema(db)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {_quoted(schema)}.receipts DROP COLUMN cost")
+            conn.execute(f"UPDATE {_quoted(schema)}.meta SET value = '4' WHERE name = 'schema_version'")
+    else:
+        with sqlite3.connect(db) as conn:
+            conn.execute("ALTER TABLE receipts DROP COLUMN cost")
+            conn.execute("PRAGMA user_version = 4")
+
+
+def _snapshot(db: str) -> Any:
+    if db.startswith("postgresql://"):
+        import psycopg
+
+        from stores.postgres.conn import split_schema
+
+        url, schema = split_schema(db)
+        with psycopg.connect(url, autocommit=True) as conn:
+            sql = "SELECT column_name FROM information_schema.columns WHERE table_schema = %s ORDER BY 1"
+            columns = conn.execute(sql, (schema,)).fetchall()
+            sql = f"SELECT value FROM {_quoted(schema)}.meta WHERE name = 'schema_version'"
+            version = conn.execute(sql).fetchone()
+            return columns, version
+    return Path(db).read_bytes()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_dry_run_upgrades_no_older_store(request: Any, tmp_path: Path, backend: str) -> None:
+    play, rows, path = _files(tmp_path)
+    db = request.getfixturevalue("pg_db") if backend == "postgres" else str(path)
+    _older_schema(db)
+    before = _snapshot(db)
+    assert stored_schema_version(db) == 4
+    done = CliRunner().invoke(main, ["run", str(play), "--input", str(rows), "--db", db, "--dry-run"])
+    assert done.exit_code == 2 and "schema version 4" in done.output and "writes nothing" in done.output
+    assert _snapshot(db) == before  # not upgraded, nothing written
+
+
+def test_a_row_that_catches_the_dry_runs_stop_counts_no_later_call(tmp_path: Path) -> None:
+    play, rows, db = _files(tmp_path)
+    play.write_text(
+        PLAY.replace(
+            'def play(row, ctx):\n    email = ctx.tool("lower", row)',
+            "def play(row, ctx):\n"
+            "    try:\n"
+            '        ctx.tool("verify", {"email": "first@" + row})\n'
+            "    except Exception:\n"
+            "        pass  # a play that goes on with a substitute\n"
+            '    email = ctx.tool("lower", row)',
+        ),
+        encoding="utf-8",
+    )
+    report = _dry(play, rows, db, tmp_path)
+    # each row's first call would pay (once per distinct input); nothing after it is counted
+    assert report["tools"]["verify"]["would_pay"] == 4
+    assert report["tools"]["geo"]["would_pay"] == 0
+    assert report["rows"]["would_pay"] == 4
