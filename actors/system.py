@@ -94,7 +94,13 @@ class DispatchSystem:
         self.store = store
         self.runtime = runtime_name()
         self.started_at = time.monotonic()
+        self.telemetry: Any = None
+        """The instruments (``actors.telemetry.instruments.Instruments``) when telemetry is on
+        (opened before any thread or actor starts: without the packages, none is left running)."""
+        if telemetry is not None:
+            self.telemetry = open_instruments(telemetry, run, self._pacing_rates)
         self.stats_ = Stats(policy.perf_hook)
+        self.stats_.telemetry = self.telemetry
         self.latch = Latch()
         self.launch = Launch(self.latch)
         """The last check before each request leaves (:mod:`actors.worker.launch`)."""
@@ -134,10 +140,6 @@ class DispatchSystem:
             writing=self._writing,
         )
         self._pool = WorkerPool("tooldispatch-tool")
-        self.telemetry: Any = None
-        """The instruments (``actors.telemetry.instruments.Instruments``) when telemetry is on."""
-        if telemetry is not None:
-            self.telemetry = self.stats_.telemetry = open_instruments(telemetry, run, self._pacing_rates)
         self.ports = Ports(
             run=run, owner=Owner(run.run_id, run.run_attempt), policy=policy, store=self._store_ref,
             governor=self._governor, heartbeat=self._heartbeat, flusher=self._flusher, latch=self.latch,

@@ -158,6 +158,11 @@ def run(
         raise ConfigError("--org and --scope must not be empty")
     taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
     taken[os.path.realpath(salvage_default(db))] = "the salvage file"
+    for suffix in ("-wal", "-shm", "-journal"):  # SQLite's own files beside the store
+        taken[os.path.realpath(db + suffix)] = f"the store's {suffix[1:]} file"
+    play_file = play_spec if play_spec.endswith(".py") else play_spec.rpartition(":")[0]  # file.py:attr
+    if play_file.endswith(".py"):
+        taken[os.path.realpath(play_file)] = "the play"
     for option, path in (
         ("--output", output_path), ("--report-json", report_json_path), ("--report-html", report_html_path),
     ):  # fmt: skip

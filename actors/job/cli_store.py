@@ -57,16 +57,25 @@ def _plural(n: int, word: str) -> str:
 
 
 def _query(db: str, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    """Rows of a read-only query (``?`` placeholders) on the receipts table of ``db``."""
+    """Rows of a read-only query (``?`` placeholders) on the receipts table of ``db``; a
+    query the store cannot answer (a table changed by hand) is a one-line error."""
+    import sqlite3
+
     store = open_db(db)
     try:
         if is_url(db):
-            return store.query(sql.replace("?", "%s"), params)  # type: ignore[no-any-return]
+            try:
+                return store.query(sql.replace("?", "%s"), params)  # type: ignore[no-any-return]
+            except Exception as exc:  # psycopg's errors (an optional dependency)
+                raise ConfigError(f"{db}: the receipts table cannot be read: {exc}") from None
     finally:
         store.close()
     import sqlite_utils
 
-    return list(sqlite_utils.Database(db).query(sql, params))
+    try:
+        return list(sqlite_utils.Database(db).query(sql, params))
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{db}: the receipts table cannot be read: {exc}") from None
 
 
 @click.group(short_help="Inspect and maintain the receipt store.")
@@ -163,7 +172,7 @@ def receipts_cost(db: str, by: str, play_spec: str | None, since: str | None, as
                 [
                     {
                         by: line.group,
-                        "spent": None if line.spent is None else str(line.spent.amount),
+                        "spent": None if line.spent is None else f"{line.spent.amount:f}",
                         "currency": None if line.spent is None else line.spent.currency,
                         "paid": line.paid,
                         "unpriced": line.unpriced,

@@ -6,6 +6,8 @@ with opentelemetry-proto (no OpenTelemetry collector binary is installed here)."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -158,3 +160,40 @@ def test_cli_otel_exports_spans_and_metrics_over_otlp_http(cli: Any, tmp_path: A
     (spent,) = metrics["tooldispatch.cost.spent"].sum.data_points
     assert spent.as_double == pytest.approx(0.02)
     assert metrics["tooldispatch.call.duration"].unit == "s"
+
+
+SYSTEM_WITHOUT_OTEL = """
+import sys, threading
+from actors import DispatchSystem, RunInfo, Telemetry, Tool
+from actors.telemetry import TelemetryUnavailableError
+from stores import open_store
+
+store = open_store(sys.argv[1])
+try:
+    DispatchSystem.start(tools=[Tool(tool_id="t", fn=lambda i, c: i)], store=store,
+                         run=RunInfo(run_id="r", org_id="o", scope="s"), telemetry=Telemetry())
+except TelemetryUnavailableError as exc:
+    print("refused:", exc)
+store.close()
+print("threads:", sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))
+"""
+
+
+def test_a_system_asked_for_telemetry_without_the_packages_starts_nothing(cli: Any, tmp_path: Any) -> None:
+    blocked = tmp_path / "blocked"
+    (blocked / "opentelemetry").mkdir(parents=True)
+    (blocked / "opentelemetry" / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    script = tmp_path / "start.py"
+    script.write_text(SYSTEM_WITHOUT_OTEL, encoding="utf-8")
+    env = cli.env()
+    env["PYTHONPATH"] = f"{blocked}{os.pathsep}{env['PYTHONPATH']}"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "r.db")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "tooldispatch[otel]" in done.stdout
+    assert "threads: []" in done.stdout, done.stdout  # no actor, timer or pool thread left behind

@@ -140,3 +140,21 @@ def test_since_reads_durations_and_dates() -> None:
     assert parse_since("90s", now) == now - 90
     assert parse_since("1970-01-02", now) == DAY_S  # UTC when no offset is named
     assert parse_since("1970-01-02T00:00:00+01:00", now) == DAY_S - 3600
+
+
+def test_receipts_cost_of_a_table_changed_by_hand_is_a_one_line_error(tmp_path: Any) -> None:
+    import sqlite3
+
+    db = str(tmp_path / "r.db")
+    _paid(db, "acme", "verify", "v0", Money("1", "USD"))
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE receipts DROP COLUMN cost")  # (its version still says it has one)
+    done = CliRunner().invoke(main, ["receipts", "cost", "--db", db])
+    assert done.exit_code == 2 and "cannot be read" in done.output and "Traceback" not in done.output
+
+
+def test_receipts_cost_prints_tiny_amounts_in_plain_notation(tmp_path: Any) -> None:
+    db = str(tmp_path / "r.db")
+    _paid(db, "acme", "verify", "v0", Money("0.0000003", "USD"))
+    (line,) = _cost(db)
+    assert line["spent"] == "0.0000003"
