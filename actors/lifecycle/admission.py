@@ -67,7 +67,8 @@ class Admission:
                 self.fx.acquire(want, exempt)
                 continue
             # under a money budget the governor charges what each request is known to cost
-            prices = tuple(unit_cost(self.tool, queue[i]) for i in range(min(want, len(queue))))
+            over = self.s.overrun
+            prices = tuple(unit_cost(self.tool, queue[i], over) for i in range(min(want, len(queue))))
             self.s.asked_prices[exempt] = prices
             self.fx.acquire(len(prices), exempt, prices=prices)
 
@@ -111,7 +112,7 @@ class Admission:
                 self.s.units.pop(unit.id, None)
                 continue
             if allowance is not None:
-                cost = unit_cost(self.tool, unit)
+                cost = unit_cost(self.tool, unit, self.s.overrun)
                 if cost > allowance:
                     break
                 allowance = exact_difference(allowance, cost)

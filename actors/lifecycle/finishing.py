@@ -30,7 +30,7 @@ from actors.lifecycle.attempts import plain_value, retry_in_call, transient
 from actors.lifecycle.calls import Group, GroupState, Role, Unit, note_wait
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
-from actors.lifecycle.spending import ZERO, exact_difference, settled_cost
+from actors.lifecycle.spending import ZERO, exact_difference, overrun_of, settled_cost
 from actors.messages import RetryDue, UnitFinished
 from stores.claims import batch_unsendable
 
@@ -141,6 +141,9 @@ class Finisher:
         else:
             failed = [member[1] is not None for member in msg.members]
             spent = settled_cost(self.tool, unit, charge, msg.costs, failed, self.s.spend_currency)
+            over = overrun_of(self.tool, unit, msg.costs, self.s.spend_currency)
+            if over > self.s.overrun:  # the estimate is too low: later charges count this much more
+                self.s.overrun = over
         if spent != charge:
             self.fx.release_slots(0, exempt=unit.exempt, unspent=exact_difference(charge, spent))
 

@@ -83,6 +83,9 @@ class Shared:
             policy.spend_currency(tool.provider_name) if tool.durable and tool.priced else None
         )
         """The currency of the money budgets its calls are charged to (None: not charged)."""
+        self.overrun = Decimal(0)
+        """The most a call of this tool has cost past its estimate so far (a price function
+        whose ``price_estimate`` is too low): later calls are charged that much more."""
         self.asked_prices: dict[bool, tuple[Decimal, ...]] = {False: (), True: ()}
         """Per admission queue: the prices its slot request out was sent with."""
         self.slotting: list[Group] = []

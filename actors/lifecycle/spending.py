@@ -20,7 +20,7 @@ from actors.lifecycle.calls import Unit
 from actors.tool import Tool
 from stores.money import Money
 
-__all__ = ["ZERO", "exact_sum", "settled_cost", "unit_cost"]
+__all__ = ["ZERO", "exact_sum", "overrun_of", "settled_cost", "unit_cost"]
 
 log = logging.getLogger("tooldispatch")
 
@@ -47,10 +47,36 @@ def _batched(tool: Tool, members: int) -> bool:
     return tool.batch is not None and members > 1  # as the attempt's spec (``spec_for``)
 
 
-def unit_cost(tool: Tool, unit: Unit) -> Decimal:
-    """What ``unit``'s request is known to cost before it is sent (0: nothing known)."""
-    known = tool.known_cost(len(unit.groups), _batched(tool, len(unit.groups)))
-    return known.amount if known is not None else ZERO
+def unit_cost(tool: Tool, unit: Unit, overrun: Decimal = ZERO) -> Decimal:
+    """What ``unit``'s request is known to cost before it is sent (0: nothing known), each
+    member counted ``overrun`` more (what a member of this tool has cost past its estimate
+    at most so far: :func:`overrun_of`), so that an estimate set too low is passed by a
+    budget at most once per call in flight, not by every call of the run."""
+    members = len(unit.groups)
+    known = tool.known_cost(members, _batched(tool, members))
+    amount = known.amount if known is not None else ZERO
+    return _EXACT.add(amount, _EXACT.multiply(overrun, members)) if overrun else amount
+
+
+def overrun_of(tool: Tool, unit: Unit, costs: Sequence[Any], currency: str) -> Decimal:
+    """The most a member of ``unit`` cost past its estimate (its stated price and its
+    share of the request price), in ``currency`` (0: none did; a fixed price never does)."""
+    members = len(unit.groups)
+    own = tool.stated_price
+    if isinstance(tool.price, Money) or own is None or len(costs) != members:
+        return ZERO
+    batched = _batched(tool, members)
+    shares = (
+        tool.batch.request_price.split(members)
+        if batched and tool.batch and tool.batch.request_price
+        else None
+    )
+    most = ZERO
+    for i, cost in enumerate(costs):
+        if isinstance(cost, Money) and cost.currency == currency:
+            estimate = _EXACT.add(own.amount, shares[i].amount) if shares is not None else own.amount
+            most = max(most, _EXACT.subtract(cost.amount, estimate))
+    return most
 
 
 def settled_cost(

@@ -183,3 +183,17 @@ def test_money_budget_counts_a_cost_in_another_currency_at_its_estimate(
     with pytest.raises(BudgetExceededError):  # each counted at its 1 USD estimate
         system.proxy().execute("llm_eur", {"i": 2}).get(timeout=WAIT_S)
     assert len(paid.inputs) == 2
+
+
+def test_money_budget_learns_from_an_estimate_set_too_low(make_system: Any) -> None:
+    """A price function whose calls cost 1 against an estimate of 0.01: once one answer
+    says so, later calls are counted at what it really cost, so many calls in flight pass
+    the budget by at most those already out, not by every call of the run."""
+    paid = _Paid()
+    tool = Tool(tool_id="llm", fn=paid, price=lambda i, o: Money("1", USD), price_estimate=Money("0.01", USD))
+    system = make_system([tool], policy=Policy(batch_grace_s=0.0, max_spend=Money("10", USD)))
+    assert system.proxy().execute("llm", {"i": 0}).get(timeout=WAIT_S).execution == "live"  # learns
+    outcomes = _outcomes(system.proxy().execute_many("llm", [{"i": i} for i in range(1, 60)]))
+    assert outcomes.count("live") == 9  # 1 + 9 at 1 each: the budget, not 10 + 59 x 0.01
+    assert system.stats()["spent"]["total"] == {USD: Money("10", USD)}
+    assert len(paid.inputs) == 10
