@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from actors.errors import (
+    BudgetExceededError,
     CallCancelledError,
     LeaseLostError,
     NotSentError,
@@ -88,6 +89,9 @@ class Admission:
         self.s.acquiring[exempt] = False
         queue = self.s.pending_exempt if exempt else self.s.pending
         prices, self.s.asked_prices[exempt] = self.s.asked_prices[exempt], ()
+        if is_a(error, BudgetExceededError) and queue and self._halve(queue):
+            self.pump(now)  # the head batch, halved, asks again: what fits the budget may go
+            return
         if error is not None or not n:
             units = list(queue)
             queue.clear()
@@ -134,6 +138,28 @@ class Admission:
             self.fx.release_slots(n, exempt=exempt, refunds=n, unspent=allowance or ZERO)
         self.admit(admitted, now)
         self.pump(now)
+
+    def _halve(self, queue: Any) -> bool:
+        """A money budget refused the batch at the head of ``queue``: put its two halves in
+        its place (each asks again, for less), so a budget with room for some of its
+        members pays for those rather than for none. Only a batch never sent and not
+        recorded (a request taken over, or sent once, goes again whole); False when the
+        head cannot be halved (a lone call: the refusal stands)."""
+        unit = queue[0]
+        if len(unit.groups) < 2 or unit.attempt or unit.record is not None or unit.proposed is not None:
+            return False
+        queue.popleft()
+        self.s.units.pop(unit.id, None)
+        middle = len(unit.groups) // 2
+        for members in reversed((unit.groups[:middle], unit.groups[middle:])):
+            half = Unit(next(self.s.ids), members, exempt=unit.exempt)
+            half.queued = True
+            half.waiting = unit.waiting
+            for group in members:
+                group.unit = half
+            self.s.units[half.id] = half
+            queue.appendleft(half)
+        return True
 
     def admit(self, units: list[Unit], now: float, marked: bool = False) -> None:
         """Units holding slots: mark their receipts running (unless ``marked``: claimed

@@ -88,10 +88,44 @@ def test_money_budget_counts_a_batch_requests_price_before_it_is_sent(make_syste
     tool = Tool(tool_id="enrich", fn=_Paid(), batch=batch, price=Money("0.5", USD))
     system = make_system([tool], policy=Policy(batch_grace_s=0.2, max_spend=Money("5", USD)))
     outcomes = _outcomes(system.proxy().execute_many("enrich", [{"i": i} for i in range(8)]))
-    assert batches == [4]  # each request costs 1 + 4 x 0.5 = 3: the second would pass 5
-    assert outcomes.count("live") == 4
-    assert sum(isinstance(o, BudgetExceededError) for o in outcomes) == 4
-    assert system.stats()["spent"]["total"] == {USD: Money("3", USD)}
+    # each request of 4 costs 1 + 4 x 0.5 = 3: the second would pass 5, so it is halved,
+    # and a request of 2 (1 + 2 x 0.5 = 2) fits what is left exactly
+    assert batches == [4, 2]
+    assert outcomes.count("live") == 6
+    assert sum(isinstance(o, BudgetExceededError) for o in outcomes) == 2
+    assert system.stats()["spent"]["total"] == {USD: Money("5", USD)}
+
+
+def test_money_budget_halves_a_batch_it_has_no_room_for_and_a_later_run_pays_the_rest(
+    make_system: Any, read_receipts: Any, key_of: Any
+) -> None:
+    batches: list[int] = []
+
+    def batch_fn(payload: Any, ctx: Any) -> Any:
+        batches.append(len(payload))
+        return [{"echo": p["i"]} for p in payload]
+
+    batch = BatchStrategy(batch_fn=batch_fn, max_batch_size=10, request_price=Money("0.5", USD))
+    alone = _Paid()  # a lone call goes through fn, at its price alone
+    tool = Tool(tool_id="enrich", fn=alone, batch=batch, price=Money("1", USD))
+    inputs = [{"i": i} for i in range(20)]
+    system = make_system([tool], policy=Policy(batch_grace_s=0.2, max_spend=Money("5.2", USD)))
+    outcomes = _outcomes(system.proxy().execute_many("enrich", inputs))
+    # no room for 10 (10.5) nor 5 (5.5): halves go while they fit, the rest is refused unsent
+    paid = outcomes.count("live")
+    assert paid >= 3 and sum(batches) + len(alone.inputs) == paid
+    spent = system.stats()["spent"]["total"][USD].amount
+    assert spent == paid + Decimal("0.5") * len(batches) <= Decimal("5.2")
+    refused = [i for i, o in zip(inputs, outcomes, strict=True) if isinstance(o, BudgetExceededError)]
+    assert len(refused) == 20 - paid
+    receipts = read_receipts([key_of(tool, i) for i in refused])
+    assert {r.status for r in receipts} == {ReceiptStatus.PENDING}
+    system.stop(timeout_s=WAIT_S)
+
+    more = make_system([tool], run_id="more", policy=Policy(batch_grace_s=0.2, max_spend=Money("100", USD)))
+    again = _outcomes(more.proxy().execute_many("enrich", inputs))
+    assert again.count("cached") == paid and again.count("live") == 20 - paid
+    assert sum(batches) + len(alone.inputs) == 20  # each input paid once in all
 
 
 def test_money_budget_counts_an_answer_priced_call_at_its_estimate_until_it_is_paid(
