@@ -17,7 +17,11 @@ import attrs
 
 from actors.telemetry.config import Telemetry, TelemetryUnavailableError
 
-__all__ = ["OtlpExport", "export_otlp"]
+__all__ = ["EXPORT_TIMEOUT_S", "OtlpExport", "export_otlp"]
+
+EXPORT_TIMEOUT_S = 5.0
+"""Seconds an export to the collector may take (unless ``OTEL_EXPORTER_OTLP_TIMEOUT``
+says otherwise), and the bound on the last flush at the run's end."""
 
 
 @attrs.frozen
@@ -37,7 +41,8 @@ def export_otlp() -> OtlpExport:
     the global ones (so a play's own instrumentation is exported with the dispatcher's).
 
     Raises:
-        TelemetryUnavailableError: the ``otel`` extra is not installed.
+        TelemetryUnavailableError: the ``otel`` extra is not installed, or an ``OTEL_*``
+            setting cannot be used (an export interval of 0, say).
     """
     try:
         from opentelemetry import metrics, trace
@@ -56,16 +61,22 @@ def export_otlp() -> OtlpExport:
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
     resource = Resource.create({} if named else {"service.name": "tooldispatch"})
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    meter_provider = MeterProvider(
-        resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
-    )
+    # a collector that is not there must not hold the run's end for long (the SDK's default
+    # is 10 s a request, with retries): 5 s unless OTEL_EXPORTER_OTLP_TIMEOUT says
+    timeout = None if os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S
+    try:
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=timeout)))
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(timeout=timeout))
+        meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    except (ValueError, TypeError) as exc:  # an OTEL_* setting out of its range, say
+        raise TelemetryUnavailableError(f"--otel: the OTEL_* settings cannot be used: {exc}") from None
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
 
     def shutdown() -> None:
-        tracer_provider.shutdown()  # (flushes the batch span processor first)
-        meter_provider.shutdown()  # (a last collection, exported)
+        tracer_provider.force_flush(timeout_millis=int(EXPORT_TIMEOUT_S * 1000))
+        tracer_provider.shutdown()
+        meter_provider.shutdown(timeout_millis=EXPORT_TIMEOUT_S * 1000)  # (a last collection, exported)
 
     return OtlpExport(Telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider), shutdown)

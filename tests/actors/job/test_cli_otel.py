@@ -197,3 +197,19 @@ def test_a_system_asked_for_telemetry_without_the_packages_starts_nothing(cli: A
     assert done.returncode == 0, done.stderr
     assert "refused:" in done.stdout and "tooldispatch[otel]" in done.stdout
     assert "threads: []" in done.stdout, done.stdout  # no actor, timer or pool thread left behind
+
+
+@pytest.mark.parametrize("setting", ["OTEL_METRIC_EXPORT_INTERVAL=0", "OTEL_BSP_MAX_QUEUE_SIZE=0"])
+def test_cli_otel_settings_that_cannot_be_used_are_a_one_line_error(
+    cli: Any, tmp_path: Any, setting: str
+) -> None:
+    play = tmp_path / "math_play.py"
+    play.write_text(PLAY, encoding="utf-8")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n\n1\n", encoding="utf-8")
+    name, _, value = setting.partition("=")
+    done = cli.run(
+        "run", play, "--input", rows, "--db", tmp_path / "r.db", "--otel", env=cli.env(**{name: value})
+    )
+    assert done.returncode == 2, done.stderr
+    assert "the OTEL_* settings cannot be used" in done.stderr and "Traceback" not in done.stderr
