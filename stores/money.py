@@ -20,7 +20,7 @@ import attrs
 __all__ = ["MAX_AMOUNT", "MAX_PLACES", "Money", "total"]
 
 _CODE = re.compile(r"[A-Z]{3}")
-_TEXT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]{3})\s*")
+_TEXT = re.compile(r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]{3})\s*")
 _SHARE_PLACES = Decimal("1e-12")
 """The finest unit a split share is rounded to (shares still add up to the whole)."""
 MAX_AMOUNT = Decimal("1e15")

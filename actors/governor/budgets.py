@@ -39,7 +39,7 @@ def check_money_budgets(tools: Iterable[Tool], policy: Policy) -> None:
             the tool (or provider) and both currencies.
     """
     tools = list(tools)
-    providers = {t.provider_name for t in tools}
+    providers = {t.provider_name for t in tools if t.durable}  # (a local tool is free: no provider)
     for provider, budget in policy.max_spend_by_provider.items():
         if provider not in providers:
             raise ValueError(
@@ -108,9 +108,10 @@ class MoneyBudgets:
         for name, budget, spent in self._budgets(provider):
             if _EXACT.add(spent, price) > budget.amount:
                 return BudgetExceededError(
-                    f"{name} budget of {budget} would be passed: {spent:f} {budget.currency} is spent or "
-                    f"held for calls under way, and this call costs {price:f} {budget.currency}; it was "
-                    "not sent (its receipt is left pending, for a run with more budget)"
+                    f"{name} ({budget}) would be passed: {spent:f} {budget.currency} is spent or held "
+                    f"for calls under way, and this request (a call, or a batch of calls and its request "
+                    f"price) costs {price:f} {budget.currency}; it was not sent (its receipt is left "
+                    "pending, for a run with more budget)"
                 )
         return BudgetExceededError(
             f"a money budget of provider {provider!r} would be passed"
@@ -147,8 +148,9 @@ class MoneyBudgets:
     def _budgets(self, provider: str) -> list[tuple[str, Money, Decimal]]:
         out = []
         if self.run is not None:
-            out.append(("the run's money", self.run, self.spent))
+            out.append(("the run's money budget", self.run, self.spent))
         budget = self.providers.get(provider)
         if budget is not None:
-            out.append((f"provider {provider!r}'s money", budget, self.spent_by_provider.get(provider, ZERO)))
+            spent = self.spent_by_provider.get(provider, ZERO)
+            out.append((f"the money budget of provider {provider!r}", budget, spent))
         return out

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -484,8 +485,10 @@ def _budget_policy(budget: str | None, by_provider: tuple[str, ...]) -> Any:
     def money(option: str, text: str) -> Money:
         try:
             return Money.parse(text)
-        except ValueError:
-            raise ConfigError(f"{option} {text!r}: expected an amount and a currency, e.g. 25USD") from None
+        except ValueError as exc:  # not money at all, or an amount Money refuses (negative, say)
+            shaped = re.fullmatch(r"\s*-?[0-9.]+\s*[A-Za-z]{3}\s*", text)
+            why = str(exc) if shaped else "expected an amount and a currency"
+            raise ConfigError(f"{option} {text!r}: {why} (write it as 25USD or '0.5 EUR')") from None
 
     providers: dict[str, Money] = {}
     for item in by_provider:

@@ -227,7 +227,10 @@ def dry_run_table(tally: DryTally, tools: Iterable[Tool]) -> Any:
             if counts.get(tool_id):
                 table.add_row(f"calls of {tool_id} answered by {name} (not paid)", str(counts[tool_id]))
     every = total(m for by in costs.values() for m in by.values())
-    table.add_row("would cost in all (at the tools' stated prices)", _money(every) if every else "nothing")
+    table.add_row(
+        "would cost at least (the calls counted, at the tools' stated prices)",
+        _money(every) if every else "nothing",
+    )
     table.add_row("not counted", CANNOT_KNOW)
     return table
 

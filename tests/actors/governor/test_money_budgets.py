@@ -46,7 +46,7 @@ def test_money_budget_refuses_when_the_first_price_does_not_fit() -> None:
     error = _refused(out)[b]
     assert isinstance(error, BudgetExceededError)
     text = str(error)
-    assert "money budget of 25 USD" in text and "20 USD is spent" in text and "costs 5.01 USD" in text
+    assert "money budget (25 USD)" in text and "20 USD is spent" in text and "costs 5.01 USD" in text
     assert out.wake_at is None  # refused at once: it waits for no rate token
     assert gov.money.spent == D(20) and gov.in_flight == 1
 

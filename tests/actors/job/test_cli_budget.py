@@ -68,6 +68,7 @@ def test_cli_budget_per_provider(tmp_path, cli, priced):
     [
         (("--budget", "25"), "--budget '25': expected an amount and a currency"),
         (("--budget", "lots USD"), "--budget 'lots USD'"),
+        (("--budget", "-1USD"), "--budget '-1USD': a money amount must be finite and at least 0"),
         (("--budget-provider", "25USD"), "--budget-provider '25USD': expected NAME=MONEY"),
         (("--budget-provider", "acme=x"), "--budget-provider 'x'"),
         (("--budget", "25EUR"), "its price is in USD and its money budget in EUR"),
