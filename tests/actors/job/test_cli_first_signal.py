@@ -12,6 +12,8 @@ log (the moment each call began, and each one paid for).
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -179,3 +181,24 @@ def test_cli_first_signal_sends_no_call_waiting_for_a_slot_and_writes_no_row_the
         sig=signal.SIGINT, runtime=runtime, catch=True,
     )  # fmt: skip
     _assert_interrupted_and_resumed(cli, *ran, rows_n)
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs GNU coreutils' timeout")
+def test_cli_stopped_by_gnu_timeout_is_interrupted_not_aborted(cli, tmp_path):
+    """GNU ``timeout`` sends its SIGTERM to the command and then to its process group: the
+    same interrupt, delivered twice within microseconds (often as two runs of the handler),
+    is a first signal (the requests already sent finish), not the second one that aborts.
+    Three runs: the double delivery is a race (2 runs in 3 were aborted before the fix)."""
+    play, rows = tmp_path / "slow_play.py", tmp_path / "rows.txt"
+    play.write_text(SLOW_PLAY.format(pacing="rps=10", latency=0.3), encoding="utf-8")
+    rows.write_text("".join(f"row{i}\n" for i in range(100)), encoding="utf-8")
+    env = cli.env(CALL_LOG=str(tmp_path / "calls.log"), CATCH="0")
+    for attempt in range(3):
+        db = tmp_path / f"r{attempt}.db"
+        command = " ".join(shlex.quote(str(a)) for a in cli.command("run", play, "--input", rows, "--db", db))
+        done = subprocess.run(
+            f"timeout 2 {command} 2>&1 | cat", shell=True, cwd=tmp_path, env=env, capture_output=True,
+            text=True, timeout=STOP_TIMEOUT_S,
+        )  # fmt: skip
+        assert "interrupted (SIGTERM)" in done.stdout, done.stdout[-3000:]
+        assert "aborted" not in done.stdout, done.stdout[-3000:]
