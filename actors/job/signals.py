@@ -26,7 +26,13 @@ from typing import IO, Any
 
 from actors.runtime.actor import runtime_name
 
-__all__ = ["ABORT_S", "ABORT_STOP_S", "REPORT_S", "SAME_SIGNAL_S", "STOP_S", "Interrupts"]
+__all__ = ["ABORT_S", "ABORT_STOP_S", "REPORT_S", "STOP_S", "Interrupts"]
+
+# SAME_SIGNAL: GNU ``timeout`` sends its signal to the command and then to its process
+# group, microseconds apart: the second delivery runs the handler again while the first is
+# still handling it (saying so, starting the stop). A signal of the first one's kind then
+# is that one, not the second interrupt that aborts (a person's second Ctrl-C comes after
+# the first was said).
 
 STOP_S = 60.0
 """After a first interrupt: the bound of the system's stop (the requests already sent
@@ -38,11 +44,6 @@ ABORT_S = 10.0
 ABORT_STOP_S = ABORT_S - 2.0
 """The stop's own bound within :data:`ABORT_S`: what it has not stored by then (writes
 waiting on a locked or unreachable store) it salvages, with time left before the exit."""
-
-SAME_SIGNAL_S = 0.05
-"""A signal of the first one's kind this soon after it is that one delivered again, not a
-second interrupt: GNU ``timeout`` sends its signal to the command and to its process
-group, microseconds apart (a person's second Ctrl-C takes far longer)."""
 
 REPORT_S = 1.0
 """What is left of :data:`ABORT_S` when the abort stops waiting for the CLI to print the
@@ -70,8 +71,8 @@ class Interrupts:
     def __init__(self, stop: threading.Event, say: Callable[[str], None], out: IO[bytes] | None) -> None:
         self.stop, self.say, self.out = stop, say, out
         self.signals: list[int] = []
-        self._first_at = 0.0
-        """``time.monotonic()`` of the first signal."""
+        self._handling_first = False
+        """The first signal's handler is running (see SAME_SIGNAL)."""
         self.system: Any = None
         """The dispatch system, once started (what a signal stops): set it with :meth:`attach`."""
         self.halting: Any = None
@@ -128,21 +129,21 @@ class Interrupts:
             self.aborting.join()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if (
-            len(self.signals) == 1 and signum == self.signals[0] and now - self._first_at < SAME_SIGNAL_S
-        ):  # the first one delivered again (GNU timeout signals the process, then its group)
-            return
+        if self._handling_first and signum == self.signals[0]:
+            return  # the first one delivered again while it is handled (GNU timeout: see SAME_SIGNAL)
         self.signals.append(signum)
         if len(self.signals) == 1:
-            self._first_at = now
-            self.stop.set()
-            self._halt_soon()  # before saying so: every call not yet sent is refused from now on
-            self.say(
-                f"interrupted ({signal.Signals(signum).name}): calls not yet sent are refused and "
-                "their receipts released; finishing the requests already sent "
-                "(interrupt again to abort within 10 s)"
-            )
+            self._handling_first = True
+            try:
+                self.stop.set()
+                self._halt_soon()  # before saying so: every call not yet sent is refused from now on
+                self.say(
+                    f"interrupted ({signal.Signals(signum).name}): calls not yet sent are refused and "
+                    "their receipts released; finishing the requests already sent "
+                    "(interrupt again to abort within 10 s)"
+                )
+            finally:
+                self._handling_first = False
         elif self.aborting is None:
             self.aborting = _spawn(self._abort, "tooldispatch-abort", daemon=False)
 
