@@ -171,8 +171,6 @@ WAIT_REASONS = {
 
 WASTE_REASONS = {
     "refused": "paid answers another run's output replaced: it completed the receipt first",
-    "resent": "requests a lost owner (a crash, a lapsed lease) recorded, sent again and answered "
-    "anew: the lost owner's send is presumed paid, at what the new answers cost",
     "uncertain": "sends whose outcome is uncertain (no answer, the provider may have acted), at the "
     "tool's stated price (``Tool.stated_price``: its Money price or its price_estimate)",
 }

@@ -15,7 +15,7 @@ One object, written when the run ends (also when a signal stopped it)::
 float), currencies ISO 4217 codes. ``spent``: what the answers this run was sent cost by
 the tools' prices; ``saved``: what the calls it answered from receipts cost when paid;
 ``wasted``: what paid calls whose answer was not used cost, with ``reasons`` (``refused``,
-``resent``, ``uncertain``: :data:`actors.stats.WASTE_REASONS`) -> {currency: amount}.
+``uncertain``: :data:`actors.stats.WASTE_REASONS`) -> {currency: amount}.
 """
 
 from __future__ import annotations

@@ -120,10 +120,7 @@ class Finisher:
             return
         self._report(unit, None, msg.sent_at, msg.replayed)
         if msg.costs and not msg.replayed:  # paid now (a replayed answer was paid before)
-            paid = [cost for cost in msg.costs if cost is not None]
-            self.fx.spend(paid)
-            if unit.taken_over and paid:  # the lost owner's send of this request: presumed paid
-                self.fx.waste(paid, "resent")
+            self.fx.spend([cost for cost in msg.costs if cost is not None])
         self.conclude(unit, msg.members, None, now, costs=msg.costs)
 
     def _settle(self, unit: Unit, msg: UnitFinished, free: bool) -> None:

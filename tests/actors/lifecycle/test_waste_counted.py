@@ -1,7 +1,8 @@
 """What paid calls wasted (``Effects.waste``, ``stats()["wasted"]``): a paid answer another
-run's output replaced (``refused``), a request a lost owner recorded and this run paid
-again (``resent``), a send whose outcome is uncertain at the tool's stated price
-(``uncertain``); nothing for a call paid and stored, nor for a replayed answer.
+run's output replaced (``refused``), a send whose outcome is uncertain at the tool's
+stated price (``uncertain``); nothing for a call paid and stored, nor for a request a lost
+owner recorded that this run sends again (answered anew, it was never billed before, as
+far as can be known; replayed, it was billed once).
 
 State-machine tests: the harness of ``conftest.py`` (fake clock, recording effects),
 each ending with :meth:`Driver.assert_nothing_held`."""
@@ -55,7 +56,10 @@ def test_a_send_whose_outcome_is_uncertain_wastes_the_stated_price() -> None:
     d.assert_nothing_held()
 
 
-def test_a_request_a_lost_owner_recorded_and_this_run_paid_again_is_wasted_as_resent() -> None:
+def test_a_request_a_lost_owner_recorded_and_this_run_sent_again_wastes_nothing() -> None:
+    """A crash may come between recording a request and sending it: an answer anew is
+    that request's first payment (a provider that honours the Idempotency-Key replays a
+    request it already answered)."""
     d = Driver(PRICED_BATCH)
     (call,) = d.drain("b")
     _take_over(d, _recorded("c", "b", "a"))
@@ -64,7 +68,7 @@ def test_a_request_a_lost_owner_recorded_and_this_run_paid_again_is_wasted_as_re
     d.finish(costs=(PAID, PAID, PAID))
     d.persisted()
     assert value_of(d.outcome(call)) == {"v": "b"}
-    assert d.fx.spent == [PAID] * 3 and d.fx.wasted == [(PAID, "resent")] * 3
+    assert d.fx.spent == [PAID] * 3 and d.fx.wasted == []
     d.assert_nothing_held()
 
 
