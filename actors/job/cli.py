@@ -228,9 +228,7 @@ def _run(
             otlp = export_otlp()
         except TelemetryUnavailableError as exc:
             raise ConfigError(str(exc)) from None
-    rows = _first_rows(input_path)
-    if shard is not None:
-        rows = _shard_rows(rows, *shard)
+    rows = _rows(input_path, shard)
     try:
         pacer = open_pacer(pacer_url) if pacer_url else None
     except InvalidPacerURLError as exc:
@@ -434,9 +432,7 @@ def _dry_run(
         play = load_play(play_spec)
     except PlayLoadError as exc:
         raise ConfigError(str(exc)) from None
-    rows = _first_rows(input_path)
-    if shard is not None:
-        rows = _shard_rows(rows, *shard)
+    rows = _rows(input_path, shard)
     from stores.sqlite.schema import SCHEMA_VERSION
 
     try:
@@ -517,6 +513,12 @@ def _parse_shard(shard: str | None) -> tuple[int, int] | None:
 def _shard_rows(rows: Any, index: int, count: int) -> Any:
     """The rows whose 0-based position in the input is ``index`` modulo ``count``."""
     return (row for at, row in enumerate(rows) if at % count == index)
+
+
+def _rows(path: str, shard: tuple[int, int] | None) -> Any:
+    """The rows of ``path`` (checked to have one), only worker I's of N with ``shard``."""
+    rows = _first_rows(path)
+    return _shard_rows(rows, *shard) if shard is not None else rows
 
 
 def _first_rows(path: str) -> Any:

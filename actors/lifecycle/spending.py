@@ -47,6 +47,12 @@ def _batched(tool: Tool, members: int) -> bool:
     return tool.batch is not None and members > 1  # as the attempt's spec (``spec_for``)
 
 
+def _shares(tool: Tool, members: int) -> list[Money] | None:
+    """Each member's share of its batch request's ``request_price`` (None: no such price)."""
+    request = tool.batch.request_price if _batched(tool, members) and tool.batch else None
+    return request.split(members) if request is not None else None
+
+
 def unit_cost(tool: Tool, unit: Unit, overrun: Decimal = ZERO) -> Decimal:
     """What ``unit``'s request is known to cost before it is sent (0: nothing known), each
     member counted ``overrun`` more (what a member of this tool has cost past its estimate
@@ -65,12 +71,7 @@ def overrun_of(tool: Tool, unit: Unit, costs: Sequence[Any], currency: str) -> D
     own = tool.stated_price
     if isinstance(tool.price, Money) or own is None or len(costs) != members:
         return ZERO
-    batched = _batched(tool, members)
-    shares = (
-        tool.batch.request_price.split(members)
-        if batched and tool.batch and tool.batch.request_price
-        else None
-    )
+    shares = _shares(tool, members)
     most = ZERO
     for i, cost in enumerate(costs):
         if isinstance(cost, Money) and cost.currency == currency:
@@ -91,13 +92,8 @@ def settled_cost(
     members = len(unit.groups)
     if not costs or len(costs) != members:
         return charge
-    batched = _batched(tool, members)
     own = tool.stated_price
-    shares = (
-        tool.batch.request_price.split(members)
-        if batched and tool.batch and tool.batch.request_price
-        else None
-    )
+    shares = _shares(tool, members)
     total = ZERO
     for i, cost in enumerate(costs):
         if isinstance(cost, Money) and cost.currency == currency:
