@@ -13,7 +13,7 @@ from actors.checks import check_count, check_number
 from stores.inputs import MAX_INPUT_BYTES
 from stores.money import Money
 
-__all__ = ["NOT_DONE", "BatchStrategy", "Pacing", "Policy", "RunInfo", "Tool"]
+__all__ = ["NOT_DONE", "BatchStrategy", "Limit", "Pacing", "Policy", "RunInfo", "Tool"]
 
 
 class _NotDone:
@@ -31,6 +31,82 @@ def _split_list(result: Any, n: int) -> list[Any]:
     return list(result)
 
 
+PERIODS_S = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+"""The named windows of a :class:`Limit`, seconds."""
+
+RATE_WINDOW_S = 1.0
+"""A :class:`Limit` over a window this long or shorter is a rate; a longer one a quota."""
+
+
+def _per_s(value: Any) -> float:
+    if isinstance(value, str):
+        if value not in PERIODS_S:
+            raise ValueError(f"Limit.per must be one of {sorted(PERIODS_S)} or seconds > 0, got {value!r}")
+        return PERIODS_S[value]
+    check_number("Limit.per", value, positive=True)
+    if math.isinf(value):
+        raise ValueError("Limit.per must be finite")
+    return float(value)
+
+
+@attrs.frozen
+class Limit:
+    """One limit of a provider: at most ``amount`` units of ``unit`` per window ``per``.
+
+    A limit over a window of one second or less is a **rate**: units flow at
+    ``amount / per`` a second, paced by GCRA (ITU-T I.371) with a tolerance of ``burst``
+    units. A longer one is a **quota**: never more than ``amount`` units in any window of
+    that length (a sliding window, counted conservatively in sub-buckets of 1/60 of the
+    window, so it also holds against a provider counting fixed windows), until the
+    provider announces its own count (:mod:`actors.pacing.announced`). A
+    ``Limit(n, "second")`` in requests, on a :class:`Pacing` without ``rps``, is ``rps=n``
+    (the request rate's AIMD and learner keep it).
+
+    Attributes:
+        amount: units allowed per window (> 0).
+        per: ``"second"``, ``"minute"``, ``"hour"``, ``"day"``, or the window in seconds
+            (a float > 0).
+        unit: what is counted: ``"requests"`` (each request is 1), or a unit a tool
+            states per call (``Tool.units``), such as ``"tokens"``.
+        burst: a rate's tolerance, units that may go at once (default: a tenth of the
+            window's amount, at least one request's units); ignored by a quota.
+
+    Raises:
+        ValueError: an amount or burst that is not a number > 0, an unknown ``per``, an
+            empty unit.
+    """
+
+    amount: float
+    per: str | float = "second"
+    unit: str = "requests"
+    burst: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        check_number("Limit.amount", self.amount, positive=True)
+        if math.isinf(self.amount):
+            raise ValueError("Limit.amount must be finite (leave the limit out: unlimited)")
+        _per_s(self.per)
+        if not isinstance(self.unit, str) or not self.unit:
+            raise ValueError(f"Limit.unit must be a non-empty str, got {self.unit!r}")
+        check_number("Limit.burst", self.burst, positive=True, optional=True)
+
+    @property
+    def window_s(self) -> float:
+        """The window's length, seconds."""
+        return _per_s(self.per)
+
+    @property
+    def is_rate(self) -> bool:
+        """A rate (window of at most :data:`RATE_WINDOW_S`), not a quota."""
+        return self.window_s <= RATE_WINDOW_S
+
+    @property
+    def name(self) -> str:
+        """How errors and reports name it, e.g. ``"1000 requests/minute"``."""
+        per = self.per if isinstance(self.per, str) else f"{self.window_s:g}s"
+        return f"{self.amount:g} {self.unit}/{per}"
+
+
 @attrs.frozen(kw_only=True)
 class Pacing:
     """A provider's limits, as far as they are known (see :mod:`actors.pacing.bucket`).
@@ -46,15 +122,19 @@ class Pacing:
         burst: token bucket size, in calls; default 1 + rate/100 (smooth pacing).
         max_concurrency: provider calls in flight at once.
         start_rps: where slow start begins when ``rps`` is unknown, requests per second.
+        limits: the provider's other limits (:class:`Limit`: rates and quotas, in requests
+            or in units such as tokens), each enforced beside ``rps``; a list or tuple.
 
     Raises:
-        ValueError: a rate or limit that is not positive.
+        ValueError: a rate or limit that is not positive, or ``limits`` holding anything
+            but :class:`Limit` values.
     """
 
     rps: float | None = None
     burst: float | None = None
     max_concurrency: int | None = None
     start_rps: float | None = None
+    limits: tuple[Limit, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         for name in ("rps", "start_rps"):
@@ -64,6 +144,25 @@ class Pacing:
                 raise ValueError(f"Pacing.{name} must be finite (leave it None: unpaced)")
         check_number("Pacing.burst", self.burst, minimum=1.0, optional=True)
         check_count("Pacing.max_concurrency", self.max_concurrency, optional=True)
+        for limit in self.limits:
+            if not isinstance(limit, Limit):
+                raise ValueError(f"Pacing.limits must hold Limit values, got {limit!r}")
+        if self.rps is None:  # a requests-per-second limit is the request rate the AIMD keeps
+            for limit in self.limits:
+                if limit.unit == "requests" and limit.window_s == 1.0:
+                    object.__setattr__(self, "rps", float(limit.amount))
+                    if self.burst is None and limit.burst is not None:
+                        object.__setattr__(self, "burst", max(1.0, float(limit.burst)))
+                    break
+
+    @property
+    def unit_limits(self) -> tuple[Limit, ...]:
+        """The limits kept by the quota state (every one but the requests-per-second
+        limit that became ``rps``)."""
+        return tuple(
+            lim for lim in self.limits
+            if not (lim.unit == "requests" and lim.window_s == 1.0 and lim.amount == self.rps)
+        )  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)
@@ -173,6 +272,15 @@ class Tool:
             until its answer says what it really cost (a :class:`~stores.money.Money`);
             None: no estimate, and such a tool under a money budget is refused when the
             system starts (ValueError naming the tool). Ignored with a fixed price.
+        units: for limits counted in units (``Limit(unit="tokens")``): ``units(input) ->
+            {unit: estimate}``, what one call is expected to use, run on the tool queue's
+            thread before it asks for a slot (a batch request counts its members' units,
+            summed); None: 0 of every unit. An error it raises, or a value that is not a
+            mapping of finite numbers >= 0, counts that call at 0 and logs a warning.
+        units_used: ``units_used(input, output) -> {unit: used}``, what the answered call
+            really used (on the worker, after the call returns); the limits are corrected
+            by the difference from the estimate. A tool function can instead call
+            :func:`actors.pacing.reports.report_usage` (which wins for the units it names).
 
     Raises:
         ValueError: a duration that is not a number (NaN, text, an int past a float's
@@ -199,8 +307,13 @@ class Tool:
     keep_input: bool | Callable[[Any], str] = True
     price: Money | Callable[[Any, Any], Money] | None = None
     price_estimate: Money | None = None
+    units: Callable[[Any], Mapping[str, float]] | None = None
+    units_used: Callable[[Any, Any], Mapping[str, float]] | None = None
 
     def __attrs_post_init__(self) -> None:
+        for name in ("units", "units_used"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"Tool.{name} must be a function or None, not {getattr(self, name)!r}")
         check_number("Tool.timeout_s", self.timeout_s, positive=True, optional=True)
         check_number("Tool.lease_ttl_s", self.lease_ttl_s, positive=True, optional=True)
         if not (isinstance(self.keep_input, bool) or callable(self.keep_input)):

@@ -25,12 +25,23 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
+from actors.pacing.announced import Announcement
 from actors.pacing.pacer_state import BucketState
+from actors.pacing.quotas import (
+    Announce,
+    Correct,
+    GiveBack,
+    QuotaOp,
+    QuotaRead,
+    QuotaState,
+    TakeUnits,
+    UnitsTaken,
+)
 from actors.pacing.values import (
     PHASES,
     CircuitRecorded,
@@ -51,6 +62,7 @@ from actors.pacing.values import (
     Take,
 )
 from actors.stats import Outages
+from actors.tool import Limit
 
 __all__ = [
     "CircuitRecorded",
@@ -88,6 +100,8 @@ class Pacer(abc.ABC):
     ) -> None:
         self.limits = dict(limits or {})
         self.settings = settings or PacerSettings()
+        self.unit_limits: dict[str, tuple[Limit, ...]] = {}
+        """Provider name -> the limits its quota state keeps (``Pacing.unit_limits``)."""
         self.outage_log = Outages()
         """Outages of the service holding a shared pacer's state, as this process's calls
         saw them (service ``"pacer"``; a pacer in this process has none)."""
@@ -175,6 +189,49 @@ class Pacer(abc.ABC):
             raise ValueError(f"unknown learner phase {publish[3]!r}")
         return self._apply(org_id, provider, Learn(accepted=accepted, holder=holder, publish=publish), Learnt)
 
+    def apply_quota(self, org_id: str, provider: str, op: QuotaOp) -> QuotaRead:
+        """Apply ``op`` to (org, provider)'s quota state atomically (see
+        :class:`~actors.pacing.quotas.QuotaState`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no quota state")
+
+    def take_units(self, org_id: str, provider: str, requests: Sequence[Mapping[str, float]]) -> UnitsTaken:
+        """Take the units of up to ``len(requests)`` requests (each: unit -> estimate) from
+        every limit of ``provider`` (all or none per request; as many requests as fit, from
+        the first). Take these before the request rate's tokens, and give back with
+        :meth:`give_back_units` those of requests the rate did not grant, so neither
+        overshoots."""
+        reply = self.apply_quota(org_id, provider, TakeUnits(requests=tuple(requests)))
+        assert isinstance(reply, UnitsTaken)
+        return reply
+
+    def give_back_units(
+        self, org_id: str, provider: str, units: Mapping[str, float], age_s: float = 0.0
+    ) -> QuotaRead:
+        """Give back ``units`` (summed; ``"requests"``: how many) of requests granted
+        ``age_s`` seconds ago and never sent."""
+        return self.apply_quota(org_id, provider, GiveBack(units=dict(units), age_s=age_s))
+
+    def correct_units(
+        self, org_id: str, provider: str, delta: Mapping[str, float], age_s: float = 0.0
+    ) -> QuotaRead:
+        """Correct the units of answered requests granted ``age_s`` seconds ago by
+        ``delta`` (real use less the estimate, per unit)."""
+        return self.apply_quota(org_id, provider, Correct(delta=dict(delta), age_s=age_s))
+
+    def announce(
+        self, org_id: str, provider: str, announcement: Announcement, sent_ago_s: float = 0.0
+    ) -> QuotaRead | None:
+        """Set a quota's remaining units and reset from a provider's ``announcement`` made
+        in its answer to a request sent ``sent_ago_s`` seconds ago (units granted since
+        are taken from it); None when it states no remaining count and reset."""
+        a = announcement
+        if a.remaining is None or a.reset_s is None:
+            return None
+        op = Announce(
+            unit=a.unit, remaining=a.remaining, reset_s=a.reset_s, sent_ago_s=sent_ago_s, window_s=a.window_s
+        )
+        return self.apply_quota(org_id, provider, op)
+
     def state(self, org_id: str, provider: str) -> PacerState:
         """The bucket's state (creates it if absent)."""
         return self._apply(org_id, provider, ReadState(), PacerState)
@@ -212,6 +269,16 @@ class LocalPacer(Pacer):
         self.clock = clock
         self._lock = threading.Lock()
         self._states: dict[tuple[str, str], BucketState] = {}
+        self._quotas: dict[tuple[str, str], QuotaState] = {}
+
+    def apply_quota(self, org_id: str, provider: str, op: QuotaOp) -> QuotaRead:
+        """Apply ``op`` to (org, provider)'s :class:`~actors.pacing.quotas.QuotaState`
+        under this pacer's lock, at its clock's now."""
+        with self._lock:
+            state = self._quotas.get((org_id, provider))
+            if state is None:
+                state = self._quotas[(org_id, provider)] = QuotaState()
+            return state.handle(op, self.clock(), self.unit_limits.get(provider, ()))
 
     def apply(self, org_id: str, provider: str, op: PacerOp) -> PacerState:
         """Apply ``op`` to (org, provider)'s :class:`~actors.pacing.pacer_state.BucketState`
@@ -259,3 +326,4 @@ class LocalPacer(Pacer):
         """Drop every bucket."""
         with self._lock:
             self._states.clear()
+            self._quotas.clear()

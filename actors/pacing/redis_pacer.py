@@ -23,6 +23,8 @@ from typing import Any
 import attrs
 
 from actors.pacing.pacers import LocalPacer, Pacer
+from actors.pacing.quotas import QuotaOp, QuotaRead, TakeUnits, UnitsTaken
+from actors.pacing.redis_quotas import QUOTA_SCRIPT, parse_quota_reply, quota_args, quota_ttl_ms
 from actors.pacing.values import (
     PHASES,
     CircuitRecorded,
@@ -285,6 +287,7 @@ class RedisPacer(Pacer):
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.clock = clock
         self._sha: str | None = None
+        self._quota_sha: str | None = None
         self._lock = threading.Lock()
         self._presence_at: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, str], tuple[float | None, int, int]] = {}
@@ -332,6 +335,44 @@ class RedisPacer(Pacer):
             reply = self.client.evalsha(self._load(), len(keys), *keys, *argv)
         self._offset = float(reply[0]) - (sent + self.clock()) / 2
         return [str(x) for x in reply]
+
+    def apply_quota(self, org_id: str, provider: str, op: QuotaOp) -> QuotaRead:
+        """One EVALSHA of ``quotas.lua`` on ``{...}:quota``; while Redis is away, this
+        worker's share of each limit, kept locally (a quota's count starts afresh there:
+        each worker takes at most its share of it meanwhile)."""
+        limits = self.unit_limits.get(provider, ())
+        ttl = quota_ttl_ms(limits, self.settings.state_ttl_s)
+        argv = quota_args(op, limits, ttl)
+        if argv is None:
+            return QuotaRead(room=())
+        now = self.clock()
+        if self._degraded_since is None or now >= self._retry_at:
+            try:
+                key = self.keys(org_id, provider)[0].rsplit(":", 1)[0] + ":quota"
+                sha = self._quota_sha or self._load_quota()
+                try:
+                    reply = self.client.evalsha(sha, 1, key, *argv)
+                except self._noscript:
+                    reply = self.client.evalsha(self._load_quota(), 1, key, *argv)
+                return parse_quota_reply(op, [str(x) for x in reply], len(limits))
+            except self._down_errors as exc:
+                self._degrade(exc, now)
+        share = self._share((org_id, provider))
+        self._fallback.unit_limits[provider] = tuple(
+            attrs.evolve(
+                lim, amount=lim.amount * share, burst=None if lim.burst is None else lim.burst * share
+            )
+            for lim in limits
+        )
+        reply = self._fallback.apply_quota(org_id, provider, op)
+        if isinstance(op, TakeUnits) and not isinstance(reply, UnitsTaken):  # pragma: no cover
+            raise TypeError(reply)
+        return reply
+
+    def _load_quota(self) -> str:
+        sha: str = self.client.script_load(QUOTA_SCRIPT)
+        self._quota_sha = sha
+        return sha
 
     def _load(self) -> str:
         sha: str = self.client.script_load(SCRIPT)

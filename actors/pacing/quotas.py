@@ -1,0 +1,334 @@
+"""The state of a provider's limits beyond its request rate: rates and quotas in units.
+
+:class:`QuotaState` keeps, per (org, provider), one entry per :class:`~actors.tool.Limit`
+the quota state holds (``Pacing.unit_limits``), in their order:
+
+* a **rate** (a window of a second or less): GCRA (ITU-T I.371, the "virtual scheduling"
+  form) over units: a theoretical arrival time ``tat`` moves ``units / rate`` later per
+  take; a take fits while ``max(tat, now) + units / rate - now <= max(burst, units) / rate``
+  (a request larger than the burst goes when the bucket is full);
+* a **quota** (a longer window ``w``): units counted in :data:`SUB_BUCKETS` sub-buckets of
+  ``d = w / SUB_BUCKETS`` each; a take at ``now`` fits when the sub-buckets from
+  ``floor(now / d) - SUB_BUCKETS`` to ``floor(now / d)`` hold no more than ``amount`` with
+  it. Those cover every window of length ``w`` ending now, so no such window ever holds
+  more than ``amount`` (conservative by at most one sub-bucket; a provider counting fixed
+  windows is held too). While a provider's announcement of that quota is live (until its
+  reset), its remaining count is the room instead.
+
+Operations (:data:`QuotaOp`) come in, replies go out (:class:`UnitsTaken`,
+:class:`QuotaRead`), as :class:`~actors.pacing.pacer_state.BucketState`'s; time is passed
+in, and every time in an op or a reply is relative (seconds ago / from now), so a
+pacer's clock never mixes with its caller's. The Redis script ``quotas.lua`` applies the
+same rules (a conformance test holds them to the same replies).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from actors.tool import Limit
+
+__all__ = [
+    "SUB_BUCKETS",
+    "Announce",
+    "Correct",
+    "GiveBack",
+    "QuotaOp",
+    "QuotaRead",
+    "QuotaState",
+    "TakeUnits",
+    "UnitsTaken",
+    "announced_limit",
+    "request_units",
+]
+
+SUB_BUCKETS = 60
+"""Sub-buckets a quota's window is counted in (its conservatism: at most 1/60 of it)."""
+
+EPS = 1e-9
+
+
+def request_units(limit: Limit, units: Mapping[str, float]) -> float:
+    """What one request counts against ``limit``: 1 for a limit in requests, else its
+    stated ``units`` of the limit's unit (0 when it states none)."""
+    if limit.unit == "requests":
+        return 1.0
+    return float(units.get(limit.unit, 0.0))
+
+
+@attrs.frozen(kw_only=True)
+class TakeUnits:
+    """Take the units of up to ``len(requests)`` requests from every limit, all limits or
+    none per request; as many requests (from the first) as fit; replied with
+    :class:`UnitsTaken`."""
+
+    requests: tuple[Mapping[str, float], ...]
+    """Per request: unit -> units it is expected to use."""
+
+
+@attrs.frozen(kw_only=True)
+class GiveBack:
+    """Give back the units of requests granted ``age_s`` seconds ago and never sent;
+    replied with :class:`QuotaRead`."""
+
+    units: Mapping[str, float]
+    """Unit -> units (summed over the requests); ``"requests"``: how many requests."""
+    age_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Correct:
+    """Correct the units of answered requests granted ``age_s`` seconds ago by
+    ``delta`` (real use less the estimate, per unit; negative: less was used);
+    replied with :class:`QuotaRead`."""
+
+    delta: Mapping[str, float]
+    age_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Announce:
+    """A provider announced a quota's count: ``remaining`` units of ``unit`` until
+    ``reset_s`` seconds from now, in its answer to a request sent ``sent_ago_s`` seconds
+    ago (units granted since are taken from it). ``window_s`` picks the limit when
+    several count that unit (the nearest window; None: the longest). Replied with
+    :class:`QuotaRead`; an announcement no limit counts is ignored."""
+
+    unit: str
+    remaining: float
+    reset_s: float
+    sent_ago_s: float = 0.0
+    window_s: float | None = None
+
+
+QuotaOp = TakeUnits | GiveBack | Correct | Announce
+"""Any operation on a :class:`QuotaState`."""
+
+
+@attrs.frozen(kw_only=True)
+class QuotaRead:
+    """Reply to every op but a take: the units each limit has room for now, in order."""
+
+    room: tuple[float, ...]
+
+
+@attrs.frozen(kw_only=True)
+class UnitsTaken(QuotaRead):
+    """Reply to :class:`TakeUnits`.
+
+    Attributes:
+        granted: requests granted (from the first).
+        wait_s: when fewer than asked were granted, seconds until the next request could
+            fit (infinity: it never fits: larger than a limit); 0 otherwise.
+        limit: the index of the limit that held it back (-1: none).
+        reset_s: for a quota that held it back, seconds until its window renews
+            (a live announcement's reset, else when its oldest units leave the window).
+    """
+
+    granted: int
+    wait_s: float
+    limit: int
+    reset_s: float
+
+
+@attrs.define
+class QuotaState:
+    """Per (org, provider): ``tat[i]`` of each rate, ``counts[i]`` (sub-bucket -> units)
+    of each quota, ``announced[i]`` = (units remaining, reset at) of a quota whose count
+    the provider announced; ``at`` the last op's time."""
+
+    tat: dict[int, float] = attrs.field(factory=dict)
+    counts: dict[int, dict[int, float]] = attrs.field(factory=dict)
+    announced: dict[int, tuple[float, float]] = attrs.field(factory=dict)
+
+    def handle(self, op: QuotaOp, now: float, limits: Sequence[Limit]) -> QuotaRead:
+        """Apply ``op`` at ``now`` (seconds, any monotonic clock) under ``limits``.
+
+        Raises:
+            TypeError: ``op`` is not a quota operation.
+        """
+        self._expire(now, limits)
+        if isinstance(op, TakeUnits):
+            return self._take(op, now, limits)
+        if isinstance(op, GiveBack):
+            self._less(op.units, now - max(0.0, op.age_s), now, limits)
+        elif isinstance(op, Correct):
+            more = {u: d for u, d in op.delta.items() if d > 0}
+            less = {u: -d for u, d in op.delta.items() if d < 0}
+            self._add([float(more.get(lim.unit, 0.0)) for lim in limits], now, limits)
+            self._less(less, now - max(0.0, op.age_s), now, limits)
+        elif isinstance(op, Announce):
+            self._announce(op, now, limits)
+        else:
+            raise TypeError(f"not a quota operation: {op!r}")
+        return QuotaRead(room=tuple(self._room(i, lim, now) for i, lim in enumerate(limits)))
+
+    # -- the rules ------------------------------------------------------------------------
+
+    def _expire(self, now: float, limits: Sequence[Limit]) -> None:
+        for i, lim in enumerate(limits):
+            ann = self.announced.get(i)
+            if ann is not None and now >= ann[1]:
+                del self.announced[i]
+            counts = self.counts.get(i)
+            if counts:
+                oldest = _bucket(now, lim) - SUB_BUCKETS
+                for b in [b for b in counts if b < oldest]:
+                    del counts[b]
+
+    def _room(self, i: int, lim: Limit, now: float) -> float:
+        if lim.is_rate:
+            rate = lim.amount / lim.window_s
+            return max(0.0, _burst(lim, 0.0) - max(0.0, self.tat.get(i, 0.0) - now) * rate)
+        ann = self.announced.get(i)
+        if ann is not None:
+            return max(0.0, ann[0])
+        return max(0.0, lim.amount - _held(self.counts.get(i, {})))
+
+    def _take(self, op: TakeUnits, now: float, limits: Sequence[Limit]) -> UnitsTaken:
+        sums = [0.0] * len(limits)
+        granted, wait, held, reset = 0, 0.0, -1, 0.0
+        for request in op.requests:
+            fits = True
+            for i, lim in enumerate(limits):
+                u = request_units(lim, request)
+                w, r = self._wait(i, lim, sums[i], u, now)
+                if w > EPS:
+                    if fits or w > wait:
+                        wait, held, reset = w, i, r
+                    fits = False
+            if not fits:
+                break
+            for i, lim in enumerate(limits):
+                sums[i] += request_units(lim, request)
+            granted += 1
+        if granted:
+            self._add(sums, now, limits)
+        if granted == len(op.requests):
+            wait, held, reset = 0.0, -1, 0.0
+        room = tuple(self._room(i, lim, now) for i, lim in enumerate(limits))
+        return UnitsTaken(room=room, granted=granted, wait_s=wait, limit=held, reset_s=reset)
+
+    def _wait(self, i: int, lim: Limit, before: float, u: float, now: float) -> tuple[float, float]:
+        """(seconds until ``u`` more units fit in limit ``i`` after ``before`` units taken
+        in this op, seconds until its window renews); (0, 0) when they fit now."""
+        total = before + u
+        if lim.is_rate:
+            rate = lim.amount / lim.window_s
+            start = max(self.tat.get(i, 0.0), now)
+            need = start + total / rate - _burst(lim, u) / rate - now
+            return (need, need) if need > EPS else (0.0, 0.0)
+        if u > lim.amount + EPS:
+            return math.inf, math.inf
+        ann = self.announced.get(i)
+        if ann is not None:
+            if total <= ann[0] + EPS:
+                return 0.0, 0.0
+            return ann[1] - now, ann[1] - now
+        counts = dict(self.counts.get(i, {}))
+        if before > 0:  # taken earlier in this op: in the current sub-bucket
+            b = _bucket(now, lim)
+            counts[b] = counts.get(b, 0.0) + before
+        held = _held(counts)
+        if held + u <= lim.amount + EPS:
+            return 0.0, 0.0
+        d = lim.window_s / SUB_BUCKETS
+        renew = 0.0
+        for b in sorted(counts):  # each leaves the window as the bucket SUB_BUCKETS later ends
+            held -= counts[b]
+            renew = (b + SUB_BUCKETS + 1) * d - now
+            if held + u <= lim.amount + EPS:
+                break
+        first = (min(counts) + SUB_BUCKETS + 1) * d - now if counts else 0.0
+        return max(renew, EPS * 2), max(first, 0.0)
+
+    def _add(self, totals: Sequence[float], now: float, limits: Sequence[Limit]) -> None:
+        for i, lim in enumerate(limits):
+            total = totals[i]
+            if total <= 0:
+                continue
+            if lim.is_rate:
+                rate = lim.amount / lim.window_s
+                self.tat[i] = max(self.tat.get(i, 0.0), now) + total / rate
+                continue
+            b = _bucket(now, lim)
+            counts = self.counts.setdefault(i, {})
+            counts[b] = counts.get(b, 0.0) + total
+            ann = self.announced.get(i)
+            if ann is not None:
+                self.announced[i] = (ann[0] - total, ann[1])
+
+    def _less(self, units: Mapping[str, float], at: float, now: float, limits: Sequence[Limit]) -> None:
+        """Take ``units`` back, as of requests granted at ``at``: a rate's ``tat`` moves
+        back (never making room before ``now`` that was not there), a quota's sub-bucket of
+        ``at`` and then older ones lose them (never below 0; the window may then hold the
+        rest of those requests' units a little longer: conservative)."""
+        for i, lim in enumerate(limits):
+            total = float(units.get(lim.unit, 0.0))
+            if total <= 0:
+                continue
+            if lim.is_rate:
+                rate = lim.amount / lim.window_s
+                tat = self.tat.get(i, 0.0)
+                self.tat[i] = max(tat - total / rate, min(tat, now))
+                continue
+            ann = self.announced.get(i)
+            if ann is not None:
+                self.announced[i] = (ann[0] + total, ann[1])
+            counts = self.counts.get(i, {})
+            start = _bucket(at, lim)
+            for b in sorted((b for b in counts if b <= start), reverse=True):
+                taken = min(total, counts[b])
+                counts[b] -= taken
+                total -= taken
+                if counts[b] <= EPS:
+                    del counts[b]
+                if total <= EPS:
+                    break
+
+    def _announce(self, op: Announce, now: float, limits: Sequence[Limit]) -> None:
+        i = announced_limit(op, limits)
+        if i is None:
+            return
+        lim = limits[i]
+        since = _bucket(now - max(0.0, op.sent_ago_s), lim)
+        counts = self.counts.get(i, {})
+        granted_since = 0.0
+        for b in sorted(counts):
+            if b >= since:
+                granted_since += counts[b]
+        reset = min(max(0.0, op.reset_s), lim.window_s)
+        self.announced[i] = (max(0.0, op.remaining) - granted_since, now + reset)
+
+
+def announced_limit(op: Announce, limits: Sequence[Limit]) -> int | None:
+    """The index of the quota an announcement is of: one counting its unit, the window
+    nearest its ``window_s`` (None: the longest); None when no quota counts that unit."""
+    found = [(i, lim) for i, lim in enumerate(limits) if lim.unit == op.unit and not lim.is_rate]
+    if not found:
+        return None
+    if op.window_s is None:
+        return max(found, key=lambda f: f[1].window_s)[0]
+    window = op.window_s
+    return min(found, key=lambda f: abs(f[1].window_s - window))[0]
+
+
+def _held(counts: Mapping[int, float]) -> float:
+    held = 0.0
+    for b in sorted(counts):
+        held += counts[b]
+    return held
+
+
+def _bucket(t: float, lim: Limit) -> int:
+    return math.floor(t / (lim.window_s / SUB_BUCKETS))
+
+
+def _burst(lim: Limit, units: float) -> float:
+    """A rate's tolerance in units: its burst (default a tenth of the window's amount),
+    at least ``units`` (one request larger than it goes when the bucket is full)."""
+    burst = lim.burst if lim.burst is not None else lim.amount / 10
+    return max(burst, units)

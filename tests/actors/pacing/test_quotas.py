@@ -1,0 +1,118 @@
+"""The quota state's rules (:class:`actors.pacing.quotas.QuotaState`), on a fake clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from actors.pacing.quotas import SUB_BUCKETS, Announce, Correct, GiveBack, QuotaState, TakeUnits, UnitsTaken
+from actors.tool import Limit, Pacing
+
+PER_MINUTE = Limit(1000, "minute")
+TOKENS = Limit(20000, "minute", "tokens")
+
+
+def take(state: QuotaState, now: float, limits: list[Limit], *requests: dict[str, float]) -> UnitsTaken:
+    reply = state.handle(TakeUnits(requests=tuple(requests)), now, limits)
+    assert isinstance(reply, UnitsTaken)
+    return reply
+
+
+def test_limit_rejects_bad_values_with_a_clear_error() -> None:
+    for bad, words in (
+        (lambda: Limit(0, "minute"), "Limit.amount"),
+        (lambda: Limit(5, "week"), "Limit.per"),
+        (lambda: Limit(5, -1.0), "Limit.per"),
+        (lambda: Limit(5, "minute", ""), "Limit.unit"),
+        (lambda: Limit(5, "minute", burst=0), "Limit.burst"),
+        (lambda: Pacing(limits=["50/s"]), "Pacing.limits"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            bad()
+
+
+def test_limit_requests_per_second_is_the_request_rate() -> None:
+    pacing = Pacing(limits=[Limit(50, "second"), PER_MINUTE])
+    assert pacing.rps == 50 and pacing.unit_limits == (PER_MINUTE,)
+    assert Pacing(rps=40, limits=[Limit(50, "second")]).unit_limits == (Limit(50, "second"),)
+
+
+def test_quota_never_holds_more_than_its_amount_in_any_window() -> None:
+    state, limits = QuotaState(), [PER_MINUTE]
+    granted: list[float] = []
+    now = 1000.0
+    while now < 1300.0:
+        got = take(state, now, limits, *([{}] * 7))
+        granted += [now] * got.granted
+        now += 0.05
+    for t in granted:  # every window of 60 s, anchored at each grant
+        assert sum(1 for g in granted if t <= g < t + 60.0) <= 1000
+    # conservative by at most a sub-bucket: 300 s hold at least 5 windows' worth less one
+    assert len(granted) >= 1000 * 300 / (60.0 * (1 + 1 / SUB_BUCKETS)) - 1000
+
+
+def test_quota_spent_waits_for_its_oldest_units_to_leave() -> None:
+    state, limits = QuotaState(), [PER_MINUTE]
+    assert take(state, 600.0, limits, *([{}] * 1000)).granted == 1000
+    refused = take(state, 630.0, limits, {})
+    assert refused.granted == 0 and refused.limit == 0
+    assert refused.wait_s == pytest.approx(61.0 - 30.0)  # the sub-bucket of 600 s leaves at 661 s
+    assert take(state, 630.0 + refused.wait_s, limits, {}).granted == 1
+
+
+def test_take_is_all_limits_or_none_and_partial_by_requests() -> None:
+    state, limits = QuotaState(), [PER_MINUTE, TOKENS]
+    got = take(state, 0.0, limits, *([{"tokens": 1500}] * 20))
+    assert got.granted == 13 and got.limit == 1  # 13 * 1500 = 19,500 tokens; requests left over
+    assert got.room == (987.0, 500.0)
+    assert take(state, 1.0, limits, {"tokens": 501}).granted == 0
+    assert take(state, 1.0, limits, {"tokens": 500}).room == (986.0, 0.0)
+
+
+def test_request_larger_than_a_quota_never_fits() -> None:
+    got = take(QuotaState(), 0.0, [TOKENS], {"tokens": 20001})
+    assert got.granted == 0 and math.isinf(got.wait_s)
+
+
+def test_give_back_and_correction_move_the_count() -> None:
+    state, limits = QuotaState(), [PER_MINUTE, TOKENS]
+    take(state, 0.0, limits, *([{"tokens": 1000}] * 10))
+    state.handle(GiveBack(units={"requests": 2, "tokens": 2000}), 0.5, limits)
+    read = state.handle(Correct(delta={"tokens": -3000}, age_s=1.0), 1.0, limits)
+    assert read.room == (992.0, 20000 - 8000 + 3000)
+    read = state.handle(Correct(delta={"tokens": 500}), 2.0, limits)
+    assert read.room == (992.0, 14500.0)
+
+
+def test_correction_down_comes_off_the_sub_bucket_it_was_granted_in() -> None:
+    state, limits = QuotaState(), [TOKENS]
+    take(state, 0.0, limits, {"tokens": 5000})
+    take(state, 30.0, limits, {"tokens": 5000})
+    state.handle(Correct(delta={"tokens": -5000}, age_s=30.0), 30.0, limits)  # the one granted at 0 s
+    assert state.counts[0] == {30 * SUB_BUCKETS // 60: 5000.0}
+
+
+def test_rate_in_units_paces_by_gcra() -> None:
+    state, limits = QuotaState(), [Limit(1000, "second", "tokens", burst=1000)]
+    assert take(state, 0.0, limits, {"tokens": 1000}).granted == 1
+    got = take(state, 0.0, limits, {"tokens": 500})
+    assert got.granted == 0 and got.wait_s == pytest.approx(0.5)
+    assert take(state, 0.5, limits, {"tokens": 500}).granted == 1
+
+
+def test_announcement_sets_remaining_until_its_reset() -> None:
+    state, limits = QuotaState(), [PER_MINUTE]
+    take(state, 0.0, limits, *([{}] * 10))
+    # the provider counted 10 requests of others too: 5 left, reset in 20 s; the
+    # announcing request was sent 1 s ago, and 2 were granted since (same sub-bucket: all 10)
+    state.handle(Announce(unit="requests", remaining=15, reset_s=20.0, sent_ago_s=0.0), 0.5, limits)
+    got = take(state, 0.6, limits, *([{}] * 10))
+    assert got.granted == 5 and got.wait_s == pytest.approx(19.9) and got.reset_s == pytest.approx(19.9)
+    assert take(state, 20.5, limits, {}).granted == 1  # its reset passed: the sliding window again
+
+
+def test_announcement_of_an_unknown_unit_is_ignored() -> None:
+    state = QuotaState()
+    read = state.handle(Announce(unit="credits", remaining=0, reset_s=9.0), 0.0, [PER_MINUTE])
+    assert read.room == (1000.0,)
