@@ -20,6 +20,7 @@ from actors.errors import (
     ProviderError,
     ProviderUnavailableError,
     ProviderUnreachableError,
+    QuotaExhaustedError,
     RateLimitedError,
     ReceiptPersistenceError,
     ReceiptWaitTimeoutError,
@@ -35,7 +36,7 @@ from actors.flusher.salvage import SalvageEntry, SalvageLog
 from actors.results import ToolContext, ToolResult
 from actors.system import DispatchProxy, DispatchSystem
 from actors.telemetry import Telemetry
-from actors.tool import BatchStrategy, Pacing, Policy, RunInfo, Tool
+from actors.tool import BatchStrategy, Limit, Pacing, Policy, RunInfo, Tool
 from stores.errors import InputTooLargeError, InvalidInputError, StoreError, ToolDispatchError
 from stores.types import FailureKind
 
@@ -53,6 +54,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidOutputError",
     "LeaseLostError",
+    "Limit",
     "NotSentError",
     "OutputNotStorableError",
     "Pacing",
@@ -61,6 +63,7 @@ __all__ = [
     "ProviderError",
     "ProviderUnavailableError",
     "ProviderUnreachableError",
+    "QuotaExhaustedError",
     "RateLimitedError",
     "ReceiptPersistenceError",
     "ReceiptWaitTimeoutError",

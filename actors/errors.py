@@ -48,6 +48,7 @@ __all__ = [
     "ProviderError",
     "ProviderUnavailableError",
     "ProviderUnreachableError",
+    "QuotaExhaustedError",
     "RateLimitedError",
     "ReceiptPersistenceError",
     "ReceiptWaitTimeoutError",
@@ -275,6 +276,22 @@ class UnknownToolError(DispatchError, LookupError):
 class BudgetExceededError(DispatchError):
     """A budget (provider calls, retries, receipt operations, money) is spent, or the call
     would pass it: it was refused before it was sent, its receipt (if any) left pending."""
+
+
+class QuotaExhaustedError(DispatchError):
+    """A provider's quota (a :class:`~actors.tool.Limit` over a minute, an hour, a day) is
+    spent, and its window renews after the call's timeout: the call was refused at once,
+    without being sent, its receipt left pending (a later run pays for it).
+
+    Attributes:
+        limit: the limit, as :attr:`actors.tool.Limit.name` says it (``"1000 requests/day"``).
+        reset_s: seconds from the refusal until the quota has room again.
+    """
+
+    def __init__(self, message: str, limit: str = "", reset_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.reset_s = reset_s
 
 
 class PersistenceCircuitOpenError(DispatchError):

@@ -11,7 +11,7 @@ messages (calls submitted, facts answering its requests, its timers).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -123,6 +123,10 @@ class AcquireSlots:
     prices: tuple[Decimal, ...] = ()
     """Under a money budget: what each of the ``want`` requests is known to cost, in the
     order they go, in the budget's currency (a grant of n charges the first n)."""
+    units: tuple[Mapping[str, float], ...] = ()
+    """Under limits in units: what each of the ``want`` requests is expected to use."""
+    patience_s: float | None = None
+    """A spent quota holding the request longer than this refuses it (QuotaExhaustedError)."""
     reply: Any
     """Resolved with the number granted, or with BudgetExceededError/CallCancelledError."""
 
@@ -153,6 +157,13 @@ class ReleaseSlots:
     unspent: Decimal = Decimal(0)
     """Money charged for these calls and not spent, in the budget's currency: given back
     to the money budgets (negative: what a call cost above its estimate)."""
+    unsent_units: Mapping[str, float] = attrs.field(factory=dict)
+    """Units taken for requests granted and never sent (``"requests"``: how many)."""
+    usage: tuple[tuple[float, Mapping[str, float]], ...] = ()
+    """Per answered request: (when granted, ``time.monotonic()``; real less estimated units)."""
+    announced: tuple[tuple[float, tuple[Any, ...]], ...] = ()
+    """Per answer that announced limits: (when its request was sent; its
+    :class:`~actors.pacing.announced.Announcement` values)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -443,6 +454,12 @@ class UnitFinished:
     gated: tuple[str, float] | None = None
     """Its wait at the provider's send gate, when it waited: (``"pacing"`` or ``"pause"``,
     seconds)."""
+    usage: Mapping[str, float] = attrs.field(factory=dict)
+    """What the request really used, per unit (``Tool.units_used`` of its answered members,
+    summed; what the tool reported with ``report_usage`` instead, unit by unit); {}: not known."""
+    announced: tuple[Any, ...] = ()
+    """The limits its answer announced (:class:`~actors.pacing.announced.Announcement`,
+    oldest first), a 429's included."""
 
 
 @attrs.frozen(kw_only=True)

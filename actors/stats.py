@@ -163,6 +163,7 @@ WAIT_REASONS = {
     "slot": "waiting for a slot: the provider's rate or concurrency, or the run's ceiling",
     "pacing": "granted, waiting for its turn at the provider's send gate",
     "pause": "held by a 429's Retry-After (at the governor, or at the send gate)",
+    "quota": "waiting for a spent quota's window (a Limit over a minute, an hour, a day) to renew",
     "retry_backoff": "waiting out the back-off before a retry",
     "owner": "waiting for another run's execution of the same call (its receipt)",
     "store": "waiting for the receipt store: a claim, or the write of an answer",

@@ -84,6 +84,8 @@ class GovernorActor(pykka.ThreadingActor):
                     message.exempt,
                     message.immediate,
                     message.prices,
+                    message.units,
+                    message.patience_s,
                 )
             )
         elif isinstance(message, ReleaseSlots):
@@ -93,6 +95,7 @@ class GovernorActor(pykka.ThreadingActor):
                     message.org_id, message.provider, message.count, message.successes, now,
                     unavailable=message.unavailable, answered=message.answered, exempt=message.exempt,
                     refunds=message.refunds, sent_at=message.sent_at, unspent=message.unspent,
+                    unsent_units=message.unsent_units, usage=message.usage, announced=message.announced,
                 )
             )  # fmt: skip
         elif isinstance(message, BackpressureReported):

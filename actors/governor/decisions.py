@@ -22,20 +22,26 @@ import math
 import os
 import random
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import attrs
 
-from actors.errors import BudgetExceededError, CallCancelledError, ProviderUnavailableError
+from actors.errors import (
+    BudgetExceededError,
+    CallCancelledError,
+    ProviderUnavailableError,
+    QuotaExhaustedError,
+)
 from actors.governor.budgets import ZERO, MoneyBudgets
+from actors.pacing.announced import Announcement
 from actors.pacing.bucket import MIN_WAKE_S, ProviderBucket, parse_retry_after
 from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
 from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
-from actors.tool import Pacing, Policy
+from actors.tool import RATE_WINDOW_S, Pacing, Policy
 
 __all__ = [
     "BUDGET_KINDS",
@@ -52,6 +58,8 @@ WAIT_POLL_S = 1.0
 """Longest a worker told to wait asks a shared pacer again: another worker's half-open
 probe settling wakes nobody here, and its claim lasts ``probe_lease_s`` (30 s), so without
 this a worker could stall that long after the circuit had closed."""
+REFUSED = -1
+"""What :meth:`GovernorPacing.grantable` answers for a head waiter it refused."""
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
 
@@ -84,6 +92,28 @@ class _Waiter:
     prices: tuple[Decimal, ...] = ()
     """Under a money budget: what each slot wanted is known to cost, in the order its
     requests go (() : not counted in money)."""
+    units: tuple[Mapping[str, float], ...] = ()
+    """Under limits in units: what each slot wanted is expected to use (unit -> units),
+    in the order its requests go (() or shorter: the rest use none)."""
+    patience_s: float | None = None
+    """Longest wait for a spent quota's window it accepts (its calls' timeout): a longer
+    one refuses it at once with QuotaExhaustedError (None: it waits)."""
+    quota_since: float | None = None
+    """Since when a spent quota holds it (governor clock), else None."""
+    taken: int = 0
+    """Its requests whose units are taken from the limits and not yet granted or given back."""
+
+
+class Granted(int):
+    """A grant of slots, as the governor resolves a request (an int), with ``quota_s``:
+    seconds its requester waited for a spent quota's window (stats' waits, "quota")."""
+
+    quota_s: float = 0.0
+
+    def __new__(cls, n: int, quota_s: float = 0.0) -> Granted:
+        made = super().__new__(cls, n)
+        made.quota_s = quota_s
+        return made
 
 
 @attrs.define
@@ -185,6 +215,9 @@ class Governor:
         refunds: int = 0,
         sent_at: Sequence[float] = (),
         unspent: Decimal = ZERO,
+        unsent_units: Mapping[str, float] | None = None,
+        usage: Sequence[tuple[float, Mapping[str, float]]] = (),
+        announced: Sequence[tuple[float, Sequence[Announcement]]] = (),
     ) -> Decisions:
         """Return ``count`` slots; ``successes`` of them feed the rate's growth (AIMD, or the
         unknown limit's learner, with ``sent_at``: when their requests went out, on
@@ -193,9 +226,22 @@ class Governor:
         provider's circuit. When it opens, every waiter of (org, provider) is refused with
         ProviderUnavailableError. ``unspent``: money charged for the provider's calls and
         not spent (never sent, or an estimate above the real cost; negative: a cost above
-        its estimate), given back to its money budgets."""
+        its estimate), given back to its money budgets.
+
+        Under limits in units: ``unsent_units`` (granted, never sent; ``"requests"``: how
+        many) go back, and each answered request's ``usage`` (granted at, real less
+        estimated units) corrects them. ``announced``: (sent at, what its answer
+        announced) per request: a quota's count sets it (:meth:`GovernorPacing.announce_quotas`)
+        and the pacing's ``announced`` hook, when it has one, hears each."""
         self.now = now
         self.money.give_back(provider, unspent)
+        key = (org_id, provider)
+        self.pacing.correct_units(key, unsent_units or {}, usage, now)
+        hook = getattr(self.pacing, "announced", None)
+        for sent, announcements in announced:
+            self.pacing.announce_quotas(key, announcements, sent, now)
+            if hook is not None:
+                hook(key, announcements, sent, now)
         return self.pacing.release(
             org_id, provider, count, successes, now, unavailable, answered, exempt, refunds, sent_at
         )
@@ -234,8 +280,15 @@ class Governor:
     def acquire(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool = False,
         immediate: bool = False, prices: Sequence[Decimal] = (),
+        units: Sequence[Mapping[str, float]] = (), patience_s: float | None = None,
     ) -> Decisions:  # fmt: skip
         """Queue a request for up to ``want`` slots and grant what can be granted.
+
+        ``units``: under a provider's limits in units (``Pacing.limits``), what each of
+        the ``want`` requests is expected to use (unit -> units), in the order they go;
+        they are taken from every limit before the rate's tokens. ``patience_s``: when a
+        spent quota would hold the request longer than this (its calls' timeout), it is
+        refused at once with QuotaExhaustedError naming the limit and its reset.
 
         ``prices``: under a money budget, what each of the ``want`` requests is known to
         cost, in the order they go (the budget's currency): a grant of ``n`` charges the
@@ -253,13 +306,16 @@ class Governor:
         that needs it (nor with a money budget over the provider).
         """
         self.now = now
-        out = self._queue(org_id, provider, want, reply, now, exempt, immediate, tuple(prices))
+        out = self._queue(
+            org_id, provider, want, reply, now, exempt, immediate, tuple(prices), tuple(units), patience_s
+        )
         self.pacing.acquired((org_id, provider), now, out)
         return out
 
     def _queue(
         self, org_id: str, provider: str, want: int, reply: Any, now: float, exempt: bool, immediate: bool,
-        prices: tuple[Decimal, ...],
+        prices: tuple[Decimal, ...], units: tuple[Mapping[str, float], ...] = (),
+        patience_s: float | None = None,
     ) -> Decisions:  # fmt: skip
         """:meth:`acquire` before its pacing hears of it."""
         if self.stopped:
@@ -272,10 +328,13 @@ class Governor:
             return Decisions(refusals=[(reply, self.unavailable_error(key))])
         wkey = (org_id, provider, exempt)
         budgeted = self.limits["provider_calls"] is not None or self.money.applies(provider)
+        budgeted = budgeted or self.pacing.has_quotas(provider)
         if immediate and (circuit != "closed" or self.waiters.get(wkey) or not self.unpaced(key) or budgeted):
             out = Decisions(grants=[(reply, -1)])
         else:
-            waiter = _Waiter(max(1, want), reply, next(self._arrivals), exempt, now, prices)
+            waiter = _Waiter(
+                max(1, want), reply, next(self._arrivals), exempt, now, prices, units, patience_s
+            )
             self.waiters.setdefault(wkey, collections.deque()).append(waiter)
             out = self.wake(now)
             if immediate and waiter in self.waiters[wkey]:  # not granted now: 0
@@ -317,7 +376,10 @@ class Governor:
                     out.refusals.append((head.reply, self.money.refusal(key[1], head.prices[0])))
                     continue
                 room = min(room, fit)
-            n = self.pacing.grantable(wkey, room, bucket, now, out)
+            n = self.pacing.grantable(wkey, room, bucket, now, out, head)
+            if n == REFUSED:  # a spent quota outlasts its patience (refused in ``out``)
+                queue.popleft()
+                continue
             if n is None:  # the provider's circuit is open: every waiter of it is refused
                 out.refusals.extend((w.reply, self.unavailable_error(key)) for w in queue)
                 queue.clear()
@@ -331,14 +393,17 @@ class Governor:
             except BudgetExceededError as exc:
                 out.refusals.append((waiter.reply, exc))
                 self.pacing.unsent_probe(key)
+                self.pacing.untake_units(key, waiter, 0)
                 continue
+            self.pacing.untake_units(key, waiter, n)
             if waiter.prices:
                 self.money.charge(key[1], waiter.prices[:n])
             bucket.admission_wait_s += max(0.0, now - waiter.since)
             self.pacing.take(wkey, bucket, n, now)
             if wkey[2]:
                 bucket.nested_out += n
-            out.grants.append((waiter.reply, n))
+            quota_s = 0.0 if waiter.quota_since is None else now - waiter.quota_since
+            out.grants.append((waiter.reply, Granted(n, quota_s) if quota_s > 0 else n))
         return out
 
     def return_slots(self, bucket: ProviderBucket, count: int, exempt: bool, refunds: int) -> None:
@@ -452,6 +517,8 @@ class GovernorPacing:
         self.shared = shared
         for name, pacing in governor.pacings.items():
             pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
+            if pacing.unit_limits:
+                pacer.unit_limits.setdefault(name, pacing.unit_limits)
         if pacer.settings == PacerSettings():  # not chosen by its maker: the policy's circuit
             pacer.settings = PacerSettings.from_policy(governor.policy)
         self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
@@ -482,10 +549,15 @@ class GovernorPacing:
         return not self.shared and self.pacer.state(key[0], key[1]).rate_rps is None
 
     def grantable(
-        self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions
-    ) -> int | None:
+        self, wkey: tuple[str, str, bool], want: int, bucket: ProviderBucket, now: float, out: Decisions,
+        waiter: _Waiter | None = None,
+    ) -> int | None:  # fmt: skip
         """Slots the head waiter of ``wkey`` may have now (0: wait), or None: the circuit is
-        open, refuse them all."""
+        open, refuse them all; :data:`REFUSED`: the head waiter was refused (in ``out``).
+
+        Under limits in units, the head's requests take their units from every limit first
+        (as many requests as fit), then the rate's tokens; the units of requests the rate
+        does not grant go back (:meth:`untake_units` gives back the rest after charges)."""
         key = (wkey[0], wkey[1])
         if not wkey[2]:  # per-process ceilings; nested calls borrow their parent's slot
             free = self.gov.ceiling - self.gov.in_flight
@@ -497,7 +569,13 @@ class GovernorPacing:
         role = self.roles.get(key)
         if role is not None and role.due(now):  # the learner looks while it waits, too
             self._learn(key, bucket, 0, now, out)
+        if waiter is not None and self.has_quotas(key[1]):
+            want = self._take_units(key, want, waiter, now, out)
+            if want < 1:
+                return want
         grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2])
+        if waiter is not None and waiter.taken > grant.granted:
+            self.untake_units(key, waiter, grant.granted)
         self._saw(key, grant, out)
         if grant.verdict == "refuse":
             bucket.circuit_until = now + grant.wait_s
@@ -519,6 +597,85 @@ class GovernorPacing:
         if self.shared:
             out.granted.append((key, grant.granted, grant.verdict == "probe"))
         return grant.granted
+
+    def has_quotas(self, provider: str) -> bool:
+        """Whether ``provider`` has limits kept by the quota state (``Pacing.unit_limits``)."""
+        return bool(self.pacer.unit_limits.get(provider))
+
+    def _take_units(self, key: BucketKey, want: int, waiter: _Waiter, now: float, out: Decisions) -> int:
+        """Take the units of up to ``want`` of ``waiter``'s requests from every limit: how
+        many fit (0: wait for the next to fit; :data:`REFUSED`: refused, that wait being
+        longer than its patience)."""
+        requests = [waiter.units[i] if i < len(waiter.units) else {} for i in range(want)]
+        got = self.pacer.take_units(key[0], key[1], requests)
+        waiter.taken = got.granted
+        if got.granted:
+            return got.granted
+        limits = self.pacer.unit_limits[key[1]]
+        limit = limits[got.limit] if 0 <= got.limit < len(limits) else None
+        quota = limit is not None and not limit.is_rate
+        if quota and waiter.quota_since is None:
+            waiter.quota_since = now
+        if quota and limit is not None and waiter.patience_s is not None and got.wait_s > waiter.patience_s:
+            reset = got.reset_s if math.isfinite(got.reset_s) else got.wait_s
+            when = (
+                "never (one call needs more than the whole quota)"
+                if math.isinf(got.wait_s)
+                else (f"in {reset:.1f} s")
+            )
+            error = QuotaExhaustedError(
+                f"provider {key[1]!r}: its quota of {limit.name} is spent; it has room again {when}, "
+                f"after this call's timeout ({waiter.patience_s:g} s): refused, not sent, its receipt "
+                "left pending",
+                limit=limit.name,
+                reset_s=reset,
+            )
+            out.refusals.append((waiter.reply, error))
+            return REFUSED
+        again = now + max(got.wait_s if math.isfinite(got.wait_s) else WAIT_POLL_S, MIN_WAKE_S)
+        if self.shared:
+            again = min(again, now + WAIT_POLL_S * 5)  # other workers give units back too
+        out.wake_at = again if out.wake_at is None else min(out.wake_at, again)
+        return 0
+
+    def announce_quotas(
+        self, key: BucketKey, announcements: Sequence[Announcement], sent_at: float, now: float
+    ) -> None:
+        """Set each quota whose count an answer announced (remaining and reset: see
+        :meth:`~actors.pacing.pacers.Pacer.announce`); rates, and announcements no quota
+        counts, are left to the pacing's ``announced`` hook."""
+        if not self.has_quotas(key[1]):
+            return
+        for found in announcements:
+            if found.window_s is not None and found.window_s <= RATE_WINDOW_S:
+                continue
+            self.pacer.announce(key[0], key[1], found, sent_ago_s=max(0.0, now - sent_at))
+
+    def untake_units(self, key: BucketKey, waiter: _Waiter, granted: int) -> None:
+        """Give back the units of ``waiter``'s requests taken and not granted (those from
+        ``granted`` on)."""
+        if waiter.taken <= granted:
+            return
+        back: dict[str, float] = {"requests": float(waiter.taken - granted)}
+        for i in range(granted, waiter.taken):
+            for unit, amount in (waiter.units[i] if i < len(waiter.units) else {}).items():
+                back[unit] = back.get(unit, 0.0) + amount
+        waiter.taken = granted
+        self.pacer.give_back_units(key[0], key[1], back)
+
+    def correct_units(
+        self, key: BucketKey, unsent: Mapping[str, float], usage: Sequence[tuple[float, Mapping[str, float]]],
+        now: float,
+    ) -> None:  # fmt: skip
+        """Give back ``unsent`` units (granted, never sent; ``"requests"``: how many) and
+        correct each answered request's (granted at, real less estimated units)."""
+        if not self.has_quotas(key[1]):
+            return
+        if unsent:
+            self.pacer.give_back_units(key[0], key[1], unsent)
+        for granted_at, delta in usage:
+            if any(delta.values()):
+                self.pacer.correct_units(key[0], key[1], delta, age_s=max(0.0, now - granted_at))
 
     def take(self, wkey: tuple[str, str, bool], bucket: ProviderBucket, n: int, now: float) -> None:
         """Count ``n`` granted (and charged) slots against this process's ceilings; remember

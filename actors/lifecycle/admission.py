@@ -30,6 +30,7 @@ from actors.lifecycle.calls import Call, Group, GroupState, Unit, note_wait, pat
 from actors.lifecycle.exits import Done
 from actors.lifecycle.shared import Parts, Shared
 from actors.lifecycle.spending import ZERO, exact_difference, exact_sum, unit_cost
+from actors.lifecycle.units import estimate_units
 from stores.types import ClaimMode
 
 __all__ = ["Admission", "sent_batch"]
@@ -64,14 +65,20 @@ class Admission:
             if want < 1:
                 continue
             self.s.acquiring[exempt] = True
+            extra: dict[str, Any] = {}
+            if self.s.unit_limited:  # each request's units, and how long its callers would wait
+                asked = tuple(self.s.bias.scaled(estimate_units(self.tool, queue[i])) for i in range(want))
+                self.s.asked_units[exempt] = asked
+                patience = max((queue[i].timeout_s for i in range(want)), default=math.inf)
+                extra = {"units": asked, "patience_s": None if math.isinf(patience) else patience}
             if self.s.spend_currency is None:
-                self.fx.acquire(want, exempt)
+                self.fx.acquire(want, exempt, **extra)
                 continue
             # under a money budget the governor charges what each request is known to cost
             over = self.s.overrun
             prices = tuple(unit_cost(self.tool, queue[i], over) for i in range(min(want, len(queue))))
             self.s.asked_prices[exempt] = prices
-            self.fx.acquire(len(prices), exempt, prices=prices)
+            self.fx.acquire(len(prices), exempt, prices=prices, **extra)
 
     def _drop_empty(self, queue: collections.deque[Unit]) -> None:
         while queue and not queue[0].groups:
@@ -89,6 +96,7 @@ class Admission:
         self.s.acquiring[exempt] = False
         queue = self.s.pending_exempt if exempt else self.s.pending
         prices, self.s.asked_prices[exempt] = self.s.asked_prices[exempt], ()
+        asked_units, self.s.asked_units[exempt] = self.s.asked_units[exempt], ()
         if is_a(error, BudgetExceededError) and queue and self._halve(queue):
             self.pump(now)  # the head batch, halved, asks again: what fits the budget may go
             return
@@ -124,20 +132,45 @@ class Admission:
             queue.popleft()
             unit.queued = False
             unit.slot = True
+            if self.s.unit_limited:
+                unit.units_estimate = estimate_units(self.tool, unit)
+                unit.units, unit.granted_at = self.s.bias.scaled(unit.units_estimate), now
             if unit.waiting is not None:  # it waited for this slot
                 reason, since = unit.waiting
                 unit.waiting = None
-                self.fx.waited(reason, (now - since) * len(unit.groups))
+                quota_s = min(getattr(n, "quota_s", 0.0), now - since)  # (a Granted: a quota held it)
+                if quota_s > 0:
+                    self.fx.waited("quota", quota_s * len(unit.groups))
+                self.fx.waited(reason, (now - since - quota_s) * len(unit.groups))
                 if self.s.traced:
                     note_wait(unit.groups, reason, since, now)
             if not exempt:
                 self.s.holding += 1
             n -= 1
             admitted.append(unit)
+        if self.s.unit_limited:  # what the grant took, against what the units it admits take
+            self._settle_units(asked_units, len(admitted) + n, admitted)
         if n > 0 or allowance:  # granted (and charged) for units gone meanwhile: never sent, charges back
             self.fx.release_slots(n, exempt=exempt, refunds=n, unspent=allowance or ZERO)
         self.admit(admitted, now)
         self.pump(now)
+
+    def _settle_units(self, asked: tuple[dict[str, float], ...], granted: int, admitted: list[Unit]) -> None:
+        """The grant of ``granted`` requests took the units ``asked`` for them; the queue may
+        have changed since: give back the requests (and units) of grants no unit took,
+        and correct by the difference between what the admitted units take and what was
+        taken for them."""
+        delta: dict[str, float] = {}
+        for i in range(granted):
+            for name, amount in (asked[i] if i < len(asked) else {}).items():
+                delta[name] = delta.get(name, 0.0) - amount
+        for unit in admitted:
+            for name, amount in (unit.units or {}).items():
+                delta[name] = delta.get(name, 0.0) + amount
+        unsent = {"requests": float(granted - len(admitted))} if granted > len(admitted) else {}
+        if unsent or any(abs(d) > 1e-9 for d in delta.values()):
+            now = self.s.clock()
+            self.fx.release_slots(0, unsent_units=unsent, usage=(now, {k: d for k, d in delta.items() if d}))
 
     def _halve(self, queue: Any) -> bool:
         """A money budget refused the batch at the head of ``queue``: put its two halves in

@@ -287,6 +287,13 @@ class Unit:
     until its answer settles it, or given back when nothing went."""
     exempt: bool = False
     """Its slot is a nested call's (not counted against the ceiling)."""
+    units: dict[str, float] | None = None
+    """Under limits in units: what its slot's grant took (its estimate at the tool's bias),
+    held until its answer corrects it, or given back when nothing went."""
+    units_estimate: dict[str, float] = attrs.field(factory=dict)
+    """Its members' estimates, unscaled (what the bias learns from)."""
+    granted_at: float = 0.0
+    """``time.monotonic()`` of its slot's grant (a correction comes off that time's count)."""
     deadline: float | None = None
     """``time.monotonic()`` after which its last callers time out (set at the first send)."""
     sent_first_at: float | None = None

@@ -9,7 +9,7 @@ is away is tried again before the request is answered with its error (0: at once
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -30,11 +30,15 @@ class Effects(Protocol):
     ) -> None: ...  # fmt: skip
     def read(self, batch: int, keys: list[str], patience_s: float = 0.0) -> None: ...
     def acquire(
-        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
-    ) -> None: ...
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = (),
+        units: tuple[Mapping[str, float], ...] = (), patience_s: float | None = None,
+    ) -> None: ...  # fmt: skip
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
         refunds: int = 0, sent_at: float | None = None, unspent: Decimal = Decimal(0),
+        unsent_units: Mapping[str, float] | None = None,
+        usage: tuple[float, Mapping[str, float]] | None = None,
+        announced: tuple[float, tuple[Any, ...]] | None = None,
     ) -> None: ...  # fmt: skip
     def backpressure(self, retry_after: Any, sent_at: float | None) -> None: ...
     def mark_running(

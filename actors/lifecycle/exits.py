@@ -184,6 +184,9 @@ class Exits:
                 self.fx.release_slots(1, exempt=unit.exempt, refunds=1, unspent=unit.charge)
             if not unit.sent_on_slot:
                 unit.charge = None
+                if unit.units is not None:  # its units were taken and nothing went: back
+                    self.fx.release_slots(0, exempt=unit.exempt, unsent_units={**unit.units, "requests": 1.0})
+            unit.units = None
             unit.sent_on_slot = False
 
     def leave(self, unit: Unit) -> None:

@@ -88,6 +88,10 @@ class Finisher:
         )  # a refused connection, an attempt never started or held past its turn: no request
         if unsent:
             self.fx.count("requests", -1)
+        if msg.announced and msg.sent_at is not None:  # what the provider said of its limits
+            self.fx.release_slots(0, exempt=unit.exempt, announced=(msg.sent_at, tuple(msg.announced)))
+        if unit.units is not None:
+            self._settle_units(unit, msg, unsent, is_a(error, RateLimitedError) and not relayed)
         if unit.charge is not None:
             self._settle(unit, msg, unsent or (is_a(error, RateLimitedError) and not relayed))
         if unit.retry_charged:  # the retry this attempt was charged for: spent if it went out
@@ -122,6 +126,23 @@ class Finisher:
         if msg.costs and not msg.replayed:  # paid now (a replayed answer was paid before)
             self.fx.spend([cost for cost in msg.costs if cost is not None])
         self.conclude(unit, msg.members, None, now, costs=msg.costs)
+
+    def _settle_units(self, unit: Unit, msg: UnitFinished, unsent: bool, refused: bool) -> None:
+        """Settle the units its grant took: all back when nothing went, all but the request
+        for a 429 (the provider may count the request, not its units), corrected to its real
+        use for an answer (which the bias learns from); otherwise the estimate stands."""
+        taken, unit.units = unit.units or {}, None
+        if unsent or refused:
+            back = {**taken, "requests": 1.0} if unsent else dict(taken)
+            self.fx.release_slots(0, exempt=unit.exempt, unsent_units=back)
+            return
+        if not msg.usage or msg.members is None:
+            return
+        delta = {name: msg.usage.get(name, amount) - amount for name, amount in taken.items()}
+        delta.update({name: used for name, used in msg.usage.items() if name not in taken})
+        self.s.bias.learn(unit.units_estimate, msg.usage)
+        if any(delta.values()):
+            self.fx.release_slots(0, exempt=unit.exempt, usage=(unit.granted_at, delta))
 
     def _settle(self, unit: Unit, msg: UnitFinished, free: bool) -> None:
         """Settle the money charge of an attempt that came back (sent, or known to be unsent:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from actors.lifecycle.calls import Call, Group, Unit
 from actors.lifecycle.effects import Effects
+from actors.lifecycle.units import UnitBias
 from actors.tool import Policy, Tool
 from stores.types import ClaimMode, LeaseRef, Owner, Receipt
 
@@ -88,6 +89,13 @@ class Shared:
         whose ``price_estimate`` is too low): later calls are charged that much more."""
         self.asked_prices: dict[bool, tuple[Decimal, ...]] = {False: (), True: ()}
         """Per admission queue: the prices its slot request out was sent with."""
+        self.unit_limited = bool(tool.pacing.unit_limits)
+        """Its provider has limits kept in units (``Pacing.unit_limits``): its slot requests
+        state each request's units, and its answers their real use."""
+        self.bias = UnitBias()
+        """How far its calls' real use has run past their estimates (per unit)."""
+        self.asked_units: dict[bool, tuple[dict[str, float], ...]] = {False: (), True: ()}
+        """Per admission queue: the units its slot request out was sent with."""
         self.slotting: list[Group] = []
         """Groups whose slots were asked for before their claim (``Claims.drained``)."""
         self.intake_out: set[int] = set()

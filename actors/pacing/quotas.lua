@@ -20,6 +20,7 @@
 -- reset_s. Numbers as strings (a Lua number would be cut to an integer).
 
 local SUB = 60
+local SLACK_S = 1.0  -- quotas.SLACK_S
 local EPS = 1e-9
 local key = KEYS[1]
 local op = ARGV[1]
@@ -45,6 +46,14 @@ end
 local function fmt(x)
   if x == math.huge then return 'inf' end
   return string.format('%.17g', x)
+end
+
+-- sub-buckets counted before the current one: the window's and the slack's (quotas.span)
+local function span(lim)
+  local d = lim.window / SUB
+  local slack = math.ceil(SLACK_S / d - 1e-9)
+  if slack < 1 then slack = 1 end
+  return SUB + slack
 end
 
 local function bucket(x, lim)
@@ -87,7 +96,7 @@ for i, lim in ipairs(lims) do
     local r = num('r' .. i)
     if r and now >= r then redis.call('HDEL', key, 'a' .. i, 'r' .. i) end
     local c, order = counts(i)
-    local oldest = bucket(now, lim) - SUB
+    local oldest = bucket(now, lim) - span(lim)
     for _, n in ipairs(order) do
       if n < oldest then redis.call('HDEL', key, 'b' .. i .. ':' .. n) end
     end
@@ -153,11 +162,11 @@ local function wait(i, lim, before, u)
   local renew = 0
   for _, n in ipairs(order) do
     held = held - c[n]
-    renew = (n + SUB + 1) * d - now
+    renew = (n + span(lim) + 1) * d - now
     if held + u <= lim.amount + EPS then break end
   end
   local first = 0
-  if #order > 0 then first = (order[1] + SUB + 1) * d - now end
+  if #order > 0 then first = (order[1] + span(lim) + 1) * d - now end
   if first < 0 then first = 0 end
   if renew < EPS * 2 then renew = EPS * 2 end
   return renew, first

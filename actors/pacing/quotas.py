@@ -9,11 +9,14 @@ the quota state holds (``Pacing.unit_limits``), in their order:
   (a request larger than the burst goes when the bucket is full);
 * a **quota** (a longer window ``w``): units counted in :data:`SUB_BUCKETS` sub-buckets of
   ``d = w / SUB_BUCKETS`` each; a take at ``now`` fits when the sub-buckets from
-  ``floor(now / d) - SUB_BUCKETS`` to ``floor(now / d)`` hold no more than ``amount`` with
-  it. Those cover every window of length ``w`` ending now, so no such window ever holds
-  more than ``amount`` (conservative by at most one sub-bucket; a provider counting fixed
-  windows is held too). While a provider's announcement of that quota is live (until its
-  reset), its remaining count is the room instead.
+  ``floor(now / d) - span`` to ``floor(now / d)`` hold no more than ``amount`` with it,
+  ``span`` being the window's sub-buckets and those of :data:`SLACK_S` (at least one).
+  Those cover every window of length ``w + SLACK_S`` ending now, so no window of length
+  ``w`` ever holds more than ``amount``, even with up to a second between a grant and the
+  provider counting the request (a provider counting fixed windows is held too); the
+  cost, sustained: about ``amount`` per ``w + 1.5 s`` (a minute's quota: 97.5 % of it).
+  While a provider's announcement of that quota is live (until its reset), its remaining
+  count is the room instead.
 
 Operations (:data:`QuotaOp`) come in, replies go out (:class:`UnitsTaken`,
 :class:`QuotaRead`), as :class:`~actors.pacing.pacer_state.BucketState`'s; time is passed
@@ -32,6 +35,7 @@ import attrs
 from actors.tool import Limit
 
 __all__ = [
+    "SLACK_S",
     "SUB_BUCKETS",
     "Announce",
     "Correct",
@@ -43,10 +47,22 @@ __all__ = [
     "UnitsTaken",
     "announced_limit",
     "request_units",
+    "span",
 ]
 
 SUB_BUCKETS = 60
-"""Sub-buckets a quota's window is counted in (its conservatism: at most 1/60 of it)."""
+"""Sub-buckets a quota's window is counted in."""
+SLACK_S = 1.0
+"""Seconds counted past the window (at least one sub-bucket): a margin for the time
+between a grant and the provider's count of the request (the receipt's mark, the send
+gate, the network)."""
+
+
+def span(lim: Limit) -> int:
+    """Sub-buckets counted before the current one: the window's and the slack's."""
+    d = lim.window_s / SUB_BUCKETS
+    return SUB_BUCKETS + max(1, math.ceil(SLACK_S / d - 1e-9))
+
 
 EPS = 1e-9
 
@@ -175,7 +191,7 @@ class QuotaState:
                 del self.announced[i]
             counts = self.counts.get(i)
             if counts:
-                oldest = _bucket(now, lim) - SUB_BUCKETS
+                oldest = _bucket(now, lim) - span(lim)
                 for b in [b for b in counts if b < oldest]:
                     del counts[b]
 
@@ -237,12 +253,12 @@ class QuotaState:
             return 0.0, 0.0
         d = lim.window_s / SUB_BUCKETS
         renew = 0.0
-        for b in sorted(counts):  # each leaves the window as the bucket SUB_BUCKETS later ends
+        for b in sorted(counts):  # each leaves the window as the bucket span(lim) later ends
             held -= counts[b]
-            renew = (b + SUB_BUCKETS + 1) * d - now
+            renew = (b + span(lim) + 1) * d - now
             if held + u <= lim.amount + EPS:
                 break
-        first = (min(counts) + SUB_BUCKETS + 1) * d - now if counts else 0.0
+        first = (min(counts) + span(lim) + 1) * d - now if counts else 0.0
         return max(renew, EPS * 2), max(first, 0.0)
 
     def _add(self, totals: Sequence[float], now: float, limits: Sequence[Limit]) -> None:

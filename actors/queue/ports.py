@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -91,6 +92,10 @@ class ActorEffects:
         """Send times of the successes in ``_release``."""
         self._unspent: dict[bool, Decimal] = {False: ZERO, True: ZERO}
         """Money charged and not spent, given back with ``_release``."""
+        self._units: dict[bool, tuple[dict[str, float], list[Any], list[Any]]] = {
+            False: ({}, [], []), True: ({}, [], [])
+        }  # fmt: skip
+        """Units to give back, usage corrections and announcements, sent with ``_release``."""
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
@@ -175,17 +180,30 @@ class ActorEffects:
             return
         for exempt, (count, successes, unavailable, answered, refunds) in self._release.items():
             unspent = self._unspent[exempt]
-            if count or successes or unavailable or answered or refunds or unspent:
+            unsent, usage, announced = self._units[exempt]
+            if (
+                count
+                or successes
+                or unavailable
+                or answered
+                or refunds
+                or unspent
+                or unsent
+                or usage
+                or announced
+            ):
                 self.ports.governor.tell(
                     ReleaseSlots(
                         org_id=self.org_id, provider=self.tool.provider_name, count=count,
                         successes=successes, unavailable=unavailable, answered=answered, exempt=exempt,
                         refunds=refunds, sent_at=tuple(self._sent_at[exempt]), unspent=unspent,
+                        unsent_units=unsent, usage=tuple(usage), announced=tuple(announced),
                     )
                 )  # fmt: skip
                 self._release[exempt] = [0, 0, 0, 0, 0]
                 self._sent_at[exempt] = []
                 self._unspent[exempt] = ZERO
+                self._units[exempt] = ({}, [], [])
 
     # -- effects out --------------------------------------------------------------------
 
@@ -215,19 +233,31 @@ class ActorEffects:
         )  # fmt: skip
 
     def acquire(
-        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
-    ) -> None:
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = (),
+        units: tuple[Mapping[str, float], ...] = (), patience_s: float | None = None,
+    ) -> None:  # fmt: skip
         reply = Reply(self.ref, SlotsGranted, exempt=exempt)
         message = AcquireSlots(
             org_id=self.org_id, provider=self.tool.provider_name, want=want, reply=reply, exempt=exempt,
-            immediate=immediate, prices=prices,
+            immediate=immediate, prices=prices, units=units, patience_s=patience_s,
         )  # fmt: skip
         _ask(self.ports.governor, message, reply)
 
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
         refunds: int = 0, sent_at: float | None = None, unspent: Decimal = ZERO,
+        unsent_units: Mapping[str, float] | None = None,
+        usage: tuple[float, Mapping[str, float]] | None = None,
+        announced: tuple[float, tuple[Any, ...]] | None = None,
     ) -> None:  # fmt: skip
+        if unsent_units or usage or announced:
+            back, corrections, announcements = self._units[exempt]
+            for unit, amount in (unsent_units or {}).items():
+                back[unit] = back.get(unit, 0.0) + amount
+            if usage is not None:
+                corrections.append(usage)
+            if announced is not None:
+                announcements.append(announced)
         if unspent:
             self._unspent[exempt] = exact_sum((self._unspent[exempt], unspent))
         if sent_at is not None and successes:

@@ -28,7 +28,9 @@ from actors.errors import (
     type_name,
 )
 from actors.lifecycle.attempts import AttemptSpec, PlainValue
+from actors.lifecycle.units import used_units
 from actors.messages import UnitFinished
+from actors.pacing.reports import Report, collecting
 from actors.runtime.nesting import enter_keys, leave_keys, relayed_here
 from actors.tool import Tool
 from actors.worker.prices import member_costs
@@ -165,6 +167,7 @@ def attempt(
                 _past_deadline(spec, tell, "its turn to send came after its deadline", latest)
             return
     sent_at: float | None = None
+    report = Report()  # what the tool reports of its request: units used, limits announced
     nest = spec.context._nest  # threads the function starts join it inside ctx.nested()
     token = enter_keys(spec.ancestors.union(spec.context.receipt_keys), nest)  # a nested call of one: a cycle
     try:
@@ -182,7 +185,8 @@ def attempt(
             _not_sent(spec, tell, *refusal)
             return
         sent_at = clock()
-        raw = send(payload, spec.context) if traces is None else _traced_send(send, payload, spec, traces)
+        with collecting() as report:
+            raw = send(payload, spec.context) if traces is None else _traced_send(send, payload, spec, traces)
         values = split_members(tool, spec.inputs, raw) if spec.batched else [raw]
         # a nested call's error given as a member's outcome: that call's, not the request's;
         # an error whose reads raise is told as its stand-in (``tame``), from here on
@@ -194,7 +198,7 @@ def attempt(
         passed_on = (told,) if relayed_here(token, exc) else ()  # a nested call's error: its request went out
         tell(UnitFinished(
             unit=spec.unit, attempt=spec.attempt, members=None, error=told, sent_at=sent_at,
-            relayed=passed_on, replayed=spec.context.replayed, gated=gated,
+            relayed=passed_on, replayed=spec.context.replayed, gated=gated, announced=tuple(report.announced),
         ))  # fmt: skip
         if not is_a(exc, Exception):
             raise
@@ -203,7 +207,10 @@ def attempt(
         leave_keys(token, nest)
     members: list[tuple[Any, BaseException | None]]
     costs: tuple[Any, ...] = ()
+    usage: dict[str, float] = {}
     try:
+        if tool.units_used is not None or report.usage:
+            usage = used_units(tool, spec.inputs, values, report.usage)
         if spec.durable:
             members = [_encode(v) for v in values]
             costs = member_costs(tool, spec.inputs, values, spec.batched)
@@ -222,7 +229,8 @@ def attempt(
         return
     tell(UnitFinished(
         unit=spec.unit, attempt=spec.attempt, members=members, error=None, sent_at=sent_at, relayed=relayed,
-        replayed=spec.context.replayed, costs=costs, gated=gated,
+        replayed=spec.context.replayed, costs=costs, gated=gated, usage=usage,
+        announced=tuple(report.announced),
     ))  # fmt: skip
 
 

@@ -141,8 +141,9 @@ class FakeEffects:
         self.patience[batch] = patience_s
 
     def acquire(
-        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = ()
-    ) -> None:
+        self, want: int, exempt: bool, immediate: bool = False, prices: tuple[Decimal, ...] = (),
+        units: tuple[Any, ...] = (), patience_s: float | None = None,
+    ) -> None:  # fmt: skip
         (self.immediate if immediate else self.acquires).append((want, exempt))
         if not immediate:
             self.prices.append(prices)
@@ -150,6 +151,7 @@ class FakeEffects:
     def release_slots(
         self, count: int, exempt: bool = False, successes: int = 0, unavailable: int = 0, answered: int = 0,
         refunds: int = 0, sent_at: float | None = None, unspent: Decimal = Decimal(0),
+        unsent_units: Any = None, usage: Any = None, announced: Any = None,
     ) -> None:  # fmt: skip
         self.slots_released[exempt] += count
         self.refunds += refunds
