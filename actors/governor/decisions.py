@@ -231,17 +231,18 @@ class Governor:
         Under limits in units: ``unsent_units`` (granted, never sent; ``"requests"``: how
         many) go back, and each answered request's ``usage`` (granted at, real less
         estimated units) corrects them. ``announced``: (sent at, what its answer
-        announced) per request: a quota's count sets it (:meth:`GovernorPacing.announce_quotas`)
-        and the pacing's ``announced`` hook, when it has one, hears each."""
+        announced) per request, for the pacing's ``announced`` hook (without one, a quota's
+        count sets it: :meth:`GovernorPacing.announce_quotas`)."""
         self.now = now
         self.money.give_back(provider, unspent)
         key = (org_id, provider)
         self.pacing.correct_units(key, unsent_units or {}, usage, now)
         hook = getattr(self.pacing, "announced", None)
         for sent, announcements in announced:
-            self.pacing.announce_quotas(key, announcements, sent, now)
-            if hook is not None:
+            if hook is not None:  # the pacing's own reading of what the provider announced
                 hook(key, announcements, sent, now)
+            else:
+                self.pacing.announce_quotas(key, announcements, sent, now)
         return self.pacing.release(
             org_id, provider, count, successes, now, unavailable, answered, exempt, refunds, sent_at
         )
