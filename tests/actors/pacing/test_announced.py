@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -311,3 +313,17 @@ def test_announced_reads_a_real_answer_of_the_example_provider(example_provider:
         ("requests", 1000, 60, 999),
     ]
     assert 0 < found[1].reset_s <= 60  # type: ignore[operator]
+
+
+def test_announced_docs_example_is_true() -> None:
+    """docs/pacing.md, "Limits the provider announces": its example runs and its comment
+    shows what the parse gives."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "pacing.md").read_text(encoding="utf-8")
+    section = page.split("## Limits the provider announces", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    code, shown = block.group(1).rsplit("\n# ", 1)
+    *setup, last = code.strip().splitlines()
+    scope: dict[str, object] = {}
+    exec(compile("\n".join(setup), "docs/pacing.md", "exec"), scope)
+    assert repr(eval(last, scope)) == shown.strip()
