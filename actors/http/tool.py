@@ -25,6 +25,11 @@ idempotency key as an ``Idempotency-Key`` header (the IETF draft
   (kind ``timeout``; uncertain for a tool that is not retry-safe);
 * other 4xx (another 409 too) → ProviderError with kind ``permanent``.
 
+Every answer (refusals, 429s, included) is read for the limits the provider announces
+(:func:`~actors.pacing.announced.parse_rate_limit_headers`: the IETF ``RateLimit`` /
+``RateLimit-Policy`` fields, ``X-RateLimit-*`` and the LLM APIs' fields) and they are
+reported (:func:`~actors.pacing.reports.report_limits`): the governor paces to them.
+
 An answer carrying ``Idempotent-Replayed: true`` (as Stripe's API marks the stored answer
 it replays for a repeated ``Idempotency-Key``) is told to the dispatcher
 (:meth:`~actors.results.ToolContext.mark_replayed`): the run's report counts it apart
@@ -60,7 +65,9 @@ from actors.http.credentials import (
     NOT_CREDENTIALS,
     credential_scope_digest,
 )
+from actors.pacing.announced import parse_rate_limit_headers
 from actors.pacing.bucket import SLOW_START_RPS, parse_retry_after
+from actors.pacing.reports import report_limits
 from actors.results import ToolContext
 from actors.telemetry.config import ACTIVE
 from actors.tool import BatchStrategy, Pacing, Tool
@@ -157,6 +164,7 @@ class HttpEndpoint:
             else:
                 response = self._traced_send(telemetry, body, headers, timeout_s, resend)
             resend += 1
+            report_limits(parse_rate_limit_headers(response.headers, time.time()))
             if response.status_code != 409 or not _in_progress(response):
                 return self._answer(response, ctx)
             # the provider still processes this key's request (another attempt's, or a

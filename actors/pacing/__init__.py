@@ -7,6 +7,7 @@ of :class:`LocalPacer` (a governor's own, or one process's shared pacer); the Re
 :class:`LimitLearner`, fed through the pacer's learner lease.
 """
 
+from actors.pacing.announced import Announcement, parse_rate_limit_headers
 from actors.pacing.bucket import (
     AIMD_DECREASE,
     AIMD_INCREASE_FRACTION,
@@ -60,6 +61,7 @@ __all__ = [
     "SLOW_START_DOUBLING_S",
     "SLOW_START_EXIT_DECREASE",
     "SLOW_START_RPS",
+    "Announcement",
     "BucketState",
     "CircuitRecorded",
     "Grant",
@@ -90,6 +92,7 @@ __all__ = [
     "growth",
     "open_pacer",
     "pacing_report",
+    "parse_rate_limit_headers",
     "parse_retry_after",
     "plain_retry_after",
     "provider_pacings",

@@ -165,7 +165,10 @@ class ProviderBucket:
         nested_out: slots granted to nested calls (outside the ceiling), not yet back.
         gate_until: no send before this (governor clock, seconds): the last pause's end.
         backpressure_events: 429s reported.
-        learner: the unknown limit's state (None when the rate is stated).
+        learner: the unknown limit's state (None when the rate is stated or announced).
+        announced: the rate is the provider's, as its answers announce it
+            (:meth:`~actors.governor.decisions.GovernorPacing.announced`): ``ceiling_rps``
+            is the announced limit, and the learner is gone.
         admission_wait_s: seconds waiters (tool queues) waited for this bucket's grants
             (pacing, pauses), each wait counted once when granted, added up over the
             waiters.
@@ -193,6 +196,7 @@ class ProviderBucket:
     pauses: list[tuple[float, float, str | None]] = attrs.field(factory=list)
     circuit_opened: int = 0
     circuit_until: float | None = None
+    announced: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.ceiling_rps is not None:
@@ -217,8 +221,11 @@ class ProviderBucket:
 
 
 def how_learnt(bucket: ProviderBucket) -> str:
-    """How the bucket's rate was set: ``stated``, ``aimd`` (a stated rate cut by 429s and
-    growing back), ``unpaced``, ``slow_start``, ``plateau`` or ``probe``."""
+    """How the bucket's rate was set: ``stated``, ``announced`` (by the provider's answers),
+    ``aimd`` (a stated rate cut by 429s and growing back), ``unpaced``, ``slow_start``,
+    ``plateau`` or ``probe``."""
+    if bucket.announced:
+        return "announced"
     if bucket.learner is not None:
         return bucket.learner.phase
     assert bucket.ceiling_rps is not None and bucket.rate is not None
