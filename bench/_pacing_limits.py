@@ -196,7 +196,8 @@ def _run(case: str, seconds: float) -> list[dict[str, Any]]:
         return [
             {
                 "case": "two_limits", "runtime": runtime, "limit": "50/s", "achieved": len(first) / 10.0,
-                "share": len(first) / 500.0, "n429": n429, "target": 0.95, "max_window": _most(everything, 1.0),
+                "share": len(first) / 500.0, "n429": n429, "target": 0.95,
+                "max_window": _most(everything, 1.0),
             },
             {
                 "case": "two_limits", "runtime": runtime, "limit": "1000/min", "achieved": float(len(ok)),
