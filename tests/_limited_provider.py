@@ -52,6 +52,8 @@ class LimitedProvider:
         self.lock = threading.Lock()
         self.accepted: list[tuple[float, float]] = []
         self.statuses: dict[int, int] = {}
+        self.refused_by: dict[int, int] = {}
+        """Limit index -> requests it refused."""
         self.started = time.monotonic()
         self._buckets = {i: (burst, self.started) for i, lim in enumerate(limits) if lim[1] <= 1.0}
         self._windows: dict[int, tuple[int, float]] = {}
@@ -73,6 +75,7 @@ class LimitedProvider:
                     level, at = self._buckets[i]
                     level = min(self.burst, level + (now - at) * amount / window_s)
                     if level < units:
+                        self.refused_by[i] = self.refused_by.get(i, 0) + 1
                         return False, (units - level) * window_s / amount
                     updates[i] = ("bucket", level - units)
                 else:
@@ -80,6 +83,7 @@ class LimitedProvider:
                     seen_n, held = self._windows.get(i, (n, 0.0))
                     held = held if seen_n == n else 0.0
                     if held + units > amount:
+                        self.refused_by[i] = self.refused_by.get(i, 0) + 1
                         return False, self.started + (n + 1) * window_s - now
                     updates[i] = ("window", (n, held + units))
             for i, (kind, value) in updates.items():

@@ -11,7 +11,9 @@ ended, the most the provider accepted in any window; rates are ``bench/_pacing_l
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -134,3 +136,15 @@ def test_limits_spent_quota_refuses_past_the_timeout_receipts_pending(
     statuses = [r.status for r in read_receipts(keys)]
     assert statuses.count(ReceiptStatus.PENDING) == 3  # a rerun pays for them later
     assert not any(isinstance(r, RateLimitedError) for r in results)
+
+
+def test_limits_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "pacing.md").read_text(encoding="utf-8")
+    section = page.split("## Several limits, and units", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert block is not None, "docs/pacing.md: 'Several limits, and units' has no example"
+    exec(compile(block.group(1), "docs/pacing.md example", "exec"), {"__name__": "__example__"})
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines) == sorted(
+        ["SAY 0 TWICE", "SAY 1 TWICE", "SAY 2 TWICE", "refused: 3 requests/day (room again in 24 h)"]
+    )
