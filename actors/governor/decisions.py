@@ -49,6 +49,7 @@ __all__ = [
     "Decisions",
     "Governor",
     "GovernorPacing",
+    "Granted",
     "suggested_parallelism",
 ]
 
