@@ -117,6 +117,9 @@ class Governor:
         pacer: a pacer shared with other processes (its owner closes it); None: a
             :class:`~actors.pacing.pacers.LocalPacer` of this governor's own, timed by
             the ``now`` passed to each step.
+        fairness_key / fairness_weight: who this governor's takes are for, and its weight,
+            among the fairness keys sharing a pacer (see :meth:`Pacer.take
+            <actors.pacing.pacers.Pacer.take>`; None: no share, the rate alone).
     """
 
     def __init__(
@@ -125,7 +128,11 @@ class Governor:
         pacings: dict[str, Pacing],
         rng: Callable[[], float] = random.random,
         pacer: Pacer | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float = 1.0,
     ) -> None:
+        self.fairness_key = fairness_key
+        self.fairness_weight = fairness_weight
         self.policy = policy
         self.pacings = pacings
         self.rng = rng
@@ -421,11 +428,12 @@ class GovernorPacing:
     (:class:`~actors.pacing.bucket.ProviderBucket`). Mapping of its steps onto the pacer:
 
     * ``wake``: ``pacer.take(org, provider, n, partial=True)`` for the head waiter of each
-      provider; nothing granted blocks its waiters until ``now + wait_s`` (a ``paused``
-      verdict pauses this process's send gate, so senders respect another worker's
-      pause); ``refuse`` refuses them and closes the send gate; a grant is charged and its
-      rate version remembered. With a shared pacer the tokens granted go to the send gate
-      (``Decisions.granted``): a request leaves within its slot or asks the pacer again.
+      provider, with the governor's fairness key and weight; nothing granted blocks its
+      waiters until ``now + wait_s`` (a ``paused`` verdict pauses this process's send
+      gate, so senders respect another worker's pause); ``refuse`` refuses them and closes
+      the send gate; a grant is charged and its rate version remembered. With a shared
+      pacer the tokens granted go to the send gate (``Decisions.granted``): a request
+      leaves within its slot or asks the pacer again.
     * ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last
       grant made at or before the 429'd request was sent (several 429s of one congestion
       event, from any worker, cut once: RFC 6582).
@@ -497,7 +505,16 @@ class GovernorPacing:
         role = self.roles.get(key)
         if role is not None and role.due(now):  # the learner looks while it waits, too
             self._learn(key, bucket, 0, now, out)
-        grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2])
+        gov = self.gov
+        grant = self.pacer.take(
+            key[0],
+            key[1],
+            want,
+            partial=True,
+            nested=wkey[2],
+            key=gov.fairness_key,
+            weight=gov.fairness_weight,
+        )
         self._saw(key, grant, out)
         if grant.verdict == "refuse":
             bucket.circuit_until = now + grant.wait_s
