@@ -99,7 +99,7 @@ def fairness_case(runtime: str, mode: str, seconds: float) -> dict[str, Any]:
         "total_rps": got["total_rps"],
         "limit": RATE,
         "n429": stats.get("rate_limited", 0),
-        "big_rps": got["total_rps"] - got["small_rps"],
+        "big_rps": round(got["total_rps"] - got["small_rps"], 1),
     }
 
 

@@ -505,16 +505,8 @@ class GovernorPacing:
         role = self.roles.get(key)
         if role is not None and role.due(now):  # the learner looks while it waits, too
             self._learn(key, bucket, 0, now, out)
-        gov = self.gov
-        grant = self.pacer.take(
-            key[0],
-            key[1],
-            want,
-            partial=True,
-            nested=wkey[2],
-            key=gov.fairness_key,
-            weight=gov.fairness_weight,
-        )
+        fair, weight = self.gov.fairness_key, self.gov.fairness_weight
+        grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2], key=fair, weight=weight)
         self._saw(key, grant, out)
         if grant.verdict == "refuse":
             bucket.circuit_until = now + grant.wait_s
