@@ -124,7 +124,10 @@ class DispatchSystem:
         self._pacer = pacer
         pacings = self._pacings
         self.gates = SendGates()
-        self._governor = GovernorActor.start(policy, pacings, self.timers, self.gates, pacer=pacer)
+        fairness = (run.fairness_key or run.run_id, run.fairness_weight)
+        self._governor = GovernorActor.start(
+            policy, pacings, self.timers, self.gates, pacer=pacer, fairness=fairness
+        )
         self._heartbeat = HeartbeatActor.start(store, policy.heartbeat_for)
         self._writing: dict[int, Any] = {}
         """The flusher's writes in progress (salvaged by a stop whose bound runs out)."""

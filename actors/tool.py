@@ -375,6 +375,14 @@ class RunInfo:
         scope: the play's name; namespaces receipts.
         run_attempt: retries of the same run (lease owner attempt).
         deadline_s: seconds from start after which completion retries give up early.
+        fairness_key: who the run's calls count for among the runs sharing a pacer (a
+            customer id, a play; None: the run itself, ``run_id``): while several keys
+            want more than a provider's rate allows, each gets its weighted share
+            (docs/pacing.md, Fair shares).
+        fairness_weight: the key's weight (a finite number > 0).
+
+    Raises:
+        ValueError: a ``fairness_weight`` that is not a finite number > 0.
     """
 
     run_id: str
@@ -382,6 +390,13 @@ class RunInfo:
     scope: str
     run_attempt: int = 1
     deadline_s: float | None = None
+    fairness_key: str | None = None
+    fairness_weight: float = attrs.field(default=1.0, converter=float)
+
+    @fairness_weight.validator
+    def _positive(self, _: Any, value: float) -> None:
+        if not 0 < value < math.inf:
+            raise ValueError(f"a fairness weight must be a finite number > 0, got {value!r}")
 
 
 def _frozen(value: Mapping[str, Money]) -> Mapping[str, Money]:

@@ -41,7 +41,8 @@ class GovernorActor(pykka.ThreadingActor):
     actor keeps their rate and pauses in step with the buckets (its clock must be
     ``time.monotonic``, the gates' clock, when gates are shared). With ``pacer`` (an
     :class:`~actors.pacing.pacers.Pacer`, closed by its owner), rates, pauses and circuits
-    are those of the pacer (:func:`~actors.governor.shared.shared_governor`).
+    are those of the pacer (:func:`~actors.governor.shared.shared_governor`). ``fairness``:
+    the (key, weight) its takes carry (the run's fair share of a shared pacer).
     """
 
     use_daemon_thread = True  # as InboxActor's: stopped at exit by actors.runtime.at_exit
@@ -54,15 +55,19 @@ class GovernorActor(pykka.ThreadingActor):
         gates: SendGates | None = None,
         clock: Callable[[], float] = time.monotonic,
         pacer: Any = None,
+        fairness: tuple[str | None, float] = (None, 1.0),
     ) -> None:
         super().__init__()
+        key, weight = fairness
         self.governor = (
-            Governor(policy, pacings) if pacer is None else shared_governor(policy, pacings, pacer)
+            Governor(policy, pacings, fairness_key=key, fairness_weight=weight)
+            if pacer is None
+            else shared_governor(policy, pacings, pacer, fairness_key=key, fairness_weight=weight)
         )
         self.timers = timers
         self.gates = gates if gates is not None else SendGates()
         if pacer is not None:  # a send whose grant's slot went by asks the pacer again
-            self.gates.share(lambda org_id, provider: _take_one(pacer, org_id, provider))
+            self.gates.share(lambda org_id, provider: _take_one(pacer, org_id, provider, key, weight))
         self.clock = clock
         self._armed: float | None = None
         self._holding: set[tuple[str, str]] = set()
@@ -172,8 +177,8 @@ class GovernorActor(pykka.ThreadingActor):
         return pacing_report(gov.buckets, now, self.gates.waited_s(), self.gates.held_s(now))
 
 
-def _take_one(pacer: Any, org_id: str, provider: str) -> tuple[int, float]:
+def _take_one(pacer: Any, org_id: str, provider: str, key: str | None, weight: float) -> tuple[int, float]:
     """One token of ``pacer`` for a send asking again (on the sender's thread: a pacer's
-    calls may come from any thread): (granted, seconds to wait when none)."""
-    grant = pacer.take(org_id, provider, 1, partial=True)
+    calls may come from any thread), for fairness ``key``: (granted, seconds to wait when none)."""
+    grant = pacer.take(org_id, provider, 1, partial=True, key=key, weight=weight)
     return grant.granted, grant.wait_s

@@ -151,6 +151,9 @@ class Governor:
         pacer: a pacer shared with other processes (its owner closes it); None: a
             :class:`~actors.pacing.pacers.LocalPacer` of this governor's own, timed by
             the ``now`` passed to each step.
+        fairness_key / fairness_weight: who this governor's takes are for, and its weight,
+            among the fairness keys sharing a pacer (see :meth:`Pacer.take
+            <actors.pacing.pacers.Pacer.take>`; None: no share, the rate alone).
     """
 
     def __init__(
@@ -159,7 +162,11 @@ class Governor:
         pacings: dict[str, Pacing],
         rng: Callable[[], float] = random.random,
         pacer: Pacer | None = None,
+        fairness_key: str | None = None,
+        fairness_weight: float = 1.0,
     ) -> None:
+        self.fairness_key = fairness_key
+        self.fairness_weight = fairness_weight
         self.policy = policy
         self.pacings = pacings
         self.rng = rng
@@ -506,11 +513,12 @@ class GovernorPacing:
     (:class:`~actors.pacing.bucket.ProviderBucket`). Mapping of its steps onto the pacer:
 
     * ``wake``: ``pacer.take(org, provider, n, partial=True)`` for the head waiter of each
-      provider; nothing granted blocks its waiters until ``now + wait_s`` (a ``paused``
-      verdict pauses this process's send gate, so senders respect another worker's
-      pause); ``refuse`` refuses them and closes the send gate; a grant is charged and its
-      rate version remembered. With a shared pacer the tokens granted go to the send gate
-      (``Decisions.granted``): a request leaves within its slot or asks the pacer again.
+      provider, with the governor's fairness key and weight; nothing granted blocks its
+      waiters until ``now + wait_s`` (a ``paused`` verdict pauses this process's send
+      gate, so senders respect another worker's pause); ``refuse`` refuses them and closes
+      the send gate; a grant is charged and its rate version remembered. With a shared
+      pacer the tokens granted go to the send gate (``Decisions.granted``): a request
+      leaves within its slot or asks the pacer again.
     * ``backpressure``: ``pacer.pause`` with ``cut_version`` = the version of the last
       grant made at or before the 429'd request was sent (several 429s of one congestion
       event, from any worker, cut once: RFC 6582).
@@ -605,7 +613,8 @@ class GovernorPacing:
             want = self._take_units(key, want, waiter, now, out)
             if want < 1:
                 return want
-        grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2])
+        fair, weight = self.gov.fairness_key, self.gov.fairness_weight
+        grant = self.pacer.take(key[0], key[1], want, partial=True, nested=wkey[2], key=fair, weight=weight)
         if waiter is not None and waiter.taken > grant.granted:
             self.untake_units(key, waiter, grant.granted)
         self._saw(key, grant, out)

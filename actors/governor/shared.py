@@ -25,6 +25,8 @@ def shared_governor(
     pacings: dict[str, Pacing],
     pacer: Pacer,
     rng: Callable[[], float] = random.random,
+    fairness_key: str | None = None,
+    fairness_weight: float = 1.0,
 ) -> Governor:
     """A :class:`~actors.governor.decisions.Governor` pacing through ``pacer``, shared with
     other processes (its state: ``governor.pacing``).
@@ -36,5 +38,7 @@ def shared_governor(
             :meth:`ProviderLimits.from_pacing` of its Pacing.
         pacer: the pacer (the caller closes it).
         rng: jitter source.
+        fairness_key / fairness_weight: this governor's fair share among the keys taking
+            from ``pacer`` (as :class:`~actors.governor.decisions.Governor`).
     """
-    return Governor(policy, pacings, rng, pacer)
+    return Governor(policy, pacings, rng, pacer, fairness_key, fairness_weight)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -84,6 +85,22 @@ def _count_rows(path: str) -> int | None:
     "default: this process paces alone).",
 )
 @click.option(
+    "--fairness-key",
+    default=None,
+    metavar="KEY",
+    help="Whose share of each provider's rate this run's calls take, among the runs sharing a pacer "
+    "(a customer id, a play; default: the run itself): runs that all want more than the rate get "
+    "their weighted shares (docs/pacing.md).",
+)
+@click.option(
+    "--weight",
+    "fairness_weight",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="The --fairness-key's weight among the keys sharing a provider's rate (a number > 0).",
+)
+@click.option(
     "--shard",
     default=None,
     metavar="I/N",
@@ -133,7 +150,8 @@ def _count_rows(path: str) -> int | None:
 def run(
     play_spec: str, input_path: str, output_path: str | None, db: str, run_id: str | None, org: str,
     scope: str | None, force_refresh: bool, retry_failed: bool, runtime: str, concurrency: int | None,
-    pacer: str | None, shard: str | None, report_json_path: str | None, report_html_path: str | None,
+    pacer: str | None, fairness_key: str | None, fairness_weight: float, shard: str | None,
+    report_json_path: str | None, report_html_path: str | None,
     dry_run: bool, budget: str | None, budget_providers: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run PLAY (a .py file, a module, module:attr or file.py:attr) over every row of --input.
@@ -157,6 +175,8 @@ def run(
         raise ConfigError(f"--input {input_path} is not a regular file")
     if not org.strip() or (scope is not None and not scope.strip()):
         raise ConfigError("--org and --scope must not be empty")
+    if not 0 < fairness_weight < math.inf:
+        raise ConfigError(f"--weight must be a finite number > 0, got {fairness_weight!r}")
     taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
     taken[os.path.realpath(salvage_default(db))] = "the salvage file"
     for suffix in ("-wal", "-shm", "-journal"):  # SQLite's own files beside the store
@@ -186,6 +206,7 @@ def run(
     code = _run(
         play_spec, input_path, output_path, db, run_id, org, scope, force_refresh, retry_failed, concurrency,
         pacer, _parse_shard(shard), report_json_path, report_html_path, policy, otel=otel,
+        fairness=(fairness_key, fairness_weight),
     )  # fmt: skip
     sys.exit(code)
 
@@ -195,6 +216,7 @@ def _run(
     scope: str | None, force_refresh: bool, retry_failed: bool, concurrency: int | None,
     pacer_url: str | None = None, shard: tuple[int, int] | None = None, report_json_path: str | None = None,
     report_html_path: str | None = None, policy: Any = None, otel: bool = False,
+    fairness: tuple[str | None, float] = (None, 1.0),
 ) -> int:  # fmt: skip
     from actors.governor.budgets import check_money_budgets
     from actors.job.ordered import OrderedWriter
@@ -243,7 +265,10 @@ def _run(
         raise ConfigError(str(exc)) from None
     width = concurrency or (1000 if runtime_name() == "gevent" else 256)
     console = plain_console(stderr=True)
-    run_info = RunInfo(run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name)
+    run_info = RunInfo(
+        run_id=run_id or uuid.uuid4().hex[:12], org_id=org, scope=scope or play.name,
+        fairness_key=fairness[0], fairness_weight=fairness[1],
+    )  # fmt: skip
     stop = threading.Event()
     tally = CallTally(play.tools)
     try:

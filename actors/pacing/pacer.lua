@@ -27,6 +27,15 @@
 -- * KEYS[3]: a string, the worker holding the learner lease of a provider whose limit
 --   is unknown (SET NX PX, renewed by each 'learn' of its holder; it lapses when the
 --   holder dies or goes quiet, and the next 'learn' of any worker takes it).
+-- * KEYS[4]: a hash of the fairness keys taking from the bucket (runs, customers): field
+--   = the key, value = 'tat seen weight wants': its own GCRA time at its share, its last
+--   take, its weight, and 1 when that take was granted fewer tokens than it asked (it
+--   wants more). A keyed take counts the keys that took within fair_window_s and want
+--   more; with any besides itself, it also keeps to its share, rate * weight / (its
+--   weight + theirs), with the burst scaled alike (at least 1; an all-or-none take at
+--   least its n). With none it may use the whole rate (an idle share is lent), owing its
+--   share at most its share's burst. A key idle past the window, owing nothing, is
+--   deleted by the next keyed take; the hash has the state's TTL.
 --
 -- Workers back from pacing locally ('rejoin': the hand-over from a worker's local share):
 -- the hash keeps how many workers are presumed still local 'aw_n', each at the share of
@@ -45,7 +54,9 @@
 -- ARGV: op, init_rate, init_ss, burst (<0: one call plus 10 ms of the rate), ttl_ms,
 -- use_window_s, then the operation's own:
 --   take    n, partial (1/0), worker ('' = do not touch KEYS[2]), presence_s, probe_lease_s,
---           nested (1/0: a nested call, not held back by a half-open probe out)
+--           nested (1/0: a nested call, not held back by a half-open probe out),
+--           keyed (1/0: a fairness key takes; 0: KEYS[4] is not touched), key, weight,
+--           fair_window_s
 --   pause   pause_s, cut_version (<0: no cut), decrease, slow_start_decrease, min_rps,
 --           unpaced_start_rps
 --   grow    add_rps, mul, max_rps (0: no cap), in_use_fraction
@@ -58,7 +69,7 @@
 --   state   (none)
 -- Every reply starts now, rate, ref, ver, ss; actors.pacing.redis_pacer.parse_reply reads the rest.
 
-local key, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
+local key, wkey, lkey, fkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op = ARGV[1]
 local init_rate, init_ss = tonumber(ARGV[2]), tonumber(ARGV[3])
 local burst_arg, ttl_ms, use_window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -165,17 +176,70 @@ if op == 'take' then
     -- the time still owed is taken first and given 1 µs of slack: an idle bucket grants
     -- its whole burst (burst 1 included), never a token less
     local avail = math.floor((b * T - (tat - now) + 1e-6) / T)
+    -- a fairness key keeps to its weighted share while other keys want more (KEYS[4])
+    local me, share, kname = nil, 1, nil
+    if ARGV[13] == '1' then
+      kname = ARGV[14]
+      local weight, since = tonumber(ARGV[15]), now - tonumber(ARGV[16])
+      local flat = redis.call('HGETALL', fkey)
+      local shares, names = {}, {}
+      for i = 1, #flat, 2 do
+        local ct, cs, cw, cn = string.match(flat[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+        shares[flat[i]] = {tat = tonumber(ct), seen = tonumber(cs), w = tonumber(cw), wants = tonumber(cn)}
+        names[#names + 1] = flat[i]
+      end
+      table.sort(names)
+      local gone = {}
+      for _, name in ipairs(names) do
+        local c = shares[name]
+        if name ~= kname and c.seen < since and c.tat <= now then
+          gone[#gone + 1] = name
+          shares[name] = nil
+        end
+      end
+      if #gone > 0 then redis.call('HDEL', fkey, unpack(gone)) end
+      me = shares[kname] or {tat = 0, seen = 0, w = 1, wants = 0}
+      me.seen, me.w = now, weight
+      local others = 0
+      for _, name in ipairs(names) do
+        local c = shares[name]
+        if c and name ~= kname and c.wants == 1 and c.seen >= since then others = others + c.w end
+      end
+      share = weight / (weight + others)
+    end
+    local kT, kb = T / share, math.max(1, b * share)
+    if not partial then kb = math.max(kb, n) end
+    local ktat = now
+    if me then ktat = math.max(me.tat, now) end
+    if share < 1 then avail = math.min(avail, math.floor((kb * kT - (ktat - now) + 1e-6) / kT)) end
+    local function keep_key()
+      redis.call('HSET', fkey, kname, fmt(me.tat) .. ' ' .. fmt(me.seen) .. ' ' .. fmt(me.w) .. ' ' .. tostring(me.wants))
+      redis.call('PEXPIRE', fkey, ttl_ms)
+    end
     if partial then k = math.min(n, avail) elseif avail < n then k = 0 end
     if k < 1 then
       local need = n
       if partial then need = 1 end
+      if me then
+        me.wants = 1
+        keep_key()
+      end
       if need > b then
         return reply('0', 'inf', 'wait')
       end
-      return reply('0', fmt(math.max(tat + need * T - b * T - now, 0.000001)), 'wait')
+      wait = math.max(tat + need * T - b * T - now, 0.000001)
+      if share < 1 then wait = math.max(wait, ktat + need * kT - kb * kT - now) end
+      return reply('0', fmt(wait), 'wait')
     end
     s.tat = tat + k * T
     wait = math.max(0, s.tat + T - b * T - now)
+    if me then
+      -- a key borrowing idle shares owes at most its share's burst
+      me.tat = math.min(ktat + k * kT, now + kb * kT)
+      if k < n then me.wants = 1 else me.wants = 0 end
+      keep_key()
+      if share < 1 then wait = math.max(wait, me.tat + kT - kb * kT - now) end
+    end
   end
   if s.used < 0 then s.used, s.used_at = s.rate * use_window, now end
   s.used = s.used * math.exp(-math.max(0, now - s.used_at) / use_window) + k

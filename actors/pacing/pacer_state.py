@@ -10,6 +10,19 @@ learner lease and the counts an unknown limit is learnt from. It is the engine o
 
 Typed operations in (:data:`~actors.pacing.values.PacerOp`), typed replies out, time passed
 in as float seconds; no strings.
+
+**Fair shares.** A take may name a fairness key (a run, a customer) and its weight
+(:attr:`~actors.pacing.values.Take.key`). Beside the bucket's GCRA each key has its own,
+at its *share* of the rate: its weight over its own plus the weights of the other keys
+that took within ``fair_window_s`` and were granted fewer tokens than they asked (they
+want more); its burst is scaled alike (at least 1). While such keys exist, a key's take
+must conform to both GCRAs (its wait is the later of the two); with none, it may use the
+whole rate and owes its own GCRA at most its share's burst, so it yields at once to a
+key that comes to want more. Keys that all want more get their weighted shares exactly
+(the bucket's GCRA keeps their sum within the rate); a key wanting less than its share
+leaves the rest to the others (weighted max-min fairness, as a weighted fair queue
+serves its flows, Demers, Keshav and Shenker, SIGCOMM 1989); an idle key drops out
+after the window.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ from actors.pacing.values import (
     Take,
 )
 
-__all__ = ["BucketState", "growth"]
+__all__ = ["BucketState", "Contender", "growth"]
 
 
 def growth(rate: float, reference: float | None, slow_start: bool, successes: int) -> Grow:
@@ -67,6 +80,21 @@ def growth(rate: float, reference: float | None, slow_start: bool, successes: in
     if AIMD_CAREFUL_FROM * ref <= rate <= ref / AIMD_CAREFUL_FROM:
         step = min(step, AIMD_MAX_STEP_PER_CALL * rate)
     return Grow(add_rps=successes * step)
+
+
+@attrs.define
+class Contender:
+    """One fairness key of a bucket (:attr:`~actors.pacing.values.Take.key`); the fields are
+    the script's (``pacer.lua``'s ``KEYS[4]``)."""
+
+    tat: float = 0.0
+    """The key's own GCRA time: where its grants stand at its share of the rate."""
+    seen: float = 0.0
+    """Its last take (granted or not)."""
+    weight: float = 1.0
+    """Its weight, as its last take said."""
+    wants: int = 0
+    """1: its last take was granted fewer tokens than it asked (it has work waiting)."""
 
 
 @attrs.define
@@ -101,6 +129,9 @@ class BucketState:
     """A local share of a shared rate (not in the script): grants keep to the grid of
     ``phase + j / rate`` (seconds), so that the workers' shares, started ``1 / (workers x
     rate)`` apart, stay out of phase (a take late for its point uses that point)."""
+    shares: dict[str, Contender] = attrs.field(factory=dict)
+    """Fairness key -> its :class:`Contender` (the script's ``KEYS[4]``); a key idle past
+    ``fair_window_s`` with nothing owed is forgotten at the next keyed take."""
     holder: str = ""
     """The learner lease (the script's ``KEYS[3]``): its holder, until ``lease_until``."""
     lease_until: float = 0.0
@@ -125,7 +156,7 @@ class BucketState:
             self.rate = self.ref = 0.0 if limits.rate_rps is None else float(limits.rate_rps)
             self.ss, self.used_at, self.fresh = int(limits.slow_start), now, False
         if isinstance(op, Take):
-            return self._take(now, op.n, op.partial, op.nested, settings.probe_lease_s)
+            return self._take(now, op, settings)
         if isinstance(op, Pause):
             cut = -1 if op.cut_version is None else op.cut_version
             return self._pause(now, max(0.0, op.pause_s), cut, settings)
@@ -175,14 +206,14 @@ class BucketState:
         owed = self.tat - now if self.rate > 0 and self.tat > now else 0.0
         return Grant(**self._fields(), granted=granted, wait_s=wait_s, verdict=verdict, owed_s=owed)
 
-    def _take(self, now: float, n: int, partial: bool, nested: bool, probe_lease_s: float) -> Grant:
-        verdict = "go"
+    def _take(self, now: float, op: Take, settings: PacerSettings) -> Grant:
+        n, partial, verdict = op.n, op.partial, "go"
         if self.c_open > 0:
             if now < self.c_open:
                 return self._grant(now, 0, self.c_open - now, "refuse")
             if self.c_probe <= now:
                 verdict, n, partial = "probe", 1, True
-            elif not nested:  # a nested call's parent, waiting on it, may be the probe out
+            elif not op.nested:  # a nested call's parent, waiting on it, may be the probe out
                 return self._grant(now, 0, self.c_probe - now, "wait")
         if now < self.pause:
             return self._grant(now, 0, self.pause - now, "paused")
@@ -200,18 +231,37 @@ class BucketState:
             avail = math.floor((b * period - (tat - now) + 1e-6) / period)
             if self.phase is not None:
                 avail = min(avail, math.floor(b + 1e-9))
+            # a fairness key keeps to its weighted share while other keys want more
+            me, share = None, 1.0
+            if op.key is not None:
+                me, share = self._contend(now, op.key, op.weight, settings.fair_window_s)
+            kperiod, kb = period / share, max(1.0, b * share)
+            if not partial:
+                kb = max(kb, float(n))  # an all-or-none take larger than its share's burst
+            ktat = now if me is None else max(me.tat, now)
+            if share < 1:
+                avail = min(avail, math.floor((kb * kperiod - (ktat - now) + 1e-6) / kperiod))
             if partial:
                 k = min(n, avail)
             elif avail < n:
                 k = 0
             if k < 1:
                 need = 1 if partial else n
+                if me is not None:
+                    me.wants = 1
                 if need > b:
                     return self._grant(now, 0, math.inf, "wait")
                 wait = max(tat + need * period - b * period - now, 1e-6)
+                if share < 1:
+                    wait = max(wait, ktat + need * kperiod - kb * kperiod - now)
                 return self._grant(now, 0, wait, "wait")
             self.tat = tat + k * period
             wait = max(0.0, self.tat + period - b * period - now)
+            if me is not None:
+                # a key borrowing idle shares owes at most its share's burst
+                me.tat, me.wants = min(ktat + k * kperiod, now + kb * kperiod), 1 if k < n else 0
+                if share < 1:
+                    wait = max(wait, me.tat + kperiod - kb * kperiod - now)
         if self.used < 0:
             # the first grant: no history is no evidence of an idle provider (RFC 7661's
             # rule is for a sender with nothing to send); an average starting at zero
@@ -220,8 +270,30 @@ class BucketState:
         decay = math.exp(-max(0.0, now - self.used_at) / self._use_window)
         self.used, self.used_at = self.used * decay + k, now
         if verdict == "probe":
-            self.c_probe = now + probe_lease_s
+            self.c_probe = now + settings.probe_lease_s
         return self._grant(now, k, wait, verdict)
+
+    def _contend(self, now: float, key: str, weight: float, window_s: float) -> tuple[Contender, float]:
+        """Note ``key``'s take at ``now``; its share of the rate: ``weight`` over itself plus
+        the weights of the other keys that took within ``window_s`` and want more (1: none
+        does, so it may use what they leave). Keys idle past the window, owing nothing, are
+        forgotten (an idle key's share is lent)."""
+        since = now - window_s
+        names = sorted(self.shares)
+        for name in names:
+            c = self.shares[name]
+            if name != key and c.seen < since and c.tat <= now:
+                del self.shares[name]
+        me = self.shares.get(key)
+        if me is None:
+            me = self.shares[key] = Contender()
+        me.seen, me.weight = now, weight
+        others = 0.0
+        for name in names:
+            other = self.shares.get(name)
+            if other is not None and name != key and other.wants == 1 and other.seen >= since:
+                others += other.weight
+        return me, weight / (weight + others)
 
     def _rejoin(self, now: float, op: Rejoin, settings: PacerSettings) -> PacerState:
         rate = 0.0 if op.rate_rps is None else float(op.rate_rps)

@@ -23,6 +23,7 @@ never mix their clocks with the caller's.
 from __future__ import annotations
 
 import abc
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,18 +123,27 @@ class Pacer(abc.ABC):
         return reply
 
     def take(
-        self, org_id: str, provider: str, n: int = 1, *, partial: bool = False, nested: bool = False
-    ) -> Grant:
+        self, org_id: str, provider: str, n: int = 1, *, partial: bool = False, nested: bool = False,
+        key: str | None = None, weight: float = 1.0,
+    ) -> Grant:  # fmt: skip
         """Take ``n`` tokens of (org, provider)'s bucket, all or none (``partial``: as many
         as there are, up to ``n``), unless it is paused or its circuit refuses (``nested``:
         for a nested call, which a half-open circuit's probe out does not hold back).
 
+        ``key`` (a run, a customer) takes a fair share: while other keys that took within
+        ``fair_window_s`` want more than they were granted, its takes also keep to the
+        rate times ``weight`` over its weight plus theirs; alone, it may use the whole
+        rate (see :class:`~actors.pacing.pacer_state.BucketState`). None: the rate alone.
+
         Raises:
-            ValueError: ``n`` < 1.
+            ValueError: ``n`` < 1, or ``weight`` not a finite number > 0.
         """
         if n < 1:
             raise ValueError(f"take needs n >= 1, got {n}")
-        return self._apply(org_id, provider, Take(n=n, partial=partial, nested=nested), Grant)
+        if not (isinstance(weight, (int, float)) and 0 < weight < math.inf):
+            raise ValueError(f"a fairness weight must be a finite number > 0, got {weight!r}")
+        op = Take(n=n, partial=partial, nested=nested, key=key, weight=float(weight))
+        return self._apply(org_id, provider, op, Grant)
 
     def pause(self, org_id: str, provider: str, pause_s: float, *, cut_version: int | None = None) -> Paused:
         """Pause (org, provider) for ``pause_s`` seconds (for every worker), its bucket left

@@ -97,6 +97,10 @@ def script_args(op: PacerOp, limits: ProviderLimits, settings: PacerSettings, wo
             repr(s.presence_s),
             repr(s.probe_lease_s),
             "1" if op.nested else "0",
+            "0" if op.key is None else "1",
+            op.key or "",
+            repr(float(op.weight)),
+            repr(s.fair_window_s),
         ]
     elif isinstance(op, Pause):
         cut = -1 if op.cut_version is None else op.cut_version
@@ -194,7 +198,8 @@ class RedisPacer(Pacer):
     LOAD on first use and again when Redis answers NOSCRIPT: a restart or failover
     flushed its script cache), atomic on the server and timed by its ``TIME``. Keys are
     ``{prefix}:{<org>/<provider>}:state`` (a hash), ``...:workers`` (a sorted set) and
-    ``...:learner`` (the learner lease, a string), each written with a TTL
+    ``...:learner`` (the learner lease, a string) and ``...:fair`` (the fairness keys taking,
+    a hash), each written with a TTL
     (``state_ttl_s`` past the last write, longer while a pause or an open circuit lasts;
     ``2 * presence_s`` for the workers; ``learner_lease_s`` for the lease).
 
@@ -309,13 +314,14 @@ class RedisPacer(Pacer):
         self.last_error = ""
 
     def keys(self, org_id: str, provider: str) -> list[str]:
-        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease].
+        """The Redis keys of (org, provider): [state hash, workers sorted set, learner lease,
+        fairness keys hash].
 
         ``%``, ``/``, ``{`` and ``}`` in the names are percent-escaped (``a/b`` + ``c`` and
         ``a`` + ``b/c`` are two buckets; a brace cannot move the cluster hash tag); other
         names keep the keys of earlier releases."""
         base = f"{self.prefix}:{{{_escape(org_id)}/{_escape(provider)}}}"
-        return [f"{base}:state", f"{base}:workers", f"{base}:learner"]
+        return [f"{base}:state", f"{base}:workers", f"{base}:learner", f"{base}:fair"]
 
     def _eval(self, org_id: str, provider: str, op: PacerOp) -> list[str]:
         """One EVALSHA of ``op`` (the script loaded again if Redis lost it); the raw reply."""

@@ -104,6 +104,9 @@ class PacerSettings:
     """The learner lease of a provider whose limit is unknown lapses this long after its
     holder's last :meth:`~actors.pacing.pacers.Pacer.learn` (a dead or idle holder is
     replaced by the next worker that learns)."""
+    fair_window_s: float = 1.0
+    """A fairness key (:attr:`Take.key`) counts as contending for its share of the rate for
+    this long after its last take; an idle key's share is lent to the others after it."""
 
     @classmethod
     def from_policy(cls, policy: Policy, **overrides: Any) -> PacerSettings:
@@ -237,6 +240,12 @@ class Take:
     nested: bool = False
     """A nested call's take: not held back by a half-open circuit's probe out (the probe
     may be its parent, waiting on it); it may be the probe itself."""
+    key: str | None = None
+    """The fairness key taking (a run, a customer): while other keys want more than they
+    are granted, its takes also keep to its weighted share of the rate (None: no share,
+    only the bucket's rate; see :class:`~actors.pacing.pacer_state.BucketState`)."""
+    weight: float = 1.0
+    """``key``'s weight among the keys contending (> 0, finite)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -1,6 +1,7 @@
 """The Redis script (``actors/pacing/pacer.lua``) against the Python rules (``BucketState``).
 
-Hypothesis draws sequences of operations (takes, pauses with and without a cut, growth,
+Hypothesis draws sequences of operations (takes, with and without a fairness key and its
+weight, pauses with and without a cut, growth,
 rate changes, circuit outcomes, probes, learner publications and reads, workers rejoining
 from a local share while others are presumed local, time steps) and
 runs each sequence twice: on :class:`~actors.pacing.BucketState` and, with EVAL, on the
@@ -50,9 +51,20 @@ publications = st.none() | st.tuples(
     st.integers(0, 3),
 )
 
+fair_keys = st.none() | st.sampled_from(["a", "b", "c", "customer 7/é"])
+weights = st.sampled_from([1.0, 3.0, 0.5]) | st.floats(0.01, 100.0)
+
 steps: st.SearchStrategy[Step] = st.one_of(
     st.tuples(
-        st.just("op"), st.builds(Take, n=st.integers(1, 12), partial=st.booleans(), nested=st.booleans())
+        st.just("op"),
+        st.builds(
+            Take,
+            n=st.integers(1, 12),
+            partial=st.booleans(),
+            nested=st.booleans(),
+            key=fair_keys,
+            weight=weights,
+        ),
     ),
     st.tuples(st.just("op"), st.builds(Pause, pause_s=seconds)),
     st.tuples(st.just("cut"), seconds, st.sampled_from(["current", "stale"])),
@@ -110,6 +122,7 @@ settings_st = st.builds(
     circuit_open_max_s=st.sampled_from([3.0, 60.0]),
     probe_lease_s=st.sampled_from([0.5, 30.0]),
     away_s=st.sampled_from([0.5, 3.0]),
+    fair_window_s=st.sampled_from([0.2, 1.0]),
     # Redis expires these on its own clock: far longer than any sequence
     state_ttl_s=st.just(3600.0),
     learner_lease_s=st.just(3600.0),
@@ -128,7 +141,7 @@ def lua_pacer(redis_server: RedisServer) -> Any:
 def _run_both(lua_pacer: Any, limits: ProviderLimits, rules: PacerSettings, sequence: list[Step]) -> None:
     """Run ``sequence`` on a fresh BucketState and on fresh keys; every reply must be equal."""
     base = f"tdconf:{uuid.uuid4().hex[:12]}"
-    keys = [f"{base}:state", f"{base}:workers", f"{base}:learner"]
+    keys = [f"{base}:state", f"{base}:workers", f"{base}:learner", f"{base}:fair"]
     python = BucketState()
     micros = 0
     version = 0
@@ -219,4 +232,36 @@ def test_pacer_script_rejoin_replies_as_the_python_rules(
 ) -> None:
     """Workers rejoining from local shares and the takes paced meanwhile at the rate less
     the shares of those presumed still local, so that sequences reach them often."""
+    _run_both(lua_pacer, limits, rules, sequence)
+
+
+fair_steps: st.SearchStrategy[Step] = st.one_of(
+    st.tuples(
+        st.just("op"),
+        st.builds(
+            Take,
+            n=st.integers(1, 5),
+            partial=st.booleans(),
+            key=st.sampled_from(["a", "b", "c"]) | fair_keys,
+            weight=st.sampled_from([1.0, 1.0, 3.0, 0.25]),
+        ),
+    ),
+    st.tuples(st.just("op"), st.builds(SetRate, rate_rps=st.sampled_from([None, 2.0, 50.0]))),
+    st.tuples(st.just("op"), st.builds(Pause, pause_s=st.sampled_from([0.0, 0.3]))),
+    st.tuples(st.just("sleep"), st.sampled_from([0, 1000, 20_000, 100_000, 400_000, 1_500_000])),
+)
+
+
+@EXAMPLES
+@given(
+    limits=limits_st,
+    rules=settings_st,
+    sequence=st.lists(fair_steps, min_size=3, max_size=50),
+)
+def test_pacer_script_fair_share_replies_as_the_python_rules(
+    lua_pacer: Any, limits: ProviderLimits, rules: PacerSettings, sequence: list[Step]
+) -> None:
+    """Takes of several fairness keys and weights, close together and across the fairness
+    window (keys coming to want more, borrowing, idle ones forgotten), so that sequences
+    reach shares below 1 often."""
     _run_both(lua_pacer, limits, rules, sequence)
