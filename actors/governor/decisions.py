@@ -815,8 +815,8 @@ class GovernorPacing:
         a shared pacer's ``set_rate``); set again when it changes or when the pacer's rate
         is above it (another worker's learner published), and grown back to it after a
         cut. Any other limit (a longer window, tokens or another unit) goes to the quota
-        state, with its remaining count and reset (``pacer.announce``, units granted since
-        ``sent_at`` taken from it). A provider that never announces is learnt as before;
+        state, with its remaining count and reset (:meth:`announce_quotas`, units granted
+        since ``sent_at`` taken from it). A provider that never announces is learnt as before;
         one that stops keeps its last announced rate. An announcement stating no usable
         limit is ignored.
         """
@@ -832,10 +832,8 @@ class GovernorPacing:
                 if window <= RATE_WINDOW_S and a.limit > 0:
                     self._set_announced_rate(key, bucket, a.limit / window, out)
                     continue
-            announce = getattr(self.pacer, "announce", None)  # the quota state's
-            if announce is not None and a.remaining is not None and a.reset_s is not None:
-                sent_ago = 0.0 if sent_at is None else max(0.0, now - sent_at)
-                announce(key[0], key[1], a, sent_ago)
+            if a.remaining is not None and a.reset_s is not None:  # a quota's count
+                self.announce_quotas(key, [a], now if sent_at is None else sent_at, now)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken
