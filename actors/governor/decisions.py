@@ -49,6 +49,7 @@ __all__ = [
     "Decisions",
     "Governor",
     "GovernorPacing",
+    "Granted",
     "suggested_parallelism",
 ]
 
@@ -647,17 +648,19 @@ class GovernorPacing:
         quota = limit is not None and not limit.is_rate
         if quota and waiter.quota_since is None:
             waiter.quota_since = now
-        if quota and limit is not None and waiter.patience_s is not None and got.wait_s > waiter.patience_s:
+        never = math.isinf(got.wait_s)  # one request needs more than the whole quota
+        patience = math.inf if waiter.patience_s is None else waiter.patience_s
+        if quota and limit is not None and (never or got.wait_s > patience):
             reset = got.reset_s if math.isfinite(got.reset_s) else got.wait_s
-            when = (
-                "never (one call needs more than the whole quota)"
-                if math.isinf(got.wait_s)
-                else (f"in {reset:.1f} s")
-            )
+            if never:
+                why = f"one call needs more than its whole quota of {limit.name}"
+            else:
+                why = (
+                    f"its quota of {limit.name} is spent; it has room again in {reset:.1f} s, "
+                    f"after this call's timeout ({patience:g} s)"
+                )
             error = QuotaExhaustedError(
-                f"provider {key[1]!r}: its quota of {limit.name} is spent; it has room again {when}, "
-                f"after this call's timeout ({waiter.patience_s:g} s): refused, not sent, its receipt "
-                "left pending",
+                f"provider {key[1]!r}: {why}: refused, not sent, its receipt left pending",
                 limit=limit.name,
                 reset_s=reset,
             )

@@ -112,6 +112,7 @@ class Admission:
             self.pump(now)
             return
         admitted: list[Unit] = []
+        quota_wait = getattr(n, "quota_s", 0.0)  # (a Granted: how long a spent quota held it)
         # under a money budget: what the grant charged, spent on the units it admits (the
         # queue may have changed since it was asked: a unit costing more than what is left
         # waits for the next grant, priced anew)
@@ -138,7 +139,7 @@ class Admission:
             if unit.waiting is not None:  # it waited for this slot
                 reason, since = unit.waiting
                 unit.waiting = None
-                quota_s = min(getattr(n, "quota_s", 0.0), now - since)  # (a Granted: a quota held it)
+                quota_s = min(quota_wait, now - since)
                 if quota_s > 0:
                     self.fx.waited("quota", quota_s * len(unit.groups))
                 self.fx.waited(reason, (now - since - quota_s) * len(unit.groups))

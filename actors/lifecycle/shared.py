@@ -89,9 +89,11 @@ class Shared:
         whose ``price_estimate`` is too low): later calls are charged that much more."""
         self.asked_prices: dict[bool, tuple[Decimal, ...]] = {False: (), True: ()}
         """Per admission queue: the prices its slot request out was sent with."""
-        self.unit_limited = bool(tool.pacing.unit_limits)
-        """Its provider has limits kept in units (``Pacing.unit_limits``): its slot requests
-        state each request's units, and its answers their real use."""
+        self.unit_limited = bool(tool.pacing.unit_limits) or tool.units is not None
+        """Its provider has limits kept by the quota state (``Pacing.unit_limits``; or the
+        tool states units, for limits another tool of its provider states): its slot
+        requests state each request's units and its calls' timeout, its answers their real
+        use."""
         self.bias = UnitBias()
         """How far its calls' real use has run past their estimates (per unit)."""
         self.asked_units: dict[bool, tuple[dict[str, float], ...]] = {False: (), True: ()}

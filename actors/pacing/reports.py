@@ -9,9 +9,8 @@ Outside an attempt both are no-ops.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -32,15 +31,20 @@ class Report:
 _current: contextvars.ContextVar[Report | None] = contextvars.ContextVar("tooldispatch_report", default=None)
 
 
-@contextlib.contextmanager
-def collecting() -> Iterator[Report]:
-    """Collect what the code run inside reports, into the :class:`Report` yielded."""
-    report = Report()
-    token = _current.set(report)
-    try:
-        yield report
-    finally:
-        _current.reset(token)
+class collecting:
+    """Collect what the code run inside reports, into the :class:`Report` it yields.
+
+    A plain context manager, not a generator's: an exception raised inside passes through
+    untouched (a generator's would have its traceback set again, which an error class
+    may refuse)."""
+
+    def __enter__(self) -> Report:
+        self._report = Report()
+        self._token = _current.set(self._report)
+        return self._report
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
 
 
 def report_usage(**units: float) -> None:
