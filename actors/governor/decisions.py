@@ -63,6 +63,8 @@ REFUSED = -1
 """What :meth:`GovernorPacing.grantable` answers for a head waiter it refused."""
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
+KEPT_WINDOWS = 1024
+"""Limits whose longest announced window a governor remembers (then it starts afresh)."""
 RATE_WINDOW_S = 1.0
 """An announced requests limit whose window is this or shorter is a rate (requests/s);
 a longer one, a quota."""
@@ -831,6 +833,8 @@ class GovernorPacing:
             window = a.window_s
             if a.unit == "requests" and window is not None and a.limit is not None:
                 seen = (key[0], key[1], a.unit, a.name, a.limit)
+                if seen not in self.windows and len(self.windows) >= KEPT_WINDOWS:
+                    self.windows.clear()  # (a provider whose limits keep changing)
                 window = self.windows[seen] = max(window, self.windows.get(seen, 0.0))
                 if window <= RATE_WINDOW_S and a.limit > 0:
                     self._set_announced_rate(key, bucket, a.limit / window, out)
