@@ -3,9 +3,10 @@
 ``announced_case(runtime, rate, seconds)`` runs, in a child process of that runtime
 (plain threads, or gevent monkey-patching), the whole system (:class:`actors.DispatchSystem`,
 an :func:`actors.http.http_tool` with no pacing stated, a SQLite receipt store) against
-``examples/provider.py --rate R --announce``: a token bucket of R requests/s (burst 10)
-whose every answer states ``RateLimit-Policy: "requests-1s";q=R;w=1`` and the rest. More
-calls than R can serve in ``seconds`` are submitted at once. Every answer is timed as it
+``examples/provider.py --rate R --burst B --announce``: a token bucket of R requests/s
+holding B = 0.2 s of R (at least 10, as ``bench/pacing_bench.py`` gives nginx) whose
+every answer states ``RateLimit-Policy: "requests-1s";q=R;w=1`` and the rest. More calls
+than R can serve in ``seconds`` are submitted at once (``execute_many``). Every answer is timed as it
 arrives (an httpx response hook); the figures run from the first request sent:
 
 * ``achieved``: requests accepted per second over ``seconds``; ``share``: that / R;
@@ -61,11 +62,12 @@ def announced_case(runtime: str, rate: float, seconds: float) -> dict[str, Any]:
 
 
 class _Provider:
-    """``examples/provider.py --rate R --announce`` in a subprocess."""
+    """``examples/provider.py --rate R --burst B --announce`` in a subprocess."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, burst: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(PROVIDER), "--port", "0", "--rate", f"{rate:g}", "--announce"],
+            [sys.executable, str(PROVIDER), "--port", "0", "--rate", f"{rate:g}", "--burst", f"{burst:g}",
+             "--announce"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -108,7 +110,7 @@ def _run(rate: float, seconds: float) -> dict[str, Any]:
         with lock:
             answers.append((time.monotonic(), response.status_code))
 
-    provider = _Provider(rate)
+    provider = _Provider(rate, max(10.0, round(0.2 * rate)))
     client = httpx.Client(event_hooks={"request": [on_request], "response": [on_response]})
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +132,7 @@ def _run(rate: float, seconds: float) -> dict[str, Any]:
             try:
                 proxy = system.proxy()
                 calls = int(rate * seconds * 1.5) + 100
-                futures = [proxy.execute("country", {"code": "FR", "i": i}) for i in range(calls)]
+                futures = proxy.execute_many("country", [{"code": "FR", "i": i} for i in range(calls)])
                 deadline = time.monotonic() + seconds + 30
                 while time.monotonic() < deadline:
                     with lock:

@@ -141,7 +141,7 @@ class GovernorActor(pykka.ThreadingActor):
         for (org_id, provider), (rate, until) in decisions.gates.items():
             gate = self.gates.get(org_id, provider)
             if until is None:
-                gate.set_rate(rate)
+                gate.set_rate(rate, self.clock())
             else:
                 gate.pause_until(until, rate)
         for (org_id, provider), until in decisions.closed.items():

@@ -63,6 +63,8 @@ REFUSED = -1
 """What :meth:`GovernorPacing.grantable` answers for a head waiter it refused."""
 KEPT_VERSIONS = 64
 """Grants remembered per bucket (time, rate version) to find a 429'd request's version."""
+KEPT_WINDOWS = 1024
+"""Limits whose longest announced window a governor remembers (then it starts afresh)."""
 RATE_WINDOW_S = 1.0
 """An announced requests limit whose window is this or shorter is a rate (requests/s);
 a longer one, a quota."""
@@ -827,8 +829,8 @@ class GovernorPacing:
         a shared pacer's ``set_rate``); set again when it changes or when the pacer's rate
         is above it (another worker's learner published), and grown back to it after a
         cut. Any other limit (a longer window, tokens or another unit) goes to the quota
-        state, with its remaining count and reset (``pacer.announce``, units granted since
-        ``sent_at`` taken from it). A provider that never announces is learnt as before;
+        state, with its remaining count and reset (:meth:`announce_quotas`, units granted
+        since ``sent_at`` taken from it). A provider that never announces is learnt as before;
         one that stops keeps its last announced rate. An announcement stating no usable
         limit is ignored.
         """
@@ -840,14 +842,14 @@ class GovernorPacing:
             window = a.window_s
             if a.unit == "requests" and window is not None and a.limit is not None:
                 seen = (key[0], key[1], a.unit, a.name, a.limit)
+                if seen not in self.windows and len(self.windows) >= KEPT_WINDOWS:
+                    self.windows.clear()  # (a provider whose limits keep changing)
                 window = self.windows[seen] = max(window, self.windows.get(seen, 0.0))
                 if window <= RATE_WINDOW_S and a.limit > 0:
                     self._set_announced_rate(key, bucket, a.limit / window, out)
                     continue
-            announce = getattr(self.pacer, "announce", None)  # the quota state's
-            if announce is not None and a.remaining is not None and a.reset_s is not None:
-                sent_ago = 0.0 if sent_at is None else max(0.0, now - sent_at)
-                announce(key[0], key[1], a, sent_ago)
+            if a.remaining is not None and a.reset_s is not None:  # a quota's count
+                self.announce_quotas(key, [a], now if sent_at is None else sent_at, now)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken

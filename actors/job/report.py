@@ -205,7 +205,9 @@ def pacing_cell(view: dict[str, Any]) -> str:
     limit = view.get("limit_rps")
     text = f"{view.get('learnt')}: {view['rate_rps']:.1f}/s"
     if limit is not None:
-        text += f" (limit {'stated' if view.get('learnt') in ('stated', 'aimd') else 'learnt'} {limit:.1f}/s)"
+        how = view.get("learnt")
+        said = "stated" if how in ("stated", "aimd") else "announced" if how == "announced" else "learnt"
+        text += f" (limit {said} {limit:.1f}/s)"
     cuts = int(view.get("cuts") or 0)
     if cuts:
         text += f", cut {cuts} {_plural(cuts, 'time')} by this run's 429s"

@@ -142,10 +142,21 @@ class SendGate:
         moves on with each booking."""
         return self._next
 
-    def set_rate(self, rps: float | None) -> None:
-        """Space later bookings at ``rps`` (None: no spacing)."""
+    def set_rate(self, rps: float | None, now: float | None = None) -> None:
+        """Space later bookings at ``rps`` (None: no spacing). With ``now``, the next turn
+        and the passing rule's next send, where still to come (after any pause), move as
+        the pacer's token bucket does when its rate is set: the time left to them scaled
+        by old rate / new (a rate announced at the first answer lets the second request
+        go at the new spacing, not at slow start's)."""
         with self._lock:
-            self._rps = rps
+            old, self._rps = self._rps, rps
+            if now is None or not old or not rps or old == rps:
+                return
+            base = max(now, self._paused_until)
+            if self._next > base:
+                self._next = base + (self._next - base) * old / rps
+            if self._tat > base:
+                self._tat = base + (self._tat - base) * old / rps
 
     def set_burst(self, burst: float | None) -> None:
         """Let ``burst`` requests go at once (None or 1: space every one)."""

@@ -96,6 +96,10 @@ class ActorEffects:
             False: ({}, [], []), True: ({}, [], [])
         }  # fmt: skip
         """Units to give back, usage corrections and announcements, sent with ``_release``."""
+        self._heard_limits = False
+        """Whether an announcement went to the governor yet: the first goes at once (the
+        provider's announced rate applies from its first answer on); later ones ride with
+        the releases gathered (a change is heard within ``_GATHER`` answers)."""
         self._sent: dict[str, float] = {}
         self._settled_keys: set[str] = set()
         self._unbeat: list[str] = []
@@ -176,8 +180,10 @@ class ActorEffects:
         if self._unbeat and (idle or len(self._unbeat) >= _GATHER):
             keys, self._unbeat = tuple(self._unbeat), []
             self.ports.heartbeat.tell(UnregisterLeases(token=-1, keys=keys))
-        if not idle and sum(self._release[False]) + sum(self._release[True]) < _GATHER:
+        first_heard = not self._heard_limits and bool(self._units[False][2] or self._units[True][2])
+        if not idle and not first_heard and sum(self._release[False]) + sum(self._release[True]) < _GATHER:
             return
+        self._heard_limits = self._heard_limits or first_heard
         for exempt, (count, successes, unavailable, answered, refunds) in self._release.items():
             unspent = self._unspent[exempt]
             unsent, usage, announced = self._units[exempt]

@@ -16,7 +16,7 @@ from actors.governor.shared import shared_governor
 from actors.pacing.announced import Announcement
 from actors.pacing.bucket import AIMD_DECREASE, PACE_MARGIN, SLOW_START_RPS, pacing_report
 from actors.pacing.pacers import LocalPacer
-from actors.tool import Pacing, Policy
+from actors.tool import Limit, Pacing, Policy
 
 ORG = "acme"
 KEY = (ORG, "p")
@@ -137,29 +137,19 @@ def test_announced_garbage_is_ignored() -> None:
     assert _rate(gov) == SLOW_START_RPS and gov.buckets[KEY].learner is not None
 
 
-class _QuotaPacer(LocalPacer):
-    """A LocalPacer with the quota state's ``announce`` (the ``limits`` branch's), recorded."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.announced: list[tuple[str, str, Announcement, float]] = []
-
-    def announce(
-        self, org_id: str, provider: str, announcement: Announcement, sent_ago_s: float = 0.0
-    ) -> None:
-        self.announced.append((org_id, provider, announcement, sent_ago_s))
-
-
 def test_announced_longer_windows_and_tokens_go_to_the_quota_state() -> None:
+    """A per-minute count and a token count set what the quota state lets go: the first
+    window's remaining units exactly (less those granted since the request was sent)."""
     now = [0.0]
-    pacer = _QuotaPacer(clock=lambda: now[0])
-    gov = _gov(pacer=pacer)
+    pacer = LocalPacer(clock=lambda: now[0])
+    limits = [Limit(1000, "minute"), Limit(20000, "minute", unit="tokens")]
+    gov = _gov(Pacing(start_rps=SLOW_START_RPS, limits=limits), pacer=pacer)
+    assert pacer.give_back_units(ORG, "p", {}).room == (1000, 20000)
     minute = Announcement(limit=1000, window_s=60.0, remaining=990, reset_s=41.0, name="requests-60s")
     tokens = Announcement(unit="tokens", limit=20000, window_s=60.0, remaining=19000, reset_s=41.0)
-    per_second = _per_second(50)
-    unstated = Announcement(limit=50, window_s=60.0)  # no remaining: nothing to count from
-    gov.announced(ORG, "p", [per_second, minute, tokens, unstated], sent_at=1.5, now=2.0)
-    assert pacer.announced == [(ORG, "p", minute, 0.5), (ORG, "p", tokens, 0.5)]
+    unstated = Announcement(unit="tokens", limit=20000, window_s=60.0)  # no count: nothing to set
+    gov.announced(ORG, "p", [_per_second(50), minute, tokens, unstated], sent_at=1.5, now=2.0)
+    assert pacer.give_back_units(ORG, "p", {}).room == (990, 19000)
     assert _rate(gov) == pytest.approx(50 * PACE_MARGIN)
 
 

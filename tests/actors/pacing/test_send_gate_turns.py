@@ -273,3 +273,24 @@ def test_gate_the_half_open_probe_never_waits_behind_turns_of_senders_that_gave_
     took = time.monotonic() - asked
     assert not isinstance(probe, Exception), f"the half-open probe failed after {took:.2f} s: {probe!r}"
     assert took < 2.0, f"the half-open probe took {took:.2f} s at a gate paced to 1 rps, idle for 0.5 s"
+
+
+def test_gate_a_rate_set_with_now_moves_the_next_turn_as_the_bucket_does() -> None:
+    """A rate announced by the first answer (20/s in slow start, then 196/s): the second
+    request goes at the new spacing, not 50 ms after the first (the pacer's token bucket
+    rescales the same way); without ``now`` (and after a pause) the turns stay."""
+    gate = SendGate(rps=20.0)
+    assert gate.book(0.0)[0] == 0.0 and gate.try_pass(0.0, 0) == 0.0
+    gate.set_rate(200.0, now=0.01)  # 40 ms left of 50: 4 ms at the new rate
+    wait, epoch, _ = gate.book(0.01)
+    assert wait == pytest.approx(0.004)
+    assert gate.try_pass(0.014, epoch) == 0.0
+    kept = SendGate(rps=20.0)
+    kept.book(0.0)
+    kept.try_pass(0.0, 0)
+    kept.set_rate(200.0)
+    assert kept.book(0.01)[0] == pytest.approx(0.04)
+    paused = SendGate(rps=20.0)
+    paused.pause_until(1.0, 20.0)
+    paused.set_rate(200.0, now=0.5)  # nothing moves before the pause's end
+    assert paused.book(0.5)[0] == pytest.approx(0.5)
