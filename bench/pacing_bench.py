@@ -224,7 +224,8 @@ def _cell(row: dict[str, Any] | None) -> str:
         return "-"
     if "error" in row:
         return f"error: {row['error']}"
-    detail = f", {row['detail']}" if row.get("detail") else ""
+    detail = f" ({row['limited_share'] * 100:.2f}%)" if "limited_share" in row else ""
+    detail += f", {row['detail']}" if row.get("detail") else ""
     verdict = "PASS" if _passed(row) else "FAIL"
     return f"{row['share'] * 100:5.1f}%, {row['n429']:g} x 429{detail} **{verdict}**"
 

@@ -99,7 +99,7 @@ def simulate(
         (20.0, 30.0, 0.94),
         (50.0, 30.0, 0.93),
         (200.0, 30.0, 0.91),
-        # the plateau at HOLD_FRACTION 0.96 (0.95 gave 93.5% and 92.7% at 50 and 200/s)
+        # the plateau at HOLD_FRACTION 0.97 (0.95 gave 93.5% and 92.7% at 50 and 200/s)
         (20.0, 120.0, 0.94),
         (50.0, 120.0, 0.94),
         (200.0, 120.0, 0.94),
