@@ -22,21 +22,39 @@ where they come from:
   sent at steady rates with different spans give the limit itself (the slope of that
   line; :data:`FIT_SPREAD`). Each estimate is at most the plateau it was measured at,
   so estimates converge from above.
+* **Fit of two cycles** (a token bucket's two unknowns, its rate R and burst B, from two
+  equations): a cycle between pauses starts with the provider's bucket full and ends with
+  a refusal, so for each candidate R it says which burst the provider must have: the most
+  it accepted in any window before the refusal, less R x that window (:func:`_excess_hull`).
+  Two cycles of different shapes (slow start's ramp, a steady plateau over the limit, a
+  probe's slow climb) agree on one R, the provider's (:func:`_fit_curves`), and so on its
+  burst; from then on each cycle alone gives R at that burst (:func:`_solve_rate`), a
+  limit that rose or fell included. Against a simulated nginx ``limit_req`` it is found
+  within 0.1-2%. The fit is made once the pause after a cycle's 429 has ended (the
+  cycle's answers are in) and sets the plateau at :data:`HOLD_FRACTION` of it;
+  without it (cycles of one shape, a provider with no burst) the rules below estimate
+  from the accepted rate.
 * **Plateau** (CUBIC's concave region around W_max, RFC 9438 section 4.2; BBR's cruise
   phase of ProbeBW, at 1.0 of its estimate): the rate is held at :data:`HOLD_FRACTION`
-  of the estimate for :data:`HOLD_S` (:data:`FIRST_HOLD_S` after slow start) of use.
-  The margin absorbs the estimate's error (high by up to burst / span) and send-time
-  jitter: the provider's bucket refills while we send under it.
+  of the estimate, fitted or not, for ``hold_s`` of use
+  (:data:`FIRST_HOLD_S` after slow start). The margin absorbs the estimate's error and
+  send-time jitter: the provider's bucket refills while we send under it.
 * **Probe** (CUBIC's convex region; BBR's ProbeBW_UP): then the rate grows by
   :data:`PROBE_SLOPE` of the estimate per second of use, faster far under the rate of
   the last cut (:data:`FAR_BELOW`); past the estimate without a 429 the slope doubles
   every :data:`PROBE_ACCEL_S` (up to :data:`PROBE_SLOPE_MAX`), so a limit that rose is
   found within tens of seconds. A 429 past the estimate places the limit between the
-  plateau held without one and the rate of that 429: the new estimate is their middle.
-  Against an unchanged limit the provider's burst drains before that 429, so a probe
-  costs one pause (one Retry-After) every 16 to 21 s, 17.5 s typically: the 1 s pause,
-  :data:`HOLD_S` on the plateau, then about 6.5 s of probing (docs/pacing.md, What you
-  state; measured against a provider whose burst is at most 0.2 s of its rate).
+  plateau held without one and the rate of that 429: the new estimate is their middle,
+  or the fitted limit when it lies between them. Against an unchanged limit the
+  provider's burst drains before that 429, so a probe costs one pause, a whole second
+  of ``Retry-After``: at a probe every 17.5 s that was 5.7% of the limit. So each probe
+  that finds the limit where it was (within :data:`PROBE_SAME`) holds the next plateau
+  :data:`HOLD_GROWTH` times longer, from :data:`HOLD_S` up to :data:`HOLD_MAX_S` (an
+  exponential backoff of probing, as of retries in RFC 6298's timer); any other cut
+  starts again from :data:`HOLD_S`. The first probe after slow start waits
+  :data:`FIRST_HOLD_S`: slow start's estimate is off by up to the provider's burst per
+  second (one cycle, two unknowns), but its plateau is measured at 97% of R against a
+  burst of 0.2 s, and an early probe costs a pause in the first half minute.
 * **429**: one cut per congestion event (a 429 for a request sent after the last cut:
   RFC 6582's one reduction per window), never below :data:`MAX_CUT` of the rate, and to
   that when fewer than :data:`MIN_SENT_ANSWERS` were accepted since the last pause (so few
@@ -45,9 +63,11 @@ where they come from:
   Retry-After pause itself is the caller's (:class:`actors.pacing.bucket.ProviderBucket`),
   and measuring restarts when it ends.
 
-Known weak spot: a provider with no burst at all (nginx ``burst=0``) refuses the first
+Known weak spot: a provider with little or no burst (nginx ``burst=0``) refuses the first
 request over its rate, so slow start ends before it has seen the limit and the first
-estimate is about half of it; the probe then takes 10-20 s to climb back.
+estimate is 60-85% of it, held :data:`FIRST_HOLD_S` before the probe climbs back (a
+burst of 0.05 s of R: 68-74% of R over 30 s in simulation, 84-86% over 120 s); with no
+burst the fit has nothing to measure (:data:`FIT_MIN_BURST`).
 
 Times are seconds on one clock, passed in as values; rates are requests per second.
 """
@@ -85,25 +105,41 @@ ACCEPT_WINDOW_S = 1.5
 """Window (seconds) of the accepted-rate measure at a 429."""
 MIN_MEASURE_S = 0.25
 """A window shorter than this (just after a pause) measures nothing."""
-HOLD_FRACTION = 0.96
+HOLD_FRACTION = 0.97
 """The plateau is this share of the limit estimate. BBR cruises at a pacing gain of 1.0
 of its delivery-rate estimate (ProbeBW_CRUISE); ours err high by up to a provider's
-burst / the measured span (they converge from above), and a plateau above the limit
-costs a pause (a Retry-After) when the burst runs out: 4% covers both. At 0.95 the
-margin alone cost 5% of the limit between probes."""
+burst / the measured span (they converge from above; a fitted one is within 0.1-2% in
+simulation), and a plateau above the limit costs a pause (a Retry-After) when the burst
+runs out: 3% covers both. At 0.95 the margin alone cost 5% of the limit between probes;
+0.96 -> 0.97 (issue 29) changed nothing in simulation but the share (+1%)."""
 HOLD_S = 10.0
 """Seconds of use the plateau is held before probing."""
+HOLD_GROWTH = 2.0
+"""After a probe that found the limit where it was, the plateau is held this many times longer
+(exponential backoff: each probe against an unchanged limit costs a whole Retry-After)."""
+HOLD_MAX_S = 80.0
+"""...up to this many seconds of use: a probe every ~90 s costs about 1.1% of the limit in
+pauses; a limit that rose is found at most that late."""
+PROBE_SAME = 0.05
+"""A probe's estimate at most this share above the last one found the limit where it was."""
 PROBE_SLOPE = 0.01
 """Probe: the rate grows by this share of the estimate per second of use."""
 FAR_BELOW = 0.2
 """...times ((rate at the last cut / rate - 1) / FAR_BELOW) ** 2 when that is more than one."""
 EXIT_WINDOW_S = 1.0
 """At the end of slow start the limit is estimated from the last this many seconds."""
-FIRST_HOLD_FRACTION = 0.85
+FIRST_HOLD_FRACTION = 0.95
 """The plateau after slow start is this share of its estimate: what a provider's burst let
-through during the ramp inflates it by up to burst / :data:`EXIT_WINDOW_S`."""
-FIRST_HOLD_S = 6.0
-"""The plateau after slow start (a rougher estimate) is held this long before probing."""
+through during the ramp inflates it by up to burst / :data:`EXIT_WINDOW_S` (1.05-1.14 of
+R against a burst of 0.2 s), a small burst deflates it. A plateau over the limit costs one
+pause, after which the two cycles are fitted; one under it loses the gap for
+:data:`FIRST_HOLD_S`: the margin is the smaller loss (0.85 held 0.89-0.97 of R)."""
+FIRST_HOLD_S = 20.0
+"""The plateau after slow start (a rougher estimate), or after a fit, is held at least this
+long before probing: a
+probe costs a pause (1 s of Retry-After), so an early one cost 3-4% of a 30 s run at
+R = 200 (6 s: 88% of R against nginx, 20 s: 91-92%); a provider whose burst is small
+(slow start's estimate then low) waits longer for its first probe."""
 PROBE_ACCEL_S = 2.0
 """Past the estimate without a 429, the probe's slope doubles every this many seconds."""
 PROBE_SLOPE_MAX = 0.25
@@ -121,8 +157,23 @@ MIN_SENT_ANSWERS = 8
 a later 429 after fewer answers than this since the last pause halves the rate."""
 KEPT_CYCLES = 3
 """Cycles kept for the fit (the one whose span differs most is used)."""
-SENT_KEPT_S = 10.0
-"""Send times of accepted requests are kept this long (seconds) after their answer."""
+SENT_KEPT_S = 30.0
+"""Send times of accepted requests are kept this long (seconds) after their answer: a cycle's
+fit reads the windows its burst drained in, the last seconds before its 429."""
+ASSUMED_BURST_S = 0.2
+"""Before a fit has found the provider's burst, a plateau refused ``span`` seconds after
+resuming is taken to have run over the limit by a burst of this many seconds of the limit
+(the bench's nginx, ``burst`` = 0.2 s of R; never below :data:`MAX_CUT` of the rate). At
+R = 20 a plateau 36% over the limit, refused within 0.55 s, was cut by 4% a time, a pause
+each (4 pauses in 30 s). A burst assumed too large costs the gap until the next probe, one
+too small another pause, after which the cycles are fitted."""
+FIT_STEPS = 200
+"""The crossing is looked for in this many steps from the top down to 5% of it."""
+FIT_ERROR = 0.04
+"""Two curves are fitted only when one request more or less in either moves the crossing
+by at most this share of it."""
+FIT_MIN_BURST = 2.0
+"""Two cycles' excess curves are trusted to cross at a burst of at least this many requests."""
 FIT_SPREAD = 0.15
 """Two cycles are fitted only when their spans differ by this share of the longer."""
 
@@ -148,6 +199,10 @@ class LimitLearner:
     above_since: float | None = None
     cut_from_rps: float = 0.0
     """The rate at the last cut (CUBIC's W_max)."""
+    hold_s: float = HOLD_S
+    """Seconds of use the plateau is held before the next probe (see :data:`HOLD_GROWTH`)."""
+    burst: float | None = None
+    """The provider's burst (requests), as the last fit of two cycles found it."""
     held_rps: float = 0.0
     """The plateau last held without a 429 (a lower bound of the limit)."""
     cycles: collections.deque[tuple[int, float]] = attrs.field(
@@ -163,6 +218,15 @@ class LimitLearner:
     estimate from everything sent before it is made (see :meth:`_settle_exit`)."""
     _cycle_count: int = 0
     _cycle_from: float | None = None
+    curves: collections.deque[tuple[tuple[float, float], ...]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=KEPT_CYCLES)
+    )
+    """The last cycles that ended in a 429, as the upper hull of their excess lines (see
+    :func:`_excess_hull`), for :meth:`_settle_fit`."""
+    _fit_due: tuple[float, float, float | None, float] | None = None
+    """(start of the cycle a 429 ended, send time of the refused request, the estimate a
+    probe crossed or None, the plateau's hold before) until the pause it began has ended
+    and the cycle's answers are in."""
 
     def __attrs_post_init__(self) -> None:
         if self.rate is not None and self.phase == "unpaced":
@@ -193,6 +257,8 @@ class LimitLearner:
             self.sent.popleft()
         if self._exit is not None and now >= self.measure_from:
             self._settle_exit()
+        if self._fit_due is not None and now >= self.measure_from:
+            self._settle_fit()
         if now >= self.measure_from:
             self._cycle_count += n
             if self._cycle_from is None:
@@ -204,7 +270,7 @@ class LimitLearner:
             return
         limit = self.limit_rps or self.rate
         if self.phase == "plateau":
-            if now - self.phase_since < (HOLD_S if self.cuts > 1 else FIRST_HOLD_S):
+            if now - self.phase_since < (self.hold_s if self.cuts > 1 else FIRST_HOLD_S):
                 return
             self.phase, self.phase_since, self.above_since = "probe", now, None
             self.held_rps = self.rate
@@ -230,24 +296,34 @@ class LimitLearner:
         if not new_event or self.rate is None:
             return False
         sent_rps = self._sent_rps(now) if self.phase == "slow_start" else self.rate
+        probed = self.phase == "probe" and self.rate > (self.limit_rps or math.inf)
         if self.phase == "slow_start":
             # everything was accepted until now: the last doubling's accepted rate is a
             # floor for the limit that the average over the whole cycle is not
             recent = self._accepted_since(now - EXIT_WINDOW_S)
             estimate = max(self._estimate(now), min(self.rate, recent / EXIT_WINDOW_S))
-        elif self.phase == "probe" and self.rate > (self.limit_rps or math.inf):
+        elif probed:
             # the probe crossed the estimate: the limit is between the plateau held
             # without a 429 and the rate of this one
             estimate = (self.held_rps + self.rate) / 2.0
             self._estimate(now)  # keeps the cycle for a later fit
         else:
             estimate = self._estimate(now)
+            span = None if self._cycle_from is None else now - self._cycle_from
+            if self.burst is None and span is not None and span >= MIN_MEASURE_S:
+                # a plateau refused within seconds of resuming ran over the limit by what
+                # the provider's burst lets through in that time (rate = limit + burst /
+                # span): with the burst not yet known, assume :data:`ASSUMED_BURST_S`
+                estimate = min(estimate, self.rate / (1.0 + ASSUMED_BURST_S / span))
             if self._cycle_count < MIN_SENT_ANSWERS or self.accepted_rps(now) is None:
                 # refused within a few answers of resuming: the provider's bucket, refilled
                 # by the pause, ran out at once (the rate is well over the limit), and so
                 # few answers measure mostly that bucket: halve, the most one cut may (TCP
                 # Reno's decrease, RFC 5681), as slow start's exit does
                 estimate = min(estimate, MAX_CUT * self.rate / HOLD_FRACTION)
+        probed_from = self.limit_rps if probed else None
+        self._fit_due = (self.measure_from, now if sent_at is None else sent_at, probed_from, self.hold_s)
+        self._hold_after(estimate, probed_from, self.hold_s)
         hold = FIRST_HOLD_FRACTION if self.phase == "slow_start" else HOLD_FRACTION
         estimate = max(estimate, sent_rps * MAX_CUT / hold, MIN_RPS)
         self._exit = (sent_at, sent_rps) if self.phase == "slow_start" and sent_at is not None else None
@@ -280,6 +356,49 @@ class LimitLearner:
         self.limit_rps = estimate
         self.cut_from_rps = estimate
         self.rate = max(MIN_RPS, FIRST_HOLD_FRACTION * estimate)
+
+    def _hold_after(self, estimate: float, probed_from: float | None, hold_s: float) -> None:
+        """How long the next plateau is held (``hold_s``: the last one's): longer after a probe
+        that found the limit where it was (:data:`HOLD_GROWTH`), :data:`HOLD_S` after one
+        that found it higher, :data:`FIRST_HOLD_S` after a plateau was refused."""
+        if probed_from is None:  # a plateau refused: the estimate is a fresh measure
+            self.hold_s = FIRST_HOLD_S
+        elif estimate <= probed_from * (1.0 + PROBE_SAME):
+            self.hold_s = min(HOLD_MAX_S, hold_s * HOLD_GROWTH)
+        else:  # the limit rose: it may rise further
+            self.hold_s = HOLD_S
+
+    def _settle_fit(self) -> None:
+        """The limit from the cycle a 429 ended, once the pause after it has ended (its
+        answers are in): once the provider's burst is known, the rate at which this cycle
+        needed that burst (:func:`_solve_rate`); before, where its excess curve crosses
+        an earlier cycle's (:func:`_fit_curves`), which gives the burst. The plateau is
+        set under it."""
+        assert self._fit_due is not None
+        start, refused_at, probed_from, hold_s = self._fit_due
+        self._fit_due = None
+        sends = sorted(t for t in self.sent if start <= t <= refused_at)
+        if len(sends) < MIN_SENT_ANSWERS or self.phase != "plateau" or self.rate is None:
+            return
+        newest = _excess_hull(sends, refused_at)
+        if self.burst is not None:  # known: this cycle alone says the rate
+            fitted = _solve_rate(newest, self.burst)
+        else:
+            fits = (_fit_curves(older, newest) for older in reversed(self.curves))
+            fitted = next((f for f in fits if f is not None), None)
+            if fitted is not None:
+                self.burst = _excess(newest, fitted)
+        self.curves.append(newest)
+        # a probe's plateau, held without a 429, says the limit is at least that (a
+        # crossing at or under it is two plateaus' steady stretches meeting)
+        floor = max(self.held_rps if probed_from is not None else 0.0, MAX_CUT * (self.limit_rps or 0.0))
+        if fitted is None or fitted <= floor:
+            return
+        self.limit_rps = fitted
+        self.cut_from_rps = min(self.cut_from_rps, fitted) if self.cut_from_rps else fitted
+        self.rate = max(MIN_RPS, HOLD_FRACTION * fitted)
+        self._hold_after(fitted, probed_from, hold_s)
+        self.hold_s = max(self.hold_s, FIRST_HOLD_S)  # a fitted limit needs no early probe
 
     def _sent_rps(self, now: float) -> float:
         """Slow start's rate as the provider saw it at ``now``: the rate calls were
@@ -328,3 +447,94 @@ class LimitLearner:
             if MAX_CUT * estimate <= fitted <= estimate:
                 return fitted
         return estimate
+
+
+def _excess_hull(sends: list[float], refused_at: float) -> tuple[tuple[float, float], ...]:
+    """A cycle's excess over a token bucket of rate R, as the lines it is the maximum of.
+
+    ``sends``: the send times of the requests a cycle had accepted, sorted, the cycle
+    started with the provider's bucket full (after a pause, or idle) and ended with the
+    request refused at ``refused_at``. A token bucket of rate R (GCRA, nginx ``limit_req``)
+    refuses a request when what was sent in some window before it, less R x the window,
+    exceeds its burst: ``excess(R) = max over i of (n - i) - R x (refused_at - sends[i])``,
+    the burst the provider must have for that R. Returns the upper hull of those lines as
+    (window seconds, requests), ``excess(R) = max(requests - R x window)``."""
+    n = len(sends)
+    points = sorted((refused_at - t, float(n - i)) for i, t in enumerate(sends))
+    hull: list[tuple[float, float]] = []
+    for b, a in points:  # Andrew's monotone chain, upper hull of (window, requests)
+        while len(hull) >= 2:
+            (b1, a1), (b2, a2) = hull[-2], hull[-1]
+            if (b2 - b1) * (a - a1) - (a2 - a1) * (b - b1) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append((b, a))
+    return tuple(hull)
+
+
+def _excess(hull: tuple[tuple[float, float], ...], rps: float) -> float:
+    return max(a - rps * b for b, a in hull)
+
+
+def _top(hull: tuple[tuple[float, float], ...]) -> float:
+    """The fastest a cycle sent over :data:`MIN_SENT_ANSWERS` requests or more (a bunch of a
+    few, sent together, says nothing of a rate)."""
+    return max((a / b for b, a in hull if b > 0 and a >= MIN_SENT_ANSWERS), default=0.0)
+
+
+def _solve_rate(hull: tuple[tuple[float, float], ...], burst: float) -> float | None:
+    """The rate R at which a cycle's excess (:func:`_excess_hull`) is ``burst``: the limit,
+    when the provider's burst is known. None when no rate under the cycle's fastest
+    needed that much."""
+    lo, hi = 0.0, _top(hull)
+    if hi <= 0.0 or _excess(hull, hi) > burst or _excess(hull, lo) < burst:
+        return None
+    for _ in range(40):  # the excess falls as R grows
+        mid = (lo + hi) / 2.0
+        if _excess(hull, mid) > burst:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def _window(hull: tuple[tuple[float, float], ...], rps: float) -> float:
+    """The window (seconds) whose line gives the excess at ``rps``."""
+    return max(hull, key=lambda line: line[1] - rps * line[0])[0]
+
+
+def _fit_curves(
+    first: tuple[tuple[float, float], ...], second: tuple[tuple[float, float], ...]
+) -> float | None:
+    """The rate R of a token bucket that ended two cycles (:func:`_excess_hull`) with the same
+    burst: where their excess curves cross (one cycle gives one equation in R and the burst,
+    two give both; for two cycles sent at steady rates this is the slope of
+    ``accepted = R x span + burst``). None when they do not cross at a burst of at least
+    :data:`FIT_MIN_BURST` requests (a provider with no burst: the curves meet only where
+    both are ~1) or cross only where one cycle never sent that fast.
+
+    Searched from the top: from the slower cycle's fastest sending down to 5% of it."""
+
+    def gap(rps: float) -> float:
+        return _excess(first, rps) - _excess(second, rps)
+
+    top = min(_top(first), _top(second))
+    hi = top
+    for k in range(1, FIT_STEPS + 1):
+        lo = top * (1.0 - 0.95 * k / FIT_STEPS)
+        if (gap(lo) > 0) != (gap(hi) > 0):
+            for _ in range(30):
+                mid = (lo + hi) / 2.0
+                if (gap(mid) > 0) == (gap(hi) > 0):
+                    hi = mid
+                else:
+                    lo = mid
+            rps = (lo + hi) / 2.0
+            if min(_excess(first, rps), _excess(second, rps)) < FIT_MIN_BURST:
+                return None
+            # one request of noise moves the crossing by 1 / (the windows' difference)
+            spread = abs(_window(first, rps) - _window(second, rps))
+            return rps if spread * rps * FIT_ERROR >= 1.0 else None
+        hi = lo
+    return None

@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from actors.pacing.bucket import SLOW_START_RPS
-from actors.pacing.learner import FIRST_HOLD_FRACTION, FIRST_HOLD_S, HOLD_FRACTION, LimitLearner
+from actors.pacing.learner import FIRST_HOLD_FRACTION, FIRST_HOLD_S, HOLD_FRACTION, HOLD_S, LimitLearner
 
 
 @attrs.define
@@ -94,13 +94,15 @@ def simulate(
 @pytest.mark.parametrize(
     ("rps", "seconds", "share"),
     [
-        (20.0, 30.0, 0.84),
-        (50.0, 30.0, 0.82),
-        (200.0, 30.0, 0.79),
-        # the plateau at HOLD_FRACTION 0.96 (0.95 gave 93.5% and 92.7% at 50 and 200/s)
+        # issue 29: one pause in the first 30 s (FIRST_HOLD_S), the limit fitted from two
+        # cycles, probes backed off (before: 92.3%, 91.6%, 89.0% over 30 s)
+        (20.0, 30.0, 0.94),
+        (50.0, 30.0, 0.93),
+        (200.0, 30.0, 0.91),
+        # the plateau at HOLD_FRACTION 0.97 (0.95 gave 93.5% and 92.7% at 50 and 200/s)
         (20.0, 120.0, 0.94),
         (50.0, 120.0, 0.94),
-        (200.0, 120.0, 0.93),
+        (200.0, 120.0, 0.94),
     ],
 )
 def test_learner_finds_an_unknown_limit(rps: float, seconds: float, share: float) -> None:
@@ -110,7 +112,7 @@ def test_learner_finds_an_unknown_limit(rps: float, seconds: float, share: float
     accepted, refused = len(run.accepted), len(run.refused)
     # slow start from 10/s and the first pauses are part of the run
     assert accepted >= share * rps * seconds
-    assert refused <= 0.02 * (accepted + refused)
+    assert refused <= 0.01 * (accepted + refused)
     assert learner.limit_rps is not None and learner.limit_rps == pytest.approx(rps, rel=0.15)
 
 
@@ -160,6 +162,22 @@ def test_learner_follows_a_limit_that_dropped() -> None:
     assert max(r for t, r in run.rates if 36.0 <= t < 44.0) < 50.0  # the plateau under the new limit
     assert run.refused_between(35.0, 60.0) <= 10
     assert run.accepted_between(40.0, 60.0) >= 0.85 * 50.0 * 20.0
+
+
+@pytest.mark.parametrize(("rps", "burst_s"), [(20.0, 0.2), (50.0, 0.5), (200.0, 1.0), (200.0, 0.1)])
+def test_learner_fits_the_limit_and_burst_from_two_cycles(rps: float, burst_s: float) -> None:
+    # one cycle between pauses gives one equation in the limit and the burst; two give
+    # both. A burst of 0.5 s inflates slow start's estimate by ~30%: the plateau after it
+    # is over the limit, refused within seconds, and the second cycle pins the limit
+    # (before: estimates from the accepted rate converged from above, a pause each)
+    limiter = Limiter(rps, burst=rps * burst_s)
+    learner = LimitLearner(rate=SLOW_START_RPS)
+    run = simulate(learner, limiter, 60.0)
+    assert learner.burst == pytest.approx(rps * burst_s, abs=2.0)
+    assert learner.limit_rps == pytest.approx(rps, rel=0.02)
+    events = [at for i, at in enumerate(run.refused) if i == 0 or at - run.refused[i - 1] > 1.5]
+    assert len(events) <= 3, events
+    assert 0.94 * rps <= run.rate_at(events[1] + 2.0) <= rps  # the plateau after the fit
 
 
 def test_learner_estimates_from_what_was_accepted_not_what_was_asked() -> None:
@@ -250,25 +268,34 @@ def test_learner_behind_a_slow_provider_estimates_from_what_was_sent_before_the_
 DOCS_PACING = Path(__file__).resolve().parents[3] / "docs" / "pacing.md"
 
 
-def _documented_probe_period() -> tuple[float, float]:
-    """The interval between a steady probe's 429s that docs/pacing.md states, seconds."""
-    found = re.search(r"meets one 429 every (\d+)\u2013(\d+) s", DOCS_PACING.read_text(encoding="utf-8"))
-    assert found is not None, "docs/pacing.md no longer says how often the probe meets a 429"
-    return float(found.group(1)), float(found.group(2))
+def _documented_probe_period() -> tuple[float, float, float]:
+    """How far apart docs/pacing.md says a steady probe's first 429s are, seconds, and the
+    longest plateau hold (seconds of use) it says the probes back off to."""
+    text = DOCS_PACING.read_text(encoding="utf-8")
+    found = re.search(r"meets its first 429s (\d+)\u2013(\d+) s apart", text)
+    longest = re.search(r"twice as long, up to (\d+) s of use", text)
+    assert found is not None and longest is not None, (
+        "docs/pacing.md no longer says how often the probe meets a 429"
+    )
+    return float(found.group(1)), float(found.group(2)), float(longest.group(1))
 
 
 @pytest.mark.parametrize("rps", [20.0, 50.0, 200.0])
 @pytest.mark.parametrize("burst_s", [0.0, 0.05, 0.2])
 @pytest.mark.parametrize("rtt_s", [0.005, 0.3])
 def test_learner_probe_meets_a_429_as_often_as_the_docs_say(rps: float, burst_s: float, rtt_s: float) -> None:
-    low, high = _documented_probe_period()
+    # each probe that finds the limit where it was doubles the plateau's hold (HOLD_GROWTH):
+    # a 1 s pause (Retry-After) every 17.5 s was 5.7% of the limit (before: 16-21 s apart)
+    low, high, longest = _documented_probe_period()
     limiter = Limiter(rps, burst=rps * burst_s)
     learner = LimitLearner(rate=SLOW_START_RPS)
-    run = simulate(learner, limiter, 200.0, rtt_s=rtt_s)
+    run = simulate(learner, limiter, 300.0, rtt_s=rtt_s)
     events: list[float] = []  # congestion events: 429s more than 1.5 s after the last
     for at in run.refused:
         if not events or at - events[-1] > 1.5:
             events.append(at)
-    steady = [b - a for a, b in itertools.pairwise(events[2:])]  # past slow start's cuts
-    assert len(steady) >= 5, events
-    assert low <= min(steady) and max(steady) <= high, (low, high, [round(s, 1) for s in steady])
+    steady = [b - a for a, b in itertools.pairwise(events[1:])]  # past slow start's cut
+    assert len(steady) >= 3, events
+    assert low <= steady[0] <= high, [round(s, 1) for s in steady]
+    assert min(steady) >= low and max(steady) <= longest + high - HOLD_S, [round(s, 1) for s in steady]
+    assert steady[-1] >= 1.5 * steady[0], [round(s, 1) for s in steady]  # backed off
