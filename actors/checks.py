@@ -12,7 +12,7 @@ from typing import Any
 
 from stores.quoting import brief
 
-__all__ = ["check_count", "check_number"]
+__all__ = ["MAX_WEIGHT", "MIN_WEIGHT", "check_count", "check_number", "check_weight"]
 
 
 def check_number(
@@ -46,3 +46,26 @@ def check_count(name: str, value: Any, *, minimum: int = 1, optional: bool = Fal
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {brief(value)}")
+
+
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
+"""The range of a fairness weight: a ratio of 10^12 between two keys is more than any
+share needs, and the shares' arithmetic stays exact within it (a weight of 1e308, or a
+denormal one, made a share NaN or divided by zero)."""
+
+
+def check_weight(name: str, value: Any) -> float:
+    """``value`` as a fairness weight: a real number (not a bool) from :data:`MIN_WEIGHT` to
+    :data:`MAX_WEIGHT`.
+
+    Raises:
+        ValueError: anything else, naming ``name``.
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        ok = ok and MIN_WEIGHT <= value <= MAX_WEIGHT  # NaN fails it
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {brief(value)}")
+    return float(value)

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from actors.checks import check_count, check_number
+from actors.checks import check_count, check_number, check_weight
 from stores.inputs import MAX_INPUT_BYTES
 from stores.money import Money
 
@@ -365,6 +365,10 @@ class Tool:
         return shared if cost is None else cost + shared
 
 
+def _weight(value: Any) -> float:
+    return check_weight("fairness_weight", value)
+
+
 @attrs.frozen(kw_only=True)
 class RunInfo:
     """One execution of a play.
@@ -379,10 +383,11 @@ class RunInfo:
             customer id, a play; None: the run itself, ``run_id``): while several keys
             want more than a provider's rate allows, each gets its weighted share
             (docs/pacing.md, Fair shares).
-        fairness_weight: the key's weight (a finite number > 0).
+        fairness_weight: the key's weight (a number from 1e-6 to 1e6:
+            :func:`~actors.checks.check_weight`).
 
     Raises:
-        ValueError: a ``fairness_weight`` that is not a finite number > 0.
+        ValueError: a ``fairness_weight`` out of that range.
     """
 
     run_id: str
@@ -391,12 +396,7 @@ class RunInfo:
     run_attempt: int = 1
     deadline_s: float | None = None
     fairness_key: str | None = None
-    fairness_weight: float = attrs.field(default=1.0, converter=float)
-
-    @fairness_weight.validator
-    def _positive(self, _: Any, value: float) -> None:
-        if not 0 < value < math.inf:
-            raise ValueError(f"a fairness weight must be a finite number > 0, got {value!r}")
+    fairness_weight: float = attrs.field(default=1.0, converter=_weight)
 
 
 def _frozen(value: Mapping[str, Money]) -> Mapping[str, Money]:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
@@ -18,6 +17,7 @@ from typing import Any, NoReturn
 
 import click
 
+from actors.checks import check_weight
 from actors.job.cli_common import (
     CONTEXT,
     DB_HELP,
@@ -98,7 +98,7 @@ def _count_rows(path: str) -> int | None:
     type=float,
     default=1.0,
     show_default=True,
-    help="The --fairness-key's weight among the keys sharing a provider's rate (a number > 0).",
+    help="The --fairness-key's weight among the keys sharing a provider's rate (1e-6 to 1e6).",
 )
 @click.option(
     "--shard",
@@ -175,8 +175,10 @@ def run(
         raise ConfigError(f"--input {input_path} is not a regular file")
     if not org.strip() or (scope is not None and not scope.strip()):
         raise ConfigError("--org and --scope must not be empty")
-    if not 0 < fairness_weight < math.inf:
-        raise ConfigError(f"--weight must be a finite number > 0, got {fairness_weight!r}")
+    try:
+        check_weight("--weight", fairness_weight)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     taken = {os.path.realpath(p): name for p, name in ((input_path, "--input"), (db, "--db"))}
     taken[os.path.realpath(salvage_default(db))] = "the salvage file"
     for suffix in ("-wal", "-shm", "-journal"):  # SQLite's own files beside the store

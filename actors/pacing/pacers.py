@@ -23,7 +23,6 @@ never mix their clocks with the caller's.
 from __future__ import annotations
 
 import abc
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from actors.checks import check_weight
 from actors.pacing.announced import Announcement
 from actors.pacing.pacer_state import BucketState
 from actors.pacing.quotas import (
@@ -136,13 +136,11 @@ class Pacer(abc.ABC):
         rate (see :class:`~actors.pacing.pacer_state.BucketState`). None: the rate alone.
 
         Raises:
-            ValueError: ``n`` < 1, or ``weight`` not a finite number > 0.
+            ValueError: ``n`` < 1, or ``weight`` out of :func:`~actors.checks.check_weight`'s range.
         """
         if n < 1:
             raise ValueError(f"take needs n >= 1, got {n}")
-        if not (isinstance(weight, (int, float)) and 0 < weight < math.inf):
-            raise ValueError(f"a fairness weight must be a finite number > 0, got {weight!r}")
-        op = Take(n=n, partial=partial, nested=nested, key=key, weight=float(weight))
+        op = Take(n=n, partial=partial, nested=nested, key=key, weight=check_weight("weight", weight))
         return self._apply(org_id, provider, op, Grant)
 
     def pause(self, org_id: str, provider: str, pause_s: float, *, cut_version: int | None = None) -> Paused:

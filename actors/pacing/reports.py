@@ -10,13 +10,16 @@ Outside an attempt both are no-ops.
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Sequence
 
 import attrs
 
 from actors.pacing.announced import Announcement
 
-__all__ = ["Report", "collecting", "report_limits", "report_usage"]
+__all__ = ["MAX_UNITS", "Report", "collecting", "report_limits", "report_usage"]
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define
@@ -47,21 +50,41 @@ class collecting:
         _current.reset(self._token)
 
 
+MAX_UNITS = 1e15
+"""The most one report may state of a unit: more is no real use (a runaway count, 1e300),
+and would hold its limits for ever."""
+
+
 def report_usage(**units: float) -> None:
     """Say what the request just made used, e.g. ``report_usage(tokens=812)``: each unit's
-    amount (a finite number >= 0) replaces the call's estimate for the limits counted in
-    that unit.
+    amount (an int or float, finite, 0 to :data:`MAX_UNITS`) replaces the call's estimate
+    for the limits counted in that unit; several reports of one unit add up.
 
-    Raises:
-        ValueError: an amount that is not a finite number >= 0.
+    Never raises: it runs after the provider answered, and the answer is paid for. An
+    amount that is not such a number (None, a string, a bool, NaN, negative, too large)
+    is ignored, with a warning logged, and the call's estimate stands.
     """
     report = _current.get()
     for unit, amount in units.items():
-        value = float(amount)
-        if not (value >= 0 and value != float("inf")):
-            raise ValueError(f"report_usage({unit}={amount!r}): an amount must be a finite number >= 0")
+        value = _amount(amount)
+        if value is None:
+            log.warning(
+                "report_usage(%s=%.60r) ignored: an amount is a number from 0 to %g", unit, amount, MAX_UNITS
+            )
+            continue
         if report is not None:
-            report.usage[unit] = report.usage.get(unit, 0.0) + value
+            report.usage[unit] = min(MAX_UNITS, report.usage.get(unit, 0.0) + value)
+
+
+def _amount(amount: object) -> float | None:
+    """``amount`` as units used, or None when it is no such number."""
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+        return None
+    try:
+        value = float(amount)
+    except OverflowError:  # an int past a float's range
+        return None
+    return value if 0 <= value <= MAX_UNITS else None  # NaN fails both
 
 
 def report_limits(announcements: Sequence[Announcement]) -> None:

@@ -158,9 +158,23 @@ def test_fair_shares_takes_without_a_key_keep_to_the_rate_alone() -> None:
     assert granted == 10  # no share applies to an unkeyed take
 
 
-@pytest.mark.parametrize("weight", [0.0, -1.0, math.nan, math.inf])
+@pytest.mark.parametrize("weight", [0.0, -1.0, math.nan, math.inf, 1e308, 1e-320, True, "2"])
 def test_fair_shares_a_bad_weight_fails_that_take_alone(weight: float) -> None:
     pacer = LocalPacer({"p": ProviderLimits(rate_rps=10.0)})
-    with pytest.raises(ValueError, match="fairness weight"):
+    with pytest.raises(ValueError, match="weight must be a number from 1e-06 to 1e"):
         pacer.take("o", "p", key="a", weight=weight)
     assert pacer.take("o", "p", key="a").granted == 1
+
+
+def test_fair_shares_the_widest_weights_share_exactly() -> None:
+    """Weights at both ends of their range (1e6 against 1e-6) still share by weight: the
+    light key gets its sliver, no NaN, no division by zero."""
+    now = [0.0]
+    pacer = LocalPacer({"p": ProviderLimits(rate_rps=50.0)}, clock=lambda: now[0])
+    got = {"heavy": 0, "light": 0}
+    for _ in range(500):
+        now[0] += 0.02
+        for key, weight in (("heavy", 1e6), ("light", 1e-6)):
+            got[key] += pacer.take("o", "p", 1, partial=True, key=key, weight=weight).granted
+    assert got["heavy"] + got["light"] <= 50 * 10 + 2
+    assert got["heavy"] >= 490
