@@ -691,16 +691,18 @@ class GovernorPacing:
         :meth:`~actors.pacing.pacers.Pacer.announce`); a limit announced that no limit of
         the quota state counts is added to it first (:meth:`add_announced_limit`). A
         requests limit over a second or less is the pacing's ``announced`` hook's (a rate)."""
-        for found in announcements:
-            if not isinstance(found, Announcement) or found.unit == "concurrent-requests":
-                continue
-            rate = found.window_s is not None and found.window_s <= RATE_WINDOW_S
-            if rate and found.unit == "requests":
-                continue
+        quotas = [
+            a for a in announcements
+            if isinstance(a, Announcement) and a.unit != "concurrent-requests"
+            and not (a.unit == "requests" and a.window_s is not None and a.window_s <= RATE_WINDOW_S)
+        ]  # fmt: skip
+        for found in quotas:  # every limit first: a shared state changing limits starts afresh
             self.add_announced_limit(key[1], found)
-            if rate or not self.has_quotas(key[1]):
-                continue
-            self.pacer.announce(key[0], key[1], found, sent_ago_s=max(0.0, now - sent_at))
+        if not self.has_quotas(key[1]):
+            return
+        for found in quotas:
+            if found.window_s is None or found.window_s > RATE_WINDOW_S:
+                self.pacer.announce(key[0], key[1], found, sent_ago_s=max(0.0, now - sent_at))
 
     def add_announced_limit(self, provider: str, found: Announcement) -> None:
         """Add a limit ``found`` states (its amount and window) to ``provider``'s quota
@@ -876,6 +878,7 @@ class GovernorPacing:
         """
         bucket = self.gov.bucket(*key)
         out = Decisions()
+        quotas: list[Announcement] = []
         for a in announcements:
             if not isinstance(a, Announcement) or a.unit == "concurrent-requests":
                 continue
@@ -890,8 +893,9 @@ class GovernorPacing:
                     continue
             if window is not None and window != a.window_s:
                 a = attrs.evolve(a, window_s=window)  # (the longest window seen for it)
-            # a quota's count, or a limit the quota state does not count yet
-            self.announce_quotas(key, [a], now if sent_at is None else sent_at, now)
+            quotas.append(a)  # a quota's count, or a limit the quota state does not count yet
+        if quotas:
+            self.announce_quotas(key, quotas, now if sent_at is None else sent_at, now)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken
