@@ -41,7 +41,7 @@ from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
 from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
-from actors.tool import Pacing, Policy
+from actors.tool import PERIODS_S, Limit, Pacing, Policy
 
 __all__ = [
     "BUDGET_KINDS",
@@ -529,7 +529,8 @@ class GovernorPacing:
       second or less (after inference) is ``pacer.set_rate`` at
       :data:`~actors.pacing.bucket.PACE_MARGIN` of it, as a stated rate (the learner
       stops; every worker sharing the pacer follows); any other limit goes to the quota
-      state (``pacer.announce``).
+      state (``pacer.announce``), added to its limits (``pacer.unit_limits``) when none
+      counts it (:meth:`GovernorPacing.add_announced_limit`).
     * ``release``: for a stated rate ``pacer.grow`` by :func:`~actors.pacing.pacer_state.growth`
       (slow start, or AIMD's additive increase); for an unknown limit ``pacer.learn`` (the
       successes join every worker's count; the worker holding the learner lease runs the
@@ -687,14 +688,53 @@ class GovernorPacing:
         self, key: BucketKey, announcements: Sequence[Announcement], sent_at: float, now: float
     ) -> None:
         """Set each quota whose count an answer announced (remaining and reset: see
-        :meth:`~actors.pacing.pacers.Pacer.announce`); rates, and announcements no quota
-        counts, are left to the pacing's ``announced`` hook."""
+        :meth:`~actors.pacing.pacers.Pacer.announce`); a limit announced that no limit of
+        the quota state counts is added to it first (:meth:`add_announced_limit`). A
+        requests limit over a second or less is the pacing's ``announced`` hook's (a rate)."""
+        quotas = [
+            a for a in announcements
+            if isinstance(a, Announcement) and a.unit != "concurrent-requests"
+            and not (a.unit == "requests" and a.window_s is not None and a.window_s <= RATE_WINDOW_S)
+        ]  # fmt: skip
+        for found in quotas:  # every limit first: a shared state changing limits starts afresh
+            self.add_announced_limit(key[1], found)
         if not self.has_quotas(key[1]):
             return
-        for found in announcements:
-            if found.window_s is not None and found.window_s <= RATE_WINDOW_S:
-                continue
-            self.pacer.announce(key[0], key[1], found, sent_ago_s=max(0.0, now - sent_at))
+        for found in quotas:
+            if found.window_s is None or found.window_s > RATE_WINDOW_S:
+                self.pacer.announce(key[0], key[1], found, sent_ago_s=max(0.0, now - sent_at))
+
+    def add_announced_limit(self, provider: str, found: Announcement) -> None:
+        """Add a limit ``found`` states (its amount and window) to ``provider``'s quota
+        state (``pacer.unit_limits``) when no limit there counts it (one of its unit whose
+        window is within 1% of it); one added before for that (unit, window) with another
+        amount is replaced. The limits stated in ``Pacing.limits`` come first, in their
+        order, then the announced ones sorted by (unit, window), so every worker sharing a
+        pacer that heard the same limits keeps the same list (the shared state is signed by
+        it: a change starts it afresh). A limit stating no amount or window, or one that is
+        not a number > 0, is ignored."""
+        amount, window = found.limit, found.window_s
+        if amount is None or window is None:
+            return
+        if not (math.isfinite(amount) and amount > 0 and math.isfinite(window) and window > 0):
+            return
+        pacing = self.gov.pacings.get(provider)
+        stated = pacing.unit_limits if pacing is not None else ()
+        now_limits = self.pacer.unit_limits.get(provider, ())
+        added = list(now_limits[len(stated) :]) if now_limits[: len(stated)] == stated else []
+
+        def same(lim: Limit) -> bool:
+            return lim.unit == found.unit and abs(lim.window_s - window) <= 0.01 * window
+
+        if any(same(lim) for lim in stated):
+            return
+        per = next((name for name, w in PERIODS_S.items() if w == window), float(window))
+        limit = Limit(float(amount), per, found.unit)  # (named: "200 requests/minute")
+        if limit in added:
+            return
+        added = [lim for lim in added if not same(lim)] + [limit]
+        added.sort(key=lambda lim: (lim.unit, lim.window_s))
+        self.pacer.unit_limits[provider] = (*stated, *added)
 
     def untake_units(self, key: BucketKey, waiter: _Waiter, granted: int) -> None:
         """Give back the units of ``waiter``'s requests taken and not granted (those from
@@ -830,12 +870,15 @@ class GovernorPacing:
         is above it (another worker's learner published), and grown back to it after a
         cut. Any other limit (a longer window, tokens or another unit) goes to the quota
         state, with its remaining count and reset (:meth:`announce_quotas`, units granted
-        since ``sent_at`` taken from it). A provider that never announces is learnt as before;
+        since ``sent_at`` taken from it), added to its limits first when no limit there
+        counts it (:meth:`add_announced_limit`: a quota announced counts though
+        ``Pacing.limits`` does not state it). A provider that never announces is learnt as before;
         one that stops keeps its last announced rate. An announcement stating no usable
         limit is ignored.
         """
         bucket = self.gov.bucket(*key)
         out = Decisions()
+        quotas: list[Announcement] = []
         for a in announcements:
             if not isinstance(a, Announcement) or a.unit == "concurrent-requests":
                 continue
@@ -848,8 +891,11 @@ class GovernorPacing:
                 if window <= RATE_WINDOW_S and a.limit > 0:
                     self._set_announced_rate(key, bucket, a.limit / window, out)
                     continue
-            if a.remaining is not None and a.reset_s is not None:  # a quota's count
-                self.announce_quotas(key, [a], now if sent_at is None else sent_at, now)
+            if window is not None and window != a.window_s:
+                a = attrs.evolve(a, window_s=window)  # (the longest window seen for it)
+            quotas.append(a)  # a quota's count, or a limit the quota state does not count yet
+        if quotas:
+            self.announce_quotas(key, quotas, now if sent_at is None else sent_at, now)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken

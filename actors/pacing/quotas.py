@@ -182,6 +182,35 @@ class QuotaState:
             raise TypeError(f"not a quota operation: {op!r}")
         return QuotaRead(room=tuple(self._room(i, lim, now) for i, lim in enumerate(limits)))
 
+    def renumbered(self, old: Sequence[Limit], new: Sequence[Limit]) -> QuotaState:
+        """This state under ``new`` limits, having been kept under ``old`` ones: each limit
+        keeps its state when ``new`` holds one of its unit and window (the k-th such limit
+        of ``old`` is the k-th of ``new``: an amount changed, as a provider's announcement
+        may, keeps the count); a limit new starts empty, one gone is dropped."""
+
+        def keys(limits: Sequence[Limit]) -> list[tuple[str, float, bool, int]]:
+            seen: dict[tuple[str, float, bool], int] = {}
+            out = []
+            for lim in limits:
+                k = (lim.unit, lim.window_s, lim.is_rate)
+                seen[k] = seen.get(k, 0) + 1
+                out.append((*k, seen[k]))
+            return out
+
+        where = {k: i for i, k in enumerate(keys(old))}
+        moved = QuotaState()
+        for j, k in enumerate(keys(new)):
+            i = where.get(k)
+            if i is None:
+                continue
+            if i in self.tat:
+                moved.tat[j] = self.tat[i]
+            if i in self.counts:
+                moved.counts[j] = self.counts[i]
+            if i in self.announced:
+                moved.announced[j] = self.announced[i]
+        return moved
+
     # -- the rules ------------------------------------------------------------------------
 
     def _expire(self, now: float, limits: Sequence[Limit]) -> None:
