@@ -696,7 +696,7 @@ class GovernorPacing:
             if isinstance(a, Announcement) and a.unit != "concurrent-requests"
             and not (a.unit == "requests" and a.window_s is not None and a.window_s <= RATE_WINDOW_S)
         ]  # fmt: skip
-        for found in quotas:  # every limit first: a shared state changing limits starts afresh
+        for found in quotas:  # every limit first, then the counts
             self.add_announced_limit(key[1], found)
         if not self.has_quotas(key[1]):
             return
@@ -710,9 +710,9 @@ class GovernorPacing:
         window is within 1% of it); one added before for that (unit, window) with another
         amount is replaced. The limits stated in ``Pacing.limits`` come first, in their
         order, then the announced ones sorted by (unit, window), so every worker sharing a
-        pacer that heard the same limits keeps the same list (the shared state is signed by
-        it: a change starts it afresh). A limit stating no amount or window, or one that is
-        not a number > 0, is ignored."""
+        pacer that heard the same limits keeps the same list (the quota state keeps each
+        limit's count under its own identity: a change loses no count). A limit stating no
+        amount or window, or one that is not a number > 0, is ignored."""
         amount, window = found.limit, found.window_s
         if amount is None or window is None:
             return
