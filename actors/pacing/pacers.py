@@ -102,7 +102,11 @@ class Pacer(abc.ABC):
         self.limits = dict(limits or {})
         self.settings = settings or PacerSettings()
         self.unit_limits: dict[str, tuple[Limit, ...]] = {}
-        """Provider name -> the limits its quota state keeps (``Pacing.unit_limits``)."""
+        """Provider name -> the limits its quota state keeps: those stated
+        (``Pacing.unit_limits``; of every system sharing this pacer, each limit once), then
+        those its provider announced (:attr:`announced_limits`)."""
+        self.announced_limits: dict[str, tuple[Limit, ...]] = {}
+        """Provider name -> the limits of :attr:`unit_limits` its provider announced (not stated)."""
         self.outage_log = Outages()
         """Outages of the service holding a shared pacer's state, as this process's calls
         saw them (service ``"pacer"``; a pacer in this process has none)."""

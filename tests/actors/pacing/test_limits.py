@@ -215,3 +215,34 @@ def test_limits_a_batch_larger_than_a_quota_is_split(make_system: Any) -> None:
     refused = [r for r in results if isinstance(r, Exception)]
     assert len(refused) == 10 - len(paid)
     assert all(isinstance(r, QuotaExhaustedError) and "is spent" in str(r) for r in refused), refused
+
+
+def test_limits_systems_sharing_a_local_pacer_each_hold_to_every_stated_limit(tmp_path: Path) -> None:
+    """Two systems share one LocalPacer for provider ``p``, one stating 100/minute, the
+    other 2/minute: the pacer keeps both (each once), so the second's calls hold to its
+    2/minute (the first's was kept alone: all 6 went)."""
+    from actors import DispatchSystem, RunInfo
+    from actors.pacing import LocalPacer
+    from stores import SqliteReceiptStore
+
+    pacer = LocalPacer()
+
+    def start(name: str, limit: Limit) -> DispatchSystem:
+        tool = Tool(
+            tool_id="t", fn=lambda i, c: i, provider="p", timeout_s=2.0, pacing=Pacing(limits=[limit])
+        )
+        return DispatchSystem.start(
+            tools=[tool], store=SqliteReceiptStore(str(tmp_path / f"{name}.db")), pacer=pacer,
+            run=RunInfo(run_id=name, org_id="o", scope="s"), policy=Policy(batch_grace_s=0.01),
+        )  # fmt: skip
+
+    a = start("a", Limit(100, "minute"))
+    b = start("b", Limit(2, "minute"))
+    try:
+        results = _outcomes(b.proxy().execute_many("t", [{"i": i} for i in range(6)]))
+    finally:
+        b.stop()
+        a.stop()
+    assert sum(not isinstance(r, Exception) for r in results) == 2
+    assert all(isinstance(r, QuotaExhaustedError) for r in results if isinstance(r, Exception))
+    assert pacer.unit_limits["p"] == (Limit(100, "minute"), Limit(2, "minute"))
