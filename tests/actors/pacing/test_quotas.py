@@ -16,7 +16,7 @@ from actors.pacing.quotas import (
     UnitsTaken,
     limit_key,
 )
-from actors.tool import Limit, Pacing
+from actors.tool import Limit, Pacing, Tool
 
 PER_MINUTE = Limit(1000, "minute")
 TOKENS = Limit(20000, "minute", "tokens")
@@ -172,3 +172,28 @@ def test_announcement_only_lowers_a_stated_quota() -> None:
     assert got.granted == 3 and got.wait_s > 50
     read = state.handle(Announce(unit="requests", remaining=0, reset_s=20.0, window_s=60.0), 2.0, limits)
     assert read.room == (0.0,)
+
+
+def test_a_limit_in_a_misspelt_requests_unit_is_refused_at_start() -> None:
+    from actors.pacing.providers import provider_pacings
+
+    tool = Tool(
+        tool_id="t", fn=lambda i, c: i, provider="p", pacing=Pacing(limits=[Limit(2, "minute", "request")])
+    )
+    with pytest.raises(ValueError, match="did you mean 'requests'"):
+        provider_pacings([tool])
+
+
+def test_a_limit_in_a_unit_no_tool_states_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from actors.pacing.providers import provider_pacings
+
+    pacing = Pacing(limits=[Limit(2, "minute", "tokens")])
+    bare = Tool(tool_id="bare", fn=lambda i, c: i, provider="p", pacing=pacing)
+    with caplog.at_level("WARNING", logger="tooldispatch"):
+        provider_pacings([bare])
+    assert "'2 tokens/minute' counts 'tokens', which none of its tools (bare) states" in caplog.text
+    caplog.clear()
+    stating = Tool(tool_id="s", fn=lambda i, c: i, provider="p", pacing=pacing, units=lambda i: {"tokens": 1})
+    with caplog.at_level("WARNING", logger="tooldispatch"):
+        provider_pacings([bare, stating])
+    assert "counts 'tokens'" not in caplog.text
