@@ -42,7 +42,7 @@ COLD_SAMPLES = 8
 MARGIN = 1.05
 """The high ratio seen (:data:`PERCENTILE`) is taken this much larger (the next answers
 may run a little further off than the last :data:`BIAS_SAMPLES` did)."""
-PERCENTILE = 0.9
+PERCENTILE = 0.95
 """The ratio the factor follows: this fraction of the last answers ran at or under it (one
 outlier answer, a short prompt with a long answer, moves it not)."""
 MAX_FACTOR = 2.0
