@@ -39,6 +39,7 @@ from actors.pacing.announced import Announcement
 from actors.pacing.bucket import MIN_WAKE_S, PACE_MARGIN, ProviderBucket, parse_retry_after
 from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
+from actors.pacing.quotas import limit_key
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
 from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
 from actors.tool import PERIODS_S, Limit, Pacing, Policy
@@ -554,8 +555,13 @@ class GovernorPacing:
         self.shared = shared
         for name, pacing in governor.pacings.items():
             pacer.limits.setdefault(name, ProviderLimits.from_pacing(pacing))
-            if pacing.unit_limits:
-                pacer.unit_limits.setdefault(name, pacing.unit_limits)
+            if pacing.unit_limits:  # systems sharing a pacer: every one's limits hold (each once)
+                have = pacer.unit_limits.get(name, ())
+                keys = {limit_key(lim) for lim in have}
+                more = tuple(lim for lim in pacing.unit_limits if limit_key(lim) not in keys)
+                announced = pacer.announced_limits.get(name, ())
+                stated = tuple(lim for lim in have if lim not in announced)
+                pacer.unit_limits[name] = (*stated, *more, *announced)
         if pacer.settings == PacerSettings():  # not chosen by its maker: the policy's circuit
             pacer.settings = PacerSettings.from_policy(governor.policy)
         self.grants_at: dict[BucketKey, list[tuple[float, int]]] = {}
@@ -696,7 +702,7 @@ class GovernorPacing:
             if isinstance(a, Announcement) and a.unit != "concurrent-requests"
             and not (a.unit == "requests" and a.window_s is not None and a.window_s <= RATE_WINDOW_S)
         ]  # fmt: skip
-        for found in quotas:  # every limit first: a shared state changing limits starts afresh
+        for found in quotas:  # every limit first, then the counts
             self.add_announced_limit(key[1], found)
         if not self.has_quotas(key[1]):
             return
@@ -710,18 +716,17 @@ class GovernorPacing:
         window is within 1% of it); one added before for that (unit, window) with another
         amount is replaced. The limits stated in ``Pacing.limits`` come first, in their
         order, then the announced ones sorted by (unit, window), so every worker sharing a
-        pacer that heard the same limits keeps the same list (the shared state is signed by
-        it: a change starts it afresh). A limit stating no amount or window, or one that is
-        not a number > 0, is ignored."""
+        pacer that heard the same limits keeps the same list (the quota state keeps each
+        limit's count under its own identity: a change loses no count). A limit stating no
+        amount or window, or one that is not a number > 0, is ignored."""
         amount, window = found.limit, found.window_s
         if amount is None or window is None:
             return
         if not (math.isfinite(amount) and amount > 0 and math.isfinite(window) and window > 0):
             return
-        pacing = self.gov.pacings.get(provider)
-        stated = pacing.unit_limits if pacing is not None else ()
         now_limits = self.pacer.unit_limits.get(provider, ())
-        added = list(now_limits[len(stated) :]) if now_limits[: len(stated)] == stated else []
+        added = list(self.pacer.announced_limits.get(provider, ()))
+        stated = tuple(lim for lim in now_limits if lim not in added)
 
         def same(lim: Limit) -> bool:
             return lim.unit == found.unit and abs(lim.window_s - window) <= 0.01 * window
@@ -734,6 +739,7 @@ class GovernorPacing:
             return
         added = [lim for lim in added if not same(lim)] + [limit]
         added.sort(key=lambda lim: (lim.unit, lim.window_s))
+        self.pacer.announced_limits[provider] = tuple(added)
         self.pacer.unit_limits[provider] = (*stated, *added)
 
     def untake_units(self, key: BucketKey, waiter: _Waiter, granted: int) -> None:

@@ -23,6 +23,7 @@ from actors.errors import (
     LeaseLostError,
     NotSentError,
     ProviderUnavailableError,
+    QuotaExhaustedError,
     ResultSalvagedError,
     is_a,
 )
@@ -71,7 +72,10 @@ class Admission:
             patience = max((unit.timeout_s for unit in itertools.islice(queue, want)), default=math.inf)
             extra: dict[str, Any] = {"patience_s": None if math.isinf(patience) else patience}
             if self.s.unit_limited:  # each request's units
-                asked = tuple(self.s.bias.scaled(estimate_units(self.tool, queue[i])) for i in range(want))
+                caps = self.tool.pacing.unit_limits
+                asked = tuple(
+                    self.s.bias.scaled(estimate_units(self.tool, queue[i]), caps) for i in range(want)
+                )
                 self.s.asked_units[exempt] = asked
                 extra["units"] = asked
             if self.s.spend_currency is None:
@@ -102,6 +106,9 @@ class Admission:
         asked_units, self.s.asked_units[exempt] = self.s.asked_units[exempt], ()
         if is_a(error, BudgetExceededError) and queue and self._halve(queue):
             self.pump(now)  # the head batch, halved, asks again: what fits the budget may go
+            return
+        if is_a(error, QuotaExhaustedError) and queue:
+            self._refuse_head(queue, error, asked_units, now)
             return
         if error is not None or not n:
             units = list(queue)
@@ -138,7 +145,8 @@ class Admission:
             unit.slot = True
             if self.s.unit_limited:
                 unit.units_estimate = estimate_units(self.tool, unit)
-                unit.units, unit.granted_at = self.s.bias.scaled(unit.units_estimate), now
+                caps = self.tool.pacing.unit_limits
+                unit.units, unit.granted_at = self.s.bias.scaled(unit.units_estimate, caps), now
             if unit.waiting is not None:  # it waited for this slot
                 reason, since = unit.waiting
                 unit.waiting = None
@@ -157,6 +165,32 @@ class Admission:
         if n > 0 or allowance:  # granted (and charged) for units gone meanwhile: never sent, charges back
             self.fx.release_slots(n, exempt=exempt, refunds=n, unspent=allowance or ZERO)
         self.admit(admitted, now)
+        self.pump(now)
+
+    def _refuse_head(
+        self, queue: collections.deque[Unit], error: BaseException, asked: tuple[dict[str, float], ...],
+        now: float,
+    ) -> None:  # fmt: skip
+        """A quota refused the head of ``queue`` (its first request: more units than the
+        whole quota, or a wait past its timeout): that unit alone is refused; those behind
+        it ask again. A batch that can never fit is halved first (down to single members,
+        as under a money budget), so its members that fit go. The head changed since it
+        asked (its units differ): nobody is refused, it asks again."""
+        unit = queue[0]
+        never = math.isinf(getattr(error, "reset_s", 0.0))
+        if (
+            unit.groups
+            and asked
+            and self.s.bias.scaled(estimate_units(self.tool, unit), self.tool.pacing.unit_limits) != asked[0]
+        ):
+            self.pump(now)
+            return
+        if never and self._halve(queue):
+            self.pump(now)
+            return
+        queue.popleft()
+        unit.queued = False
+        self.p.exits.give_back(unit, error)
         self.pump(now)
 
     def _settle_units(self, asked: tuple[dict[str, float], ...], granted: int, admitted: list[Unit]) -> None:

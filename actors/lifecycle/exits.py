@@ -19,6 +19,7 @@ from actors.errors import (
     CallCancelledError,
     NotSentError,
     PersistenceCircuitOpenError,
+    QuotaExhaustedError,
     RateLimitedError,
     RecordedFailureError,
     SuspendedError,
@@ -37,10 +38,12 @@ RELEASE_ON = (
     SuspendedError,
     AuthScopeChangedError,
     BudgetExceededError,
+    QuotaExhaustedError,
     NotSentError,
 )
 """Errors after which a receipt is given back (pending), not failed: none of them
-follows a provider call that was paid for."""
+follows a provider call that was paid for (a quota's refusal, like a budget's, comes
+before the request is sent)."""
 
 
 PERSIST_BATCH = 500

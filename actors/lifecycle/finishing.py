@@ -136,7 +136,13 @@ class Finisher:
             back = {**taken, "requests": 1.0} if unsent else dict(taken)
             self.fx.release_slots(0, exempt=unit.exempt, unsent_units=back)
             return
-        if not msg.usage or msg.members is None:
+        if msg.members is None:
+            return
+        if not msg.usage:  # none reported: its estimate stands (the factor's margin comes back)
+            self.s.bias.learn(unit.units_estimate, {})
+            back = {n: unit.units_estimate.get(n, 0.0) - amount for n, amount in taken.items()}
+            if any(d < 0 for d in back.values()):
+                self.fx.release_slots(0, exempt=unit.exempt, usage=(unit.granted_at, back))
             return
         delta = {name: msg.usage.get(name, amount) - amount for name, amount in taken.items()}
         delta.update({name: used for name, used in msg.usage.items() if name not in taken})

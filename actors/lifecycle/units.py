@@ -13,17 +13,19 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.lifecycle.calls import Unit
-from actors.tool import Tool
+from actors.tool import Limit, Tool
 
 __all__ = [
     "BIAS_SAMPLES",
     "COLD_FACTOR",
     "COLD_SAMPLES",
     "MARGIN",
+    "MAX_FACTOR",
+    "PERCENTILE",
     "UnitBias",
     "estimate_units",
     "used_units",
@@ -38,8 +40,13 @@ COLD_FACTOR = 2.0
 off they run (estimates that run up to half low pass no limit meanwhile)."""
 COLD_SAMPLES = 8
 MARGIN = 1.05
-"""The largest ratio seen is taken this much larger (the next answers may run a little
-further off than the last :data:`BIAS_SAMPLES` did)."""
+"""The high ratio seen (:data:`PERCENTILE`) is taken this much larger (the next answers
+may run a little further off than the last :data:`BIAS_SAMPLES` did)."""
+PERCENTILE = 0.95
+"""The ratio the factor follows: this fraction of the last answers ran at or under it (one
+outlier answer, a short prompt with a long answer, moves it not)."""
+MAX_FACTOR = 2.0
+"""The factor's cap: estimates are never taken at more than this multiple."""
 
 
 def _units_of(tool: Tool, value: Any) -> dict[str, float]:
@@ -91,32 +98,52 @@ def used_units(
 
 
 class UnitBias:
-    """How far real use has run past the estimates, per unit name: the largest ratio
-    real / estimate of the last :data:`BIAS_SAMPLES` answers times :data:`MARGIN`, at
-    least 1 (before
-    :data:`COLD_SAMPLES` answers: at least :data:`COLD_FACTOR`). Estimates are taken at
-    this multiple (a margin that follows the tool's error), then corrected to the real use
-    when the answer comes, so a run of low estimates is not a run of 429s: what the calls
-    in flight may use past their estimates is held back, and no more."""
+    """How far real use has run past the estimates, per unit name: the
+    :data:`PERCENTILE` ratio real / estimate of the last :data:`BIAS_SAMPLES` answers that
+    reported real use, times :data:`MARGIN`, between 1 and :data:`MAX_FACTOR`; before
+    :data:`COLD_SAMPLES` answers: :data:`COLD_FACTOR`; 1 when none of them reported real
+    use (no evidence of bias: the estimate stands). Estimates are taken at this multiple
+    (a margin that follows the tool's error), then corrected to the real use when the
+    answer comes, so a run of low estimates is not a run of 429s: what the calls in
+    flight may use past their estimates is held back, and no more. A scaled amount is
+    never judged against a quota's whole amount: :meth:`scaled` takes it at the quota."""
 
     def __init__(self) -> None:
         self._ratios: dict[str, collections.deque[float]] = {}
+        self._answers: dict[str, int] = {}
 
     def factor(self, name: str) -> float:
-        ratios = self._ratios.get(name)
-        if not ratios:
+        if self._answers.get(name, 0) < COLD_SAMPLES:
             return COLD_FACTOR
-        most = max(1.0, max(ratios) * MARGIN)
-        return most if len(ratios) >= COLD_SAMPLES else max(most, COLD_FACTOR)
+        ratios = sorted(self._ratios.get(name, ()))
+        if not ratios:
+            return 1.0
+        high = ratios[max(0, math.ceil(PERCENTILE * len(ratios)) - 1)]
+        return min(MAX_FACTOR, max(1.0, high * MARGIN))
 
-    def scaled(self, estimate: Mapping[str, float]) -> dict[str, float]:
-        """``estimate`` with each unit at its factor."""
-        return {name: amount * self.factor(name) for name, amount in estimate.items()}
+    def scaled(self, estimate: Mapping[str, float], limits: Sequence[Limit] = ()) -> dict[str, float]:
+        """``estimate`` with each unit at its factor; an amount so scaled above the whole
+        amount of a quota of its unit in ``limits`` is taken at that amount (or at the
+        estimate, when the estimate alone passes it): a call is refused as larger than a
+        quota for its own estimate, never for the factor."""
+        out: dict[str, float] = {}
+        for name, amount in estimate.items():
+            value = amount * self.factor(name)
+            for lim in limits:
+                if lim.unit == name and not lim.is_rate and value > lim.amount:
+                    value = max(amount, float(lim.amount))
+            out[name] = value
+        return out
 
     def learn(self, estimate: Mapping[str, float], used: Mapping[str, float]) -> None:
-        """One answer: its unbiased ``estimate`` and its real ``used`` units."""
+        """One answer: its unbiased ``estimate`` and its real ``used`` units (empty: it
+        reported none). A ratio that is not a finite number >= 0 is ignored."""
         for name, amount in estimate.items():
-            if amount > 0 and name in used:
-                self._ratios.setdefault(name, collections.deque(maxlen=BIAS_SAMPLES)).append(
-                    used[name] / amount
-                )
+            if amount <= 0:
+                continue
+            self._answers[name] = self._answers.get(name, 0) + 1
+            if name not in used:
+                continue
+            ratio = used[name] / amount
+            if math.isfinite(ratio) and ratio >= 0:
+                self._ratios.setdefault(name, collections.deque(maxlen=BIAS_SAMPLES)).append(ratio)

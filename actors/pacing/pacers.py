@@ -102,7 +102,11 @@ class Pacer(abc.ABC):
         self.limits = dict(limits or {})
         self.settings = settings or PacerSettings()
         self.unit_limits: dict[str, tuple[Limit, ...]] = {}
-        """Provider name -> the limits its quota state keeps (``Pacing.unit_limits``)."""
+        """Provider name -> the limits its quota state keeps: those stated
+        (``Pacing.unit_limits``; of every system sharing this pacer, each limit once), then
+        those its provider announced (:attr:`announced_limits`)."""
+        self.announced_limits: dict[str, tuple[Limit, ...]] = {}
+        """Provider name -> the limits of :attr:`unit_limits` its provider announced (not stated)."""
         self.outage_log = Outages()
         """Outages of the service holding a shared pacer's state, as this process's calls
         saw them (service ``"pacer"``; a pacer in this process has none)."""
@@ -278,9 +282,6 @@ class LocalPacer(Pacer):
         self._lock = threading.Lock()
         self._states: dict[tuple[str, str], BucketState] = {}
         self._quotas: dict[tuple[str, str], QuotaState] = {}
-        self._quota_limits: dict[tuple[str, str], tuple[Limit, ...]] = {}
-        """(org, provider) -> the limits its quota state was last applied under (a limit
-        added or replaced since, such as one the provider announced: its state is renumbered)."""
 
     def apply_quota(self, org_id: str, provider: str, op: QuotaOp) -> QuotaRead:
         """Apply ``op`` to (org, provider)'s :class:`~actors.pacing.quotas.QuotaState`
@@ -288,13 +289,8 @@ class LocalPacer(Pacer):
         with self._lock:
             limits = self.unit_limits.get(provider, ())
             state = self._quotas.get((org_id, provider))
-            if state is None:
+            if state is None:  # (kept per limit: limits added later find theirs, or start)
                 state = self._quotas[(org_id, provider)] = QuotaState()
-            elif self._quota_limits.get((org_id, provider), limits) != limits:
-                state = self._quotas[(org_id, provider)] = state.renumbered(
-                    self._quota_limits[(org_id, provider)], limits
-                )
-            self._quota_limits[(org_id, provider)] = limits
             return state.handle(op, self.clock(), limits)
 
     def apply(self, org_id: str, provider: str, op: PacerOp) -> PacerState:

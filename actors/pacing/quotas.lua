@@ -5,13 +5,15 @@
 -- actors.pacing.quotas.QuotaState; tests/actors/pacing/shared/test_quota_rules_conformance.py
 -- runs both on the same operations and requires the same replies.
 --
--- KEYS[1]: a hash. 'sig': the limits it was written under (other limits: the hash starts
--- anew); per limit i (1-based here, 0-based in Python): 't<i>' a rate's GCRA theoretical
--- arrival time (ITU-T I.371); 'b<i>:<n>' a quota's units in sub-bucket n (of window/60
--- seconds); 'a<i>' / 'r<i>' a live announcement's units remaining and reset time.
+-- KEYS[1]: a hash. Per limit, under its own identity k (quotas.limit_key: kind, window,
+-- amount, unit; never its place in a list, so callers stating different lists share the
+-- limits they have in common and never reset each other's): 't:<k>' a rate's GCRA
+-- theoretical arrival time (ITU-T I.371); 'b:<k>#<n>' a quota's units in sub-bucket n (of
+-- window/60 seconds); 'a:<k>' / 'r:<k>' a live announcement's units remaining and reset
+-- time. Limits are numbered 1-based here, 0-based in Python, in the caller's order.
 --
--- ARGV: op, ttl_ms, sig, L (limits), then per limit: is_rate (1/0), amount, window_s,
--- burst (<0: a tenth of amount), then the operation's own:
+-- ARGV: op, ttl_ms, L (limits), then per limit: is_rate (1/0), amount, window_s,
+-- burst (<0: a tenth of amount), k, then the operation's own:
 --   take      k (requests), then k * L units (request 1's per limit, request 2's, ...)
 --   giveback  age_s, then L units
 --   correct   age_s, then L deltas
@@ -25,23 +27,20 @@ local EPS = 1e-9
 local key = KEYS[1]
 local op = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
-local sig = ARGV[3]
-local L = tonumber(ARGV[4])
+local L = tonumber(ARGV[3])
 local lims = {}
+local first = {}  -- a limit stated twice is one limit: only its first place writes
 for i = 1, L do
-  local at = 4 + (i - 1) * 4
+  local at = 3 + (i - 1) * 5
+  local k = ARGV[at + 5]
   lims[i] = {rate = ARGV[at + 1] == '1', amount = tonumber(ARGV[at + 2]),
-             window = tonumber(ARGV[at + 3]), burst = tonumber(ARGV[at + 4])}
+             window = tonumber(ARGV[at + 3]), burst = tonumber(ARGV[at + 4]), key = k}
+  if first[k] == nil then first[k] = i end
 end
-local base = 4 + L * 4
+local base = 3 + L * 5
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-
-if redis.call('HGET', key, 'sig') ~= sig then
-  redis.call('DEL', key)
-  redis.call('HSET', key, 'sig', sig)
-end
 
 local function fmt(x)
   if x == math.huge then return 'inf' end
@@ -73,17 +72,24 @@ local function num(field)
   return nil
 end
 
+-- the hash's field of limit i's state s ('t', 'a', 'r', 'b')
+local function fld(s, i)
+  return s .. ':' .. lims[i].key
+end
+
 -- the sub-buckets of quota i: {n -> units}, and their sorted numbers
 local function counts(i)
   local flat = redis.call('HGETALL', key)
   local out, order = {}, {}
-  local prefix = 'b' .. i .. ':'
+  local prefix = fld('b', i) .. '#'
   for j = 1, #flat, 2 do
     local f = flat[j]
     if string.sub(f, 1, #prefix) == prefix then
       local n = tonumber(string.sub(f, #prefix + 1))
-      out[n] = tonumber(flat[j + 1])
-      order[#order + 1] = n
+      if n then
+        out[n] = tonumber(flat[j + 1])
+        order[#order + 1] = n
+      end
     end
   end
   table.sort(order)
@@ -92,13 +98,13 @@ end
 
 -- expire: lapsed announcements, sub-buckets out of the window
 for i, lim in ipairs(lims) do
-  if not lim.rate then
-    local r = num('r' .. i)
-    if r and now >= r then redis.call('HDEL', key, 'a' .. i, 'r' .. i) end
+  if not lim.rate and first[lim.key] == i then
+    local r = num(fld('r', i))
+    if r and now >= r then redis.call('HDEL', key, fld('a', i), fld('r', i)) end
     local c, order = counts(i)
     local oldest = bucket(now, lim) - span(lim)
     for _, n in ipairs(order) do
-      if n < oldest then redis.call('HDEL', key, 'b' .. i .. ':' .. n) end
+      if n < oldest then redis.call('HDEL', key, fld('b', i) .. '#' .. n) end
     end
   end
 end
@@ -106,23 +112,23 @@ end
 local function room(i, lim)
   if lim.rate then
     local r = lim.amount / lim.window
-    local tat = num('t' .. i) or 0
+    local tat = num(fld('t', i)) or 0
     local ahead = tat - now
     if ahead < 0 then ahead = 0 end
     local v = burst(lim, 0) - ahead * r
     if v < 0 then v = 0 end
     return v
   end
-  local a = num('a' .. i)
-  if a then
-    if a < 0 then return 0 end
-    return a
-  end
   local c, order = counts(i)
   local held = 0
   for _, n in ipairs(order) do held = held + c[n] end
   local v = lim.amount - held
   if v < 0 then v = 0 end
+  local a = num(fld('a', i))
+  if a then  -- an announcement only lowers it: the stated limit always holds
+    if a < 0 then a = 0 end
+    if a < v then v = a end
+  end
   return v
 end
 
@@ -131,18 +137,18 @@ local function wait(i, lim, before, u)
   local total = before + u
   if lim.rate then
     local r = lim.amount / lim.window
-    local start = num('t' .. i) or 0
+    local start = num(fld('t', i)) or 0
     if start < now then start = now end
     local need = start + total / r - burst(lim, u) / r - now
     if need > EPS then return need, need end
     return 0, 0
   end
   if u > lim.amount + EPS then return math.huge, math.huge end
-  local a = num('a' .. i)
-  if a then
-    if total <= a + EPS then return 0, 0 end
-    local r = num('r' .. i)
-    return r - now, r - now
+  local fw, fr = 0, 0
+  local a = num(fld('a', i))
+  if a and total > a + EPS then
+    local r = num(fld('r', i))
+    fw, fr = r - now, r - now
   end
   local c, order = counts(i)
   if before > 0 then
@@ -157,7 +163,7 @@ local function wait(i, lim, before, u)
   end
   local held = 0
   for _, n in ipairs(order) do held = held + c[n] end
-  if held + u <= lim.amount + EPS then return 0, 0 end
+  if held + u <= lim.amount + EPS then return fw, fr end
   local d = lim.window / SUB
   local renew = 0
   for _, n in ipairs(order) do
@@ -165,42 +171,43 @@ local function wait(i, lim, before, u)
     renew = (n + span(lim) + 1) * d - now
     if held + u <= lim.amount + EPS then break end
   end
-  local first = 0
-  if #order > 0 then first = (order[1] + span(lim) + 1) * d - now end
-  if first < 0 then first = 0 end
+  local renews = 0
+  if #order > 0 then renews = (order[1] + span(lim) + 1) * d - now end
+  if renews < 0 then renews = 0 end
   if renew < EPS * 2 then renew = EPS * 2 end
-  return renew, first
+  if fw > renew then return fw, fr end
+  return renew, renews
 end
 
 local function add(i, lim, total)
-  if total <= 0 then return end
+  if total <= 0 or first[lim.key] ~= i then return end
   if lim.rate then
     local r = lim.amount / lim.window
-    local tat = num('t' .. i) or 0
+    local tat = num(fld('t', i)) or 0
     if tat < now then tat = now end
-    redis.call('HSET', key, 't' .. i, fmt(tat + total / r))
+    redis.call('HSET', key, fld('t', i), fmt(tat + total / r))
     return
   end
-  local f = 'b' .. i .. ':' .. bucket(now, lim)
+  local f = fld('b', i) .. '#' .. bucket(now, lim)
   redis.call('HSET', key, f, fmt((num(f) or 0) + total))
-  local a = num('a' .. i)
-  if a then redis.call('HSET', key, 'a' .. i, fmt(a - total)) end
+  local a = num(fld('a', i))
+  if a then redis.call('HSET', key, fld('a', i), fmt(a - total)) end
 end
 
 local function less(i, lim, total, at)
-  if total <= 0 then return end
+  if total <= 0 or first[lim.key] ~= i then return end
   if lim.rate then
     local r = lim.amount / lim.window
-    local tat = num('t' .. i) or 0
+    local tat = num(fld('t', i)) or 0
     local floor = tat
     if now < floor then floor = now end
     local v = tat - total / r
     if v < floor then v = floor end
-    redis.call('HSET', key, 't' .. i, fmt(v))
+    redis.call('HSET', key, fld('t', i), fmt(v))
     return
   end
-  local a = num('a' .. i)
-  if a then redis.call('HSET', key, 'a' .. i, fmt(a + total)) end
+  local a = num(fld('a', i))
+  if a then redis.call('HSET', key, fld('a', i), fmt(a + total)) end
   local c, order = counts(i)
   local start = bucket(at, lim)
   for j = #order, 1, -1 do
@@ -211,9 +218,9 @@ local function less(i, lim, total, at)
       local left = c[n] - taken
       total = total - taken
       if left <= EPS then
-        redis.call('HDEL', key, 'b' .. i .. ':' .. n)
+        redis.call('HDEL', key, fld('b', i) .. '#' .. n)
       else
-        redis.call('HSET', key, 'b' .. i .. ':' .. n, fmt(left))
+        redis.call('HSET', key, fld('b', i) .. '#' .. n, fmt(left))
       end
       if total <= EPS then break end
     end
@@ -272,7 +279,7 @@ elseif op == 'announce' then
   for _, n in ipairs(order) do
     if n >= since then granted = granted + c[n] end
   end
-  redis.call('HSET', key, 'a' .. i, fmt(remaining - granted), 'r' .. i, fmt(now + reset))
+  redis.call('HSET', key, fld('a', i), fmt(remaining - granted), fld('r', i), fmt(now + reset))
 end
 
 redis.call('PEXPIRE', key, ttl_ms)

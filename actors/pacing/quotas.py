@@ -15,8 +15,12 @@ the quota state holds (``Pacing.unit_limits``), in their order:
   ``w`` ever holds more than ``amount``, even with up to a second between a grant and the
   provider counting the request (a provider counting fixed windows is held too); the
   cost, sustained: about ``amount`` per ``w + 1.5 s`` (a minute's quota: 97.5 % of it).
-  While a provider's announcement of that quota is live (until its reset), its remaining
-  count is the room instead.
+  While a provider's announcement of that quota is live (until its reset), the room is
+  the smaller of its own count's and the announced remaining count (the stated limit is
+  the user's own cap: an announcement only lowers it).
+
+Each limit's state is kept under its own identity (:func:`limit_key`), not its place in
+a list: callers stating different lists of limits share the limits they have in common.
 
 Operations (:data:`QuotaOp`) come in, replies go out (:class:`UnitsTaken`,
 :class:`QuotaRead`), as :class:`~actors.pacing.pacer_state.BucketState`'s; time is passed
@@ -35,6 +39,7 @@ import attrs
 from actors.tool import Limit
 
 __all__ = [
+    "ANNOUNCED_WINDOW_TOLERANCE",
     "SLACK_S",
     "SUB_BUCKETS",
     "Announce",
@@ -46,6 +51,7 @@ __all__ = [
     "TakeUnits",
     "UnitsTaken",
     "announced_limit",
+    "limit_key",
     "request_units",
     "span",
 ]
@@ -65,6 +71,27 @@ def span(lim: Limit) -> int:
 
 
 EPS = 1e-9
+ANNOUNCED_WINDOW_TOLERANCE = 0.1
+"""An announcement with a window is of a quota of its unit whose window is within this
+fraction of it (a provider's "minute" is never a stated day's count)."""
+
+
+def limit_key(lim: Limit) -> str:
+    """A limit's own identity in the quota state: its unit, window, amount (as a float:
+    5 and 5.0 are one limit) and kind (rate or quota). Its counts are kept under it, not
+    under its place in a list, so processes stating overlapping lists of limits (a rolling
+    deploy) share the counts of the limits they have in common and never reset each
+    other's; the same limit stated twice is one limit."""
+    kind = "r" if lim.is_rate else "q"
+    return f"{kind}|{float(lim.window_s)!r}|{float(lim.amount)!r}|{lim.unit}"
+
+
+def _distinct(limits: Sequence[Limit]) -> list[tuple[str, Limit]]:
+    """(key, limit) of each distinct limit, first occurrence first."""
+    seen: dict[str, Limit] = {}
+    for lim in limits:
+        seen.setdefault(limit_key(lim), lim)
+    return list(seen.items())
 
 
 def request_units(limit: Limit, units: Mapping[str, float]) -> float:
@@ -109,8 +136,9 @@ class Correct:
 class Announce:
     """A provider announced a quota's count: ``remaining`` units of ``unit`` until
     ``reset_s`` seconds from now, in its answer to a request sent ``sent_ago_s`` seconds
-    ago (units granted since are taken from it). ``window_s`` picks the limit when
-    several count that unit (the nearest window; None: the longest). Replied with
+    ago (units granted since are taken from it). It applies to a quota of its unit whose
+    window is within :data:`ANNOUNCED_WINDOW_TOLERANCE` of ``window_s`` (None: the
+    longest of its unit), and only lowers its room. Replied with
     :class:`QuotaRead`; an announcement no limit counts is ignored."""
 
     unit: str
@@ -152,16 +180,18 @@ class UnitsTaken(QuotaRead):
 
 @attrs.define
 class QuotaState:
-    """Per (org, provider): ``tat[i]`` of each rate, ``counts[i]`` (sub-bucket -> units)
-    of each quota, ``announced[i]`` = (units remaining, reset at) of a quota whose count
-    the provider announced; ``at`` the last op's time."""
+    """Per (org, provider), per limit (by :func:`limit_key`, whatever list it is stated
+    in): ``tat[k]`` of each rate, ``counts[k]`` (sub-bucket -> units) of each quota,
+    ``announced[k]`` = (units remaining, reset at) of a quota whose count the provider
+    announced."""
 
-    tat: dict[int, float] = attrs.field(factory=dict)
-    counts: dict[int, dict[int, float]] = attrs.field(factory=dict)
-    announced: dict[int, tuple[float, float]] = attrs.field(factory=dict)
+    tat: dict[str, float] = attrs.field(factory=dict)
+    counts: dict[str, dict[int, float]] = attrs.field(factory=dict)
+    announced: dict[str, tuple[float, float]] = attrs.field(factory=dict)
 
     def handle(self, op: QuotaOp, now: float, limits: Sequence[Limit]) -> QuotaRead:
-        """Apply ``op`` at ``now`` (seconds, any monotonic clock) under ``limits``.
+        """Apply ``op`` at ``now`` (seconds, any monotonic clock) under ``limits`` (the
+        state of a limit not in ``limits`` is kept, untouched: another caller's).
 
         Raises:
             TypeError: ``op`` is not a quota operation.
@@ -180,58 +210,31 @@ class QuotaState:
             self._announce(op, now, limits)
         else:
             raise TypeError(f"not a quota operation: {op!r}")
-        return QuotaRead(room=tuple(self._room(i, lim, now) for i, lim in enumerate(limits)))
-
-    def renumbered(self, old: Sequence[Limit], new: Sequence[Limit]) -> QuotaState:
-        """This state under ``new`` limits, having been kept under ``old`` ones: each limit
-        keeps its state when ``new`` holds one of its unit and window (the k-th such limit
-        of ``old`` is the k-th of ``new``: an amount changed, as a provider's announcement
-        may, keeps the count); a limit new starts empty, one gone is dropped."""
-
-        def keys(limits: Sequence[Limit]) -> list[tuple[str, float, bool, int]]:
-            seen: dict[tuple[str, float, bool], int] = {}
-            out = []
-            for lim in limits:
-                k = (lim.unit, lim.window_s, lim.is_rate)
-                seen[k] = seen.get(k, 0) + 1
-                out.append((*k, seen[k]))
-            return out
-
-        where = {k: i for i, k in enumerate(keys(old))}
-        moved = QuotaState()
-        for j, k in enumerate(keys(new)):
-            i = where.get(k)
-            if i is None:
-                continue
-            if i in self.tat:
-                moved.tat[j] = self.tat[i]
-            if i in self.counts:
-                moved.counts[j] = self.counts[i]
-            if i in self.announced:
-                moved.announced[j] = self.announced[i]
-        return moved
+        return QuotaRead(room=tuple(self._room(lim, now) for lim in limits))
 
     # -- the rules ------------------------------------------------------------------------
 
     def _expire(self, now: float, limits: Sequence[Limit]) -> None:
-        for i, lim in enumerate(limits):
-            ann = self.announced.get(i)
+        for k, lim in _distinct(limits):
+            ann = self.announced.get(k)
             if ann is not None and now >= ann[1]:
-                del self.announced[i]
-            counts = self.counts.get(i)
+                del self.announced[k]
+            counts = self.counts.get(k)
             if counts:
                 oldest = _bucket(now, lim) - span(lim)
                 for b in [b for b in counts if b < oldest]:
                     del counts[b]
 
-    def _room(self, i: int, lim: Limit, now: float) -> float:
+    def _room(self, lim: Limit, now: float) -> float:
+        k = limit_key(lim)
         if lim.is_rate:
             rate = lim.amount / lim.window_s
-            return max(0.0, _burst(lim, 0.0) - max(0.0, self.tat.get(i, 0.0) - now) * rate)
-        ann = self.announced.get(i)
-        if ann is not None:
-            return max(0.0, ann[0])
-        return max(0.0, lim.amount - _held(self.counts.get(i, {})))
+            return max(0.0, _burst(lim, 0.0) - max(0.0, self.tat.get(k, 0.0) - now) * rate)
+        room = max(0.0, lim.amount - _held(self.counts.get(k, {})))
+        ann = self.announced.get(k)
+        if ann is not None:  # an announcement only lowers it: the stated limit always holds
+            return min(room, max(0.0, ann[0]))
+        return room
 
     def _take(self, op: TakeUnits, now: float, limits: Sequence[Limit]) -> UnitsTaken:
         sums = [0.0] * len(limits)
@@ -240,7 +243,7 @@ class QuotaState:
             fits = True
             for i, lim in enumerate(limits):
                 u = request_units(lim, request)
-                w, r = self._wait(i, lim, sums[i], u, now)
+                w, r = self._wait(lim, sums[i], u, now)
                 if w > EPS:
                     if fits or w > wait:
                         wait, held, reset = w, i, r
@@ -254,32 +257,33 @@ class QuotaState:
             self._add(sums, now, limits)
         if granted == len(op.requests):
             wait, held, reset = 0.0, -1, 0.0
-        room = tuple(self._room(i, lim, now) for i, lim in enumerate(limits))
+        room = tuple(self._room(lim, now) for lim in limits)
         return UnitsTaken(room=room, granted=granted, wait_s=wait, limit=held, reset_s=reset)
 
-    def _wait(self, i: int, lim: Limit, before: float, u: float, now: float) -> tuple[float, float]:
-        """(seconds until ``u`` more units fit in limit ``i`` after ``before`` units taken
-        in this op, seconds until its window renews); (0, 0) when they fit now."""
+    def _wait(self, lim: Limit, before: float, u: float, now: float) -> tuple[float, float]:
+        """(seconds until ``u`` more units fit in ``lim`` after ``before`` units taken
+        in this op, seconds until its window renews); (0, 0) when they fit now. A quota
+        with a live announcement holds both to its own count and to the announced one."""
+        k = limit_key(lim)
         total = before + u
         if lim.is_rate:
             rate = lim.amount / lim.window_s
-            start = max(self.tat.get(i, 0.0), now)
+            start = max(self.tat.get(k, 0.0), now)
             need = start + total / rate - _burst(lim, u) / rate - now
             return (need, need) if need > EPS else (0.0, 0.0)
         if u > lim.amount + EPS:
             return math.inf, math.inf
-        ann = self.announced.get(i)
-        if ann is not None:
-            if total <= ann[0] + EPS:
-                return 0.0, 0.0
-            return ann[1] - now, ann[1] - now
-        counts = dict(self.counts.get(i, {}))
+        found = (0.0, 0.0)
+        ann = self.announced.get(k)
+        if ann is not None and total > ann[0] + EPS:
+            found = (ann[1] - now, ann[1] - now)
+        counts = dict(self.counts.get(k, {}))
         if before > 0:  # taken earlier in this op: in the current sub-bucket
             b = _bucket(now, lim)
             counts[b] = counts.get(b, 0.0) + before
         held = _held(counts)
         if held + u <= lim.amount + EPS:
-            return 0.0, 0.0
+            return found
         d = lim.window_s / SUB_BUCKETS
         renew = 0.0
         for b in sorted(counts):  # each leaves the window as the bucket span(lim) later ends
@@ -288,42 +292,46 @@ class QuotaState:
             if held + u <= lim.amount + EPS:
                 break
         first = (min(counts) + span(lim) + 1) * d - now if counts else 0.0
-        return max(renew, EPS * 2), max(first, 0.0)
+        own = (max(renew, EPS * 2), max(first, 0.0))
+        return own if own[0] >= found[0] else found
 
     def _add(self, totals: Sequence[float], now: float, limits: Sequence[Limit]) -> None:
+        seen: set[str] = set()
         for i, lim in enumerate(limits):
+            k = limit_key(lim)
             total = totals[i]
-            if total <= 0:
+            if total <= 0 or k in seen:
                 continue
+            seen.add(k)
             if lim.is_rate:
                 rate = lim.amount / lim.window_s
-                self.tat[i] = max(self.tat.get(i, 0.0), now) + total / rate
+                self.tat[k] = max(self.tat.get(k, 0.0), now) + total / rate
                 continue
             b = _bucket(now, lim)
-            counts = self.counts.setdefault(i, {})
+            counts = self.counts.setdefault(k, {})
             counts[b] = counts.get(b, 0.0) + total
-            ann = self.announced.get(i)
+            ann = self.announced.get(k)
             if ann is not None:
-                self.announced[i] = (ann[0] - total, ann[1])
+                self.announced[k] = (ann[0] - total, ann[1])
 
     def _less(self, units: Mapping[str, float], at: float, now: float, limits: Sequence[Limit]) -> None:
         """Take ``units`` back, as of requests granted at ``at``: a rate's ``tat`` moves
         back (never making room before ``now`` that was not there), a quota's sub-bucket of
         ``at`` and then older ones lose them (never below 0; the window may then hold the
         rest of those requests' units a little longer: conservative)."""
-        for i, lim in enumerate(limits):
+        for k, lim in _distinct(limits):
             total = float(units.get(lim.unit, 0.0))
             if total <= 0:
                 continue
             if lim.is_rate:
                 rate = lim.amount / lim.window_s
-                tat = self.tat.get(i, 0.0)
-                self.tat[i] = max(tat - total / rate, min(tat, now))
+                tat = self.tat.get(k, 0.0)
+                self.tat[k] = max(tat - total / rate, min(tat, now))
                 continue
-            ann = self.announced.get(i)
+            ann = self.announced.get(k)
             if ann is not None:
-                self.announced[i] = (ann[0] + total, ann[1])
-            counts = self.counts.get(i, {})
+                self.announced[k] = (ann[0] + total, ann[1])
+            counts = self.counts.get(k, {})
             start = _bucket(at, lim)
             for b in sorted((b for b in counts if b <= start), reverse=True):
                 taken = min(total, counts[b])
@@ -339,25 +347,28 @@ class QuotaState:
         if i is None:
             return
         lim = limits[i]
+        k = limit_key(lim)
         since = _bucket(now - max(0.0, op.sent_ago_s), lim)
-        counts = self.counts.get(i, {})
+        counts = self.counts.get(k, {})
         granted_since = 0.0
         for b in sorted(counts):
             if b >= since:
                 granted_since += counts[b]
         reset = min(max(0.0, op.reset_s), lim.window_s)
-        self.announced[i] = (max(0.0, op.remaining) - granted_since, now + reset)
+        self.announced[k] = (max(0.0, op.remaining) - granted_since, now + reset)
 
 
 def announced_limit(op: Announce, limits: Sequence[Limit]) -> int | None:
-    """The index of the quota an announcement is of: one counting its unit, the window
-    nearest its ``window_s`` (None: the longest); None when no quota counts that unit."""
+    """The index of the quota an announcement is of: one counting its unit whose window
+    is within :data:`ANNOUNCED_WINDOW_TOLERANCE` of its ``window_s``, the nearest (None:
+    the longest of its unit); None when there is none (the announcement is ignored)."""
     found = [(i, lim) for i, lim in enumerate(limits) if lim.unit == op.unit and not lim.is_rate]
+    if op.window_s is None:
+        return max(found, key=lambda f: f[1].window_s)[0] if found else None
+    window = op.window_s
+    found = [f for f in found if abs(f[1].window_s - window) <= ANNOUNCED_WINDOW_TOLERANCE * window]
     if not found:
         return None
-    if op.window_s is None:
-        return max(found, key=lambda f: f[1].window_s)[0]
-    window = op.window_s
     return min(found, key=lambda f: abs(f[1].window_s - window))[0]
 
 

@@ -17,6 +17,7 @@ from actors.pacing.quotas import (
     TakeUnits,
     UnitsTaken,
     announced_limit,
+    limit_key,
     request_units,
 )
 from actors.tool import Limit
@@ -42,11 +43,11 @@ def quota_args(op: QuotaOp, limits: Sequence[Limit], ttl_ms: int) -> list[str] |
     Raises:
         TypeError: ``op`` is not a quota operation.
     """
-    sig = ";".join(f"{lim.amount!r},{lim.window_s!r},{lim.unit},{lim.burst!r}" for lim in limits)
-    head = [str(ttl_ms), sig, str(len(limits))]
+    head = [str(ttl_ms), str(len(limits))]
     for lim in limits:
         burst = -1.0 if lim.burst is None else float(lim.burst)
         head += ["1" if lim.is_rate else "0", repr(float(lim.amount)), repr(lim.window_s), repr(burst)]
+        head.append(limit_key(lim))
     if isinstance(op, TakeUnits):
         own = ["take", str(len(op.requests))]
         own += [repr(request_units(lim, r)) for r in op.requests for lim in limits]

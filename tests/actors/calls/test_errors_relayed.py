@@ -501,3 +501,32 @@ def test_the_errors_nested_calls_raised_are_not_held_while_the_function_runs(mak
     holder["proxy"] = system.proxy()
     system.proxy().execute("parent", {"x": 1}).get(timeout=90.0)
     assert alive and alive[0] < 50, f"{alive[0]} nested errors held while the function ran"
+
+
+@pytest.mark.parametrize("retry_safe", [True, False], ids=["retry-safe", "not-retry-safe"])
+def test_a_nested_calls_quota_refusal_passed_on_is_a_refusal_that_passes(
+    make_system: Any, db_path: Path, recorder: Any, retry_safe: bool
+) -> None:
+    """The parent takes the provider's one request a minute; its nested call cannot have
+    one before its timeout (QuotaExhaustedError, not sent) and the parent passes it on: a
+    refusal that passes, as a budget's: retry-safe, recorded ``transient`` (a rerun runs
+    it again), else ``uncertain`` (it acted); never a permanent failure."""
+    from actors import Limit, Pacing, QuotaExhaustedError
+
+    holder: dict[str, Any] = {}
+    pacing = Pacing(limits=[Limit(1, "minute")])
+
+    def parent(i: Any, c: Any) -> Any:
+        recorder.record("parent", i, c)
+        return holder["proxy"].execute("child", {"x": i["x"]}).get(timeout=WAIT_S).value
+
+    tools = [
+        Tool(tool_id="parent", fn=parent, provider="p", pacing=pacing, retry_safe=retry_safe, timeout_s=3.0),
+        Tool(tool_id="child", fn=lambda i, c: i, provider="p", pacing=pacing, timeout_s=1.0),
+    ]
+    system = make_system(tools, policy=Policy(batch_grace_s=0.02, retry_attempts=0))
+    holder["proxy"] = system.proxy()
+    with pytest.raises(QuotaExhaustedError):
+        holder["proxy"].execute("parent", {"x": 1}).get(timeout=WAIT_S)
+    system.stop()
+    assert _statuses(db_path)["parent"] == ("failed" if retry_safe else "uncertain", "transient")

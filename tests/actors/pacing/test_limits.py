@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import attrs
 import pytest
 
-from actors import Limit, Pacing, Policy, QuotaExhaustedError, RateLimitedError, Tool
+from actors import BatchStrategy, Limit, Pacing, Policy, QuotaExhaustedError, RateLimitedError, Tool
 from actors.http import http_tool
 from actors.pacing.reports import report_usage
 from stores.types import ReceiptStatus
@@ -148,3 +149,100 @@ def test_limits_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert sorted(lines) == sorted(
         ["SAY 0 TWICE", "SAY 1 TWICE", "SAY 2 TWICE", "refused: 3 requests/day (room again in 24 h)"]
     )
+
+
+def test_limits_a_call_that_never_fits_is_refused_alone(make_system: Any) -> None:
+    """One call estimated at more than the whole quota is refused; the calls queued behind
+    it on that tool go (one waiter's refusal is its own)."""
+    paid: list[int] = []
+
+    def fn(input: Any, ctx: Any) -> Any:
+        time.sleep(0.05)
+        paid.append(input["n"])
+        return input
+
+    tool = Tool(
+        tool_id="big", fn=fn, provider="p", timeout_s=5.0,
+        pacing=Pacing(limits=[Limit(10000, "minute", "tokens")]),
+        units=lambda input: {"tokens": input["tokens"]},
+    )  # fmt: skip
+    system = make_system([tool], policy=Policy(max_concurrency=2))
+    inputs = [{"n": n, "tokens": 50000 if n == 2 else 10} for n in range(10)]
+    results = _outcomes([system.proxy().execute("big", x) for x in inputs])
+    refused = [i for i, r in enumerate(results) if isinstance(r, QuotaExhaustedError)]
+    assert refused == [2] and "more than its whole quota" in str(results[2])
+    assert sorted(paid) == [n for n in range(10) if n != 2]
+
+
+def test_limits_a_call_is_judged_against_a_quota_for_its_estimate_not_the_factor(make_system: Any) -> None:
+    """A batch of 10 members of 30 tokens (300: 600 at the cold bias factor of 2) under a
+    quota of 400 tokens/minute: taken at the quota (400), not refused as larger than it."""
+    paid: list[int] = []
+
+    def batch_fn(items: list[Any], ctx: Any) -> list[Any]:
+        paid.extend(x["i"] for x in items)
+        return items
+
+    tool = Tool(
+        tool_id="batched", fn=lambda input, ctx: input, provider="p", timeout_s=3.0,
+        batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=10),
+        pacing=Pacing(limits=[Limit(400, "minute", "tokens")]), units=lambda input: {"tokens": 30},
+    )  # fmt: skip
+    system = make_system([tool])
+    results = _outcomes(system.proxy().execute_many("batched", [{"i": i} for i in range(10)]))
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert sorted(paid) == list(range(10))
+
+
+def test_limits_a_batch_larger_than_a_quota_is_split(make_system: Any) -> None:
+    """10 members of 30 tokens (300) under a quota of 200 tokens/minute: the batch is
+    halved (as under a money budget) and the half that fits goes; the rest wait for the
+    window past their timeout and are refused as such, not as larger than the quota."""
+    paid: list[int] = []
+
+    def batch_fn(items: list[Any], ctx: Any) -> list[Any]:
+        paid.extend(x["i"] for x in items)
+        return items
+
+    tool = Tool(
+        tool_id="batched", fn=lambda input, ctx: input, provider="p", timeout_s=2.0,
+        batch=BatchStrategy(batch_fn=batch_fn, max_batch_size=10),
+        pacing=Pacing(limits=[Limit(200, "minute", "tokens")]), units=lambda input: {"tokens": 30},
+    )  # fmt: skip
+    system = make_system([tool])
+    results = _outcomes(system.proxy().execute_many("batched", [{"i": i} for i in range(10)]))
+    assert len(paid) >= 5
+    refused = [r for r in results if isinstance(r, Exception)]
+    assert len(refused) == 10 - len(paid)
+    assert all(isinstance(r, QuotaExhaustedError) and "is spent" in str(r) for r in refused), refused
+
+
+def test_limits_systems_sharing_a_local_pacer_each_hold_to_every_stated_limit(tmp_path: Path) -> None:
+    """Two systems share one LocalPacer for provider ``p``, one stating 100/minute, the
+    other 2/minute: the pacer keeps both (each once), so the second's calls hold to its
+    2/minute (the first's was kept alone: all 6 went)."""
+    from actors import DispatchSystem, RunInfo
+    from actors.pacing import LocalPacer
+    from stores import SqliteReceiptStore
+
+    pacer = LocalPacer()
+
+    def start(name: str, limit: Limit) -> DispatchSystem:
+        tool = Tool(
+            tool_id="t", fn=lambda i, c: i, provider="p", timeout_s=2.0, pacing=Pacing(limits=[limit])
+        )
+        return DispatchSystem.start(
+            tools=[tool], store=SqliteReceiptStore(str(tmp_path / f"{name}.db")), pacer=pacer,
+            run=RunInfo(run_id=name, org_id="o", scope="s"), policy=Policy(batch_grace_s=0.01),
+        )  # fmt: skip
+
+    a = start("a", Limit(100, "minute"))
+    b = start("b", Limit(2, "minute"))
+    try:
+        results = _outcomes(b.proxy().execute_many("t", [{"i": i} for i in range(6)]))
+    finally:
+        b.stop()
+        a.stop()
+    assert sum(not isinstance(r, Exception) for r in results) == 2
+    assert all(isinstance(r, QuotaExhaustedError) for r in results if isinstance(r, Exception))
+    assert pacer.unit_limits["p"] == (Limit(100, "minute"), Limit(2, "minute"))

@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from actors.pacing.quotas import SUB_BUCKETS, Announce, Correct, GiveBack, QuotaState, TakeUnits, UnitsTaken
-from actors.tool import Limit, Pacing
+from actors.pacing.quotas import (
+    SUB_BUCKETS,
+    Announce,
+    Correct,
+    GiveBack,
+    QuotaState,
+    TakeUnits,
+    UnitsTaken,
+    limit_key,
+)
+from actors.tool import Limit, Pacing, Tool
 
 PER_MINUTE = Limit(1000, "minute")
 TOKENS = Limit(20000, "minute", "tokens")
@@ -91,7 +100,7 @@ def test_correction_down_comes_off_the_sub_bucket_it_was_granted_in() -> None:
     take(state, 0.0, limits, {"tokens": 5000})
     take(state, 30.0, limits, {"tokens": 5000})
     state.handle(Correct(delta={"tokens": -5000}, age_s=30.0), 30.0, limits)  # the one granted at 0 s
-    assert state.counts[0] == {30: 5000.0}
+    assert state.counts[limit_key(TOKENS)] == {30: 5000.0}
 
 
 def test_rate_in_units_paces_by_gcra() -> None:
@@ -117,3 +126,74 @@ def test_announcement_of_an_unknown_unit_is_ignored() -> None:
     state = QuotaState()
     read = state.handle(Announce(unit="credits", remaining=0, reset_s=9.0), 0.0, [PER_MINUTE])
     assert read.room == (1000.0,)
+
+
+def test_callers_stating_different_limits_share_the_limits_in_common() -> None:
+    """A rolling deploy: one caller states 5/minute, another 5.0/minute and 1000/day, on
+    one state; the minute's count is one (never reset by the other list), 5 in all."""
+    state = QuotaState()
+    old, new = [Limit(5, "minute")], [Limit(5.0, "minute"), Limit(1000, "day")]
+    granted = 0
+    for i in range(12):
+        granted += take(state, float(i), old if i % 2 else new, {}).granted
+    assert granted == 5
+    assert take(state, 20.0, [Limit(1000, "day")], {}).granted == 1  # the day's count: its own
+    assert state.handle(GiveBack(units={}), 20.0, new).room == (
+        0.0,
+        996.0,
+    )  # 3 under the new list, 1 under the day alone
+
+
+def test_the_same_limit_stated_twice_counts_once() -> None:
+    state = QuotaState()
+    got = take(state, 0.0, [Limit(5, "minute"), Limit(5.0, "minute")], *([{}] * 5))
+    assert got.granted == 5 and got.room == (0.0, 0.0)
+
+
+def test_announcement_applies_only_to_a_quota_of_about_its_window() -> None:
+    """A minute's announcement is not a stated day's count (windows more than 10 % apart)."""
+    state, limits = QuotaState(), [Limit(20, "day")]
+    read = state.handle(Announce(unit="requests", remaining=900, reset_s=30.0, window_s=60.0), 0.0, limits)
+    assert read.room == (20.0,)
+    assert take(state, 1.0, limits, *([{}] * 30)).granted == 20
+    read = state.handle(
+        Announce(unit="requests", remaining=3, reset_s=30.0, window_s=57.0), 0.0, [PER_MINUTE]
+    )
+    assert read.room == (3.0,)  # within 10 %: the provider's count of that minute
+
+
+def test_announcement_only_lowers_a_stated_quota() -> None:
+    """The provider's 1000/minute says 990 left: the user's own 5/minute still holds."""
+    state, limits = QuotaState(), [Limit(5, "minute")]
+    take(state, 0.0, limits, {}, {})
+    read = state.handle(Announce(unit="requests", remaining=990, reset_s=50.0, window_s=60.0), 0.5, limits)
+    assert read.room == (3.0,)
+    got = take(state, 1.0, limits, *([{}] * 10))
+    assert got.granted == 3 and got.wait_s > 50
+    read = state.handle(Announce(unit="requests", remaining=0, reset_s=20.0, window_s=60.0), 2.0, limits)
+    assert read.room == (0.0,)
+
+
+def test_a_limit_in_a_misspelt_requests_unit_is_refused_at_start() -> None:
+    from actors.pacing.providers import provider_pacings
+
+    tool = Tool(
+        tool_id="t", fn=lambda i, c: i, provider="p", pacing=Pacing(limits=[Limit(2, "minute", "request")])
+    )
+    with pytest.raises(ValueError, match="did you mean 'requests'"):
+        provider_pacings([tool])
+
+
+def test_a_limit_in_a_unit_no_tool_states_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from actors.pacing.providers import provider_pacings
+
+    pacing = Pacing(limits=[Limit(2, "minute", "tokens")])
+    bare = Tool(tool_id="bare", fn=lambda i, c: i, provider="p", pacing=pacing)
+    with caplog.at_level("WARNING", logger="tooldispatch"):
+        provider_pacings([bare])
+    assert "'2 tokens/minute' counts 'tokens', which none of its tools (bare) states" in caplog.text
+    caplog.clear()
+    stating = Tool(tool_id="s", fn=lambda i, c: i, provider="p", pacing=pacing, units=lambda i: {"tokens": 1})
+    with caplog.at_level("WARNING", logger="tooldispatch"):
+        provider_pacings([bare, stating])
+    assert "counts 'tokens'" not in caplog.text

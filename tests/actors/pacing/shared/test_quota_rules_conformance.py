@@ -70,7 +70,7 @@ ops = st.one_of(
         remaining=st.sampled_from([0.0, 3.0, 500.0]),
         reset_s=st.sampled_from([0.0, 1.5, 30.0, 4000.0]),
         sent_ago_s=ages,
-        window_s=st.sampled_from([None, 60.0]),
+        window_s=st.sampled_from([None, 60.0, 57.0, 66.5, 3600.0]),
     ),
 )
 steps = st.lists(
@@ -113,13 +113,38 @@ def _same(a: QuotaRead, b: QuotaRead) -> bool:
 def test_quota_script_replies_as_the_python_rules(
     lua_quota: Any, limits: list[Limit], sequence: list[Any]
 ) -> None:
+    _run_both(lua_quota, [limits], [(kind, arg, 0) for kind, arg in sequence])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lists=st.lists(limits_st, min_size=2, max_size=3),
+    sequence=st.lists(
+        st.one_of(
+            st.tuples(st.just("op"), ops, st.integers(0, 2)),
+            st.tuples(st.just("sleep"), st.integers(0, 90_000_000), st.just(0)),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_callers_stating_different_limits_share_one_state_alike(
+    lua_quota: Any, lists: list[list[Limit]], sequence: list[Any]
+) -> None:
+    """Callers stating different lists of limits (a rolling deploy) on one key: each op
+    under one of them; both sides keep each limit's state under its own identity."""
+    _run_both(lua_quota, lists, sequence)
+
+
+def _run_both(lua_quota: Any, lists: list[list[Limit]], sequence: list[Any]) -> None:
     key = f"tdquota:{uuid.uuid4().hex[:12]}:quota"
     python = QuotaState()
     micros = 0
-    for step, (kind, arg) in enumerate(sequence):
+    for step, (kind, arg, which) in enumerate(sequence):
         if kind == "sleep":
             micros += arg
             continue
+        limits = lists[which % len(lists)]
         op: QuotaOp = arg
         sec, usec = START_S + micros // 1_000_000, micros % 1_000_000
         mine = python.handle(op, float(sec) + float(usec) / 1_000_000, limits)
@@ -129,4 +154,4 @@ def test_quota_script_replies_as_the_python_rules(
         theirs = parse_quota_reply(
             op, [str(x) for x in lua_quota(keys=[key], args=[*argv, str(sec), str(usec)])], len(limits)
         )
-        assert _same(mine, theirs), f"step {step}: {op}\n python: {mine}\n lua:    {theirs}"
+        assert _same(mine, theirs), f"step {step}: {op} under {limits}\n python: {mine}\n lua:    {theirs}"
