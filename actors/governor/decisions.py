@@ -573,6 +573,12 @@ class GovernorPacing:
         self.windows: dict[tuple[str, str, str, str, float], float] = {}
         """(org, provider, unit, policy name, limit) -> the longest window announced or
         inferred for that limit (one answer in a window's last second looks per-second)."""
+        self.short_until: dict[tuple[str, str, str, str, float], float] = {}
+        """Same keys -> when the window a requests limit's first inferred (not stated)
+        window of a second or less ended (governor clock): an answer at or after it still
+        inferring one confirms the rate."""
+        self.rate_from: dict[BucketKey, tuple[str, str, str, str, float]] = {}
+        """(org, provider) paced at an announced rate -> the limit (keys as above) it is."""
         self.probing: dict[BucketKey, bool] = {}
         """(org, provider) whose half-open probe this governor was granted and has not yet
         reported -> whether a nested call has it: a probe given back unsent releases the
@@ -822,20 +828,27 @@ class GovernorPacing:
         clock; None: unknown) announced, taken in at ``now``.
 
         A requests limit whose window is :data:`RATE_WINDOW_S` or shorter (the longest
-        window seen for it: see :mod:`actors.pacing.announced` on inferred windows) is
-        the provider's rate, ``limit / window`` requests/s: paced at
+        window seen for it; a window inferred from a reset, not stated, only once an answer
+        after the first one's window ended infers it again: see
+        :mod:`actors.pacing.announced`) is the provider's rate, ``limit / window``
+        requests/s (the strictest such limit of the answer: one rate per answer): paced at
         :data:`~actors.pacing.bucket.PACE_MARGIN` of it (never above a stated ``rps``)
         from now on, as a stated rate: no slow start, no learner (for every worker, through
         a shared pacer's ``set_rate``); set again when it changes or when the pacer's rate
         is above it (another worker's learner published), and grown back to it after a
         cut. Any other limit (a longer window, tokens or another unit) goes to the quota
         state, with its remaining count and reset (:meth:`announce_quotas`, units granted
-        since ``sent_at`` taken from it). A provider that never announces is learnt as before;
+        since ``sent_at`` taken from it); when the limit paced as a rate shows a longer
+        window, that rate is withdrawn: the provider is paced as its
+        :class:`~actors.tool.Pacing` starts (stated, or learnt afresh). A provider that
+        never announces is learnt as before;
         one that stops keeps its last announced rate. An announcement stating no usable
         limit is ignored.
         """
         bucket = self.gov.bucket(*key)
         out = Decisions()
+        rates: list[tuple[float, tuple[str, str, str, str, float]]] = []
+        withdrawn = False
         for a in announcements:
             if not isinstance(a, Announcement) or a.unit == "concurrent-requests":
                 continue
@@ -844,15 +857,52 @@ class GovernorPacing:
                 seen = (key[0], key[1], a.unit, a.name, a.limit)
                 if seen not in self.windows and len(self.windows) >= KEPT_WINDOWS:
                     self.windows.clear()  # (a provider whose limits keep changing)
+                    self.short_until.clear()
                 window = self.windows[seen] = max(window, self.windows.get(seen, 0.0))
-                if window <= RATE_WINDOW_S and a.limit > 0:
-                    self._set_announced_rate(key, bucket, a.limit / window, out)
-                    continue
+                if window <= RATE_WINDOW_S:
+                    if a.limit > 0 and self._short_window_trusted(seen, a, now):
+                        rates.append((a.limit / window, seen))
+                    continue  # (a second's window not yet confirmed: neither rate nor quota)
+                withdrawn = withdrawn or self.rate_from.get(key) == seen
             if a.remaining is not None and a.reset_s is not None:  # a quota's count
                 self.announce_quotas(key, [a], now if sent_at is None else sent_at, now)
+        if rates:  # one rate per answer: the strictest of its limits
+            rate_rps, seen = min(rates)
+            self.rate_from[key] = seen
+            self._set_announced_rate(key, bucket, rate_rps, out)
+        elif withdrawn:
+            self._withdraw_announced_rate(key, bucket, out)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken
+
+    def _short_window_trusted(
+        self, seen: tuple[str, str, str, str, float], a: Announcement, now: float
+    ) -> bool:
+        """Whether a requests limit's window of a second or less is the provider's: stated,
+        or inferred again by an answer that came after the window the first inference saw
+        had ended (a minute's window answered in its last second shows a long reset next)."""
+        if a.window_stated:
+            return True
+        until = self.short_until.get(seen)
+        if until is None:
+            self.short_until[seen] = now + max(a.reset_s or 0.0, RATE_WINDOW_S)
+            return False
+        return now >= until
+
+    def _withdraw_announced_rate(self, key: BucketKey, bucket: ProviderBucket, out: Decisions) -> None:
+        """The limit ``key`` was paced at as a rate has a longer window: pace it as its
+        :class:`~actors.tool.Pacing` starts (stated, or learnt afresh) again."""
+        self.caps.pop(key, None)
+        self.rate_from.pop(key, None)
+        pacing = self.gov.pacings.get(key[1], Pacing())
+        fresh = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency, pacing.start_rps)
+        bucket.announced = False
+        bucket.ceiling_rps, bucket.learner = fresh.ceiling_rps, fresh.learner
+        limits = ProviderLimits.from_pacing(pacing)
+        self._saw(
+            key, self.pacer.set_rate(key[0], key[1], limits.rate_rps, slow_start=limits.slow_start), out
+        )
 
     def _set_announced_rate(
         self, key: BucketKey, bucket: ProviderBucket, limit_rps: float, out: Decisions
