@@ -65,12 +65,12 @@ class Admission:
             if want < 1:
                 continue
             self.s.acquiring[exempt] = True
-            extra: dict[str, Any] = {}
-            if self.s.unit_limited:  # each request's units, and how long its callers would wait
+            patience = max((queue[i].timeout_s for i in range(want)), default=math.inf)
+            extra: dict[str, Any] = {"patience_s": None if math.isinf(patience) else patience}
+            if self.s.unit_limited:  # each request's units
                 asked = tuple(self.s.bias.scaled(estimate_units(self.tool, queue[i])) for i in range(want))
                 self.s.asked_units[exempt] = asked
-                patience = max((queue[i].timeout_s for i in range(want)), default=math.inf)
-                extra = {"units": asked, "patience_s": None if math.isinf(patience) else patience}
+                extra["units"] = asked
             if self.s.spend_currency is None:
                 self.fx.acquire(want, exempt, **extra)
                 continue
