@@ -41,7 +41,7 @@ from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.quotas import limit_key
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
-from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
+from actors.pacing.values import Grant, PacerSettings, PacerState, ProviderLimits
 from actors.tool import PERIODS_S, Limit, Pacing, Policy
 
 __all__ = [
@@ -580,6 +580,12 @@ class GovernorPacing:
         self.windows: dict[tuple[str, str, str, str, float], float] = {}
         """(org, provider, unit, policy name, limit) -> the longest window announced or
         inferred for that limit (one answer in a window's last second looks per-second)."""
+        self.short_until: dict[tuple[str, str, str, str, float], float] = {}
+        """Same keys -> when the window a requests limit's first inferred (not stated)
+        window of a second or less ended (governor clock): an answer at or after it still
+        inferring one confirms the rate."""
+        self.rate_from: dict[BucketKey, tuple[str, str, str, str, float]] = {}
+        """(org, provider) paced at an announced rate -> the limit (keys as above) it is."""
         self.probing: dict[BucketKey, bool] = {}
         """(org, provider) whose half-open probe this governor was granted and has not yet
         reported -> whether a nested call has it: a probe given back unsent releases the
@@ -627,6 +633,8 @@ class GovernorPacing:
         if waiter is not None and waiter.taken > grant.granted:
             self.untake_units(key, waiter, grant.granted)
         self._saw(key, grant, out)
+        if waiter is not None and grant.granted < 1 and self._too_slow(key, bucket, grant, waiter, out):
+            return REFUSED
         if grant.verdict == "refuse":
             bucket.circuit_until = now + grant.wait_s
             out.closed[key] = now + grant.wait_s
@@ -647,6 +655,28 @@ class GovernorPacing:
         if self.shared:
             out.granted.append((key, grant.granted, grant.verdict == "probe"))
         return grant.granted
+
+    def _too_slow(
+        self, key: BucketKey, bucket: ProviderBucket, grant: Grant, waiter: _Waiter, out: Decisions
+    ) -> bool:
+        """Refuse ``waiter`` (in ``out``) when the provider's limit (stated or announced, not
+        a learnt rate nor a cut that grows back) spaces requests further apart than its
+        patience (its calls' timeout) and its next token comes after it, as a spent quota
+        is refused: waiting would outlast every call it holds."""
+        rate, wait, patience = grant.rate_rps, grant.wait_s, waiter.patience_s
+        if patience is None or rate is None or bucket.learner is not None or bucket.ceiling_rps is None:
+            return False
+        if grant.verdict != "wait" or wait <= patience or 1 / (bucket.ceiling_rps * PACE_MARGIN) <= patience:
+            return False  # (a token within the timeout, a wait not the rate's: a probe out)
+        error = QuotaExhaustedError(
+            f"provider {key[1]!r}: its limit of {bucket.ceiling_rps:.3g} requests/s (paced at "
+            f"{rate:.3g}) gives its next request a token in {wait:.1f} s, after this call's "
+            f"timeout ({patience:g} s): refused, not sent, its receipt left pending",
+            limit=f"{bucket.ceiling_rps:.3g} requests/s",
+            reset_s=wait,
+        )
+        out.refusals.append((waiter.reply, error))
+        return True
 
     def has_quotas(self, provider: str) -> bool:
         """Whether ``provider`` has limits kept by the quota state (``Pacing.unit_limits``)."""
@@ -868,8 +898,10 @@ class GovernorPacing:
         clock; None: unknown) announced, taken in at ``now``.
 
         A requests limit whose window is :data:`RATE_WINDOW_S` or shorter (the longest
-        window seen for it: see :mod:`actors.pacing.announced` on inferred windows) is
-        the provider's rate, ``limit / window`` requests/s: paced at
+        window seen for it; a window inferred from a reset, not stated, only once an answer
+        after the first one's window ended infers it again: see
+        :mod:`actors.pacing.announced`) is the provider's rate, ``limit / window``
+        requests/s (the strictest such limit of the answer: one rate per answer): paced at
         :data:`~actors.pacing.bucket.PACE_MARGIN` of it (never above a stated ``rps``)
         from now on, as a stated rate: no slow start, no learner (for every worker, through
         a shared pacer's ``set_rate``); set again when it changes or when the pacer's rate
@@ -878,13 +910,18 @@ class GovernorPacing:
         state, with its remaining count and reset (:meth:`announce_quotas`, units granted
         since ``sent_at`` taken from it), added to its limits first when no limit there
         counts it (:meth:`add_announced_limit`: a quota announced counts though
-        ``Pacing.limits`` does not state it). A provider that never announces is learnt as before;
+        ``Pacing.limits`` does not state it); when the limit paced as a rate shows a longer
+        window, that rate is withdrawn: the provider is paced as its
+        :class:`~actors.tool.Pacing` starts (stated, or learnt afresh). A provider that
+        never announces is learnt as before;
         one that stops keeps its last announced rate. An announcement stating no usable
         limit is ignored.
         """
         bucket = self.gov.bucket(*key)
         out = Decisions()
         quotas: list[Announcement] = []
+        rates: list[tuple[float, tuple[str, str, str, str, float]]] = []
+        withdrawn = False
         for a in announcements:
             if not isinstance(a, Announcement) or a.unit == "concurrent-requests":
                 continue
@@ -893,18 +930,55 @@ class GovernorPacing:
                 seen = (key[0], key[1], a.unit, a.name, a.limit)
                 if seen not in self.windows and len(self.windows) >= KEPT_WINDOWS:
                     self.windows.clear()  # (a provider whose limits keep changing)
+                    self.short_until.clear()
                 window = self.windows[seen] = max(window, self.windows.get(seen, 0.0))
-                if window <= RATE_WINDOW_S and a.limit > 0:
-                    self._set_announced_rate(key, bucket, a.limit / window, out)
-                    continue
+                if window <= RATE_WINDOW_S:
+                    if a.limit > 0 and self._short_window_trusted(seen, a, now):
+                        rates.append((a.limit / window, seen))
+                    continue  # (a second's window not yet confirmed: neither rate nor quota)
+                withdrawn = withdrawn or self.rate_from.get(key) == seen
             if window is not None and window != a.window_s:
                 a = attrs.evolve(a, window_s=window)  # (the longest window seen for it)
             quotas.append(a)  # a quota's count, or a limit the quota state does not count yet
         if quotas:
             self.announce_quotas(key, quotas, now if sent_at is None else sent_at, now)
+        if rates:  # one rate per answer: the strictest of its limits
+            rate_rps, seen = min(rates)
+            self.rate_from[key] = seen
+            self._set_announced_rate(key, bucket, rate_rps, out)
+        elif withdrawn:
+            self._withdraw_announced_rate(key, bucket, out)
         woken = self.gov.wake(now)
         woken.gates = {**out.gates, **woken.gates}
         return woken
+
+    def _short_window_trusted(
+        self, seen: tuple[str, str, str, str, float], a: Announcement, now: float
+    ) -> bool:
+        """Whether a requests limit's window of a second or less is the provider's: stated,
+        or inferred again by an answer that came after the window the first inference saw
+        had ended (a minute's window answered in its last second shows a long reset next)."""
+        if a.window_stated:
+            return True
+        until = self.short_until.get(seen)
+        if until is None:
+            self.short_until[seen] = now + max(a.reset_s or 0.0, RATE_WINDOW_S)
+            return False
+        return now >= until
+
+    def _withdraw_announced_rate(self, key: BucketKey, bucket: ProviderBucket, out: Decisions) -> None:
+        """The limit ``key`` was paced at as a rate has a longer window: pace it as its
+        :class:`~actors.tool.Pacing` starts (stated, or learnt afresh) again."""
+        self.caps.pop(key, None)
+        self.rate_from.pop(key, None)
+        pacing = self.gov.pacings.get(key[1], Pacing())
+        fresh = ProviderBucket(pacing.rps, pacing.burst, pacing.max_concurrency, pacing.start_rps)
+        bucket.announced = False
+        bucket.ceiling_rps, bucket.learner = fresh.ceiling_rps, fresh.learner
+        limits = ProviderLimits.from_pacing(pacing)
+        self._saw(
+            key, self.pacer.set_rate(key[0], key[1], limits.rate_rps, slow_start=limits.slow_start), out
+        )
 
     def _set_announced_rate(
         self, key: BucketKey, bucket: ProviderBucket, limit_rps: float, out: Decisions

@@ -25,13 +25,16 @@ do; for the others:
 * ``X-RateLimit-*`` and ``RateLimit-*`` without a policy: the shortest of 1 s, 1 min,
   1 h, 1 day that the reset fits in (a reset of 1 s or less: a per-second limit; 37 s: a
   per-minute one). One answer may mislead (a per-minute window answered in its last
-  second); the governor keeps the longest window seen for the same limit;
+  second): such a window is marked inferred (``window_stated=False``), and the governor
+  trusts an inferred window of a second only once a later answer confirms it, and keeps
+  the longest window seen for the same limit;
 * OpenAI's and Anthropic's fields: 1 min (their limits are per minute; the reset there is
   the time until the bucket is full again, far below the window), or, for a reset
   longer than that, the shortest of 1 h, 1 day it fits in.
 
-When several families state the same limit (unit and quota), the most explicit one is
-kept, in the order above. Malformed fields are ignored, as the IETF draft requires
+When several families state the same limit (the same unit and quota, or the same unit
+and window, even when their quotas disagree), the most explicit one is kept, in the order
+above: one answer yields one announcement per limit. Malformed fields are ignored, as the IETF draft requires
 ("Malformed RateLimit header fields MUST be ignored", section "Client Behavior"):
 :func:`parse_rate_limit_headers` never raises.
 """
@@ -62,6 +65,8 @@ class Announcement:
         remaining: units left in the current window when the provider answered.
         reset_s: seconds from the answer until the window resets (full again).
         name: the policy's name (IETF), else ``""``.
+        window_stated: whether the answer stated ``window_s`` (IETF ``w``, Kong's names);
+            False when it was inferred from the reset, which one answer may mislead.
     """
 
     unit: str = "requests"
@@ -70,6 +75,7 @@ class Announcement:
     remaining: float | None = None
     reset_s: float | None = None
     name: str = ""
+    window_stated: bool = True
 
 
 _STANDARD_WINDOWS_S = (1.0, 60.0, 3600.0, 86400.0)
@@ -115,7 +121,7 @@ def parse_rate_limit_headers(headers: Any, now_wall: float) -> list[Announcement
         except Exception:  # a family's fields are malformed: ignored, the others still read
             continue
         earlier = list(found)
-        found += [a for a in stated if _sane(a) and not any(_same_limit(a, kept) for kept in earlier)]
+        found += [a for a in stated if _sane(a) and not any(_restates(a, kept) for kept in earlier)]
     return found
 
 
@@ -172,7 +178,13 @@ def _ietf_older(fields: dict[str, str], now_wall: float) -> list[Announcement]:
     if limit is not None or remaining is not None:
         window = next((w for q, w in policies if q == limit and w is not None), None)
         found.append(
-            Announcement(limit=limit, window_s=window or _infer(reset), remaining=remaining, reset_s=reset)
+            Announcement(
+                limit=limit,
+                window_s=window or _infer(reset),
+                remaining=remaining,
+                reset_s=reset,
+                window_stated=window is not None,
+            )
         )
     found += [Announcement(limit=q, window_s=w) for q, w in policies if q != limit]
     return found
@@ -191,6 +203,7 @@ def _anthropic(fields: dict[str, str], now_wall: float) -> list[Announcement]:
                 window_s=_infer_per_minute(reset),
                 remaining=_first_count(fields.get(f"{prefix}-remaining")),
                 reset_s=reset,
+                window_stated=False,
             )
         )
     return found
@@ -219,6 +232,7 @@ def _llm_and_kong(fields: dict[str, str], now_wall: float) -> list[Announcement]
                 window_s=_infer_per_minute(reset),
                 remaining=remaining,
                 reset_s=reset,
+                window_stated=False,
             )
         )
     return found
@@ -235,7 +249,11 @@ def _x_ratelimit(fields: dict[str, str], now_wall: float) -> list[Announcement]:
         reset = _reset(fields.get(f"{prefix}-reset"), now_wall)
         if reset is None:
             reset = _reset(fields.get(f"{prefix}-reset-after"), now_wall)
-        found.append(Announcement(limit=limit, window_s=_infer(reset), remaining=remaining, reset_s=reset))
+        found.append(
+            Announcement(
+                limit=limit, window_s=_infer(reset), remaining=remaining, reset_s=reset, window_stated=False
+            )
+        )
     return found
 
 
@@ -394,9 +412,14 @@ def _sane(announcement: Announcement) -> bool:
     return announcement.limit is not None or announcement.remaining is not None
 
 
-def _same_limit(a: Announcement, b: Announcement) -> bool:
-    """Both state the same limit (unit and quota; a limit unstated is never the same)."""
-    return a.limit is not None and a.unit == b.unit and a.limit == b.limit
+def _restates(a: Announcement, b: Announcement) -> bool:
+    """``a`` (a less explicit family's) speaks of the limit ``b`` states: the same unit and
+    quota, or the same unit and window (two families' forms of one limit that disagree:
+    the more explicit one, ``b``, is kept). A limit or window unstated is never the same."""
+    if a.unit != b.unit:
+        return False
+    same_quota = a.limit is not None and a.limit == b.limit
+    return same_quota or (a.window_s is not None and a.window_s == b.window_s)
 
 
 # -- structured fields (RFC 9651), the parts these fields use --------------------------

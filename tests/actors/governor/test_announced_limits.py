@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from actors.errors import QuotaExhaustedError
 from actors.governor.decisions import Governor
 from actors.governor.shared import shared_governor
 from actors.pacing.announced import Announcement
@@ -196,3 +197,100 @@ def test_announced_rate_is_set_again_when_the_pacer_went_past_it() -> None:
         assert _rate(gov) == published
         gov.announced(ORG, "p", [_per_second(50)], sent_at=None, now=now[0])
         assert _rate(gov) == pytest.approx(50 * PACE_MARGIN) and not gov.buckets[KEY].slow_start
+
+
+def _inferred(limit: float, reset_s: float, remaining: float = 50) -> Announcement:
+    """``X-RateLimit-*`` read: no window stated, one inferred from the reset."""
+    window = 1.0 if reset_s <= 1 else 60.0
+    return Announcement(
+        limit=limit, window_s=window, remaining=remaining, reset_s=reset_s, window_stated=False
+    )
+
+
+def test_announced_inferred_second_window_is_a_rate_only_once_confirmed() -> None:
+    """A reset under a second may be a per-minute window's last second: the window it
+    implies is a rate only when an answer after that window ended implies it again."""
+    gov = _gov()
+    gov.announced(ORG, "p", [_inferred(100, reset_s=0.8)], sent_at=None, now=0.0)
+    gov.announced(ORG, "p", [_inferred(100, reset_s=0.3, remaining=40)], sent_at=None, now=0.5)
+    assert _rate(gov) == SLOW_START_RPS and gov.buckets[KEY].learner is not None  # learnt meanwhile
+    gov.announced(ORG, "p", [_inferred(100, reset_s=0.8, remaining=99)], sent_at=None, now=1.2)
+    assert _rate(gov) == pytest.approx(100 * PACE_MARGIN) and gov.buckets[KEY].announced
+
+
+def test_announced_per_minute_window_answered_in_its_last_second_is_no_rate() -> None:
+    """The breaker's case: 100/min, first answered with ``X-RateLimit-Reset: 1``, then 59."""
+    now = [0.0]
+    pacer = LocalPacer(clock=lambda: now[0])
+    gov = _gov(Pacing(start_rps=SLOW_START_RPS, limits=[Limit(100, "minute")]), pacer=pacer)
+    gov.announced(ORG, "p", [_inferred(100, reset_s=1.0, remaining=99)], sent_at=None, now=0.0)
+    assert _rate(gov) == SLOW_START_RPS  # not 98/s on one sighting
+    now[0] = 1.1
+    gov.announced(ORG, "p", [_inferred(100, reset_s=59.0, remaining=98)], sent_at=1.05, now=1.1)
+    assert _rate(gov) == SLOW_START_RPS and not gov.buckets[KEY].announced
+    assert pacer.give_back_units(ORG, "p", {}).room == (98,)  # the quota state has its count
+
+
+@pytest.mark.parametrize(
+    ("pacing", "rate", "slow_start"),
+    [(Pacing(start_rps=SLOW_START_RPS), SLOW_START_RPS, True), (Pacing(rps=30), 30 * PACE_MARGIN, False)],
+)
+def test_announced_rate_is_withdrawn_when_its_limit_shows_a_longer_window(
+    pacing: Pacing, rate: float, slow_start: bool
+) -> None:
+    """A rate taken from a limit later seen with a longer window is withdrawn: the provider
+    is paced as its Pacing starts again (learnt afresh, or stated)."""
+    gov = _gov(pacing)
+    gov.announced(ORG, "p", [_per_second(20, name="")], sent_at=None, now=0.0)
+    assert _rate(gov) == pytest.approx(20 * PACE_MARGIN)
+    out = gov.announced(ORG, "p", [_inferred(20, reset_s=45.0)], sent_at=None, now=2.0)
+    bucket = gov.buckets[KEY]
+    assert _rate(gov) == pytest.approx(rate) and bucket.slow_start == slow_start
+    assert out.gates[KEY][0] == pytest.approx(rate)  # the send gate is retimed
+    assert not bucket.announced and KEY not in gov.pacing.caps
+    assert (bucket.learner is not None) == slow_start
+    gov.announced(ORG, "p", [_per_second(20, name="")], sent_at=None, now=3.0)  # seen longer: never again
+    assert _rate(gov) == pytest.approx(rate)
+
+
+def test_announced_one_rate_per_answer_the_strictest() -> None:
+    """Several per-second limits in one answer set one rate, once: the strictest."""
+    now = [0.0]
+    pacer = LocalPacer(clock=lambda: now[0])
+    gov = _gov(pacer=pacer)
+    set_to: list[float | None] = []
+    set_rate = pacer.set_rate
+
+    def counted(org_id: str, provider: str, rate_rps: float | None, **kw: Any) -> Any:
+        set_to.append(rate_rps)
+        return set_rate(org_id, provider, rate_rps, **kw)
+
+    pacer.set_rate = counted  # type: ignore[method-assign]
+    for _ in range(2):
+        gov.announced(ORG, "p", [_per_second(5, name="a"), _per_second(100, name="b")], sent_at=None, now=0.0)
+        assert _rate(gov) == pytest.approx(5 * PACE_MARGIN)
+    assert set_to == [pytest.approx(5 * PACE_MARGIN)]
+
+
+@pytest.mark.parametrize("how", ["announced", "stated"])
+def test_a_limit_slower_than_the_calls_timeout_refuses_them_at_once(how: str) -> None:
+    """A stated or announced limit whose next token comes after a call's timeout refuses
+    it at once (its receipt left pending), as a spent quota does; no patience: it waits."""
+    gov = _gov(Pacing(rps=0.01) if how == "stated" else None)
+    if how == "announced":
+        gov.announced(ORG, "p", [Announcement(limit=0.001, window_s=1.0, name="x")], sent_at=None, now=0.0)
+    out = gov.acquire(ORG, "p", 1, "first", now=0.0, patience_s=3.0)
+    assert [n for _, n in out.grants] == [1]  # the bucket's one token
+    out = gov.acquire(ORG, "p", 1, "second", now=0.1, patience_s=3.0)
+    error = dict(out.refusals)["second"]
+    assert isinstance(error, QuotaExhaustedError) and error.reset_s > 3.0
+    out = gov.acquire(ORG, "p", 1, "patient", now=0.2)
+    assert not out.refusals and not out.grants and out.wake_at is not None  # waits its turn
+
+
+def test_a_learnt_rate_slower_than_the_calls_timeout_is_waited_for() -> None:
+    """A learnt rate (or a cut) grows back: a call waits for its token, never refused."""
+    gov = _gov(Pacing(start_rps=0.1))
+    gov.acquire(ORG, "p", 1, "first", now=0.0, patience_s=3.0)
+    out = gov.acquire(ORG, "p", 1, "second", now=0.1, patience_s=3.0)
+    assert not out.refusals and out.wake_at is not None

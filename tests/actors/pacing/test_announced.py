@@ -57,7 +57,7 @@ def test_announced_ietf_current_state_without_its_policy_and_split_fields() -> N
 
 def test_announced_ietf_older_drafts() -> None:
     assert _one({"RateLimit-Limit": "100", "RateLimit-Remaining": "50", "RateLimit-Reset": "30"}) == (
-        Announcement(limit=100, window_s=60, remaining=50, reset_s=30)
+        Announcement(limit=100, window_s=60, remaining=50, reset_s=30, window_stated=False)
     )
     found = parse_rate_limit_headers(
         {
@@ -100,12 +100,14 @@ def test_announced_x_ratelimit_reset_and_the_window_inferred(
     reset: str, reset_s: float | None, window_s: float | None
 ) -> None:
     found = _one({"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "12", "X-RateLimit-Reset": reset})
-    assert found == Announcement(limit=60, window_s=window_s, remaining=12, reset_s=reset_s)
+    assert found == Announcement(
+        limit=60, window_s=window_s, remaining=12, reset_s=reset_s, window_stated=False
+    )
 
 
 def test_announced_x_ratelimit_variants() -> None:
     assert _one({"x-rate-limit-limit": "15", "x-rate-limit-remaining": "3"}) == Announcement(
-        limit=15, remaining=3
+        limit=15, remaining=3, window_stated=False
     )
     assert _one({"X-RateLimit-Remaining": "-2"}).remaining == 0  # a negative remaining: none left
     assert _one({"X-RateLimit-Limit": "5", "X-RateLimit-Reset-After": "0.5"}).window_s == 1
@@ -142,7 +144,12 @@ def test_announced_openai_fields_with_durations(duration: str, seconds: float) -
     expected = 60 if seconds <= 60 else 3600 if seconds <= 3600 else 86400
     assert requests.window_s == expected  # per minute: a bucket's refill is no window
     assert tokens == Announcement(
-        unit="tokens", limit=30000, window_s=60, remaining=29000, reset_s=pytest.approx(0.012)
+        unit="tokens",
+        limit=30000,
+        window_s=60,
+        remaining=29000,
+        reset_s=pytest.approx(0.012),
+        window_stated=False,
     )
 
 
@@ -160,9 +167,11 @@ def test_announced_anthropic_fields_with_rfc3339_resets() -> None:
         float(calendar.timegm((2027, 1, 15, 8, 0, 0, 0, 0, 0))),
     )
     assert found == [
-        Announcement(limit=50, window_s=60, remaining=49, reset_s=2),
-        Announcement(unit="tokens", limit=90000, window_s=60, remaining=85000, reset_s=1.5),
-        Announcement(unit="output_tokens", limit=8000, window_s=60),
+        Announcement(limit=50, window_s=60, remaining=49, reset_s=2, window_stated=False),
+        Announcement(
+            unit="tokens", limit=90000, window_s=60, remaining=85000, reset_s=1.5, window_stated=False
+        ),
+        Announcement(unit="output_tokens", limit=8000, window_s=60, window_stated=False),
     ]
 
 
@@ -327,3 +336,20 @@ def test_announced_docs_example_is_true() -> None:
     scope: dict[str, object] = {}
     exec(compile("\n".join(setup), "docs/pacing.md", "exec"), scope)
     assert repr(eval(last, scope)) == shown.strip()
+
+
+@pytest.mark.parametrize(("ietf", "gateway"), [(100, 5), (5, 100)])
+def test_announced_families_that_disagree_give_one_limit_the_most_explicit(ietf: int, gateway: int) -> None:
+    """The IETF fields and ``X-RateLimit-*`` (a gateway in front) state different quotas for
+    the same unit and window: one answer, one reading of that limit, the IETF one."""
+    found = parse_rate_limit_headers(
+        {
+            "RateLimit-Policy": f'"burst";q={ietf};w=1',
+            "RateLimit": f'"burst";r={ietf - 1};t=1',
+            "X-RateLimit-Limit": str(gateway),
+            "X-RateLimit-Remaining": str(gateway - 1),
+            "X-RateLimit-Reset": "1",
+        },
+        NOW,
+    )
+    assert found == [Announcement(limit=ietf, window_s=1, remaining=ietf - 1, reset_s=1, name="burst")]
