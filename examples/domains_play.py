@@ -4,7 +4,7 @@ Each row is one domain name. ``inspect_domain`` is a batchable HTTP tool (one ba
 request serves up to 100 domains); ``country`` looks up the country of the domain's
 ccTLD (batchable too). Set TOOLDISPATCH_PROVIDER_URL to the provider's base URL.
 
-Run it on any list of domain names, one per line (see the README's example)::
+Run it on any list of domain names, one per line (see the example in docs/cli.md)::
 
     python examples/provider.py --port 8750 &
     TOOLDISPATCH_PROVIDER_URL=http://127.0.0.1:8750 tooldispatch run examples/domains_play.py \

@@ -264,6 +264,8 @@ def http_tool(
     keep_input: bool | Callable[[Any], str] = True,
     price: Money | Callable[[Any, Any], Money] | None = None,
     request_price: Money | None = None,
+    units: Callable[[Any], Mapping[str, float]] | None = None,
+    units_used: Callable[[Any, Any], Mapping[str, float]] | None = None,
 ) -> Tool:
     """A :class:`~actors.tool.Tool` that POSTs its JSON input to ``url``.
 
@@ -294,6 +296,9 @@ def http_tool(
             :class:`~stores.money.Money`, or ``price(input, output) -> Money``).
         request_price: what one batch request costs whatever its size
             (``BatchStrategy.request_price``; only with ``batch_url``).
+        units / units_used: a call's estimate of what it uses of limits counted in units
+            (tokens, credits), from its input, and its real use, from its input and
+            answer (``Tool.units``, ``Tool.units_used``; see docs/pacing.md).
 
     The tool's ``credentials()`` digests the endpoints' current headers and the client's
     each time it is asked (after an ``AuthScopeChangedError`` too), so a changed key gives
@@ -350,4 +355,6 @@ def http_tool(
         credentials=scope,
         keep_input=keep_input,
         price=price,
+        units=units,
+        units_used=units_used,
     )

@@ -87,3 +87,18 @@ def test_http_tool_survives_garbage_limits(value: str) -> None:
     with collecting() as report:
         assert tool.fn({"q": 1}, _context()) == {"ok": 1}
     assert report.announced == []
+
+
+def test_http_tool_states_its_units() -> None:
+    """An HTTP tool under a limit counted in units states its estimate and its real use
+    like any tool (``Tool.units``, ``Tool.units_used``)."""
+
+    def estimate(value: Any) -> dict[str, float]:
+        return {"tokens": float(value["tokens"])}
+
+    def used(value: Any, output: Any) -> dict[str, float]:
+        return {"tokens": float(output["usage"])}
+
+    tool = http_tool("t", "http://127.0.0.1:9/x", units=estimate, units_used=used)
+    assert tool.units is estimate and tool.units_used is used
+    assert http_tool("t", "http://127.0.0.1:9/x").units is None
