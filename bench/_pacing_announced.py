@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,8 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PROVIDER = ROOT / "examples" / "provider.py"
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by pacing_bench.py, or run as a script
+    sys.path.insert(0, str(HERE))
+
+from _peers import ExampleProvider, in_runtime  # noqa: E402
+
 TARGET = 0.97
 
 __all__ = ["announced_case"]
@@ -49,44 +51,9 @@ def announced_case(runtime: str, rate: float, seconds: float) -> dict[str, Any]:
     Raises:
         RuntimeError: the child failed (its stderr's tail in the message).
     """
-    cmd = [sys.executable]
-    if runtime == "gevent":
-        cmd += ["-m", "gevent.monkey"]
-    cmd += [str(Path(__file__).resolve()), "--child", "--rate", f"{rate:g}", "--seconds", f"{seconds:g}"]
-    env = {**os.environ, "TOOLDISPATCH_RUNTIME": runtime, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds * 4 + 120)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"announced case ({runtime}, R={rate:g}) failed: {out.stderr[-3000:]}")
-    return dict(json.loads(lines[-1]))
-
-
-class _Provider:
-    """``examples/provider.py --rate R --burst B --announce`` in a subprocess."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROVIDER), "--port", "0", "--rate", f"{rate:g}", "--burst", f"{burst:g}",
-             "--announce"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        match = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)", self.proc.stdout.readline().strip())
-        if match is None:
-            self.stop()
-            raise RuntimeError("the example provider did not start")
-        self.url = match.group(1)
-
-    def stats(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=30) as response:
-            return dict(json.load(response))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
+    args = ["--child", "--rate", f"{rate:g}", "--seconds", f"{seconds:g}"]
+    what = f"announced case ({runtime}, R={rate:g})"
+    return dict(in_runtime(runtime, Path(__file__).resolve(), args, seconds * 4 + 120, what))
 
 
 def _run(rate: float, seconds: float) -> dict[str, Any]:
@@ -110,7 +77,9 @@ def _run(rate: float, seconds: float) -> dict[str, Any]:
         with lock:
             answers.append((time.monotonic(), response.status_code))
 
-    provider = _Provider(rate, max(10.0, round(0.2 * rate)))
+    provider = ExampleProvider(
+        "--rate", f"{rate:g}", "--burst", f"{max(10.0, round(0.2 * rate)):g}", "--announce"
+    )
     client = httpx.Client(event_hooks={"request": [on_request], "response": [on_response]})
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -28,18 +28,22 @@ import collections
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by pacing_bench.py, or run as a script
+    sys.path.insert(0, str(HERE))
+
+from _peers import ExampleProvider, provider_stats, runtime_command  # noqa: E402
+
 RATE = 50.0
 """R, requests/s (the provider's limit and the runs' stated rate)."""
 BURST = 5
@@ -71,7 +75,7 @@ def fairness_case(runtime: str, mode: str, seconds: float) -> dict[str, Any]:
     """
     if mode not in ("process", "redis") or runtime not in ("threads", "gevent"):
         raise ValueError(f"mode process|redis and runtime threads|gevent, got {mode!r}, {runtime!r}")
-    provider = _Provider()
+    provider = ExampleProvider("--rate", str(RATE), "--burst", str(BURST))
     prefix = f"tdbench-fair:{uuid.uuid4().hex[:10]}"
     delay = min(3.0, seconds / 4)
     try:
@@ -106,44 +110,15 @@ def fairness_case(runtime: str, mode: str, seconds: float) -> dict[str, Any]:
 # --- the parent's helpers ----------------------------------------------------------------
 
 
-class _Provider:
-    """``examples/provider.py`` limited to R (its stdout names its URL)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "provider.py"), "--port", "0",
-             "--rate", str(RATE), "--burst", str(BURST)],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        first = self.proc.stdout.readline().strip()
-        match = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)", first)
-        if match is None:
-            self.stop()
-            raise RuntimeError(f"the example provider did not start: {first!r}")
-        self.url = match.group(1)
-
-    def stats(self) -> dict[str, Any]:
-        return _stats(self.url)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
 class _Child:
     """A worker child process; its JSON lines are read as they come."""
 
     def __init__(self, runtime: str, args: list[str]) -> None:
-        cmd = [sys.executable, *(["-m", "gevent.monkey"] if runtime == "gevent" else [])]
-        env = {**os.environ, "TOOLDISPATCH_RUNTIME": runtime}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        cmd, env = runtime_command(runtime, Path(__file__).resolve(), "--child", *args)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [*cmd, str(Path(__file__).resolve()), "--child", *args],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+            cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
+        )
         self.lines: collections.deque[dict[str, Any]] = collections.deque()
         self._new = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -181,11 +156,6 @@ class _Child:
 
 def _child(runtime: str, args: list[str]) -> _Child:
     return _Child(runtime, args)
-
-
-def _stats(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/stats", timeout=30) as response:
-        return dict(json.load(response))
 
 
 def _delete_prefix(prefix: str) -> None:
@@ -271,7 +241,7 @@ def _feed_big(system: Any, stop: threading.Event) -> None:
 
 def _wait_saturated(provider_url: str) -> None:
     """Until the provider has accepted a second's worth of the big run's requests."""
-    while _stats(provider_url).get("requests", 0) < RATE:
+    while provider_stats(provider_url).get("requests", 0) < RATE:
         time.sleep(0.05)
 
 
@@ -279,7 +249,7 @@ def _small_run(system: Any, provider_url: str, deadline: float) -> dict[str, Any
     """The small run's calls at once; how long until all were answered, and the rates the
     provider accepted meanwhile."""
     proxy = system.proxy()
-    before = _stats(provider_url).get("requests", 0)
+    before = provider_stats(provider_url).get("requests", 0)
     start = time.monotonic()
     futures = [proxy.execute("lookup", {"domain": f"small{i}.de"}) for i in range(SMALL_CALLS)]
     done = 0
@@ -290,7 +260,7 @@ def _small_run(system: Any, provider_url: str, deadline: float) -> dict[str, Any
         except Exception:
             break
     elapsed = time.monotonic() - start
-    accepted = _stats(provider_url).get("requests", 0) - before
+    accepted = provider_stats(provider_url).get("requests", 0) - before
     return {
         "small_run_s": round(elapsed, 2) if done == SMALL_CALLS else None,
         "total_rps": round(accepted / elapsed, 1),

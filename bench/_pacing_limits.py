@@ -31,8 +31,6 @@ import json
 import math
 import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,8 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PROVIDER = ROOT / "examples" / "provider.py"
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by pacing_bench.py, or run as a script
+    sys.path.insert(0, str(HERE))
+
+from _peers import ExampleProvider, in_runtime  # noqa: E402
 
 __all__ = ["tokens_case", "two_limits_case"]
 
@@ -67,37 +68,10 @@ def tokens_case(runtime: str, seconds: float = 60.0) -> list[dict[str, Any]]:
 
 
 def _child(runtime: str, case: str, seconds: float) -> list[dict[str, Any]]:
-    cmd = [sys.executable]
-    if runtime == "gevent":
-        cmd += ["-m", "gevent.monkey"]
-    cmd += [str(Path(__file__).resolve()), "--child", "--case", case, "--seconds", f"{seconds:g}"]
-    env = {**os.environ, "TOOLDISPATCH_RUNTIME": runtime, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds * 3 + 180)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"{case} case ({runtime}) failed: {out.stderr[-3000:]}")
-    return list(json.loads(lines[-1]))
-
-
-class _Provider:
-    """``examples/provider.py`` with ``args`` in a subprocess."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROVIDER), "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        match = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)", self.proc.stdout.readline().strip())
-        if match is None:
-            self.stop()
-            raise RuntimeError("the example provider did not start")
-        self.url = match.group(1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
+    args = ["--child", "--case", case, "--seconds", f"{seconds:g}"]
+    return list(
+        in_runtime(runtime, Path(__file__).resolve(), args, seconds * 3 + 180, f"{case} case ({runtime})")
+    )
 
 
 def _most(events: list[tuple[float, float]], window_s: float) -> float:
@@ -144,12 +118,12 @@ def _run(case: str, seconds: float) -> list[dict[str, Any]]:
             answers.append((time.monotonic(), response.status_code, used))
 
     if case == "two_limits":
-        provider = _Provider("--limit", "50/s", "--limit", "1000/min", "--burst", "10")
+        provider = ExampleProvider("--limit", "50/s", "--limit", "1000/min", "--burst", "10")
         pacing = Pacing(limits=[Limit(50, "second"), Limit(1000, "minute")])
         rng = random.Random(29)
         inputs = [{"code": "FR", "i": i} for i in range(int(seconds / 60 + 1) * 1000 + 500)]
     else:
-        provider = _Provider("--limit", "20000/min:tokens")
+        provider = ExampleProvider("--limit", "20000/min:tokens")
         pacing = Pacing(limits=[Limit(20000, "minute", "tokens")])
         rng = random.Random(29)
         inputs = []

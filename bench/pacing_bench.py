@@ -58,6 +58,10 @@ except ImportError:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
     import actors  # noqa: F401
 
+if str(ROOT / "bench") not in sys.path:  # run with PYTHONSAFEPATH set
+    sys.path.insert(0, str(ROOT / "bench"))
+from _peers import runtime_command  # noqa: E402
+
 from actors import DispatchSystem, Pacing, Policy, RunInfo  # noqa: E402
 from actors.http import http_tool  # noqa: E402
 from actors.runtime import runtime_name  # noqa: E402
@@ -212,12 +216,17 @@ def _spawn(
     runtime: str, module: str, function: str, args: list[Any], seconds: float, burst_s: float
 ) -> dict[str, Any]:
     """One row's case in a child process of ``runtime``; its row, or ``{"error": ...}``."""
-    cmd = [sys.executable]
-    if runtime == "gevent":
-        cmd += ["-m", "gevent.monkey"]
-    cmd += [str(Path(__file__).resolve()), "--child", json.dumps([module, function, args])]
-    cmd += ["--seconds", str(seconds), "--burst-s", str(burst_s)]
-    env = {**os.environ, "TOOLDISPATCH_RUNTIME": runtime, "PYTHONPATH": str(ROOT)}
+    child = json.dumps([module, function, args])
+    cmd, env = runtime_command(
+        runtime,
+        Path(__file__).resolve(),
+        "--child",
+        child,
+        "--seconds",
+        str(seconds),
+        "--burst-s",
+        str(burst_s),
+    )
     out = subprocess.run(
         cmd, env=env, stdout=subprocess.PIPE, stderr=None if TRACE else subprocess.PIPE, text=True
     )
