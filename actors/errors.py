@@ -280,10 +280,8 @@ class BudgetExceededError(DispatchError):
 
 class QuotaExhaustedError(DispatchError):
     """A provider's quota (a :class:`~actors.tool.Limit` over a minute, an hour, a day) is
-    spent, and its window renews after the call's timeout (or its stated or announced
-    rate is so slow that the call's request gets no token before its timeout): the call
-    was refused at once, without being sent, its receipt left pending (a later run pays
-    for it).
+    spent, and its window renews after the call's timeout: the call was refused at once,
+    without being sent, its receipt left pending (a later run pays for it).
 
     Attributes:
         limit: the limit, as :attr:`actors.tool.Limit.name` says it (``"1000 requests/day"``).

@@ -41,7 +41,7 @@ from actors.pacing.pacer_state import growth
 from actors.pacing.pacers import LocalPacer, Pacer
 from actors.pacing.quotas import limit_key
 from actors.pacing.shared_learner import PUBLISH_TOLERANCE, SharedLearner, mirror
-from actors.pacing.values import Grant, PacerSettings, PacerState, ProviderLimits
+from actors.pacing.values import PacerSettings, PacerState, ProviderLimits
 from actors.tool import PERIODS_S, Limit, Pacing, Policy
 
 __all__ = [
@@ -633,8 +633,6 @@ class GovernorPacing:
         if waiter is not None and waiter.taken > grant.granted:
             self.untake_units(key, waiter, grant.granted)
         self._saw(key, grant, out)
-        if waiter is not None and grant.granted < 1 and self._too_slow(key, bucket, grant, waiter, out):
-            return REFUSED
         if grant.verdict == "refuse":
             bucket.circuit_until = now + grant.wait_s
             out.closed[key] = now + grant.wait_s
@@ -655,28 +653,6 @@ class GovernorPacing:
         if self.shared:
             out.granted.append((key, grant.granted, grant.verdict == "probe"))
         return grant.granted
-
-    def _too_slow(
-        self, key: BucketKey, bucket: ProviderBucket, grant: Grant, waiter: _Waiter, out: Decisions
-    ) -> bool:
-        """Refuse ``waiter`` (in ``out``) when the provider's limit (stated or announced, not
-        a learnt rate nor a cut that grows back) spaces requests further apart than its
-        patience (its calls' timeout) and its next token comes after it, as a spent quota
-        is refused: waiting would outlast every call it holds."""
-        rate, wait, patience = grant.rate_rps, grant.wait_s, waiter.patience_s
-        if patience is None or rate is None or bucket.learner is not None or bucket.ceiling_rps is None:
-            return False
-        if grant.verdict != "wait" or wait <= patience or 1 / (bucket.ceiling_rps * PACE_MARGIN) <= patience:
-            return False  # (a token within the timeout, a wait not the rate's: a probe out)
-        error = QuotaExhaustedError(
-            f"provider {key[1]!r}: its limit of {bucket.ceiling_rps:.3g} requests/s (paced at "
-            f"{rate:.3g}) gives its next request a token in {wait:.1f} s, after this call's "
-            f"timeout ({patience:g} s): refused, not sent, its receipt left pending",
-            limit=f"{bucket.ceiling_rps:.3g} requests/s",
-            reset_s=wait,
-        )
-        out.refusals.append((waiter.reply, error))
-        return True
 
     def has_quotas(self, provider: str) -> bool:
         """Whether ``provider`` has limits kept by the quota state (``Pacing.unit_limits``)."""
